@@ -1,0 +1,2 @@
+//! The `spate` command.
+fn main() {}

@@ -1,0 +1,317 @@
+//! The versioned, CRC-checked binary frame around every binary record spate
+//! writes (tracker events, operator state, block payloads).
+//!
+//! Layout, little-endian:
+//!
+//! | bytes | field |
+//! |---|---|
+//! | 4 | magic `SPTF` |
+//! | 2 | format version of the payload |
+//! | 2 | flags (zero; reserved) |
+//! | 4 | payload length |
+//! | 4 | CRC32C of version, flags, length and payload |
+//! | n | payload: bincode 2, standard configuration |
+//!
+//! The version lets a newer spate read what an older one wrote and lets an
+//! older one refuse, clearly, what a newer one wrote. The decoder checks the
+//! length against a bound *before* it allocates, and bounds what bincode may
+//! allocate while decoding, so no input can make it allocate without limit.
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::error::CoreError;
+
+/// The four bytes every frame starts with.
+pub const FRAME_MAGIC: [u8; 4] = *b"SPTF";
+/// Bytes of the header before the payload.
+pub const FRAME_HEADER_LEN: usize = 16;
+
+/// A decoded frame: the value and what the header said.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Frame<T> {
+    /// The payload's format version as written.
+    pub version: u16,
+    /// The decoded value.
+    pub value: T,
+    /// Bytes the whole frame took (header and payload).
+    pub frame_len: usize,
+}
+
+/// A checked frame whose payload is not decoded yet, for callers that pick
+/// the payload type by version.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RawFrame<'a> {
+    /// The payload's format version as written.
+    pub version: u16,
+    /// The payload bytes (checksum verified).
+    pub payload: &'a [u8],
+    /// Bytes the whole frame took (header and payload).
+    pub frame_len: usize,
+}
+
+/// Encodes and decodes frames of one record kind.
+///
+/// `current_version` is what this build writes and the newest it reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FrameCodec {
+    current_version: u16,
+    max_payload_bytes: u32,
+    max_decoded_bytes: usize,
+}
+
+impl FrameCodec {
+    /// Default largest payload: 64 MiB.
+    pub const DEFAULT_MAX_PAYLOAD: u32 = 64 << 20;
+    /// Default bound on what decoding one payload may allocate: 256 MiB.
+    pub const DEFAULT_MAX_DECODED: usize = 256 << 20;
+
+    /// A codec that writes `current_version` and reads any version up to it.
+    pub const fn new(current_version: u16) -> Self {
+        FrameCodec {
+            current_version,
+            max_payload_bytes: Self::DEFAULT_MAX_PAYLOAD,
+            max_decoded_bytes: Self::DEFAULT_MAX_DECODED,
+        }
+    }
+
+    /// Refuses payloads longer than `bytes`, before reading them.
+    pub const fn with_max_payload(mut self, bytes: u32) -> Self {
+        self.max_payload_bytes = bytes;
+        self
+    }
+
+    /// Bounds what decoding one payload may allocate. The bound is enforced
+    /// at the next power of two at or above `bytes` (bincode's limit is a
+    /// compile-time constant, so the codec picks from a ladder of them).
+    pub const fn with_max_decoded(mut self, bytes: usize) -> Self {
+        self.max_decoded_bytes = bytes;
+        self
+    }
+
+    /// The version this codec writes.
+    pub const fn current_version(&self) -> u16 {
+        self.current_version
+    }
+
+    /// Encodes `value` as one frame.
+    pub fn encode<T: Serialize + ?Sized>(&self, value: &T) -> Result<Vec<u8>, CoreError> {
+        let mut out = Vec::with_capacity(64);
+        self.encode_into(value, &mut out)?;
+        Ok(out)
+    }
+
+    /// Appends one frame holding `value` to `out`. On error `out` is unchanged.
+    pub fn encode_into<T: Serialize + ?Sized>(&self, value: &T, out: &mut Vec<u8>) -> Result<(), CoreError> {
+        let start = out.len();
+        out.extend_from_slice(&[0u8; FRAME_HEADER_LEN]);
+        let written = bincode::serde::encode_into_std_write(value, out, bincode_config());
+        let payload_len = match written {
+            Ok(n) => n,
+            Err(e) => {
+                out.truncate(start);
+                return Err(CoreError::Encode { reason: e.to_string() });
+            }
+        };
+        let Some(len) = u32::try_from(payload_len).ok().filter(|n| *n <= self.max_payload_bytes) else {
+            out.truncate(start);
+            return Err(CoreError::TooLarge { declared: payload_len as u64, limit: u64::from(self.max_payload_bytes) });
+        };
+        let header = &mut out[start..start + FRAME_HEADER_LEN];
+        header[0..4].copy_from_slice(&FRAME_MAGIC);
+        header[4..6].copy_from_slice(&self.current_version.to_le_bytes());
+        header[6..8].copy_from_slice(&0u16.to_le_bytes());
+        header[8..12].copy_from_slice(&len.to_le_bytes());
+        let crc = crc32c::crc32c_append(crc32c::crc32c(&out[start + 4..start + 12]), &out[start + FRAME_HEADER_LEN..]);
+        out[start + 12..start + 16].copy_from_slice(&crc.to_le_bytes());
+        Ok(())
+    }
+
+    /// Checks the frame at the start of `bytes` (magic, version, bound, CRC)
+    /// without decoding its payload. Bytes after the frame are ignored.
+    pub fn open<'a>(&self, bytes: &'a [u8]) -> Result<RawFrame<'a>, CoreError> {
+        let header: &[u8; FRAME_HEADER_LEN] = bytes
+            .get(..FRAME_HEADER_LEN)
+            .and_then(|h| h.try_into().ok())
+            .ok_or(CoreError::Truncated { needed: FRAME_HEADER_LEN as u64, available: bytes.len() as u64 })?;
+        let [m0, m1, m2, m3, v0, v1, _, _, l0, l1, l2, l3, c0, c1, c2, c3] = *header;
+        if [m0, m1, m2, m3] != FRAME_MAGIC {
+            return Err(CoreError::BadMagic { found: [m0, m1, m2, m3] });
+        }
+        let version = u16::from_le_bytes([v0, v1]);
+        let len = u32::from_le_bytes([l0, l1, l2, l3]);
+        if len > self.max_payload_bytes {
+            return Err(CoreError::TooLarge { declared: u64::from(len), limit: u64::from(self.max_payload_bytes) });
+        }
+        let frame_len = FRAME_HEADER_LEN + len as usize;
+        let payload = bytes
+            .get(FRAME_HEADER_LEN..frame_len)
+            .ok_or(CoreError::Truncated { needed: frame_len as u64, available: bytes.len() as u64 })?;
+        let stored = u32::from_le_bytes([c0, c1, c2, c3]);
+        let computed = crc32c::crc32c_append(crc32c::crc32c(&header[4..12]), payload);
+        if stored != computed {
+            return Err(CoreError::ChecksumMismatch { stored, computed });
+        }
+        // Checked after the CRC: a damaged version field is damage, not a newer writer.
+        if version > self.current_version {
+            return Err(CoreError::NewerVersion { found: version, supported: self.current_version });
+        }
+        Ok(RawFrame { version, payload, frame_len })
+    }
+
+    /// Decodes the frame at the start of `bytes` as a `T`.
+    pub fn decode<T: DeserializeOwned>(&self, bytes: &[u8]) -> Result<Frame<T>, CoreError> {
+        let raw = self.open(bytes)?;
+        let value = self.decode_payload(raw.payload)?;
+        Ok(Frame { version: raw.version, value, frame_len: raw.frame_len })
+    }
+
+    /// Decodes a checked payload (from [`FrameCodec::open`]) as a `T`; every
+    /// byte must be used.
+    pub fn decode_payload<T: DeserializeOwned>(&self, payload: &[u8]) -> Result<T, CoreError> {
+        let bound = self.max_decoded_bytes.max(payload.len());
+        decode_bounded(payload, bound).map_err(|reason| CoreError::Decode { reason })
+    }
+}
+
+fn bincode_config() -> bincode::config::Configuration {
+    bincode::config::standard()
+}
+
+/// Decodes with bincode's allocation limit set to the smallest power of two
+/// at or above `bound` (between 4 KiB and 64 GiB).
+fn decode_bounded<T: DeserializeOwned>(payload: &[u8], bound: usize) -> Result<T, String> {
+    macro_rules! ladder {
+        ($($shift:literal)*) => {
+            match bound.checked_next_power_of_two().map_or(64, usize::trailing_zeros) {
+                $(s if s <= $shift => decode_limited::<T, { 1usize << $shift }>(payload),)*
+                _ => decode_limited::<T, { 1usize << 36 }>(payload),
+            }
+        };
+    }
+    ladder!(12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31 32 33 34 35)
+}
+
+fn decode_limited<T: DeserializeOwned, const LIMIT: usize>(payload: &[u8]) -> Result<T, String> {
+    let config = bincode_config().with_limit::<LIMIT>();
+    let (value, used) = bincode::serde::decode_from_slice(payload, config).map_err(|e| e.to_string())?;
+    if used != payload.len() {
+        return Err(format!("{} trailing bytes after the value", payload.len() - used));
+    }
+    Ok(value)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use serde::Deserialize;
+
+    #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+    struct Sample {
+        id: u64,
+        name: String,
+        bytes: Vec<u8>,
+    }
+
+    fn sample() -> Sample {
+        Sample { id: 42, name: "spate".into(), bytes: vec![1, 2, 3] }
+    }
+
+    #[test]
+    fn round_trip_and_length() -> Result<(), CoreError> {
+        let codec = FrameCodec::new(1);
+        let mut buf = codec.encode(&sample())?;
+        let len = buf.len();
+        buf.extend_from_slice(b"next record");
+        let frame = codec.decode::<Sample>(&buf)?;
+        assert_eq!(frame, Frame { version: 1, value: sample(), frame_len: len });
+        Ok(())
+    }
+
+    #[test]
+    fn every_truncation_is_a_torn_write() -> Result<(), CoreError> {
+        let codec = FrameCodec::new(1);
+        let buf = codec.encode(&sample())?;
+        for cut in 0..buf.len() {
+            let err = codec.decode::<Sample>(&buf[..cut]).err();
+            assert!(matches!(err, Some(CoreError::Truncated { .. })), "cut at {cut}: {err:?}");
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn every_bit_flip_is_detected() -> Result<(), CoreError> {
+        let codec = FrameCodec::new(1);
+        let buf = codec.encode(&sample())?;
+        for byte in 0..buf.len() {
+            let mut damaged = buf.clone();
+            damaged[byte] ^= 0x10;
+            assert!(codec.decode::<Sample>(&damaged).is_err(), "flip in byte {byte} went unnoticed");
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn newer_version_is_refused_by_name() -> Result<(), CoreError> {
+        let buf = FrameCodec::new(3).encode(&sample())?;
+        let err = FrameCodec::new(2).decode::<Sample>(&buf).err();
+        assert!(matches!(err, Some(CoreError::NewerVersion { found: 3, supported: 2 })));
+        let message = err.map(|e| e.to_string()).unwrap_or_default();
+        assert!(message.contains("newer spate"), "{message}");
+        // An older frame is still read by the newer codec.
+        let old = FrameCodec::new(1).encode(&sample())?;
+        assert_eq!(FrameCodec::new(2).decode::<Sample>(&old)?.version, 1);
+        Ok(())
+    }
+
+    #[test]
+    fn declared_length_over_the_bound_is_refused_before_reading() -> Result<(), CoreError> {
+        let big = Sample { bytes: vec![7; 10_000], ..sample() };
+        let buf = FrameCodec::new(1).encode(&big)?;
+        let err = FrameCodec::new(1).with_max_payload(1000).decode::<Sample>(&buf).err();
+        assert!(matches!(err, Some(CoreError::TooLarge { limit: 1000, .. })));
+        assert!(matches!(
+            FrameCodec::new(1).with_max_payload(1000).encode(&big),
+            Err(CoreError::TooLarge { .. })
+        ));
+        Ok(())
+    }
+
+    #[test]
+    fn huge_inner_length_does_not_allocate() {
+        // A well-formed frame whose payload claims a 2^60-byte vector: the
+        // CRC is right, so only the decode bound stands between it and an abort.
+        let mut payload = Vec::new();
+        payload.push(42u8); // id
+        payload.push(0u8); // empty name
+        payload.push(255u8); // varint marker for u64
+        payload.extend_from_slice(&(1u64 << 60).to_le_bytes());
+        let mut frame = Vec::new();
+        frame.extend_from_slice(&FRAME_MAGIC);
+        frame.extend_from_slice(&1u16.to_le_bytes());
+        frame.extend_from_slice(&0u16.to_le_bytes());
+        frame.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+        let crc = crc32c::crc32c_append(crc32c::crc32c(&frame[4..12]), &payload);
+        frame.extend_from_slice(&crc.to_le_bytes());
+        frame.extend_from_slice(&payload);
+        let err = FrameCodec::new(1).decode::<Sample>(&frame).err();
+        assert!(matches!(err, Some(CoreError::Decode { .. })), "{err:?}");
+    }
+
+    proptest! {
+        #[test]
+        fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
+            let _ = FrameCodec::new(1).decode::<Sample>(&bytes);
+        }
+
+        #[test]
+        fn arbitrary_values_round_trip(id: u64, name in ".{0,40}", bytes in proptest::collection::vec(any::<u8>(), 0..100)) {
+            let value = Sample { id, name, bytes };
+            let codec = FrameCodec::new(1);
+            let buf = codec.encode(&value).map_err(|e| TestCaseError::fail(e.to_string()))?;
+            let back = codec.decode::<Sample>(&buf).map_err(|e| TestCaseError::fail(e.to_string()))?;
+            prop_assert_eq!(back.value, value);
+        }
+    }
+}

@@ -1,0 +1,1 @@
+//! The DStream graph: transformations, incremental windows and named, upgradeable state.

@@ -1,0 +1,1 @@
+//! Kafka direct stream with safely stored offsets, an exclusive consumer pool and exactly-once sinks.

@@ -1,0 +1,1 @@
+//! The spate engine: StreamingContext, job generation and scheduling, recovery, backpressure and progress.

@@ -1,0 +1,34 @@
+//! `cargo xtask bench`: every headline benchmark of the workspace.
+//!
+//! Each benchmark prints its own figure and the bound it is measured against
+//! as a line `BENCH <name> <value> <unit> bound=<value> ratio=<r>`. This
+//! command runs them, passes their output through, and repeats those lines
+//! at the end so runs can be compared.
+
+use std::io::{BufRead, BufReader};
+use std::process::Stdio;
+
+use crate::Result;
+use crate::env::cargo;
+
+pub(crate) fn run(args: &[String]) -> Result {
+    let mut command = cargo(&["bench", "--workspace", "--benches"]);
+    command.arg("--").args(args).stdout(Stdio::piped());
+    println!("==> benchmarks (release build; criterion output follows)");
+    let mut child = command.spawn().map_err(|e| format!("could not start cargo bench: {e}"))?;
+    let mut summary = Vec::new();
+    if let Some(out) = child.stdout.take() {
+        for line in BufReader::new(out).lines().map_while(std::result::Result::ok) {
+            println!("{line}");
+            if line.starts_with("BENCH ") {
+                summary.push(line);
+            }
+        }
+    }
+    let status = child.wait().map_err(|e| format!("cargo bench: {e}"))?;
+    println!("\n== summary: {} figure(s)", summary.len());
+    for line in &summary {
+        println!("{line}");
+    }
+    if status.success() { Ok(()) } else { Err(format!("cargo bench failed ({status})")) }
+}

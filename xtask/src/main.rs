@@ -1,0 +1,94 @@
+//! `cargo xtask`: the developer's entry point.
+//!
+//! Every command is declared once, in [`COMMANDS`]. They need nothing but
+//! a Rust toolchain and root (or sudo) for the system packages:
+//!
+//! - `setup`: installs the system packages the build needs (idempotent).
+//! - `test`: setup, format check, clippy, then every test of the workspace.
+//! - `bench`: the headline benchmarks, ending with one `BENCH` line a figure.
+//! - `demo`: builds and runs `spate demo` with the given arguments.
+//!
+//! Native code (RocksDB, librdkafka) dominates build time on small machines,
+//! so every cargo call here shares one persistent target directory outside
+//! the clone and compiles C/C++ through ccache (see [`build_env`]).
+
+mod bench;
+mod env;
+mod kafka;
+mod setup;
+
+use std::process::ExitCode;
+use std::time::Instant;
+
+use env::{cargo, run_step};
+
+type Result<T = ()> = std::result::Result<T, String>;
+
+struct Command {
+    name: &'static str,
+    help: &'static str,
+    run: fn(&[String]) -> Result,
+}
+
+const COMMANDS: &[Command] = &[
+    Command { name: "setup", help: "install the system packages the build and tests need", run: |_| setup::run() },
+    Command { name: "test", help: "setup, fmt --check, clippy -D warnings, every test (starts Kafka)", run: test },
+    Command { name: "ci", help: "what .ci/run runs: the same as test", run: test },
+    Command { name: "bench", help: "run the headline benchmarks and print one BENCH line a figure", run: bench::run },
+    Command { name: "kafka", help: "start|stop|status the local Apache Kafka broker for tests", run: kafka::run },
+    Command { name: "demo", help: "run `spate demo` (release build); arguments are passed on", run: demo },
+];
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let Some(name) = args.first() else {
+        print_help();
+        return ExitCode::FAILURE;
+    };
+    let Some(command) = COMMANDS.iter().find(|c| c.name == name.as_str()) else {
+        if name != "help" && name != "--help" && name != "-h" {
+            eprintln!("xtask: unknown command `{name}`");
+        }
+        print_help();
+        return ExitCode::FAILURE;
+    };
+    match (command.run)(&args[1..]) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("xtask {name}: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn print_help() {
+    eprintln!("usage: cargo xtask <command> [args]\n\ncommands:");
+    for c in COMMANDS {
+        eprintln!("  {:<8} {}", c.name, c.help);
+    }
+}
+
+fn test(_args: &[String]) -> Result {
+    let started = Instant::now();
+    setup::run()?;
+    run_step("format check", cargo(&["fmt", "--all", "--check"]))?;
+    run_step("clippy", cargo(&["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"]))?;
+    let broker = kafka::Broker::start_for_tests()?;
+    let tests = run_step("tests", {
+        let mut c = cargo(&["test", "--workspace", "--all-targets"]);
+        broker.export_to(&mut c);
+        c
+    });
+    let doctests = run_step("doc tests", cargo(&["test", "--workspace", "--doc"]));
+    drop(broker);
+    tests?;
+    doctests?;
+    println!("xtask test: all green in {:.0?}", started.elapsed());
+    Ok(())
+}
+
+fn demo(args: &[String]) -> Result {
+    let mut c = cargo(&["run", "--release", "--quiet", "--package", "spate-cli", "--bin", "spate", "--", "demo"]);
+    c.args(args);
+    run_step("demo", c)
+}
