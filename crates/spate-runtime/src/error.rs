@@ -1,0 +1,107 @@
+//! The error type of spate-runtime; every variant names what it was working
+//! on (the file, the batch, the output).
+
+use std::path::PathBuf;
+
+use spate_core::BatchId;
+use thiserror::Error;
+
+/// An error from the streaming engine.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum RuntimeError {
+    /// A setting is out of range.
+    #[error("invalid setting {setting}: {reason}")]
+    InvalidSetting {
+        /// The setting.
+        setting: String,
+        /// Why it is refused.
+        reason: String,
+    },
+    /// An operating-system call failed.
+    #[error("{op} {path}: {source}")]
+    Io {
+        /// What was being done.
+        op: &'static str,
+        /// The file or directory.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The checkpoint directory's logs could not be read or written, or
+    /// their shape is inconsistent (the message names the repair command).
+    #[error("checkpoint {dir}: {message}")]
+    Checkpoint {
+        /// The checkpoint directory.
+        dir: PathBuf,
+        /// What the log store said.
+        message: String,
+    },
+    /// Another live writer holds the checkpoint directory.
+    #[error("checkpoint {dir} is in use: {holder}")]
+    Locked {
+        /// The checkpoint directory.
+        dir: PathBuf,
+        /// Who holds it (pid, host, epoch), as the log store describes it.
+        holder: String,
+    },
+    /// Operator state could not be saved or restored.
+    #[error("state of operator {operator} at batch {batch}: {reason}")]
+    State {
+        /// The operator's stable name.
+        operator: String,
+        /// The batch of the snapshot.
+        batch: BatchId,
+        /// What went wrong.
+        reason: String,
+    },
+    /// The graph in the code does not fit the checkpoint (an incompatible change).
+    #[error("the graph does not match checkpoint {dir}: {reason}")]
+    IncompatibleGraph {
+        /// The checkpoint directory.
+        dir: PathBuf,
+        /// What differs.
+        reason: String,
+    },
+    /// A batch could not be planned (sources, receivers, tracker).
+    #[error("planning batch {batch}: {reason}")]
+    Planning {
+        /// The batch.
+        batch: BatchId,
+        /// What went wrong.
+        reason: String,
+    },
+    /// An output job of a batch failed; the batch is not committed and the
+    /// next start re-runs it.
+    #[error("output {output} of batch {batch} failed: {reason}")]
+    OutputFailed {
+        /// The batch.
+        batch: BatchId,
+        /// The output's name.
+        output: String,
+        /// What it reported.
+        reason: String,
+    },
+    /// A receiver or its storage failed.
+    #[error("receiver of stream {stream}: {reason}")]
+    Receiver {
+        /// The input stream.
+        stream: String,
+        /// What went wrong.
+        reason: String,
+    },
+    /// The context was used in a state that does not allow it (for example
+    /// started twice).
+    #[error("streaming context {what}")]
+    Lifecycle {
+        /// What was attempted.
+        what: String,
+    },
+}
+
+impl RuntimeError {
+    pub(crate) fn io(op: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        RuntimeError::Io { op, path: path.into(), source }
+    }
+}

@@ -1,0 +1,105 @@
+//! The rate controller: turns completed batches into the rate limit that
+//! receivers and direct sources run under (Spark's `RateController`).
+
+use spate_core::Duration;
+use tracing::debug;
+
+use crate::error::RuntimeError;
+use crate::pid::PidRateEstimator;
+use crate::settings::BackpressureSettings;
+
+/// What one completed batch tells the controller.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct BatchTiming {
+    /// When the batch finished, ms since the epoch.
+    pub(crate) completed_at_ms: i64,
+    /// Records it processed.
+    pub(crate) records: u64,
+    /// How long it ran, ms.
+    pub(crate) processing_ms: u64,
+    /// How long it waited, ms.
+    pub(crate) scheduling_delay_ms: u64,
+}
+
+/// Holds the rate in force and updates it after each batch.
+#[derive(Debug)]
+pub(crate) struct RateController {
+    estimator: Option<PidRateEstimator>,
+    max_rate: Option<f64>,
+    current: Option<f64>,
+}
+
+impl RateController {
+    /// A controller for `batch_interval`; with backpressure off it only
+    /// applies the configured maximum.
+    pub(crate) fn new(batch_interval: Duration, settings: &BackpressureSettings) -> Result<Self, RuntimeError> {
+        let estimator = if settings.enabled {
+            Some(PidRateEstimator::new(batch_interval.as_millis(), settings.pid)?)
+        } else {
+            None
+        };
+        let current = match (settings.enabled.then_some(settings.initial_rate).flatten(), settings.max_rate) {
+            (Some(initial), Some(max)) => Some(initial.min(max)),
+            (initial, max) => initial.or(max),
+        };
+        Ok(RateController { estimator, max_rate: settings.max_rate, current })
+    }
+
+    /// The rate in force, records per second (`None`: unlimited).
+    pub(crate) fn current(&self) -> Option<f64> {
+        self.current
+    }
+
+    /// Feeds a completed batch; returns the new rate when it changed.
+    pub(crate) fn on_batch_completed(&mut self, timing: BatchTiming) -> Option<f64> {
+        let estimator = self.estimator.as_mut()?;
+        let estimate = estimator.compute(
+            timing.completed_at_ms,
+            timing.records,
+            timing.processing_ms,
+            timing.scheduling_delay_ms,
+        )?;
+        let rate = self.max_rate.map_or(estimate, |max| estimate.min(max));
+        debug!(rate, "backpressure rate updated");
+        self.current = Some(rate);
+        Some(rate)
+    }
+
+    /// Records one batch may take at the current rate over `interval`
+    /// (`None`: unlimited). Never zero, so a stream always makes progress.
+    pub(crate) fn records_per_batch(&self, interval: Duration) -> Option<u64> {
+        self.current.map(|rate| ((rate * interval.as_secs_f64()).floor() as u64).max(1))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn timing(at: i64, records: u64, processing_ms: u64) -> BatchTiming {
+        BatchTiming { completed_at_ms: at, records, processing_ms, scheduling_delay_ms: 0 }
+    }
+
+    #[test]
+    fn initial_rate_then_estimates_capped_by_max() {
+        let settings = BackpressureSettings { initial_rate: Some(500.0), max_rate: Some(8000.0), ..Default::default() };
+        let mut rc = RateController::new(Duration::from_secs(1), &settings).unwrap();
+        assert_eq!(rc.current(), Some(500.0));
+        assert_eq!(rc.records_per_batch(Duration::from_secs(2)), Some(1000));
+        assert_eq!(rc.on_batch_completed(timing(1000, 500, 100)), None); // seeds at 5000/s
+        // Processing 10 000/s with the seed at 5 000: error -5 000 => 10 000, capped at 8 000.
+        assert_eq!(rc.on_batch_completed(timing(2000, 1000, 100)), Some(8000.0));
+        assert_eq!(rc.current(), Some(8000.0));
+    }
+
+    #[test]
+    fn disabled_backpressure_keeps_the_maximum() {
+        let settings =
+            BackpressureSettings { enabled: false, initial_rate: Some(10.0), max_rate: None, ..Default::default() };
+        let mut rc = RateController::new(Duration::from_secs(1), &settings).unwrap();
+        assert_eq!(rc.current(), None);
+        rc.on_batch_completed(timing(1000, 500, 100));
+        assert_eq!(rc.on_batch_completed(timing(2000, 500, 100)), None);
+        assert_eq!(rc.records_per_batch(Duration::from_secs(1)), None);
+    }
+}

@@ -1,0 +1,266 @@
+//! The JobScheduler: runs the output jobs of batches on a pool of worker
+//! threads and decides when a batch may commit.
+//!
+//! Jobs of a batch may finish in any order and, with more than one worker,
+//! jobs of several batches may run at once; [`CommitOrder`] still releases
+//! batches for commit strictly in batch order, and only once every one of a
+//! batch's outputs finished (invariant 1).
+
+use std::collections::BTreeMap;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use crossbeam::channel::{Sender, unbounded};
+use spate_core::BatchId;
+use tracing::warn;
+
+/// The body of one output job: writes the batch's output somewhere.
+pub(crate) type JobBody = Box<dyn FnOnce() -> Result<(), String> + Send>;
+
+/// An output job with the name of the output it runs.
+pub(crate) struct NamedJob {
+    /// The output's name (used in errors and progress).
+    pub(crate) name: String,
+    /// What to run.
+    pub(crate) body: JobBody,
+}
+
+/// How one job ended.
+#[derive(Debug, Clone)]
+pub(crate) struct JobOutcome {
+    /// The batch the job belongs to.
+    pub(crate) batch: BatchId,
+    /// The output's name.
+    pub(crate) name: String,
+    /// `Err` carries what the output reported (or the panic message).
+    pub(crate) result: Result<(), String>,
+    /// Wall time the job took, ms.
+    pub(crate) elapsed_ms: u64,
+}
+
+/// Called with each finished job, on the worker that ran it.
+pub(crate) type OutcomeSink = Arc<dyn Fn(JobOutcome) + Send + Sync>;
+
+struct Task {
+    batch: BatchId,
+    job: NamedJob,
+    report: OutcomeSink,
+}
+
+/// A fixed pool of worker threads fed from one queue.
+pub(crate) struct JobScheduler {
+    queue: Option<Sender<Task>>,
+    workers: Vec<JoinHandle<()>>,
+}
+
+impl JobScheduler {
+    /// Starts `concurrent_jobs` workers (at least one).
+    pub(crate) fn new(concurrent_jobs: usize) -> std::io::Result<Self> {
+        let (queue, tasks) = unbounded::<Task>();
+        let mut workers = Vec::new();
+        for i in 0..concurrent_jobs.max(1) {
+            let tasks = tasks.clone();
+            let worker = std::thread::Builder::new().name(format!("spate-job-{i}")).spawn(move || {
+                for task in tasks {
+                    run_task(task);
+                }
+            })?;
+            workers.push(worker);
+        }
+        Ok(JobScheduler { queue: Some(queue), workers })
+    }
+
+    /// Queues the jobs of `batch`; each outcome goes to `report`.
+    pub(crate) fn submit(&self, batch: BatchId, jobs: Vec<NamedJob>, report: &OutcomeSink) {
+        for job in jobs {
+            let task = Task { batch, job, report: Arc::clone(report) };
+            let Some(queue) = &self.queue else { return };
+            if let Err(rejected) = queue.send(task) {
+                // Only after shutdown: report the job as failed so nobody waits on it.
+                let task = rejected.into_inner();
+                (task.report)(JobOutcome {
+                    batch,
+                    name: task.job.name,
+                    result: Err("the job scheduler is shut down".to_string()),
+                    elapsed_ms: 0,
+                });
+            }
+        }
+    }
+
+    /// Lets the queued jobs finish and joins the workers.
+    pub(crate) fn shutdown(mut self) {
+        self.stop_and_join();
+    }
+
+    fn stop_and_join(&mut self) {
+        self.queue = None;
+        for worker in self.workers.drain(..) {
+            if worker.join().is_err() {
+                warn!("a job worker thread panicked outside a job");
+            }
+        }
+    }
+}
+
+impl Drop for JobScheduler {
+    fn drop(&mut self) {
+        self.stop_and_join();
+    }
+}
+
+fn run_task(task: Task) {
+    let Task { batch, job, report } = task;
+    let started = Instant::now();
+    // A panicking output fails its batch instead of killing the worker and
+    // leaving the batch waiting forever.
+    let result = catch_unwind(AssertUnwindSafe(job.body)).unwrap_or_else(|panic| Err(panic_message(&panic)));
+    let elapsed_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+    report(JobOutcome { batch, name: job.name, result, elapsed_ms });
+}
+
+fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
+    if let Some(s) = panic.downcast_ref::<&str>() {
+        format!("panicked: {s}")
+    } else if let Some(s) = panic.downcast_ref::<String>() {
+        format!("panicked: {s}")
+    } else {
+        "panicked".to_string()
+    }
+}
+
+#[derive(Debug, Default)]
+struct PendingBatch {
+    remaining: usize,
+    failure: Option<(String, String)>,
+}
+
+/// What [`CommitOrder`] decided after a job finished.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum CommitDecision {
+    /// These batches (in order) have all their outputs done and every earlier
+    /// batch is committed: commit them.
+    Commit(Vec<BatchId>),
+    /// An output of this batch failed: the batch must not commit.
+    Failed {
+        /// The batch.
+        batch: BatchId,
+        /// The output that failed.
+        output: String,
+        /// Why.
+        reason: String,
+    },
+}
+
+/// Tracks the outputs of in-flight batches and releases them for commit in
+/// batch order.
+#[derive(Debug, Default)]
+pub(crate) struct CommitOrder {
+    pending: BTreeMap<BatchId, PendingBatch>,
+}
+
+impl CommitOrder {
+    /// Registers `batch` with `jobs` outputs to wait for.
+    pub(crate) fn expect(&mut self, batch: BatchId, jobs: usize) {
+        self.pending.insert(batch, PendingBatch { remaining: jobs, failure: None });
+    }
+
+    /// True when no batch is waiting.
+    pub(crate) fn is_idle(&self) -> bool {
+        self.pending.is_empty()
+    }
+
+    /// Records a finished job and says what may happen now.
+    pub(crate) fn finished(&mut self, outcome: &JobOutcome) -> CommitDecision {
+        if let Some(pending) = self.pending.get_mut(&outcome.batch) {
+            pending.remaining = pending.remaining.saturating_sub(1);
+            if let Err(reason) = &outcome.result {
+                pending.failure.get_or_insert_with(|| (outcome.name.clone(), reason.clone()));
+            }
+        }
+        self.ready()
+    }
+
+    /// Releases the completed prefix of batches (a batch with no outputs is
+    /// released as soon as it is first in line).
+    pub(crate) fn ready(&mut self) -> CommitDecision {
+        let mut ready = Vec::new();
+        while let Some(entry) = self.pending.first_entry() {
+            let batch = *entry.key();
+            if let Some((output, reason)) = entry.get().failure.clone() {
+                return CommitDecision::Failed { batch, output, reason };
+            }
+            if entry.get().remaining > 0 {
+                break;
+            }
+            entry.remove();
+            ready.push(batch);
+        }
+        CommitDecision::Commit(ready)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crossbeam::channel::bounded;
+    use std::sync::Mutex;
+
+    fn outcome(batch: u64, ok: bool) -> JobOutcome {
+        JobOutcome {
+            batch: BatchId(batch),
+            name: "out".into(),
+            result: if ok { Ok(()) } else { Err("disk full".into()) },
+            elapsed_ms: 0,
+        }
+    }
+
+    #[test]
+    fn batches_are_released_in_order_only_when_complete() {
+        let mut order = CommitOrder::default();
+        order.expect(BatchId(1), 2);
+        order.expect(BatchId(2), 1);
+        assert_eq!(order.finished(&outcome(2, true)), CommitDecision::Commit(vec![]));
+        assert_eq!(order.finished(&outcome(1, true)), CommitDecision::Commit(vec![]));
+        assert_eq!(order.finished(&outcome(1, true)), CommitDecision::Commit(vec![BatchId(1), BatchId(2)]));
+        assert!(order.is_idle());
+    }
+
+    #[test]
+    fn a_failed_output_blocks_the_batch() {
+        let mut order = CommitOrder::default();
+        order.expect(BatchId(4), 2);
+        order.finished(&outcome(4, false));
+        let decision = order.finished(&outcome(4, true));
+        assert_eq!(
+            decision,
+            CommitDecision::Failed { batch: BatchId(4), output: "out".into(), reason: "disk full".into() }
+        );
+    }
+
+    #[test]
+    fn workers_run_jobs_concurrently_and_survive_panics() {
+        let scheduler = JobScheduler::new(2).unwrap();
+        let outcomes = Arc::new(Mutex::new(Vec::new()));
+        let (gate_tx, gate_rx) = bounded::<()>(0);
+        let report: OutcomeSink = {
+            let outcomes = Arc::clone(&outcomes);
+            Arc::new(move |o: JobOutcome| outcomes.lock().unwrap().push(o))
+        };
+        // The first job waits for the second: with one worker this would deadlock.
+        let jobs = vec![
+            NamedJob { name: "waits".into(), body: Box::new(move || gate_rx.recv().map_err(|e| e.to_string())) },
+            NamedJob { name: "opens".into(), body: Box::new(move || gate_tx.send(()).map_err(|e| e.to_string())) },
+            NamedJob { name: "panics".into(), body: Box::new(|| panic!("bad output")) },
+        ];
+        scheduler.submit(BatchId(0), jobs, &report);
+        scheduler.shutdown();
+        let outcomes = outcomes.lock().unwrap();
+        assert_eq!(outcomes.len(), 3);
+        let panicked = outcomes.iter().find(|o| o.name == "panics").unwrap();
+        assert_eq!(panicked.result, Err("panicked: bad output".to_string()));
+        assert!(outcomes.iter().filter(|o| o.name != "panics").all(|o| o.result.is_ok()));
+    }
+}

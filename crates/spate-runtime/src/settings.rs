@@ -1,0 +1,182 @@
+//! How a [`crate::StreamingContext`] runs: batch interval, checkpoint
+//! interval, concurrency, retention, backpressure, progress files, clock.
+
+use std::fmt;
+use std::sync::Arc;
+
+use spate_core::{Clock, Duration, SystemClock};
+
+use crate::error::RuntimeError;
+use crate::pid::PidSettings;
+use crate::progress::ProgressRotation;
+
+/// Backpressure: the PID estimator's settings and the rates around it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct BackpressureSettings {
+    /// When off, sources run at their configured maximum rates only.
+    pub enabled: bool,
+    /// Records per second allowed for the first batch, before the estimator
+    /// has seen one (`None`: only the configured maximum applies).
+    pub initial_rate: Option<f64>,
+    /// The estimator's gains and floor.
+    pub pid: PidSettings,
+    /// An upper bound on the rate whatever the estimator says.
+    pub max_rate: Option<f64>,
+}
+
+impl Default for BackpressureSettings {
+    fn default() -> Self {
+        BackpressureSettings { enabled: true, initial_rate: None, pid: PidSettings::default(), max_rate: None }
+    }
+}
+
+/// Settings of a streaming context. Build with [`StreamingSettings::new`]
+/// and the `with_*` methods.
+#[derive(Clone)]
+pub struct StreamingSettings {
+    /// The batch interval.
+    pub batch_interval: Duration,
+    /// How often operator state is checkpointed; `None`: the smallest
+    /// multiple of the batch interval that is at least 10 s (as Spark).
+    pub checkpoint_interval: Option<Duration>,
+    /// Output jobs that may run at once (default 1).
+    pub concurrent_jobs: usize,
+    /// Batches of `offsets/`, `commits/` and state kept behind the last
+    /// commit (at least one state snapshot is always kept).
+    pub retained_batches: u64,
+    /// Backpressure.
+    pub backpressure: BackpressureSettings,
+    /// Size and count of the files under `progress/`.
+    pub progress_rotation: ProgressRotation,
+    /// The clock batches tick on.
+    pub clock: Arc<dyn Clock>,
+}
+
+impl fmt::Debug for StreamingSettings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StreamingSettings")
+            .field("batch_interval", &self.batch_interval)
+            .field("checkpoint_interval", &self.checkpoint_interval)
+            .field("concurrent_jobs", &self.concurrent_jobs)
+            .field("retained_batches", &self.retained_batches)
+            .field("backpressure", &self.backpressure)
+            .field("progress_rotation", &self.progress_rotation)
+            .field("clock", &self.clock)
+            .finish()
+    }
+}
+
+impl StreamingSettings {
+    /// Defaults for `batch_interval` on the system clock.
+    pub fn new(batch_interval: Duration) -> Self {
+        StreamingSettings {
+            batch_interval,
+            checkpoint_interval: None,
+            concurrent_jobs: 1,
+            retained_batches: 100,
+            backpressure: BackpressureSettings::default(),
+            progress_rotation: ProgressRotation::default(),
+            clock: Arc::new(SystemClock),
+        }
+    }
+
+    /// Runs batches on `clock` (a `ManualClock` in tests).
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// Checkpoints state every `interval` (a multiple of the batch interval).
+    pub fn with_checkpoint_interval(mut self, interval: Duration) -> Self {
+        self.checkpoint_interval = Some(interval);
+        self
+    }
+
+    /// Lets `n` output jobs run at once.
+    pub fn with_concurrent_jobs(mut self, n: usize) -> Self {
+        self.concurrent_jobs = n;
+        self
+    }
+
+    /// Keeps `n` batches of logs and state behind the last commit.
+    pub fn with_retained_batches(mut self, n: u64) -> Self {
+        self.retained_batches = n;
+        self
+    }
+
+    /// Sets the backpressure settings.
+    pub fn with_backpressure(mut self, backpressure: BackpressureSettings) -> Self {
+        self.backpressure = backpressure;
+        self
+    }
+
+    /// Sets how progress files rotate.
+    pub fn with_progress_rotation(mut self, rotation: ProgressRotation) -> Self {
+        self.progress_rotation = rotation;
+        self
+    }
+
+    /// The checkpoint interval in force.
+    pub fn effective_checkpoint_interval(&self) -> Duration {
+        self.checkpoint_interval.unwrap_or_else(|| default_checkpoint_interval(self.batch_interval))
+    }
+
+    /// Checks every setting; the context calls it before it starts.
+    pub fn validate(&self) -> Result<(), RuntimeError> {
+        let invalid = |setting: &str, reason: String| {
+            Err(RuntimeError::InvalidSetting { setting: setting.to_string(), reason })
+        };
+        if self.batch_interval == Duration::ZERO {
+            return invalid("batch_interval", "must be positive".into());
+        }
+        let checkpoint = self.effective_checkpoint_interval();
+        if !checkpoint.is_multiple_of(self.batch_interval) {
+            return invalid(
+                "checkpoint_interval",
+                format!("{checkpoint} is not a multiple of the batch interval {}", self.batch_interval),
+            );
+        }
+        if self.concurrent_jobs == 0 {
+            return invalid("concurrent_jobs", "must be at least 1".into());
+        }
+        if let Some(rate) = self.backpressure.initial_rate.filter(|r| !(*r > 0.0)) {
+            return invalid("backpressure.initial_rate", format!("{rate} is not positive"));
+        }
+        Ok(())
+    }
+
+    /// How many batches make one checkpoint interval.
+    pub(crate) fn batches_per_checkpoint(&self) -> u64 {
+        self.effective_checkpoint_interval().div_duration(self.batch_interval).max(1)
+    }
+}
+
+/// The smallest multiple of `batch_interval` that is at least 10 seconds.
+pub fn default_checkpoint_interval(batch_interval: Duration) -> Duration {
+    let ten_seconds = Duration::from_secs(10).as_millis();
+    let batch = batch_interval.as_millis().max(1);
+    Duration::from_millis(ten_seconds.div_ceil(batch) * batch)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_checkpoint_interval_is_the_first_multiple_past_ten_seconds() {
+        assert_eq!(default_checkpoint_interval(Duration::from_secs(1)), Duration::from_secs(10));
+        assert_eq!(default_checkpoint_interval(Duration::from_secs(3)), Duration::from_secs(12));
+        assert_eq!(default_checkpoint_interval(Duration::from_millis(300)), Duration::from_millis(10_200));
+        assert_eq!(default_checkpoint_interval(Duration::from_secs(15)), Duration::from_secs(15));
+    }
+
+    #[test]
+    fn validation_refuses_bad_intervals() {
+        let settings = StreamingSettings::new(Duration::from_secs(2));
+        assert!(settings.validate().is_ok());
+        assert_eq!(settings.batches_per_checkpoint(), 5);
+        assert!(settings.clone().with_checkpoint_interval(Duration::from_secs(3)).validate().is_err());
+        assert!(StreamingSettings::new(Duration::ZERO).validate().is_err());
+        assert!(settings.with_concurrent_jobs(0).validate().is_err());
+    }
+}
