@@ -63,3 +63,30 @@ pub enum WalError {
         dir: PathBuf,
     },
 }
+
+impl WalError {
+    /// A copy of this error for another waiter of the same failed batch
+    /// (the OS error is carried over by kind and message).
+    pub(crate) fn duplicate(&self) -> WalError {
+        match self {
+            WalError::Io { op, path, source } => {
+                WalError::Io { op, path: path.clone(), source: std::io::Error::new(source.kind(), source.to_string()) }
+            }
+            WalError::Corrupt { segment, offset, reason } => {
+                WalError::Corrupt { segment: segment.clone(), offset: *offset, reason: reason.clone() }
+            }
+            WalError::Poisoned { dir, cause } => WalError::Poisoned { dir: dir.clone(), cause: cause.clone() },
+            WalError::RecordTooLarge { len, max } => WalError::RecordTooLarge { len: *len, max: *max },
+            WalError::BadHandle { handle, dir, reason } => {
+                WalError::BadHandle { handle: handle.clone(), dir: dir.clone(), reason: reason.clone() }
+            }
+            WalError::Closed { dir } => WalError::Closed { dir: dir.clone() },
+        }
+    }
+
+    /// An [`WalError::Io`] for `op` on `path`.
+    pub(crate) fn io(op: &'static str, path: &std::path::Path) -> impl FnOnce(std::io::Error) -> WalError {
+        let path = path.to_path_buf();
+        move |source| WalError::Io { op, path, source }
+    }
+}

@@ -1,0 +1,220 @@
+//! [`FileWriteAheadLog`]: the write-ahead log as a directory of segment files.
+//!
+//! Layout and semantics follow Spark's `FileBasedWriteAheadLog`: segments
+//! named `log-<startMs>-<endMs>`, a new one when a record's time reaches the
+//! end of the active one, cleaning by whole segments. On top of that: a
+//! CRC on every record, group commit, torn-tail repair on open and a log
+//! that refuses writes after a failed sync.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use spate_core::{Time, WalRecordHandle};
+
+use crate::cleaner::Cleaner;
+use crate::error::WalError;
+use crate::files::{FileLayer, file_layer};
+use crate::log::{RecordIter, WriteAheadLog};
+use crate::options::WalOptions;
+use crate::reader::{AllRecords, read_record, recover_tail};
+use crate::record::HEADER_LEN;
+use crate::segment::{Segment, parse_segment_name};
+use crate::writer::{CommitQueue, Writer};
+
+/// A write-ahead log in a directory of segment files.
+///
+/// Share it between threads (`Arc<FileWriteAheadLog>`): concurrent writes
+/// are batched into one append and one `fdatasync` (group commit), and each
+/// writer gets its handle once the sync that covers its record is done.
+///
+/// Opening a directory repairs it: a torn record at the end of the last
+/// segment (never acknowledged) is cut off; damage anywhere else is a
+/// [`WalError::Corrupt`] naming the segment and offset, unless
+/// [`WalOptions::salvage`] is on. Open a directory with one log at a time.
+pub struct FileWriteAheadLog {
+    pub(crate) shared: Arc<Shared>,
+    cleaner: Mutex<Option<Cleaner>>,
+}
+
+/// What the writer, readers and cleaner of one log share.
+pub(crate) struct Shared {
+    pub(crate) dir: PathBuf,
+    pub(crate) options: WalOptions,
+    pub(crate) files: Arc<dyn FileLayer>,
+    /// Live segments, oldest first. Cleaning takes segments out of this list
+    /// before it deletes their files, so new readers never see them.
+    pub(crate) segments: RwLock<Vec<Arc<Segment>>>,
+    pub(crate) queue: Mutex<CommitQueue>,
+    pub(crate) queue_changed: Condvar,
+    pub(crate) writer: Mutex<Writer>,
+}
+
+impl FileWriteAheadLog {
+    /// Opens (creating when missing) the log in `dir`, repairing a torn tail
+    /// of its last segment.
+    pub fn open(dir: impl AsRef<Path>, options: WalOptions) -> Result<Self, WalError> {
+        let dir = dir.as_ref().to_path_buf();
+        let mut options = options;
+        // A handle's length (header included) must fit in a u32.
+        options.max_record_size = options.max_record_size.min(u32::MAX - HEADER_LEN as u32);
+        let files = file_layer(options.fault_injection.as_ref());
+        files.create_dir_all(&dir).map_err(WalError::io("create directory", &dir))?;
+        let segments = list_segments(files.as_ref(), &dir)?;
+        if let Some(last) = segments.last() {
+            recover_tail(files.as_ref(), last, &options)?;
+        }
+        tracing::debug!(dir = %dir.display(), segments = segments.len(), "opened write-ahead log");
+        let writer = Writer::new(options.clock.now());
+        let shared = Shared {
+            dir,
+            options,
+            files,
+            segments: RwLock::new(segments),
+            queue: Mutex::new(CommitQueue::default()),
+            queue_changed: Condvar::new(),
+            writer: Mutex::new(writer),
+        };
+        Ok(FileWriteAheadLog { shared: Arc::new(shared), cleaner: Mutex::new(None) })
+    }
+
+    /// Appends several records as one group (one append, one sync) and
+    /// returns their handles in order, once they are durable.
+    pub fn write_batch(&self, records: &[(&[u8], Time)]) -> Result<Vec<WalRecordHandle>, WalError> {
+        self.shared.write_batch(records)
+    }
+
+    /// Syncs the active segment now (useful with [`crate::SyncPolicy::Interval`]).
+    pub fn sync(&self) -> Result<(), WalError> {
+        self.shared.sync_now()
+    }
+
+    /// The log directory.
+    pub fn dir(&self) -> &Path {
+        &self.shared.dir
+    }
+
+    /// The file names of the live segments, oldest first.
+    pub fn segment_names(&self) -> Vec<String> {
+        read_lock(&self.shared.segments).iter().map(|s| s.name.clone()).collect()
+    }
+
+    fn delete_in_background(&self, victims: Vec<Arc<Segment>>) {
+        let mut cleaner = lock(&self.cleaner);
+        let cleaner = cleaner.get_or_insert_with(|| Cleaner::start(Arc::clone(&self.shared.files)));
+        if let Err(victims) = cleaner.submit(victims) {
+            // The thread is gone (it could not be started): do it here.
+            if let Err(e) = delete_segments(self.shared.files.as_ref(), &victims) {
+                tracing::warn!(error = %e, "cleaning write-ahead log segments failed");
+            }
+        }
+    }
+}
+
+impl std::fmt::Debug for FileWriteAheadLog {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FileWriteAheadLog").field("dir", &self.shared.dir).finish_non_exhaustive()
+    }
+}
+
+impl WriteAheadLog for FileWriteAheadLog {
+    fn write(&self, record: &[u8], time: Time) -> Result<WalRecordHandle, WalError> {
+        let mut handles = self.shared.write_batch(&[(record, time)])?;
+        handles.pop().ok_or_else(|| WalError::BadHandle {
+            handle: String::from("(none)"),
+            dir: self.shared.dir.clone(),
+            reason: String::from("the writer returned no handle for the record"),
+        })
+    }
+
+    fn read(&self, handle: &WalRecordHandle) -> Result<Vec<u8>, WalError> {
+        read_record(&self.shared, handle)
+    }
+
+    fn read_all(&self) -> Result<RecordIter<'_>, WalError> {
+        let snapshot = read_lock(&self.shared.segments).iter().map(|s| (Arc::clone(s), s.readable_len())).collect();
+        Ok(Box::new(AllRecords::new(&self.shared, snapshot)))
+    }
+
+    fn clean(&self, threshold: Time, wait_for_completion: bool) -> Result<(), WalError> {
+        let victims: Vec<Arc<Segment>> = {
+            let mut segments = write_lock(&self.shared.segments);
+            let (old, keep) = segments.drain(..).partition(|s| s.end < threshold && !s.is_active());
+            *segments = keep;
+            old
+        };
+        if victims.is_empty() {
+            return Ok(());
+        }
+        tracing::debug!(dir = %self.shared.dir.display(), segments = victims.len(), %threshold, "cleaning old segments");
+        if wait_for_completion {
+            delete_segments(self.shared.files.as_ref(), &victims)
+        } else {
+            self.delete_in_background(victims);
+            Ok(())
+        }
+    }
+
+    fn close(&self) -> Result<(), WalError> {
+        let result = self.shared.close_writer();
+        if let Some(cleaner) = lock(&self.cleaner).take() {
+            cleaner.finish();
+        }
+        result
+    }
+}
+
+impl Drop for FileWriteAheadLog {
+    fn drop(&mut self) {
+        if let Err(e) = self.close() {
+            tracing::warn!(dir = %self.shared.dir.display(), error = %e, "closing write-ahead log failed");
+        }
+    }
+}
+
+/// The segments in `dir`, oldest first, with their current lengths.
+fn list_segments(files: &dyn FileLayer, dir: &Path) -> Result<Vec<Arc<Segment>>, WalError> {
+    let mut segments = Vec::new();
+    for name in files.list(dir).map_err(WalError::io("list", dir))? {
+        let Some(range) = parse_segment_name(&name) else {
+            tracing::debug!(dir = %dir.display(), file = %name, "ignoring a file that is not a segment");
+            continue;
+        };
+        let path = dir.join(&name);
+        let len = files.len(&path).map_err(WalError::io("stat", &path))?;
+        segments.push(Arc::new(Segment::new(name, path, range, len)));
+    }
+    segments.sort_by(|a, b| a.sort_key().cmp(&b.sort_key()));
+    Ok(segments)
+}
+
+/// Deletes the files of `victims` (already out of the live list). A file
+/// that is already gone is fine; the first other failure is returned after
+/// trying them all.
+pub(crate) fn delete_segments(files: &dyn FileLayer, victims: &[Arc<Segment>]) -> Result<(), WalError> {
+    let mut first_error = None;
+    for segment in victims {
+        match files.remove(&segment.path) {
+            Ok(()) => tracing::debug!(segment = %segment.path.display(), "deleted segment"),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => {
+                tracing::warn!(segment = %segment.path.display(), error = %e, "deleting segment failed");
+                first_error.get_or_insert(WalError::Io { op: "remove", path: segment.path.clone(), source: e });
+            }
+        }
+    }
+    first_error.map_or(Ok(()), Err)
+}
+
+/// Locks `mutex`, also after a panic elsewhere: every critical section
+/// here leaves its state consistent before it can panic.
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+pub(crate) fn read_lock<T>(lock: &RwLock<T>) -> RwLockReadGuard<'_, T> {
+    lock.read().unwrap_or_else(PoisonError::into_inner)
+}
+
+pub(crate) fn write_lock<T>(lock: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
+    lock.write().unwrap_or_else(PoisonError::into_inner)
+}

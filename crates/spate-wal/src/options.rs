@@ -1,0 +1,116 @@
+//! How a [`crate::FileWriteAheadLog`] is configured: rolling, syncing,
+//! bounds, recovery mode, the clock and the test hook.
+
+use std::sync::Arc;
+
+use spate_core::{Clock, Duration, SystemClock};
+
+use crate::files::FaultInjection;
+
+/// When the log calls `fdatasync` on the active segment.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SyncPolicy {
+    /// Every write returns only after an `fdatasync` that covers it.
+    /// Concurrent writers share one sync (group commit). The default.
+    #[default]
+    EveryWrite,
+    /// A write syncs when at least this long (on the log's clock) has passed
+    /// since the last sync; writes in between are acknowledged once they are
+    /// in the operating system's page cache. Rolling to a new segment,
+    /// [`crate::FileWriteAheadLog::sync`] and `close` sync too. A crash can
+    /// lose up to one interval of acknowledged records.
+    Interval(Duration),
+    /// Never call `fdatasync`, not even on close. **Unsafe**: a machine crash
+    /// can lose any acknowledged record and leave torn records in any
+    /// segment. Only for tests and data that can be rebuilt.
+    Never,
+}
+
+/// The options of a [`crate::FileWriteAheadLog`].
+///
+/// Start from [`WalOptions::default`] and change what you need with the
+/// `with_*` methods.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct WalOptions {
+    /// A new segment starts when a record's time reaches the end of the
+    /// active one; each segment covers `[start, start + rolling_interval)`.
+    /// Default: 60 s.
+    pub rolling_interval: Duration,
+    /// When to `fdatasync`. Default: [`SyncPolicy::EveryWrite`].
+    pub sync_policy: SyncPolicy,
+    /// The largest record accepted, in bytes. Readers refuse (and never
+    /// allocate for) a length above it. Default: 64 MiB.
+    pub max_record_size: u32,
+    /// Close the segment file after every batch of writes and reopen it for
+    /// the next, for stores where keeping a file open is costly. Default: off.
+    pub close_file_after_write: bool,
+    /// Skip damaged records (with a warning) instead of failing with
+    /// [`crate::WalError::Corrupt`]. Skipped records are lost. Default: off.
+    pub salvage: bool,
+    /// The clock behind [`SyncPolicy::Interval`]. Default: [`SystemClock`].
+    pub clock: Arc<dyn Clock>,
+    /// A test hook that counts and fails file operations. Default: none.
+    pub fault_injection: Option<FaultInjection>,
+}
+
+/// The default [`WalOptions::max_record_size`]: 64 MiB.
+pub const DEFAULT_MAX_RECORD_SIZE: u32 = 64 << 20;
+
+impl Default for WalOptions {
+    fn default() -> Self {
+        WalOptions {
+            rolling_interval: Duration::from_secs(60),
+            sync_policy: SyncPolicy::EveryWrite,
+            max_record_size: DEFAULT_MAX_RECORD_SIZE,
+            close_file_after_write: false,
+            salvage: false,
+            clock: Arc::new(SystemClock),
+            fault_injection: None,
+        }
+    }
+}
+
+impl WalOptions {
+    /// Sets [`WalOptions::rolling_interval`] (a zero interval is taken as 1 ms).
+    pub fn with_rolling_interval(mut self, interval: Duration) -> Self {
+        self.rolling_interval = interval.max(Duration::from_millis(1));
+        self
+    }
+
+    /// Sets [`WalOptions::sync_policy`].
+    pub fn with_sync_policy(mut self, policy: SyncPolicy) -> Self {
+        self.sync_policy = policy;
+        self
+    }
+
+    /// Sets [`WalOptions::max_record_size`].
+    pub fn with_max_record_size(mut self, bytes: u32) -> Self {
+        self.max_record_size = bytes;
+        self
+    }
+
+    /// Sets [`WalOptions::close_file_after_write`].
+    pub fn with_close_file_after_write(mut self, close: bool) -> Self {
+        self.close_file_after_write = close;
+        self
+    }
+
+    /// Sets [`WalOptions::salvage`].
+    pub fn with_salvage(mut self, salvage: bool) -> Self {
+        self.salvage = salvage;
+        self
+    }
+
+    /// Sets [`WalOptions::clock`].
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// Sets [`WalOptions::fault_injection`].
+    pub fn with_fault_injection(mut self, hook: FaultInjection) -> Self {
+        self.fault_injection = Some(hook);
+        self
+    }
+}

@@ -1,0 +1,392 @@
+//! The record frame and the segment scanner.
+//!
+//! A record on disk is a 12-byte header followed by the payload:
+//!
+//! ```text
+//! 0..4   payload length, u32 little-endian
+//! 4..8   CRC32C of the payload
+//! 8..12  CRC32C of bytes 0..8 (so a damaged length is caught before it is used)
+//! ```
+//!
+//! The header has its own checksum so that a flipped length is recognised
+//! as damage rather than trusted; the scanner checks every length against
+//! the configured maximum and against the bytes left in the segment before
+//! it allocates anything.
+
+use std::fmt;
+use std::io::{self, Read, Seek, SeekFrom};
+
+/// Bytes in a record header.
+pub(crate) const HEADER_LEN: usize = 12;
+
+/// The header of `payload` (whose length the caller has checked fits a u32).
+pub(crate) fn encode_header(payload: &[u8]) -> [u8; HEADER_LEN] {
+    let len = u32::try_from(payload.len()).unwrap_or(u32::MAX);
+    let mut header = [0u8; HEADER_LEN];
+    header[0..4].copy_from_slice(&len.to_le_bytes());
+    header[4..8].copy_from_slice(&crc32c::crc32c(payload).to_le_bytes());
+    let header_crc = crc32c::crc32c(&header[0..8]);
+    header[8..12].copy_from_slice(&header_crc.to_le_bytes());
+    header
+}
+
+/// A record as it is appended: header then payload, in one buffer.
+pub(crate) fn encode_frame(payload: &[u8]) -> Vec<u8> {
+    let mut frame = Vec::with_capacity(HEADER_LEN + payload.len());
+    frame.extend_from_slice(&encode_header(payload));
+    frame.extend_from_slice(payload);
+    frame
+}
+
+/// A header whose own checksum matched.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Header {
+    pub(crate) len: u32,
+    pub(crate) payload_crc: u32,
+}
+
+/// The header in `bytes`, or `None` when its checksum does not match.
+pub(crate) fn decode_header(bytes: &[u8; HEADER_LEN]) -> Option<Header> {
+    let word = |i: usize| u32::from_le_bytes([bytes[i], bytes[i + 1], bytes[i + 2], bytes[i + 3]]);
+    (crc32c::crc32c(&bytes[0..8]) == word(8)).then(|| Header { len: word(0), payload_crc: word(4) })
+}
+
+/// Why the bytes at an offset are not a good record.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum BadRecord {
+    /// The segment ends inside the header or the payload: a torn write when it is the tail.
+    Truncated {
+        /// Bytes the record needs from its offset.
+        needed: u64,
+        /// Bytes left in the segment.
+        available: u64,
+    },
+    /// The header's own checksum does not match.
+    HeaderChecksum,
+    /// The header is intact but declares more than the maximum record size.
+    TooLong {
+        /// The declared payload length.
+        len: u32,
+        /// The configured maximum.
+        max: u32,
+    },
+    /// The payload does not match its checksum.
+    PayloadChecksum {
+        /// The CRC in the header.
+        stored: u32,
+        /// The CRC of the bytes read.
+        computed: u32,
+    },
+}
+
+impl BadRecord {
+    /// True when nothing after the record can be a separate record: the
+    /// segment simply ends inside it.
+    pub(crate) fn is_truncation(&self) -> bool {
+        matches!(self, BadRecord::Truncated { .. })
+    }
+}
+
+impl fmt::Display for BadRecord {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            BadRecord::Truncated { needed, available } => {
+                write!(f, "record truncated: {needed} bytes needed, {available} left in the segment")
+            }
+            BadRecord::HeaderChecksum => write!(f, "record header checksum mismatch"),
+            BadRecord::TooLong { len, max } => {
+                write!(f, "record length {len} exceeds the maximum record size {max}")
+            }
+            BadRecord::PayloadChecksum { stored, computed } => {
+                write!(f, "payload checksum mismatch: stored crc32c {stored:#010x}, computed {computed:#010x}")
+            }
+        }
+    }
+}
+
+/// One step of a scan.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Step {
+    /// A good record at `offset`.
+    Record {
+        /// Where its header starts.
+        offset: u64,
+        /// Its payload.
+        payload: Vec<u8>,
+    },
+    /// The scan reached the end of the segment exactly at a record boundary.
+    End,
+    /// The bytes at `offset` are not a good record.
+    Bad {
+        /// Where the bad record starts.
+        offset: u64,
+        /// What is wrong with it.
+        problem: BadRecord,
+    },
+}
+
+/// Reads the records of one segment in order, up to a byte limit.
+///
+/// After [`Step::Bad`] the scanner stays at the bad record; the caller
+/// either stops or moves on with [`RecordScanner::resync`] and
+/// [`RecordScanner::seek`].
+pub(crate) struct RecordScanner<R> {
+    source: R,
+    pos: u64,
+    end: u64,
+    max_record_size: u32,
+    in_sync: bool,
+}
+
+/// Bytes examined per read while looking for the next good record.
+const RESYNC_WINDOW: usize = 64 * 1024;
+
+impl<R: Read + Seek> RecordScanner<R> {
+    /// A scanner over the first `end` bytes of `source`, which must be at offset 0.
+    pub(crate) fn new(source: R, end: u64, max_record_size: u32) -> Self {
+        RecordScanner { source, pos: 0, end, max_record_size, in_sync: true }
+    }
+
+    /// The byte limit of the scan.
+    pub(crate) fn end(&self) -> u64 {
+        self.end
+    }
+
+    /// Moves to `offset` (which the caller knows to be a record boundary).
+    pub(crate) fn seek(&mut self, offset: u64) {
+        self.pos = offset.min(self.end);
+        self.in_sync = false;
+    }
+
+    /// The next record, the end, or what is wrong at the current offset.
+    pub(crate) fn next_step(&mut self) -> io::Result<Step> {
+        let offset = self.pos;
+        let available = self.end - offset;
+        if available == 0 {
+            return Ok(Step::End);
+        }
+        let bad = |problem| Ok(Step::Bad { offset, problem });
+        if available < HEADER_LEN as u64 {
+            return bad(BadRecord::Truncated { needed: HEADER_LEN as u64, available });
+        }
+        self.position_source()?;
+        let mut header_bytes = [0u8; HEADER_LEN];
+        self.read_exact_tracked(&mut header_bytes)?;
+        let Some(header) = decode_header(&header_bytes) else {
+            return bad(BadRecord::HeaderChecksum);
+        };
+        if header.len > self.max_record_size {
+            return bad(BadRecord::TooLong { len: header.len, max: self.max_record_size });
+        }
+        let needed = HEADER_LEN as u64 + u64::from(header.len);
+        if needed > available {
+            return bad(BadRecord::Truncated { needed, available });
+        }
+        // Both bounds are checked above, so this allocation is at most
+        // min(max_record_size, bytes left in the segment).
+        let mut payload = vec![0u8; header.len as usize];
+        self.read_exact_tracked(&mut payload)?;
+        let computed = crc32c::crc32c(&payload);
+        if computed != header.payload_crc {
+            return bad(BadRecord::PayloadChecksum { stored: header.payload_crc, computed });
+        }
+        self.pos = offset + needed;
+        Ok(Step::Record { offset, payload })
+    }
+
+    /// The offset of the first good record that starts after `after`, if
+    /// any. Looks at every byte position; a match needs an intact header
+    /// and an intact payload, so random bytes practically never qualify.
+    pub(crate) fn resync(&mut self, after: u64) -> io::Result<Option<u64>> {
+        let mut window = vec![0u8; RESYNC_WINDOW + HEADER_LEN];
+        let mut start = after.saturating_add(1);
+        while start.saturating_add(HEADER_LEN as u64) <= self.end {
+            let len = usize::try_from(self.end - start).unwrap_or(usize::MAX).min(window.len());
+            self.read_at(start, &mut window[..len])?;
+            let candidates = len - (HEADER_LEN - 1);
+            for i in 0..candidates {
+                let offset = start + i as u64;
+                if self.is_good_record_at(offset, &window[i..i + HEADER_LEN])? {
+                    return Ok(Some(offset));
+                }
+            }
+            start += candidates as u64;
+        }
+        Ok(None)
+    }
+
+    fn is_good_record_at(&mut self, offset: u64, header_bytes: &[u8]) -> io::Result<bool> {
+        let Ok(bytes) = <&[u8; HEADER_LEN]>::try_from(header_bytes) else {
+            return Ok(false);
+        };
+        let Some(header) = decode_header(bytes) else {
+            return Ok(false);
+        };
+        let needed = HEADER_LEN as u64 + u64::from(header.len);
+        if header.len > self.max_record_size || needed > self.end - offset {
+            return Ok(false);
+        }
+        let mut payload = vec![0u8; header.len as usize];
+        self.read_at(offset + HEADER_LEN as u64, &mut payload)?;
+        Ok(crc32c::crc32c(&payload) == header.payload_crc)
+    }
+
+    fn read_at(&mut self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        self.in_sync = false;
+        self.source.seek(SeekFrom::Start(offset))?;
+        self.source.read_exact(buf)
+    }
+
+    /// Puts the source at `pos` when an earlier seek or resync moved it.
+    fn position_source(&mut self) -> io::Result<()> {
+        if !self.in_sync {
+            self.source.seek(SeekFrom::Start(self.pos))?;
+            self.in_sync = true;
+        }
+        Ok(())
+    }
+
+    fn read_exact_tracked(&mut self, buf: &mut [u8]) -> io::Result<()> {
+        let result = self.source.read_exact(buf);
+        if result.is_err() {
+            self.in_sync = false;
+        }
+        result
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Cursor;
+
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn segment(records: &[&[u8]]) -> Vec<u8> {
+        records.iter().flat_map(|r| encode_frame(r)).collect()
+    }
+
+    fn scan_all(bytes: &[u8], max: u32) -> (Vec<Vec<u8>>, Option<(u64, BadRecord)>) {
+        let mut scanner = RecordScanner::new(Cursor::new(bytes), bytes.len() as u64, max);
+        let mut records = Vec::new();
+        loop {
+            match scanner.next_step().unwrap() {
+                Step::Record { payload, .. } => records.push(payload),
+                Step::End => return (records, None),
+                Step::Bad { offset, problem } => return (records, Some((offset, problem))),
+            }
+        }
+    }
+
+    #[test]
+    fn frames_round_trip_including_empty_records() {
+        let bytes = segment(&[b"one", b"", b"three"]);
+        let (records, bad) = scan_all(&bytes, 1024);
+        assert_eq!(records, vec![b"one".to_vec(), vec![], b"three".to_vec()]);
+        assert_eq!(bad, None);
+    }
+
+    #[test]
+    fn zero_filled_bytes_are_not_a_record() {
+        assert_eq!(decode_header(&[0u8; HEADER_LEN]), None);
+    }
+
+    #[test]
+    fn huge_declared_length_is_refused_before_allocating() {
+        // An intact header that claims 4 GiB: the scanner must refuse it on
+        // the numbers alone (a 4 GiB allocation would abort this test).
+        let mut header = [0u8; HEADER_LEN];
+        header[0..4].copy_from_slice(&u32::MAX.to_le_bytes());
+        let crc = crc32c::crc32c(&header[0..8]);
+        header[8..12].copy_from_slice(&crc.to_le_bytes());
+        let (_, bad) = scan_all(&header, u32::MAX);
+        assert_eq!(bad, Some((0, BadRecord::Truncated { needed: HEADER_LEN as u64 + u64::from(u32::MAX), available: 12 })));
+        let (_, bad) = scan_all(&header, 1 << 20);
+        assert_eq!(bad, Some((0, BadRecord::TooLong { len: u32::MAX, max: 1 << 20 })));
+    }
+
+    #[test]
+    fn flipped_payload_byte_is_reported_at_its_record() {
+        let mut bytes = segment(&[b"first", b"second", b"third"]);
+        let second = (HEADER_LEN + 5) as u64;
+        bytes[second as usize + HEADER_LEN + 2] ^= 0x40;
+        let (records, bad) = scan_all(&bytes, 1024);
+        assert_eq!(records, vec![b"first".to_vec()]);
+        let (offset, problem) = bad.unwrap();
+        assert_eq!(offset, second);
+        assert!(matches!(problem, BadRecord::PayloadChecksum { .. }), "{problem}");
+    }
+
+    #[test]
+    fn resync_finds_the_record_after_damage_and_nothing_after_the_last() {
+        let mut bytes = segment(&[b"first", b"second", b"third"]);
+        let second = HEADER_LEN + 5;
+        bytes[second + 1] ^= 0xff; // the length of the second record
+        let third = (second + HEADER_LEN + 6) as u64;
+        let mut scanner = RecordScanner::new(Cursor::new(&bytes), bytes.len() as u64, 1024);
+        assert_eq!(scanner.resync(second as u64).unwrap(), Some(third));
+        assert_eq!(scanner.resync(third).unwrap(), None);
+        scanner.seek(third);
+        assert_eq!(scanner.next_step().unwrap(), Step::Record { offset: third, payload: b"third".to_vec() });
+        assert_eq!(scanner.next_step().unwrap(), Step::End);
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+
+        /// Arbitrary bytes never panic the scanner; every record it accepts
+        /// fits both the maximum and the input, and the scan always ends.
+        #[test]
+        fn arbitrary_bytes_scan_safely(bytes in proptest::collection::vec(any::<u8>(), 0..2048), max in 0u32..4096) {
+            let mut scanner = RecordScanner::new(Cursor::new(&bytes), bytes.len() as u64, max);
+            let mut last = None;
+            for _ in 0..=bytes.len() {
+                match scanner.next_step().unwrap() {
+                    Step::Record { offset, payload } => {
+                        prop_assert!(payload.len() as u64 <= u64::from(max));
+                        prop_assert!(offset + (HEADER_LEN + payload.len()) as u64 <= bytes.len() as u64);
+                        last = Some(offset);
+                    }
+                    Step::End => break,
+                    Step::Bad { offset, .. } => {
+                        if let Some(next) = scanner.resync(offset).unwrap() {
+                            prop_assert!(next > offset && next < bytes.len() as u64);
+                            scanner.seek(next);
+                        } else {
+                            break;
+                        }
+                    }
+                }
+            }
+            prop_assert!(last.is_none_or(|l| l < bytes.len() as u64));
+        }
+
+        /// Valid records, arbitrarily cut: the scan returns exactly the
+        /// records that fit before the cut, then reports a truncation (or the end).
+        #[test]
+        fn cut_segments_keep_whole_records(records in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..64), 0..8), cut in any::<prop::sample::Index>()) {
+            let refs: Vec<&[u8]> = records.iter().map(Vec::as_slice).collect();
+            let bytes = segment(&refs);
+            let cut = if bytes.is_empty() { 0 } else { cut.index(bytes.len() + 1) };
+            let (read, bad) = scan_all(&bytes[..cut], 1024);
+            let mut boundary = 0;
+            let mut whole_len = 0;
+            let whole = records.iter().take_while(|r| {
+                boundary += HEADER_LEN + r.len();
+                let fits = boundary <= cut;
+                if fits { whole_len = boundary; }
+                fits
+            }).count();
+            prop_assert_eq!(&read[..], &records[..whole]);
+            match bad {
+                None => prop_assert_eq!(whole_len, cut),
+                Some((offset, problem)) => {
+                    prop_assert!(problem.is_truncation());
+                    prop_assert_eq!(offset, whole_len as u64);
+                    prop_assert!(whole_len < cut);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,85 @@
+//! Segment files: their names (`log-<startMs>-<endMs>`, as in Spark) and the
+//! shared description of a live segment.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use spate_core::Time;
+
+/// The file name of the segment covering `[start, end)`.
+pub(crate) fn segment_name(start: Time, end: Time) -> String {
+    format!("log-{}-{}", start.as_millis(), end.as_millis())
+}
+
+/// The time range in a segment file name, or `None` for any other file.
+/// Only the exact names [`segment_name`] produces are accepted.
+pub(crate) fn parse_segment_name(name: &str) -> Option<(Time, Time)> {
+    let rest = name.strip_prefix("log-")?;
+    // The start may be negative, so the separator is the first '-' after
+    // the first character.
+    let split = rest.get(1..)?.find('-')? + 1;
+    let start: i64 = rest.get(..split)?.parse().ok()?;
+    let end: i64 = rest.get(split + 1..)?.parse().ok()?;
+    let (start, end) = (Time::from_millis(start), Time::from_millis(end));
+    (segment_name(start, end) == name).then_some((start, end))
+}
+
+/// A live segment of the log, shared by the writer, readers and the cleaner.
+#[derive(Debug)]
+pub(crate) struct Segment {
+    pub(crate) name: String,
+    pub(crate) path: PathBuf,
+    pub(crate) start: Time,
+    pub(crate) end: Time,
+    /// Bytes of acknowledged records: readers never read past this.
+    readable_len: AtomicU64,
+    /// Set while the writer appends to this segment; the cleaner skips it.
+    active: AtomicBool,
+}
+
+impl Segment {
+    pub(crate) fn new(name: String, path: PathBuf, (start, end): (Time, Time), readable_len: u64) -> Self {
+        Segment { name, path, start, end, readable_len: AtomicU64::new(readable_len), active: AtomicBool::new(false) }
+    }
+
+    pub(crate) fn readable_len(&self) -> u64 {
+        self.readable_len.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn set_readable_len(&self, len: u64) {
+        self.readable_len.store(len, Ordering::Release);
+    }
+
+    pub(crate) fn is_active(&self) -> bool {
+        self.active.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn set_active(&self, active: bool) {
+        self.active.store(active, Ordering::Release);
+    }
+
+    /// The order of segments in the log: by start time, then end, then name.
+    pub(crate) fn sort_key(&self) -> (Time, Time, &str) {
+        (self.start, self.end, &self.name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip_including_negative_times() {
+        for (start, end) in [(0, 60_000), (1_000, 61_000), (-5, 3), (-7_000, -1_000), (i64::MIN, i64::MAX)] {
+            let range = (Time::from_millis(start), Time::from_millis(end));
+            assert_eq!(parse_segment_name(&segment_name(range.0, range.1)), Some(range));
+        }
+    }
+
+    #[test]
+    fn other_files_are_not_segments() {
+        for name in ["log-", "log-1", "log-1-", "log-a-2", "log-01-2", "log-1-2.tmp", "xlog-1-2", "log-1-2-3", ""] {
+            assert_eq!(parse_segment_name(name), None, "{name}");
+        }
+    }
+}

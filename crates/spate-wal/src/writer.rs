@@ -1,0 +1,372 @@
+//! The write path: group commit, rolling, syncing and poisoning.
+//!
+//! Writers put their encoded records in a queue. Whoever finds no commit in
+//! progress becomes the leader: it takes the whole queue, appends it with
+//! one vectored write, syncs once, and hands every waiter its result. While
+//! it works, new writers queue up behind it, so under load each sync covers
+//! many records. After a failed append or sync the log is poisoned: the
+//! state of the unsynced bytes is unknown, so it never retries and refuses
+//! every later write.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use spate_core::{Time, WalRecordHandle};
+
+use crate::error::WalError;
+use crate::file_log::{Shared, lock, write_lock};
+use crate::files::SegmentWriter;
+use crate::options::SyncPolicy;
+use crate::record::encode_frame;
+use crate::segment::{Segment, segment_name};
+
+/// Records waiting for the next commit, and the results of finished ones.
+#[derive(Debug, Default)]
+pub(crate) struct CommitQueue {
+    pending: Vec<Request>,
+    leader_busy: bool,
+    next_ticket: u64,
+    finished: HashMap<u64, Result<Vec<WalRecordHandle>, WalError>>,
+}
+
+/// One caller's records, framed, with their times.
+#[derive(Debug)]
+struct Request {
+    ticket: u64,
+    records: Vec<(Vec<u8>, Time)>,
+}
+
+/// The state only the commit leader touches.
+pub(crate) struct Writer {
+    active: Option<Active>,
+    last_sync: Time,
+    poisoned: Option<String>,
+    closed: bool,
+}
+
+/// The segment being appended to.
+struct Active {
+    segment: Arc<Segment>,
+    /// `None` between batches when files are closed after each write.
+    file: Option<Box<dyn SegmentWriter>>,
+    /// Bytes in the file, as far as this writer appended them.
+    len: u64,
+    unsynced: bool,
+}
+
+impl std::fmt::Debug for Writer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Writer")
+            .field("active", &self.active.as_ref().map(|a| &a.segment.name))
+            .field("poisoned", &self.poisoned)
+            .field("closed", &self.closed)
+            .finish()
+    }
+}
+
+impl Writer {
+    pub(crate) fn new(now: Time) -> Self {
+        Writer { active: None, last_sync: now, poisoned: None, closed: false }
+    }
+
+    fn refusal(&self, shared: &Shared) -> Option<WalError> {
+        if self.closed {
+            Some(WalError::Closed { dir: shared.dir.clone() })
+        } else {
+            self.poisoned.as_ref().map(|cause| WalError::Poisoned { dir: shared.dir.clone(), cause: cause.clone() })
+        }
+    }
+
+    fn needs_roll(&self, time: Time) -> bool {
+        self.active.as_ref().is_none_or(|a| a.segment.end <= time)
+    }
+}
+
+/// Frames waiting to be appended to the active segment.
+#[derive(Default)]
+struct PendingAppend<'a> {
+    bufs: Vec<&'a [u8]>,
+    bytes: u64,
+}
+
+impl Shared {
+    pub(crate) fn write_batch(&self, records: &[(&[u8], Time)]) -> Result<Vec<WalRecordHandle>, WalError> {
+        if records.is_empty() {
+            return Ok(Vec::new());
+        }
+        let max = self.options.max_record_size;
+        let mut framed = Vec::with_capacity(records.len());
+        for (record, time) in records {
+            if record.len() as u64 > u64::from(max) {
+                return Err(WalError::RecordTooLarge { len: record.len() as u64, max: u64::from(max) });
+            }
+            framed.push((encode_frame(record), *time));
+        }
+        let ticket = {
+            let mut queue = lock(&self.queue);
+            let ticket = queue.next_ticket;
+            queue.next_ticket += 1;
+            queue.pending.push(Request { ticket, records: framed });
+            ticket
+        };
+        self.wait_or_lead(ticket)
+    }
+
+    /// Waits for `ticket`'s result, leading commits while nobody else does.
+    fn wait_or_lead(&self, ticket: u64) -> Result<Vec<WalRecordHandle>, WalError> {
+        let mut queue = lock(&self.queue);
+        loop {
+            if let Some(result) = queue.finished.remove(&ticket) {
+                return result;
+            }
+            if queue.leader_busy {
+                queue = self.queue_changed.wait(queue).unwrap_or_else(std::sync::PoisonError::into_inner);
+                continue;
+            }
+            queue.leader_busy = true;
+            let batch = std::mem::take(&mut queue.pending);
+            drop(queue);
+            let mut guard = LeaderGuard { shared: self, tickets: batch.iter().map(|r| r.ticket).collect() };
+            let results = self.commit(batch);
+            guard.tickets.clear();
+            queue = lock(&self.queue);
+            queue.finished.extend(results);
+            queue.leader_busy = false;
+            self.queue_changed.notify_all();
+        }
+    }
+
+    /// Appends and syncs one batch; returns each request's result.
+    fn commit(&self, batch: Vec<Request>) -> Vec<(u64, Result<Vec<WalRecordHandle>, WalError>)> {
+        let mut writer = lock(&self.writer);
+        let outcome = match writer.refusal(self) {
+            Some(refusal) => Err(refusal),
+            None => self.append_batch(&mut writer, &batch),
+        };
+        match outcome {
+            Ok(handles) => batch.iter().map(|r| r.ticket).zip(handles.into_iter().map(Ok)).collect(),
+            Err(error) => {
+                let mut results: Vec<_> = batch.iter().map(|r| (r.ticket, Err(error.duplicate()))).collect();
+                if let Some(first) = results.first_mut() {
+                    first.1 = Err(error);
+                }
+                results
+            }
+        }
+    }
+
+    fn append_batch(&self, writer: &mut Writer, batch: &[Request]) -> Result<Vec<Vec<WalRecordHandle>>, WalError> {
+        let mut handles = Vec::with_capacity(batch.len());
+        let mut pending = PendingAppend::default();
+        for request in batch {
+            let mut request_handles = Vec::with_capacity(request.records.len());
+            for (frame, time) in &request.records {
+                if writer.needs_roll(*time) {
+                    self.flush(writer, &mut pending)?;
+                    self.seal_active(writer)?;
+                    self.start_segment(writer, *time)?;
+                }
+                let active = self.ensure_open(writer)?;
+                request_handles.push(WalRecordHandle {
+                    segment: active.segment.name.clone(),
+                    offset: active.len + pending.bytes,
+                    // Bounded by the maximum record size, which `open` keeps below u32::MAX.
+                    length: u32::try_from(frame.len()).unwrap_or(u32::MAX),
+                });
+                pending.bufs.push(frame);
+                pending.bytes += frame.len() as u64;
+            }
+            handles.push(request_handles);
+        }
+        self.flush(writer, &mut pending)?;
+        self.sync_by_policy(writer)?;
+        if let Some(active) = writer.active.as_mut() {
+            active.segment.set_readable_len(active.len);
+            if self.options.close_file_after_write {
+                active.file = None;
+            }
+        }
+        Ok(handles)
+    }
+
+    /// Appends the pending frames to the active segment.
+    fn flush(&self, writer: &mut Writer, pending: &mut PendingAppend<'_>) -> Result<(), WalError> {
+        if pending.bufs.is_empty() {
+            return Ok(());
+        }
+        let result = match writer.active.as_mut() {
+            Some(Active { file: Some(file), segment, len, unsynced }) => {
+                *unsynced = true;
+                file.append(&pending.bufs).map(|()| *len += pending.bytes).map_err(|e| (segment.path.clone(), e))
+            }
+            // Frames are only queued after `ensure_open`, so this is unreachable.
+            _ => return Err(WalError::Closed { dir: self.dir.clone() }),
+        };
+        pending.bufs.clear();
+        pending.bytes = 0;
+        result.map_err(|(path, e)| self.poison(writer, "append", path, e))
+    }
+
+    fn sync_by_policy(&self, writer: &mut Writer) -> Result<(), WalError> {
+        match self.options.sync_policy {
+            SyncPolicy::EveryWrite => self.sync_active(writer),
+            SyncPolicy::Interval(interval) => {
+                if self.options.clock.now() >= writer.last_sync + interval {
+                    self.sync_active(writer)
+                } else {
+                    Ok(())
+                }
+            }
+            SyncPolicy::Never => Ok(()),
+        }
+    }
+
+    /// `fdatasync`s the active segment if it has unsynced bytes.
+    fn sync_active(&self, writer: &mut Writer) -> Result<(), WalError> {
+        let Some(active) = writer.active.as_mut() else {
+            return Ok(());
+        };
+        if !active.unsynced {
+            return Ok(());
+        }
+        let path = active.segment.path.clone();
+        let result = match active.file.as_mut() {
+            Some(file) => file.sync_data(),
+            // Closed after the last batch: reopen just to sync.
+            None => self.files.open_append(&path).and_then(|(mut file, _)| file.sync_data()),
+        };
+        match result {
+            Ok(()) => {
+                active.unsynced = false;
+                writer.last_sync = self.options.clock.now();
+                Ok(())
+            }
+            Err(e) => Err(self.poison(writer, "fdatasync", path, e)),
+        }
+    }
+
+    /// Finishes the active segment before a new one starts: synced (unless
+    /// the policy is never to sync), readable to its end, no longer active.
+    fn seal_active(&self, writer: &mut Writer) -> Result<(), WalError> {
+        if self.options.sync_policy != SyncPolicy::Never {
+            self.sync_active(writer)?;
+        }
+        if let Some(active) = writer.active.take() {
+            active.segment.set_readable_len(active.len);
+            active.segment.set_active(false);
+        }
+        Ok(())
+    }
+
+    /// Starts the segment for records at `time`: `[time, time + rolling interval)`.
+    fn start_segment(&self, writer: &mut Writer, time: Time) -> Result<(), WalError> {
+        let name = segment_name(time, time + self.options.rolling_interval);
+        let path = self.dir.join(&name);
+        // A segment of that name may be live already (a restart writing at a
+        // time seen before); then the writer appends to it.
+        let existing = write_lock(&self.segments).iter().find(|s| s.name == name).cloned();
+        let (file, len) = self.files.open_append(&path).map_err(WalError::io("open", &path))?;
+        let segment = match existing {
+            Some(segment) => segment,
+            None => {
+                // The new file's directory entry must be durable before any
+                // record in it is acknowledged.
+                if self.options.sync_policy != SyncPolicy::Never
+                    && let Err(e) = self.files.sync_dir(&self.dir)
+                {
+                    return Err(self.poison(writer, "fsync directory", self.dir.clone(), e));
+                }
+                let segment = Arc::new(Segment::new(name, path, (time, time + self.options.rolling_interval), len));
+                let mut segments = write_lock(&self.segments);
+                let at = segments.partition_point(|s| s.sort_key() < segment.sort_key());
+                segments.insert(at, Arc::clone(&segment));
+                segment
+            }
+        };
+        segment.set_active(true);
+        tracing::debug!(segment = %segment.path.display(), "started segment");
+        writer.active = Some(Active { segment, file: Some(file), len, unsynced: false });
+        Ok(())
+    }
+
+    /// The active segment, with its file open.
+    fn ensure_open<'w>(&self, writer: &'w mut Writer) -> Result<&'w mut Active, WalError> {
+        let Some(active) = writer.active.as_mut() else {
+            return Err(WalError::Closed { dir: self.dir.clone() });
+        };
+        if active.file.is_none() {
+            let path = &active.segment.path;
+            let (file, len) = self.files.open_append(path).map_err(WalError::io("open", path))?;
+            active.file = Some(file);
+            active.len = len;
+        }
+        Ok(active)
+    }
+
+    /// Marks the log poisoned after a failed append or sync and returns the error.
+    fn poison(&self, writer: &mut Writer, op: &'static str, path: std::path::PathBuf, e: std::io::Error) -> WalError {
+        let cause = format!("{op} {}: {e}", path.display());
+        tracing::error!(dir = %self.dir.display(), %cause, "write-ahead log poisoned; every later write fails");
+        writer.poisoned = Some(cause);
+        if let Some(active) = writer.active.as_mut() {
+            active.file = None;
+        }
+        WalError::Io { op, path, source: e }
+    }
+
+    /// Syncs the active segment now and makes its records readable.
+    pub(crate) fn sync_now(&self) -> Result<(), WalError> {
+        let mut writer = lock(&self.writer);
+        if let Some(refusal) = writer.refusal(self) {
+            return Err(refusal);
+        }
+        self.sync_active(&mut writer)?;
+        if let Some(active) = writer.active.as_ref() {
+            active.segment.set_readable_len(active.len);
+        }
+        Ok(())
+    }
+
+    /// Syncs (unless the policy is never to) and closes the active segment;
+    /// every later write fails with [`WalError::Closed`].
+    pub(crate) fn close_writer(&self) -> Result<(), WalError> {
+        let mut writer = lock(&self.writer);
+        if writer.closed {
+            return Ok(());
+        }
+        let result = if writer.poisoned.is_none() && self.options.sync_policy != SyncPolicy::Never {
+            self.sync_active(&mut writer)
+        } else {
+            Ok(())
+        };
+        if let Some(active) = writer.active.take() {
+            active.segment.set_active(false);
+        }
+        writer.closed = true;
+        result
+    }
+}
+
+/// Hands every waiter of a batch an error if the leader unwinds mid-commit,
+/// so that nobody waits forever.
+struct LeaderGuard<'a> {
+    shared: &'a Shared,
+    tickets: Vec<u64>,
+}
+
+impl Drop for LeaderGuard<'_> {
+    fn drop(&mut self) {
+        if self.tickets.is_empty() {
+            return;
+        }
+        let cause = String::from("a write panicked during a commit");
+        lock(&self.shared.writer).poisoned = Some(cause.clone());
+        let mut queue = lock(&self.shared.queue);
+        for ticket in self.tickets.drain(..) {
+            let error = WalError::Poisoned { dir: self.shared.dir.clone(), cause: cause.clone() };
+            queue.finished.insert(ticket, Err(error));
+        }
+        queue.leader_busy = false;
+        self.shared.queue_changed.notify_all();
+    }
+}
