@@ -1,1 +1,77 @@
-//! HDFS-style metadata logs (offsets, commits), the checkpoint file manager, the writer lock and the recovery verdict.
+//! The metadata logs of a spate checkpoint directory: what was planned
+//! (`offsets/N`), what finished (`commits/N`), who may write, and what a
+//! restart must do.
+//!
+//! It features:
+//!
+//! - [`CheckpointFileManager`]: list, read, put-if-absent atomic create
+//!   (temp file, fsync, link without overwrite, directory fsync), delete;
+//!   [`LocalFileManager`] on the local file system and
+//!   [`FaultyFileManager`], which fails or "crashes" at every step of a write;
+//! - [`MetadataLog`] with Spark's `HDFSMetadataLog` semantics: write-once
+//!   entries named by their decimal batch id, a `v1` line then JSON;
+//!   [`OffsetLog`] (readable from a Spark checkpoint's `offsets/N`, with
+//!   stable source names) and [`CommitLog`];
+//! - the writer lock ([`WriterLock`]): one live writer, takeover of a dead
+//!   one's lock with the next epoch, and an epoch check before every change;
+//! - the recovery verdict ([`inspect`], [`Verdict`]), reading only the newest
+//!   entries, and the repair of inconsistent directories ([`plan_repair`],
+//!   [`apply_repair`]) that moves files to `_quarantine/` and never deletes;
+//! - [`Checkpoint`], the handle that ties these together.
+//!
+//! It is not the write-ahead log (spate-wal), the state store or the
+//! runtime's recovery logic: it says where to restart, the runtime restarts.
+//!
+//! ```
+//! use spate_core::{BatchId, Time};
+//! use spate_logstore::{Checkpoint, CheckpointOptions, CommitMetadata, OffsetSeq, SourceOffset, Verdict};
+//!
+//! let dir = tempfile::tempdir()?;
+//! let checkpoint = Checkpoint::open_for_write(dir.path(), CheckpointOptions::new())?;
+//! assert_eq!(checkpoint.verdict()?, Verdict::Fresh);
+//!
+//! let offsets = OffsetSeq {
+//!     batch_timestamp: Time::from_millis(1_700_000_000_000),
+//!     sources: vec![SourceOffset::new("events", Some(serde_json::json!({"events": {"0": 36}})))],
+//!     ..OffsetSeq::default()
+//! };
+//! assert!(checkpoint.offsets().add(BatchId(0), &offsets)?); // before the batch runs
+//! assert!(matches!(checkpoint.verdict()?, Verdict::Rerun { batch: BatchId(0), .. }));
+//!
+//! assert!(checkpoint.commits().add(BatchId(0), &CommitMetadata::default())?); // after its outputs
+//! assert!(matches!(checkpoint.verdict()?, Verdict::Resume { next: BatchId(1), .. }));
+//! assert!(!checkpoint.commits().add(BatchId(0), &CommitMetadata::default())?); // never overwritten
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+#![deny(clippy::unwrap_used, clippy::expect_used)]
+#![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
+
+mod checkpoint;
+mod entries;
+mod error;
+mod fault;
+mod file_manager;
+mod lock;
+mod log;
+mod repair;
+mod utc;
+mod verdict;
+
+pub use checkpoint::{
+    COMMITS_DIR, Checkpoint, CheckpointMetadata, CheckpointOptions, DEFAULT_RETAIN_BATCHES, MAX_CHECKPOINT_FILE_BYTES,
+    METADATA_FILE, OFFSETS_DIR,
+};
+pub use entries::{CommitLog, CommitMetadata, NO_OFFSET, OffsetLog, OffsetSeq, SourceOffset};
+pub use error::{LogStoreError, Result};
+pub use fault::{FaultMode, FaultPoint, FaultyFileManager};
+pub use file_manager::{CheckpointFileManager, DIR_MODE, FILE_MODE, LocalFileManager};
+pub use lock::{EpochFence, LOCK_FILE, LockHolder, WriterLock, read_lock_holder};
+pub use log::{
+    BodyError, Json, LogEntry, MAX_LOG_FILE_BYTES, MetadataLog, decode_entry, encode_entry, parse_batch_file_name,
+};
+pub use repair::{QUARANTINE_DIR, REPAIR_NOTE, RepairAction, RepairPlan, apply_repair, plan_repair};
+pub use verdict::{
+    CheckpointShape, Inconsistency, InconsistencyKind, RecoveryPoint, Verdict, classify, inspect, inspect_with,
+    repair_command,
+};

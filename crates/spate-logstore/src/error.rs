@@ -1,0 +1,170 @@
+//! The error type of spate-logstore. Every variant names the file or
+//! directory involved, so a person reading the message knows where to look.
+
+use std::io;
+use std::path::PathBuf;
+
+use thiserror::Error;
+
+use crate::fault::{FaultMode, FaultPoint};
+use crate::lock::LockHolder;
+
+/// Everything that can go wrong reading or writing a checkpoint directory.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum LogStoreError {
+    /// An operating-system call failed.
+    #[error("{op} {}: {source}", path.display())]
+    Io {
+        /// What was being done ("read", "create", "fsync directory", …).
+        op: &'static str,
+        /// The file or directory.
+        path: PathBuf,
+        /// The underlying error.
+        #[source]
+        source: io::Error,
+    },
+    /// A put-if-absent found the file already there (another writer won).
+    #[error("{} already exists; it is never overwritten", path.display())]
+    AlreadyExists {
+        /// The file that exists.
+        path: PathBuf,
+    },
+    /// The file is empty (a log file always starts with its version line).
+    #[error("{}: the file is empty", path.display())]
+    EmptyFile {
+        /// The empty file.
+        path: PathBuf,
+    },
+    /// The file is not valid UTF-8 text.
+    #[error("{}: not UTF-8 text (first invalid byte at offset {byte_offset})", path.display())]
+    NotText {
+        /// The file.
+        path: PathBuf,
+        /// The byte offset of the first invalid byte.
+        byte_offset: u64,
+    },
+    /// The file was written by a newer spate whose log format this build cannot read.
+    #[error(
+        "{}: written by a newer spate (log format v{found}, this build reads up to v{supported}); \
+         upgrade spate to read this checkpoint",
+        path.display()
+    )]
+    NewerVersion {
+        /// The file.
+        path: PathBuf,
+        /// The version in its first line.
+        found: u32,
+        /// The newest version this build reads.
+        supported: u32,
+    },
+    /// The file's content does not have the expected shape.
+    #[error("{}: malformed at line {line}: {reason}", path.display())]
+    Malformed {
+        /// The file.
+        path: PathBuf,
+        /// The 1-based line number where the problem is.
+        line: usize,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The file is larger than any log entry should be.
+    #[error("{}: {len} bytes exceeds the limit of {limit} bytes for a log file", path.display())]
+    TooLarge {
+        /// The file.
+        path: PathBuf,
+        /// Its length (at least).
+        len: u64,
+        /// The limit.
+        limit: u64,
+    },
+    /// An entry could not be encoded.
+    #[error("cannot encode the entry for {}: {reason}", path.display())]
+    Encode {
+        /// The file it was meant for.
+        path: PathBuf,
+        /// What went wrong.
+        reason: String,
+    },
+    /// Another live process holds the checkpoint's writer lock.
+    #[error("checkpoint {} is in use by another writer: {}", dir.display(), describe_holder(holder.as_ref()))]
+    Locked {
+        /// The checkpoint directory.
+        dir: PathBuf,
+        /// Who holds the lock, as written in the lock file (`None` when it cannot be read yet).
+        holder: Option<LockHolder>,
+    },
+    /// Another writer took the checkpoint over: this writer is stale and may not write.
+    #[error(
+        "checkpoint {} was taken over by another writer: our epoch is {ours}, the lock file says {on_disk}; \
+         this writer must stop",
+        dir.display()
+    )]
+    StaleEpoch {
+        /// The checkpoint directory.
+        dir: PathBuf,
+        /// The epoch this writer acquired.
+        ours: u64,
+        /// What the lock file says now (a description, since it may be unreadable or gone).
+        on_disk: String,
+    },
+    /// The log or checkpoint was opened read-only.
+    #[error("{} was opened read-only; open it for writing to change it", path.display())]
+    ReadOnly {
+        /// The log directory or file.
+        path: PathBuf,
+    },
+    /// A relative path given to the checkpoint is not allowed (absolute, `..`, or a reserved name).
+    #[error("{}: {reason}", path.display())]
+    InvalidPath {
+        /// The path given.
+        path: PathBuf,
+        /// Why it is refused.
+        reason: &'static str,
+    },
+    /// The checkpoint directory is inconsistent; the message names the files and the repair command.
+    #[error("{0}")]
+    Inconsistent(Box<crate::verdict::Inconsistency>),
+    /// A repair plan no longer matches the directory (it changed since it was planned).
+    #[error("repair plan is stale: {}: {reason}", path.display())]
+    StalePlan {
+        /// The file that does not match.
+        path: PathBuf,
+        /// What differs.
+        reason: String,
+    },
+    /// A fault injected by [`crate::FaultyFileManager`] (tests only).
+    #[error("injected {mode:?} at {point:?} writing {}", path.display())]
+    InjectedFault {
+        /// Where the fault fired.
+        point: FaultPoint,
+        /// Fail (an error, cleaned up) or crash (stop, leave the disk as it is).
+        mode: FaultMode,
+        /// The file being written.
+        path: PathBuf,
+    },
+    /// The fault-injecting file manager "crashed" earlier and does nothing any more.
+    #[error("the file manager crashed earlier; reopen the checkpoint to recover")]
+    Crashed,
+}
+
+impl LogStoreError {
+    pub(crate) fn io(op: &'static str, path: impl Into<PathBuf>, source: io::Error) -> Self {
+        LogStoreError::Io { op, path: path.into(), source }
+    }
+
+    /// True when this error is a simulated crash: the caller must not clean up.
+    pub(crate) fn is_crash(&self) -> bool {
+        matches!(self, LogStoreError::InjectedFault { mode: FaultMode::Crash, .. } | LogStoreError::Crashed)
+    }
+}
+
+fn describe_holder(holder: Option<&LockHolder>) -> String {
+    match holder {
+        Some(holder) => holder.to_string(),
+        None => "a live process whose lock file cannot be read yet".to_string(),
+    }
+}
+
+/// The result type of this crate.
+pub type Result<T, E = LogStoreError> = std::result::Result<T, E>;

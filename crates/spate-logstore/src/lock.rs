@@ -1,0 +1,250 @@
+//! The writer lock of a checkpoint directory: one live writer at a time,
+//! and a fencing epoch so a writer that lost the lock can never write.
+//!
+//! `<checkpoint>/LOCK` carries an OS file lock (`flock`), held for the life
+//! of the [`WriterLock`] and released by the kernel when the process dies,
+//! and, as JSON, who holds it: pid, host, start time and the **epoch**. The
+//! epoch goes up by one at every acquisition, so each writer has its own.
+//! Before each change, a writer reads the lock file again by name and checks
+//! the epoch is still its own ([`EpochFence::check`]); if another writer took
+//! over (the OS lock was lost: the file was deleted, or a shared file system
+//! does not honour locks) the stale writer gets [`LogStoreError::StaleEpoch`].
+
+use std::fmt;
+use std::fs::{File, OpenOptions, TryLockError};
+use std::io::Read;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use spate_core::{Clock, Time};
+use tracing::{info, warn};
+
+use crate::error::{LogStoreError, Result};
+use crate::file_manager::{FILE_MODE, fsync_dir};
+use crate::utc;
+
+/// The lock file's name in a checkpoint directory.
+pub const LOCK_FILE: &str = "LOCK";
+const MAX_LOCK_FILE_BYTES: u64 = 4096;
+
+/// Who holds (or last held) a checkpoint's writer lock.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LockHolder {
+    /// The holder's process id.
+    pub pid: u32,
+    /// The holder's host name.
+    pub host: String,
+    /// When it took the lock.
+    #[serde(rename = "sinceMs")]
+    pub since: Time,
+    /// Its epoch: one more than the previous holder's.
+    pub epoch: u64,
+}
+
+impl fmt::Display for LockHolder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "pid {} on host {} since {} (epoch {})", self.pid, self.host, utc::iso8601(self.since), self.epoch)
+    }
+}
+
+/// What the lock file says now, read by name.
+#[derive(Debug)]
+enum OnDisk {
+    Missing,
+    Unreadable(String),
+    Holder(LockHolder),
+}
+
+fn read_lock_file(path: &Path) -> OnDisk {
+    match crate::file_manager::read_bounded(path, MAX_LOCK_FILE_BYTES) {
+        Ok(None) => OnDisk::Missing,
+        Ok(Some(bytes)) if bytes.is_empty() => OnDisk::Unreadable("empty".to_string()),
+        Ok(Some(bytes)) => match serde_json::from_slice(&bytes) {
+            Ok(holder) => OnDisk::Holder(holder),
+            Err(e) => OnDisk::Unreadable(e.to_string()),
+        },
+        Err(e) => OnDisk::Unreadable(e.to_string()),
+    }
+}
+
+/// The last holder recorded in `<dir>/LOCK`, whether or not it is alive.
+/// `None` when there is no lock file or it cannot be read.
+pub fn read_lock_holder(dir: &Path) -> Option<LockHolder> {
+    match read_lock_file(&dir.join(LOCK_FILE)) {
+        OnDisk::Holder(holder) => Some(holder),
+        OnDisk::Missing | OnDisk::Unreadable(_) => None,
+    }
+}
+
+/// A writer's proof that it still owns the checkpoint: its epoch, checked
+/// against the lock file before every change.
+#[derive(Debug)]
+pub struct EpochFence {
+    dir: PathBuf,
+    epoch: u64,
+}
+
+impl EpochFence {
+    /// The epoch this writer acquired.
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// Ok while the lock file still shows this writer's epoch.
+    pub fn check(&self) -> Result<()> {
+        let stale = |on_disk: String| LogStoreError::StaleEpoch { dir: self.dir.clone(), ours: self.epoch, on_disk };
+        match read_lock_file(&self.dir.join(LOCK_FILE)) {
+            OnDisk::Holder(holder) if holder.epoch == self.epoch => Ok(()),
+            OnDisk::Holder(holder) => Err(stale(format!("epoch {}, held by {holder}", holder.epoch))),
+            OnDisk::Missing => Err(stale("nothing (the lock file is gone)".to_string())),
+            OnDisk::Unreadable(reason) => Err(stale(format!("something unreadable ({reason})"))),
+        }
+    }
+}
+
+/// The held writer lock of a checkpoint directory. Dropping it releases the lock.
+#[derive(Debug)]
+pub struct WriterLock {
+    // Held only for its OS lock, which lives as long as the open file.
+    _file: File,
+    holder: LockHolder,
+    fence: Arc<EpochFence>,
+}
+
+impl WriterLock {
+    /// Takes the writer lock of the existing directory `dir`. Fails at once with
+    /// [`LogStoreError::Locked`] when a live process holds it; takes over the
+    /// lock of a dead holder with the next epoch.
+    pub fn acquire(dir: &Path, clock: &dyn Clock) -> Result<WriterLock> {
+        let path = dir.join(LOCK_FILE);
+        let mut file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(FILE_MODE)
+            .open(&path)
+            .map_err(|e| LogStoreError::io("open lock file", &path, e))?;
+        match file.try_lock() {
+            Ok(()) => {}
+            Err(TryLockError::WouldBlock) => {
+                return Err(LogStoreError::Locked { dir: dir.to_path_buf(), holder: read_lock_holder(dir) });
+            }
+            Err(TryLockError::Error(e)) => return Err(LogStoreError::io("lock", &path, e)),
+        }
+        let previous = read_previous(&mut file, &path)?;
+        let epoch = next_epoch(dir, &previous, clock);
+        let holder = LockHolder { pid: std::process::id(), host: host_name(), since: clock.now(), epoch };
+        write_holder(&file, &path, &holder)?;
+        fsync_dir(dir)?;
+        info!(dir = %dir.display(), %holder, "took the checkpoint writer lock");
+        let fence = Arc::new(EpochFence { dir: dir.to_path_buf(), epoch });
+        Ok(WriterLock { _file: file, holder, fence })
+    }
+
+    /// This writer, as written in the lock file.
+    pub fn holder(&self) -> &LockHolder {
+        &self.holder
+    }
+
+    /// This writer's epoch.
+    pub fn epoch(&self) -> u64 {
+        self.holder.epoch
+    }
+
+    /// The fence that logs opened by this writer check before each change.
+    pub fn fence(&self) -> Arc<EpochFence> {
+        self.fence.clone()
+    }
+}
+
+fn read_previous(file: &mut File, path: &Path) -> Result<OnDisk> {
+    let mut bytes = Vec::new();
+    file.take(MAX_LOCK_FILE_BYTES).read_to_end(&mut bytes).map_err(|e| LogStoreError::io("read lock file", path, e))?;
+    if bytes.is_empty() {
+        return Ok(OnDisk::Missing);
+    }
+    Ok(match serde_json::from_slice::<LockHolder>(&bytes) {
+        Ok(holder) => OnDisk::Holder(holder),
+        Err(e) => OnDisk::Unreadable(e.to_string()),
+    })
+}
+
+/// The previous epoch plus one. Without a readable previous epoch in a
+/// directory that was used before (the lock file was deleted or damaged), a
+/// stale writer may still hold a small epoch, so the new one is taken from
+/// the clock (milliseconds), far above any count of takeovers.
+fn next_epoch(dir: &Path, previous: &OnDisk, clock: &dyn Clock) -> u64 {
+    match previous {
+        OnDisk::Holder(holder) => {
+            info!(dir = %dir.display(), previous = %holder, "taking over from a writer that is gone");
+            holder.epoch.saturating_add(1)
+        }
+        OnDisk::Missing if !dir.join(crate::checkpoint::METADATA_FILE).exists() => 1,
+        OnDisk::Missing | OnDisk::Unreadable(_) => {
+            warn!(dir = %dir.display(), "lock file empty or unreadable in a used checkpoint; epoch taken from the clock");
+            u64::try_from(clock.now().as_millis()).unwrap_or(1).max(1)
+        }
+    }
+}
+
+fn write_holder(file: &File, path: &Path, holder: &LockHolder) -> Result<()> {
+    let bytes = serde_json::to_vec(holder)
+        .map_err(|e| LogStoreError::Encode { path: path.to_path_buf(), reason: e.to_string() })?;
+    file.set_len(0).map_err(|e| LogStoreError::io("truncate lock file", path, e))?;
+    file.write_all_at(&bytes, 0).map_err(|e| LogStoreError::io("write lock file", path, e))?;
+    file.sync_all().map_err(|e| LogStoreError::io("fsync lock file", path, e))
+}
+
+fn host_name() -> String {
+    let from_kernel = std::fs::read_to_string("/proc/sys/kernel/hostname").ok();
+    from_kernel
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .map(|h| h.trim().to_string())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "unknown".to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use spate_core::ManualClock;
+
+    #[test]
+    fn second_writer_in_process_is_refused_with_the_holder() {
+        let dir = tempfile::tempdir().unwrap();
+        let clock = ManualClock::new(Time::from_millis(1_700_000_000_000));
+        let first = WriterLock::acquire(dir.path(), &clock).unwrap();
+        assert_eq!(first.epoch(), 1);
+        let err = WriterLock::acquire(dir.path(), &clock).unwrap_err();
+        let text = err.to_string();
+        assert!(matches!(err, LogStoreError::Locked { holder: Some(ref h), .. } if h.pid == std::process::id()));
+        assert!(
+            text.contains(&format!("pid {}", std::process::id())) && text.contains("2023-11-14T22:13:20"),
+            "{text}"
+        );
+        drop(first);
+        let second = WriterLock::acquire(dir.path(), &clock).unwrap();
+        assert_eq!(second.epoch(), 2);
+    }
+
+    #[test]
+    fn stale_writer_is_fenced() {
+        let dir = tempfile::tempdir().unwrap();
+        let clock = ManualClock::new(Time::from_millis(1_000));
+        let old = WriterLock::acquire(dir.path(), &clock).unwrap();
+        std::fs::write(dir.path().join(crate::checkpoint::METADATA_FILE), b"v1\n{}").unwrap();
+        old.fence().check().unwrap();
+        // The lock file is deleted under the old writer (its OS lock is now on an orphan inode).
+        std::fs::remove_file(dir.path().join(LOCK_FILE)).unwrap();
+        let err = old.fence().check().unwrap_err();
+        assert!(matches!(err, LogStoreError::StaleEpoch { ours: 1, .. }), "{err}");
+        let new = WriterLock::acquire(dir.path(), &clock).unwrap();
+        assert_ne!(new.epoch(), old.epoch());
+        let err = old.fence().check().unwrap_err().to_string();
+        assert!(err.contains("our epoch is 1") && err.contains(&format!("epoch {}", new.epoch())), "{err}");
+        new.fence().check().unwrap();
+    }
+}
