@@ -144,6 +144,7 @@ struct FaultState {
     syncs: AtomicU64,
     dir_syncs: AtomicU64,
     appends: AtomicU64,
+    opens: AtomicU64,
     fail_sync_at: AtomicU64,
     fail_append_at: AtomicU64,
 }
@@ -167,6 +168,11 @@ impl FaultInjection {
     /// Append calls (one per batch of records) so far, failed ones included.
     pub fn append_count(&self) -> u64 {
         self.state.appends.load(Ordering::SeqCst)
+    }
+
+    /// Segment files opened for appending so far.
+    pub fn open_count(&self) -> u64 {
+        self.state.opens.load(Ordering::SeqCst)
     }
 
     /// Makes the `n`-th `fdatasync` fail (0 turns this off).
@@ -232,6 +238,7 @@ impl FileLayer for HookedFiles {
     }
 
     fn open_append(&self, path: &Path) -> io::Result<(Box<dyn SegmentWriter>, u64)> {
+        self.hook.state.opens.fetch_add(1, Ordering::SeqCst);
         let (inner, len) = self.inner.open_append(path)?;
         Ok((Box::new(HookedSegment { inner, hook: self.hook.clone() }), len))
     }
