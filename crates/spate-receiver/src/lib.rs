@@ -1,1 +1,92 @@
-//! Receivers, the block generator, the block manager and the WAL-backed received-block handler.
+//! Receivers and the path from a receiver to stored, durable blocks.
+//!
+//! A [`Receiver`] pulls records from a source that cannot replay them (a
+//! socket, a generator) and stores them through its [`ReceiverContext`].
+//! Around it:
+//!
+//! - [`ReceiverSupervisor`] runs a receiver on its own thread, restarts it
+//!   with a backoff after an error and stops it cleanly, joining every task;
+//! - [`BlockGenerator`] buffers records, cuts a block every block interval
+//!   (on the [`spate_core::Clock`]), queues blocks in a bounded queue (a slow
+//!   store holds the receiver back) and applies a [`RateLimiter`] that
+//!   backpressure can change while running;
+//! - [`BlockManager`] keeps blocks by id in memory within a budget and spills
+//!   memory-and-disk blocks to RocksDB, least recently used first;
+//! - a [`ReceivedBlockHandler`] stores each block: in the block manager
+//!   ([`BlockManagerBasedBlockHandler`]) or, with the write-ahead log on, in
+//!   the block manager and the receiver WAL at once
+//!   ([`WriteAheadLogBasedBlockHandler`]), returning only when the block is
+//!   durable; [`read_block_from_wal`] reads it back after a crash;
+//! - every stored block is described by a [`spate_core::ReceivedBlockInfo`]
+//!   sent to a [`BlockInfoSink`] (the runtime connects the tracker);
+//! - built-in receivers: [`SocketTextReceiver`] (lines of a TCP peer) and
+//!   [`GeneratorReceiver`] (seeded random words, see [`WordGenerator`]).
+//!
+//! It is not the tracker (which blocks belong to which batch) nor the
+//! write-ahead log itself (`spate-wal`), and it does not schedule jobs.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use spate_core::{StreamId, SystemClock};
+//! use spate_receiver::{
+//!     BlockManager, BlockManagerBasedBlockHandler, BlockManagerConfig, GeneratorConfig, GeneratorReceiver,
+//!     ReceiverState, ReceiverSupervisor, StorageLevel, SupervisorConfig, WordGenerator,
+//! };
+//!
+//! let clock = Arc::new(SystemClock);
+//! let blocks = Arc::new(BlockManager::<String>::open(BlockManagerConfig::in_memory(64 << 20), clock.clone())?);
+//! let handler = Arc::new(BlockManagerBasedBlockHandler::new(blocks.clone(), StorageLevel::MEMORY_ONLY));
+//! let (sink, infos) = crossbeam::channel::unbounded();
+//!
+//! let mut config = GeneratorConfig::new(7);
+//! config.total_records = Some(10_000);
+//! let supervisor = ReceiverSupervisor::start(
+//!     GeneratorReceiver::new(config),
+//!     SupervisorConfig::new(StreamId(0)),
+//!     handler,
+//!     Arc::new(sink),
+//!     clock,
+//! )?;
+//! supervisor.wait_for_state(|s| s == ReceiverState::Finished, std::time::Duration::from_secs(60));
+//! supervisor.stop()?;
+//!
+//! let mut received = Vec::new();
+//! for info in infos.try_iter() {
+//!     received.extend(blocks.get_records(info.block_id())?.map(|r| r.to_vec()).unwrap_or_default());
+//! }
+//! assert_eq!(received, WordGenerator::new(7).words(0, 10_000));
+//! # Ok::<(), spate_receiver::ReceiverError>(())
+//! ```
+
+#![deny(clippy::unwrap_used, clippy::expect_used)]
+#![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
+
+mod block;
+mod block_generator;
+mod block_manager;
+mod error;
+mod generator;
+mod handler;
+mod rate_limiter;
+mod signal;
+mod socket;
+mod storage;
+mod supervisor;
+
+pub use block::{
+    BLOCK_FORMAT_VERSION, BlockData, ReceivedBlock, Record, count_block_records, decode_block, encode_block,
+};
+pub use block_generator::{BlockGenerator, BlockGeneratorConfig, BlockGeneratorListener};
+pub use block_manager::{BlockLocation, BlockManager, BlockManagerConfig};
+pub use error::{BoxError, ReceiverError};
+pub use generator::{GeneratorConfig, GeneratorProgress, GeneratorReceiver, VOCABULARY, WordGenerator, splitmix64};
+pub use handler::{
+    BlockManagerBasedBlockHandler, ReceivedBlockHandler, WalHandlerConfig, WriteAheadLogBasedBlockHandler,
+    read_block_from_wal, receiver_wal_dir,
+};
+pub use rate_limiter::RateLimiter;
+pub use socket::{InvalidUtf8Policy, SocketConfig, SocketStats, SocketTextReceiver};
+pub use storage::StorageLevel;
+pub use supervisor::{
+    BlockInfoSink, FnSink, Receiver, ReceiverContext, ReceiverState, ReceiverSupervisor, SupervisorConfig,
+};

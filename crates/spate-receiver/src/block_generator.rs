@@ -1,0 +1,372 @@
+//! The block generator: buffers the records a receiver stores and cuts them
+//! into a block every block interval, then pushes the blocks, in order, from
+//! a bounded queue (Spark's `BlockGenerator`).
+//!
+//! Two threads: a timer that cuts blocks on the [`Clock`], and a pusher that
+//! hands each block to a [`BlockGeneratorListener`]. When the pusher is
+//! slow the queue fills, cutting blocks waits, and so does the receiver
+//! adding records: memory stays bounded by the queue and the rate limit.
+
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::thread::JoinHandle;
+
+use crossbeam::channel::{Receiver, Sender};
+use spate_core::{Clock, Duration, StreamBlockId, StreamId, Time};
+use tracing::{debug, warn};
+
+use crate::error::ReceiverError;
+use crate::rate_limiter::RateLimiter;
+use crate::signal::StopSignal;
+
+/// How a [`BlockGenerator`] cuts and queues blocks.
+#[derive(Clone, Debug)]
+pub struct BlockGeneratorConfig {
+    /// A block is cut every interval (Spark's `spark.streaming.blockInterval`).
+    pub block_interval: Duration,
+    /// Blocks cut but not yet pushed, at most (Spark's `blockQueueSize`).
+    pub queue_capacity: usize,
+    /// Cuts a block early when the buffer holds this many records, so one
+    /// interval of a fast source cannot grow a block without bound.
+    pub max_block_records: Option<usize>,
+    /// The highest rate, records per second, the receiver may store at;
+    /// backpressure may set lower rates (Spark's `receiver.maxRate`).
+    pub max_rate: Option<u64>,
+}
+
+impl Default for BlockGeneratorConfig {
+    fn default() -> Self {
+        BlockGeneratorConfig {
+            block_interval: Duration::from_millis(200),
+            queue_capacity: 10,
+            max_block_records: None,
+            max_rate: None,
+        }
+    }
+}
+
+/// Receives the blocks a [`BlockGenerator`] cuts, on its pushing thread.
+pub trait BlockGeneratorListener<T>: Send + Sync + 'static {
+    /// Stores the block; returns once it is stored (durably, when the WAL is on).
+    fn on_push_block(&self, block_id: StreamBlockId, records: Vec<T>) -> Result<(), ReceiverError>;
+
+    /// Told about a block that could not be pushed (its records are lost to
+    /// this generator; [`BlockGenerator::flush`] reports it to the receiver).
+    fn on_error(&self, error: ReceiverError);
+}
+
+/// Hands out block ids that stay unique across restarts of the process:
+/// the clock's milliseconds times 1000, moved on by one when taken.
+#[derive(Debug)]
+pub(crate) struct BlockIdAllocator {
+    stream_id: StreamId,
+    last: AtomicU64,
+}
+
+impl BlockIdAllocator {
+    pub(crate) fn new(stream_id: StreamId) -> Self {
+        BlockIdAllocator { stream_id, last: AtomicU64::new(0) }
+    }
+
+    pub(crate) fn next(&self, now: Time) -> StreamBlockId {
+        let floor = u64::try_from(now.as_millis()).unwrap_or(0).saturating_mul(1000);
+        let previous = self.last.fetch_update(Ordering::AcqRel, Ordering::Acquire, |last| Some(floor.max(last + 1)));
+        let previous = previous.unwrap_or_else(|last| last);
+        StreamBlockId::new(self.stream_id, floor.max(previous + 1))
+    }
+}
+
+const ACTIVE: u8 = 0;
+const STOPPED_ADDING: u8 = 1;
+const STOPPED: u8 = 2;
+
+/// Which blocks the pusher has handled: every block up to `durable` was
+/// stored; a failure freezes `durable` until [`BlockGenerator::clear_failure`].
+#[derive(Debug, Default)]
+struct PushProgress {
+    pushed: u64,
+    durable: u64,
+    failure: Option<String>,
+}
+
+struct QueuedBlock<T> {
+    seq: u64,
+    block_id: StreamBlockId,
+    records: Vec<T>,
+}
+
+struct Shared<T> {
+    stream_id: StreamId,
+    config: BlockGeneratorConfig,
+    clock: Arc<dyn Clock>,
+    state: AtomicU8,
+    buffer: Mutex<Vec<T>>,
+    /// Taken (and so closed) when the generator stops.
+    queue: Mutex<Option<Sender<QueuedBlock<T>>>>,
+    cut_seq: AtomicU64,
+    progress: Mutex<PushProgress>,
+    progress_changed: Condvar,
+    ids: Arc<BlockIdAllocator>,
+    rate: RateLimiter,
+    /// Stops rate-limit waits of adders.
+    adders_stop: StopSignal,
+    /// Stops the timer.
+    timer_stop: StopSignal,
+}
+
+/// Buffers records and cuts them into blocks; see the module documentation.
+pub struct BlockGenerator<T> {
+    shared: Arc<Shared<T>>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl<T> std::fmt::Debug for BlockGenerator<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BlockGenerator")
+            .field("stream_id", &self.shared.stream_id)
+            .field("config", &self.shared.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<T: Send + 'static> BlockGenerator<T> {
+    /// Starts a generator for `stream_id` that pushes to `listener`.
+    pub fn start(
+        stream_id: StreamId,
+        config: BlockGeneratorConfig,
+        clock: Arc<dyn Clock>,
+        listener: Arc<dyn BlockGeneratorListener<T>>,
+    ) -> Result<Self, ReceiverError> {
+        Self::start_with_ids(stream_id, config, clock, listener, Arc::new(BlockIdAllocator::new(stream_id)))
+    }
+
+    pub(crate) fn start_with_ids(
+        stream_id: StreamId,
+        config: BlockGeneratorConfig,
+        clock: Arc<dyn Clock>,
+        listener: Arc<dyn BlockGeneratorListener<T>>,
+        ids: Arc<BlockIdAllocator>,
+    ) -> Result<Self, ReceiverError> {
+        let (tx, rx) = crossbeam::channel::bounded(config.queue_capacity.max(1));
+        let shared = Arc::new(Shared {
+            stream_id,
+            rate: RateLimiter::new(Arc::clone(&clock), config.max_rate),
+            config,
+            clock,
+            state: AtomicU8::new(ACTIVE),
+            buffer: Mutex::new(Vec::new()),
+            queue: Mutex::new(Some(tx)),
+            cut_seq: AtomicU64::new(0),
+            progress: Mutex::new(PushProgress::default()),
+            progress_changed: Condvar::new(),
+            ids,
+            adders_stop: StopSignal::default(),
+            timer_stop: StopSignal::default(),
+        });
+        let generator = BlockGenerator { shared: Arc::clone(&shared), threads: Mutex::new(Vec::new()) };
+        let pusher_shared = Arc::clone(&shared);
+        generator
+            .spawn(format!("block-pusher-{stream_id}"), move || pusher_shared.push_loop(&rx, listener.as_ref()))?;
+        generator.spawn(format!("block-timer-{stream_id}"), move || shared.timer_loop())?;
+        Ok(generator)
+    }
+
+    fn spawn(&self, name: String, body: impl FnOnce() + Send + 'static) -> Result<(), ReceiverError> {
+        let handle = std::thread::Builder::new()
+            .name(name.clone())
+            .spawn(body)
+            .map_err(|e| ReceiverError::Runtime { what: name, reason: e.to_string() })?;
+        self.threads.lock().unwrap_or_else(PoisonError::into_inner).push(handle);
+        Ok(())
+    }
+
+    /// Adds one record to the current block, waiting for the rate limit.
+    pub fn add_record(&self, record: T) -> Result<(), ReceiverError> {
+        self.admit(1)?;
+        let mut buffer = self.shared.lock_buffer();
+        buffer.push(record);
+        self.shared.cut_if_full(&mut buffer)
+    }
+
+    /// Adds a batch of records to the current block at once, waiting for the
+    /// rate limit for all of them (the fast path: one lock per batch).
+    pub fn add_records(&self, records: Vec<T>) -> Result<(), ReceiverError> {
+        self.admit(records.len() as u64)?;
+        let mut buffer = self.shared.lock_buffer();
+        if buffer.is_empty() && buffer.capacity() < records.len() {
+            *buffer = records;
+        } else {
+            buffer.extend(records);
+        }
+        self.shared.cut_if_full(&mut buffer)
+    }
+
+    /// Cuts the current buffer into a block now and waits until every block
+    /// cut so far is pushed. Errors when one of them failed: a receiver that
+    /// acknowledges its source after `flush` returns loses nothing.
+    pub fn flush(&self) -> Result<(), ReceiverError> {
+        let target = {
+            let mut buffer = self.shared.lock_buffer();
+            self.shared.cut(&mut buffer)?;
+            self.shared.cut_seq.load(Ordering::Acquire)
+        };
+        self.shared.wait_pushed(target)
+    }
+
+    /// Forgets an earlier push failure, so that [`BlockGenerator::flush`]
+    /// succeeds again (called when the receiver restarts).
+    pub fn clear_failure(&self) {
+        let mut progress = self.shared.lock_progress();
+        progress.failure = None;
+        progress.durable = progress.pushed;
+    }
+
+    /// Makes adders waiting for the rate limit give up (with
+    /// [`ReceiverError::Stopped`]), ahead of a stop.
+    pub fn interrupt_adders(&self) {
+        self.shared.adders_stop.stop();
+    }
+
+    /// The rate limiter of records added; backpressure updates its limit.
+    pub fn rate_limiter(&self) -> &RateLimiter {
+        &self.shared.rate
+    }
+
+    /// Blocks pushed so far (stored or failed).
+    pub fn blocks_pushed(&self) -> u64 {
+        self.shared.lock_progress().pushed
+    }
+
+    /// Stops: refuses new records, cuts the last block, pushes every queued
+    /// block and joins both threads.
+    pub fn stop(&self) -> Result<(), ReceiverError> {
+        if self.shared.state.swap(STOPPED_ADDING, Ordering::AcqRel) != ACTIVE {
+            return self.join();
+        }
+        self.shared.adders_stop.stop();
+        self.shared.timer_stop.stop();
+        let joined = self.join();
+        self.shared.state.store(STOPPED, Ordering::Release);
+        debug!(stream = %self.shared.stream_id, "block generator stopped");
+        joined
+    }
+
+    fn join(&self) -> Result<(), ReceiverError> {
+        let threads = std::mem::take(&mut *self.threads.lock().unwrap_or_else(PoisonError::into_inner));
+        let mut result = Ok(());
+        for thread in threads {
+            let name = thread.thread().name().unwrap_or("block generator").to_string();
+            if thread.join().is_err() {
+                result = Err(ReceiverError::Runtime { what: name, reason: "thread panicked".into() });
+            }
+        }
+        result
+    }
+
+    fn admit(&self, n: u64) -> Result<(), ReceiverError> {
+        let stopped = || ReceiverError::Stopped { stream_id: self.shared.stream_id, what: "adding records" };
+        if self.shared.state.load(Ordering::Acquire) != ACTIVE {
+            return Err(stopped());
+        }
+        if let Some(until) = self.shared.rate.reserve(n)
+            && !self.shared.adders_stop.wait_until(self.shared.rate.clock(), until)
+        {
+            return Err(stopped());
+        }
+        Ok(())
+    }
+}
+
+impl<T> Drop for BlockGenerator<T> {
+    fn drop(&mut self) {
+        // Without an explicit stop, let the threads end on their own.
+        self.shared.adders_stop.stop();
+        self.shared.timer_stop.stop();
+    }
+}
+
+impl<T: Send + 'static> Shared<T> {
+    fn lock_buffer(&self) -> MutexGuard<'_, Vec<T>> {
+        self.buffer.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn lock_progress(&self) -> MutexGuard<'_, PushProgress> {
+        self.progress.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn cut_if_full(&self, buffer: &mut Vec<T>) -> Result<(), ReceiverError> {
+        match self.config.max_block_records {
+            Some(max) if buffer.len() >= max => self.cut(buffer),
+            _ => Ok(()),
+        }
+    }
+
+    /// Moves the buffer into a block on the queue. Called with the buffer
+    /// locked, so adders wait while the queue is full (backpressure).
+    fn cut(&self, buffer: &mut Vec<T>) -> Result<(), ReceiverError> {
+        if buffer.is_empty() {
+            return Ok(());
+        }
+        let records = std::mem::replace(buffer, Vec::with_capacity(buffer.len()));
+        let block_id = self.ids.next(self.clock.now());
+        let seq = self.cut_seq.load(Ordering::Acquire) + 1;
+        let queue = self.queue.lock().unwrap_or_else(PoisonError::into_inner).clone();
+        let sent = queue.map(|q| q.send(QueuedBlock { seq, block_id, records }));
+        match sent {
+            Some(Ok(())) => {
+                self.cut_seq.store(seq, Ordering::Release);
+                Ok(())
+            }
+            _ => Err(ReceiverError::Stopped { stream_id: self.stream_id, what: "cutting a block" }),
+        }
+    }
+
+    fn timer_loop(&self) {
+        let interval = self.config.block_interval.max(Duration::from_millis(1));
+        let mut next = self.clock.now().floor(interval) + interval;
+        while self.timer_stop.wait_until(self.clock.as_ref(), next) {
+            if let Err(e) = self.cut(&mut self.lock_buffer()) {
+                warn!(stream = %self.stream_id, error = %e, "could not cut a block");
+            }
+            next = next + interval;
+        }
+        // The last block: whatever was added before the stop.
+        let mut buffer = self.lock_buffer();
+        if let Err(e) = self.cut(&mut buffer) {
+            warn!(stream = %self.stream_id, error = %e, records = buffer.len(), "last block was not queued");
+        }
+        // Closing the queue lets the pusher finish once it is drained.
+        self.queue.lock().unwrap_or_else(PoisonError::into_inner).take();
+    }
+
+    fn push_loop(&self, queue: &Receiver<QueuedBlock<T>>, listener: &dyn BlockGeneratorListener<T>) {
+        for QueuedBlock { seq, block_id, records } in queue.iter() {
+            let result = listener.on_push_block(block_id, records);
+            let mut progress = self.lock_progress();
+            progress.pushed = seq;
+            match result {
+                Ok(()) if progress.failure.is_none() => progress.durable = seq,
+                Ok(()) => {}
+                Err(e) => {
+                    progress.failure.get_or_insert_with(|| format!("block {block_id}: {e}"));
+                    drop(progress);
+                    listener.on_error(e);
+                }
+            }
+            self.progress_changed.notify_all();
+        }
+    }
+
+    fn wait_pushed(&self, target: u64) -> Result<(), ReceiverError> {
+        let mut progress = self.lock_progress();
+        while progress.pushed < target {
+            progress = self.progress_changed.wait(progress).unwrap_or_else(PoisonError::into_inner);
+        }
+        match &progress.failure {
+            Some(reason) if progress.durable < target => {
+                Err(ReceiverError::Receiver { receiver: format!("stream {}", self.stream_id), message: reason.clone() })
+            }
+            _ => Ok(()),
+        }
+    }
+}

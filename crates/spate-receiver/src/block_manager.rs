@@ -1,0 +1,354 @@
+//! The block manager: received blocks by id, in memory within a budget and
+//! on a RocksDB disk store.
+//!
+//! It is the process-local part of Spark's `BlockManager` that receivers
+//! use. The disk store is a spill area for this process only: it is wiped
+//! when opened, because after a crash blocks come back from the receiver
+//! write-ahead log, not from here.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use spate_core::{Clock, StreamBlockId, Time};
+use tracing::debug;
+
+use crate::block::{BlockData, Record};
+use crate::error::ReceiverError;
+use crate::storage::StorageLevel;
+
+/// Where a stored block is now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockLocation {
+    /// The block is in memory.
+    pub in_memory: bool,
+    /// The block is in the disk store.
+    pub on_disk: bool,
+}
+
+/// How a [`BlockManager`] is set up.
+#[derive(Clone, Debug)]
+pub struct BlockManagerConfig {
+    /// Bytes of (estimated) block data kept in memory at most.
+    pub memory_budget_bytes: u64,
+    /// The RocksDB directory of the disk store; without one, levels that
+    /// need disk are refused.
+    pub disk_dir: Option<PathBuf>,
+}
+
+impl BlockManagerConfig {
+    /// Memory only, with `memory_budget_bytes`.
+    pub fn in_memory(memory_budget_bytes: u64) -> Self {
+        BlockManagerConfig { memory_budget_bytes, disk_dir: None }
+    }
+
+    /// Memory within `memory_budget_bytes` and a disk store in `disk_dir`.
+    pub fn with_disk(memory_budget_bytes: u64, disk_dir: impl Into<PathBuf>) -> Self {
+        BlockManagerConfig { memory_budget_bytes, disk_dir: Some(disk_dir.into()) }
+    }
+}
+
+struct Entry<T> {
+    level: StorageLevel,
+    stored_at: Time,
+    memory: Option<(BlockData<T>, u64)>,
+    on_disk: bool,
+    lru_tick: u64,
+}
+
+struct Inner<T> {
+    entries: HashMap<StreamBlockId, Entry<T>>,
+    /// Memory-resident blocks by last use, oldest first.
+    lru: BTreeMap<u64, StreamBlockId>,
+    next_tick: u64,
+    memory_used: u64,
+    /// Of `memory_used`, the bytes of blocks that may spill to disk.
+    spillable_used: u64,
+}
+
+/// Blocks by [`StreamBlockId`], at a [`StorageLevel`], within a memory budget.
+///
+/// When memory is short, memory-and-disk blocks spill to the disk store,
+/// least recently used first; a memory-only block that does not fit is
+/// refused with [`ReceiverError::MemoryBudgetExceeded`] (dropping it
+/// silently would lose received data).
+pub struct BlockManager<T> {
+    inner: Mutex<Inner<T>>,
+    disk: Option<DiskStore>,
+    budget: u64,
+    clock: Arc<dyn Clock>,
+}
+
+impl<T> std::fmt::Debug for BlockManager<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BlockManager")
+            .field("budget", &self.budget)
+            .field("disk", &self.disk.as_ref().map(|d| &d.path))
+            .finish_non_exhaustive()
+    }
+}
+
+impl<T: Record> BlockManager<T> {
+    /// Opens a block manager; an existing disk store at the directory is wiped.
+    pub fn open(config: BlockManagerConfig, clock: Arc<dyn Clock>) -> Result<Self, ReceiverError> {
+        let disk = config.disk_dir.as_deref().map(DiskStore::open).transpose()?;
+        let inner =
+            Inner { entries: HashMap::new(), lru: BTreeMap::new(), next_tick: 0, memory_used: 0, spillable_used: 0 };
+        Ok(BlockManager { inner: Mutex::new(inner), disk, budget: config.memory_budget_bytes, clock })
+    }
+
+    /// Stores `data` as `block_id` at `level` and says where it went.
+    pub fn put(
+        &self,
+        block_id: StreamBlockId,
+        data: BlockData<T>,
+        level: StorageLevel,
+    ) -> Result<BlockLocation, ReceiverError> {
+        let codec_err = |source| ReceiverError::Codec { block_id: Some(block_id), source };
+        // Conversions happen before the lock is taken.
+        let data = match (&data, level.deserialized()) {
+            (BlockData::Bytes(_), true) => BlockData::Records(data.records().map_err(codec_err)?),
+            (BlockData::Records(_), false) => BlockData::Bytes(data.bytes().map_err(codec_err)?),
+            _ => data,
+        };
+        let size = data.estimated_size();
+        let mut inner = self.lock();
+        if inner.entries.contains_key(&block_id) {
+            return Err(ReceiverError::DuplicateBlock { block_id });
+        }
+        let mut entry = Entry { level, stored_at: self.clock.now(), memory: None, on_disk: false, lru_tick: 0 };
+        if level.use_memory() && self.make_room(&mut inner, size)? {
+            entry.lru_tick = inner.touch(block_id, None);
+            inner.memory_used += size;
+            if level.use_disk() {
+                inner.spillable_used += size;
+            }
+            entry.memory = Some((data, size));
+        } else if level.use_disk() {
+            self.disk_for(block_id, level)?.put(block_id, &data.bytes().map_err(codec_err)?)?;
+            entry.on_disk = true;
+        } else {
+            return Err(ReceiverError::MemoryBudgetExceeded {
+                block_id,
+                needed: size,
+                used: inner.memory_used,
+                budget: self.budget,
+            });
+        }
+        let location = entry.location();
+        inner.entries.insert(block_id, entry);
+        Ok(location)
+    }
+
+    /// The block, from memory or from disk; `None` when it is not stored.
+    pub fn get(&self, block_id: StreamBlockId) -> Result<Option<BlockData<T>>, ReceiverError> {
+        let mut inner = self.lock();
+        let Some(entry) = inner.entries.get(&block_id) else {
+            return Ok(None);
+        };
+        if let Some((data, _)) = &entry.memory {
+            let (data, previous) = (data.clone(), entry.lru_tick);
+            let tick = inner.touch(block_id, Some(previous));
+            if let Some(entry) = inner.entries.get_mut(&block_id) {
+                entry.lru_tick = tick;
+            }
+            return Ok(Some(data));
+        }
+        let level = entry.level;
+        let bytes = self.disk_for(block_id, level)?.get(block_id)?;
+        Ok(bytes.map(|b| BlockData::Bytes(Arc::new(b))))
+    }
+
+    /// The block's records; `None` when it is not stored.
+    pub fn get_records(&self, block_id: StreamBlockId) -> Result<Option<Arc<Vec<T>>>, ReceiverError> {
+        let data = self.get(block_id)?;
+        data.map(|d| d.records().map_err(|source| ReceiverError::Codec { block_id: Some(block_id), source }))
+            .transpose()
+    }
+
+    /// Removes the block from memory and disk; false when it was not stored.
+    pub fn remove(&self, block_id: StreamBlockId) -> Result<bool, ReceiverError> {
+        let mut inner = self.lock();
+        let Some(entry) = inner.entries.remove(&block_id) else {
+            return Ok(false);
+        };
+        inner.forget_memory(&entry);
+        if entry.on_disk {
+            self.disk_for(block_id, entry.level)?.delete(block_id)?;
+        }
+        Ok(true)
+    }
+
+    /// Removes every block stored before `threshold` and returns their ids.
+    pub fn remove_older_than(&self, threshold: Time) -> Result<Vec<StreamBlockId>, ReceiverError> {
+        let old: Vec<StreamBlockId> = {
+            let inner = self.lock();
+            inner.entries.iter().filter(|(_, e)| e.stored_at < threshold).map(|(id, _)| *id).collect()
+        };
+        for id in &old {
+            self.remove(*id)?;
+        }
+        debug!(count = old.len(), threshold = %threshold, "removed old blocks");
+        Ok(old)
+    }
+
+    /// Where the block is, if it is stored.
+    pub fn location(&self, block_id: StreamBlockId) -> Option<BlockLocation> {
+        self.lock().entries.get(&block_id).map(Entry::location)
+    }
+
+    /// Estimated bytes of block data in memory.
+    pub fn memory_used(&self) -> u64 {
+        self.lock().memory_used
+    }
+
+    /// The memory budget in bytes.
+    pub fn memory_budget(&self) -> u64 {
+        self.budget
+    }
+
+    /// Number of stored blocks.
+    pub fn len(&self) -> usize {
+        self.lock().entries.len()
+    }
+
+    /// True when no block is stored.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Spills least recently used memory-and-disk blocks until `size` more
+    /// bytes fit; false (having spilled nothing) when they cannot.
+    fn make_room(&self, inner: &mut Inner<T>, size: u64) -> Result<bool, ReceiverError> {
+        let pinned = inner.memory_used - inner.spillable_used;
+        if size > self.budget
+            || pinned + size > self.budget
+            || (self.disk.is_none() && inner.memory_used + size > self.budget)
+        {
+            return Ok(false);
+        }
+        while inner.memory_used + size > self.budget {
+            let victim =
+                inner.lru.values().copied().find(|id| inner.entries.get(id).is_some_and(|e| e.level.use_disk()));
+            let Some(victim) = victim else {
+                return Ok(false);
+            };
+            self.spill(inner, victim)?;
+        }
+        Ok(true)
+    }
+
+    fn spill(&self, inner: &mut Inner<T>, block_id: StreamBlockId) -> Result<(), ReceiverError> {
+        let Some(entry) = inner.entries.get_mut(&block_id) else {
+            return Ok(());
+        };
+        let Some((data, size)) = entry.memory.take() else {
+            return Ok(());
+        };
+        let level = entry.level;
+        let bytes = data.bytes().map_err(|source| ReceiverError::Codec { block_id: Some(block_id), source })?;
+        if let Err(e) = self.disk_for(block_id, level).and_then(|d| d.put(block_id, &bytes)) {
+            // Keep the block in memory: it is still the only copy here.
+            if let Some(entry) = inner.entries.get_mut(&block_id) {
+                entry.memory = Some((data, size));
+            }
+            return Err(e);
+        }
+        let tick = entry.lru_tick;
+        entry.on_disk = true;
+        inner.lru.remove(&tick);
+        inner.memory_used -= size;
+        inner.spillable_used -= size;
+        debug!(block = %block_id, bytes = size, "spilled block to disk");
+        Ok(())
+    }
+
+    fn disk_for(&self, block_id: StreamBlockId, level: StorageLevel) -> Result<&DiskStore, ReceiverError> {
+        self.disk.as_ref().ok_or(ReceiverError::NoDiskStore { block_id, level: level.to_string() })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner<T>> {
+        // Every update of `Inner` completes before anything can panic.
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl<T> Entry<T> {
+    fn location(&self) -> BlockLocation {
+        BlockLocation { in_memory: self.memory.is_some(), on_disk: self.on_disk }
+    }
+}
+
+impl<T> Inner<T> {
+    /// Marks `block_id` as just used and returns its new tick.
+    fn touch(&mut self, block_id: StreamBlockId, previous: Option<u64>) -> u64 {
+        if let Some(previous) = previous {
+            self.lru.remove(&previous);
+        }
+        let tick = self.next_tick;
+        self.next_tick += 1;
+        self.lru.insert(tick, block_id);
+        tick
+    }
+
+    fn forget_memory(&mut self, entry: &Entry<T>) {
+        if let Some((_, size)) = &entry.memory {
+            self.lru.remove(&entry.lru_tick);
+            self.memory_used -= size;
+            if entry.level.use_disk() {
+                self.spillable_used -= size;
+            }
+        }
+    }
+}
+
+/// The RocksDB spill area.
+struct DiskStore {
+    db: rocksdb::DB,
+    path: PathBuf,
+    write_options: rocksdb::WriteOptions,
+}
+
+impl DiskStore {
+    fn open(path: &Path) -> Result<Self, ReceiverError> {
+        let err = |op, e: rocksdb::Error| ReceiverError::DiskStore {
+            path: path.to_path_buf(),
+            op,
+            block_id: None,
+            reason: e.into_string(),
+        };
+        let mut options = rocksdb::Options::default();
+        options.create_if_missing(true);
+        options.set_compression_type(rocksdb::DBCompressionType::Lz4);
+        // Blocks from an earlier run are not needed: recovery reads the WAL.
+        rocksdb::DB::destroy(&options, path).map_err(|e| err("destroy", e))?;
+        let db = rocksdb::DB::open(&options, path).map_err(|e| err("open", e))?;
+        let mut write_options = rocksdb::WriteOptions::default();
+        // The store is wiped on open, so RocksDB's own log buys nothing.
+        write_options.disable_wal(true);
+        Ok(DiskStore { db, path: path.to_path_buf(), write_options })
+    }
+
+    fn key(block_id: StreamBlockId) -> [u8; 12] {
+        let mut key = [0u8; 12];
+        key[..4].copy_from_slice(&block_id.stream_id.0.to_be_bytes());
+        key[4..].copy_from_slice(&block_id.unique_id.to_be_bytes());
+        key
+    }
+
+    fn error(&self, op: &'static str, block_id: StreamBlockId, e: rocksdb::Error) -> ReceiverError {
+        ReceiverError::DiskStore { path: self.path.clone(), op, block_id: Some(block_id), reason: e.into_string() }
+    }
+
+    fn put(&self, block_id: StreamBlockId, bytes: &[u8]) -> Result<(), ReceiverError> {
+        self.db.put_opt(Self::key(block_id), bytes, &self.write_options).map_err(|e| self.error("put", block_id, e))
+    }
+
+    fn get(&self, block_id: StreamBlockId) -> Result<Option<Vec<u8>>, ReceiverError> {
+        self.db.get(Self::key(block_id)).map_err(|e| self.error("get", block_id, e))
+    }
+
+    fn delete(&self, block_id: StreamBlockId) -> Result<(), ReceiverError> {
+        self.db.delete_opt(Self::key(block_id), &self.write_options).map_err(|e| self.error("delete", block_id, e))
+    }
+}

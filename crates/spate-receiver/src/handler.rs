@@ -1,0 +1,288 @@
+//! Received-block handlers: how a receiver's block is stored, and what the
+//! store result says (Spark's `ReceivedBlockHandler`).
+//!
+//! [`BlockManagerBasedBlockHandler`] keeps the block in the
+//! [`BlockManager`] only. [`WriteAheadLogBasedBlockHandler`] serializes the
+//! block once, then writes it to the block manager and to the receiver
+//! write-ahead log at the same time, and returns only when both are done:
+//! the block survives a crash, and the store result carries its WAL handle.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::thread::JoinHandle;
+
+use crossbeam::channel::{Sender, bounded, unbounded};
+use spate_core::{BlockStoreResult, Clock, StreamBlockId, StreamId, Time, WalRecordHandle};
+use spate_wal::{WalError, WriteAheadLog};
+use tracing::{debug, warn};
+
+use crate::block::{BlockData, ReceivedBlock, Record, count_block_records, decode_block, encode_block};
+use crate::block_manager::BlockManager;
+use crate::error::ReceiverError;
+use crate::storage::StorageLevel;
+
+/// Stores received blocks; shared by the receiver's pushing thread and the
+/// runtime's cleanup.
+pub trait ReceivedBlockHandler<T>: Send + Sync {
+    /// Stores the block and returns once it is stored (durably, for a WAL handler).
+    fn store_block(&self, block_id: StreamBlockId, block: ReceivedBlock<T>) -> Result<BlockStoreResult, ReceiverError>;
+
+    /// Removes the blocks (and WAL segments) stored before `threshold`.
+    fn clean_old_blocks(&self, threshold: Time) -> Result<(), ReceiverError>;
+
+    /// The level blocks are stored at.
+    fn storage_level(&self) -> StorageLevel;
+
+    /// Releases what the handler holds (closes its log, joins its threads).
+    fn close(&self) -> Result<(), ReceiverError> {
+        Ok(())
+    }
+}
+
+/// The directory of a stream's receiver WAL in a checkpoint:
+/// `<checkpoint>/receivedData/<stream>/`.
+pub fn receiver_wal_dir(checkpoint_dir: &Path, stream_id: StreamId) -> PathBuf {
+    checkpoint_dir.join("receivedData").join(stream_id.to_string())
+}
+
+/// Reads a block back from a receiver WAL by its handle (after a restart,
+/// when the block manager's copy is gone).
+pub fn read_block_from_wal<T: Record>(
+    wal: &dyn WriteAheadLog,
+    stream_id: StreamId,
+    handle: &WalRecordHandle,
+) -> Result<Vec<T>, ReceiverError> {
+    let bytes = wal.read(handle).map_err(|source| ReceiverError::Wal { stream_id, source })?;
+    decode_block(&bytes).map_err(|source| ReceiverError::WalRecordNotABlock { handle: handle.clone(), source })
+}
+
+/// Splits a block into its shared bytes-or-records form and record count.
+fn into_data<T: Record>(
+    block_id: StreamBlockId,
+    block: ReceivedBlock<T>,
+) -> Result<(BlockData<T>, u64), ReceiverError> {
+    match block {
+        ReceivedBlock::Records(records) => {
+            let n = records.len() as u64;
+            Ok((BlockData::Records(Arc::new(records)), n))
+        }
+        ReceivedBlock::Serialized(bytes) => {
+            let n = count_block_records(&bytes)
+                .map_err(|source| ReceiverError::Codec { block_id: Some(block_id), source })?;
+            Ok((BlockData::Bytes(Arc::new(bytes)), n))
+        }
+    }
+}
+
+/// Stores blocks in the block manager only (the WAL is off).
+#[derive(Debug)]
+pub struct BlockManagerBasedBlockHandler<T> {
+    block_manager: Arc<BlockManager<T>>,
+    level: StorageLevel,
+}
+
+impl<T: Record> BlockManagerBasedBlockHandler<T> {
+    /// A handler storing into `block_manager` at `level`.
+    pub fn new(block_manager: Arc<BlockManager<T>>, level: StorageLevel) -> Self {
+        BlockManagerBasedBlockHandler { block_manager, level }
+    }
+}
+
+impl<T: Record> ReceivedBlockHandler<T> for BlockManagerBasedBlockHandler<T> {
+    fn store_block(&self, block_id: StreamBlockId, block: ReceivedBlock<T>) -> Result<BlockStoreResult, ReceiverError> {
+        let (data, num_records) = into_data(block_id, block)?;
+        self.block_manager.put(block_id, data, self.level)?;
+        Ok(BlockStoreResult { block_id, num_records: Some(num_records), wal_handle: None })
+    }
+
+    fn clean_old_blocks(&self, threshold: Time) -> Result<(), ReceiverError> {
+        self.block_manager.remove_older_than(threshold).map(drop)
+    }
+
+    fn storage_level(&self) -> StorageLevel {
+        self.level
+    }
+}
+
+/// How a [`WriteAheadLogBasedBlockHandler`] waits and cleans.
+#[derive(Clone, Debug)]
+pub struct WalHandlerConfig {
+    /// How long storing a block waits for both stores (real time; Spark's
+    /// `spark.streaming.receiver.blockStoreTimeout`, 30 s).
+    pub store_timeout: std::time::Duration,
+    /// Whether cleaning waits until old segments are deleted.
+    pub wait_for_cleanup: bool,
+}
+
+impl Default for WalHandlerConfig {
+    fn default() -> Self {
+        WalHandlerConfig { store_timeout: std::time::Duration::from_secs(30), wait_for_cleanup: false }
+    }
+}
+
+type WalReply = Result<WalRecordHandle, WalError>;
+type WalJob = (Arc<Vec<u8>>, Time, Sender<WalReply>);
+
+/// Stores blocks in the block manager and in the receiver WAL at once.
+pub struct WriteAheadLogBasedBlockHandler<T> {
+    block_manager: Arc<BlockManager<T>>,
+    wal: Arc<dyn WriteAheadLog>,
+    stream_id: StreamId,
+    level: StorageLevel,
+    config: WalHandlerConfig,
+    clock: Arc<dyn Clock>,
+    /// Taken on close: the WAL writer thread ends when it is dropped.
+    writer: Mutex<Option<(Sender<WalJob>, JoinHandle<()>)>>,
+}
+
+impl<T> std::fmt::Debug for WriteAheadLogBasedBlockHandler<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WriteAheadLogBasedBlockHandler")
+            .field("stream_id", &self.stream_id)
+            .field("level", &self.level)
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<T: Record> WriteAheadLogBasedBlockHandler<T> {
+    /// A handler writing to `block_manager` and `wal` (the stream's log,
+    /// usually opened at [`receiver_wal_dir`]). `level` is adjusted as Spark
+    /// does ([`StorageLevel::for_write_ahead_log`]), with one warning.
+    pub fn new(
+        block_manager: Arc<BlockManager<T>>,
+        wal: Arc<dyn WriteAheadLog>,
+        stream_id: StreamId,
+        level: StorageLevel,
+        config: WalHandlerConfig,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Self, ReceiverError> {
+        let adjusted = level.for_write_ahead_log();
+        if adjusted != level {
+            warn!(
+                stream = %stream_id, requested = %level, using = %adjusted,
+                "the write-ahead log is on: it is the durable copy, so blocks are not replicated, and they are \
+                 serialized once for both stores, so they are kept serialized"
+            );
+        }
+        let (tx, rx) = unbounded::<WalJob>();
+        let writer_wal = Arc::clone(&wal);
+        let thread = std::thread::Builder::new()
+            .name(format!("receiver-wal-{stream_id}"))
+            .spawn(move || {
+                for (bytes, time, reply) in rx.iter() {
+                    // The caller may have timed out and gone; nothing to tell then.
+                    let _ = reply.send(writer_wal.write(&bytes, time));
+                }
+            })
+            .map_err(|e| ReceiverError::Runtime {
+                what: format!("receiver WAL writer {stream_id}"),
+                reason: e.to_string(),
+            })?;
+        Ok(WriteAheadLogBasedBlockHandler {
+            block_manager,
+            wal,
+            stream_id,
+            level: adjusted,
+            config,
+            clock,
+            writer: Mutex::new(Some((tx, thread))),
+        })
+    }
+
+    /// Reads a block back from this handler's WAL by its handle.
+    pub fn read_block(&self, handle: &WalRecordHandle) -> Result<Vec<T>, ReceiverError> {
+        read_block_from_wal(self.wal.as_ref(), self.stream_id, handle)
+    }
+
+    fn submit(
+        &self,
+        block_id: StreamBlockId,
+        bytes: Arc<Vec<u8>>,
+    ) -> Result<crossbeam::channel::Receiver<WalReply>, ReceiverError> {
+        let (reply_tx, reply_rx) = bounded(1);
+        let writer = self.writer.lock().unwrap_or_else(PoisonError::into_inner);
+        let closed = || ReceiverError::Stopped { stream_id: block_id.stream_id, what: "storing a block" };
+        let (jobs, _) = writer.as_ref().ok_or_else(closed)?;
+        jobs.send((bytes, self.clock.now(), reply_tx)).map_err(|_| closed())?;
+        Ok(reply_rx)
+    }
+
+    fn await_wal(
+        &self,
+        block_id: StreamBlockId,
+        reply: &crossbeam::channel::Receiver<WalReply>,
+    ) -> Result<WalRecordHandle, ReceiverError> {
+        match reply.recv_timeout(self.config.store_timeout) {
+            Ok(written) => written.map_err(|source| ReceiverError::Wal { stream_id: self.stream_id, source }),
+            Err(crossbeam::channel::RecvTimeoutError::Timeout) => Err(ReceiverError::WalTimeout {
+                block_id,
+                timeout_ms: u64::try_from(self.config.store_timeout.as_millis()).unwrap_or(u64::MAX),
+            }),
+            Err(crossbeam::channel::RecvTimeoutError::Disconnected) => Err(ReceiverError::Runtime {
+                what: format!("receiver WAL writer {}", self.stream_id),
+                reason: "ended without an answer".into(),
+            }),
+        }
+    }
+}
+
+impl<T: Record> ReceivedBlockHandler<T> for WriteAheadLogBasedBlockHandler<T> {
+    fn store_block(&self, block_id: StreamBlockId, block: ReceivedBlock<T>) -> Result<BlockStoreResult, ReceiverError> {
+        let codec_err = |source| ReceiverError::Codec { block_id: Some(block_id), source };
+        // Serialized once; the same bytes go to both stores.
+        let (bytes, num_records) = match block {
+            ReceivedBlock::Records(records) => (encode_block(&records).map_err(codec_err)?, records.len() as u64),
+            ReceivedBlock::Serialized(bytes) => {
+                let n = count_block_records(&bytes).map_err(codec_err)?;
+                (bytes, n)
+            }
+        };
+        let bytes = Arc::new(bytes);
+        let reply = self.submit(block_id, Arc::clone(&bytes))?;
+        let put = self.block_manager.put(block_id, BlockData::Bytes(bytes), self.level);
+        let written = self.await_wal(block_id, &reply);
+        match (put, written) {
+            (Ok(_), Ok(handle)) => {
+                debug!(block = %block_id, %handle, records = num_records, "block stored with the WAL");
+                Ok(BlockStoreResult { block_id, num_records: Some(num_records), wal_handle: Some(handle) })
+            }
+            (put, written) => {
+                if put.is_ok() {
+                    // Not reported, so never read: do not keep it.
+                    let _ = self.block_manager.remove(block_id);
+                }
+                Err(put.err().or(written.err()).unwrap_or(ReceiverError::Runtime {
+                    what: format!("storing block {block_id}"),
+                    reason: "failed without an error".into(),
+                }))
+            }
+        }
+    }
+
+    fn clean_old_blocks(&self, threshold: Time) -> Result<(), ReceiverError> {
+        self.block_manager.remove_older_than(threshold)?;
+        self.wal
+            .clean(threshold, self.config.wait_for_cleanup)
+            .map_err(|source| ReceiverError::Wal { stream_id: self.stream_id, source })
+    }
+
+    fn storage_level(&self) -> StorageLevel {
+        self.level
+    }
+
+    fn close(&self) -> Result<(), ReceiverError> {
+        let writer = self.writer.lock().unwrap_or_else(PoisonError::into_inner).take();
+        if let Some((jobs, thread)) = writer {
+            drop(jobs);
+            if thread.join().is_err() {
+                return Err(ReceiverError::Runtime {
+                    what: format!("receiver WAL writer {}", self.stream_id),
+                    reason: "thread panicked".into(),
+                });
+            }
+            self.wal.close().map_err(|source| ReceiverError::Wal { stream_id: self.stream_id, source })?;
+        }
+        Ok(())
+    }
+}
