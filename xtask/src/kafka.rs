@@ -1,22 +1,463 @@
 //! `cargo xtask kafka start|stop|status`: the local broker for the Kafka tests.
+//!
+//! A real single-node Apache Kafka broker in KRaft mode (broker and controller
+//! in one JVM), listening on 127.0.0.1 only:
+//!
+//! - Kafka's jars are fetched once with `mvn dependency:copy-dependencies` on
+//!   a small generated pom in `<cache>/kafka/dist-<version>/`;
+//! - every `start` formats a fresh data folder under the system temp folder
+//!   (through `kafka.tools.StorageTool`) and runs `kafka.Kafka` with Java,
+//!   log4j at WARN into `<cache>/kafka/run/broker.log`;
+//! - `start` returns once the broker answers a Metadata request listing
+//!   itself (bounded wait; on failure the error carries the log tail), and
+//!   writes the pid, the bootstrap address and the data folder to
+//!   `<cache>/kafka/run/`;
+//! - `stop` stops the JVM (SIGTERM, then SIGKILL after a grace period) and
+//!   removes the data folder;
+//! - `status` prints the address, pid and resident memory, and fails when no
+//!   broker runs.
+//!
+//! `cargo xtask test` wraps the tests in a [`Broker`] and exports
+//! `SPATE_KAFKA_BROKERS=127.0.0.1:<port>` to them.
 
-use std::process::Command;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::Result;
+use crate::env::cache_dir;
+
+/// The Apache Kafka release the tests run against (`org.apache.kafka:kafka_2.13`).
+const KAFKA_VERSION: &str = "4.1.1";
+/// The log4j2 binding for Kafka's slf4j 1.x logging, so its log goes to our file.
+const LOG4J_VERSION: &str = "2.24.3";
+/// The environment variable the Kafka tests read the bootstrap address from.
+pub(crate) const BROKERS_ENV: &str = "SPATE_KAFKA_BROKERS";
+/// How long `start` waits for the broker to answer.
+const START_TIMEOUT: Duration = Duration::from_secs(90);
+/// How long `stop` waits after SIGTERM before SIGKILL.
+const STOP_GRACE: Duration = Duration::from_secs(20);
+/// JVM options: a small heap is plenty for tests and keeps the resident set small.
+const JVM_OPTS: &[&str] = &["-Xms128m", "-Xmx768m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-Xshare:auto"];
 
 pub(crate) fn run(args: &[String]) -> Result {
-    Err(format!("kafka {}: the local broker is not wired into xtask yet", args.join(" ")))
+    match args.first().map(String::as_str) {
+        Some("start") => {
+            let running = start()?;
+            println!(
+                "kafka: Apache Kafka {KAFKA_VERSION} at {} (pid {}); export {BROKERS_ENV}={}",
+                running.bootstrap, running.pid, running.bootstrap
+            );
+            Ok(())
+        }
+        Some("stop") => stop(),
+        Some("status") => status(),
+        _ => Err("usage: cargo xtask kafka start|stop|status".into()),
+    }
 }
 
-/// The broker a test run uses; stopped when dropped.
-pub(crate) struct Broker;
+/// The broker a test run uses; stopped when dropped if this run started it.
+pub(crate) struct Broker {
+    bootstrap: String,
+    owned: bool,
+}
 
 impl Broker {
-    /// Starts the broker the Kafka tests need.
+    /// Starts the broker the Kafka tests need, unless `SPATE_KAFKA_BROKERS`
+    /// already names one or `cargo xtask kafka start` left one running (then
+    /// that one is used and left running).
     pub(crate) fn start_for_tests() -> Result<Broker> {
-        Ok(Broker)
+        if let Ok(bootstrap) = std::env::var(BROKERS_ENV)
+            && !bootstrap.trim().is_empty()
+        {
+            println!("==> kafka: using {BROKERS_ENV}={bootstrap}");
+            return Ok(Broker { bootstrap, owned: false });
+        }
+        if let Some(running) = Running::load()? {
+            println!("==> kafka: using the running broker at {}", running.bootstrap);
+            return Ok(Broker { bootstrap: running.bootstrap, owned: false });
+        }
+        println!("==> kafka: starting Apache Kafka {KAFKA_VERSION}");
+        let running = start()?;
+        Ok(Broker { bootstrap: running.bootstrap, owned: true })
     }
 
     /// Tells the tests where the broker listens.
-    pub(crate) fn export_to(&self, _command: &mut Command) {}
+    pub(crate) fn export_to(&self, command: &mut Command) {
+        command.env(BROKERS_ENV, &self.bootstrap);
+    }
+}
+
+impl Drop for Broker {
+    fn drop(&mut self) {
+        if self.owned
+            && let Err(e) = stop()
+        {
+            eprintln!("xtask kafka: could not stop the broker: {e}");
+        }
+    }
+}
+
+/// A broker this xtask started, as recorded in the run folder.
+struct Running {
+    pid: u32,
+    bootstrap: String,
+    data_dir: PathBuf,
+}
+
+impl Running {
+    fn load() -> Result<Option<Running>> {
+        let dir = run_dir();
+        let Ok(pid) = std::fs::read_to_string(dir.join("broker.pid")) else { return Ok(None) };
+        let pid: u32 = pid.trim().parse().map_err(|e| format!("{}: bad pid {pid:?}: {e}", dir.display()))?;
+        let bootstrap = read_trimmed(&dir.join("bootstrap"))?;
+        let data_dir = PathBuf::from(read_trimmed(&dir.join("data_dir"))?);
+        let running = Running { pid, bootstrap, data_dir };
+        if running.is_alive() {
+            Ok(Some(running))
+        } else {
+            // A broker that died (or a machine that rebooted) leaves stale files.
+            running.clean_up();
+            Ok(None)
+        }
+    }
+
+    fn save(&self) -> Result {
+        let dir = run_dir();
+        write(&dir.join("bootstrap"), &self.bootstrap)?;
+        write(&dir.join("data_dir"), &self.data_dir.display().to_string())?;
+        write(&dir.join("broker.pid"), &self.pid.to_string())
+    }
+
+    /// Alive and still our broker: a recycled pid running something else is not.
+    fn is_alive(&self) -> bool {
+        std::fs::read(format!("/proc/{}/cmdline", self.pid))
+            .is_ok_and(|cmdline| String::from_utf8_lossy(&cmdline).contains("kafka.Kafka"))
+    }
+
+    fn clean_up(&self) {
+        let _ = std::fs::remove_dir_all(&self.data_dir);
+        let _ = std::fs::remove_file(run_dir().join("broker.pid"));
+        let _ = std::fs::remove_file(run_dir().join("bootstrap"));
+        let _ = std::fs::remove_file(run_dir().join("data_dir"));
+    }
+}
+
+fn kafka_dir() -> PathBuf {
+    cache_dir().join("kafka")
+}
+
+fn run_dir() -> PathBuf {
+    kafka_dir().join("run")
+}
+
+fn start() -> Result<Running> {
+    if let Some(running) = Running::load()? {
+        println!("kafka: already running at {} (pid {})", running.bootstrap, running.pid);
+        return Ok(running);
+    }
+    let classpath = fetch_distribution()?;
+    let run = run_dir();
+    std::fs::create_dir_all(&run).map_err(|e| format!("{}: {e}", run.display()))?;
+    let (port, controller_port) = (free_port()?, free_port()?);
+    let data_dir = std::env::temp_dir().join(format!("spate-kafka-{}-{}", std::process::id(), nanos()));
+    std::fs::create_dir_all(&data_dir).map_err(|e| format!("{}: {e}", data_dir.display()))?;
+    let properties = run.join("server.properties");
+    write(&properties, &server_properties(port, controller_port, &data_dir))?;
+    let _ = std::fs::remove_file(run.join("broker.log"));
+    let log4j = run.join("log4j2.properties");
+    write(&log4j, &log4j_properties(&run.join("broker.log")))?;
+
+    let started = Instant::now();
+    format_storage(&classpath, &log4j, &properties)?;
+    let pid = spawn_broker(&classpath, &log4j, &properties, &run.join("broker.out"))?;
+    let running = Running { pid, bootstrap: format!("127.0.0.1:{port}"), data_dir };
+    running.save()?;
+    if let Err(e) = wait_until_ready(&running, started) {
+        let _ = stop();
+        return Err(format!("{e}\n--- broker log tail ---\n{}", log_tail(&run)));
+    }
+    println!(
+        "kafka: up in {:.1?} (format + JVM start + ready), resident memory {}",
+        started.elapsed(),
+        rss(pid).map_or_else(|| "unknown".into(), |kib| format!("{} MiB", kib / 1024))
+    );
+    Ok(running)
+}
+
+fn stop() -> Result {
+    let Some(running) = Running::load()? else {
+        println!("kafka: not running");
+        return Ok(());
+    };
+    signal(running.pid, "TERM")?;
+    let deadline = Instant::now() + STOP_GRACE;
+    while running.is_alive() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    if running.is_alive() {
+        eprintln!("kafka: pid {} did not stop within {STOP_GRACE:?}; killing it", running.pid);
+        signal(running.pid, "KILL")?;
+        while running.is_alive() {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    running.clean_up();
+    println!("kafka: stopped (pid {}), data removed", running.pid);
+    Ok(())
+}
+
+fn status() -> Result {
+    match Running::load()? {
+        Some(running) => {
+            let rss = rss(running.pid).map_or_else(|| "unknown".into(), |kib| format!("{} MiB", kib / 1024));
+            let answers = metadata_lists_a_broker(&running.bootstrap);
+            println!(
+                "kafka: Apache Kafka {KAFKA_VERSION} at {} (pid {}), resident memory {rss}, {}, data in {}",
+                running.bootstrap,
+                running.pid,
+                if answers { "answering" } else { "NOT answering" },
+                running.data_dir.display()
+            );
+            if answers { Ok(()) } else { Err("the broker process runs but does not answer".into()) }
+        }
+        None => Err("not running (start it with `cargo xtask kafka start`)".into()),
+    }
+}
+
+/// Fetches Kafka's jars once; returns the classpath (`<lib>/*`).
+fn fetch_distribution() -> Result<String> {
+    let dist = kafka_dir().join(format!("dist-{KAFKA_VERSION}"));
+    let lib = dist.join("lib");
+    let done = dist.join("fetched");
+    if !done.exists() {
+        std::fs::create_dir_all(&dist).map_err(|e| format!("{}: {e}", dist.display()))?;
+        write(&dist.join("pom.xml"), &pom())?;
+        println!("kafka: fetching Apache Kafka {KAFKA_VERSION} with mvn into {}", lib.display());
+        let output = Command::new("mvn")
+            .args(["-B", "-q", "dependency:copy-dependencies", "-DincludeScope=runtime"])
+            .arg(format!("-DoutputDirectory={}", lib.display()))
+            .current_dir(&dist)
+            .output()
+            .map_err(|e| format!("could not run mvn ({e}); `cargo xtask setup` installs maven"))?;
+        if !output.status.success() {
+            return Err(format!(
+                "mvn could not fetch Apache Kafka {KAFKA_VERSION} ({}):\n{}{}",
+                output.status,
+                String::from_utf8_lossy(&output.stdout),
+                String::from_utf8_lossy(&output.stderr)
+            ));
+        }
+        write(&done, KAFKA_VERSION)?;
+    }
+    Ok(format!("{}/*", lib.display()))
+}
+
+fn pom() -> String {
+    format!(
+        r#"<project xmlns="http://maven.apache.org/POM/4.0.0">
+  <modelVersion>4.0.0</modelVersion>
+  <groupId>spate.local</groupId>
+  <artifactId>kafka-broker</artifactId>
+  <version>1</version>
+  <packaging>pom</packaging>
+  <dependencies>
+    <dependency>
+      <groupId>org.apache.kafka</groupId><artifactId>kafka_2.13</artifactId><version>{KAFKA_VERSION}</version>
+    </dependency>
+    <dependency>
+      <groupId>org.apache.logging.log4j</groupId><artifactId>log4j-slf4j-impl</artifactId><version>{LOG4J_VERSION}</version>
+    </dependency>
+  </dependencies>
+</project>
+"#
+    )
+}
+
+fn server_properties(port: u16, controller_port: u16, data_dir: &Path) -> String {
+    format!(
+        "process.roles=broker,controller
+node.id=1
+controller.quorum.voters=1@127.0.0.1:{controller_port}
+listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}
+advertised.listeners=PLAINTEXT://127.0.0.1:{port}
+controller.listener.names=CONTROLLER
+inter.broker.listener.name=PLAINTEXT
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+log.dirs={}
+num.partitions=1
+auto.create.topics.enable=true
+offsets.topic.replication.factor=1
+offsets.topic.num.partitions=4
+transaction.state.log.replication.factor=1
+transaction.state.log.min.isr=1
+transaction.state.log.num.partitions=4
+share.coordinator.state.topic.replication.factor=1
+share.coordinator.state.topic.min.isr=1
+group.initial.rebalance.delay.ms=0
+log.retention.check.interval.ms=1000
+",
+        data_dir.display()
+    )
+}
+
+fn log4j_properties(log: &Path) -> String {
+    format!(
+        "status = error
+appender.file.type = File
+appender.file.name = file
+appender.file.fileName = {}
+appender.file.layout.type = PatternLayout
+appender.file.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = warn
+rootLogger.appenderRef.file.ref = file
+",
+        log.display()
+    )
+}
+
+fn java(classpath: &str, log4j: &Path) -> Command {
+    let mut c = Command::new("java");
+    c.args(JVM_OPTS).arg(format!("-Dlog4j2.configurationFile={}", log4j.display())).arg("-cp").arg(classpath);
+    c
+}
+
+fn format_storage(classpath: &str, log4j: &Path, properties: &Path) -> Result {
+    let output = java(classpath, log4j)
+        .args(["kafka.tools.StorageTool", "format", "--ignore-formatted", "-t", &cluster_id(), "-c"])
+        .arg(properties)
+        .output()
+        .map_err(|e| format!("could not run java ({e}); `cargo xtask setup` installs openjdk-17-jre-headless"))?;
+    if output.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "kafka-storage format failed ({}):\n{}{}",
+            output.status,
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        ))
+    }
+}
+
+fn spawn_broker(classpath: &str, log4j: &Path, properties: &Path, out: &Path) -> Result<u32> {
+    use std::os::unix::process::CommandExt;
+    let out_file = std::fs::File::create(out).map_err(|e| format!("{}: {e}", out.display()))?;
+    let err_file = out_file.try_clone().map_err(|e| format!("{}: {e}", out.display()))?;
+    let child = java(classpath, log4j)
+        .arg("kafka.Kafka")
+        .arg(properties)
+        .stdin(Stdio::null())
+        .stdout(out_file)
+        .stderr(err_file)
+        // Its own process group: a Ctrl-C meant for cargo does not kill it half-way.
+        .process_group(0)
+        .spawn()
+        .map_err(|e| format!("could not start java: {e}"))?;
+    Ok(child.id())
+}
+
+fn wait_until_ready(running: &Running, started: Instant) -> Result {
+    while started.elapsed() < START_TIMEOUT {
+        if !running.is_alive() {
+            return Err(format!("the broker (pid {}) exited during start", running.pid));
+        }
+        if metadata_lists_a_broker(&running.bootstrap) {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    Err(format!("the broker at {} did not answer within {START_TIMEOUT:?}", running.bootstrap))
+}
+
+/// Sends a Metadata v0 request and checks the answer lists at least one broker:
+/// the listener is up and the broker has registered with its controller.
+fn metadata_lists_a_broker(bootstrap: &str) -> bool {
+    let Ok(addr) = bootstrap.parse() else { return false };
+    let Ok(mut stream) = TcpStream::connect_timeout(&addr, Duration::from_millis(500)) else { return false };
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
+    let client_id = b"xtask";
+    let mut body = Vec::new();
+    body.extend_from_slice(&3i16.to_be_bytes()); // api key: Metadata
+    body.extend_from_slice(&0i16.to_be_bytes()); // version 0
+    body.extend_from_slice(&7i32.to_be_bytes()); // correlation id
+    body.extend_from_slice(&(client_id.len() as i16).to_be_bytes());
+    body.extend_from_slice(client_id);
+    body.extend_from_slice(&0i32.to_be_bytes()); // no topics
+    let mut request = (body.len() as i32).to_be_bytes().to_vec();
+    request.extend_from_slice(&body);
+    if stream.write_all(&request).is_err() {
+        return false;
+    }
+    let mut header = [0u8; 12]; // size, correlation id, broker count
+    if stream.read_exact(&mut header).is_err() {
+        return false;
+    }
+    let correlation = i32::from_be_bytes([header[4], header[5], header[6], header[7]]);
+    let brokers = i32::from_be_bytes([header[8], header[9], header[10], header[11]]);
+    correlation == 7 && brokers > 0
+}
+
+/// A random-enough cluster id in Kafka's shape: 16 bytes, base64url, no padding.
+fn cluster_id() -> String {
+    const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+    let mut seed = nanos() ^ (u128::from(std::process::id()) << 64);
+    let mut id = String::new();
+    for i in 0..22 {
+        // The last character holds only 2 bits of the 128.
+        let digit = if i == 21 { (seed & 0x3) << 4 } else { seed & 0x3f };
+        id.push(ALPHABET[digit as usize] as char);
+        seed = seed.rotate_right(6).wrapping_mul(0x9e37_79b9_7f4a_7c15_f39c_c060_5ced_c835) ^ 0x5bd1_e995;
+    }
+    id
+}
+
+fn free_port() -> Result<u16> {
+    let listener = TcpListener::bind("127.0.0.1:0").map_err(|e| format!("no free loopback port: {e}"))?;
+    listener.local_addr().map(|a| a.port()).map_err(|e| format!("no free loopback port: {e}"))
+}
+
+fn signal(pid: u32, name: &str) -> Result {
+    let status = Command::new("kill")
+        .arg(format!("-{name}"))
+        .arg(pid.to_string())
+        .status()
+        .map_err(|e| format!("could not run kill: {e}"))?;
+    if status.success() { Ok(()) } else { Err(format!("kill -{name} {pid} failed ({status})")) }
+}
+
+/// Resident memory in KiB, from /proc.
+fn rss(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
+fn log_tail(run: &Path) -> String {
+    let mut tail = String::new();
+    for name in ["broker.log", "broker.out"] {
+        if let Ok(text) = std::fs::read_to_string(run.join(name)) {
+            let lines: Vec<&str> = text.lines().collect();
+            tail.push_str(&format!("[{name}]\n"));
+            for line in &lines[lines.len().saturating_sub(30)..] {
+                tail.push_str(line);
+                tail.push('\n');
+            }
+        }
+    }
+    tail
+}
+
+fn nanos() -> u128 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos())
+}
+
+fn read_trimmed(path: &Path) -> Result<String> {
+    std::fs::read_to_string(path).map(|s| s.trim().to_string()).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+fn write(path: &Path, text: &str) -> Result {
+    std::fs::write(path, text).map_err(|e| format!("{}: {e}", path.display()))
 }

@@ -1,1 +1,78 @@
-//! Kafka direct stream with safely stored offsets, an exclusive consumer pool and exactly-once sinks.
+//! Kafka for spate: a direct stream with safely stored offsets, an exclusive
+//! consumer pool and exactly-once sinks.
+//!
+//! It features:
+//!
+//! - [`DirectKafkaStream`]: per batch, one [`OffsetRange`] per partition from
+//!   the stream's position to the latest offset, capped by
+//!   `max_rate_per_partition` and by backpressure; the ranges are logged to
+//!   `offsets/N` as JSON ([`OffsetRanges::to_json`]) and a re-run reads exactly
+//!   them. It implements spate-dstream's [`spate_dstream::InputSource`];
+//! - starting offsets: earliest, latest, the group's committed offsets, or
+//!   Spark's JSON spec `{"topic":{"0":36,"1":-2}}`;
+//! - a [`ConsumerPool`] keyed by (group, topic, partition) whose consumers are
+//!   checked out exclusively and are not `Sync`: Spark's *KafkaConsumer is
+//!   not safe for multi-threaded access* cannot happen, it does not compile;
+//! - offsets committed where you choose ([`OffsetCommit`]): the checkpoint
+//!   only, also the Kafka group (for lag monitoring), or a transactional
+//!   RocksDB store ([`RocksOffsetStore`]) holding the results and offsets in
+//!   one write batch, exactly-once even when the checkpoint is lost;
+//! - sinks: an idempotent [`KafkaSink`] and the exactly-once
+//!   [`TransactionalKafkaSink`] (records and consumed offsets in one Kafka
+//!   transaction, zombies fenced on restart);
+//! - [`KafkaReceiver`], for Spark's receiver model: records go through the
+//!   receiver's write-ahead log and offsets are committed only after they
+//!   are stored.
+//!
+//! It is not a Kafka client (that is librdkafka, through `rdkafka`) and it
+//! does not schedule batches or write the offset log (`spate-runtime` does).
+//!
+//! ```
+//! use spate_kafka::{OffsetRange, OffsetRanges, RocksOffsetStore, CommitOutcome};
+//! use spate_core::BatchId;
+//!
+//! // What batch 0 reads, as logged in offsets/0.
+//! let ranges = OffsetRanges::new(vec![
+//!     OffsetRange::new("events", 0, 0, 36),
+//!     OffsetRange::new("events", 1, 0, 12),
+//! ]);
+//! let json = ranges.to_json();
+//! assert_eq!(OffsetRanges::from_json(&json)?, ranges);
+//!
+//! // The sink's results and the offsets they cover, in one write.
+//! let dir = tempfile::tempdir()?;
+//! let store = RocksOffsetStore::open(dir.path())?;
+//! let outcome = store.commit_batch(BatchId(0), &ranges, |w| {
+//!     w.put("events", ranges.count().to_string());
+//!     Ok(())
+//! })?;
+//! assert_eq!(outcome, CommitOutcome::Committed);
+//! // A re-run of the same batch after a crash is recognised.
+//! assert_eq!(store.commit_batch(BatchId(0), &ranges, |_| Ok(()))?, CommitOutcome::AlreadyCommitted);
+//! assert_eq!(store.offsets()?.map(|o| o.len()), Some(2));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+#![deny(clippy::unwrap_used, clippy::expect_used)]
+#![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
+
+mod consumer;
+mod direct;
+mod error;
+mod offsets;
+mod receiver;
+mod sink;
+mod store;
+
+pub use consumer::{
+    CheckedOutConsumer, ConsumerPool, ConsumerSettings, DataLossPolicy, KafkaRecord, PartitionConsumer,
+};
+pub use direct::{DirectKafkaConfig, DirectKafkaStream, OffsetCommit, StartingOffsets, TopicSelection};
+pub use error::{KafkaError, Result};
+pub use offsets::{
+    EARLIEST, LATEST, OffsetRange, OffsetRanges, PartitionOffsets, TopicPartition, partition_offsets_from_json,
+    partition_offsets_to_json,
+};
+pub use receiver::{KafkaReceiver, KafkaReceiverConfig};
+pub use sink::{KafkaSink, OutputRecord, TransactionalKafkaSink};
+pub use store::{CommitOutcome, ResultWrites, RocksOffsetStore};

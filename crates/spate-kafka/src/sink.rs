@@ -1,0 +1,260 @@
+//! Kafka sinks: an idempotent producer, and an exactly-once sink that
+//! commits a batch's records and its consumed offsets in one Kafka transaction.
+//!
+//! The transactional sink uses one transactional id per application. Opening
+//! it calls `init_transactions`, which fences any older instance with the
+//! same id (a zombie from before a restart can no longer commit). Each batch
+//! is one transaction: its records, then `send_offsets_to_transaction` with
+//! the ends of the batch's ranges for the consumer group, then the commit.
+//! A re-run of a batch whose transaction already committed is recognised by
+//! the group's committed offsets and not written again; read the output with
+//! `isolation.level=read_committed`.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use rdkafka::ClientContext;
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::KafkaError as RdKafkaError;
+use rdkafka::message::DeliveryResult;
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer, ProducerContext};
+use rdkafka::types::RDKafkaErrorCode;
+use rdkafka::{Offset, TopicPartitionList};
+use spate_core::BatchId;
+use tracing::{info, warn};
+
+use crate::direct::to_list;
+use crate::error::{KafkaError, Result, client};
+use crate::offsets::OffsetRanges;
+use crate::store::CommitOutcome;
+
+/// One record to write: an optional key, a value, an optional partition.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OutputRecord {
+    /// The key (records with one key go to one partition).
+    pub key: Option<Vec<u8>>,
+    /// The value.
+    pub value: Vec<u8>,
+    /// The partition, when the writer picks it.
+    pub partition: Option<i32>,
+}
+
+impl OutputRecord {
+    /// A record with `value` and no key.
+    pub fn value(value: impl Into<Vec<u8>>) -> Self {
+        OutputRecord { key: None, value: value.into(), partition: None }
+    }
+
+    /// A record with `key` and `value`.
+    pub fn keyed(key: impl Into<Vec<u8>>, value: impl Into<Vec<u8>>) -> Self {
+        OutputRecord { key: Some(key.into()), value: value.into(), partition: None }
+    }
+}
+
+/// Remembers the first delivery failure.
+#[derive(Default)]
+struct DeliveryErrors {
+    first: Mutex<Option<RdKafkaError>>,
+}
+
+impl ClientContext for DeliveryErrors {}
+
+impl ProducerContext for DeliveryErrors {
+    type DeliveryOpaque = ();
+
+    fn delivery(&self, result: &DeliveryResult<'_>, _opaque: ()) {
+        if let Err((error, _)) = result {
+            let mut first = self.first.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            first.get_or_insert_with(|| error.clone());
+        }
+    }
+}
+
+impl DeliveryErrors {
+    fn take(&self) -> Option<RdKafkaError> {
+        self.first.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take()
+    }
+}
+
+fn producer_config(brokers: &str) -> ClientConfig {
+    let mut config = ClientConfig::new();
+    config.set("bootstrap.servers", brokers).set("enable.idempotence", "true").set("acks", "all").set("linger.ms", "5");
+    config
+}
+
+/// Sends one record, waiting for queue room when librdkafka's queue is full.
+fn send(producer: &BaseProducer<DeliveryErrors>, topic: &str, record: &OutputRecord) -> Result<()> {
+    loop {
+        let mut base = BaseRecord::to(topic).payload(&record.value);
+        if let Some(key) = &record.key {
+            base = base.key(key);
+        }
+        if let Some(partition) = record.partition {
+            base = base.partition(partition);
+        }
+        match producer.send(base) {
+            Ok(()) => return Ok(()),
+            Err((RdKafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => {
+                producer.poll(Duration::from_millis(50));
+            }
+            Err((source, _)) => return Err(KafkaError::Delivery { topic: topic.to_string(), source }),
+        }
+    }
+}
+
+/// An idempotent producer (`enable.idempotence`, `acks=all`): retries never
+/// duplicate or reorder a record within a session. At-least-once across a
+/// batch re-run; for exactly-once use [`TransactionalKafkaSink`].
+pub struct KafkaSink {
+    producer: BaseProducer<DeliveryErrors>,
+    topic: String,
+    timeout: Duration,
+}
+
+impl std::fmt::Debug for KafkaSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KafkaSink").field("topic", &self.topic).finish_non_exhaustive()
+    }
+}
+
+impl KafkaSink {
+    /// A sink writing to `topic` on `brokers`.
+    pub fn new(brokers: &str, topic: impl Into<String>) -> Result<Self> {
+        let producer = producer_config(brokers)
+            .create_with_context(DeliveryErrors::default())
+            .map_err(client("create the idempotent producer"))?;
+        Ok(KafkaSink { producer, topic: topic.into(), timeout: Duration::from_secs(30) })
+    }
+
+    /// Sends `records` and waits until every one is acknowledged.
+    pub fn write(&self, records: impl IntoIterator<Item = OutputRecord>) -> Result<u64> {
+        let mut sent = 0;
+        for record in records {
+            send(&self.producer, &self.topic, &record)?;
+            sent += 1;
+        }
+        self.producer.flush(self.timeout).map_err(client(format!("flush to {}", self.topic)))?;
+        match self.producer.context().take() {
+            Some(source) => Err(KafkaError::Delivery { topic: self.topic.clone(), source }),
+            None => Ok(sent),
+        }
+    }
+}
+
+/// The exactly-once Kafka sink: each batch's records and consumed offsets in
+/// one transaction.
+pub struct TransactionalKafkaSink {
+    producer: BaseProducer<DeliveryErrors>,
+    /// Gives the group's metadata for `send_offsets_to_transaction` and
+    /// reads the group's committed offsets; never reads records.
+    group: BaseConsumer,
+    topic: String,
+    transactional_id: String,
+    timeout: Duration,
+}
+
+impl std::fmt::Debug for TransactionalKafkaSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TransactionalKafkaSink")
+            .field("topic", &self.topic)
+            .field("transactional_id", &self.transactional_id)
+            .finish_non_exhaustive()
+    }
+}
+
+impl TransactionalKafkaSink {
+    /// Opens the sink writing to `topic`, committing offsets for `group_id`.
+    /// Fences any older instance with the same `transactional_id` (one per
+    /// application) and aborts its open transaction.
+    pub fn new(brokers: &str, topic: impl Into<String>, transactional_id: &str, group_id: &str) -> Result<Self> {
+        let timeout = Duration::from_secs(30);
+        let mut config = producer_config(brokers);
+        config.set("transactional.id", transactional_id).set("transaction.timeout.ms", "60000");
+        let producer: BaseProducer<DeliveryErrors> = config
+            .create_with_context(DeliveryErrors::default())
+            .map_err(client(format!("create the transactional producer {transactional_id}")))?;
+        producer
+            .init_transactions(timeout)
+            .map_err(client(format!("init transactions of {transactional_id} (fences older instances)")))?;
+        let group: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", brokers)
+            .set("group.id", group_id)
+            .set("enable.auto.commit", "false")
+            .set("isolation.level", "read_committed")
+            .create()
+            .map_err(client(format!("create the group client of {group_id}")))?;
+        info!(transactional_id, group_id, "transactional sink ready");
+        Ok(TransactionalKafkaSink {
+            producer,
+            group,
+            topic: topic.into(),
+            transactional_id: transactional_id.to_string(),
+            timeout,
+        })
+    }
+
+    /// Writes batch `batch`: its `records` and the ends of its `ranges` (the
+    /// consumed offsets) commit in one transaction, or neither does. When
+    /// the group's committed offsets already reach the ranges' ends, the
+    /// batch was committed before (a re-run after a crash): nothing is written.
+    pub fn write_batch(
+        &self,
+        batch: BatchId,
+        ranges: &OffsetRanges,
+        records: impl IntoIterator<Item = OutputRecord>,
+    ) -> Result<CommitOutcome> {
+        if self.already_committed(ranges)? {
+            info!(batch = batch.0, "batch already committed to Kafka; not written again");
+            return Ok(CommitOutcome::AlreadyCommitted);
+        }
+        let fail =
+            |reason: String| KafkaError::Transaction { batch, transactional_id: self.transactional_id.clone(), reason };
+        self.producer.begin_transaction().map_err(|e| fail(format!("begin: {e}")))?;
+        let result = self.fill_and_commit(ranges, records);
+        if let Err(e) = &result {
+            warn!(batch = batch.0, error = %e, "aborting the transaction");
+            if let Err(abort) = self.producer.abort_transaction(self.timeout) {
+                warn!(batch = batch.0, error = %abort, "abort failed");
+            }
+        }
+        result.map(|()| CommitOutcome::Committed).map_err(|e| fail(e.to_string()))
+    }
+
+    fn fill_and_commit(&self, ranges: &OffsetRanges, records: impl IntoIterator<Item = OutputRecord>) -> Result<()> {
+        for record in records {
+            send(&self.producer, &self.topic, &record)?;
+        }
+        let metadata = self
+            .group
+            .group_metadata()
+            .ok_or_else(|| KafkaError::Config("the group client has no group metadata".into()))?;
+        let offsets = to_list(&ranges.until_offsets())?;
+        self.producer
+            .send_offsets_to_transaction(&offsets, &metadata, self.timeout)
+            .map_err(client("send offsets to the transaction"))?;
+        self.producer.commit_transaction(self.timeout).map_err(client("commit the transaction"))?;
+        match self.producer.context().take() {
+            Some(source) => Err(KafkaError::Delivery { topic: self.topic.clone(), source }),
+            None => Ok(()),
+        }
+    }
+
+    fn already_committed(&self, ranges: &OffsetRanges) -> Result<bool> {
+        let non_empty: Vec<_> = ranges.ranges().iter().filter(|r| r.count() > 0).collect();
+        if non_empty.is_empty() {
+            return Ok(false);
+        }
+        let mut list = TopicPartitionList::new();
+        for range in &non_empty {
+            list.add_partition(&range.topic, range.partition);
+        }
+        let committed =
+            self.group.committed_offsets(list, self.timeout).map_err(client("read the group's committed offsets"))?;
+        Ok(non_empty.iter().all(|range| {
+            committed
+                .find_partition(&range.topic, range.partition)
+                .is_some_and(|e| matches!(e.offset(), Offset::Offset(o) if o >= range.until))
+        }))
+    }
+}
