@@ -1,1 +1,81 @@
-//! The DStream graph: transformations, incremental windows and named, upgradeable state.
+//! The DStream graph: transformations, incremental windows and named,
+//! upgradeable state.
+//!
+//! A pipeline is a graph built from code: input streams (each reading an
+//! [`InputSource`]), transformations and outputs. The runtime drives the
+//! graph one batch time at a time; each batch is a partitioned, in-memory
+//! [`Batch`] processed partition-parallel on a worker pool as wide as the
+//! machine, with hash partitioning for shuffles.
+//!
+//! It features:
+//!
+//! - the transformations of Spark's DStreams (`map`, `flat_map`, `filter`,
+//!   `reduce_by_key`, `join`, `window`, `update_state_by_key`,
+//!   `map_with_state`, …);
+//! - incremental windows: with an inverse function a slide costs the batches
+//!   that enter and leave; without one, a two-stack queue of panes makes a
+//!   slide cost the same whatever the window's length;
+//! - validation when the graph is built (window multiples, checkpointing for
+//!   stateful operators, streams nobody consumes), each error naming its operator;
+//! - checkpoints that hold data, never code: a [`GraphDescriptor`] and each
+//!   operator's state, matched by stable name on restart, so an upgraded
+//!   graph resumes, and an incompatible change is an error that says what changed.
+//!
+//! It is not the runtime: it neither schedules batches, writes the offset
+//! log nor stores checkpoints; `spate-runtime` does that through [`Graph`].
+//!
+//! ```
+//! use std::sync::{Arc, Mutex};
+//! use spate_core::{BatchId, Duration, Time};
+//! use spate_dstream::{GraphBuilder, QueueSource};
+//!
+//! let builder = GraphBuilder::new(Duration::from_secs(1));
+//! let lines = Arc::new(QueueSource::new());
+//! let counts = builder
+//!     .input("lines", Arc::clone(&lines))
+//!     .flat_map(|line: String| line.split(' ').map(str::to_string).collect::<Vec<_>>())
+//!     .map(|word| (word, 1u64))
+//!     .reduce_by_key(|a, b| a + b);
+//! let seen = Arc::new(Mutex::new(Vec::new()));
+//! let sink = Arc::clone(&seen);
+//! counts.foreach_batch(move |batch, _info| {
+//!     sink.lock().unwrap().extend(batch.iter().cloned());
+//!     Ok(())
+//! });
+//! let mut graph = builder.build()?;
+//!
+//! lines.push(vec!["to be or not to be".to_string()]);
+//! graph.run_batch(Time::from_millis(1000), BatchId(0))?;
+//! let mut result = seen.lock().unwrap().clone();
+//! result.sort();
+//! assert_eq!(result[0], ("be".to_string(), 2));
+//! # Ok::<(), spate_dstream::DStreamError>(())
+//! ```
+
+#![deny(clippy::unwrap_used, clippy::expect_used)]
+#![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
+
+mod batch;
+mod descriptor;
+mod error;
+mod graph;
+mod hash;
+mod node;
+mod output;
+mod pair;
+mod pool;
+mod source;
+mod state;
+mod stream;
+mod window;
+
+pub use batch::{Batch, Data, Key};
+pub use descriptor::{DESCRIPTOR_FORMAT_VERSION, GraphDescriptor, OperatorDescriptor, RestorePolicy, RestoreReport};
+pub use error::{BoxError, DStreamError, GraphProblem};
+pub use graph::{BatchInfo, Graph, GraphBuilder, InputInfo, Job};
+pub use hash::{FxBuildHasher, FxHashMap, FxHasher, fx_hash, partition_of};
+pub use node::PlannedOffsets;
+pub use output::Output;
+pub use source::{FedSource, InputSource, QueueSource};
+pub use state::{MapWithStateStream, State};
+pub use stream::DStream;

@@ -1,0 +1,214 @@
+//! The graph's checkpoint: a descriptor (data about the operators, never
+//! code) and each stateful operator's state as bytes, matched by name when
+//! a new build of the code restores it.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::DStreamError;
+use crate::graph::Graph;
+
+/// The version of the descriptor's layout.
+pub const DESCRIPTOR_FORMAT_VERSION: u32 = 1;
+
+/// What the checkpoint records about a graph (written to `<checkpoint>/graph`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GraphDescriptor {
+    /// Layout version of this descriptor.
+    pub format_version: u32,
+    /// The batch interval in milliseconds.
+    pub batch_interval_ms: u64,
+    /// Every operator, in graph order.
+    pub operators: Vec<OperatorDescriptor>,
+}
+
+/// One operator of a [`GraphDescriptor`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OperatorDescriptor {
+    /// The stable name.
+    pub name: String,
+    /// The kind (`map`, `reduce_by_key_and_window_inv`, `map_with_state`, …).
+    pub kind: String,
+    /// The names of the operators it reads.
+    pub parents: Vec<String>,
+    /// True when it keeps state across batches.
+    pub stateful: bool,
+    /// `std::any::type_name` of the key, for keyed stateful operators.
+    pub key_type: Option<String>,
+    /// `std::any::type_name` of the values it reads, for stateful operators.
+    pub value_type: Option<String>,
+    /// `std::any::type_name` of the state it keeps, for stateful operators.
+    pub state_type: Option<String>,
+    /// Window length in milliseconds, for windows.
+    pub window_ms: Option<u64>,
+    /// Slide in milliseconds, for windows.
+    pub slide_ms: Option<u64>,
+}
+
+/// How [`Graph::restore`] treats checkpointed state whose operator is gone.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RestorePolicy {
+    allow_dropping: bool,
+    allowed: BTreeSet<String>,
+}
+
+impl RestorePolicy {
+    /// A removed stateful operator is an error (the default).
+    pub fn strict() -> Self {
+        Self::default()
+    }
+
+    /// The state of every removed stateful operator is dropped.
+    pub fn allow_dropping_removed() -> Self {
+        RestorePolicy { allow_dropping: true, allowed: BTreeSet::new() }
+    }
+
+    /// The state of the named removed operators is dropped; others are errors.
+    pub fn allow_dropping<I: IntoIterator<Item = S>, S: Into<String>>(names: I) -> Self {
+        RestorePolicy { allow_dropping: false, allowed: names.into_iter().map(Into::into).collect() }
+    }
+
+    fn may_drop(&self, name: &str) -> bool {
+        self.allow_dropping || self.allowed.contains(name)
+    }
+}
+
+/// What [`Graph::restore`] did with each stateful operator.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RestoreReport {
+    /// Operators whose state was restored.
+    pub resumed: Vec<String>,
+    /// New operators, starting with empty state.
+    pub started_empty: Vec<String>,
+    /// Removed operators whose state was dropped.
+    pub dropped: Vec<String>,
+}
+
+/// Lists every field in which the old and new descriptions of an operator
+/// differ in a way its state cannot survive.
+fn differences(old: &OperatorDescriptor, new: &OperatorDescriptor, old_ms: u64, new_ms: u64) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut check = |field: &str, a: &Option<String>, b: &Option<String>| {
+        if a != b {
+            let show = |v: &Option<String>| v.clone().unwrap_or_else(|| "none".to_string());
+            out.push(format!("operator `{}`: {field} changed from {} to {}", new.name, show(a), show(b)));
+        }
+    };
+    check("kind", &Some(old.kind.clone()), &Some(new.kind.clone()));
+    check("key type", &old.key_type, &new.key_type);
+    check("value type", &old.value_type, &new.value_type);
+    check("state type", &old.state_type, &new.state_type);
+    let ms = |v: Option<u64>| v.map(|ms| format!("{ms} ms"));
+    check("window", &ms(old.window_ms), &ms(new.window_ms));
+    check("slide", &ms(old.slide_ms), &ms(new.slide_ms));
+    if new.window_ms.is_some() {
+        check("batch interval", &ms(Some(old_ms)), &ms(Some(new_ms)));
+    }
+    out
+}
+
+impl Graph {
+    /// The descriptor to write to the checkpoint.
+    pub fn descriptor(&self) -> GraphDescriptor {
+        let operators = self
+            .metas
+            .iter()
+            .zip(&self.names)
+            .map(|(meta, name)| OperatorDescriptor {
+                name: name.clone(),
+                kind: meta.kind.to_string(),
+                parents: meta.parents.iter().filter_map(|p| self.names.get(*p).cloned()).collect(),
+                stateful: meta.state.is_some(),
+                key_type: meta.state.as_ref().and_then(|s| s.key_type).map(str::to_string),
+                value_type: meta.state.as_ref().map(|s| s.value_type.to_string()),
+                state_type: meta.state.as_ref().map(|s| s.state_type.to_string()),
+                window_ms: meta.window.map(|(window, _)| window.as_millis()),
+                slide_ms: meta.window.map(|(_, slide)| slide.as_millis()),
+            })
+            .collect();
+        GraphDescriptor {
+            format_version: DESCRIPTOR_FORMAT_VERSION,
+            batch_interval_ms: self.batch_interval.as_millis(),
+            operators,
+        }
+    }
+
+    /// Each stateful operator's state, by name, as a `FrameCodec` frame.
+    /// Take it between batches.
+    pub fn snapshot_state(&self) -> Result<Vec<(String, Vec<u8>)>, DStreamError> {
+        let mut out = Vec::new();
+        for (node, name) in self.nodes.iter().zip(&self.names) {
+            if let Some(state) = node.state() {
+                let bytes =
+                    state.snapshot().map_err(|source| DStreamError::StateEncode { operator: name.clone(), source })?;
+                out.push((name.clone(), bytes));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Restores state checkpointed by an earlier build of the graph. Stateful
+    /// operators are matched by name: unchanged ones resume, new ones start
+    /// empty, removed ones are an error unless `policy` allows dropping them,
+    /// and one whose kind, types, window or slide changed is an error that
+    /// lists every difference. Nothing is restored unless everything fits.
+    pub fn restore(
+        &mut self,
+        descriptor: &GraphDescriptor,
+        states: Vec<(String, Vec<u8>)>,
+        policy: &RestorePolicy,
+    ) -> Result<RestoreReport, DStreamError> {
+        let current = self.descriptor();
+        let new_by_name: BTreeMap<&str, &OperatorDescriptor> =
+            current.operators.iter().filter(|op| op.stateful).map(|op| (op.name.as_str(), op)).collect();
+        let old_stateful: Vec<&OperatorDescriptor> = descriptor.operators.iter().filter(|op| op.stateful).collect();
+        let mut report = RestoreReport::default();
+        let (mut removed, mut diffs) = (Vec::new(), Vec::new());
+        for old in &old_stateful {
+            match new_by_name.get(old.name.as_str()) {
+                None if policy.may_drop(&old.name) => report.dropped.push(old.name.clone()),
+                None => removed.push(old.name.clone()),
+                Some(new) => {
+                    diffs.extend(differences(old, new, descriptor.batch_interval_ms, current.batch_interval_ms))
+                }
+            }
+        }
+        if !removed.is_empty() {
+            return Err(DStreamError::RemovedOperators { operators: removed });
+        }
+        if !diffs.is_empty() {
+            return Err(DStreamError::IncompatibleState { differences: diffs });
+        }
+        let mut states: BTreeMap<String, Vec<u8>> = states.into_iter().collect();
+        let old_names: BTreeSet<&str> = old_stateful.iter().map(|op| op.name.as_str()).collect();
+        if let Some(stray) = states.keys().find(|name| !old_names.contains(name.as_str())) {
+            return Err(DStreamError::UnexpectedState { operator: stray.clone() });
+        }
+        if let Some(missing) =
+            old_names.iter().find(|name| !report.dropped.iter().any(|d| d == *name) && !states.contains_key(**name))
+        {
+            return Err(DStreamError::MissingState { operator: (*missing).to_string() });
+        }
+        let partitions = self.partitions;
+        for (node, name) in self.nodes.iter_mut().zip(&self.names) {
+            let Some(state) = node.state_mut() else { continue };
+            match states.remove(name) {
+                Some(bytes) => {
+                    state
+                        .restore(&bytes, partitions)
+                        .map_err(|source| DStreamError::StateDecode { operator: name.clone(), source })?;
+                    report.resumed.push(name.clone());
+                }
+                None => report.started_empty.push(name.clone()),
+            }
+        }
+        tracing::info!(
+            resumed = ?report.resumed,
+            started_empty = ?report.started_empty,
+            dropped = ?report.dropped,
+            "restored graph state"
+        );
+        Ok(report)
+    }
+}

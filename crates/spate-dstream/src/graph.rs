@@ -1,0 +1,406 @@
+//! Building a graph from code, validating it, and running it batch by batch.
+
+use std::cell::RefCell;
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::rc::Rc;
+use std::sync::Arc;
+
+use spate_core::{BatchId, Duration, Time};
+
+use crate::batch::Data;
+use crate::error::{BoxError, DStreamError, GraphProblem};
+use crate::node::{Node, NodeMeta, PlannedOffsets, Slot, StepCtx};
+use crate::pool::Pool;
+use crate::source::InputSource;
+use crate::stream::DStream;
+
+/// The batch an output job writes: its time and id, so sinks can be idempotent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct BatchInfo {
+    /// The batch time.
+    pub time: Time,
+    /// The batch id.
+    pub batch_id: BatchId,
+}
+
+/// One output's work for one batch, ready to run.
+pub struct Job {
+    pub(crate) output: String,
+    pub(crate) info: BatchInfo,
+    pub(crate) run: Box<dyn FnOnce() -> Result<(), DStreamError> + Send>,
+}
+
+impl Job {
+    /// The name of the output operation.
+    pub fn output(&self) -> &str {
+        &self.output
+    }
+
+    /// The batch this job writes.
+    pub fn batch(&self) -> BatchInfo {
+        self.info
+    }
+
+    /// Runs the output operation.
+    pub fn run(self) -> Result<(), DStreamError> {
+        (self.run)()
+    }
+}
+
+impl fmt::Debug for Job {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Job").field("output", &self.output).field("batch", &self.info).finish_non_exhaustive()
+    }
+}
+
+/// An input of a built graph, as the runtime sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InputInfo {
+    /// The input's stable name (the key of its offsets in the offset log).
+    pub name: String,
+    /// True when the input plans offsets and can replay them.
+    pub replayable: bool,
+}
+
+/// The type-erased planning half of an input source.
+trait Planner: Send + Sync {
+    fn replayable(&self) -> bool;
+    fn plan(&self, time: Time, max_records: Option<u64>) -> Result<Option<String>, BoxError>;
+}
+
+struct ErasedSource<T>(Arc<dyn InputSource<T>>);
+
+impl<T> Planner for ErasedSource<T> {
+    fn replayable(&self) -> bool {
+        self.0.is_replayable()
+    }
+    fn plan(&self, time: Time, max_records: Option<u64>) -> Result<Option<String>, BoxError> {
+        self.0.plan(time, max_records)
+    }
+}
+
+struct InputNode<T> {
+    source: Arc<dyn InputSource<T>>,
+    output: Arc<Slot<T>>,
+}
+
+impl<T: Data> Node for InputNode<T> {
+    fn step(&mut self, ctx: &StepCtx<'_>) -> Result<Option<Job>, DStreamError> {
+        let planned = ctx.planned.get(ctx.operator).map(String::as_str);
+        if self.source.is_replayable() && planned.is_none() {
+            return Err(DStreamError::MissingPlan { input: ctx.operator.to_string(), time: ctx.time });
+        }
+        let partitions = self.source.compute(ctx.time, planned).map_err(|source| DStreamError::Source {
+            input: ctx.operator.to_string(),
+            time: ctx.time,
+            source,
+        })?;
+        self.output.put(ctx.time, Some(crate::batch::Batch::new(partitions)));
+        Ok(None)
+    }
+}
+
+/// Nodes and their metadata while the graph is being built.
+pub(crate) struct BuilderInner {
+    pub(crate) batch_interval: Duration,
+    pub(crate) nodes: Vec<Box<dyn Node>>,
+    pub(crate) metas: Vec<NodeMeta>,
+    planners: Vec<(usize, Arc<dyn Planner>)>,
+}
+
+impl BuilderInner {
+    /// Adds a node and returns its index.
+    pub(crate) fn push(&mut self, meta: NodeMeta, node: Box<dyn Node>) -> usize {
+        self.nodes.push(node);
+        self.metas.push(meta);
+        self.metas.len() - 1
+    }
+}
+
+pub(crate) type SharedBuilder = Rc<RefCell<BuilderInner>>;
+
+/// Builds a [`Graph`]: declare inputs, transform the streams, register
+/// outputs, then [`GraphBuilder::build`] validates and returns the graph.
+pub struct GraphBuilder {
+    inner: SharedBuilder,
+    checkpointing: bool,
+    partitions: Option<usize>,
+    workers: Option<usize>,
+}
+
+impl GraphBuilder {
+    /// A builder for a graph with batches every `batch_interval`.
+    pub fn new(batch_interval: Duration) -> Self {
+        GraphBuilder {
+            inner: Rc::new(RefCell::new(BuilderInner {
+                batch_interval,
+                nodes: Vec::new(),
+                metas: Vec::new(),
+                planners: Vec::new(),
+            })),
+            checkpointing: false,
+            partitions: None,
+            workers: None,
+        }
+    }
+
+    /// Says whether a checkpoint directory is configured; stateful operators
+    /// and inverse windows are refused without one.
+    pub fn checkpointing(mut self, configured: bool) -> Self {
+        self.checkpointing = configured;
+        self
+    }
+
+    /// The number of partitions shuffles produce (default: the number of cores).
+    pub fn partitions(mut self, partitions: usize) -> Self {
+        self.partitions = Some(partitions.max(1));
+        self
+    }
+
+    /// The number of worker threads (default: the number of cores).
+    pub fn workers(mut self, workers: usize) -> Self {
+        self.workers = Some(workers.max(1));
+        self
+    }
+
+    /// The batch interval.
+    pub fn batch_interval(&self) -> Duration {
+        self.inner.borrow().batch_interval
+    }
+
+    /// Declares an input stream named `name` that reads from `source`.
+    pub fn input<T: Data, S: InputSource<T> + 'static>(&self, name: &str, source: Arc<S>) -> DStream<T> {
+        let source: Arc<dyn InputSource<T>> = source;
+        let slot = Slot::new();
+        let mut inner = self.inner.borrow_mut();
+        let interval = inner.batch_interval;
+        let mut meta = NodeMeta::new("input", Vec::new(), interval);
+        meta.name = Some(name.to_string());
+        meta.input = true;
+        let node = InputNode { source: Arc::clone(&source), output: Arc::clone(&slot) };
+        let id = inner.push(meta, Box::new(node));
+        inner.planners.push((id, Arc::new(ErasedSource(source))));
+        drop(inner);
+        DStream::from_parts(Rc::clone(&self.inner), id, slot, interval)
+    }
+
+    /// Validates the graph and returns it, or every problem found.
+    pub fn build(self) -> Result<Graph, DStreamError> {
+        let inner = Rc::try_unwrap(self.inner).map(RefCell::into_inner).unwrap_or_else(|shared| {
+            // Streams still alive hold the builder; take the nodes out of it.
+            let mut borrowed = shared.borrow_mut();
+            BuilderInner {
+                batch_interval: borrowed.batch_interval,
+                nodes: std::mem::take(&mut borrowed.nodes),
+                metas: std::mem::take(&mut borrowed.metas),
+                planners: std::mem::take(&mut borrowed.planners),
+            }
+        });
+        let names = resolve_names(&inner.metas);
+        let problems = validate(&inner, &names, self.checkpointing);
+        if !problems.is_empty() {
+            return Err(DStreamError::InvalidGraph { problems });
+        }
+        for (meta, name) in inner.metas.iter().zip(&names) {
+            if meta.state.is_some() && meta.name.is_none() {
+                tracing::warn!(
+                    operator = %name,
+                    "stateful operator has no explicit name; its state is matched by its position in the graph, \
+                     so upgrades that add or move operators need an explicit .name()"
+                );
+            }
+        }
+        let pool = self.workers.map_or_else(Pool::for_machine, Pool::new);
+        let inputs = inner
+            .planners
+            .into_iter()
+            .filter_map(|(id, planner)| names.get(id).map(|name| (name.clone(), planner)))
+            .collect();
+        Ok(Graph {
+            batch_interval: inner.batch_interval,
+            nodes: inner.nodes,
+            metas: inner.metas,
+            names,
+            inputs,
+            partitions: self.partitions.unwrap_or(pool.workers()),
+            pool,
+            last_time: None,
+        })
+    }
+}
+
+impl fmt::Debug for GraphBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("GraphBuilder").field("checkpointing", &self.checkpointing).finish_non_exhaustive()
+    }
+}
+
+/// Explicit names, or `<kind>-<position>` for nodes without one.
+fn resolve_names(metas: &[NodeMeta]) -> Vec<String> {
+    metas
+        .iter()
+        .enumerate()
+        .map(|(index, meta)| meta.name.clone().unwrap_or_else(|| format!("{}-{index}", meta.kind)))
+        .collect()
+}
+
+fn validate(inner: &BuilderInner, names: &[String], checkpointing: bool) -> Vec<GraphProblem> {
+    let mut problems = Vec::new();
+    let mut seen = BTreeSet::new();
+    for name in names {
+        if name.is_empty() || name.contains('/') || name.contains('\\') || name.contains("..") {
+            problems.push(GraphProblem::BadName { name: name.clone() });
+        }
+        if !seen.insert(name.as_str()) {
+            problems.push(GraphProblem::DuplicateName { name: name.clone() });
+        }
+    }
+    if !inner.metas.iter().any(|meta| meta.is_output) {
+        problems.push(GraphProblem::NoOutputs);
+    }
+    let interval = inner.batch_interval;
+    for (meta, name) in inner.metas.iter().zip(names) {
+        if !meta.is_output && meta.consumers == 0 {
+            problems.push(GraphProblem::NoOutput { operator: name.clone() });
+        }
+        if let Some((window, slide)) = meta.window {
+            for (which, duration) in [("window", window), ("slide", slide)] {
+                if !duration.is_multiple_of(interval) {
+                    let operator = name.clone();
+                    problems.push(GraphProblem::WindowNotMultiple {
+                        operator,
+                        which,
+                        duration,
+                        batch_interval: interval,
+                    });
+                }
+            }
+        }
+        if meta.state.as_ref().is_some_and(|state| state.needs_checkpoint) && !checkpointing {
+            problems.push(GraphProblem::NeedsCheckpoint { operator: name.clone(), kind: meta.kind });
+        }
+        let slides: Vec<Duration> = meta.parents.iter().filter_map(|p| inner.metas.get(*p)).map(|p| p.slide).collect();
+        if slides.windows(2).any(|pair| pair[0] != pair[1]) {
+            problems.push(GraphProblem::SlideMismatch { operator: name.clone(), slides });
+        }
+    }
+    problems
+}
+
+/// A validated stream graph. The runtime drives it batch by batch:
+/// [`Graph::plan`] before the batch (its result goes to the offset log),
+/// then [`Graph::generate_jobs`] and running every job, in increasing batch
+/// time. State is checkpointed with [`Graph::descriptor`] and
+/// [`Graph::snapshot_state`] and brought back with [`Graph::restore`].
+///
+/// When `generate_jobs` or a job fails, operators may have advanced part of
+/// the way; restore the graph from the last checkpoint before going on.
+pub struct Graph {
+    pub(crate) batch_interval: Duration,
+    pub(crate) nodes: Vec<Box<dyn Node>>,
+    pub(crate) metas: Vec<NodeMeta>,
+    pub(crate) names: Vec<String>,
+    inputs: Vec<(String, Arc<dyn Planner>)>,
+    pub(crate) partitions: usize,
+    pool: Pool,
+    last_time: Option<Time>,
+}
+
+impl fmt::Debug for Graph {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Graph")
+            .field("batch_interval", &self.batch_interval)
+            .field("operators", &self.names)
+            .field("partitions", &self.partitions)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Graph {
+    /// The batch interval.
+    pub fn batch_interval(&self) -> Duration {
+        self.batch_interval
+    }
+
+    /// The names of every operator, inputs and outputs included, in graph order.
+    pub fn operator_names(&self) -> &[String] {
+        &self.names
+    }
+
+    /// The inputs, in declaration order.
+    pub fn inputs(&self) -> Vec<InputInfo> {
+        self.inputs
+            .iter()
+            .map(|(name, planner)| InputInfo { name: name.clone(), replayable: planner.replayable() })
+            .collect()
+    }
+
+    /// Asks every input to plan batch `time`; `max_records` holds the
+    /// backpressure limit per input name (absent: unlimited). Returns the
+    /// offsets of the replayable inputs, to be logged before the batch runs.
+    pub fn plan(&self, time: Time, max_records: &BTreeMap<String, u64>) -> Result<PlannedOffsets, DStreamError> {
+        let mut planned = PlannedOffsets::new();
+        for (name, planner) in &self.inputs {
+            let limit = max_records.get(name).copied();
+            let offsets = planner.plan(time, limit).map_err(|source| DStreamError::Source {
+                input: name.clone(),
+                time,
+                source,
+            })?;
+            match offsets {
+                Some(offsets) => {
+                    planned.insert(name.clone(), offsets);
+                }
+                None if planner.replayable() => {
+                    return Err(DStreamError::MissingPlan { input: name.clone(), time });
+                }
+                None => {}
+            }
+        }
+        Ok(planned)
+    }
+
+    /// Computes batch `time` through every transformation and returns one
+    /// job per output that has a result at this time (an output after a
+    /// window runs only at the window's slide times). `planned` is what
+    /// [`Graph::plan`] returned, or its logged copy on a re-run.
+    pub fn generate_jobs(
+        &mut self,
+        time: Time,
+        batch_id: BatchId,
+        planned: &PlannedOffsets,
+    ) -> Result<Vec<Job>, DStreamError> {
+        if !time.is_multiple_of(self.batch_interval) {
+            return Err(DStreamError::UnalignedBatchTime { time, interval: self.batch_interval });
+        }
+        if let Some(previous) = self.last_time.filter(|previous| time <= *previous) {
+            return Err(DStreamError::TimeNotIncreasing { time, previous });
+        }
+        self.last_time = Some(time);
+        let mut jobs = Vec::new();
+        for (node, name) in self.nodes.iter_mut().zip(&self.names) {
+            let ctx = StepCtx { time, batch_id, pool: self.pool, partitions: self.partitions, planned, operator: name };
+            if let Some(job) = node.step(&ctx)? {
+                jobs.push(job);
+            }
+        }
+        tracing::debug!(time = %time, batch = %batch_id, jobs = jobs.len(), "generated jobs");
+        Ok(jobs)
+    }
+
+    /// Plans, computes and writes batch `time` in one call (what a runtime
+    /// without an offset log, or a test, does). Returns the planned offsets.
+    pub fn run_batch(&mut self, time: Time, batch_id: BatchId) -> Result<PlannedOffsets, DStreamError> {
+        let planned = self.plan(time, &BTreeMap::new())?;
+        for job in self.generate_jobs(time, batch_id, &planned)? {
+            job.run()?;
+        }
+        Ok(planned)
+    }
+
+    /// The time of the last batch generated, if any.
+    pub fn last_batch_time(&self) -> Option<Time> {
+        self.last_time
+    }
+}

@@ -1,0 +1,229 @@
+//! The pieces every operator is made of: the slot that carries a node's
+//! batch to its consumers, the context a node runs in, and the node traits.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use spate_core::{BatchId, CoreError, Duration, FrameCodec, Time};
+
+use crate::batch::Batch;
+use crate::error::DStreamError;
+use crate::graph::Job;
+use crate::pool::{Pool, TaskPanic};
+
+/// The offsets each replayable input planned for one batch, by input name.
+pub type PlannedOffsets = BTreeMap<String, String>;
+
+/// The frame format version of operator state this build writes.
+pub(crate) const STATE_FORMAT_VERSION: u16 = 1;
+
+/// The codec for operator state.
+pub(crate) fn state_codec() -> FrameCodec {
+    // Window state can be large; the bounds still stop a damaged length
+    // field from allocating without limit.
+    FrameCodec::new(STATE_FORMAT_VERSION).with_max_payload(1 << 30).with_max_decoded(4 << 30)
+}
+
+/// Carries one node's batch for the current batch time to its consumers.
+///
+/// The last consumer to take the batch gets it by value; earlier ones get a
+/// copy. A node that produces nothing at a time (a window between slides)
+/// puts `None`.
+pub(crate) struct Slot<T> {
+    inner: Mutex<SlotInner<T>>,
+}
+
+struct SlotInner<T> {
+    readers: usize,
+    left: usize,
+    time: Option<Time>,
+    value: Option<Batch<T>>,
+}
+
+impl<T: Clone> Slot<T> {
+    pub(crate) fn new() -> Arc<Self> {
+        Arc::new(Slot { inner: Mutex::new(SlotInner { readers: 0, left: 0, time: None, value: None }) })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, SlotInner<T>> {
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Registers one more consumer (while the graph is built).
+    pub(crate) fn add_reader(&self) {
+        self.lock().readers += 1;
+    }
+
+    /// The number of registered consumers.
+    pub(crate) fn readers(&self) -> usize {
+        self.lock().readers
+    }
+
+    /// Publishes the node's result for `time`.
+    pub(crate) fn put(&self, time: Time, value: Option<Batch<T>>) {
+        let mut inner = self.lock();
+        inner.left = inner.readers;
+        inner.time = Some(time);
+        inner.value = if inner.readers == 0 { None } else { value };
+    }
+
+    /// Takes the result for `time`: `Ok(None)` when the node produced nothing then.
+    pub(crate) fn take(&self, time: Time) -> Result<Option<Batch<T>>, String> {
+        let mut inner = self.lock();
+        if inner.time != Some(time) || inner.left == 0 {
+            return Err(format!(
+                "no result for time {time} (slot holds {:?}, {} readers left)",
+                inner.time, inner.left
+            ));
+        }
+        inner.left -= 1;
+        Ok(if inner.left == 0 { inner.value.take() } else { inner.value.clone() })
+    }
+}
+
+/// What a node sees while it runs for one batch time.
+pub(crate) struct StepCtx<'a> {
+    pub(crate) time: Time,
+    pub(crate) batch_id: BatchId,
+    pub(crate) pool: Pool,
+    pub(crate) partitions: usize,
+    pub(crate) planned: &'a PlannedOffsets,
+    pub(crate) operator: &'a str,
+}
+
+impl StepCtx<'_> {
+    /// Runs `f` over `items` on the pool, naming this operator if a task panics.
+    pub(crate) fn par<I: Send, O: Send>(
+        &self,
+        items: Vec<I>,
+        f: impl Fn(I) -> O + Sync,
+    ) -> Result<Vec<O>, DStreamError> {
+        self.pool.map(items, f).map_err(|TaskPanic(message)| DStreamError::TaskPanicked {
+            operator: self.operator.to_string(),
+            time: self.time,
+            message,
+        })
+    }
+
+    /// Takes the parent's batch, turning bookkeeping errors into [`DStreamError::Internal`].
+    pub(crate) fn take<T: Clone>(&self, slot: &Slot<T>) -> Result<Option<Batch<T>>, DStreamError> {
+        slot.take(self.time).map_err(|reason| DStreamError::Internal { operator: self.operator.to_string(), reason })
+    }
+}
+
+/// One operator of the graph, type-erased.
+pub(crate) trait Node: Send {
+    /// Computes this node's result for `ctx.time` from its parents' slots.
+    /// Output nodes return the job that will write the result.
+    fn step(&mut self, ctx: &StepCtx<'_>) -> Result<Option<Job>, DStreamError>;
+
+    /// The node's state, when it keeps any.
+    fn state(&self) -> Option<&dyn StatefulNode> {
+        None
+    }
+
+    /// The node's state, mutably.
+    fn state_mut(&mut self) -> Option<&mut dyn StatefulNode> {
+        None
+    }
+}
+
+/// An operator that keeps state across batches.
+pub(crate) trait StatefulNode {
+    /// The state as one [`FrameCodec`] frame.
+    fn snapshot(&self) -> Result<Vec<u8>, CoreError>;
+
+    /// Replaces the state with a snapshot, spreading keys over `partitions`.
+    fn restore(&mut self, bytes: &[u8], partitions: usize) -> Result<(), CoreError>;
+}
+
+/// Facts about a stateful operator that must match across an upgrade.
+#[derive(Clone, Debug)]
+pub(crate) struct StateMeta {
+    pub(crate) key_type: Option<&'static str>,
+    pub(crate) value_type: &'static str,
+    pub(crate) state_type: &'static str,
+    pub(crate) needs_checkpoint: bool,
+}
+
+/// What the builder records about each node.
+#[derive(Clone, Debug)]
+pub(crate) struct NodeMeta {
+    pub(crate) name: Option<String>,
+    pub(crate) kind: &'static str,
+    pub(crate) parents: Vec<usize>,
+    pub(crate) consumers: usize,
+    pub(crate) slide: Duration,
+    pub(crate) is_output: bool,
+    pub(crate) input: bool,
+    pub(crate) window: Option<(Duration, Duration)>,
+    pub(crate) state: Option<StateMeta>,
+}
+
+impl NodeMeta {
+    pub(crate) fn new(kind: &'static str, parents: Vec<usize>, slide: Duration) -> Self {
+        NodeMeta {
+            name: None,
+            kind,
+            parents,
+            consumers: 0,
+            slide,
+            is_output: false,
+            input: false,
+            window: None,
+            state: None,
+        }
+    }
+}
+
+/// A node whose result is a function of one parent's batch.
+pub(crate) struct UnaryNode<T, U, F> {
+    pub(crate) input: Arc<Slot<T>>,
+    pub(crate) output: Arc<Slot<U>>,
+    pub(crate) f: F,
+}
+
+impl<T, U, F> Node for UnaryNode<T, U, F>
+where
+    T: Clone + Send + Sync,
+    U: Clone + Send + Sync,
+    F: FnMut(Batch<T>, &StepCtx<'_>) -> Result<Batch<U>, DStreamError> + Send,
+{
+    fn step(&mut self, ctx: &StepCtx<'_>) -> Result<Option<Job>, DStreamError> {
+        let result = match ctx.take(&self.input)? {
+            Some(batch) => Some((self.f)(batch, ctx)?),
+            None => None,
+        };
+        self.output.put(ctx.time, result);
+        Ok(None)
+    }
+}
+
+/// A node whose result is a function of two parents' batches at the same time.
+pub(crate) struct BinaryNode<A, B, U, F> {
+    pub(crate) left: Arc<Slot<A>>,
+    pub(crate) right: Arc<Slot<B>>,
+    pub(crate) output: Arc<Slot<U>>,
+    pub(crate) f: F,
+}
+
+impl<A, B, U, F> Node for BinaryNode<A, B, U, F>
+where
+    A: Clone + Send + Sync,
+    B: Clone + Send + Sync,
+    U: Clone + Send + Sync,
+    F: FnMut(Batch<A>, Batch<B>, &StepCtx<'_>) -> Result<Batch<U>, DStreamError> + Send,
+{
+    fn step(&mut self, ctx: &StepCtx<'_>) -> Result<Option<Job>, DStreamError> {
+        let left = ctx.take(&self.left)?;
+        let right = ctx.take(&self.right)?;
+        let result = match (left, right) {
+            (Some(a), Some(b)) => Some((self.f)(a, b, ctx)?),
+            (Some(a), None) => Some((self.f)(a, Batch::default(), ctx)?),
+            (None, Some(b)) => Some((self.f)(Batch::default(), b, ctx)?),
+            (None, None) => None,
+        };
+        self.output.put(ctx.time, result);
+        Ok(None)
+    }
+}

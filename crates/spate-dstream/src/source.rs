@@ -1,0 +1,131 @@
+//! Input sources: where a batch's records come from.
+//!
+//! The runtime asks every source, before a batch, to [`InputSource::plan`]
+//! it. A replayable source (Kafka) answers with the offsets the batch will
+//! cover as a JSON string (`{"topic":{"0":36,"1":42}}`); the runtime writes
+//! them to the offset log and, on a re-run after a crash, hands the logged
+//! string back to [`InputSource::compute`] so exactly the same records are
+//! read. A non-replayable source answers `None` and reads whatever the
+//! runtime fed it for that batch time.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use spate_core::Time;
+
+use crate::error::BoxError;
+
+/// A source of batches for one input stream.
+pub trait InputSource<T>: Send + Sync {
+    /// True when the source can read a batch again from its planned offsets.
+    /// Replayable sources must return `Some` from [`InputSource::plan`].
+    fn is_replayable(&self) -> bool {
+        false
+    }
+
+    /// Decides what batch `time` will read, reading at most `max_records`
+    /// records when a limit is set (backpressure), and returns the offsets
+    /// it covers as a JSON string, or `None` for a non-replayable source.
+    fn plan(&self, time: Time, max_records: Option<u64>) -> Result<Option<String>, BoxError> {
+        let _ = (time, max_records);
+        Ok(None)
+    }
+
+    /// Produces the partitions of batch `time`. `planned` is what
+    /// [`InputSource::plan`] returned for this time (or the logged copy of
+    /// it when the batch is re-run after a crash).
+    fn compute(&self, time: Time, planned: Option<&str>) -> Result<Vec<Vec<T>>, BoxError>;
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// An in-memory queue of batches, for tests (Spark's `queueStream`): each
+/// batch time takes the next queued batch, or an empty batch when the queue
+/// is empty. Not replayable.
+#[derive(Debug)]
+pub struct QueueSource<T> {
+    queue: Mutex<VecDeque<Vec<Vec<T>>>>,
+}
+
+impl<T> Default for QueueSource<T> {
+    fn default() -> Self {
+        QueueSource { queue: Mutex::new(VecDeque::new()) }
+    }
+}
+
+impl<T> QueueSource<T> {
+    /// An empty queue.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Queues one batch given as one partition.
+    pub fn push(&self, records: Vec<T>) {
+        lock(&self.queue).push_back(vec![records]);
+    }
+
+    /// Queues one batch given as partitions.
+    pub fn push_partitions(&self, partitions: Vec<Vec<T>>) {
+        lock(&self.queue).push_back(partitions);
+    }
+
+    /// Batches still queued.
+    pub fn len(&self) -> usize {
+        lock(&self.queue).len()
+    }
+
+    /// True when nothing is queued.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl<T: Send> InputSource<T> for QueueSource<T> {
+    fn compute(&self, _time: Time, _planned: Option<&str>) -> Result<Vec<Vec<T>>, BoxError> {
+        Ok(lock(&self.queue).pop_front().unwrap_or_default())
+    }
+}
+
+/// A source the runtime feeds: before running batch `time` it hands over
+/// that batch's records (for example the blocks the receiver tracker
+/// allocated to it). A batch time nobody fed is empty. Not replayable: after
+/// a crash the runtime feeds the same records again from its own log.
+#[derive(Debug)]
+pub struct FedSource<T> {
+    batches: Mutex<BTreeMap<Time, Vec<Vec<T>>>>,
+}
+
+impl<T> Default for FedSource<T> {
+    fn default() -> Self {
+        FedSource { batches: Mutex::new(BTreeMap::new()) }
+    }
+}
+
+impl<T> FedSource<T> {
+    /// A source with nothing fed yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds `partitions` to batch `time` (feeding twice appends).
+    pub fn feed(&self, time: Time, partitions: Vec<Vec<T>>) {
+        lock(&self.batches).entry(time).or_default().extend(partitions);
+    }
+
+    /// Batch times fed but not yet consumed.
+    pub fn pending_times(&self) -> Vec<Time> {
+        lock(&self.batches).keys().copied().collect()
+    }
+}
+
+impl<T: Send> InputSource<T> for FedSource<T> {
+    fn compute(&self, time: Time, _planned: Option<&str>) -> Result<Vec<Vec<T>>, BoxError> {
+        let mut batches = lock(&self.batches);
+        // Anything fed for an earlier time was skipped; drop it so it cannot leak.
+        let later = batches.split_off(&time);
+        *batches = later;
+        Ok(batches.remove(&time).unwrap_or_default())
+    }
+}

@@ -1,0 +1,194 @@
+//! [`DStream`]: a handle to one stream of the graph being built, and the
+//! transformations that work on any element type.
+
+use std::fmt;
+use std::rc::Rc;
+use std::sync::Arc;
+
+use spate_core::Duration;
+
+use crate::batch::{Batch, Data};
+use crate::error::{BoxError, DStreamError};
+use crate::graph::SharedBuilder;
+use crate::node::{BinaryNode, Node, NodeMeta, Slot, StepCtx, UnaryNode};
+
+/// A stream of batches in a graph being built. Cheap to clone; every
+/// transformation adds an operator to the graph and returns its stream.
+pub struct DStream<T> {
+    pub(crate) builder: SharedBuilder,
+    pub(crate) id: usize,
+    /// The operator `.name()` renames: the stateful one of a composite.
+    pub(crate) name_target: usize,
+    pub(crate) slot: Arc<Slot<T>>,
+    pub(crate) slide: Duration,
+}
+
+impl<T> Clone for DStream<T> {
+    fn clone(&self) -> Self {
+        DStream {
+            builder: Rc::clone(&self.builder),
+            id: self.id,
+            name_target: self.name_target,
+            slot: Arc::clone(&self.slot),
+            slide: self.slide,
+        }
+    }
+}
+
+impl<T> fmt::Debug for DStream<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DStream").field("operator", &self.id).field("slide", &self.slide).finish()
+    }
+}
+
+impl<T: Data> DStream<T> {
+    pub(crate) fn from_parts(builder: SharedBuilder, id: usize, slot: Arc<Slot<T>>, slide: Duration) -> Self {
+        DStream { builder, id, name_target: id, slot, slide }
+    }
+
+    /// Gives the operator that produces this stream a stable name. Stateful
+    /// operators are matched by name when state is restored after an
+    /// upgrade, so name every one of them.
+    pub fn name(self, name: &str) -> Self {
+        if let Some(meta) = self.builder.borrow_mut().metas.get_mut(self.name_target) {
+            meta.name = Some(name.to_string());
+        }
+        self
+    }
+
+    /// How often this stream produces a batch.
+    pub fn slide_duration(&self) -> Duration {
+        self.slide
+    }
+
+    /// Registers a consumer of this stream and returns the slot to read.
+    pub(crate) fn reader(&self) -> Arc<Slot<T>> {
+        self.slot.add_reader();
+        if let Some(meta) = self.builder.borrow_mut().metas.get_mut(self.id) {
+            meta.consumers += 1;
+        }
+        Arc::clone(&self.slot)
+    }
+
+    /// Adds a node whose result feeds a new stream.
+    pub(crate) fn add_node<U: Data>(
+        &self,
+        meta: NodeMeta,
+        node: impl FnOnce(Arc<Slot<U>>) -> Box<dyn Node>,
+    ) -> DStream<U> {
+        let slot = Slot::new();
+        let slide = meta.slide;
+        let boxed = node(Arc::clone(&slot));
+        let id = self.builder.borrow_mut().push(meta, boxed);
+        DStream::from_parts(Rc::clone(&self.builder), id, slot, slide)
+    }
+
+    /// Adds a node computing `f` of each batch of this stream.
+    pub(crate) fn unary<U: Data, F>(&self, kind: &'static str, f: F) -> DStream<U>
+    where
+        F: FnMut(Batch<T>, &StepCtx<'_>) -> Result<Batch<U>, DStreamError> + Send + 'static,
+    {
+        let input = self.reader();
+        let meta = NodeMeta::new(kind, vec![self.id], self.slide);
+        self.add_node(meta, |output| Box::new(UnaryNode { input, output, f }))
+    }
+
+    /// Adds a node computing `f` of each batch of this stream and `other`.
+    pub(crate) fn binary<B: Data, U: Data, F>(&self, kind: &'static str, other: &DStream<B>, f: F) -> DStream<U>
+    where
+        F: FnMut(Batch<T>, Batch<B>, &StepCtx<'_>) -> Result<Batch<U>, DStreamError> + Send + 'static,
+    {
+        let left = self.reader();
+        let right = other.reader();
+        let meta = NodeMeta::new(kind, vec![self.id, other.id], self.slide);
+        self.add_node(meta, |output| Box::new(BinaryNode { left, right, output, f }))
+    }
+
+    /// Applies `f` to each partition, in parallel, keeping the partitioning.
+    pub(crate) fn per_partition<U: Data, F>(&self, kind: &'static str, f: F) -> DStream<U>
+    where
+        F: Fn(Vec<T>) -> Vec<U> + Send + Sync + 'static,
+    {
+        self.unary(kind, move |batch, ctx| Ok(Batch::new(ctx.par(batch.into_partitions(), &f)?)))
+    }
+
+    /// Applies `f` to every record.
+    pub fn map<U: Data, F>(&self, f: F) -> DStream<U>
+    where
+        F: Fn(T) -> U + Send + Sync + 'static,
+    {
+        self.per_partition("map", move |part| part.into_iter().map(&f).collect())
+    }
+
+    /// Applies `f` to every record and flattens what it returns.
+    pub fn flat_map<U: Data, I, F>(&self, f: F) -> DStream<U>
+    where
+        I: IntoIterator<Item = U>,
+        F: Fn(T) -> I + Send + Sync + 'static,
+    {
+        self.per_partition("flat_map", move |part| part.into_iter().flat_map(&f).collect())
+    }
+
+    /// Keeps the records for which `keep` is true.
+    pub fn filter<F>(&self, keep: F) -> DStream<T>
+    where
+        F: Fn(&T) -> bool + Send + Sync + 'static,
+    {
+        self.per_partition("filter", move |mut part| {
+            part.retain(&keep);
+            part
+        })
+    }
+
+    /// Applies `f` to each whole partition.
+    pub fn map_partitions<U: Data, F>(&self, f: F) -> DStream<U>
+    where
+        F: Fn(Vec<T>) -> Vec<U> + Send + Sync + 'static,
+    {
+        self.per_partition("map_partitions", f)
+    }
+
+    /// The records of this stream and `other`, batch by batch (both must
+    /// have the same slide duration).
+    pub fn union(&self, other: &DStream<T>) -> DStream<T> {
+        self.binary("union", other, |mut left, right, _ctx| {
+            left.append(right);
+            Ok(left)
+        })
+    }
+
+    /// Applies any function to each whole batch; it also gets the batch time.
+    pub fn transform<U: Data, F>(&self, f: F) -> DStream<U>
+    where
+        F: Fn(Batch<T>, spate_core::Time) -> Result<Batch<U>, BoxError> + Send + 'static,
+    {
+        self.unary("transform", move |batch, ctx| {
+            f(batch, ctx.time).map_err(|source| DStreamError::Operator {
+                operator: ctx.operator.to_string(),
+                time: ctx.time,
+                source,
+            })
+        })
+    }
+
+    /// Spreads the records round-robin over `partitions` partitions.
+    pub fn repartition(&self, partitions: usize) -> DStream<T> {
+        let partitions = partitions.max(1);
+        self.unary("repartition", move |batch, _ctx| {
+            let total = batch.len();
+            let mut out: Vec<Vec<T>> =
+                (0..partitions).map(|_| Vec::with_capacity(total.div_ceil(partitions))).collect();
+            for (index, record) in batch.into_vec().into_iter().enumerate() {
+                if let Some(part) = out.get_mut(index % partitions) {
+                    part.push(record);
+                }
+            }
+            Ok(Batch::new(out))
+        })
+    }
+
+    /// A batch holding one record: the number of records in the batch (0 when empty).
+    pub fn count(&self) -> DStream<u64> {
+        self.unary("count", |batch, _ctx| Ok(Batch::from_vec(vec![batch.len() as u64])))
+    }
+}
