@@ -11,6 +11,15 @@ use thiserror::Error;
 #[derive(Debug, Error)]
 #[non_exhaustive]
 pub enum TrackerError {
+    /// Opening the event log failed.
+    #[error("opening the tracker log {log}: {source}")]
+    LogOpen {
+        /// The event log (directory).
+        log: PathBuf,
+        /// What the write-ahead log said.
+        #[source]
+        source: WalError,
+    },
     /// Writing an event to the event log failed; the tracker's state is
     /// unchanged (the event did not happen).
     #[error("writing {what} to the tracker log {log}: {source}")]

@@ -5,7 +5,7 @@
 //! [`TrackerState::apply`], so the state rebuilt from the log is, by
 //! construction, the state the live tracker had after its last durable event.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, HashSet, VecDeque};
 
 use spate_core::{ReceivedBlockInfo, StreamBlockId, StreamId, Time, WalRecordHandle};
 use tracing::warn;
@@ -78,6 +78,11 @@ pub struct TrackerState {
     unallocated: BTreeMap<StreamId, VecDeque<TrackedBlock>>,
     allocated: BTreeMap<Time, AllocatedBlocks>,
     last_allocated: Option<Time>,
+    /// The ids of every block queued or allocated to a live batch: an
+    /// addition of a block already known is ignored. A receiver that retries
+    /// after a failed (but, as it turned out, durable) write then cannot get
+    /// its block into two batches.
+    known_blocks: HashSet<StreamBlockId>,
 }
 
 impl TrackerState {
@@ -91,12 +96,19 @@ impl TrackerState {
     pub fn apply(&mut self, event: TrackerEvent) {
         match event {
             TrackerEvent::BlockAddition(info) => {
+                if !self.known_blocks.insert(info.block_id()) {
+                    warn!(block = %info.block_id(), "block added twice; the second addition is ignored");
+                    return;
+                }
                 self.unallocated.entry(info.stream_id).or_default().push_back(TrackedBlock::live(info));
             }
             TrackerEvent::BatchAllocation { time, blocks } => self.apply_allocation(time, blocks),
             TrackerEvent::BatchCleanup { times, last_allocated } => {
                 for time in &times {
-                    self.allocated.remove(time);
+                    let cleaned = self.allocated.remove(time).unwrap_or_default();
+                    for block in cleaned.values().flatten() {
+                        self.known_blocks.remove(&block.block_id());
+                    }
                 }
                 self.last_allocated = self.last_allocated.max(last_allocated);
             }
@@ -106,6 +118,7 @@ impl TrackerState {
     fn apply_allocation(&mut self, time: Time, blocks: StreamBlocks) {
         let mut allocation = AllocatedBlocks::new();
         for (stream, infos) in blocks {
+            self.known_blocks.extend(infos.iter().map(ReceivedBlockInfo::block_id));
             let queued = self.unallocated.remove(&stream).unwrap_or_default();
             let allocated = take_allocated(queued, infos, stream, &mut self.unallocated);
             allocation.insert(stream, allocated);
@@ -277,6 +290,21 @@ mod tests {
         let mut replayed = TrackerState::new();
         replayed.apply(cleanup);
         assert_eq!(replayed.last_allocated_batch_time(), Some(t(3000)));
+    }
+
+    #[test]
+    fn a_block_added_twice_is_queued_once_until_its_batch_is_cleaned() {
+        let mut state = TrackerState::new();
+        state.apply(TrackerEvent::BlockAddition(info(0, 1, true)));
+        state.apply(TrackerEvent::BlockAddition(info(0, 1, true)));
+        assert_eq!(state.unallocated_blocks(StreamId(0)).count(), 1);
+        let event = state.allocation_event(t(1000)).unwrap();
+        state.apply(event);
+        state.apply(TrackerEvent::BlockAddition(info(0, 1, true)));
+        assert!(!state.has_unallocated_blocks(), "an allocated block came back");
+        state.apply(state.cleanup_event(t(2000)));
+        state.apply(TrackerEvent::BlockAddition(info(0, 1, true)));
+        assert_eq!(state.unallocated_blocks(StreamId(0)).count(), 1);
     }
 
     #[test]

@@ -63,7 +63,8 @@ enum Op {
         stream: u32,
         count: usize,
     },
-    /// Allocate the batch `back` intervals before the current one (0 = current).
+    /// Allocate the batch `back` intervals before the current one (0 = current;
+    /// negative: a batch time ahead of the clock).
     Allocate {
         back: i64,
     },
@@ -82,7 +83,7 @@ fn op() -> impl Strategy<Value = Op> {
         4 => (0u32..3, proptest::option::of(0u64..1000), any::<bool>())
             .prop_map(|(stream, records, with_handle)| Op::Add { stream, records, with_handle }),
         1 => (0u32..3, 1usize..5).prop_map(|(stream, count)| Op::AddMany { stream, count }),
-        3 => (0i64..3).prop_map(|back| Op::Allocate { back }),
+        3 => (-2i64..3).prop_map(|back| Op::Allocate { back }),
         1 => (0u64..6).prop_map(|back| Op::Cleanup { back }),
         3 => (1u64..250).prop_map(|ms| Op::Advance { ms }),
         1 => Just(Op::FailNextWrite),
@@ -102,7 +103,12 @@ fn run(op: &Op, tracker: &ReceivedBlockTracker, wal: &MemoryWal, clock: &ManualC
             tracker.add_blocks(&blocks)
         }
         Op::Allocate { back } => {
-            let time = clock.now().floor(INTERVAL) - INTERVAL.times(*back as u64);
+            let current = clock.now().floor(INTERVAL);
+            let time = if *back >= 0 {
+                current - INTERVAL.times(back.unsigned_abs())
+            } else {
+                current + INTERVAL.times(back.unsigned_abs())
+            };
             tracker.allocate_blocks_to_batch(time).is_ok()
         }
         Op::Cleanup { back } => tracker.cleanup_old_batches(clock.now() - INTERVAL.times(*back), true).is_ok(),

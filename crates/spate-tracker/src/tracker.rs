@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use spate_core::{Clock, ReceivedBlockInfo, StreamId, Time};
-use spate_wal::WriteAheadLog;
+use spate_wal::{FileWriteAheadLog, WalOptions, WriteAheadLog};
 use tracing::{debug, error, info, warn};
 
 use crate::error::TrackerError;
@@ -96,6 +96,35 @@ impl ReceivedBlockTracker {
     /// everything when the process ends.
     pub fn in_memory(clock: Arc<dyn Clock>) -> Self {
         Self::with_state(TrackerState::new(), None, clock)
+    }
+
+    /// The tracker of a run with checkpoint directory `checkpoint_dir`: its
+    /// event log is a [`FileWriteAheadLog`] in `receivedBlockMetadata/`
+    /// (with default options and `clock`), replayed first. Without a
+    /// checkpoint directory the tracker keeps its state in memory only.
+    ///
+    /// The event log is written whether or not the receivers write their
+    /// own WAL: without it a restarted driver would not know which blocks
+    /// each batch had.
+    pub fn open(checkpoint_dir: Option<&Path>, clock: Arc<dyn Clock>) -> Result<(Self, RecoveryReport), TrackerError> {
+        let options = WalOptions::default().with_clock(clock.clone());
+        Self::open_with(checkpoint_dir, options, clock)
+    }
+
+    /// [`ReceivedBlockTracker::open`] with the event log's options (rolling
+    /// interval, sync policy, fault injection for tests).
+    pub fn open_with(
+        checkpoint_dir: Option<&Path>,
+        options: WalOptions,
+        clock: Arc<dyn Clock>,
+    ) -> Result<(Self, RecoveryReport), TrackerError> {
+        let Some(checkpoint_dir) = checkpoint_dir else {
+            return Ok((Self::in_memory(clock), RecoveryReport::default()));
+        };
+        let log_dir = event_log_dir(checkpoint_dir);
+        let wal = FileWriteAheadLog::open(&log_dir, options)
+            .map_err(|source| TrackerError::LogOpen { log: log_dir.clone(), source })?;
+        Self::recover(Arc::new(wal), log_dir, clock)
     }
 
     /// A tracker logging to `wal`, the event log in directory `log_dir`
