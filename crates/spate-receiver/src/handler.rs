@@ -13,7 +13,7 @@ use std::thread::JoinHandle;
 
 use crossbeam::channel::{Sender, bounded, unbounded};
 use spate_core::{BlockStoreResult, Clock, StreamBlockId, StreamId, Time, WalRecordHandle};
-use spate_wal::{WalError, WriteAheadLog};
+use spate_wal::{FileWriteAheadLog, WalError, WalOptions, WriteAheadLog};
 use tracing::{debug, warn};
 
 use crate::block::{BlockData, ReceivedBlock, Record, count_block_records, decode_block, encode_block};
@@ -43,6 +43,18 @@ pub trait ReceivedBlockHandler<T>: Send + Sync {
 /// `<checkpoint>/receivedData/<stream>/`.
 pub fn receiver_wal_dir(checkpoint_dir: &Path, stream_id: StreamId) -> PathBuf {
     checkpoint_dir.join("receivedData").join(stream_id.to_string())
+}
+
+/// Opens (creating when missing) the receiver WAL of `stream_id` under
+/// `checkpoint_dir`, at [`receiver_wal_dir`], repairing a torn tail.
+pub fn open_receiver_wal(
+    checkpoint_dir: &Path,
+    stream_id: StreamId,
+    options: WalOptions,
+) -> Result<Arc<FileWriteAheadLog>, ReceiverError> {
+    let dir = receiver_wal_dir(checkpoint_dir, stream_id);
+    let wal = FileWriteAheadLog::open(&dir, options).map_err(|source| ReceiverError::Wal { stream_id, source })?;
+    Ok(Arc::new(wal))
 }
 
 /// Reads a block back from a receiver WAL by its handle (after a restart,

@@ -82,7 +82,7 @@ pub use error::{BoxError, ReceiverError};
 pub use generator::{GeneratorConfig, GeneratorProgress, GeneratorReceiver, VOCABULARY, WordGenerator, splitmix64};
 pub use handler::{
     BlockManagerBasedBlockHandler, ReceivedBlockHandler, WalHandlerConfig, WriteAheadLogBasedBlockHandler,
-    read_block_from_wal, receiver_wal_dir,
+    open_receiver_wal, read_block_from_wal, receiver_wal_dir,
 };
 pub use rate_limiter::RateLimiter;
 pub use socket::{InvalidUtf8Policy, SocketConfig, SocketStats, SocketTextReceiver};

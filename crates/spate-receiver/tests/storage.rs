@@ -1,0 +1,253 @@
+//! The block manager (memory budget, spill, refusal, cleanup) and both
+//! block handlers, with the real file WAL and with test doubles.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::sync::{Arc, Mutex};
+
+use spate_core::{Clock, Duration, ManualClock, StreamBlockId, StreamId, Time, WalRecordHandle};
+use spate_receiver::{
+    BlockData, BlockManager, BlockManagerBasedBlockHandler, BlockManagerConfig, ReceivedBlock, ReceivedBlockHandler,
+    ReceiverError, StorageLevel, WalHandlerConfig, WriteAheadLogBasedBlockHandler, encode_block, open_receiver_wal,
+    read_block_from_wal, receiver_wal_dir,
+};
+use spate_wal::{FileWriteAheadLog, RecordIter, WalError, WalOptions, WriteAheadLog};
+
+const STREAM: StreamId = StreamId(3);
+
+fn id(n: u64) -> StreamBlockId {
+    StreamBlockId::new(STREAM, n)
+}
+
+fn words(block: u64, n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("b{block}-r{i}")).collect()
+}
+
+fn clock() -> ManualClock {
+    ManualClock::new(Time::from_millis(1_000_000))
+}
+
+fn records(data: BlockData<String>) -> Vec<String> {
+    data.records().unwrap().to_vec()
+}
+
+/// Serialized size of one block of `words(_, 100)`, to size budgets with.
+fn block_bytes() -> u64 {
+    encode_block(&words(0, 100)).unwrap().len() as u64
+}
+
+#[test]
+fn memory_and_disk_blocks_spill_least_recently_used_first_and_read_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let budget = block_bytes() * 3 + block_bytes() / 2; // room for three blocks
+    let config = BlockManagerConfig::with_disk(budget, dir.path().join("blocks"));
+    let bm = BlockManager::<String>::open(config, Arc::new(clock())).unwrap();
+    let level = StorageLevel::MEMORY_AND_DISK_SER;
+    for b in 0..3 {
+        let loc = bm.put(id(b), BlockData::Records(Arc::new(words(b, 100))), level).unwrap();
+        assert!(loc.in_memory && !loc.on_disk);
+    }
+    // Block 0 is used, so block 1 is now the least recently used.
+    assert_eq!(records(bm.get(id(0)).unwrap().unwrap()), words(0, 100));
+    bm.put(id(3), BlockData::Records(Arc::new(words(3, 100))), level).unwrap();
+    let spilled = bm.location(id(1)).unwrap();
+    assert!(!spilled.in_memory && spilled.on_disk, "{spilled:?}");
+    for b in [0, 2, 3] {
+        assert!(bm.location(id(b)).unwrap().in_memory, "block {b}");
+    }
+    assert!(bm.memory_used() <= budget);
+    // Every block reads back, the spilled one from RocksDB.
+    for b in 0..4 {
+        assert_eq!(bm.get_records(id(b)).unwrap().unwrap().as_slice(), words(b, 100).as_slice());
+    }
+    assert!(bm.remove(id(1)).unwrap());
+    assert!(bm.get(id(1)).unwrap().is_none());
+    assert!(!bm.remove(id(1)).unwrap());
+}
+
+#[test]
+fn memory_only_block_that_does_not_fit_is_refused_clearly() {
+    let budget = block_bytes() * 2;
+    let bm = BlockManager::<String>::open(BlockManagerConfig::in_memory(budget), Arc::new(clock())).unwrap();
+    bm.put(id(0), BlockData::Records(Arc::new(words(0, 100))), StorageLevel::MEMORY_ONLY_SER).unwrap();
+    bm.put(id(1), BlockData::Records(Arc::new(words(1, 100))), StorageLevel::MEMORY_ONLY_SER).unwrap();
+    let err = bm.put(id(2), BlockData::Records(Arc::new(words(2, 100))), StorageLevel::MEMORY_ONLY_SER).unwrap_err();
+    assert!(matches!(err, ReceiverError::MemoryBudgetExceeded { block_id, .. } if block_id == id(2)), "{err:?}");
+    let message = err.to_string();
+    assert!(message.contains("input-3-2") && message.contains("memory budget"), "{message}");
+    // The blocks already there are untouched; the refused one is absent.
+    assert_eq!(records(bm.get(id(0)).unwrap().unwrap()), words(0, 100));
+    assert!(bm.get(id(2)).unwrap().is_none());
+    // Memory-only blocks are never spilled to make room for others either.
+    let dir = tempfile::tempdir().unwrap();
+    let with_disk =
+        BlockManager::<String>::open(BlockManagerConfig::with_disk(budget, dir.path()), Arc::new(clock())).unwrap();
+    with_disk.put(id(0), BlockData::Records(Arc::new(words(0, 100))), StorageLevel::MEMORY_ONLY_SER).unwrap();
+    with_disk.put(id(1), BlockData::Records(Arc::new(words(1, 100))), StorageLevel::MEMORY_ONLY_SER).unwrap();
+    let loc = with_disk.put(id(2), BlockData::Records(Arc::new(words(2, 100))), StorageLevel::MEMORY_AND_DISK).unwrap();
+    assert!(loc.on_disk && !loc.in_memory);
+    assert!(with_disk.location(id(0)).unwrap().in_memory);
+}
+
+#[test]
+fn disk_only_and_deserialized_levels_and_duplicates() {
+    let dir = tempfile::tempdir().unwrap();
+    let bm = BlockManager::<String>::open(BlockManagerConfig::with_disk(1 << 20, dir.path()), Arc::new(clock()))
+        .unwrap();
+    let loc = bm.put(id(0), BlockData::Records(Arc::new(words(0, 10))), StorageLevel::DISK_ONLY).unwrap();
+    assert!(loc.on_disk && !loc.in_memory);
+    assert_eq!(bm.memory_used(), 0);
+    assert_eq!(records(bm.get(id(0)).unwrap().unwrap()), words(0, 10));
+    // A serialized block stored deserialized is decoded once, on put.
+    let bytes = Arc::new(encode_block(&words(1, 10)).unwrap());
+    bm.put(id(1), BlockData::Bytes(bytes), StorageLevel::MEMORY_ONLY).unwrap();
+    assert!(matches!(bm.get(id(1)).unwrap().unwrap(), BlockData::Records(_)));
+    let dup = bm.put(id(1), BlockData::Records(Arc::new(words(9, 1))), StorageLevel::MEMORY_ONLY).unwrap_err();
+    assert!(matches!(dup, ReceiverError::DuplicateBlock { .. }));
+    // Without a disk store, disk levels are refused by name.
+    let no_disk = BlockManager::<String>::open(BlockManagerConfig::in_memory(1 << 20), Arc::new(clock())).unwrap();
+    let err = no_disk.put(id(0), BlockData::Records(Arc::new(words(0, 1))), StorageLevel::DISK_ONLY).unwrap_err();
+    assert!(matches!(err, ReceiverError::NoDiskStore { .. }), "{err:?}");
+}
+
+#[test]
+fn block_manager_handler_stores_and_cleans_old_blocks() {
+    let clock = clock();
+    let bm = Arc::new(BlockManager::<String>::open(BlockManagerConfig::in_memory(1 << 20), Arc::new(clock.clone())).unwrap());
+    let handler = BlockManagerBasedBlockHandler::new(Arc::clone(&bm), StorageLevel::MEMORY_ONLY);
+    let first = handler.store_block(id(0), ReceivedBlock::Records(words(0, 5))).unwrap();
+    assert_eq!((first.block_id, first.num_records, first.wal_handle), (id(0), Some(5), None));
+    clock.advance(Duration::from_secs(10));
+    let bytes = encode_block(&words(1, 7)).unwrap();
+    let second = handler.store_block(id(1), ReceivedBlock::Serialized(bytes)).unwrap();
+    assert_eq!(second.num_records, Some(7));
+    handler.clean_old_blocks(Time::from_millis(1_005_000)).unwrap();
+    assert!(bm.get(id(0)).unwrap().is_none());
+    assert_eq!(records(bm.get(id(1)).unwrap().unwrap()), words(1, 7));
+    // A serialized block that is not one is refused.
+    let err = handler.store_block(id(2), ReceivedBlock::Serialized(b"not a block".to_vec())).unwrap_err();
+    assert!(matches!(err, ReceiverError::Codec { .. }), "{err:?}");
+}
+
+fn wal_handler(
+    checkpoint: &std::path::Path,
+    clock: &ManualClock,
+    level: StorageLevel,
+) -> (Arc<BlockManager<String>>, Arc<FileWriteAheadLog>, WriteAheadLogBasedBlockHandler<String>) {
+    let bm = Arc::new(BlockManager::open(BlockManagerConfig::in_memory(64 << 20), Arc::new(clock.clone())).unwrap());
+    let wal = open_receiver_wal(checkpoint, STREAM, WalOptions::default().with_clock(Arc::new(clock.clone()))).unwrap();
+    let config = WalHandlerConfig { wait_for_cleanup: true, ..WalHandlerConfig::default() };
+    let handler =
+        WriteAheadLogBasedBlockHandler::new(Arc::clone(&bm), wal.clone(), STREAM, level, config, Arc::new(clock.clone()))
+            .unwrap();
+    (bm, wal, handler)
+}
+
+#[test]
+fn wal_handler_blocks_survive_a_drop_without_close() {
+    let checkpoint = tempfile::tempdir().unwrap();
+    let clock = clock();
+    let mut acknowledged: Vec<(WalRecordHandle, Vec<String>)> = Vec::new();
+    {
+        let (bm, _wal, handler) = wal_handler(checkpoint.path(), &clock, StorageLevel::MEMORY_AND_DISK_SER_2);
+        assert_eq!(handler.storage_level(), StorageLevel::MEMORY_AND_DISK_SER);
+        for b in 0..20 {
+            let block = words(b, 50 + b as usize);
+            let result = handler.store_block(id(b), ReceivedBlock::Records(block.clone())).unwrap();
+            assert_eq!(result.num_records, Some(block.len() as u64));
+            // Also in the block manager, serialized.
+            assert!(matches!(bm.get(id(b)).unwrap().unwrap(), BlockData::Bytes(_)));
+            acknowledged.push((result.wal_handle.expect("a WAL handle"), block));
+            clock.advance(Duration::from_millis(200));
+        }
+        // Everything dropped here without `close`: as after a crash.
+    }
+    assert!(receiver_wal_dir(checkpoint.path(), STREAM).is_dir());
+    let reopened = open_receiver_wal(checkpoint.path(), STREAM, WalOptions::default()).unwrap();
+    for (handle, block) in &acknowledged {
+        let back: Vec<String> = read_block_from_wal(reopened.as_ref(), STREAM, handle).unwrap();
+        assert_eq!(&back, block, "{handle}");
+    }
+}
+
+#[test]
+fn wal_handler_cleans_blocks_and_segments_before_the_threshold() {
+    let checkpoint = tempfile::tempdir().unwrap();
+    let clock = clock();
+    let (bm, wal, handler) = wal_handler(checkpoint.path(), &clock, StorageLevel::MEMORY_ONLY);
+    let old = handler.store_block(id(0), ReceivedBlock::Records(words(0, 3))).unwrap();
+    clock.advance(Duration::from_secs(120)); // past the 60 s rolling interval
+    let new = handler.store_block(id(1), ReceivedBlock::Records(words(1, 3))).unwrap();
+    assert_eq!(wal.segment_names().len(), 2);
+    handler.clean_old_blocks(clock.now() - Duration::from_secs(1)).unwrap();
+    assert_eq!(wal.segment_names().len(), 1);
+    assert!(bm.get(id(0)).unwrap().is_none());
+    assert!(handler.read_block(old.wal_handle.as_ref().unwrap()).is_err());
+    assert_eq!(handler.read_block(new.wal_handle.as_ref().unwrap()).unwrap(), words(1, 3));
+    handler.close().unwrap();
+    let after_close = handler.store_block(id(2), ReceivedBlock::Records(words(2, 1)));
+    assert!(after_close.is_err());
+}
+
+/// A WAL whose writes wait until released, or fail, as told.
+#[derive(Default)]
+struct StuckWal {
+    release: Mutex<bool>,
+    released: std::sync::Condvar,
+    fail: bool,
+}
+
+impl WriteAheadLog for StuckWal {
+    fn write(&self, _record: &[u8], _time: Time) -> Result<WalRecordHandle, WalError> {
+        if self.fail {
+            return Err(WalError::Closed { dir: "stuck".into() });
+        }
+        let mut release = self.release.lock().unwrap();
+        while !*release {
+            release = self.released.wait(release).unwrap();
+        }
+        Ok(WalRecordHandle { segment: "log-0-1".into(), offset: 0, length: 1 })
+    }
+    fn read(&self, _handle: &WalRecordHandle) -> Result<Vec<u8>, WalError> {
+        Err(WalError::Closed { dir: "stuck".into() })
+    }
+    fn read_all(&self) -> Result<RecordIter<'_>, WalError> {
+        Ok(Box::new(std::iter::empty()))
+    }
+    fn clean(&self, _threshold: Time, _wait: bool) -> Result<(), WalError> {
+        Ok(())
+    }
+    fn close(&self) -> Result<(), WalError> {
+        Ok(())
+    }
+}
+
+#[test]
+fn wal_handler_times_out_or_fails_and_keeps_nothing() {
+    let clock = clock();
+    for fail in [false, true] {
+        let bm = Arc::new(BlockManager::open(BlockManagerConfig::in_memory(1 << 20), Arc::new(clock.clone())).unwrap());
+        let wal = Arc::new(StuckWal { fail, ..StuckWal::default() });
+        let config = WalHandlerConfig { store_timeout: std::time::Duration::from_millis(50), wait_for_cleanup: true };
+        let handler = WriteAheadLogBasedBlockHandler::<String>::new(
+            Arc::clone(&bm),
+            wal.clone(),
+            STREAM,
+            StorageLevel::MEMORY_ONLY_SER,
+            config,
+            Arc::new(clock.clone()),
+        )
+        .unwrap();
+        let err = handler.store_block(id(0), ReceivedBlock::Records(words(0, 3))).unwrap_err();
+        if fail {
+            assert!(matches!(err, ReceiverError::Wal { .. }), "{err:?}");
+        } else {
+            assert!(matches!(err, ReceiverError::WalTimeout { block_id, timeout_ms: 50 } if block_id == id(0)), "{err:?}");
+        }
+        // Not acknowledged, so not kept in the block manager either.
+        assert!(bm.get(id(0)).unwrap().is_none());
+        *wal.release.lock().unwrap() = true;
+        wal.released.notify_all();
+        handler.close().unwrap();
+    }
+}
