@@ -1,0 +1,44 @@
+//! Helpers shared by the integration tests.
+#![allow(dead_code, unreachable_pub, missing_docs)]
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use spate_core::{BatchId, Duration, Time};
+use spate_dstream::{Data, DStream, Graph};
+
+pub const INTERVAL: Duration = Duration::from_millis(1000);
+
+pub fn t(batch: i64) -> Time {
+    Time::from_millis(batch * 1000)
+}
+
+/// What an output received, by batch time.
+pub type Collected<T> = Arc<Mutex<BTreeMap<Time, Vec<T>>>>;
+
+/// Registers an output that records every batch it receives.
+pub fn collect<T: Data>(stream: &DStream<T>) -> Collected<T> {
+    let seen: Collected<T> = Arc::new(Mutex::new(BTreeMap::new()));
+    let sink = Arc::clone(&seen);
+    stream.foreach_batch(move |batch, info| {
+        sink.lock().unwrap().insert(info.time, batch.iter().cloned().collect());
+        Ok(())
+    });
+    seen
+}
+
+/// The records received at `time`, sorted.
+pub fn sorted_at<T: Data + Ord>(seen: &Collected<T>, time: Time) -> Option<Vec<T>> {
+    seen.lock().unwrap().get(&time).map(|records| {
+        let mut records = records.clone();
+        records.sort();
+        records
+    })
+}
+
+/// Runs batches 1..=n (times 1 s .. n s).
+pub fn run(graph: &mut Graph, batches: std::ops::RangeInclusive<i64>) {
+    for batch in batches {
+        graph.run_batch(t(batch), BatchId(batch as u64)).unwrap();
+    }
+}

@@ -1,0 +1,157 @@
+//! Windowed results equal a naive recomputation, for random streams, window
+//! and slide combinations, and both incremental strategies.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use common::{Collected, INTERVAL, collect, run, sorted_at, t};
+use proptest::prelude::*;
+use spate_core::{Duration, Time};
+use spate_dstream::{Graph, GraphBuilder, QueueSource, RestorePolicy};
+
+type Input = Vec<Vec<Vec<(u8, i64)>>>;
+
+/// Random batches of (key, positive value) records in a few partitions.
+fn stream() -> impl Strategy<Value = Input> {
+    prop::collection::vec(prop::collection::vec(prop::collection::vec((0u8..12, 1i64..20), 0..12), 1..3), 1..40)
+}
+
+fn secs(n: u64) -> Duration {
+    Duration::from_secs(n)
+}
+
+/// The records of batches with times in `(time - length, time]`.
+fn in_window(input: &Input, time: i64, length: i64) -> Vec<(u8, i64)> {
+    (1..=input.len() as i64)
+        .filter(|b| *b > time - length && *b <= time)
+        .flat_map(|b| input[(b - 1) as usize].iter().flatten().copied())
+        .collect()
+}
+
+fn naive_by_key(records: &[(u8, i64)], f: impl Fn(i64, i64) -> i64) -> Vec<(u8, i64)> {
+    let mut map: BTreeMap<u8, i64> = BTreeMap::new();
+    for (k, v) in records {
+        let merged = map.get(k).map_or(*v, |old| f(*old, *v));
+        map.insert(*k, merged);
+    }
+    map.into_iter().collect()
+}
+
+struct Windows {
+    graph: Graph,
+    queue: Arc<QueueSource<(u8, i64)>>,
+    plain: Collected<(u8, i64)>,
+    pane_sum: Collected<(u8, i64)>,
+    pane_max: Collected<(u8, i64)>,
+    inv_sum: Collected<(u8, i64)>,
+    inv_filtered: Collected<(u8, i64)>,
+    total: Collected<i64>,
+    counted: Collected<u64>,
+}
+
+fn build(length: u64, slide: u64, partitions: usize) -> Windows {
+    let b = GraphBuilder::new(INTERVAL).partitions(partitions).workers(2).checkpointing(true);
+    let queue = Arc::new(QueueSource::<(u8, i64)>::new());
+    let s = b.input("records", Arc::clone(&queue));
+    let (l, sl) = (secs(length), secs(slide));
+    let plain = collect(&s.window(l, sl).name("plain"));
+    let pane_sum = collect(&s.reduce_by_key_and_window(|a, b| a + b, l, sl).name("pane-sum"));
+    let pane_max = collect(&s.reduce_by_key_and_window(|a, b| *a.max(b), l, sl).name("pane-max"));
+    let inv_sum = collect(&s.reduce_by_key_and_window_inv(|a, b| a + b, |a, b| a - b, l, sl).name("inv-sum"));
+    let inv_filtered = collect(
+        &s.reduce_by_key_and_window_inv_filtered(|a, b| a + b, |a, b| a - b, l, sl, |_, v| *v != 0).name("inv-filtered"),
+    );
+    let total = collect(&s.map(|(_, v)| v).reduce_by_window(|a, b| a + b, l, sl).name("total"));
+    let counted = collect(&s.count_by_window(l, sl).name("counted"));
+    Windows { graph: b.build().unwrap(), queue, plain, pane_sum, pane_max, inv_sum, inv_filtered, total, counted }
+}
+
+fn check(w: &Windows, input: &Input, length: i64, slide: i64) -> Result<(), TestCaseError> {
+    let slide_times: Vec<Time> = (1..=input.len() as i64).filter(|b| b % slide == 0).map(t).collect();
+    prop_assert_eq!(w.pane_sum.lock().unwrap().keys().copied().collect::<Vec<_>>(), slide_times.clone());
+    prop_assert_eq!(w.inv_sum.lock().unwrap().keys().copied().collect::<Vec<_>>(), slide_times.clone());
+    for time in slide_times {
+        let b = time.as_millis() / 1000;
+        let records = in_window(input, b, length);
+        let mut plain = records.clone();
+        plain.sort();
+        prop_assert_eq!(sorted_at(&w.plain, time).unwrap(), plain, "window at {}", b);
+        let sums = naive_by_key(&records, |a, b| a + b);
+        prop_assert_eq!(sorted_at(&w.pane_sum, time).unwrap(), sums.clone(), "pane sum at {}", b);
+        prop_assert_eq!(sorted_at(&w.pane_max, time).unwrap(), naive_by_key(&records, i64::max), "pane max at {}", b);
+        prop_assert_eq!(sorted_at(&w.inv_filtered, time).unwrap(), sums.clone(), "inverse filtered at {}", b);
+        let inv: Vec<(u8, i64)> = sorted_at(&w.inv_sum, time).unwrap();
+        let nonzero: Vec<(u8, i64)> = inv.iter().copied().filter(|(_, v)| *v != 0).collect();
+        prop_assert_eq!(nonzero, sums, "inverse at {}", b);
+        let total: i64 = records.iter().map(|(_, v)| v).sum();
+        let expected_total = if records.is_empty() { vec![] } else { vec![total] };
+        prop_assert_eq!(sorted_at(&w.total, time).unwrap(), expected_total, "reduce_by_window at {}", b);
+        prop_assert_eq!(sorted_at(&w.counted, time).unwrap(), vec![records.len() as u64], "count_by_window at {}", b);
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(40))]
+
+    #[test]
+    fn windows_equal_naive_recomputation(input in stream(), length in 1u64..9, slide in 1u64..5) {
+        let mut w = build(length, slide, 3);
+        for batch in &input {
+            w.queue.push_partitions(batch.clone());
+        }
+        run(&mut w.graph, 1..=input.len() as i64);
+        check(&w, &input, length as i64, slide as i64)?;
+    }
+
+    #[test]
+    fn windows_restored_mid_stream_continue_exactly(
+        input in stream(), length in 1u64..9, slide in 1u64..5, cut in 0usize..40, partitions in 1usize..5,
+    ) {
+        let cut = cut.min(input.len());
+        let mut first = build(length, slide, 3);
+        for batch in &input[..cut] {
+            first.queue.push_partitions(batch.clone());
+        }
+        run(&mut first.graph, 1..=cut as i64);
+        let descriptor = first.graph.descriptor();
+        let state = first.graph.snapshot_state().unwrap();
+
+        // A new process (possibly with another core count) restores and goes on.
+        let mut second = build(length, slide, partitions);
+        second.graph.restore(&descriptor, state, &RestorePolicy::strict()).unwrap();
+        for batch in &input[cut..] {
+            second.queue.push_partitions(batch.clone());
+        }
+        run(&mut second.graph, cut as i64 + 1..=input.len() as i64);
+        for (from, to) in [
+            (&first.plain, &second.plain), (&first.pane_sum, &second.pane_sum), (&first.pane_max, &second.pane_max),
+            (&first.inv_sum, &second.inv_sum), (&first.inv_filtered, &second.inv_filtered),
+        ] {
+            to.lock().unwrap().extend(from.lock().unwrap().clone());
+        }
+        second.total.lock().unwrap().extend(first.total.lock().unwrap().clone());
+        second.counted.lock().unwrap().extend(first.counted.lock().unwrap().clone());
+        check(&second, &input, length as i64, slide as i64)?;
+    }
+}
+
+#[test]
+fn window_drops_batches_no_window_needs_any_more() {
+    // With a 3 s window, a 2 s slide and one record per batch, the window's
+    // checkpointed state holds at most the 3 newest batches.
+    let mut w = build(3, 2, 2);
+    for i in 0..20 {
+        w.queue.push(vec![(0, i)]);
+        run(&mut w.graph, i + 1..=i + 1);
+        let state = w.graph.snapshot_state().unwrap();
+        let (_, plain) = state.iter().find(|(name, _)| name == "plain").unwrap();
+        let retained: std::collections::VecDeque<(Time, Vec<Vec<(u8, i64)>>)> =
+            spate_core::FrameCodec::new(1).decode(plain).unwrap().value;
+        assert!(retained.len() <= 3, "batch {i}: {} batches retained", retained.len());
+        assert!(retained.iter().all(|(time, _)| time.as_millis() > (i + 1 - 3) * 1000));
+    }
+}
