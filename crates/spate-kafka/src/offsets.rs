@@ -153,6 +153,21 @@ impl OffsetRanges {
         Ok(OffsetRanges::new(ranges))
     }
 
+    /// The ranges as the entry of source `name` in an `offsets/N` file.
+    pub fn to_source_offset(&self, name: &str) -> spate_logstore::SourceOffset {
+        let value = serde_json::from_str(&self.to_json()).unwrap_or(Value::Null);
+        spate_logstore::SourceOffset::new(name, Some(value))
+    }
+
+    /// The ranges source `name` logged in an `offsets/N` entry; `None` when
+    /// the entry has no such source or it had no offsets.
+    pub fn from_offset_seq(entry: &spate_logstore::OffsetSeq, name: &str) -> Result<Option<OffsetRanges>> {
+        match entry.offset_of(name) {
+            Some(Some(value)) => OffsetRanges::from_json(&value.to_string()).map(Some),
+            _ => Ok(None),
+        }
+    }
+
     /// The ends in Spark's shape, `{"topic":{"0":36}}`, as a Spark Kafka
     /// source logs them (for monitoring tools and people).
     pub fn until_json(&self) -> String {

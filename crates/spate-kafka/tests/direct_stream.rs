@@ -1,0 +1,277 @@
+//! The direct stream against the local broker: exactly-once reading, the
+//! offset log, windows with concurrent jobs, restarts, starting offsets and
+//! deleted records.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+
+use common::{brokers, create_topic, produce, unique, values};
+use spate_core::{BatchId, Duration, Time};
+use spate_dstream::{GraphBuilder, InputSource};
+use spate_kafka::{
+    DataLossPolicy, DirectKafkaConfig, DirectKafkaStream, KafkaError, KafkaRecord, OffsetCommit, OffsetRange,
+    OffsetRanges, StartingOffsets, TopicPartition,
+};
+use spate_logstore::{Checkpoint, CheckpointOptions, CommitMetadata, OffsetSeq, Verdict};
+
+const SOURCE: &str = "kafka-in";
+const BATCH: Duration = Duration::from_millis(100);
+
+fn config(topic: &str, rate_per_partition: u64) -> DirectKafkaConfig {
+    DirectKafkaConfig::subscribe(brokers(), unique("group"), [topic], BATCH)
+        .max_rate_per_partition(rate_per_partition)
+        .poll_timeout(std::time::Duration::from_secs(20))
+}
+
+fn time_of(batch: u64) -> Time {
+    Time::from_millis(((batch + 1) * BATCH.as_millis()) as i64)
+}
+
+fn log_offsets(checkpoint: &Checkpoint, batch: u64, ranges: &OffsetRanges) {
+    let entry = OffsetSeq {
+        batch_timestamp: time_of(batch),
+        sources: vec![ranges.to_source_offset(SOURCE)],
+        ..OffsetSeq::default()
+    };
+    assert!(checkpoint.offsets().add(BatchId(batch), &entry).unwrap());
+}
+
+fn commit(checkpoint: &Checkpoint, batch: u64) {
+    assert!(checkpoint.commits().add(BatchId(batch), &CommitMetadata::default()).unwrap());
+}
+
+fn value(record: &KafkaRecord) -> String {
+    String::from_utf8(record.value.clone().unwrap()).unwrap()
+}
+
+fn assert_within(ranges: &OffsetRanges, records: &[Vec<KafkaRecord>]) {
+    let flat: Vec<&KafkaRecord> = records.iter().flatten().collect();
+    assert_eq!(flat.len() as u64, ranges.count(), "a batch reads exactly its ranges' records");
+    for r in flat {
+        let range = ranges.ranges().iter().find(|x| x.partition == r.partition).unwrap();
+        assert!(range.from <= r.offset && r.offset < range.until, "{} outside {range}", r.offset);
+    }
+}
+
+#[test]
+fn every_record_is_read_exactly_once_and_the_offset_log_matches() {
+    let topic = unique("exactly-once");
+    create_topic(&topic, 3);
+    produce(&topic, 3, values(0..3_000));
+    let stream = DirectKafkaStream::new(config(&topic, 4_000)).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let checkpoint = Checkpoint::open_for_write(dir.path(), CheckpointOptions::new()).unwrap();
+
+    let mut seen = Vec::new();
+    let mut planned = Vec::new();
+    for batch in 0.. {
+        let ranges = stream.plan_batch(time_of(batch), None).unwrap();
+        if ranges.is_empty() {
+            break;
+        }
+        assert!(ranges.ranges().iter().all(|r| r.count() <= 400), "rate cap: {ranges:?}");
+        log_offsets(&checkpoint, batch, &ranges);
+        let records = stream.read(&ranges).unwrap();
+        assert_within(&ranges, &records);
+        seen.extend(records.iter().flatten().map(value));
+        commit(&checkpoint, batch);
+        planned.push(ranges);
+    }
+    assert_eq!(planned.len(), 3, "1,000 records a partition at 400 a batch");
+    let mut expected = values(0..3_000);
+    expected.sort();
+    seen.sort();
+    assert_eq!(seen, expected);
+
+    // What the offset log holds is what was read, and the batches are contiguous.
+    for (batch, ranges) in planned.iter().enumerate() {
+        let entry = checkpoint.offsets().get(BatchId(batch as u64)).unwrap().unwrap();
+        assert_eq!(OffsetRanges::from_offset_seq(&entry, SOURCE).unwrap().as_ref(), Some(ranges));
+        if let Some(next) = planned.get(batch + 1) {
+            assert_eq!(next.from_offsets(), ranges.until_offsets());
+        }
+    }
+}
+
+#[test]
+fn windows_and_a_concurrent_job_never_share_a_consumer() {
+    let topic = unique("seed-window");
+    create_topic(&topic, 3);
+    produce(&topic, 3, values(0..10_000));
+    // 140 records a partition a batch: 24 batches for 3,334 records a partition.
+    let stream = Arc::new(DirectKafkaStream::new(config(&topic, 1_400)).unwrap());
+
+    let builder = GraphBuilder::new(BATCH);
+    let input = builder.input(SOURCE, Arc::clone(&stream));
+    let slide = BATCH.times(12);
+    let windows = Arc::new(Mutex::new(Vec::new()));
+    let sink = Arc::clone(&windows);
+    input.count_by_window(slide.times(2), slide).foreach_batch(move |batch, info| {
+        sink.lock().unwrap().push((info.time, batch.iter().copied().sum::<u64>()));
+        Ok(())
+    });
+    let mut graph = builder.build().unwrap();
+
+    let mut per_batch = Vec::new();
+    let mut audit = BTreeSet::new();
+    for batch in 0..30u64 {
+        let time = time_of(batch);
+        let planned = graph.plan(time, &BTreeMap::new()).unwrap();
+        let ranges = OffsetRanges::from_json(&planned[SOURCE]).unwrap();
+        // Job A (the windowed pipeline) and job B (an audit reading the same
+        // partitions of the same batch) run at once, each with its own consumers.
+        let (records_b, ()) = std::thread::scope(|s| {
+            let job_b = s.spawn(|| stream.read(&ranges).unwrap());
+            for job in graph.generate_jobs(time, BatchId(batch), &planned).unwrap() {
+                job.run().unwrap();
+            }
+            (job_b.join().unwrap(), ())
+        });
+        assert_within(&ranges, &records_b);
+        for r in records_b.iter().flatten() {
+            assert!(audit.insert(value(r)), "record read twice by job B");
+        }
+        per_batch.push(ranges.count());
+    }
+    assert_eq!(audit.len(), 10_000);
+    assert_eq!(per_batch.iter().sum::<u64>(), 10_000);
+    assert!(stream.pool().consumers_created() >= 3);
+
+    // Every slide (every 12th batch) counts the last 24 batches.
+    let windows = windows.lock().unwrap().clone();
+    assert!(windows.len() >= 2, "{windows:?}");
+    for (time, count) in windows {
+        let last = (time.as_millis() as u64 / BATCH.as_millis()) as usize; // batches 0..last-1
+        let expected: u64 = per_batch[last.saturating_sub(24)..last].iter().sum();
+        assert_eq!(count, expected, "window ending at {time:?}");
+    }
+}
+
+#[test]
+fn a_batch_cut_short_after_its_offsets_were_logged_is_read_again_with_the_same_ranges() {
+    let topic = unique("rerun");
+    create_topic(&topic, 3);
+    produce(&topic, 3, values(0..1_500));
+    let dir = tempfile::tempdir().unwrap();
+    let group = unique("group");
+    let make = || {
+        let mut c = config(&topic, 2_000);
+        c.consumer.group_id = group.clone();
+        DirectKafkaStream::new(c).unwrap()
+    };
+    let mut seen: Vec<String> = Vec::new();
+    let first_read;
+    {
+        let stream = make();
+        let checkpoint = Checkpoint::open_for_write(dir.path(), CheckpointOptions::new()).unwrap();
+        for batch in 0..2 {
+            let ranges = stream.plan_batch(time_of(batch), None).unwrap();
+            log_offsets(&checkpoint, batch, &ranges);
+            seen.extend(stream.read(&ranges).unwrap().iter().flatten().map(value));
+            commit(&checkpoint, batch);
+        }
+        let ranges = stream.plan_batch(time_of(2), None).unwrap();
+        log_offsets(&checkpoint, 2, &ranges);
+        first_read = stream.read(&ranges).unwrap();
+        // The process dies here: no output, no commits/2.
+    }
+
+    let stream = make();
+    let checkpoint = Checkpoint::open_for_write(dir.path(), CheckpointOptions::new()).unwrap();
+    let Verdict::Rerun { batch, offsets, .. } = checkpoint.verdict().unwrap() else { panic!("expected a re-run") };
+    assert_eq!(batch, BatchId(2));
+    let planned = offsets.offset_of(SOURCE).unwrap().unwrap().to_string();
+    let again = stream.compute(time_of(2), Some(&planned)).unwrap();
+    assert_eq!(again, first_read, "the re-run reads exactly the same records");
+    seen.extend(again.iter().flatten().map(value));
+    commit(&checkpoint, 2);
+    for batch in 3.. {
+        let ranges = stream.plan_batch(time_of(batch), None).unwrap();
+        if ranges.is_empty() {
+            break;
+        }
+        if batch == 3 {
+            let logged = OffsetRanges::from_json(&planned).unwrap();
+            assert_eq!(ranges.from_offsets(), logged.until_offsets(), "the next batch starts where the re-run ended");
+        }
+        log_offsets(&checkpoint, batch, &ranges);
+        seen.extend(stream.read(&ranges).unwrap().iter().flatten().map(value));
+        commit(&checkpoint, batch);
+    }
+    let mut expected = values(0..1_500);
+    expected.sort();
+    seen.sort();
+    assert_eq!(seen, expected);
+}
+
+#[test]
+fn starting_offsets_from_a_json_spec_and_from_the_groups_commits() {
+    let topic = unique("starting");
+    create_topic(&topic, 2);
+    produce(&topic, 2, values(0..100)); // 50 a partition
+    let p0 = TopicPartition::new(topic.clone(), 0);
+    let p1 = TopicPartition::new(topic.clone(), 1);
+
+    let spec = format!(r#"{{"{topic}":{{"0":10,"1":-2}}}}"#);
+    let stream = DirectKafkaStream::new(config(&topic, 1_000_000).starting_offsets_json(&spec).unwrap()).unwrap();
+    let position = stream.position().unwrap();
+    assert_eq!((position[&p0], position[&p1]), (10, 0));
+    let ranges = stream.plan_batch(time_of(0), None).unwrap();
+    let records = stream.read(&ranges).unwrap();
+    assert_eq!(records.iter().flatten().count(), 90);
+    assert_eq!(records.iter().flatten().filter(|r| r.partition == 0).map(|r| r.offset).min(), Some(10));
+
+    let spec = format!(r#"{{"{topic}":{{"0":-1,"1":7}}}}"#);
+    let stream = DirectKafkaStream::new(config(&topic, 1_000_000).starting_offsets_json(&spec).unwrap()).unwrap();
+    let position = stream.position().unwrap();
+    assert_eq!((position[&p0], position[&p1]), (50, 7));
+
+    // Commit a batch of 20 a partition to the group, then start from the group's offsets.
+    let group_config = config(&topic, 200).commit(OffsetCommit::KafkaGroup);
+    let group = group_config.consumer.group_id.clone();
+    let stream = DirectKafkaStream::new(group_config).unwrap();
+    let ranges = stream.plan_batch(time_of(0), None).unwrap();
+    assert_eq!(ranges.count(), 40);
+    stream.read(&ranges).unwrap();
+    stream.on_batch_completed(&ranges).unwrap();
+
+    let fallback = Box::new(StartingOffsets::Latest);
+    let mut resumed = config(&topic, 200).starting_offsets(StartingOffsets::Committed { fallback: fallback.clone() });
+    resumed.consumer.group_id = group;
+    let position = DirectKafkaStream::new(resumed).unwrap().position().unwrap();
+    assert_eq!((position[&p0], position[&p1]), (20, 20));
+    // A group without commits falls back (here: latest).
+    let fresh = config(&topic, 200).starting_offsets(StartingOffsets::Committed { fallback });
+    let position = DirectKafkaStream::new(fresh).unwrap().position().unwrap();
+    assert_eq!((position[&p0], position[&p1]), (50, 50));
+}
+
+#[test]
+fn deleted_records_fail_the_batch_or_are_skipped_as_configured() {
+    let topic = unique("deleted");
+    create_topic(&topic, 1);
+    produce(&topic, 1, values(0..100));
+    let mut list = rdkafka::TopicPartitionList::new();
+    list.add_partition_offset(&topic, 0, rdkafka::Offset::Offset(40)).unwrap();
+    let deleted =
+        common::block_on(common::admin().delete_records(&list, &rdkafka::admin::AdminOptions::new())).unwrap();
+    assert_eq!(deleted.elements()[0].offset(), rdkafka::Offset::Offset(40));
+
+    let range = OffsetRanges::new(vec![OffsetRange::new(topic.clone(), 0, 0, 100)]);
+    let failing = DirectKafkaStream::new(config(&topic, 1_000)).unwrap();
+    match failing.read(&range) {
+        Err(KafkaError::DataLoss { from: 0, until: 100, earliest: 40, .. }) => {}
+        other => panic!("expected a data-loss error, got {other:?}"),
+    }
+
+    let skipping = DirectKafkaStream::new(config(&topic, 1_000).on_data_loss(DataLossPolicy::Skip)).unwrap();
+    let records = skipping.read(&range).unwrap();
+    let offsets: Vec<i64> = records.iter().flatten().map(|r| r.offset).collect();
+    assert_eq!(offsets, (40..100).collect::<Vec<_>>());
+    // Starting at the earliest offset plans from what is left.
+    assert_eq!(skipping.plan_batch(time_of(0), None).unwrap().ranges()[0].from, 40);
+}

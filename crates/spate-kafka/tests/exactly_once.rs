@@ -1,0 +1,220 @@
+//! Exactly-once outputs across crashes: the transactional RocksDB offset
+//! store and the transactional Kafka sink, against the local broker.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use common::{brokers, create_topic, produce, read_committed, unique, values};
+use spate_core::{BatchId, Duration, Time};
+use spate_dstream::InputSource;
+use spate_kafka::{
+    CommitOutcome, DirectKafkaConfig, DirectKafkaStream, KafkaRecord, OffsetCommit, OffsetRanges, OutputRecord,
+    RocksOffsetStore, StartingOffsets, TransactionalKafkaSink,
+};
+use spate_logstore::{Checkpoint, CheckpointOptions, CommitMetadata, OffsetSeq, Verdict};
+
+const SOURCE: &str = "kafka-in";
+const BATCH: Duration = Duration::from_millis(100);
+
+fn time_of(batch: u64) -> Time {
+    Time::from_millis(((batch + 1) * BATCH.as_millis()) as i64)
+}
+
+fn log_offsets(checkpoint: &Checkpoint, batch: u64, ranges: &OffsetRanges) {
+    let entry = OffsetSeq {
+        batch_timestamp: time_of(batch),
+        sources: vec![ranges.to_source_offset(SOURCE)],
+        ..OffsetSeq::default()
+    };
+    assert!(checkpoint.offsets().add(BatchId(batch), &entry).unwrap());
+}
+
+fn commit(checkpoint: &Checkpoint, batch: u64) {
+    assert!(checkpoint.commits().add(BatchId(batch), &CommitMetadata::default()).unwrap());
+}
+
+fn value(record: &KafkaRecord) -> String {
+    String::from_utf8(record.value.clone().unwrap()).unwrap()
+}
+
+/// The re-run a restart must do: the logged ranges of the batch after the last commit.
+fn rerun_of(checkpoint: &Checkpoint) -> (u64, String) {
+    let Verdict::Rerun { batch, offsets, .. } = checkpoint.verdict().unwrap() else { panic!("expected a re-run") };
+    (batch.0, offsets.offset_of(SOURCE).unwrap().unwrap().to_string())
+}
+
+/// The sink of the store test: counts each record value, in the same write as the offsets.
+fn apply_to_store(
+    store: &RocksOffsetStore,
+    batch: u64,
+    ranges: &OffsetRanges,
+    records: &[Vec<KafkaRecord>],
+) -> CommitOutcome {
+    store
+        .commit_batch(BatchId(batch), ranges, |writes| {
+            for record in records.iter().flatten() {
+                let key = value(record);
+                let seen = store.get(key.as_bytes())?.map_or(0, |v| u64::from_be_bytes(v.try_into().unwrap()));
+                writes.put(key, (seen + 1).to_be_bytes());
+            }
+            Ok(())
+        })
+        .unwrap()
+}
+
+#[test]
+fn the_transactional_store_holds_every_record_once_across_crashes_and_a_lost_checkpoint() {
+    let topic = unique("store-eo");
+    create_topic(&topic, 3);
+    produce(&topic, 3, values(0..1_200));
+    let store_dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(RocksOffsetStore::open(store_dir.path()).unwrap());
+    let checkpoint_dir = tempfile::tempdir().unwrap();
+    let make = |group: &str, starting: StartingOffsets| {
+        let config = DirectKafkaConfig::subscribe(brokers(), group, [topic.as_str()], BATCH)
+            .max_rate_per_partition(2_000)
+            .starting_offsets(starting)
+            .commit(OffsetCommit::TransactionalStore(Arc::clone(&store)));
+        DirectKafkaStream::new(config).unwrap()
+    };
+
+    {
+        let stream = make("app-v1", StartingOffsets::Earliest);
+        let checkpoint = Checkpoint::open_for_write(checkpoint_dir.path(), CheckpointOptions::new()).unwrap();
+        let ranges = stream.plan_batch(time_of(0), None).unwrap();
+        log_offsets(&checkpoint, 0, &ranges);
+        assert_eq!(apply_to_store(&store, 0, &ranges, &stream.read(&ranges).unwrap()), CommitOutcome::Committed);
+        commit(&checkpoint, 0);
+        // Batch 1: the store commits, then the process dies before commits/1.
+        let ranges = stream.plan_batch(time_of(1), None).unwrap();
+        log_offsets(&checkpoint, 1, &ranges);
+        assert_eq!(apply_to_store(&store, 1, &ranges, &stream.read(&ranges).unwrap()), CommitOutcome::Committed);
+    }
+    {
+        // Restart: batch 1 is re-run with its logged ranges and recognised by the store.
+        let stream = make("app-v1", StartingOffsets::Earliest);
+        let checkpoint = Checkpoint::open_for_write(checkpoint_dir.path(), CheckpointOptions::new()).unwrap();
+        let (batch, planned) = rerun_of(&checkpoint);
+        assert_eq!(batch, 1);
+        let records = stream.compute(time_of(1), Some(&planned)).unwrap();
+        let ranges = OffsetRanges::from_json(&planned).unwrap();
+        assert_eq!(apply_to_store(&store, 1, &ranges, &records), CommitOutcome::AlreadyCommitted);
+        commit(&checkpoint, 1);
+        // Batch 2: offsets logged, the process dies before the store commit.
+        let ranges = stream.plan_batch(time_of(2), None).unwrap();
+        log_offsets(&checkpoint, 2, &ranges);
+        stream.read(&ranges).unwrap();
+    }
+    // The checkpoint directory is lost, and the code changed (another group,
+    // starting at the latest offsets): the store's offsets still win.
+    drop(checkpoint_dir);
+    let checkpoint_dir = tempfile::tempdir().unwrap();
+    let stream = make("app-v2", StartingOffsets::Latest);
+    let checkpoint = Checkpoint::open_for_write(checkpoint_dir.path(), CheckpointOptions::new()).unwrap();
+    assert_eq!(checkpoint.verdict().unwrap(), Verdict::Fresh);
+    for batch in 0.. {
+        let ranges = stream.plan_batch(time_of(batch), None).unwrap();
+        if ranges.is_empty() {
+            break;
+        }
+        log_offsets(&checkpoint, batch, &ranges);
+        assert_eq!(apply_to_store(&store, batch, &ranges, &stream.read(&ranges).unwrap()), CommitOutcome::Committed);
+        commit(&checkpoint, batch);
+    }
+
+    let results: BTreeMap<String, u64> = store
+        .results()
+        .unwrap()
+        .into_iter()
+        .map(|(k, v)| (String::from_utf8(k).unwrap(), u64::from_be_bytes(v.try_into().unwrap())))
+        .collect();
+    assert_eq!(results.len(), 1_200, "every record is in the store");
+    assert!(results.values().all(|count| *count == 1), "no record is counted twice");
+    assert_eq!(results.keys().cloned().collect::<Vec<_>>(), {
+        let mut v = values(0..1_200);
+        v.sort();
+        v
+    });
+}
+
+#[test]
+fn the_transactional_kafka_sink_writes_every_record_once_across_crashes_and_fences_zombies() {
+    let input = unique("txn-in");
+    let output = unique("txn-out");
+    create_topic(&input, 3);
+    create_topic(&output, 2);
+    produce(&input, 3, values(0..900));
+    let group = unique("txn-group");
+    let transactional_id = unique("txn-app");
+    let checkpoint_dir = tempfile::tempdir().unwrap();
+    let make_stream = || {
+        let config = DirectKafkaConfig::subscribe(brokers(), group.as_str(), [input.as_str()], BATCH)
+            .max_rate_per_partition(1_000)
+            .starting_offsets(StartingOffsets::Committed { fallback: Box::new(StartingOffsets::Earliest) });
+        DirectKafkaStream::new(config).unwrap()
+    };
+    let make_sink = || TransactionalKafkaSink::new(&brokers(), output.as_str(), &transactional_id, &group).unwrap();
+    let outputs = |records: &[Vec<KafkaRecord>]| -> Vec<OutputRecord> {
+        records.iter().flatten().map(|r| OutputRecord::value(format!("out-{}", value(r)))).collect()
+    };
+
+    {
+        let (stream, sink) = (make_stream(), make_sink());
+        let checkpoint = Checkpoint::open_for_write(checkpoint_dir.path(), CheckpointOptions::new()).unwrap();
+        let ranges = stream.plan_batch(time_of(0), None).unwrap();
+        log_offsets(&checkpoint, 0, &ranges);
+        let records = stream.read(&ranges).unwrap();
+        assert_eq!(sink.write_batch(BatchId(0), &ranges, outputs(&records)).unwrap(), CommitOutcome::Committed);
+        commit(&checkpoint, 0);
+        // Batch 1: the transaction commits, the process dies before commits/1.
+        let ranges = stream.plan_batch(time_of(1), None).unwrap();
+        log_offsets(&checkpoint, 1, &ranges);
+        let records = stream.read(&ranges).unwrap();
+        assert_eq!(sink.write_batch(BatchId(1), &ranges, outputs(&records)).unwrap(), CommitOutcome::Committed);
+    }
+    {
+        let (stream, sink) = (make_stream(), make_sink());
+        let checkpoint = Checkpoint::open_for_write(checkpoint_dir.path(), CheckpointOptions::new()).unwrap();
+        let (batch, planned) = rerun_of(&checkpoint);
+        assert_eq!(batch, 1);
+        let records = stream.compute(time_of(1), Some(&planned)).unwrap();
+        let ranges = OffsetRanges::from_json(&planned).unwrap();
+        assert_eq!(sink.write_batch(BatchId(1), &ranges, outputs(&records)).unwrap(), CommitOutcome::AlreadyCommitted);
+        commit(&checkpoint, 1);
+        // Batch 2: offsets logged, the process dies before the transaction.
+        let ranges = stream.plan_batch(time_of(2), None).unwrap();
+        log_offsets(&checkpoint, 2, &ranges);
+        stream.read(&ranges).unwrap();
+    }
+    let zombie = make_sink();
+    let stream = make_stream();
+    let sink = make_sink(); // fences the zombie
+    let checkpoint = Checkpoint::open_for_write(checkpoint_dir.path(), CheckpointOptions::new()).unwrap();
+    let (batch, planned) = rerun_of(&checkpoint);
+    assert_eq!(batch, 2);
+    let records = stream.compute(time_of(2), Some(&planned)).unwrap();
+    let ranges = OffsetRanges::from_json(&planned).unwrap();
+    assert!(zombie.write_batch(BatchId(2), &ranges, outputs(&records)).is_err(), "a fenced instance cannot commit");
+    assert_eq!(sink.write_batch(BatchId(2), &ranges, outputs(&records)).unwrap(), CommitOutcome::Committed);
+    commit(&checkpoint, 2);
+    for batch in 3.. {
+        let ranges = stream.plan_batch(time_of(batch), None).unwrap();
+        if ranges.is_empty() {
+            break;
+        }
+        log_offsets(&checkpoint, batch, &ranges);
+        let records = stream.read(&ranges).unwrap();
+        assert_eq!(sink.write_batch(BatchId(batch), &ranges, outputs(&records)).unwrap(), CommitOutcome::Committed);
+        commit(&checkpoint, batch);
+    }
+
+    let mut written = read_committed(&output, 2);
+    written.sort();
+    let mut expected: Vec<String> = values(0..900).into_iter().map(|v| format!("out-{v}")).collect();
+    expected.sort();
+    assert_eq!(written, expected, "every input exactly once in the committed output");
+}
