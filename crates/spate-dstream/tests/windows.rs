@@ -14,6 +14,9 @@ use spate_dstream::{Graph, GraphBuilder, QueueSource, RestorePolicy};
 
 type Input = Vec<Vec<Vec<(u8, i64)>>>;
 
+/// The plain window's checkpointed state: retained batches by time.
+type Retained = std::collections::VecDeque<(Time, Vec<Vec<(u8, i64)>>)>;
+
 /// Random batches of (key, positive value) records in a few partitions.
 fn stream() -> impl Strategy<Value = Input> {
     prop::collection::vec(prop::collection::vec(prop::collection::vec((0u8..12, 1i64..20), 0..12), 1..3), 1..40)
@@ -62,7 +65,8 @@ fn build(length: u64, slide: u64, partitions: usize) -> Windows {
     let pane_max = collect(&s.reduce_by_key_and_window(|a, b| *a.max(b), l, sl).name("pane-max"));
     let inv_sum = collect(&s.reduce_by_key_and_window_inv(|a, b| a + b, |a, b| a - b, l, sl).name("inv-sum"));
     let inv_filtered = collect(
-        &s.reduce_by_key_and_window_inv_filtered(|a, b| a + b, |a, b| a - b, l, sl, |_, v| *v != 0).name("inv-filtered"),
+        &s.reduce_by_key_and_window_inv_filtered(|a, b| a + b, |a, b| a - b, l, sl, |_, v| *v != 0)
+            .name("inv-filtered"),
     );
     let total = collect(&s.map(|(_, v)| v).reduce_by_window(|a, b| a + b, l, sl).name("total"));
     let counted = collect(&s.count_by_window(l, sl).name("counted"));
@@ -149,8 +153,7 @@ fn window_drops_batches_no_window_needs_any_more() {
         run(&mut w.graph, i + 1..=i + 1);
         let state = w.graph.snapshot_state().unwrap();
         let (_, plain) = state.iter().find(|(name, _)| name == "plain").unwrap();
-        let retained: std::collections::VecDeque<(Time, Vec<Vec<(u8, i64)>>)> =
-            spate_core::FrameCodec::new(1).decode(plain).unwrap().value;
+        let retained: Retained = spate_core::FrameCodec::new(1).decode(plain).unwrap().value;
         assert!(retained.len() <= 3, "batch {i}: {} batches retained", retained.len());
         assert!(retained.iter().all(|(time, _)| time.as_millis() > (i + 1 - 3) * 1000));
     }

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use spate_core::{BatchId, Duration, Time};
-use spate_dstream::{Data, DStream, Graph};
+use spate_dstream::{DStream, Data, Graph};
 
 pub const INTERVAL: Duration = Duration::from_millis(1000);
 

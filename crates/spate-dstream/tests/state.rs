@@ -1,0 +1,146 @@
+//! update_state_by_key and map_with_state against references.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use common::{INTERVAL, collect, run, sorted_at, t};
+use proptest::prelude::*;
+use spate_core::Duration;
+use spate_dstream::{GraphBuilder, QueueSource, State};
+
+fn batches() -> impl Strategy<Value = Vec<Vec<(u8, u32)>>> {
+    prop::collection::vec(prop::collection::vec((0u8..10, 1u32..10), 0..15), 1..25)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(32))]
+
+    #[test]
+    fn update_state_by_key_keeps_running_totals_and_removes_on_none(input in batches()) {
+        let b = GraphBuilder::new(INTERVAL).partitions(3).workers(2).checkpointing(true);
+        let queue = Arc::new(QueueSource::new());
+        // Running sum per key; a key whose total passes 40 is removed.
+        let totals = b.input("in", Arc::clone(&queue)).update_state_by_key(|values: Vec<u32>, state: Option<u64>| {
+            let total = state.unwrap_or(0) + values.iter().map(|v| u64::from(*v)).sum::<u64>();
+            (total <= 40).then_some(total)
+        });
+        let seen = collect(&totals.name("totals"));
+        let mut graph = b.build().unwrap();
+        for batch in &input {
+            queue.push(batch.clone());
+        }
+        run(&mut graph, 1..=input.len() as i64);
+
+        let mut reference: BTreeMap<u8, u64> = BTreeMap::new();
+        for (index, batch) in input.iter().enumerate() {
+            let mut new: BTreeMap<u8, u64> = BTreeMap::new();
+            for (k, v) in batch {
+                *new.entry(*k).or_default() += u64::from(*v);
+            }
+            for (k, sum) in new {
+                *reference.entry(k).or_default() += sum;
+            }
+            reference.retain(|_, total| *total <= 40);
+            let expected: Vec<(u8, u64)> = reference.iter().map(|(k, v)| (*k, *v)).collect();
+            prop_assert_eq!(sorted_at(&seen, t(index as i64 + 1)).unwrap(), expected);
+        }
+    }
+
+    #[test]
+    fn map_with_state_maps_every_record_and_times_out_idle_keys(input in batches(), timeout in 1u64..5) {
+        let b = GraphBuilder::new(INTERVAL).partitions(3).workers(2).checkpointing(true);
+        let queue = Arc::new(QueueSource::new());
+        let with_state = b.input("in", Arc::clone(&queue)).map_with_state(
+            |key: &u8, value: Option<u32>, state: &mut State<u64>| match value {
+                Some(v) => {
+                    let total = state.get().copied().unwrap_or(0) + u64::from(v);
+                    state.update(total);
+                    (*key, total, false)
+                }
+                None => (*key, state.get().copied().unwrap_or(0), state.is_timing_out()),
+            },
+            Some(Duration::from_secs(timeout)),
+        ).name("sessions");
+        let mapped = collect(&with_state.mapped());
+        let snapshots = collect(&with_state.state_snapshots());
+        let mut graph = b.build().unwrap();
+        for batch in &input {
+            queue.push(batch.clone());
+        }
+        run(&mut graph, 1..=input.len() as i64);
+
+        // Reference: per key the running total and the last batch with data.
+        let mut state: BTreeMap<u8, (u64, i64)> = BTreeMap::new();
+        for (index, batch) in input.iter().enumerate() {
+            let now = index as i64 + 1;
+            let mut expected = Vec::new();
+            for (k, v) in batch {
+                let entry = state.entry(*k).or_insert((0, now));
+                entry.0 += u64::from(*v);
+                entry.1 = now;
+                expected.push((*k, entry.0, false));
+            }
+            let threshold = now - timeout as i64;
+            let timed_out: Vec<u8> = state.iter().filter(|(_, (_, last))| *last < threshold).map(|(k, _)| *k).collect();
+            for k in timed_out {
+                let (total, _) = state.remove(&k).unwrap();
+                expected.push((k, total, true));
+            }
+            expected.sort();
+            prop_assert_eq!(sorted_at(&mapped, t(now)).unwrap(), expected);
+            let expected_state: Vec<(u8, u64)> = state.iter().map(|(k, (total, _))| (*k, *total)).collect();
+            prop_assert_eq!(sorted_at(&snapshots, t(now)).unwrap(), expected_state);
+        }
+    }
+}
+
+#[test]
+fn map_with_state_sees_records_of_a_key_in_order() {
+    let b = GraphBuilder::new(INTERVAL).partitions(2).workers(2).checkpointing(true);
+    let queue = Arc::new(QueueSource::new());
+    let with_state = b.input("in", Arc::clone(&queue)).map_with_state(
+        |_key: &u8, value: Option<u32>, state: &mut State<Vec<u32>>| {
+            let mut seen = state.get().cloned().unwrap_or_default();
+            seen.extend(value);
+            state.update(seen.clone());
+            seen
+        },
+        None,
+    );
+    let mapped = collect(&with_state.mapped());
+    let mut graph = b.build().unwrap();
+    queue.push(vec![(1, 10), (1, 11), (1, 12)]);
+    queue.push(vec![(1, 13)]);
+    run(&mut graph, 1..=2);
+    assert_eq!(sorted_at(&mapped, t(1)).unwrap(), vec![vec![10], vec![10, 11], vec![10, 11, 12]]);
+    assert_eq!(sorted_at(&mapped, t(2)).unwrap(), vec![vec![10, 11, 12, 13]]);
+}
+
+#[test]
+fn removed_state_starts_over() {
+    let b = GraphBuilder::new(INTERVAL).partitions(2).checkpointing(true);
+    let queue = Arc::new(QueueSource::new());
+    let with_state = b.input("in", Arc::clone(&queue)).map_with_state(
+        |_key: &u8, value: Option<u32>, state: &mut State<u32>| {
+            let total = state.get().copied().unwrap_or(0) + value.unwrap_or(0);
+            if total >= 5 {
+                state.remove();
+            } else {
+                state.update(total);
+            }
+            total
+        },
+        None,
+    );
+    let mapped = collect(&with_state.mapped());
+    let mut graph = b.build().unwrap();
+    for _ in 0..4 {
+        queue.push(vec![(7, 2)]);
+    }
+    run(&mut graph, 1..=4);
+    let all: Vec<u32> = (1..=4).flat_map(|i| sorted_at(&mapped, t(i)).unwrap()).collect();
+    assert_eq!(all, vec![2, 4, 6, 2]);
+}

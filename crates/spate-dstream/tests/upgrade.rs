@@ -1,0 +1,211 @@
+//! Restarting from a checkpoint with new code: each change resumes or fails
+//! exactly as described, and the checkpoint holds data only.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::sync::Arc;
+
+use common::{Collected, INTERVAL, collect, run, sorted_at, t};
+use spate_core::{Duration, FrameCodec};
+use spate_dstream::{DStreamError, Graph, GraphBuilder, GraphDescriptor, QueueSource, RestorePolicy};
+
+/// The variations of the pipeline a new release might bring.
+#[derive(Clone, Copy, Default)]
+struct Variant {
+    extra_output: bool,
+    extra_stateful: bool,
+    without_totals: bool,
+    window_secs: u64,
+    signed_totals: bool,
+}
+
+struct Pipeline {
+    graph: Graph,
+    queue: Arc<QueueSource<(String, u64)>>,
+    windowed: Collected<(String, u64)>,
+    totals: Option<Collected<(String, u64)>>,
+}
+
+fn pipeline(v: Variant) -> Pipeline {
+    let b = GraphBuilder::new(INTERVAL).partitions(2).workers(2).checkpointing(true);
+    let queue = Arc::new(QueueSource::new());
+    let words = b.input("words", Arc::clone(&queue));
+    let window = Duration::from_secs(if v.window_secs == 0 { 4 } else { v.window_secs });
+    let windowed_stream =
+        words.reduce_by_key_and_window_inv(|a, b| a + b, |a, b| a - b, window, INTERVAL).name("windowed-counts");
+    let windowed = collect(&windowed_stream);
+    if v.extra_output {
+        windowed_stream.print(3);
+    }
+    let totals = if v.without_totals {
+        None
+    } else if v.signed_totals {
+        let signed = words.update_state_by_key(|vs: Vec<u64>, st: Option<i64>| Some(st.unwrap_or(0) + vs.len() as i64));
+        collect(&signed.name("totals"));
+        None
+    } else {
+        let totals =
+            words.update_state_by_key(|vs: Vec<u64>, st: Option<u64>| Some(st.unwrap_or(0) + vs.iter().sum::<u64>()));
+        Some(collect(&totals.name("totals")))
+    };
+    if v.extra_stateful {
+        let firsts = words.map_with_state(
+            |_w: &String, _v: Option<u64>, s: &mut spate_dstream::State<bool>| {
+                let first = !s.exists();
+                s.update(true);
+                first
+            },
+            None,
+        );
+        collect(&firsts.name("first-seen").mapped());
+    }
+    Pipeline { graph: b.build().unwrap(), queue, windowed, totals }
+}
+
+fn feed(p: &Pipeline, batches: std::ops::RangeInclusive<i64>) {
+    for i in batches {
+        p.queue.push(vec![(format!("w{}", i % 3), 1), ("all".to_string(), i as u64)]);
+    }
+}
+
+/// Runs batches 1..=5, then checkpoints: the descriptor goes through bytes,
+/// as the runtime writes it to `<checkpoint>/graph`.
+fn checkpoint_after_five() -> (GraphDescriptor, Vec<(String, Vec<u8>)>) {
+    let mut old = pipeline(Variant::default());
+    feed(&old, 1..=5);
+    run(&mut old.graph, 1..=5);
+    let codec = FrameCodec::new(1);
+    let bytes = codec.encode(&old.graph.descriptor()).unwrap();
+    let descriptor: GraphDescriptor = codec.decode(&bytes).unwrap().value;
+    (descriptor, old.graph.snapshot_state().unwrap())
+}
+
+fn uninterrupted() -> Pipeline {
+    let mut p = pipeline(Variant::default());
+    feed(&p, 1..=8);
+    run(&mut p.graph, 1..=8);
+    p
+}
+
+#[test]
+fn unchanged_graph_resumes_as_if_never_stopped() {
+    let (descriptor, state) = checkpoint_after_five();
+    let mut new = pipeline(Variant::default());
+    let report = new.graph.restore(&descriptor, state, &RestorePolicy::strict()).unwrap();
+    assert_eq!(report.resumed, vec!["windowed-counts".to_string(), "totals".to_string()]);
+    assert!(report.started_empty.is_empty() && report.dropped.is_empty());
+    feed(&new, 6..=8);
+    run(&mut new.graph, 6..=8);
+    let reference = uninterrupted();
+    for b in 6..=8 {
+        assert_eq!(sorted_at(&new.windowed, t(b)), sorted_at(&reference.windowed, t(b)), "window at {b}");
+        let (ours, theirs) = (new.totals.as_ref().unwrap(), reference.totals.as_ref().unwrap());
+        assert_eq!(sorted_at(ours, t(b)), sorted_at(theirs, t(b)), "totals at {b}");
+    }
+    // The window still held batches 2..=5, so the first window after the restart is complete.
+    assert_eq!(sorted_at(&new.windowed, t(6)).unwrap().iter().find(|(w, _)| w == "all").unwrap().1, 3 + 4 + 5 + 6);
+}
+
+#[test]
+fn an_added_output_resumes() {
+    let (descriptor, state) = checkpoint_after_five();
+    let mut new = pipeline(Variant { extra_output: true, ..Variant::default() });
+    let report = new.graph.restore(&descriptor, state, &RestorePolicy::strict()).unwrap();
+    assert_eq!(report.resumed.len(), 2);
+    feed(&new, 6..=6);
+    run(&mut new.graph, 6..=6);
+    assert_eq!(sorted_at(&new.windowed, t(6)), sorted_at(&uninterrupted().windowed, t(6)));
+}
+
+#[test]
+fn an_added_stateful_operator_starts_empty() {
+    let (descriptor, state) = checkpoint_after_five();
+    let mut new = pipeline(Variant { extra_stateful: true, ..Variant::default() });
+    let report = new.graph.restore(&descriptor, state, &RestorePolicy::strict()).unwrap();
+    assert_eq!(report.started_empty, vec!["first-seen".to_string()]);
+    assert_eq!(report.resumed, vec!["windowed-counts".to_string(), "totals".to_string()]);
+}
+
+#[test]
+fn a_removed_stateful_operator_is_an_error_unless_dropping_is_allowed() {
+    let (descriptor, state) = checkpoint_after_five();
+    let mut new = pipeline(Variant { without_totals: true, ..Variant::default() });
+    let err = new.graph.restore(&descriptor, state.clone(), &RestorePolicy::strict()).unwrap_err();
+    assert!(matches!(&err, DStreamError::RemovedOperators { operators } if operators == &["totals"]), "{err}");
+    assert!(err.to_string().contains("totals"));
+
+    let report = new.graph.restore(&descriptor, state.clone(), &RestorePolicy::allow_dropping(["totals"])).unwrap();
+    assert_eq!(report.dropped, vec!["totals".to_string()]);
+    assert_eq!(report.resumed, vec!["windowed-counts".to_string()]);
+    let mut other = pipeline(Variant { without_totals: true, ..Variant::default() });
+    assert!(other.graph.restore(&descriptor, state, &RestorePolicy::allow_dropping_removed()).is_ok());
+}
+
+#[test]
+fn a_changed_window_is_an_error_that_says_what_changed() {
+    let (descriptor, state) = checkpoint_after_five();
+    let mut new = pipeline(Variant { window_secs: 6, ..Variant::default() });
+    let err = new.graph.restore(&descriptor, state, &RestorePolicy::strict()).unwrap_err();
+    match &err {
+        DStreamError::IncompatibleState { differences } => {
+            assert_eq!(
+                differences,
+                &["operator `windowed-counts`: window changed from 4000 ms to 6000 ms".to_string()]
+            );
+        }
+        other => panic!("unexpected {other:?}"),
+    }
+}
+
+#[test]
+fn a_changed_state_type_is_an_error_that_says_what_changed() {
+    let (descriptor, state) = checkpoint_after_five();
+    let mut new = pipeline(Variant { signed_totals: true, ..Variant::default() });
+    let err = new.graph.restore(&descriptor, state, &RestorePolicy::strict()).unwrap_err().to_string();
+    assert!(err.contains("operator `totals`: state type changed from u64 to i64"), "{err}");
+}
+
+#[test]
+fn damaged_state_is_an_error_naming_the_operator_and_restores_nothing_silently() {
+    let (descriptor, mut state) = checkpoint_after_five();
+    let totals = state.iter_mut().find(|(name, _)| name == "totals").unwrap();
+    let last = totals.1.len() - 1;
+    totals.1[last] ^= 0xff;
+    let mut new = pipeline(Variant::default());
+    let err = new.graph.restore(&descriptor, state, &RestorePolicy::strict()).unwrap_err();
+    assert!(matches!(&err, DStreamError::StateDecode { operator, .. } if operator == "totals"), "{err}");
+}
+
+#[test]
+fn missing_state_for_a_described_operator_is_an_error() {
+    let (descriptor, mut state) = checkpoint_after_five();
+    state.retain(|(name, _)| name != "totals");
+    let mut new = pipeline(Variant::default());
+    let err = new.graph.restore(&descriptor, state, &RestorePolicy::strict()).unwrap_err();
+    assert!(matches!(&err, DStreamError::MissingState { operator } if operator == "totals"), "{err}");
+}
+
+#[test]
+fn descriptor_records_names_kinds_types_and_windows() {
+    let p = pipeline(Variant::default());
+    let descriptor = p.graph.descriptor();
+    assert_eq!(descriptor.batch_interval_ms, 1000);
+    let window = descriptor.operators.iter().find(|op| op.name == "windowed-counts").unwrap();
+    assert_eq!(window.kind, "reduce_by_key_and_window_inv");
+    assert_eq!(window.key_type.as_deref(), Some(std::any::type_name::<String>()));
+    assert_eq!(window.value_type.as_deref(), Some("u64"));
+    assert_eq!((window.window_ms, window.slide_ms), (Some(4000), Some(1000)));
+    assert_eq!(window.parents, vec!["words".to_string()]);
+    let stateful: Vec<&str> = descriptor.operators.iter().filter(|op| op.stateful).map(|op| op.name.as_str()).collect();
+    assert_eq!(stateful, vec!["windowed-counts", "totals"]);
+}
+
+#[test]
+fn unnamed_stateful_operators_get_positional_names() {
+    let b = GraphBuilder::new(INTERVAL).checkpointing(true);
+    let s = b.input("in", Arc::new(QueueSource::<(u8, u8)>::new()));
+    collect(&s.update_state_by_key(|v: Vec<u8>, st: Option<u8>| Some(st.unwrap_or(0).wrapping_add(v.len() as u8))));
+    let graph = b.build().unwrap();
+    assert_eq!(graph.snapshot_state().unwrap()[0].0, "update_state_by_key-1");
+}
