@@ -56,6 +56,12 @@ pub enum RuntimeError {
         /// What went wrong.
         reason: String,
     },
+    /// The pipeline the code declares is invalid (the graph builder's problems).
+    #[error("invalid pipeline: {reason}")]
+    InvalidGraph {
+        /// Every problem found.
+        reason: String,
+    },
     /// The graph in the code does not fit the checkpoint (an incompatible change).
     #[error("the graph does not match checkpoint {dir}: {reason}")]
     IncompatibleGraph {

@@ -3,15 +3,22 @@
 #![deny(clippy::unwrap_used, clippy::expect_used)]
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
 
+mod context;
+mod driver;
 mod error;
+mod inputs;
 mod pid;
 mod progress;
 mod rate;
 mod recovery;
 mod scheduler;
 mod settings;
+mod store;
 
+pub use context::{OffsetsHook, PipelineBuilder, StopHandle, StreamingContext};
+pub use driver::StopReport;
 pub use error::RuntimeError;
+pub use inputs::{ReceiverOptions, ReceiverResume};
 pub use pid::{PidRateEstimator, PidSettings};
 pub use progress::{BatchProgress, PhaseTimes, ProgressListener, ProgressRotation, ReceiverStatus};
 pub use recovery::{RecoveryReport, RestoredOperator};

@@ -95,6 +95,13 @@ impl JobScheduler {
         self.stop_and_join();
     }
 
+    /// Stops taking jobs and leaves running ones to finish on their own
+    /// (an immediate stop does not wait for a slow output).
+    pub(crate) fn abandon(mut self) {
+        self.queue = None;
+        self.workers.clear();
+    }
+
     fn stop_and_join(&mut self) {
         self.queue = None;
         for worker in self.workers.drain(..) {
@@ -168,19 +175,26 @@ impl CommitOrder {
     }
 
     /// True when no batch is waiting.
+    #[cfg(test)]
     pub(crate) fn is_idle(&self) -> bool {
         self.pending.is_empty()
     }
 
     /// Records a finished job and says what may happen now.
+    #[cfg(test)]
     pub(crate) fn finished(&mut self, outcome: &JobOutcome) -> CommitDecision {
+        self.record(outcome);
+        self.ready()
+    }
+
+    /// Records a finished job.
+    pub(crate) fn record(&mut self, outcome: &JobOutcome) {
         if let Some(pending) = self.pending.get_mut(&outcome.batch) {
             pending.remaining = pending.remaining.saturating_sub(1);
             if let Err(reason) = &outcome.result {
                 pending.failure.get_or_insert_with(|| (outcome.name.clone(), reason.clone()));
             }
         }
-        self.ready()
     }
 
     /// Releases the completed prefix of batches (a batch with no outputs is

@@ -146,6 +146,7 @@ impl StreamingSettings {
     }
 
     /// How many batches make one checkpoint interval.
+    #[cfg(test)]
     pub(crate) fn batches_per_checkpoint(&self) -> u64 {
         self.effective_checkpoint_interval().div_duration(self.batch_interval).max(1)
     }

@@ -1,0 +1,629 @@
+//! The driver: the JobGenerator's event loop. One thread owns the graph, the
+//! checkpoint and the receivers; a timer thread sends it the batch ticks, the
+//! job workers send it their outcomes, stop handles send it stop requests.
+//!
+//! One batch at a time is between its `offsets/N` and its `commits/N`
+//! (invariant 2 allows exactly one logged-but-uncommitted batch), so a batch
+//! starts only when the previous one committed; its output jobs run on the
+//! [`JobScheduler`] up to `concurrent_jobs` at once.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::time::Instant;
+
+use crossbeam::channel::{Receiver, Sender};
+use serde_json::{Value, json};
+use spate_core::{BatchId, Clock, Duration, Time};
+use spate_dstream::{Graph, PlannedOffsets};
+use spate_logstore::{OffsetSeq, SourceOffset};
+use spate_tracker::ReceivedBlockTracker;
+use tracing::{info, warn};
+
+use crate::error::RuntimeError;
+use crate::inputs::ReceiverInput;
+use crate::progress::{BatchProgress, PhaseTimes, ProgressFiles, ProgressListener};
+use crate::rate::{BatchTiming, RateController};
+use crate::scheduler::{CommitDecision, CommitOrder, JobOutcome, JobScheduler, NamedJob, OutcomeSink};
+use crate::settings::StreamingSettings;
+use crate::store::{CheckpointStore, GraphManifest};
+
+/// How to stop.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum StopMode {
+    /// Stop receiving, process what was received and queued, commit, stop.
+    Graceful,
+    /// Stop at once; what was not committed is re-run on the next start.
+    Now,
+}
+
+/// What the driver's thread is told.
+pub(crate) enum Event {
+    /// Batch time `Time` has come.
+    Tick(Time),
+    /// An output job ended.
+    JobDone(JobOutcome),
+    /// Stop.
+    Stop(StopMode),
+}
+
+/// How a context ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StopReport {
+    /// The last committed batch, if any.
+    pub last_committed: Option<BatchId>,
+    /// Batches committed by this run.
+    pub batches_committed: u64,
+    /// True when it stopped gracefully (everything received was processed).
+    pub graceful: bool,
+}
+
+/// What callers can wait on while the driver runs.
+#[derive(Debug, Default)]
+pub(crate) struct SharedStatus {
+    state: Mutex<StatusState>,
+    changed: Condvar,
+}
+
+#[derive(Debug, Default)]
+struct StatusState {
+    last_committed: Option<BatchId>,
+    finished: bool,
+    failure: Option<String>,
+}
+
+impl SharedStatus {
+    fn update(&self, f: impl FnOnce(&mut StatusState)) {
+        f(&mut self.state.lock().unwrap_or_else(PoisonError::into_inner));
+        self.changed.notify_all();
+    }
+
+    pub(crate) fn last_committed(&self) -> Option<BatchId> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner).last_committed
+    }
+
+    /// Waits (real time, up to `timeout`) until `batch` committed; false on
+    /// timeout or when the driver ended first.
+    pub(crate) fn wait_committed(&self, batch: BatchId, timeout: std::time::Duration) -> bool {
+        let state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let (state, _) = self
+            .changed
+            .wait_timeout_while(state, timeout, |s| s.last_committed.is_none_or(|c| c < batch) && !s.finished)
+            .unwrap_or_else(PoisonError::into_inner);
+        state.last_committed.is_some_and(|c| c >= batch)
+    }
+
+    /// The failure that ended the driver, if it failed.
+    pub(crate) fn failure(&self) -> Option<String> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner).failure.clone()
+    }
+}
+
+/// A batch waiting to start.
+#[derive(Debug, Clone)]
+pub(crate) enum QueuedBatch {
+    /// Plan a new batch at this time.
+    New(Time),
+    /// Run a logged batch again with exactly its offsets.
+    Rerun {
+        /// The batch.
+        batch: BatchId,
+        /// Its logged offsets (the batch time is in them).
+        offsets: OffsetSeq,
+    },
+}
+
+struct InFlight {
+    batch: BatchId,
+    time: Time,
+    offsets: OffsetSeq,
+    recovered: bool,
+    started: Instant,
+    scheduling_delay_ms: u64,
+    phases: PhaseTimes,
+    records: u64,
+    outputs_started: Instant,
+}
+
+/// A hook on a replayable input: told the logged offsets on resume, and the
+/// committed offsets after each batch.
+pub(crate) struct InputHooks {
+    /// The input's name.
+    pub(crate) name: String,
+    /// Called with the last logged offsets (JSON) when resuming.
+    pub(crate) on_resume: Option<Box<dyn Fn(&str) -> Result<(), String> + Send>>,
+    /// Called with a batch's offsets (JSON) after it committed.
+    pub(crate) on_commit: Option<Box<dyn Fn(&str) -> Result<(), String> + Send>>,
+}
+
+/// Everything the driver thread owns.
+pub(crate) struct Engine {
+    pub(crate) settings: StreamingSettings,
+    pub(crate) graph: Graph,
+    pub(crate) store: Option<CheckpointStore>,
+    pub(crate) tracker: Option<Arc<ReceivedBlockTracker>>,
+    pub(crate) receivers: Vec<Box<dyn ReceiverInput>>,
+    pub(crate) hooks: Vec<InputHooks>,
+    pub(crate) listeners: Vec<Arc<dyn ProgressListener>>,
+    pub(crate) progress_files: Option<ProgressFiles>,
+    pub(crate) rate: RateController,
+    pub(crate) queue: VecDeque<QueuedBatch>,
+    pub(crate) next_batch: BatchId,
+    /// The time of the last batch queued or run.
+    pub(crate) last_time: Option<Time>,
+    /// Per receiver input: records of its stream in all batches logged so far.
+    pub(crate) records_through: BTreeMap<String, u64>,
+    /// The last state snapshot: its batch and time.
+    pub(crate) state_batch: Option<(BatchId, Time)>,
+    /// The time of each batch still retained (for cleanup thresholds).
+    pub(crate) batch_times: BTreeMap<BatchId, Time>,
+    pub(crate) last_state_bytes: u64,
+}
+
+/// The driver loop's own bookkeeping.
+struct Loop {
+    scheduler: JobScheduler,
+    order: CommitOrder,
+    in_flight: Option<InFlight>,
+    stopping: bool,
+    committed: u64,
+    report: OutcomeSink,
+}
+
+impl Engine {
+    fn interval(&self) -> Duration {
+        self.settings.batch_interval
+    }
+
+    fn has_stateful_operators(&self) -> bool {
+        self.graph.descriptor().operators.iter().any(|op| op.stateful)
+    }
+
+    /// Runs the event loop until stopped or failed.
+    pub(crate) fn run(
+        mut self,
+        events: &Receiver<Event>,
+        events_tx: &Sender<Event>,
+        status: &SharedStatus,
+    ) -> Result<StopReport, RuntimeError> {
+        let scheduler = JobScheduler::new(self.settings.concurrent_jobs)
+            .map_err(|e| RuntimeError::Lifecycle { what: format!("could not start job workers: {e}") })?;
+        let tx = events_tx.clone();
+        let report: OutcomeSink = Arc::new(move |outcome| {
+            // The driver may be gone after a stop; nobody waits then.
+            let _ = tx.send(Event::JobDone(outcome));
+        });
+        let mut lp = Loop { scheduler, order: CommitOrder::default(), in_flight: None, stopping: false, committed: 0, report };
+        let result = self.event_loop(&mut lp, events, status);
+        let graceful = matches!(result, Ok(true));
+        match &result {
+            Ok(_) => lp.scheduler.shutdown(),
+            Err(_) => lp.scheduler.abandon(),
+        }
+        let stop_receivers = self.stop_receivers();
+        if let Some(tracker) = &self.tracker
+            && let Err(e) = tracker.close()
+        {
+            warn!(error = %e, "closing the block tracker failed");
+        }
+        let outcome = result.and(stop_receivers).map(|_| StopReport {
+            last_committed: status.last_committed(),
+            batches_committed: lp.committed,
+            graceful,
+        });
+        status.update(|s| {
+            s.finished = true;
+            s.failure = outcome.as_ref().err().map(ToString::to_string);
+        });
+        // Dropping the store releases the writer lock.
+        drop(self.store.take());
+        outcome
+    }
+
+    /// Returns Ok(true) after a graceful stop, Ok(false) after an immediate one.
+    fn event_loop(&mut self, lp: &mut Loop, events: &Receiver<Event>, status: &SharedStatus) -> Result<bool, RuntimeError> {
+        loop {
+            if lp.in_flight.is_none()
+                && let Some(next) = self.queue.pop_front()
+            {
+                self.start_batch(lp, next)?;
+                // A batch without outputs is ready at once.
+                self.commit_ready(lp, status)?;
+                continue;
+            }
+            if lp.stopping && lp.in_flight.is_none() && self.queue.is_empty() {
+                info!("graceful stop: every received record processed and committed");
+                return Ok(true);
+            }
+            let Ok(event) = events.recv() else { return Ok(false) };
+            match event {
+                Event::Tick(time) => {
+                    if !lp.stopping && self.last_time.is_none_or(|last| time > last) {
+                        self.last_time = Some(time);
+                        self.queue.push_back(QueuedBatch::New(time));
+                    }
+                }
+                Event::JobDone(outcome) => {
+                    tracing::debug!(batch = %outcome.batch, output = %outcome.name, ms = outcome.elapsed_ms, "output finished");
+                    lp.order.record(&outcome);
+                    self.commit_ready(lp, status)?;
+                }
+                Event::Stop(StopMode::Now) => {
+                    info!("stopping now: batches not committed are re-run on the next start");
+                    return Ok(false);
+                }
+                Event::Stop(StopMode::Graceful) if !lp.stopping => {
+                    lp.stopping = true;
+                    self.begin_graceful_stop()?;
+                }
+                Event::Stop(StopMode::Graceful) => {}
+            }
+        }
+    }
+
+    /// Stops the receivers (they push their last blocks) and queues one more
+    /// batch for what they received since the last batch.
+    fn begin_graceful_stop(&mut self) -> Result<(), RuntimeError> {
+        info!("graceful stop: stopping receivers, then finishing received data and queued batches");
+        self.stop_receivers()?;
+        if self.tracker.as_ref().is_some_and(|t| t.has_unallocated_blocks()) {
+            let time = self.last_time.map_or_else(|| self.settings.clock.now().floor(self.interval()), |t| t)
+                + self.interval();
+            self.last_time = Some(time);
+            self.queue.push_back(QueuedBatch::New(time));
+        }
+        Ok(())
+    }
+
+    fn stop_receivers(&mut self) -> Result<(), RuntimeError> {
+        let mut first_error = None;
+        for receiver in &mut self.receivers {
+            if let Err(e) = receiver.stop() {
+                warn!(input = receiver.name(), error = %e, "stopping a receiver failed");
+                first_error.get_or_insert(e);
+            }
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+
+    fn commit_ready(&mut self, lp: &mut Loop, status: &SharedStatus) -> Result<(), RuntimeError> {
+        match lp.order.ready() {
+            CommitDecision::Commit(batches) => {
+                for batch in batches {
+                    self.finish_batch(lp, batch, status)?;
+                }
+                Ok(())
+            }
+            CommitDecision::Failed { batch, output, reason } => Err(RuntimeError::OutputFailed { batch, output, reason }),
+        }
+    }
+
+    fn start_batch(&mut self, lp: &mut Loop, queued: QueuedBatch) -> Result<(), RuntimeError> {
+        let started = Instant::now();
+        let (batch, offsets, recovered) = match queued {
+            QueuedBatch::New(time) => {
+                let batch = self.next_batch;
+                let offsets = self.plan(batch, time)?;
+                if let Some(store) = &self.store {
+                    store.write_offsets(batch, &offsets)?;
+                }
+                (batch, offsets, false)
+            }
+            QueuedBatch::Rerun { batch, offsets } => (batch, offsets, true),
+        };
+        let time = offsets.batch_timestamp;
+        self.next_batch = batch.next();
+        self.last_time = Some(self.last_time.map_or(time, |last| last.max(time)));
+        self.batch_times.insert(batch, time);
+        let scheduling_delay_ms = self.settings.clock.now().since(time).as_millis();
+        let mut phases = PhaseTimes { offsets_logged_ms: elapsed_ms(started), ..PhaseTimes::default() };
+        let computing = Instant::now();
+        let (jobs, records) = self.compute(batch, &offsets)?;
+        phases.jobs_ms = elapsed_ms(computing);
+        let jobs: Vec<NamedJob> = jobs
+            .into_iter()
+            .map(|job| {
+                let name = job.output().to_string();
+                NamedJob { name, body: Box::new(move || job.run().map_err(|e| e.to_string())) }
+            })
+            .collect();
+        lp.order.expect(batch, jobs.len());
+        let outputs_started = Instant::now();
+        lp.scheduler.submit(batch, jobs, &lp.report);
+        lp.in_flight = Some(InFlight {
+            batch,
+            time,
+            offsets,
+            recovered,
+            started,
+            scheduling_delay_ms,
+            phases,
+            records,
+            outputs_started,
+        });
+        Ok(())
+    }
+
+    /// Decides what batch `batch` at `time` reads and describes it for the offsets log.
+    fn plan(&mut self, batch: BatchId, time: Time) -> Result<OffsetSeq, RuntimeError> {
+        let planning = |reason: String| RuntimeError::Planning { batch, reason };
+        if let Some(tracker) = &self.tracker {
+            tracker.allocate_blocks_to_batch(time).map_err(|e| planning(e.to_string()))?;
+        }
+        let limit = self.rate.records_per_batch(self.interval());
+        let replayable: Vec<String> = self.graph.inputs().into_iter().filter(|i| i.replayable).map(|i| i.name).collect();
+        let limits: BTreeMap<String, u64> = match limit {
+            Some(limit) => replayable.iter().map(|name| (name.clone(), limit)).collect(),
+            None => BTreeMap::new(),
+        };
+        let planned = self.graph.plan(time, &limits).map_err(|e| planning(e.to_string()))?;
+        let mut sources = Vec::new();
+        for input in self.graph.inputs() {
+            let offset = if let Some(text) = planned.get(&input.name) {
+                // Kept as JSON when it is JSON, so a person can read the file.
+                Some(serde_json::from_str::<Value>(text).unwrap_or_else(|_| Value::String(text.clone())))
+            } else {
+                self.receiver_offsets(&input.name, time)
+            };
+            sources.push(SourceOffset::new(input.name, offset));
+        }
+        let mut conf = BTreeMap::new();
+        conf.insert("spate.batchIntervalMs".to_string(), self.interval().as_millis().to_string());
+        Ok(OffsetSeq { batch_timestamp: time, sources, conf, ..OffsetSeq::default() })
+    }
+
+    /// The offsets-log entry of a receiver input: the blocks the tracker
+    /// allocated to `time` and the stream's running record count.
+    fn receiver_offsets(&mut self, name: &str, time: Time) -> Option<Value> {
+        let receiver = self.receivers.iter().find(|r| r.name() == name)?;
+        let tracker = self.tracker.as_ref()?;
+        let blocks = tracker.get_blocks_of_batch_and_stream(time, receiver.stream_id());
+        let records: u64 = blocks.iter().filter_map(|b| b.info().num_records).sum();
+        let through = self.records_through.entry(name.to_string()).or_insert(0);
+        *through += records;
+        Some(json!({
+            "stream": receiver.stream_id().0,
+            "blocks": blocks.len(),
+            "records": records,
+            "recordsThrough": *through,
+        }))
+    }
+
+    /// Feeds the receiver inputs and computes the batch through the graph.
+    fn compute(&mut self, batch: BatchId, offsets: &OffsetSeq) -> Result<(Vec<spate_dstream::Job>, u64), RuntimeError> {
+        let time = offsets.batch_timestamp;
+        let mut records = 0;
+        if let Some(tracker) = &self.tracker {
+            for receiver in &self.receivers {
+                let blocks = tracker.get_blocks_of_batch_and_stream(time, receiver.stream_id());
+                records += receiver.feed(time, &blocks)?;
+            }
+        }
+        records += replayable_records(offsets, &self.graph);
+        let planned = planned_offsets(offsets, &self.graph);
+        let jobs = self
+            .graph
+            .generate_jobs(time, batch, &planned)
+            .map_err(|e| RuntimeError::Planning { batch, reason: e.to_string() })?;
+        Ok((jobs, records))
+    }
+
+    /// Recomputes a committed batch without running its outputs, to bring
+    /// operator state from its last snapshot up to the last commit.
+    pub(crate) fn replay_for_state(&mut self, batch: BatchId, offsets: &OffsetSeq) -> Result<(), RuntimeError> {
+        let (jobs, _) = self.compute(batch, offsets)?;
+        drop(jobs);
+        self.batch_times.insert(batch, offsets.batch_timestamp);
+        self.last_time = Some(offsets.batch_timestamp);
+        Ok(())
+    }
+
+    fn finish_batch(&mut self, lp: &mut Loop, batch: BatchId, status: &SharedStatus) -> Result<(), RuntimeError> {
+        let Some(mut flight) = lp.in_flight.take().filter(|f| f.batch == batch) else {
+            return Err(RuntimeError::Lifecycle { what: format!("committed batch {batch} that is not in flight") });
+        };
+        flight.phases.outputs_ms = elapsed_ms(flight.outputs_started);
+        let committing = Instant::now();
+        if let Some(store) = &self.store {
+            store.write_commit(batch)?;
+        }
+        flight.phases.commit_ms = elapsed_ms(committing);
+        let checkpointing = Instant::now();
+        let checkpointed = self.checkpoint_state_if_due(batch, flight.time)?;
+        flight.phases.state_checkpoint_ms = if checkpointed { elapsed_ms(checkpointing) } else { 0 };
+        lp.committed += 1;
+        status.update(|s| s.last_committed = Some(batch));
+        self.after_commit(&flight);
+        self.report_progress(&flight, checkpointed);
+        Ok(())
+    }
+
+    /// Snapshots every stateful operator when the batch time is a multiple
+    /// of the checkpoint interval: state files first, then the manifest.
+    fn checkpoint_state_if_due(&mut self, batch: BatchId, time: Time) -> Result<bool, RuntimeError> {
+        let due = time.is_multiple_of(self.settings.effective_checkpoint_interval());
+        let Some(store) = &self.store else { return Ok(false) };
+        if !due || !self.has_stateful_operators() {
+            return Ok(false);
+        }
+        let states = self
+            .graph
+            .snapshot_state()
+            .map_err(|e| RuntimeError::State { operator: "graph".into(), batch, reason: e.to_string() })?;
+        let mut bytes = 0u64;
+        for (operator, state) in &states {
+            store.write_state(operator, batch, state)?;
+            bytes += state.len() as u64;
+        }
+        store.write_manifest(&GraphManifest {
+            descriptor: self.graph.descriptor(),
+            state_batch: Some(batch),
+            state_batch_time: Some(time),
+        })?;
+        self.state_batch = Some((batch, time));
+        self.last_state_bytes = bytes;
+        Ok(true)
+    }
+
+    /// Purges what no restart can need any more, tells replayable inputs
+    /// their offsets committed, and updates backpressure.
+    fn after_commit(&mut self, flight: &InFlight) {
+        for hook in &self.hooks {
+            if let (Some(on_commit), Some(Some(offsets))) = (&hook.on_commit, flight.offsets.offset_of(&hook.name)) {
+                let text = offsets.as_str().map_or_else(|| offsets.to_string(), str::to_string);
+                if let Err(e) = on_commit(&text) {
+                    warn!(input = %hook.name, error = %e, "committing offsets to the source failed");
+                }
+            }
+        }
+        self.purge(flight.batch);
+        let timing = BatchTiming {
+            completed_at_ms: self.settings.clock.now().as_millis(),
+            records: flight.records,
+            processing_ms: elapsed_ms(flight.started),
+            scheduling_delay_ms: flight.scheduling_delay_ms,
+        };
+        if let Some(rate) = self.rate.on_batch_completed(timing) {
+            for receiver in &self.receivers {
+                receiver.set_rate_limit(Some(rate.max(1.0) as u64));
+            }
+        }
+    }
+
+    /// The first batch a restart may need: the one after the last state
+    /// snapshot when there is state, else the one after the last commit.
+    fn first_needed_batch(&self, committed: BatchId) -> BatchId {
+        match (self.has_stateful_operators(), self.state_batch) {
+            (true, Some((snapshot, _))) => snapshot.next().min(committed.next()),
+            (true, None) => BatchId(0),
+            (false, _) => committed.next(),
+        }
+    }
+
+    fn purge(&mut self, committed: BatchId) {
+        let needed = self.first_needed_batch(committed);
+        let retained = BatchId((committed.0 + 1).saturating_sub(self.settings.retained_batches.max(1)));
+        let threshold = needed.min(retained);
+        if let Some(store) = &self.store {
+            store.purge_logs(threshold);
+            if let Some((snapshot, _)) = self.state_batch {
+                store.purge_state(snapshot);
+            }
+        }
+        // Input data: the blocks of batches before the first needed one.
+        let now = self.settings.clock.now();
+        if let Some(&needed_time) = self.batch_times.get(&needed) {
+            let previous_time = needed_time - self.interval();
+            if let Some(tracker) = &self.tracker
+                && let Err(e) = tracker.cleanup_old_batches(needed_time.min(now), false)
+            {
+                warn!(error = %e, "cleaning up the block tracker failed; retried after the next batch");
+            }
+            // Every block stored before the previous batch's time was allocated to it or earlier.
+            for receiver in &self.receivers {
+                receiver.clean_old_blocks(previous_time.min(now));
+            }
+        }
+        self.batch_times = self.batch_times.split_off(&threshold.min(needed));
+    }
+
+    fn report_progress(&mut self, flight: &InFlight, checkpointed: bool) {
+        let processing_ms = elapsed_ms(flight.started);
+        let interval_secs = self.interval().as_secs_f64();
+        let progress = BatchProgress {
+            batch_id: flight.batch,
+            batch_time: flight.time,
+            recovered: flight.recovered,
+            input_records: flight.records,
+            input_rate: if interval_secs > 0.0 { flight.records as f64 / interval_secs } else { 0.0 },
+            processing_rate: flight.records as f64 * 1000.0 / processing_ms.max(1) as f64,
+            scheduling_delay_ms: flight.scheduling_delay_ms,
+            processing_time_ms: processing_ms,
+            phases: flight.phases.clone(),
+            state_bytes: self.last_state_bytes,
+            state_checkpointed: checkpointed,
+            rate_limit: self.rate.current(),
+            receivers: self.receivers.iter().map(|r| r.status()).collect(),
+        };
+        info!(
+            batch = %progress.batch_id,
+            time = %progress.batch_time,
+            records = progress.input_records,
+            processing_ms = progress.processing_time_ms,
+            scheduling_delay_ms = progress.scheduling_delay_ms,
+            "batch committed"
+        );
+        if let Some(files) = &mut self.progress_files
+            && let Err(e) = files.append(&progress)
+        {
+            warn!(error = %e, "writing the progress file failed");
+        }
+        for listener in &self.listeners {
+            listener.on_batch_completed(&progress);
+        }
+    }
+}
+
+/// The planned offsets the graph needs: the logged ones of its replayable inputs.
+fn planned_offsets(offsets: &OffsetSeq, graph: &Graph) -> PlannedOffsets {
+    graph
+        .inputs()
+        .into_iter()
+        .filter(|input| input.replayable)
+        .filter_map(|input| {
+            let value = offsets.offset_of(&input.name).flatten()?;
+            let text = value.as_str().map_or_else(|| value.to_string(), str::to_string);
+            Some((input.name, text))
+        })
+        .collect()
+}
+
+/// Records a replayable input's offsets cover, when they are in the usual
+/// shape of offset ranges (`{"from":…, "until":…}` objects anywhere inside).
+fn replayable_records(offsets: &OffsetSeq, graph: &Graph) -> u64 {
+    fn count(value: &Value) -> u64 {
+        match value {
+            Value::Object(map) => match (map.get("from").and_then(Value::as_u64), map.get("until").and_then(Value::as_u64)) {
+                (Some(from), Some(until)) => until.saturating_sub(from),
+                _ => map.values().map(count).sum(),
+            },
+            Value::Array(items) => items.iter().map(count).sum(),
+            _ => 0,
+        }
+    }
+    graph
+        .inputs()
+        .into_iter()
+        .filter(|input| input.replayable)
+        .filter_map(|input| offsets.offset_of(&input.name).flatten().map(count))
+        .sum()
+}
+
+fn elapsed_ms(since: Instant) -> u64 {
+    u64::try_from(since.elapsed().as_millis()).unwrap_or(u64::MAX)
+}
+
+/// Sends a tick for every batch time on the clock, starting at `first`,
+/// until `stop` is set or the driver is gone. It wakes at least every
+/// 100 ms of clock time to notice a stop.
+pub(crate) fn run_timer(
+    clock: Arc<dyn Clock>,
+    interval: Duration,
+    first: Time,
+    events: Sender<Event>,
+    stop: Arc<AtomicBool>,
+) {
+    let mut next = first;
+    while !stop.load(Ordering::Acquire) {
+        let now = clock.now();
+        if now >= next {
+            if events.send(Event::Tick(next)).is_err() {
+                return;
+            }
+            next = next + interval;
+            continue;
+        }
+        let wake = (now + Duration::from_millis(100)).min(next);
+        clock.sleep_until(wake);
+    }
+}

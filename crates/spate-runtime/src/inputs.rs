@@ -1,0 +1,297 @@
+//! Receiver-fed inputs: each runs a receiver under a supervisor, stores its
+//! blocks (in the block manager and, with the write-ahead log on, in
+//! `receivedData/<stream>/`), reports them to the tracker, and at batch
+//! time feeds the blocks the tracker allocated to the graph's [`FedSource`].
+
+use std::path::Path;
+use std::sync::Arc;
+
+use spate_core::{Clock, Duration, StreamId, Time};
+use spate_dstream::{Data, FedSource};
+use spate_receiver::{
+    BlockGeneratorConfig, BlockInfoSink, BlockManager, BlockManagerBasedBlockHandler, BlockManagerConfig, FnSink,
+    ReceivedBlockHandler, Receiver, ReceiverState, ReceiverSupervisor, Record, StorageLevel, SupervisorConfig,
+    WalHandlerConfig, WriteAheadLogBasedBlockHandler, read_block_from_wal, receiver_wal_dir,
+};
+use spate_tracker::{BlockLocation, ReceivedBlockTracker, TrackedBlock};
+use spate_wal::{FileWriteAheadLog, WalOptions, WriteAheadLog};
+use tracing::warn;
+
+use crate::error::RuntimeError;
+use crate::progress::ReceiverStatus;
+
+/// How a receiver input stores what it receives.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ReceiverOptions {
+    /// Write every block to the receiver write-ahead log before it is
+    /// acknowledged (needs a checkpoint directory): nothing received is lost
+    /// in a crash.
+    pub write_ahead_log: bool,
+    /// A block is cut every interval.
+    pub block_interval: Duration,
+    /// Bytes of blocks kept in memory at most.
+    pub memory_budget_bytes: u64,
+    /// The highest rate the receiver may store at, records per second;
+    /// backpressure sets lower rates.
+    pub max_rate: Option<u64>,
+    /// The largest block, in records (a fast source cuts blocks early).
+    pub max_block_records: Option<usize>,
+}
+
+impl Default for ReceiverOptions {
+    fn default() -> Self {
+        ReceiverOptions {
+            write_ahead_log: true,
+            block_interval: Duration::from_millis(200),
+            memory_budget_bytes: 512 << 20,
+            max_rate: None,
+            max_block_records: None,
+        }
+    }
+}
+
+/// Where a receiver resumes after a restart.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReceiverResume {
+    /// Records of this stream already stored and tracked: a receiver with
+    /// positions (a generator, a file) continues after them and neither
+    /// loses nor repeats a record.
+    pub records_stored: u64,
+}
+
+/// A receiver input with its record type erased, as the driver drives it.
+pub(crate) trait ReceiverInput: Send {
+    /// The input's name in the graph.
+    fn name(&self) -> &str;
+    /// Its stream id.
+    fn stream_id(&self) -> StreamId;
+    /// Opens its block store and, with the WAL on, the receiver WAL (so
+    /// recovered blocks can be read before the receiver starts).
+    fn open(&mut self, checkpoint_dir: Option<&Path>, clock: &Arc<dyn Clock>) -> Result<(), RuntimeError>;
+    /// Starts the receiver, reporting blocks to `tracker`.
+    fn start(
+        &mut self,
+        tracker: Arc<ReceivedBlockTracker>,
+        resume: ReceiverResume,
+        clock: Arc<dyn Clock>,
+    ) -> Result<(), RuntimeError>;
+    /// Hands the records of `blocks` to the graph for batch `time`; returns
+    /// how many records they held.
+    fn feed(&self, time: Time, blocks: &[TrackedBlock]) -> Result<u64, RuntimeError>;
+    /// Sets the backpressure rate limit.
+    fn set_rate_limit(&self, records_per_sec: Option<u64>);
+    /// Its status for progress reports.
+    fn status(&self) -> ReceiverStatus;
+    /// Drops stored blocks (and WAL segments) older than `threshold`.
+    fn clean_old_blocks(&self, threshold: Time);
+    /// Stops the receiver, pushing its last block.
+    fn stop(&mut self) -> Result<(), RuntimeError>;
+}
+
+type ReceiverFactory<R> = Box<dyn FnOnce(ReceiverResume) -> R + Send>;
+
+struct Stores<T> {
+    blocks: Arc<BlockManager<T>>,
+    handler: Arc<dyn ReceivedBlockHandler<T>>,
+    wal: Option<Arc<dyn WriteAheadLog>>,
+}
+
+/// A [`ReceiverInput`] for records of type `T` from receivers of type `R`.
+pub(crate) struct TypedReceiverInput<T, R> {
+    name: String,
+    stream_id: StreamId,
+    options: ReceiverOptions,
+    source: Arc<FedSource<T>>,
+    factory: Option<ReceiverFactory<R>>,
+    stores: Option<Stores<T>>,
+    supervisor: Option<ReceiverSupervisor<T>>,
+    receiver_name: String,
+}
+
+impl<T: Record + Data, R: Receiver<T>> TypedReceiverInput<T, R> {
+    pub(crate) fn new(
+        name: &str,
+        stream_id: StreamId,
+        options: ReceiverOptions,
+        source: Arc<FedSource<T>>,
+        factory: ReceiverFactory<R>,
+    ) -> Self {
+        TypedReceiverInput {
+            name: name.to_string(),
+            stream_id,
+            options,
+            source,
+            factory: Some(factory),
+            stores: None,
+            supervisor: None,
+            receiver_name: name.to_string(),
+        }
+    }
+
+    fn receiver_error(&self, reason: impl ToString) -> RuntimeError {
+        RuntimeError::Receiver { stream: self.name.clone(), reason: reason.to_string() }
+    }
+
+    fn open_handler(
+        &self,
+        blocks: &Arc<BlockManager<T>>,
+        level: StorageLevel,
+        checkpoint_dir: Option<&Path>,
+        clock: &Arc<dyn Clock>,
+    ) -> Result<(Arc<dyn ReceivedBlockHandler<T>>, Option<Arc<dyn WriteAheadLog>>), RuntimeError> {
+        let dir = match checkpoint_dir {
+            Some(dir) if self.options.write_ahead_log => dir,
+            _ => {
+                if self.options.write_ahead_log {
+                    warn!(input = %self.name, "receiver write-ahead log requested without a checkpoint directory: off");
+                }
+                let handler = BlockManagerBasedBlockHandler::new(Arc::clone(blocks), level);
+                return Ok((Arc::new(handler), None));
+            }
+        };
+        let wal_dir = receiver_wal_dir(dir, self.stream_id);
+        let options = WalOptions::default().with_clock(Arc::clone(clock));
+        let wal: Arc<dyn WriteAheadLog> =
+            Arc::new(FileWriteAheadLog::open(&wal_dir, options).map_err(|e| self.receiver_error(e))?);
+        let handler = WriteAheadLogBasedBlockHandler::new(
+            Arc::clone(blocks),
+            Arc::clone(&wal),
+            self.stream_id,
+            level,
+            WalHandlerConfig::default(),
+            Arc::clone(clock),
+        )
+        .map_err(|e| self.receiver_error(e))?;
+        Ok((Arc::new(handler), Some(wal)))
+    }
+
+    fn read_from_wal(&self, block: &TrackedBlock, handle: &spate_core::WalRecordHandle) -> Result<Vec<T>, RuntimeError> {
+        let wal = self.stores.as_ref().and_then(|s| s.wal.as_ref()).ok_or_else(|| {
+            self.receiver_error(format!("block {} is in the receiver WAL, which is not open", block.block_id()))
+        })?;
+        read_block_from_wal::<T>(wal.as_ref(), self.stream_id, handle).map_err(|e| self.receiver_error(e))
+    }
+
+    fn read_block(&self, block: &TrackedBlock) -> Result<Vec<T>, RuntimeError> {
+        match block.location() {
+            BlockLocation::BlockManager(id) => {
+                let in_memory = match &self.stores {
+                    Some(stores) => stores.blocks.get_records(id).map_err(|e| self.receiver_error(e))?,
+                    None => None,
+                };
+                match (in_memory, block.info().wal_handle()) {
+                    (Some(records), _) => Ok(Arc::try_unwrap(records).unwrap_or_else(|shared| (*shared).clone())),
+                    (None, Some(handle)) => self.read_from_wal(block, handle),
+                    (None, None) => Err(self.receiver_error(format!("block {id} is no longer stored"))),
+                }
+            }
+            BlockLocation::ReceiverWal(handle) => self.read_from_wal(block, handle),
+            BlockLocation::Lost => Err(self.receiver_error(format!(
+                "block {} was received before a restart without the write-ahead log; its records are lost",
+                block.block_id()
+            ))),
+        }
+    }
+}
+
+impl<T: Record + Data, R: Receiver<T>> ReceiverInput for TypedReceiverInput<T, R> {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn stream_id(&self) -> StreamId {
+        self.stream_id
+    }
+
+    fn open(&mut self, checkpoint_dir: Option<&Path>, clock: &Arc<dyn Clock>) -> Result<(), RuntimeError> {
+        let blocks = Arc::new(
+            BlockManager::open(BlockManagerConfig::in_memory(self.options.memory_budget_bytes), Arc::clone(clock))
+                .map_err(|e| self.receiver_error(e))?,
+        );
+        // Memory only: with the WAL on, the log is the durable copy; without
+        // it, a restart loses unprocessed blocks whatever the level.
+        let level = if self.options.write_ahead_log { StorageLevel::MEMORY_ONLY_SER } else { StorageLevel::MEMORY_ONLY };
+        let (handler, wal) = self.open_handler(&blocks, level, checkpoint_dir, clock)?;
+        self.stores = Some(Stores { blocks, handler, wal });
+        Ok(())
+    }
+
+    fn start(
+        &mut self,
+        tracker: Arc<ReceivedBlockTracker>,
+        resume: ReceiverResume,
+        clock: Arc<dyn Clock>,
+    ) -> Result<(), RuntimeError> {
+        let (Some(factory), Some(stores)) = (self.factory.take(), self.stores.as_ref()) else {
+            return Err(RuntimeError::Lifecycle {
+                what: format!("receiver input {} started twice or before it was opened", self.name),
+            });
+        };
+        let handler = Arc::clone(&stores.handler);
+        let receiver = factory(resume);
+        self.receiver_name = receiver.name();
+        let sink: Arc<dyn BlockInfoSink> = Arc::new(FnSink(move |info| {
+            if tracker.add_block(info) { Ok(()) } else { Err("the block tracker could not log the block".into()) }
+        }));
+        let mut config = SupervisorConfig::new(self.stream_id);
+        config.block_generator = BlockGeneratorConfig {
+            block_interval: self.options.block_interval,
+            max_rate: self.options.max_rate,
+            max_block_records: self.options.max_block_records,
+            ..BlockGeneratorConfig::default()
+        };
+        let supervisor =
+            ReceiverSupervisor::start(receiver, config, handler, sink, clock).map_err(|e| self.receiver_error(e))?;
+        self.supervisor = Some(supervisor);
+        Ok(())
+    }
+
+    fn feed(&self, time: Time, blocks: &[TrackedBlock]) -> Result<u64, RuntimeError> {
+        let mut partitions = Vec::with_capacity(blocks.len());
+        let mut records = 0u64;
+        for block in blocks {
+            let data = self.read_block(block)?;
+            records += data.len() as u64;
+            partitions.push(data);
+        }
+        self.source.feed(time, partitions);
+        Ok(records)
+    }
+
+    fn set_rate_limit(&self, records_per_sec: Option<u64>) {
+        if let Some(supervisor) = &self.supervisor {
+            supervisor.set_rate_limit(records_per_sec);
+        }
+    }
+
+    fn status(&self) -> ReceiverStatus {
+        let (active, rate_limit, last_error) = match &self.supervisor {
+            Some(supervisor) => (
+                matches!(supervisor.state(), ReceiverState::Running | ReceiverState::BackingOff { .. }),
+                supervisor.rate_limit().map(|r| r as f64),
+                supervisor.errors().pop(),
+            ),
+            None => (false, None, None),
+        };
+        ReceiverStatus { stream_id: self.stream_id.0, name: self.receiver_name.clone(), active, rate_limit, last_error }
+    }
+
+    fn clean_old_blocks(&self, threshold: Time) {
+        if let Some(stores) = &self.stores
+            && let Err(e) = stores.handler.clean_old_blocks(threshold)
+        {
+            warn!(input = %self.name, error = %e, "cleaning old received blocks failed; retried after the next batch");
+        }
+    }
+
+    fn stop(&mut self) -> Result<(), RuntimeError> {
+        match self.supervisor.take() {
+            Some(supervisor) => supervisor.stop().map_err(|e| self.receiver_error(e)),
+            // Never started: the handler (and its WAL) is still ours to close.
+            None => match &self.stores {
+                Some(stores) => stores.handler.close().map_err(|e| self.receiver_error(e)),
+                None => Ok(()),
+            },
+        }
+    }
+}
