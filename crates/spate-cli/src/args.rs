@@ -1,0 +1,202 @@
+//! The command line, declared once with clap's derive: every command, flag,
+//! default and help text of `spate`.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+/// The exit codes, shown at the end of `spate --help`.
+pub(crate) const EXIT_CODES_HELP: &str = "\
+Exit codes:
+  0    ok (a job stopped by Ctrl-C or SIGTERM stopped gracefully)
+  1    runtime error (I/O, a failed batch, a broken source or sink)
+  2    usage error (unknown flag, bad value, malformed --json)
+  3    checkpoint inconsistent, or the change was refused to keep it consistent
+  4    the checkpoint is locked by another live writer (its pid is in the message)
+  130  stopped at once by a second signal
+
+Logging: RUST_LOG (e.g. RUST_LOG=spate_runtime=debug) or -v / -vv; logs go to stderr, progress to stdout.";
+
+/// spate: a fault-tolerant stream-processing engine. Nothing lost, nothing repeated.
+#[derive(Debug, Parser)]
+#[command(name = "spate", version, about, after_help = EXIT_CODES_HELP, propagate_version = true)]
+pub struct Cli {
+    /// More logging on stderr (-v: debug, -vv: trace); RUST_LOG overrides it.
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    pub verbose: u8,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The commands of `spate`.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the demo job without a broker: generated words, windowed word count, top words per window.
+    ///
+    /// Stop it with Ctrl-C and run it again: it resumes from its checkpoint,
+    /// re-running the batch that was in flight with exactly its logged offsets.
+    #[command(after_help = EXIT_CODES_HELP)]
+    Demo(DemoArgs),
+    /// Run the word-count pipeline on a Kafka topic, writing to a Kafka topic.
+    #[command(after_help = EXIT_CODES_HELP)]
+    Run(RunArgs),
+    /// Look at, repair or change a checkpoint directory.
+    #[command(subcommand)]
+    Checkpoint(CheckpointCommand),
+}
+
+/// `spate demo`.
+#[derive(Debug, Clone, Args)]
+pub struct DemoArgs {
+    /// The checkpoint directory (created on first run, resumed afterwards).
+    #[arg(long, value_name = "DIR", default_value = "./spate-demo-checkpoint")]
+    pub checkpoint: PathBuf,
+    /// Generated records per second.
+    #[arg(long, value_name = "N", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
+    pub rate: u64,
+    /// Stop gracefully after this many seconds (default: run until Ctrl-C or SIGTERM).
+    #[arg(long, value_name = "S")]
+    pub seconds: Option<u64>,
+    /// The generator's seed: the same seed generates the same words, so runs can be compared.
+    #[arg(long, value_name = "N", default_value_t = 42)]
+    pub seed: u64,
+    /// How many top words to show per window.
+    #[arg(long, value_name = "K", default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=1000))]
+    pub top: u64,
+    /// Exactly-once file sink: one file per window, written atomically and never twice.
+    /// Default: <checkpoint>/output.
+    #[arg(long, value_name = "DIR")]
+    pub output: Option<PathBuf>,
+    /// Stop gracefully once this batch id has committed (for tests and reproducible runs).
+    #[arg(long, value_name = "ID", hide = true)]
+    pub until_batch: Option<u64>,
+    /// The batch interval in milliseconds (the demo's is 1000).
+    #[arg(long, value_name = "MS", default_value_t = 1000, hide = true, value_parser = clap::value_parser!(u64).range(1..=3_600_000))]
+    pub batch_ms: u64,
+    /// Print no progress lines (errors and the recovery line still go to stdout/stderr).
+    #[arg(long, short)]
+    pub quiet: bool,
+}
+
+/// `spate run`.
+#[derive(Debug, Clone, Args)]
+pub struct RunArgs {
+    /// Kafka bootstrap servers, e.g. `localhost:9092`.
+    #[arg(long, value_name = "BROKERS")]
+    pub kafka: String,
+    /// The input topic.
+    #[arg(long, value_name = "T")]
+    pub topic: String,
+    /// The output topic for the top words of each window.
+    #[arg(long, value_name = "T2")]
+    pub output_topic: String,
+    /// The consumer group (offsets are kept in the checkpoint; the group is for monitoring).
+    #[arg(long, value_name = "G", default_value = "spate")]
+    pub group: String,
+    /// Write the output with Kafka transactions, committed with the batch: exactly once.
+    #[arg(long)]
+    pub exactly_once: bool,
+    /// The checkpoint directory.
+    #[arg(long, value_name = "DIR", default_value = "./spate-checkpoint")]
+    pub checkpoint: PathBuf,
+    /// Most records read per partition per second (backpressure still applies below it).
+    #[arg(long, value_name = "N")]
+    pub max_rate_per_partition: Option<u64>,
+    /// The batch interval in milliseconds.
+    #[arg(long, value_name = "MS", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..=3_600_000))]
+    pub batch_ms: u64,
+}
+
+/// `spate checkpoint …`.
+#[derive(Debug, Subcommand)]
+pub enum CheckpointCommand {
+    /// Show a checkpoint: last offsets and commit ids, the recovery verdict, the
+    /// offsets of the last batch, the lock holder and the size of each part.
+    ///
+    /// It also reads a Spark Structured Streaming checkpoint and prints its
+    /// offsets, so a Spark job can move to spate without losing or repeating data.
+    #[command(after_help = EXIT_CODES_HELP)]
+    Inspect {
+        /// The checkpoint directory.
+        #[arg(value_name = "DIR")]
+        dir: PathBuf,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print the repair plan of an inconsistent checkpoint; --apply carries it out.
+    ///
+    /// Files are moved to <DIR>/_quarantine/<time>/, never deleted. The
+    /// writer lock is taken while applying, so a running job refuses it.
+    #[command(after_help = EXIT_CODES_HELP)]
+    Repair {
+        /// The checkpoint directory.
+        #[arg(value_name = "DIR")]
+        dir: PathBuf,
+        /// Carry the plan out (without it nothing changes).
+        #[arg(long)]
+        apply: bool,
+    },
+    /// Write the offsets of one source for the next batch, through the log
+    /// store and under the writer lock (refused while a job runs).
+    ///
+    /// The next run's first batch reads the source up to these offsets. With
+    /// --commit the entry is also committed, so the next run starts *at* these
+    /// offsets without reading the records before them (skip ahead or rewind).
+    #[command(after_help = EXIT_CODES_HELP)]
+    SetOffsets {
+        /// The checkpoint directory.
+        #[arg(value_name = "DIR")]
+        dir: PathBuf,
+        /// The source's name (as `spate checkpoint inspect` lists it).
+        #[arg(long, value_name = "S")]
+        source: String,
+        /// The source's offsets as JSON, e.g. '{"t":{"0":36}}'.
+        #[arg(long, value_name = "JSON")]
+        json: String,
+        /// Also commit the entry: the next run starts at these offsets.
+        #[arg(long)]
+        commit: bool,
+    },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_command_line_is_well_formed() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn set_offsets_parses() {
+        let cli = Cli::try_parse_from([
+            "spate",
+            "checkpoint",
+            "set-offsets",
+            "/ck",
+            "--source",
+            "events",
+            "--json",
+            r#"{"t":{"0":36}}"#,
+        ])
+        .unwrap();
+        let Command::Checkpoint(CheckpointCommand::SetOffsets { source, json, commit, .. }) = cli.command else {
+            panic!("wrong command: {cli:?}");
+        };
+        assert_eq!((source.as_str(), json.as_str(), commit), ("events", r#"{"t":{"0":36}}"#, false));
+    }
+
+    #[test]
+    fn demo_defaults_and_bounds() {
+        let cli = Cli::try_parse_from(["spate", "demo"]).unwrap();
+        let Command::Demo(demo) = cli.command else { panic!("wrong command") };
+        assert_eq!(demo.checkpoint, PathBuf::from("./spate-demo-checkpoint"));
+        assert_eq!((demo.rate, demo.batch_ms, demo.seconds), (1000, 1000, None));
+        assert!(Cli::try_parse_from(["spate", "demo", "--rate", "0"]).is_err());
+        assert!(Cli::try_parse_from(["spate", "run", "--topic", "t"]).is_err());
+    }
+}

@@ -1,0 +1,169 @@
+//! The command's error type, its exit codes, and how an error is shown:
+//! one sentence saying what failed, then the chain of causes.
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+
+use spate_logstore::LogStoreError;
+use thiserror::Error;
+
+/// The process exit codes of `spate` (also listed in `spate --help`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ExitCode {
+    /// 0: the command did what was asked (a job stopped by a signal stopped gracefully).
+    Ok = 0,
+    /// 1: a runtime error (I/O, a failed batch, a broken source or sink).
+    Runtime = 1,
+    /// 2: a usage error (unknown flag, bad value, malformed `--json`).
+    Usage = 2,
+    /// 3: the checkpoint is inconsistent, or the change was refused to keep it consistent.
+    Refused = 3,
+    /// 4: another live process holds the checkpoint's writer lock.
+    Locked = 4,
+    /// 130: stopped at once by a second signal, without finishing the queued batches.
+    Interrupted = 130,
+}
+
+impl ExitCode {
+    /// The number the process exits with.
+    pub fn code(self) -> i32 {
+        self as i32
+    }
+}
+
+/// Everything `spate` can fail with. Each variant says what was being done;
+/// the cause (from the library crates) follows as the error's source.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum CliError {
+    /// A command-line argument is wrong.
+    #[error("{message}")]
+    Usage {
+        /// What is wrong, naming the argument.
+        message: String,
+    },
+    /// A `--json` value does not parse.
+    #[error("the value of {flag} is not valid JSON")]
+    BadJson {
+        /// The flag whose value is wrong.
+        flag: &'static str,
+        /// The parser's complaint.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// An operation on a checkpoint directory failed.
+    #[error("{action} {}", dir.display())]
+    Checkpoint {
+        /// What was being done ("cannot open checkpoint", …).
+        action: &'static str,
+        /// The checkpoint directory.
+        dir: PathBuf,
+        /// What the log store said.
+        #[source]
+        source: LogStoreError,
+    },
+    /// The change was refused so the checkpoint stays consistent.
+    #[error("{message}")]
+    Refused {
+        /// Why, and what to do instead.
+        message: String,
+    },
+    /// A file or directory could not be read or written.
+    #[error("cannot {op} {}", path.display())]
+    Io {
+        /// What was being done.
+        op: &'static str,
+        /// The file or directory.
+        path: PathBuf,
+        /// The operating system's error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The streaming job failed.
+    #[error("the streaming job failed at batch {batch}")]
+    Job {
+        /// The batch that failed.
+        batch: u64,
+        /// What went wrong.
+        #[source]
+        source: Box<CliError>,
+    },
+    /// The job was stopped at once by a second signal.
+    #[error("stopped at once by a second signal; the last batch was not committed and will re-run at the next start")]
+    Interrupted,
+}
+
+impl CliError {
+    /// A usage error with `message`.
+    pub fn usage(message: impl Into<String>) -> Self {
+        CliError::Usage { message: message.into() }
+    }
+
+    /// A checkpoint operation on `dir` that failed with `source`.
+    pub fn checkpoint(action: &'static str, dir: impl Into<PathBuf>, source: LogStoreError) -> Self {
+        CliError::Checkpoint { action, dir: dir.into(), source }
+    }
+
+    /// An I/O failure of `op` on `path`.
+    pub fn io(op: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        CliError::Io { op, path: path.into(), source }
+    }
+
+    /// The exit code this error ends the process with.
+    pub fn exit_code(&self) -> ExitCode {
+        match self {
+            CliError::Usage { .. } | CliError::BadJson { .. } => ExitCode::Usage,
+            CliError::Refused { .. } => ExitCode::Refused,
+            CliError::Checkpoint { source, .. } => match source {
+                LogStoreError::Locked { .. } | LogStoreError::StaleEpoch { .. } => ExitCode::Locked,
+                LogStoreError::Inconsistent(_) | LogStoreError::StalePlan { .. } => ExitCode::Refused,
+                _ => ExitCode::Runtime,
+            },
+            CliError::Job { source, .. } => source.exit_code(),
+            CliError::Io { .. } => ExitCode::Runtime,
+            CliError::Interrupted => ExitCode::Interrupted,
+        }
+    }
+}
+
+/// `Error: <what failed>` then one `  caused by: <cause>` line per cause.
+pub fn render_error(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = format!("Error: {error}");
+    let mut cause = error.source();
+    while let Some(inner) = cause {
+        // Writing to a String cannot fail.
+        let _ = write!(text, "\n  caused by: {inner}");
+        cause = inner.source();
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_chain_is_shown_one_cause_a_line() {
+        let io = std::io::Error::new(std::io::ErrorKind::PermissionDenied, "permission denied");
+        let store = LogStoreError::Io { op: "read", path: PathBuf::from("/ck/offsets/3"), source: io };
+        let error = CliError::checkpoint("cannot inspect checkpoint", "/ck", store);
+        assert_eq!(
+            render_error(&error),
+            "Error: cannot inspect checkpoint /ck\n  caused by: read /ck/offsets/3: permission denied\n  \
+             caused by: permission denied"
+        );
+        assert_eq!(error.exit_code(), ExitCode::Runtime);
+    }
+
+    #[test]
+    fn lock_and_inconsistency_have_their_own_codes() {
+        let locked = LogStoreError::Locked { dir: PathBuf::from("/ck"), holder: None };
+        assert_eq!(CliError::checkpoint("cannot open", "/ck", locked).exit_code(), ExitCode::Locked);
+        let stale = LogStoreError::StalePlan { path: PathBuf::from("/ck/commits/2"), reason: "gone".into() };
+        assert_eq!(CliError::checkpoint("cannot repair", "/ck", stale).exit_code(), ExitCode::Refused);
+        let nested = CliError::Job { batch: 3, source: Box::new(CliError::usage("x")) };
+        assert_eq!(nested.exit_code(), ExitCode::Usage);
+        assert_eq!(ExitCode::Interrupted.code(), 130);
+    }
+}

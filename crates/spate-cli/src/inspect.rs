@@ -1,0 +1,351 @@
+//! `spate checkpoint inspect`: everything a person needs to know about a
+//! checkpoint directory (spate's or Spark Structured Streaming's) without
+//! changing it: the logs, the verdict, the last offsets, the lock, the sizes.
+
+use std::fs::{File, TryLockError};
+use std::path::{Path, PathBuf};
+
+use serde_json::{Value, json};
+use spate_core::{BatchId, Time};
+use spate_logstore::{
+    COMMITS_DIR, Checkpoint, CheckpointOptions, LOCK_FILE, LockHolder, METADATA_FILE, OFFSETS_DIR, OffsetSeq, Verdict,
+    read_lock_holder,
+};
+
+use crate::error::CliError;
+use crate::time_fmt::iso8601;
+
+/// The parts of a checkpoint whose sizes are reported, in this order.
+const PARTS: [&str; 6] = [OFFSETS_DIR, COMMITS_DIR, "state", "receivedData", "receivedBlockMetadata", "progress"];
+/// Spark keeps per-source metadata here; its presence marks a Spark checkpoint.
+const SPARK_SOURCES_DIR: &str = "sources";
+
+/// Who wrote the checkpoint.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Format {
+    /// Written by spate (`metadata` is a `v1` log entry).
+    Spate,
+    /// Written by Spark Structured Streaming (`metadata` is bare JSON, sources named by position).
+    Spark,
+}
+
+/// The writer lock as seen from outside.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum LockState {
+    /// No lock file: no spate writer ever opened the directory.
+    Never,
+    /// A live process holds it (the holder as recorded; `None` when unreadable).
+    Held(Option<LockHolder>),
+    /// Nobody holds it; the last writer is shown when recorded.
+    Free(Option<LockHolder>),
+}
+
+/// File count and bytes of one part of the checkpoint.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct PartSize {
+    pub(crate) name: String,
+    pub(crate) present: bool,
+    pub(crate) files: u64,
+    pub(crate) bytes: u64,
+}
+
+/// What `inspect` found.
+#[derive(Debug)]
+pub(crate) struct Inspection {
+    pub(crate) dir: PathBuf,
+    pub(crate) format: Format,
+    pub(crate) id: Option<String>,
+    pub(crate) created_at: Option<Time>,
+    pub(crate) offsets_ids: Vec<BatchId>,
+    pub(crate) commits_ids: Vec<BatchId>,
+    pub(crate) verdict: Verdict,
+    pub(crate) last_batch: Option<(BatchId, OffsetSeq)>,
+    pub(crate) last_batch_error: Option<String>,
+    pub(crate) lock: LockState,
+    pub(crate) parts: Vec<PartSize>,
+}
+
+/// Reads everything `inspect` shows; changes nothing.
+pub(crate) fn inspect(dir: &Path) -> Result<Inspection, CliError> {
+    let fail = |e| CliError::checkpoint("cannot inspect checkpoint", dir, e);
+    let checkpoint = Checkpoint::open_read_only(dir, CheckpointOptions::new()).map_err(fail)?;
+    let verdict = checkpoint.verdict().map_err(fail)?;
+    let offsets_ids = checkpoint.offsets().ids().map_err(fail)?;
+    let commits_ids = checkpoint.commits().ids().map_err(fail)?;
+    let (last_batch, last_batch_error) = match last_offsets(&checkpoint, &verdict) {
+        Ok(last) => (last, None),
+        Err(e) => (None, Some(e.to_string())),
+    };
+    let mut part_names: Vec<&str> = PARTS.to_vec();
+    let format = detect_format(dir);
+    if format == Format::Spark {
+        part_names.push(SPARK_SOURCES_DIR);
+    }
+    Ok(Inspection {
+        dir: dir.to_path_buf(),
+        format,
+        id: checkpoint.metadata().map(|m| m.id.clone()),
+        created_at: checkpoint.metadata().map(|m| m.created_at).filter(|t| *t != Time::ZERO),
+        offsets_ids,
+        commits_ids,
+        verdict,
+        last_batch,
+        last_batch_error,
+        lock: lock_state(dir),
+        parts: part_names.into_iter().map(|name| part_size(dir, name)).collect(),
+    })
+}
+
+/// The newest offsets entry: from the verdict when consistent, else read on its own.
+fn last_offsets(checkpoint: &Checkpoint, verdict: &Verdict) -> spate_logstore::Result<Option<(BatchId, OffsetSeq)>> {
+    match verdict {
+        Verdict::Resume { next, last_offsets, .. } => Ok(next.prev().map(|id| (id, last_offsets.clone()))),
+        Verdict::Rerun { batch, offsets, .. } => Ok(Some((*batch, offsets.clone()))),
+        _ => checkpoint.offsets().latest(),
+    }
+}
+
+fn detect_format(dir: &Path) -> Format {
+    let metadata_is_bare_json = std::fs::read(dir.join(METADATA_FILE))
+        .map(|bytes| bytes.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'{'))
+        .unwrap_or(false);
+    if metadata_is_bare_json || dir.join(SPARK_SOURCES_DIR).is_dir() { Format::Spark } else { Format::Spate }
+}
+
+/// Whether a live process holds the lock, found by asking for a shared
+/// `flock` (refused while a writer holds its exclusive one) and releasing it
+/// at once: the lock file is not changed.
+pub(crate) fn lock_state(dir: &Path) -> LockState {
+    let path = dir.join(LOCK_FILE);
+    let Ok(file) = File::open(&path) else { return LockState::Never };
+    let recorded = read_lock_holder(dir);
+    match file.try_lock_shared() {
+        Ok(()) => LockState::Free(recorded),
+        Err(TryLockError::WouldBlock) => LockState::Held(recorded),
+        // Cannot tell: report what the file says, as held, the safe assumption.
+        Err(TryLockError::Error(_)) => LockState::Held(recorded),
+    }
+}
+
+fn part_size(dir: &Path, name: &str) -> PartSize {
+    let path = dir.join(name);
+    let mut size = PartSize { name: name.to_string(), present: path.is_dir(), ..PartSize::default() };
+    let mut pending = vec![path];
+    while let Some(next) = pending.pop() {
+        let Ok(entries) = std::fs::read_dir(&next) else { continue };
+        for entry in entries.flatten() {
+            let Ok(meta) = entry.metadata() else { continue };
+            if meta.is_dir() {
+                pending.push(entry.path());
+            } else {
+                size.files += 1;
+                size.bytes += meta.len();
+            }
+        }
+    }
+    size
+}
+
+/// Bytes in a unit a person reads at a glance.
+pub(crate) fn human_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 { format!("{bytes} B") } else { format!("{value:.1} {}", UNITS[unit]) }
+}
+
+fn id_range(ids: &[BatchId]) -> String {
+    match (ids.first(), ids.last()) {
+        (Some(first), Some(last)) => format!("last id {last} ({} entries, {first}..={last})", ids.len()),
+        _ => "none".to_string(),
+    }
+}
+
+fn offset_text(offset: Option<&Value>) -> String {
+    offset.map_or_else(|| "- (no offsets yet)".to_string(), Value::to_string)
+}
+
+impl Inspection {
+    /// The text `inspect` prints.
+    pub(crate) fn to_text(&self) -> String {
+        let mut lines = vec![format!(
+            "Checkpoint {} ({})",
+            self.dir.display(),
+            match self.format {
+                Format::Spate => "spate",
+                Format::Spark => "Spark Structured Streaming; sources are named by position: 0, 1, …",
+            }
+        )];
+        let created = self.created_at.map(|t| format!(", created {}", iso8601(t))).unwrap_or_default();
+        lines.push(format!("Query id: {}{created}", self.id.as_deref().unwrap_or("(unknown)")));
+        lines.push(format!("Offsets: {}", id_range(&self.offsets_ids)));
+        lines.push(format!("Commits: {}", id_range(&self.commits_ids)));
+        lines.push(format!("Verdict: {}", self.verdict));
+        lines.extend(self.last_batch_lines());
+        lines.push(format!("Lock: {}", self.lock_text()));
+        lines.push("Sizes:".to_string());
+        for part in &self.parts {
+            let shown = if part.present {
+                format!("{:>6} files {:>11}", part.files, human_bytes(part.bytes))
+            } else {
+                "(absent)".to_string()
+            };
+            lines.push(format!("  {:<24}{shown}", format!("{}/", part.name)));
+        }
+        lines.join("\n")
+    }
+
+    fn last_batch_lines(&self) -> Vec<String> {
+        if let Some(error) = &self.last_batch_error {
+            return vec![format!("Last batch: unreadable: {error}")];
+        }
+        let Some((id, seq)) = &self.last_batch else { return vec!["Last batch: none".to_string()] };
+        let mut lines = vec![format!(
+            "Last batch {id}: batch time {} ({} ms), watermark {} ms, {} source(s)",
+            iso8601(seq.batch_timestamp),
+            seq.batch_timestamp.as_millis(),
+            seq.batch_watermark.as_millis(),
+            seq.sources.len()
+        )];
+        lines.extend(seq.sources.iter().map(|s| format!("  source {}: {}", s.name, offset_text(s.offset.as_ref()))));
+        lines
+    }
+
+    fn lock_text(&self) -> String {
+        match &self.lock {
+            LockState::Never => "none (never opened by a spate writer)".to_string(),
+            LockState::Held(Some(holder)) => format!("held by {holder}"),
+            LockState::Held(None) => "held by a live process whose lock file cannot be read".to_string(),
+            LockState::Free(Some(last)) => format!("none (last writer was {last}; not running)"),
+            LockState::Free(None) => "none".to_string(),
+        }
+    }
+
+    /// The JSON `inspect --json` prints.
+    pub(crate) fn to_json(&self) -> Value {
+        json!({
+            "dir": self.dir.display().to_string(),
+            "format": match self.format { Format::Spate => "spate", Format::Spark => "spark" },
+            "id": self.id,
+            "createdAtMs": self.created_at.map(Time::as_millis),
+            "offsets": ids_json(&self.offsets_ids),
+            "commits": ids_json(&self.commits_ids),
+            "verdict": verdict_json(&self.verdict),
+            "lastBatch": self.last_batch.as_ref().map(|(id, seq)| json!({
+                "id": id.0,
+                "batchTimestampMs": seq.batch_timestamp.as_millis(),
+                "batchWatermarkMs": seq.batch_watermark.as_millis(),
+                "sources": seq.sources.iter().map(|s| json!({"name": s.name, "offset": s.offset})).collect::<Vec<_>>(),
+            })),
+            "lastBatchError": self.last_batch_error,
+            "lock": lock_json(&self.lock),
+            "parts": self.parts.iter().map(|p| (p.name.clone(), json!({
+                "present": p.present, "files": p.files, "bytes": p.bytes,
+            }))).collect::<serde_json::Map<_, _>>(),
+        })
+    }
+}
+
+fn ids_json(ids: &[BatchId]) -> Value {
+    json!({"first": ids.first().map(|i| i.0), "last": ids.last().map(|i| i.0), "count": ids.len()})
+}
+
+fn verdict_json(verdict: &Verdict) -> Value {
+    match verdict {
+        Verdict::Fresh => json!({"kind": "fresh", "text": verdict.to_string()}),
+        Verdict::Resume { next, .. } => json!({"kind": "resume", "next": next.0, "text": verdict.to_string()}),
+        Verdict::Rerun { batch, .. } => json!({"kind": "rerun", "batch": batch.0, "text": verdict.to_string()}),
+        Verdict::Inconsistent(inconsistency) => json!({
+            "kind": "inconsistent",
+            "problem": inconsistency.kind.to_string(),
+            "files": inconsistency.files.iter().map(|f| f.display().to_string()).collect::<Vec<_>>(),
+            "repairCommand": inconsistency.repair_command(),
+            "text": verdict.to_string(),
+        }),
+    }
+}
+
+fn holder_json(holder: &LockHolder) -> Value {
+    json!({"pid": holder.pid, "host": holder.host, "sinceMs": holder.since.as_millis(), "epoch": holder.epoch})
+}
+
+fn lock_json(lock: &LockState) -> Value {
+    match lock {
+        LockState::Never => json!({"held": false, "holder": null, "lastWriter": null}),
+        LockState::Held(holder) => {
+            json!({"held": true, "holder": holder.as_ref().map(holder_json), "lastWriter": null})
+        }
+        LockState::Free(last) => json!({"held": false, "holder": null, "lastWriter": last.as_ref().map(holder_json)}),
+    }
+}
+
+/// `spate checkpoint inspect DIR [--json]`.
+pub(crate) fn run(dir: &Path, as_json: bool) -> Result<String, CliError> {
+    let inspection = inspect(dir)?;
+    Ok(if as_json {
+        // Serialising a `Value` cannot fail; fall back to the compact form anyway.
+        serde_json::to_string_pretty(&inspection.to_json()).unwrap_or_else(|_| inspection.to_json().to_string())
+    } else {
+        inspection.to_text()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use spate_logstore::{CommitMetadata, SourceOffset};
+
+    #[test]
+    fn sizes_are_human() {
+        assert_eq!(human_bytes(0), "0 B");
+        assert_eq!(human_bytes(1023), "1023 B");
+        assert_eq!(human_bytes(1536), "1.5 KiB");
+        assert_eq!(human_bytes(5 << 20), "5.0 MiB");
+    }
+
+    #[test]
+    fn a_spate_checkpoint_is_described_with_its_lock_holder() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("ck");
+        let writer = Checkpoint::open_for_write(&dir, CheckpointOptions::new()).unwrap();
+        let seq = OffsetSeq {
+            batch_timestamp: Time::from_millis(1_700_000_000_000),
+            sources: vec![SourceOffset::new("words", Some(json!({"words": 120})))],
+            ..OffsetSeq::default()
+        };
+        writer.offsets().add(BatchId(0), &seq).unwrap();
+        writer.commits().add(BatchId(0), &CommitMetadata::default()).unwrap();
+        writer.offsets().add(BatchId(1), &seq).unwrap();
+        let pid = std::process::id();
+
+        let inspection = inspect(&dir).unwrap();
+        assert_eq!(inspection.format, Format::Spate);
+        assert!(matches!(&inspection.lock, LockState::Held(Some(h)) if h.pid == pid));
+        let text = inspection.to_text();
+        assert!(text.contains("Verdict: re-run batch 1"), "{text}");
+        assert!(text.contains(r#"source words: {"words":120}"#), "{text}");
+        assert!(text.contains(&format!("held by pid {pid}")), "{text}");
+        let json = inspection.to_json();
+        assert_eq!(json["verdict"]["kind"], "rerun");
+        assert_eq!(json["offsets"]["last"], 1);
+        assert_eq!(json["parts"]["offsets"]["files"], 2);
+        assert_eq!(json["parts"]["state"]["present"], false);
+
+        drop(writer);
+        let inspection = inspect(&dir).unwrap();
+        assert!(matches!(&inspection.lock, LockState::Free(Some(h)) if h.pid == pid), "{:?}", inspection.lock);
+        assert!(inspection.to_text().contains("not running"));
+    }
+
+    #[test]
+    fn a_missing_directory_is_an_error_naming_it() {
+        let root = tempfile::tempdir().unwrap();
+        let missing = root.path().join("nope");
+        let error = run(&missing, false).unwrap_err();
+        assert!(error.to_string().contains("nope"), "{error}");
+    }
+}

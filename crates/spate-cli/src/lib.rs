@@ -1,0 +1,116 @@
+//! The `spate` command: run the demo or a Kafka pipeline, and inspect,
+//! repair or change a checkpoint directory.
+//!
+//! It features:
+//!
+//! - `spate demo [--checkpoint DIR] [--rate N] [--seconds S]`: the word-count
+//!   job without a broker (generated words, 1 s batches, 30 s windows sliding
+//!   every 2 s, top words per window, one progress line a batch, an
+//!   exactly-once file sink). Stopped and started again, it resumes from its
+//!   checkpoint and says which batch it re-ran;
+//! - `spate run --kafka BROKERS --topic T --output-topic T2 [--exactly-once]`:
+//!   the same pipeline on Kafka;
+//! - `spate checkpoint inspect DIR [--json]`: logs, verdict, last offsets,
+//!   lock holder and sizes, also of a Spark Structured Streaming checkpoint;
+//! - `spate checkpoint repair DIR [--apply]`: the repair plan, applied under
+//!   the writer lock, moving files to `_quarantine/` and deleting nothing;
+//! - `spate checkpoint set-offsets DIR --source S --json J [--commit]`: a new
+//!   offsets entry for the next batch, never an edit of an old one.
+//!
+//! Errors are printed as one sentence and their causes
+//! (`Error: …` then `  caused by: …` lines). Exit codes:
+//!
+//! | code | meaning |
+//! |------|---------|
+//! | 0    | ok (a job stopped by Ctrl-C or SIGTERM stopped gracefully) |
+//! | 1    | runtime error |
+//! | 2    | usage error |
+//! | 3    | checkpoint inconsistent, or a change refused to keep it consistent |
+//! | 4    | the checkpoint is locked by another live writer |
+//! | 130  | stopped at once by a second signal |
+//!
+//! The first SIGINT or SIGTERM stops a job gracefully (the batch in flight
+//! finishes and commits, the lock is released); a second one stops it at once.
+//!
+//! It is not a library for building pipelines: use `spate-runtime` for that.
+//! This crate's library target exists so the command can be tested in-process.
+//!
+//! ```
+//! let dir = tempfile::tempdir()?;
+//! let args = ["spate", "checkpoint", "inspect", dir.path().to_str().ok_or("path")?];
+//! let outcome = spate_cli::run_command(args);
+//! assert_eq!(outcome.code, 0);
+//! assert!(outcome.stdout.contains("Verdict: start fresh"), "{}", outcome.stdout);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+#![deny(clippy::unwrap_used, clippy::expect_used)]
+#![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
+
+mod args;
+mod demo;
+mod error;
+mod inspect;
+mod kafka;
+mod logging;
+mod repair;
+mod set_offsets;
+mod signals;
+mod time_fmt;
+
+use std::ffi::OsString;
+
+use clap::Parser;
+
+pub use args::{CheckpointCommand, Cli, Command, DemoArgs, RunArgs};
+pub use error::{CliError, ExitCode, render_error};
+
+/// What a command printed and how it ended (for commands that finish on their own).
+#[derive(Debug)]
+pub struct Outcome {
+    /// The exit code.
+    pub code: i32,
+    /// What goes to stdout.
+    pub stdout: String,
+    /// What goes to stderr.
+    pub stderr: String,
+}
+
+/// Parses `args` (the first is the program name) and runs the command,
+/// collecting its output. Jobs (`demo`, `run`) print their progress as they go.
+pub fn run_command<I, T>(args: I) -> Outcome
+where
+    I: IntoIterator<Item = T>,
+    T: Into<OsString> + Clone,
+{
+    let cli = match Cli::try_parse_from(args) {
+        Ok(cli) => cli,
+        Err(e) => {
+            // --help and --version are "errors" to clap, with exit code 0 and stdout text.
+            let text = e.render().to_string();
+            let code = e.exit_code();
+            return if code == 0 {
+                Outcome { code, stdout: text, stderr: String::new() }
+            } else {
+                Outcome { code: ExitCode::Usage.code(), stdout: String::new(), stderr: text }
+            };
+        }
+    };
+    logging::init(cli.verbose);
+    match dispatch(cli.command) {
+        Ok(stdout) => Outcome { code: ExitCode::Ok.code(), stdout, stderr: String::new() },
+        Err(error) => Outcome { code: error.exit_code().code(), stdout: String::new(), stderr: render_error(&error) },
+    }
+}
+
+fn dispatch(command: Command) -> Result<String, CliError> {
+    match command {
+        Command::Demo(demo) => demo::run(&demo),
+        Command::Run(run) => kafka::run(&run),
+        Command::Checkpoint(CheckpointCommand::Inspect { dir, json }) => inspect::run(&dir, json),
+        Command::Checkpoint(CheckpointCommand::Repair { dir, apply }) => repair::run(&dir, apply),
+        Command::Checkpoint(CheckpointCommand::SetOffsets { dir, source, json, commit }) => {
+            set_offsets::run(&set_offsets::SetOffsets { dir: &dir, source: &source, json: &json, commit })
+        }
+    }
+}

@@ -1,0 +1,92 @@
+//! `spate checkpoint repair DIR [--apply]`: show the repair plan of an
+//! inconsistent checkpoint and, when asked, carry it out under the writer
+//! lock. Files are moved to `_quarantine/`, never deleted.
+
+use std::path::Path;
+
+use spate_logstore::{Checkpoint, CheckpointOptions, LogStoreError};
+
+use crate::error::CliError;
+
+const ACTION: &str = "cannot repair checkpoint";
+
+/// The directory must exist: opening for write would otherwise create it.
+pub(crate) fn require_dir(dir: &Path, action: &'static str) -> Result<(), CliError> {
+    if dir.is_dir() {
+        return Ok(());
+    }
+    let missing = std::io::Error::new(std::io::ErrorKind::NotFound, "no such checkpoint directory");
+    Err(CliError::checkpoint(action, dir, LogStoreError::Io { op: "open", path: dir.to_path_buf(), source: missing }))
+}
+
+/// Runs the command and returns what to print.
+pub(crate) fn run(dir: &Path, apply: bool) -> Result<String, CliError> {
+    require_dir(dir, ACTION)?;
+    let fail = |e| CliError::checkpoint(ACTION, dir, e);
+    let checkpoint = if apply {
+        Checkpoint::open_for_write(dir, CheckpointOptions::new())
+    } else {
+        Checkpoint::open_read_only(dir, CheckpointOptions::new())
+    }
+    .map_err(fail)?;
+    let Some(plan) = checkpoint.repair_plan().map_err(fail)? else {
+        let verdict = checkpoint.verdict().map_err(fail)?;
+        return Ok(format!("Checkpoint {} is consistent ({verdict}); nothing to repair.", dir.display()));
+    };
+    if !apply {
+        return Ok(format!("{plan}\nNothing was changed."));
+    }
+    checkpoint.apply_repair(&plan).map_err(fail)?;
+    let verdict = checkpoint.verdict().map_err(fail)?;
+    Ok(format!(
+        "{plan}\nApplied: {} file(s) moved to {} (see REPAIR.txt there).\nThe checkpoint is now: {verdict}.",
+        plan.actions.len(),
+        dir.join(&plan.quarantine).display()
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::ExitCode;
+    use spate_core::BatchId;
+    use spate_logstore::{CommitMetadata, OffsetSeq, Verdict};
+
+    fn commit_ahead(dir: &Path) {
+        let ck = Checkpoint::open_for_write(dir, CheckpointOptions::new()).unwrap();
+        for id in 0..3 {
+            ck.offsets().add(BatchId(id), &OffsetSeq::default()).unwrap();
+            ck.commits().add(BatchId(id), &CommitMetadata::default()).unwrap();
+        }
+        ck.commits().add(BatchId(3), &CommitMetadata::default()).unwrap();
+    }
+
+    #[test]
+    fn plan_changes_nothing_and_apply_quarantines() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("ck");
+        commit_ahead(&dir);
+        let plan = run(&dir, false).unwrap();
+        assert!(plan.contains("commits/3") && plan.contains("Nothing was changed"), "{plan}");
+        assert!(dir.join("commits/3").exists());
+
+        let applied = run(&dir, true).unwrap();
+        assert!(applied.contains("Applied: 1 file(s)"), "{applied}");
+        assert!(!dir.join("commits/3").exists());
+        assert!(matches!(spate_logstore::inspect(&dir).unwrap(), Verdict::Resume { next: BatchId(3), .. }));
+        assert!(run(&dir, false).unwrap().contains("nothing to repair"));
+    }
+
+    #[test]
+    fn apply_is_refused_while_a_writer_runs() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("ck");
+        commit_ahead(&dir);
+        let _writer = Checkpoint::open_for_write(&dir, CheckpointOptions::new()).unwrap();
+        let error = run(&dir, true).unwrap_err();
+        assert_eq!(error.exit_code(), ExitCode::Locked);
+        assert!(dir.join("commits/3").exists());
+        assert!(run(&root.path().join("missing"), true).is_err());
+        assert!(!root.path().join("missing").exists());
+    }
+}
