@@ -1,0 +1,299 @@
+//! The `spate` binary as a user runs it: real processes, real signals,
+//! SIGKILL at random moments, two writers on one checkpoint, a damaged
+//! checkpoint repaired, and a Spark checkpoint inspected.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+const SPATE: &str = env!("CARGO_BIN_EXE_spate");
+
+fn spate(args: &[&str]) -> Output {
+    Command::new(SPATE).args(args).env_remove("RUST_LOG").output().unwrap()
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+fn path_str(path: &Path) -> &str {
+    path.to_str().unwrap()
+}
+
+/// Fast demo flags: 10 ms batches of 100 records.
+fn demo_args<'a>(checkpoint: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec!["demo", "--checkpoint", checkpoint, "--batch-ms", "10", "--rate", "10000", "--seed", "7"];
+    args.extend_from_slice(extra);
+    args
+}
+
+fn spawn_demo(checkpoint: &str, extra: &[&str]) -> Child {
+    Command::new(SPATE)
+        .args(demo_args(checkpoint, extra))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+fn inspect_json(checkpoint: &Path) -> Value {
+    let output = spate(&["checkpoint", "inspect", path_str(checkpoint), "--json"]);
+    assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
+    serde_json::from_slice(&output.stdout).unwrap()
+}
+
+/// The sink's lines, without the batch time (which depends on when a batch ran).
+fn windows(checkpoint: &Path) -> Vec<Value> {
+    let body = std::fs::read_to_string(checkpoint.join("output/output.jsonl")).unwrap();
+    body.lines()
+        .map(|line| {
+            let mut value: Value = serde_json::from_str(line).unwrap();
+            value.as_object_mut().unwrap().remove("batchTimeMs");
+            value
+        })
+        .collect()
+}
+
+/// A small xorshift generator: the kill moments vary with the seed, which is printed.
+struct Moments(u64);
+
+impl Moments {
+    fn next_millis(&mut self, low: u64, high: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        low + self.0 % (high - low)
+    }
+}
+
+#[test]
+fn sigkill_at_random_moments_loses_and_repeats_nothing() {
+    let root = tempfile::tempdir().unwrap();
+    let checkpoint = root.path().join("ck");
+    let ck = path_str(&checkpoint);
+    let seed = std::env::var("SPATE_CRASH_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64 | 1
+    });
+    println!("kill moments seed: {seed} (set SPATE_CRASH_SEED to replay)");
+    let mut moments = Moments(seed);
+    for _ in 0..20 {
+        let mut child = spawn_demo(ck, &["--quiet"]);
+        std::thread::sleep(Duration::from_millis(moments.next_millis(20, 400)));
+        child.kill().unwrap(); // SIGKILL
+        child.wait().unwrap();
+    }
+    // Whatever the kills left, the directory is consistent and the job finishes it.
+    let state = inspect_json(&checkpoint);
+    assert_ne!(state["verdict"]["kind"], "inconsistent", "{state}");
+    let last = state["commits"]["last"].as_u64().unwrap_or(0);
+    let until = (last + 4).max(40);
+    let until_arg = until.to_string();
+    let finish = spate(&demo_args(ck, &["--quiet", "--until-batch", &until_arg]));
+    assert_eq!(finish.status.code(), Some(0), "{}", text(&finish.stderr));
+
+    // The reference: the same seed, never interrupted.
+    let reference_dir = root.path().join("reference");
+    let reference = spate(&demo_args(path_str(&reference_dir), &["--quiet", "--until-batch", &until_arg]));
+    assert_eq!(reference.status.code(), Some(0), "{}", text(&reference.stderr));
+
+    let (got, expected) = (windows(&checkpoint), windows(&reference_dir));
+    let batches: Vec<u64> = got.iter().map(|w| w["batch"].as_u64().unwrap()).collect();
+    let every_other: Vec<u64> = (0..=until).filter(|b| b % 2 == 1).collect();
+    assert_eq!(batches, every_other, "each window exactly once, none missing");
+    for window in &got {
+        // 100 records a batch, 30-batch windows: the positions follow from the seed's stream alone.
+        let batch = window["batch"].as_u64().unwrap();
+        let first = (batch + 1).saturating_sub(30);
+        assert_eq!(window["windowPositions"], serde_json::json!([first * 100, (batch + 1) * 100]), "{window}");
+    }
+    assert_eq!(got, expected);
+}
+
+#[test]
+fn a_second_writer_exits_at_once_naming_the_holder_and_writes_nothing() {
+    let root = tempfile::tempdir().unwrap();
+    let checkpoint = root.path().join("ck");
+    let ck = path_str(&checkpoint);
+    let first = spawn_demo(ck, &["--quiet"]);
+    let pid = first.id();
+    // Wait (bounded) until the first process holds the lock and committed a batch.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !(checkpoint.join("commits/0").exists() && inspect_json(&checkpoint)["lock"]["holder"]["pid"] == pid) {
+        assert!(Instant::now() < deadline, "the first writer never started");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Freeze it so the directory does not change under the comparison.
+    assert!(Command::new("kill").args(["-STOP", &pid.to_string()]).status().unwrap().success());
+    let before = snapshot(&checkpoint);
+
+    let second = spate(&demo_args(ck, &[]));
+    let stderr = text(&second.stderr);
+    assert_eq!(second.status.code(), Some(4), "{stderr}");
+    assert!(stderr.starts_with("Error: cannot run the demo on checkpoint"), "{stderr}");
+    assert!(stderr.contains(&format!("pid {pid}")), "{stderr}");
+    assert!(text(&second.stdout).is_empty());
+    assert_eq!(snapshot(&checkpoint), before, "the second process changed the checkpoint");
+
+    let set = spate(&["checkpoint", "set-offsets", ck, "--source", "words", "--json", r#"{"position":0}"#]);
+    assert_eq!(set.status.code(), Some(4), "{}", text(&set.stderr));
+    assert_eq!(snapshot(&checkpoint), before);
+
+    // A graceful stop of the first: exit 0, lock released.
+    assert!(Command::new("kill").args(["-CONT", &pid.to_string()]).status().unwrap().success());
+    assert!(Command::new("kill").args(["-TERM", &pid.to_string()]).status().unwrap().success());
+    let output = first.wait_with_output().unwrap();
+    assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
+    assert!(text(&output.stdout).contains("stopped by a signal"), "{}", text(&output.stdout));
+    assert_eq!(inspect_json(&checkpoint)["lock"]["held"], false);
+    assert_eq!(inspect_json(&checkpoint)["verdict"]["kind"], "resume");
+}
+
+/// Every file under `dir` with its content.
+fn snapshot(dir: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
+    let mut files = BTreeMap::new();
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(next) = pending.pop() {
+        for entry in std::fs::read_dir(&next).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                pending.push(path);
+            } else {
+                files.insert(path.clone(), std::fs::read(&path).unwrap());
+            }
+        }
+    }
+    files
+}
+
+#[test]
+fn a_commit_ahead_of_the_offsets_is_refused_then_repaired_and_resumed() {
+    let root = tempfile::tempdir().unwrap();
+    let checkpoint = root.path().join("ck");
+    let ck = path_str(&checkpoint);
+    let first = spate(&demo_args(ck, &["--quiet", "--until-batch", "5"]));
+    assert_eq!(first.status.code(), Some(0), "{}", text(&first.stderr));
+    // What Spark users meet after a crash or a hand edit: commits/6 without offsets/6.
+    std::fs::copy(checkpoint.join("commits/5"), checkpoint.join("commits/6")).unwrap();
+
+    let refused = spate(&demo_args(ck, &["--until-batch", "8"]));
+    let stderr = text(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(3), "{stderr}");
+    assert!(
+        stderr.contains("commits/6") && stderr.contains(&format!("spate checkpoint repair {ck} --apply")),
+        "{stderr}"
+    );
+    assert!(stderr.contains("\n  caused by: "), "{stderr}");
+    assert!(!checkpoint.join("offsets/6").exists());
+
+    let plan = spate(&["checkpoint", "repair", ck]);
+    assert_eq!(plan.status.code(), Some(0));
+    assert!(text(&plan.stdout).contains("commits/6 -> _quarantine/"), "{}", text(&plan.stdout));
+    assert!(checkpoint.join("commits/6").exists(), "a plan changes nothing");
+
+    let applied = spate(&["checkpoint", "repair", ck, "--apply"]);
+    assert_eq!(applied.status.code(), Some(0), "{}", text(&applied.stderr));
+    assert!(!checkpoint.join("commits/6").exists());
+    let quarantined: Vec<_> = std::fs::read_dir(checkpoint.join("_quarantine")).unwrap().collect();
+    assert_eq!(quarantined.len(), 1);
+    assert!(quarantined[0].as_ref().unwrap().path().join("commits/6").exists());
+
+    let resumed = spate(&demo_args(ck, &["--until-batch", "8"]));
+    let stdout = text(&resumed.stdout);
+    assert_eq!(resumed.status.code(), Some(0), "{}", text(&resumed.stderr));
+    assert!(
+        stdout.contains(&format!("resumed from checkpoint {ck}: batch 5 was committed, continuing at batch 6")),
+        "{stdout}"
+    );
+    assert_eq!(inspect_json(&checkpoint)["commits"]["last"], 8);
+}
+
+#[test]
+fn a_killed_job_says_which_batch_it_re_ran() {
+    let root = tempfile::tempdir().unwrap();
+    let checkpoint = root.path().join("ck");
+    let ck = path_str(&checkpoint);
+    let first = spate(&demo_args(ck, &["--quiet", "--until-batch", "3"]));
+    assert_eq!(first.status.code(), Some(0));
+    // Batch 4 planned, then the process died: its offsets are logged, its commit is not.
+    let next = std::fs::read_to_string(checkpoint.join("offsets/3"))
+        .unwrap()
+        .replace(r#"{"position":400}"#, r#"{"position":500}"#);
+    std::fs::write(checkpoint.join("offsets/4"), next).unwrap();
+    let resumed = spate(&demo_args(ck, &["--until-batch", "6"]));
+    let stdout = text(&resumed.stdout);
+    assert_eq!(resumed.status.code(), Some(0), "{}", text(&resumed.stderr));
+    assert!(
+        stdout.contains(&format!(
+            "resumed from checkpoint {ck}: re-ran batch 4 with its logged offsets (positions 400..500), continuing at batch 5"
+        )),
+        "{stdout}"
+    );
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        if entry.file_type().unwrap().is_dir() {
+            copy_dir(&entry.path(), &to.join(entry.file_name()));
+        } else {
+            std::fs::copy(entry.path(), to.join(entry.file_name())).unwrap();
+        }
+    }
+}
+
+#[test]
+fn a_spark_checkpoint_is_inspected_and_its_offsets_printed() {
+    let root = tempfile::tempdir().unwrap();
+    let checkpoint = root.path().join("spark");
+    copy_dir(&Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/spark-checkpoint"), &checkpoint);
+    let before = snapshot(&checkpoint);
+
+    let output = spate(&["checkpoint", "inspect", path_str(&checkpoint)]);
+    let stdout = text(&output.stdout);
+    assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
+    assert!(stdout.contains("Spark Structured Streaming"), "{stdout}");
+    assert!(stdout.contains("Query id: 5f2b9c1e-7d3a-4e8b-9f60-1a2b3c4d5e6f"), "{stdout}");
+    assert!(stdout.contains("Verdict: re-run batch 2 with its logged offsets"), "{stdout}");
+    assert!(stdout.contains(r#"source 0: {"events":{"0":41,"1":52,"2":15}}"#), "{stdout}");
+    assert!(stdout.contains(r#"source 1: {"logOffset":3}"#), "{stdout}");
+    assert!(stdout.contains("Lock: none (never opened by a spate writer)"), "{stdout}");
+
+    let json = inspect_json(&checkpoint);
+    assert_eq!(json["format"], "spark");
+    assert_eq!(json["lastBatch"]["id"], 2);
+    assert_eq!(json["lastBatch"]["batchTimestampMs"], 1_700_000_020_000_i64);
+    assert_eq!(json["lastBatch"]["sources"][0]["offset"]["events"]["1"], 52);
+    assert_eq!(json["commits"]["last"], 1);
+    assert_eq!(snapshot(&checkpoint), before, "inspect changed the Spark checkpoint");
+}
+
+#[test]
+fn usage_errors_help_and_version() {
+    let bad = spate(&["demo", "--rate", "zero"]);
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(text(&bad.stderr).contains("--rate"), "{}", text(&bad.stderr));
+
+    for args in [&["--help"][..], &["demo", "--help"], &["checkpoint", "repair", "--help"]] {
+        let help = spate(args);
+        assert_eq!(help.status.code(), Some(0), "{args:?}");
+        assert!(text(&help.stdout).contains("Usage: spate"), "{args:?}: {}", text(&help.stdout));
+    }
+    assert!(text(&spate(&["--help"]).stdout).contains("4    the checkpoint is locked by another live writer"));
+    let version = spate(&["--version"]);
+    assert_eq!(text(&version.stdout).trim(), format!("spate {}", env!("CARGO_PKG_VERSION")));
+
+    let missing = spate(&["checkpoint", "inspect", "/nonexistent/spate-checkpoint"]);
+    assert_eq!(missing.status.code(), Some(1));
+    assert!(
+        text(&missing.stderr)
+            .starts_with("Error: cannot inspect checkpoint /nonexistent/spate-checkpoint\n  caused by: ")
+    );
+    let bad_json = spate(&["checkpoint", "set-offsets", "/tmp", "--source", "s", "--json", "{"]);
+    assert_eq!(bad_json.status.code(), Some(2), "{}", text(&bad_json.stderr));
+}
