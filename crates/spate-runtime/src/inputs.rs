@@ -106,6 +106,7 @@ pub(crate) struct TypedReceiverInput<T, R> {
     stores: Option<Stores<T>>,
     supervisor: Option<ReceiverSupervisor<T>>,
     receiver_name: String,
+    stopped: bool,
 }
 
 impl<T: Record + Data, R: Receiver<T>> TypedReceiverInput<T, R> {
@@ -125,6 +126,7 @@ impl<T: Record + Data, R: Receiver<T>> TypedReceiverInput<T, R> {
             stores: None,
             supervisor: None,
             receiver_name: name.to_string(),
+            stopped: false,
         }
     }
 
@@ -285,6 +287,9 @@ impl<T: Record + Data, R: Receiver<T>> ReceiverInput for TypedReceiverInput<T, R
     }
 
     fn stop(&mut self) -> Result<(), RuntimeError> {
+        if std::mem::replace(&mut self.stopped, true) {
+            return Ok(());
+        }
         match self.supervisor.take() {
             Some(supervisor) => supervisor.stop().map_err(|e| self.receiver_error(e)),
             // Never started: the handler (and its WAL) is still ours to close.

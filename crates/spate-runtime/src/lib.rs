@@ -4,6 +4,7 @@
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
 
 mod context;
+pub mod demo;
 mod driver;
 mod error;
 mod inputs;

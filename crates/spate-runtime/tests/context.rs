@@ -1,0 +1,433 @@
+//! End-to-end tests of a StreamingContext on a manual clock: the order of
+//! the offsets and commit logs around outputs, recovery, the writer lock,
+//! upgrades and concurrent jobs.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration as StdDuration;
+
+use serde_json::json;
+use spate_core::{BatchId, Duration, ManualClock, Time};
+use spate_dstream::{BoxError, InputSource};
+use spate_logstore::{Checkpoint, CheckpointOptions, CommitMetadata, OffsetSeq, SourceOffset};
+use spate_runtime::{
+    BatchProgress, PipelineBuilder, ProgressListener, RuntimeError, StreamingContext, StreamingSettings,
+};
+
+const WAIT: StdDuration = StdDuration::from_secs(30);
+const START: i64 = 1_000_000;
+
+/// A replayable source of the integers 0, 1, 2, …: a batch reads the range
+/// `from..until` it planned; `available` says how far the "log" goes.
+#[derive(Debug)]
+struct Numbers {
+    position: Mutex<u64>,
+    available: Mutex<u64>,
+    per_batch: u64,
+}
+
+impl Numbers {
+    fn new(per_batch: u64) -> Arc<Self> {
+        Arc::new(Numbers { position: Mutex::new(0), available: Mutex::new(u64::MAX), per_batch })
+    }
+}
+
+fn range_of(planned: &str) -> (u64, u64) {
+    let v: serde_json::Value = serde_json::from_str(planned).unwrap();
+    (v["from"].as_u64().unwrap(), v["until"].as_u64().unwrap())
+}
+
+impl InputSource<u64> for Numbers {
+    fn is_replayable(&self) -> bool {
+        true
+    }
+
+    fn plan(&self, _time: Time, max_records: Option<u64>) -> Result<Option<String>, BoxError> {
+        let mut position = self.position.lock().unwrap();
+        let n = max_records.map_or(self.per_batch, |m| m.min(self.per_batch));
+        let until = (*position + n).min(*self.available.lock().unwrap());
+        let planned = json!({"from": *position, "until": until}).to_string();
+        *position = until;
+        Ok(Some(planned))
+    }
+
+    fn compute(&self, _time: Time, planned: Option<&str>) -> Result<Vec<Vec<u64>>, BoxError> {
+        let (from, until) = range_of(planned.ok_or("no plan")?);
+        let mut position = self.position.lock().unwrap();
+        *position = (*position).max(until);
+        Ok(vec![(from..until).collect()])
+    }
+}
+
+fn settings(clock: &ManualClock) -> StreamingSettings {
+    StreamingSettings::new(Duration::from_secs(1)).with_clock(Arc::new(clock.clone()))
+}
+
+fn numbers_input(p: &mut PipelineBuilder, source: &Arc<Numbers>) -> spate_dstream::DStream<u64> {
+    let resume = Arc::clone(source);
+    p.replayable_input(
+        "numbers",
+        Arc::clone(source),
+        Some(Box::new(move |offsets: &str| {
+            *resume.position.lock().unwrap() = range_of(offsets).1;
+            Ok(())
+        })),
+        None,
+    )
+}
+
+/// One batch an output saw.
+#[derive(Clone, Debug, PartialEq)]
+struct Seen {
+    batch: BatchId,
+    time: Time,
+    records: Vec<u64>,
+}
+
+type SeenLog = Arc<Mutex<Vec<Seen>>>;
+
+fn tick(clock: &ManualClock, ctx: &StreamingContext, batch: u64) {
+    clock.advance(Duration::from_secs(1));
+    assert!(ctx.await_committed(BatchId(batch), WAIT), "batch {batch} did not commit: {:?}", ctx.failure());
+}
+
+fn stop(ctx: StreamingContext) {
+    ctx.stop_handle().stop_gracefully();
+    ctx.await_termination().unwrap();
+}
+
+#[test]
+fn offsets_are_durable_before_outputs_and_commits_only_after_all_outputs() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(Time::from_millis(START));
+    let source = Numbers::new(5);
+    let violations = Arc::new(Mutex::new(Vec::<String>::new()));
+    let checks = Arc::new(Mutex::new(0u32));
+    let root = dir.path().to_path_buf();
+    let mut ctx = StreamingContext::get_or_create(dir.path(), settings(&clock), |p| {
+        let numbers = numbers_input(p, &source);
+        for output in ["first", "second"] {
+            let (violations, checks, root) = (Arc::clone(&violations), Arc::clone(&checks), root.clone());
+            numbers
+                .foreach_batch(move |_, info| {
+                    let n = info.batch_id.0;
+                    if !root.join(format!("offsets/{n}")).exists() {
+                        violations.lock().unwrap().push(format!("{output}: offsets/{n} missing"));
+                    }
+                    if root.join(format!("commits/{n}")).exists() {
+                        violations.lock().unwrap().push(format!("{output}: commits/{n} already there"));
+                    }
+                    *checks.lock().unwrap() += 1;
+                    Ok(())
+                })
+                .name(output);
+        }
+        Ok(())
+    })
+    .unwrap();
+    assert_eq!(ctx.recovery().unwrap().resumed_at, BatchId(0));
+    ctx.start().unwrap();
+    tick(&clock, &ctx, 0);
+    tick(&clock, &ctx, 1);
+    stop(ctx);
+    assert_eq!(*checks.lock().unwrap(), 4);
+    assert!(violations.lock().unwrap().is_empty(), "{:?}", violations.lock().unwrap());
+    assert!(dir.path().join("commits/1").exists());
+    let progress = std::fs::read_dir(dir.path().join("progress")).unwrap().count();
+    assert!(progress >= 1);
+}
+
+fn collect_output(p: &mut PipelineBuilder, source: &Arc<Numbers>, seen: &SeenLog) {
+    let seen = Arc::clone(seen);
+    numbers_input(p, source)
+        .foreach_batch(move |batch, info| {
+            let mut records: Vec<u64> = batch.iter().copied().collect();
+            records.sort_unstable();
+            seen.lock().unwrap().push(Seen { batch: info.batch_id, time: info.time, records });
+            Ok(())
+        })
+        .name("collect");
+}
+
+/// Writes offsets (and commits) of batches by hand, as a crashed run left them.
+fn write_logs(dir: &Path, batches: &[(u64, i64, u64, u64)], commits: &[u64]) {
+    let checkpoint = Checkpoint::open_for_write(dir, CheckpointOptions::new()).unwrap();
+    for &(batch, time, from, until) in batches {
+        let offsets = OffsetSeq {
+            batch_timestamp: Time::from_millis(time),
+            sources: vec![SourceOffset::new("numbers", Some(json!({"from": from, "until": until})))],
+            ..OffsetSeq::default()
+        };
+        assert!(checkpoint.offsets().add(BatchId(batch), &offsets).unwrap());
+    }
+    for &batch in commits {
+        assert!(checkpoint.commits().add(BatchId(batch), &CommitMetadata::default()).unwrap());
+    }
+}
+
+#[test]
+fn logged_but_uncommitted_batch_is_rerun_with_exactly_its_offsets() {
+    let dir = tempfile::tempdir().unwrap();
+    // Batch 1 was planned as 5..9 (fewer than a batch: the log had only 9 then).
+    write_logs(dir.path(), &[(0, START, 0, 5), (1, START + 1000, 5, 9)], &[0]);
+    let clock = ManualClock::new(Time::from_millis(START + 1500));
+    let source = Numbers::new(5);
+    let seen = SeenLog::default();
+    let mut ctx = StreamingContext::get_or_create(dir.path(), settings(&clock), |p| {
+        collect_output(p, &source, &seen);
+        Ok(())
+    })
+    .unwrap();
+    let report = ctx.recovery().unwrap().clone();
+    assert_eq!(report.rerun_batch, Some(BatchId(1)));
+    assert_eq!(report.last_committed, Some(BatchId(0)));
+    assert_eq!(report.resumed_at, BatchId(2));
+    assert!(report.pending_batch_times.is_empty());
+    ctx.start().unwrap();
+    assert!(ctx.await_committed(BatchId(1), WAIT), "{:?}", ctx.failure());
+    tick(&clock, &ctx, 2);
+    stop(ctx);
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(
+        seen,
+        vec![
+            Seen { batch: BatchId(1), time: Time::from_millis(START + 1000), records: (5..9).collect() },
+            Seen { batch: BatchId(2), time: Time::from_millis(START + 2000), records: (9..14).collect() },
+        ]
+    );
+}
+
+#[test]
+fn every_batch_committed_resumes_at_the_next_one() {
+    let dir = tempfile::tempdir().unwrap();
+    write_logs(dir.path(), &[(0, START, 0, 5), (1, START + 1000, 5, 10), (2, START + 2000, 10, 15)], &[0, 1, 2]);
+    let clock = ManualClock::new(Time::from_millis(START + 2000));
+    let source = Numbers::new(5);
+    let seen = SeenLog::default();
+    let mut ctx = StreamingContext::get_or_create(dir.path(), settings(&clock), |p| {
+        collect_output(p, &source, &seen);
+        Ok(())
+    })
+    .unwrap();
+    let report = ctx.recovery().unwrap().clone();
+    assert_eq!((report.rerun_batch, report.resumed_at), (None, BatchId(3)));
+    assert!(report.to_string().contains("at batch 3"), "{report}");
+    ctx.start().unwrap();
+    tick(&clock, &ctx, 3);
+    stop(ctx);
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen, vec![Seen { batch: BatchId(3), time: Time::from_millis(START + 3000), records: (15..20).collect() }]);
+}
+
+#[test]
+fn batches_missed_while_down_run_before_live_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    write_logs(dir.path(), &[(0, START, 0, 5)], &[0]);
+    let clock = ManualClock::new(Time::from_millis(START + 3500));
+    let source = Numbers::new(5);
+    let seen = SeenLog::default();
+    let mut ctx = StreamingContext::get_or_create(dir.path(), settings(&clock), |p| {
+        collect_output(p, &source, &seen);
+        Ok(())
+    })
+    .unwrap();
+    let pending = ctx.recovery().unwrap().pending_batch_times.clone();
+    assert_eq!(pending, vec![Time::from_millis(START + 1000), Time::from_millis(START + 2000), Time::from_millis(START + 3000)]);
+    ctx.start().unwrap();
+    assert!(ctx.await_committed(BatchId(3), WAIT));
+    tick(&clock, &ctx, 4);
+    stop(ctx);
+    let times: Vec<i64> = seen.lock().unwrap().iter().map(|s| s.time.as_millis() - START).collect();
+    assert_eq!(times, vec![1000, 2000, 3000, 4000]);
+}
+
+#[test]
+fn inconsistent_directory_is_refused_with_the_repair_command() {
+    let dir = tempfile::tempdir().unwrap();
+    // commits/1 without offsets/1: a commit ahead of the offsets.
+    write_logs(dir.path(), &[(0, START, 0, 5)], &[0, 1]);
+    let clock = ManualClock::new(Time::from_millis(START));
+    let source = Numbers::new(5);
+    let err = StreamingContext::get_or_create(dir.path(), settings(&clock), |p| {
+        collect_output(p, &source, &SeenLog::default());
+        Ok(())
+    })
+    .unwrap_err();
+    let text = err.to_string();
+    assert!(matches!(err, RuntimeError::Checkpoint { .. }), "{err:?}");
+    assert!(text.contains("spate checkpoint repair") && text.contains("commits/1"), "{text}");
+    // Nothing was changed.
+    assert!(dir.path().join("commits/1").exists());
+}
+
+#[test]
+fn second_context_on_the_same_directory_is_refused_naming_the_holder() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(Time::from_millis(START));
+    let build = |p: &mut PipelineBuilder| -> Result<(), BoxError> {
+        collect_output(p, &Numbers::new(1), &SeenLog::default());
+        Ok(())
+    };
+    let first = StreamingContext::get_or_create(dir.path(), settings(&clock), build).unwrap();
+    let err = StreamingContext::get_or_create(dir.path(), settings(&clock), build).unwrap_err();
+    let text = err.to_string();
+    assert!(matches!(err, RuntimeError::Locked { .. }), "{err:?}");
+    assert!(text.contains(&format!("pid {}", std::process::id())), "{text}");
+    drop(first);
+    assert!(StreamingContext::get_or_create(dir.path(), settings(&clock), build).is_ok());
+}
+
+/// Running totals per residue class, from named state.
+fn totals_pipeline(
+    p: &mut PipelineBuilder,
+    source: &Arc<Numbers>,
+    totals: &Arc<Mutex<Vec<(BatchId, Vec<(u64, u64)>)>>>,
+    extra_output: Option<SeenLog>,
+) {
+    let numbers = numbers_input(p, source);
+    let sums = numbers
+        .map(|n| (n % 3, n))
+        .update_state_by_key(|values: Vec<u64>, old: Option<u64>| Some(old.unwrap_or(0) + values.iter().sum::<u64>()))
+        .name("totals");
+    let totals = Arc::clone(totals);
+    sums.foreach_batch(move |batch, info| {
+        let mut rows: Vec<(u64, u64)> = batch.iter().copied().collect();
+        rows.sort_unstable();
+        totals.lock().unwrap().push((info.batch_id, rows));
+        Ok(())
+    })
+    .name("totals-out");
+    if let Some(seen) = extra_output {
+        collect_output_of(&numbers, seen);
+    }
+}
+
+fn collect_output_of(numbers: &spate_dstream::DStream<u64>, seen: SeenLog) {
+    numbers
+        .foreach_batch(move |batch, info| {
+            seen.lock().unwrap().push(Seen { batch: info.batch_id, time: info.time, records: batch.iter().copied().collect() });
+            Ok(())
+        })
+        .name("audit");
+}
+
+#[test]
+fn upgraded_graph_with_an_added_output_resumes_named_state() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(Time::from_millis(START));
+    let totals = Arc::new(Mutex::new(Vec::new()));
+    // Checkpoint state every other batch, so the restart also rebuilds state
+    // by recomputing the batch after the snapshot.
+    let settings = || settings(&clock).with_checkpoint_interval(Duration::from_secs(2));
+    let mut ctx = StreamingContext::get_or_create(dir.path(), settings(), |p| {
+        totals_pipeline(p, &Numbers::new(4), &totals, None);
+        Ok(())
+    })
+    .unwrap();
+    ctx.start().unwrap();
+    for batch in 0..3 {
+        tick(&clock, &ctx, batch);
+    }
+    stop(ctx);
+
+    let audit = SeenLog::default();
+    let mut ctx = StreamingContext::get_or_create(dir.path(), settings(), |p| {
+        totals_pipeline(p, &Numbers::new(4), &totals, Some(Arc::clone(&audit)));
+        Ok(())
+    })
+    .unwrap();
+    let report = ctx.recovery().unwrap().clone();
+    assert_eq!(report.restored_operators.iter().map(|o| o.name.as_str()).collect::<Vec<_>>(), vec!["totals"]);
+    assert_eq!(report.resumed_at, BatchId(3));
+    ctx.start().unwrap();
+    tick(&clock, &ctx, 3);
+    stop(ctx);
+    // Batches 0..4 read 0..16: the totals per residue class of all of them.
+    let expected: Vec<(u64, u64)> = (0..3).map(|r| (r, (0..16).filter(|n| n % 3 == r).sum())).collect();
+    let totals = totals.lock().unwrap();
+    assert_eq!(totals.last().unwrap(), &(BatchId(3), expected));
+    assert_eq!(audit.lock().unwrap().clone(), vec![Seen { batch: BatchId(3), time: Time::from_millis(START + 4000), records: (12..16).collect() }]);
+}
+
+#[derive(Default)]
+struct CommitOrderListener {
+    committed: Mutex<Vec<BatchId>>,
+}
+
+impl ProgressListener for CommitOrderListener {
+    fn on_batch_completed(&self, progress: &BatchProgress) {
+        self.committed.lock().unwrap().push(progress.batch_id);
+    }
+}
+
+#[test]
+fn concurrent_jobs_run_at_once_and_batches_commit_in_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(Time::from_millis(START));
+    let root: PathBuf = dir.path().to_path_buf();
+    let (gate_tx, gate_rx) = crossbeam::channel::unbounded::<u64>();
+    let early_commits = Arc::new(Mutex::new(Vec::<String>::new()));
+    let settings = settings(&clock).with_concurrent_jobs(3);
+    let mut ctx = StreamingContext::get_or_create(dir.path(), settings, |p| {
+        let numbers = numbers_input(p, &Numbers::new(3));
+        // "slow" finishes only after "fast" ran for the same batch: with a
+        // single worker it would time out and fail the batch.
+        numbers
+            .foreach_batch(move |_, info| {
+                let got = gate_rx.recv_timeout(StdDuration::from_secs(20)).map_err(|e| e.to_string())?;
+                if got == info.batch_id.0 { Ok(()) } else { Err(format!("gate of batch {got}").into()) }
+            })
+            .name("slow");
+        numbers.foreach_batch(move |_, info| Ok(gate_tx.send(info.batch_id.0)?)).name("fast");
+        let (early, root) = (Arc::clone(&early_commits), root.clone());
+        numbers
+            .foreach_batch(move |_, info| {
+                let n = info.batch_id.0;
+                if let Some(prev) = n.checked_sub(1).filter(|p| !root.join(format!("commits/{p}")).exists()) {
+                    early.lock().unwrap().push(format!("batch {n} ran before commits/{prev}"));
+                }
+                Ok(())
+            })
+            .name("check");
+        Ok(())
+    })
+    .unwrap();
+    let listener = Arc::new(CommitOrderListener::default());
+    ctx.add_progress_listener(listener.clone());
+    ctx.start().unwrap();
+    // Several batch times at once: they queue and commit one after another.
+    clock.advance(Duration::from_secs(4));
+    assert!(ctx.await_committed(BatchId(3), WAIT), "{:?}", ctx.failure());
+    stop(ctx);
+    assert_eq!(*listener.committed.lock().unwrap(), vec![BatchId(0), BatchId(1), BatchId(2), BatchId(3)]);
+    assert!(early_commits.lock().unwrap().is_empty(), "{:?}", early_commits.lock().unwrap());
+}
+
+#[test]
+fn a_failed_output_leaves_the_batch_uncommitted_for_the_next_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(Time::from_millis(START));
+    let mut ctx = StreamingContext::get_or_create(dir.path(), settings(&clock), |p| {
+        numbers_input(p, &Numbers::new(2))
+            .foreach_batch(|_, info| if info.batch_id.0 == 1 { Err("sink down".into()) } else { Ok(()) })
+            .name("flaky");
+        Ok(())
+    })
+    .unwrap();
+    ctx.start().unwrap();
+    tick(&clock, &ctx, 0);
+    clock.advance(Duration::from_secs(1));
+    let err = ctx.await_termination().unwrap_err();
+    assert!(err.to_string().contains("sink down") && err.to_string().contains("batch 1"), "{err}");
+    assert!(dir.path().join("offsets/1").exists() && !dir.path().join("commits/1").exists());
+
+    let seen = SeenLog::default();
+    let ctx = StreamingContext::get_or_create(dir.path(), settings(&clock), |p| {
+        collect_output(p, &Numbers::new(2), &seen);
+        Ok(())
+    })
+    .unwrap();
+    assert_eq!(ctx.recovery().unwrap().rerun_batch, Some(BatchId(1)));
+}
