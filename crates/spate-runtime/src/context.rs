@@ -4,8 +4,8 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::fmt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::thread::JoinHandle;
 
 use crossbeam::channel::{Receiver as EventReceiver, Sender, unbounded};
@@ -137,8 +137,7 @@ impl StopHandle {
 
     async fn listen_for_signals(self) {
         use tokio::signal::unix::{SignalKind, signal};
-        let (Ok(mut interrupt), Ok(mut terminate)) =
-            (signal(SignalKind::interrupt()), signal(SignalKind::terminate()))
+        let (Ok(mut interrupt), Ok(mut terminate)) = (signal(SignalKind::interrupt()), signal(SignalKind::terminate()))
         else {
             warn!("could not listen for SIGINT/SIGTERM");
             return;
@@ -218,9 +217,8 @@ impl StreamingContext {
     {
         settings.validate()?;
         let dir = checkpoint_dir.as_ref().to_path_buf();
-        let options = CheckpointOptions::new()
-            .clock(Arc::clone(&settings.clock))
-            .retain_batches(settings.retained_batches);
+        let options =
+            CheckpointOptions::new().clock(Arc::clone(&settings.clock)).retain_batches(settings.retained_batches);
         let checkpoint = Checkpoint::open_for_write(&dir, options).map_err(|e| log_store_error(&dir, e))?;
         let store = CheckpointStore::new(checkpoint);
         let verdict = store.consistent_verdict()?;
@@ -347,9 +345,9 @@ impl StreamingContext {
     /// returns how it ended. The writer lock is released when it returns.
     pub fn await_termination(mut self) -> Result<StopReport, RuntimeError> {
         let result = match self.driver.take() {
-            Some(driver) => driver
-                .join()
-                .unwrap_or_else(|_| Err(RuntimeError::Lifecycle { what: "driver thread panicked".into() })),
+            Some(driver) => {
+                driver.join().unwrap_or_else(|_| Err(RuntimeError::Lifecycle { what: "driver thread panicked".into() }))
+            }
             None => Err(RuntimeError::Lifecycle { what: "awaited before it was started".into() }),
         };
         self.timer_stop.store(true, Ordering::Release);
@@ -432,7 +430,9 @@ fn logged_of(verdict: Verdict) -> Logged {
             let last = next.prev();
             Logged { last: last.map(|b| (b, last_offsets)), committed: last, rerun: false }
         }
-        Verdict::Rerun { batch, offsets, .. } => Logged { last: Some((batch, offsets)), committed: batch.prev(), rerun: true },
+        Verdict::Rerun { batch, offsets, .. } => {
+            Logged { last: Some((batch, offsets)), committed: batch.prev(), rerun: true }
+        }
         _ => Logged { last: None, committed: None, rerun: false },
     }
 }

@@ -129,12 +129,8 @@ pub fn word_count_pipeline(p: &mut PipelineBuilder, options: &DemoOptions) -> Re
     per_batch
         .foreach_batch(move |batch, info| {
             let counts: BTreeMap<String, u64> = batch.iter().cloned().collect();
-            let record = BatchCounts {
-                batch_id: info.batch_id,
-                batch_time: info.time,
-                records: counts.values().sum(),
-                counts,
-            };
+            let record =
+                BatchCounts { batch_id: info.batch_id, batch_time: info.time, records: counts.values().sum(), counts };
             match &output_dir {
                 Some(dir) => write_once(&dir.join(format!("batch-{:010}.json", info.batch_id.0)), &record),
                 None => Ok(()),

@@ -131,9 +131,9 @@ pub(crate) struct InputHooks {
     /// The input's name.
     pub(crate) name: String,
     /// Called with the last logged offsets (JSON) when resuming.
-    pub(crate) on_resume: Option<Box<dyn Fn(&str) -> Result<(), String> + Send>>,
+    pub(crate) on_resume: Option<crate::context::OffsetsHook>,
     /// Called with a batch's offsets (JSON) after it committed.
-    pub(crate) on_commit: Option<Box<dyn Fn(&str) -> Result<(), String> + Send>>,
+    pub(crate) on_commit: Option<crate::context::OffsetsHook>,
 }
 
 /// Everything the driver thread owns.
@@ -193,7 +193,8 @@ impl Engine {
             // The driver may be gone after a stop; nobody waits then.
             let _ = tx.send(Event::JobDone(outcome));
         });
-        let mut lp = Loop { scheduler, order: CommitOrder::default(), in_flight: None, stopping: false, committed: 0, report };
+        let mut lp =
+            Loop { scheduler, order: CommitOrder::default(), in_flight: None, stopping: false, committed: 0, report };
         let result = self.event_loop(&mut lp, events, status);
         let graceful = matches!(result, Ok(true));
         match &result {
@@ -221,7 +222,12 @@ impl Engine {
     }
 
     /// Returns Ok(true) after a graceful stop, Ok(false) after an immediate one.
-    fn event_loop(&mut self, lp: &mut Loop, events: &Receiver<Event>, status: &SharedStatus) -> Result<bool, RuntimeError> {
+    fn event_loop(
+        &mut self,
+        lp: &mut Loop,
+        events: &Receiver<Event>,
+        status: &SharedStatus,
+    ) -> Result<bool, RuntimeError> {
         loop {
             if lp.in_flight.is_none()
                 && let Some(next) = self.queue.pop_front()
@@ -267,8 +273,8 @@ impl Engine {
         info!("graceful stop: stopping receivers, then finishing received data and queued batches");
         self.stop_receivers()?;
         if self.tracker.as_ref().is_some_and(|t| t.has_unallocated_blocks()) {
-            let time = self.last_time.map_or_else(|| self.settings.clock.now().floor(self.interval()), |t| t)
-                + self.interval();
+            let time =
+                self.last_time.unwrap_or_else(|| self.settings.clock.now().floor(self.interval())) + self.interval();
             self.last_time = Some(time);
             self.queue.push_back(QueuedBatch::New(time));
         }
@@ -294,7 +300,9 @@ impl Engine {
                 }
                 Ok(())
             }
-            CommitDecision::Failed { batch, output, reason } => Err(RuntimeError::OutputFailed { batch, output, reason }),
+            CommitDecision::Failed { batch, output, reason } => {
+                Err(RuntimeError::OutputFailed { batch, output, reason })
+            }
         }
     }
 
@@ -351,7 +359,8 @@ impl Engine {
             tracker.allocate_blocks_to_batch(time).map_err(|e| planning(e.to_string()))?;
         }
         let limit = self.rate.records_per_batch(self.interval());
-        let replayable: Vec<String> = self.graph.inputs().into_iter().filter(|i| i.replayable).map(|i| i.name).collect();
+        let replayable: Vec<String> =
+            self.graph.inputs().into_iter().filter(|i| i.replayable).map(|i| i.name).collect();
         let limits: BTreeMap<String, u64> = match limit {
             Some(limit) => replayable.iter().map(|name| (name.clone(), limit)).collect(),
             None => BTreeMap::new(),
@@ -446,10 +455,11 @@ impl Engine {
         if !due || !self.has_stateful_operators() {
             return Ok(false);
         }
-        let states = self
-            .graph
-            .snapshot_state()
-            .map_err(|e| RuntimeError::State { operator: "graph".into(), batch, reason: e.to_string() })?;
+        let states = self.graph.snapshot_state().map_err(|e| RuntimeError::State {
+            operator: "graph".into(),
+            batch,
+            reason: e.to_string(),
+        })?;
         let mut bytes = 0u64;
         for (operator, state) in &states {
             store.write_state(operator, batch, state)?;
@@ -583,10 +593,12 @@ fn planned_offsets(offsets: &OffsetSeq, graph: &Graph) -> PlannedOffsets {
 fn replayable_records(offsets: &OffsetSeq, graph: &Graph) -> u64 {
     fn count(value: &Value) -> u64 {
         match value {
-            Value::Object(map) => match (map.get("from").and_then(Value::as_u64), map.get("until").and_then(Value::as_u64)) {
-                (Some(from), Some(until)) => until.saturating_sub(from),
-                _ => map.values().map(count).sum(),
-            },
+            Value::Object(map) => {
+                match (map.get("from").and_then(Value::as_u64), map.get("until").and_then(Value::as_u64)) {
+                    (Some(from), Some(until)) => until.saturating_sub(from),
+                    _ => map.values().map(count).sum(),
+                }
+            }
             Value::Array(items) => items.iter().map(count).sum(),
             _ => 0,
         }

@@ -88,6 +88,8 @@ pub(crate) trait ReceiverInput: Send {
     fn stop(&mut self) -> Result<(), RuntimeError>;
 }
 
+type HandlerAndLog<T> = (Arc<dyn ReceivedBlockHandler<T>>, Option<Arc<dyn WriteAheadLog>>);
+
 type ReceiverFactory<R> = Box<dyn FnOnce(ReceiverResume) -> R + Send>;
 
 struct Stores<T> {
@@ -140,7 +142,7 @@ impl<T: Record + Data, R: Receiver<T>> TypedReceiverInput<T, R> {
         level: StorageLevel,
         checkpoint_dir: Option<&Path>,
         clock: &Arc<dyn Clock>,
-    ) -> Result<(Arc<dyn ReceivedBlockHandler<T>>, Option<Arc<dyn WriteAheadLog>>), RuntimeError> {
+    ) -> Result<HandlerAndLog<T>, RuntimeError> {
         let dir = match checkpoint_dir {
             Some(dir) if self.options.write_ahead_log => dir,
             _ => {
@@ -167,7 +169,11 @@ impl<T: Record + Data, R: Receiver<T>> TypedReceiverInput<T, R> {
         Ok((Arc::new(handler), Some(wal)))
     }
 
-    fn read_from_wal(&self, block: &TrackedBlock, handle: &spate_core::WalRecordHandle) -> Result<Vec<T>, RuntimeError> {
+    fn read_from_wal(
+        &self,
+        block: &TrackedBlock,
+        handle: &spate_core::WalRecordHandle,
+    ) -> Result<Vec<T>, RuntimeError> {
         let wal = self.stores.as_ref().and_then(|s| s.wal.as_ref()).ok_or_else(|| {
             self.receiver_error(format!("block {} is in the receiver WAL, which is not open", block.block_id()))
         })?;
@@ -212,7 +218,8 @@ impl<T: Record + Data, R: Receiver<T>> ReceiverInput for TypedReceiverInput<T, R
         );
         // Memory only: with the WAL on, the log is the durable copy; without
         // it, a restart loses unprocessed blocks whatever the level.
-        let level = if self.options.write_ahead_log { StorageLevel::MEMORY_ONLY_SER } else { StorageLevel::MEMORY_ONLY };
+        let level =
+            if self.options.write_ahead_log { StorageLevel::MEMORY_ONLY_SER } else { StorageLevel::MEMORY_ONLY };
         let (handler, wal) = self.open_handler(&blocks, level, checkpoint_dir, clock)?;
         self.stores = Some(Stores { blocks, handler, wal });
         Ok(())

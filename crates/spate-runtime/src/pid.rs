@@ -52,9 +52,11 @@ impl PidRateEstimator {
         if batch_interval_ms == 0 {
             return Err(invalid("batch interval", 0.0));
         }
-        for (name, gain) in
-            [("proportional", settings.proportional), ("integral", settings.integral), ("derivative", settings.derivative)]
-        {
+        for (name, gain) in [
+            ("proportional", settings.proportional),
+            ("integral", settings.integral),
+            ("derivative", settings.derivative),
+        ] {
             if !(gain >= 0.0 && gain.is_finite()) {
                 return Err(invalid(&format!("backpressure {name} gain"), gain));
             }
@@ -97,8 +99,9 @@ impl PidRateEstimator {
         let historical_error = scheduling_delay_ms as f64 * processing_rate / self.batch_interval_ms as f64;
         let d_error = (error - self.latest_error) / seconds_since_update;
         let s = &self.settings;
-        let new_rate = (self.latest_rate - s.proportional * error - s.integral * historical_error - s.derivative * d_error)
-            .max(s.min_rate);
+        let new_rate =
+            (self.latest_rate - s.proportional * error - s.integral * historical_error - s.derivative * d_error)
+                .max(s.min_rate);
         self.latest_time_ms = time_ms;
         if self.first_run {
             self.latest_rate = processing_rate;

@@ -148,11 +148,8 @@ impl ProgressFiles {
             self.seq += 1;
         }
         let path = self.current_path();
-        let file = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&path)
-            .map_err(|e| RuntimeError::io("open", &path, e))?;
+        let file =
+            OpenOptions::new().create(true).append(true).open(&path).map_err(|e| RuntimeError::io("open", &path, e))?;
         self.written = file.metadata().map_err(|e| RuntimeError::io("stat", &path, e))?.len();
         self.file = Some(file);
         let existing = existing_sequence_numbers(&self.dir)?;

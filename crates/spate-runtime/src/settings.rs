@@ -123,9 +123,8 @@ impl StreamingSettings {
 
     /// Checks every setting; the context calls it before it starts.
     pub fn validate(&self) -> Result<(), RuntimeError> {
-        let invalid = |setting: &str, reason: String| {
-            Err(RuntimeError::InvalidSetting { setting: setting.to_string(), reason })
-        };
+        let invalid =
+            |setting: &str, reason: String| Err(RuntimeError::InvalidSetting { setting: setting.to_string(), reason });
         if self.batch_interval == Duration::ZERO {
             return invalid("batch_interval", "must be positive".into());
         }
@@ -139,7 +138,7 @@ impl StreamingSettings {
         if self.concurrent_jobs == 0 {
             return invalid("concurrent_jobs", "must be at least 1".into());
         }
-        if let Some(rate) = self.backpressure.initial_rate.filter(|r| !(*r > 0.0)) {
+        if let Some(rate) = self.backpressure.initial_rate.filter(|r| r.is_nan() || *r <= 0.0) {
             return invalid("backpressure.initial_rate", format!("{rate} is not positive"));
         }
         Ok(())

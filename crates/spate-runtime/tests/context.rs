@@ -87,6 +87,7 @@ struct Seen {
 }
 
 type SeenLog = Arc<Mutex<Vec<Seen>>>;
+type TotalsLog = Arc<Mutex<Vec<(BatchId, Vec<(u64, u64)>)>>>;
 
 fn tick(clock: &ManualClock, ctx: &StreamingContext, batch: u64) {
     clock.advance(Duration::from_secs(1));
@@ -218,7 +219,10 @@ fn every_batch_committed_resumes_at_the_next_one() {
     tick(&clock, &ctx, 3);
     stop(ctx);
     let seen = seen.lock().unwrap().clone();
-    assert_eq!(seen, vec![Seen { batch: BatchId(3), time: Time::from_millis(START + 3000), records: (15..20).collect() }]);
+    assert_eq!(
+        seen,
+        vec![Seen { batch: BatchId(3), time: Time::from_millis(START + 3000), records: (15..20).collect() }]
+    );
 }
 
 #[test]
@@ -234,7 +238,10 @@ fn batches_missed_while_down_run_before_live_ones() {
     })
     .unwrap();
     let pending = ctx.recovery().unwrap().pending_batch_times.clone();
-    assert_eq!(pending, vec![Time::from_millis(START + 1000), Time::from_millis(START + 2000), Time::from_millis(START + 3000)]);
+    assert_eq!(
+        pending,
+        vec![Time::from_millis(START + 1000), Time::from_millis(START + 2000), Time::from_millis(START + 3000)]
+    );
     ctx.start().unwrap();
     assert!(ctx.await_committed(BatchId(3), WAIT));
     tick(&clock, &ctx, 4);
@@ -280,12 +287,7 @@ fn second_context_on_the_same_directory_is_refused_naming_the_holder() {
 }
 
 /// Running totals per residue class, from named state.
-fn totals_pipeline(
-    p: &mut PipelineBuilder,
-    source: &Arc<Numbers>,
-    totals: &Arc<Mutex<Vec<(BatchId, Vec<(u64, u64)>)>>>,
-    extra_output: Option<SeenLog>,
-) {
+fn totals_pipeline(p: &mut PipelineBuilder, source: &Arc<Numbers>, totals: &TotalsLog, extra_output: Option<SeenLog>) {
     let numbers = numbers_input(p, source);
     let sums = numbers
         .map(|n| (n % 3, n))
@@ -307,7 +309,11 @@ fn totals_pipeline(
 fn collect_output_of(numbers: &spate_dstream::DStream<u64>, seen: SeenLog) {
     numbers
         .foreach_batch(move |batch, info| {
-            seen.lock().unwrap().push(Seen { batch: info.batch_id, time: info.time, records: batch.iter().copied().collect() });
+            seen.lock().unwrap().push(Seen {
+                batch: info.batch_id,
+                time: info.time,
+                records: batch.iter().copied().collect(),
+            });
             Ok(())
         })
         .name("audit");
@@ -348,7 +354,10 @@ fn upgraded_graph_with_an_added_output_resumes_named_state() {
     let expected: Vec<(u64, u64)> = (0..3).map(|r| (r, (0..16).filter(|n| n % 3 == r).sum())).collect();
     let totals = totals.lock().unwrap();
     assert_eq!(totals.last().unwrap(), &(BatchId(3), expected));
-    assert_eq!(audit.lock().unwrap().clone(), vec![Seen { batch: BatchId(3), time: Time::from_millis(START + 4000), records: (12..16).collect() }]);
+    assert_eq!(
+        audit.lock().unwrap().clone(),
+        vec![Seen { batch: BatchId(3), time: Time::from_millis(START + 4000), records: (12..16).collect() }]
+    );
 }
 
 #[derive(Default)]

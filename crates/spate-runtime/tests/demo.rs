@@ -33,11 +33,10 @@ fn options(out: &Path, windows: &Arc<Mutex<Vec<TopWords>>>) -> DemoOptions {
 
 /// Advances batch by batch until the output holds `records` words (or gives up).
 fn run_until(ctx: &StreamingContext, clock: &ManualClock, out: &Path, records: u64) -> u64 {
-    let mut next = ctx.last_committed().map_or(0, |b| b.0 + 1);
-    for _ in 0..300 {
+    let first = ctx.last_committed().map_or(0, |b| b.0 + 1);
+    for next in first..first + 300 {
         clock.advance(Duration::from_secs(1));
         assert!(ctx.await_committed(BatchId(next), StdDuration::from_secs(30)), "{:?}", ctx.failure());
-        next += 1;
         if verify_output(out, SEED).map(|c| c.records).unwrap_or(0) >= records {
             break;
         }
@@ -82,7 +81,9 @@ fn immediate_stop_and_restart_lose_and_repeat_nothing() {
     let mut ctx = word_count_context(Some(dir.path()), settings(&clock), &options).unwrap();
     let report = ctx.recovery().unwrap().clone();
     assert!(report.last_committed.is_some(), "{report}");
-    assert!(report.restored_operators.is_empty() || report.restored_operators.iter().any(|o| o.name == "window-counts"));
+    assert!(
+        report.restored_operators.is_empty() || report.restored_operators.iter().any(|o| o.name == "window-counts")
+    );
     ctx.start().unwrap();
     let total = run_until(&ctx, &clock, out.path(), TOTAL);
     ctx.stop_handle().stop_gracefully();
