@@ -1,0 +1,132 @@
+//! The demo end to end at steady state, write-ahead log on (fdatasync on
+//! every block): generator receiver, windowed word count with an inverse,
+//! backpressure on. Prints the records per second sustained and the peak
+//! resident set size. Spark Streaming holds about 1.0 M records/s with
+//! 1-2 GB of RSS on 2 cores; the targets are >= 20 M records/s and <= 200 MB.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration as StdDuration, Instant};
+
+use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
+use spate_core::{BatchId, Duration, ManualClock, Time};
+use spate_dstream::QueueSource;
+use spate_receiver::WordGenerator;
+use spate_runtime::demo::{DemoOptions, word_count_context};
+use spate_runtime::{BackpressureSettings, BatchProgress, ProgressListener, StreamingContext, StreamingSettings};
+
+const TARGET_RECORDS_PER_SEC: f64 = 20_000_000.0;
+const TARGET_RSS_MB: f64 = 200.0;
+
+fn is_bench() -> bool {
+    std::env::args().any(|a| a == "--bench")
+}
+
+/// Each committed batch: its records and when it committed.
+#[derive(Default)]
+struct Commits(Mutex<Vec<(u64, Instant)>>);
+
+impl ProgressListener for Commits {
+    fn on_batch_completed(&self, progress: &BatchProgress) {
+        self.0.lock().unwrap().push((progress.input_records, Instant::now()));
+    }
+}
+
+fn peak_rss_mb() -> f64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let kb: f64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0);
+    kb / 1024.0
+}
+
+/// Runs the demo for `run` of real time and returns the records per second
+/// sustained after `warm_up` batches.
+fn steady_state_throughput(interval: Duration, run: StdDuration, warm_up: usize) -> f64 {
+    let dir = tempfile::tempdir().unwrap();
+    let settings = StreamingSettings::new(interval).with_backpressure(BackpressureSettings {
+        initial_rate: Some(4_000_000.0),
+        ..BackpressureSettings::default()
+    });
+    let mut ctx = word_count_context(Some(dir.path()), settings, &DemoOptions::new(7)).unwrap();
+    let commits = Arc::new(Commits::default());
+    ctx.add_progress_listener(commits.clone());
+    ctx.start().unwrap();
+    std::thread::sleep(run);
+    ctx.stop_handle().stop_now();
+    ctx.await_termination().unwrap();
+    let commits = commits.0.lock().unwrap();
+    let steady = commits.get(warm_up..).unwrap_or_default();
+    match (steady.first(), steady.last()) {
+        (Some(first), Some(last)) if last.1 > first.1 => {
+            let records: u64 = steady.iter().skip(1).map(|(n, _)| n).sum();
+            records as f64 / last.1.duration_since(first.1).as_secs_f64()
+        }
+        _ => 0.0,
+    }
+}
+
+/// One batch of words through the demo's graph (no receiver), per batch size.
+fn bench_graph_batch(c: &mut Criterion) {
+    let words_per_batch = if is_bench() { 1_000_000 } else { 10_000 };
+    let words = WordGenerator::new(7).words(0, words_per_batch);
+    let mut group = c.benchmark_group("runtime");
+    group.sample_size(10).measurement_time(StdDuration::from_secs(3));
+    group.throughput(criterion::Throughput::Elements(words_per_batch as u64));
+    group.bench_function("word_count_batch", |b| {
+        b.iter_batched(
+            || {
+                let clock = ManualClock::new(Time::from_millis(1_000_000));
+                let settings = StreamingSettings::new(Duration::from_secs(1)).with_clock(Arc::new(clock.clone()));
+                let queue = Arc::new(QueueSource::new());
+                queue.push(words.clone());
+                let input = Arc::clone(&queue);
+                let ctx = StreamingContext::new(settings, move |p| {
+                    p.input("words", input)
+                        .map(|w: String| (w, 1u64))
+                        .reduce_by_key(|a, b| a + b)
+                        .foreach_batch(|batch, _| {
+                            std::hint::black_box(batch.len());
+                            Ok(())
+                        })
+                        .name("counts");
+                    Ok(())
+                })
+                .unwrap();
+                (ctx, clock)
+            },
+            |(mut ctx, clock)| {
+                ctx.start().unwrap();
+                clock.advance(Duration::from_secs(1));
+                assert!(ctx.await_committed(BatchId(0), StdDuration::from_secs(60)));
+                ctx.stop_handle().stop_now();
+                ctx.await_termination().unwrap();
+            },
+            BatchSize::PerIteration,
+        );
+    });
+    group.finish();
+}
+
+fn bench_end_to_end(c: &mut Criterion) {
+    bench_graph_batch(c);
+    let (interval, run, warm_up) = if is_bench() {
+        (Duration::from_secs(1), StdDuration::from_secs(14), 4)
+    } else {
+        (Duration::from_millis(200), StdDuration::from_millis(1500), 1)
+    };
+    let records_per_sec = steady_state_throughput(interval, run, warm_up);
+    println!(
+        "BENCH runtime_demo_throughput {records_per_sec:.0} records/s bound={TARGET_RECORDS_PER_SEC:.0} ratio={:.3}",
+        records_per_sec / TARGET_RECORDS_PER_SEC
+    );
+    let rss = peak_rss_mb();
+    println!("BENCH runtime_demo_peak_rss {rss:.1} MB bound={TARGET_RSS_MB:.0} ratio={:.3}", rss / TARGET_RSS_MB);
+}
+
+criterion_group!(benches, bench_end_to_end);
+criterion_main!(benches);
