@@ -64,14 +64,14 @@ pub struct DemoArgs {
     /// How many top words to show per window.
     #[arg(long, value_name = "K", default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=1000))]
     pub top: u64,
-    /// Exactly-once file sink: one file per window, written atomically and never twice.
-    /// Default: <checkpoint>/output.
+    /// Exactly-once file output: `batch-<N>.json` (a batch's word counts) and
+    /// `window-<N>.json` (a window's top words), each written once. Default: <checkpoint>/output.
     #[arg(long, value_name = "DIR")]
     pub output: Option<PathBuf>,
     /// Stop gracefully once this batch id has committed (for tests and reproducible runs).
     #[arg(long, value_name = "ID", hide = true)]
     pub until_batch: Option<u64>,
-    /// The batch interval in milliseconds (the demo's is 1000).
+    /// The batch interval in milliseconds (the demo's is 1000; the window stays 30 batches, the slide 2).
     #[arg(long, value_name = "MS", default_value_t = 1000, hide = true, value_parser = clap::value_parser!(u64).range(1..=3_600_000))]
     pub batch_ms: u64,
     /// Print no progress lines (errors and the recovery line still go to stdout/stderr).

@@ -80,14 +80,16 @@ pub enum CliError {
         #[source]
         source: std::io::Error,
     },
-    /// The streaming job failed.
-    #[error("the streaming job failed at batch {batch}")]
-    Job {
-        /// The batch that failed.
-        batch: u64,
-        /// What went wrong.
+    /// The streaming runtime refused to start or failed while running.
+    #[error("{action} {}", dir.display())]
+    Runtime {
+        /// What was being done.
+        action: &'static str,
+        /// The checkpoint directory.
+        dir: PathBuf,
+        /// What the runtime said.
         #[source]
-        source: Box<CliError>,
+        source: spate_runtime::RuntimeError,
     },
     /// The job was stopped at once by a second signal.
     #[error("stopped at once by a second signal; the last batch was not committed and will re-run at the next start")]
@@ -120,10 +122,20 @@ impl CliError {
                 LogStoreError::Inconsistent(_) | LogStoreError::StalePlan { .. } => ExitCode::Refused,
                 _ => ExitCode::Runtime,
             },
-            CliError::Job { source, .. } => source.exit_code(),
+            CliError::Runtime { source, .. } => runtime_exit_code(source),
             CliError::Io { .. } => ExitCode::Runtime,
             CliError::Interrupted => ExitCode::Interrupted,
         }
+    }
+}
+
+fn runtime_exit_code(error: &spate_runtime::RuntimeError) -> ExitCode {
+    use spate_runtime::RuntimeError as E;
+    match error {
+        E::Locked { .. } => ExitCode::Locked,
+        E::IncompatibleGraph { .. } => ExitCode::Refused,
+        E::InvalidSetting { .. } => ExitCode::Usage,
+        _ => ExitCode::Runtime,
     }
 }
 
@@ -162,8 +174,10 @@ mod tests {
         assert_eq!(CliError::checkpoint("cannot open", "/ck", locked).exit_code(), ExitCode::Locked);
         let stale = LogStoreError::StalePlan { path: PathBuf::from("/ck/commits/2"), reason: "gone".into() };
         assert_eq!(CliError::checkpoint("cannot repair", "/ck", stale).exit_code(), ExitCode::Refused);
-        let nested = CliError::Job { batch: 3, source: Box::new(CliError::usage("x")) };
-        assert_eq!(nested.exit_code(), ExitCode::Usage);
+        let locked = spate_runtime::RuntimeError::Locked { dir: PathBuf::from("/ck"), holder: "pid 7".into() };
+        let error = CliError::Runtime { action: "cannot run", dir: PathBuf::from("/ck"), source: locked };
+        assert_eq!(error.exit_code(), ExitCode::Locked);
+        assert_eq!(CliError::usage("x").exit_code(), ExitCode::Usage);
         assert_eq!(ExitCode::Interrupted.code(), 130);
     }
 }
