@@ -32,6 +32,9 @@ pub struct BlockGeneratorConfig {
     /// The highest rate, records per second, the receiver may store at;
     /// backpressure may set lower rates (Spark's `receiver.maxRate`).
     pub max_rate: Option<u64>,
+    /// The rate to start at, below the maximum, until backpressure sets one
+    /// (Spark's `backpressure.initialRate`); `None`: start at the maximum.
+    pub initial_rate: Option<u64>,
 }
 
 impl Default for BlockGeneratorConfig {
@@ -41,6 +44,7 @@ impl Default for BlockGeneratorConfig {
             queue_capacity: 10,
             max_block_records: None,
             max_rate: None,
+            initial_rate: None,
         }
     }
 }
@@ -148,9 +152,13 @@ impl<T: Send + 'static> BlockGenerator<T> {
         ids: Arc<BlockIdAllocator>,
     ) -> Result<Self, ReceiverError> {
         let (tx, rx) = crossbeam::channel::bounded(config.queue_capacity.max(1));
+        let rate = RateLimiter::new(Arc::clone(&clock), config.max_rate);
+        if config.initial_rate.is_some() {
+            rate.update_limit(config.initial_rate);
+        }
         let shared = Arc::new(Shared {
             stream_id,
-            rate: RateLimiter::new(Arc::clone(&clock), config.max_rate),
+            rate,
             config,
             clock,
             state: AtomicU8::new(ACTIVE),
@@ -167,7 +175,10 @@ impl<T: Send + 'static> BlockGenerator<T> {
         let pusher_shared = Arc::clone(&shared);
         generator
             .spawn(format!("block-pusher-{stream_id}"), move || pusher_shared.push_loop(&rx, listener.as_ref()))?;
-        generator.spawn(format!("block-timer-{stream_id}"), move || shared.timer_loop())?;
+        // The first tick is fixed now, not when the thread first runs.
+        let interval = shared.config.block_interval.max(Duration::from_millis(1));
+        let first_tick = shared.clock.now().floor(interval) + interval;
+        generator.spawn(format!("block-timer-{stream_id}"), move || shared.timer_loop(first_tick, interval))?;
         Ok(generator)
     }
 
@@ -321,9 +332,8 @@ impl<T: Send + 'static> Shared<T> {
         }
     }
 
-    fn timer_loop(&self) {
-        let interval = self.config.block_interval.max(Duration::from_millis(1));
-        let mut next = self.clock.now().floor(interval) + interval;
+    fn timer_loop(&self, first_tick: Time, interval: Duration) {
+        let mut next = first_tick;
         while self.timer_stop.wait_until(self.clock.as_ref(), next) {
             if let Err(e) = self.cut(&mut self.lock_buffer()) {
                 warn!(stream = %self.stream_id, error = %e, "could not cut a block");

@@ -92,8 +92,8 @@ fn memory_only_block_that_does_not_fit_is_refused_clearly() {
 #[test]
 fn disk_only_and_deserialized_levels_and_duplicates() {
     let dir = tempfile::tempdir().unwrap();
-    let bm = BlockManager::<String>::open(BlockManagerConfig::with_disk(1 << 20, dir.path()), Arc::new(clock()))
-        .unwrap();
+    let bm =
+        BlockManager::<String>::open(BlockManagerConfig::with_disk(1 << 20, dir.path()), Arc::new(clock())).unwrap();
     let loc = bm.put(id(0), BlockData::Records(Arc::new(words(0, 10))), StorageLevel::DISK_ONLY).unwrap();
     assert!(loc.on_disk && !loc.in_memory);
     assert_eq!(bm.memory_used(), 0);
@@ -113,7 +113,9 @@ fn disk_only_and_deserialized_levels_and_duplicates() {
 #[test]
 fn block_manager_handler_stores_and_cleans_old_blocks() {
     let clock = clock();
-    let bm = Arc::new(BlockManager::<String>::open(BlockManagerConfig::in_memory(1 << 20), Arc::new(clock.clone())).unwrap());
+    let bm = Arc::new(
+        BlockManager::<String>::open(BlockManagerConfig::in_memory(1 << 20), Arc::new(clock.clone())).unwrap(),
+    );
     let handler = BlockManagerBasedBlockHandler::new(Arc::clone(&bm), StorageLevel::MEMORY_ONLY);
     let first = handler.store_block(id(0), ReceivedBlock::Records(words(0, 5))).unwrap();
     assert_eq!((first.block_id, first.num_records, first.wal_handle), (id(0), Some(5), None));
@@ -137,9 +139,15 @@ fn wal_handler(
     let bm = Arc::new(BlockManager::open(BlockManagerConfig::in_memory(64 << 20), Arc::new(clock.clone())).unwrap());
     let wal = open_receiver_wal(checkpoint, STREAM, WalOptions::default().with_clock(Arc::new(clock.clone()))).unwrap();
     let config = WalHandlerConfig { wait_for_cleanup: true, ..WalHandlerConfig::default() };
-    let handler =
-        WriteAheadLogBasedBlockHandler::new(Arc::clone(&bm), wal.clone(), STREAM, level, config, Arc::new(clock.clone()))
-            .unwrap();
+    let handler = WriteAheadLogBasedBlockHandler::new(
+        Arc::clone(&bm),
+        wal.clone(),
+        STREAM,
+        level,
+        config,
+        Arc::new(clock.clone()),
+    )
+    .unwrap();
     (bm, wal, handler)
 }
 
@@ -242,7 +250,10 @@ fn wal_handler_times_out_or_fails_and_keeps_nothing() {
         if fail {
             assert!(matches!(err, ReceiverError::Wal { .. }), "{err:?}");
         } else {
-            assert!(matches!(err, ReceiverError::WalTimeout { block_id, timeout_ms: 50 } if block_id == id(0)), "{err:?}");
+            assert!(
+                matches!(err, ReceiverError::WalTimeout { block_id, timeout_ms: 50 } if block_id == id(0)),
+                "{err:?}"
+            );
         }
         // Not acknowledged, so not kept in the block manager either.
         assert!(bm.get(id(0)).unwrap().is_none());

@@ -1,0 +1,184 @@
+//! Ingest throughput: the generator receiver through the block generator
+//! into the block handler, with the WAL off and on (one `fdatasync` per
+//! block), for 10-byte records, against the raw sequential write bandwidth
+//! of the same disk measured in the same run.
+//!
+//! Prints `BENCH` lines: records/s with the WAL off (bound: the 20 M/s
+//! target), with the WAL on (bound: the lower of the WAL-off rate and what
+//! the measured disk bandwidth allows for the bytes written per record),
+//! and the disk bandwidth itself.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::Write;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use criterion::{Criterion, SamplingMode, criterion_group, criterion_main};
+use spate_core::{Duration, StreamId, SystemClock};
+use spate_receiver::{
+    BlockManager, BlockManagerBasedBlockHandler, BlockManagerConfig, FnSink, GeneratorConfig, GeneratorReceiver,
+    ReceivedBlockHandler, ReceiverState, ReceiverSupervisor, StorageLevel, SupervisorConfig, WalHandlerConfig,
+    WordGenerator, WriteAheadLogBasedBlockHandler, encode_block, open_receiver_wal,
+};
+use spate_wal::WalOptions;
+
+const STREAM: StreamId = StreamId(0);
+const WAL_OFF_TARGET: f64 = 20_000_000.0;
+
+fn full_run() -> bool {
+    std::env::args().any(|a| a == "--bench")
+}
+
+fn records_per_iteration() -> u64 {
+    if full_run() { 8_000_000 } else { 50_000 }
+}
+
+/// A real disk, not tmpfs: where the WAL and the bandwidth probe write.
+fn bench_dir() -> tempfile::TempDir {
+    let base = Path::new("/var/tmp");
+    let builder = tempfile::Builder::new().prefix("spate-receiver-bench-").tempdir_in(base);
+    builder.unwrap_or_else(|_| tempfile::tempdir().unwrap())
+}
+
+/// 64 words of exactly 10 bytes.
+fn ten_byte_generator() -> WordGenerator {
+    let vocabulary = (0..64).map(|i| format!("word-{i:05}")).collect();
+    WordGenerator::with_vocabulary(42, vocabulary).unwrap()
+}
+
+/// Runs the generator for `n` records into `handler`; returns the elapsed
+/// seconds until the last block was stored (durably, with the WAL on).
+fn ingest(n: u64, handler: Arc<dyn ReceivedBlockHandler<String>>, blocks: Arc<BlockManager<String>>) -> f64 {
+    let mut generator = GeneratorConfig::new(42);
+    generator.generator = ten_byte_generator();
+    generator.total_records = Some(n);
+    generator.batch_size = 4096;
+    let mut config = SupervisorConfig::new(STREAM);
+    config.block_generator.block_interval = Duration::from_millis(50);
+    config.block_generator.max_block_records = Some(1 << 20);
+    // Processed blocks are removed, as the runtime's cleanup would, so memory stays flat.
+    let sink = FnSink(move |info: spate_core::ReceivedBlockInfo| {
+        blocks.remove(info.block_id())?;
+        Ok(())
+    });
+    let started = Instant::now();
+    let supervisor = ReceiverSupervisor::start(
+        GeneratorReceiver::new(generator),
+        config,
+        handler,
+        Arc::new(sink),
+        Arc::new(SystemClock),
+    )
+    .unwrap();
+    let finished = supervisor.wait_for_state(|s| s == ReceiverState::Finished, std::time::Duration::from_secs(600));
+    let elapsed = started.elapsed().as_secs_f64();
+    assert!(finished.is_some(), "ingest did not finish: {:?}", supervisor.errors());
+    supervisor.stop().unwrap();
+    elapsed
+}
+
+fn block_manager() -> Arc<BlockManager<String>> {
+    Arc::new(BlockManager::open(BlockManagerConfig::in_memory(4 << 30), Arc::new(SystemClock)).unwrap())
+}
+
+fn wal_off(n: u64) -> f64 {
+    let blocks = block_manager();
+    let handler =
+        Arc::new(BlockManagerBasedBlockHandler::new(Arc::clone(&blocks), StorageLevel::MEMORY_AND_DISK_SER_2));
+    ingest(n, handler, blocks)
+}
+
+fn wal_on(n: u64) -> f64 {
+    let dir = bench_dir();
+    let blocks = block_manager();
+    let wal = open_receiver_wal(dir.path(), STREAM, WalOptions::default()).unwrap();
+    let handler = WriteAheadLogBasedBlockHandler::new(
+        Arc::clone(&blocks),
+        wal,
+        STREAM,
+        StorageLevel::MEMORY_AND_DISK_SER_2,
+        WalHandlerConfig::default(),
+        Arc::new(SystemClock),
+    )
+    .unwrap();
+    ingest(n, Arc::new(handler), blocks)
+}
+
+/// Sequential write bandwidth in bytes/s: 1 MiB writes, one fdatasync at the end.
+fn disk_bandwidth() -> f64 {
+    let dir = bench_dir();
+    let total: usize = if full_run() { 512 << 20 } else { 1 << 20 };
+    let chunk = vec![0x5au8; 1 << 20];
+    let path = dir.path().join("probe");
+    let mut best: f64 = 0.0;
+    for _ in 0..3 {
+        let mut file = std::fs::File::create(&path).unwrap();
+        let started = Instant::now();
+        let mut written = 0;
+        while written < total {
+            file.write_all(&chunk).unwrap();
+            written += chunk.len();
+        }
+        file.sync_data().unwrap();
+        best = best.max(total as f64 / started.elapsed().as_secs_f64());
+        drop(file);
+        std::fs::remove_file(&path).unwrap();
+    }
+    best
+}
+
+/// Bytes the WAL gets per record: the serialized block divided by its records.
+fn bytes_per_record() -> f64 {
+    let records = ten_byte_generator().words(0, 1 << 20);
+    encode_block(&records).unwrap().len() as f64 / records.len() as f64
+}
+
+fn median(mut xs: Vec<f64>) -> f64 {
+    xs.sort_by(f64::total_cmp);
+    xs.get(xs.len() / 2).copied().unwrap_or(0.0)
+}
+
+fn bench_ingest(c: &mut Criterion) {
+    let n = records_per_iteration();
+    let rates: Arc<Mutex<[Vec<f64>; 2]>> = Arc::default();
+    let mut group = c.benchmark_group("ingest");
+    group.sampling_mode(SamplingMode::Flat).sample_size(10).warm_up_time(std::time::Duration::from_millis(500));
+    group.measurement_time(std::time::Duration::from_secs(if full_run() { 8 } else { 1 }));
+    group.throughput(criterion::Throughput::Elements(n));
+    for (slot, name, run) in [(0, "wal_off", wal_off as fn(u64) -> f64), (1, "wal_on", wal_on)] {
+        let rates = Arc::clone(&rates);
+        group.bench_function(name, move |b| {
+            b.iter_custom(|iters| {
+                let mut total = 0.0;
+                for _ in 0..iters {
+                    let seconds = run(n);
+                    rates.lock().unwrap()[slot].push(n as f64 / seconds);
+                    total += seconds;
+                }
+                std::time::Duration::from_secs_f64(total)
+            });
+        });
+    }
+    group.finish();
+
+    let [off, on] = std::mem::take(&mut *rates.lock().unwrap());
+    let (off, on) = (median(off), median(on));
+    let bandwidth = disk_bandwidth();
+    let per_record = bytes_per_record();
+    let disk_records = bandwidth / per_record;
+    let on_bound = off.min(disk_records);
+    println!("BENCH receiver_disk_seq_write {:.1} MB/s bound={:.1} ratio=1.00", bandwidth / 1e6, bandwidth / 1e6);
+    println!(
+        "BENCH receiver_disk_records {disk_records:.0} records/s bound={disk_records:.0} ratio=1.00 bytes_per_record={per_record:.2}"
+    );
+    println!(
+        "BENCH receiver_ingest_wal_off {off:.0} records/s bound={WAL_OFF_TARGET:.0} ratio={:.2}",
+        off / WAL_OFF_TARGET
+    );
+    println!("BENCH receiver_ingest_wal_on {on:.0} records/s bound={on_bound:.0} ratio={:.2}", on / on_bound);
+}
+
+criterion_group!(benches, bench_ingest);
+criterion_main!(benches);

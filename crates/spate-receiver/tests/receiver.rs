@@ -1,0 +1,339 @@
+//! Receivers under a supervisor: records in equal records out under a rate
+//! limit on a manual clock, restarts with backoff, clean stops, and the
+//! socket receiver against real TCP peers.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::Write;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use async_trait::async_trait;
+use crossbeam::channel::Receiver as Channel;
+use spate_core::{Clock, Duration, ManualClock, ReceivedBlockInfo, StreamId, Time};
+use spate_receiver::{
+    BlockManager, BlockManagerBasedBlockHandler, BlockManagerConfig, GeneratorConfig, GeneratorReceiver,
+    InvalidUtf8Policy, Receiver, ReceiverContext, ReceiverError, ReceiverState, ReceiverSupervisor, SocketConfig,
+    SocketTextReceiver, StorageLevel, SupervisorConfig, WordGenerator,
+};
+
+const STREAM: StreamId = StreamId(1);
+const PATIENCE: std::time::Duration = std::time::Duration::from_secs(30);
+
+struct Harness {
+    clock: ManualClock,
+    blocks: Arc<BlockManager<String>>,
+    infos: Channel<ReceivedBlockInfo>,
+    supervisor: ReceiverSupervisor<String>,
+}
+
+impl Harness {
+    fn start(receiver: impl Receiver<String>, tune: impl FnOnce(&mut SupervisorConfig)) -> Self {
+        let clock = ManualClock::new(Time::from_millis(1_000_000));
+        let blocks =
+            Arc::new(BlockManager::open(BlockManagerConfig::in_memory(256 << 20), Arc::new(clock.clone())).unwrap());
+        let handler = Arc::new(BlockManagerBasedBlockHandler::new(Arc::clone(&blocks), StorageLevel::MEMORY_ONLY));
+        let (sink, infos) = crossbeam::channel::unbounded();
+        let mut config = SupervisorConfig::new(STREAM);
+        tune(&mut config);
+        let supervisor =
+            ReceiverSupervisor::start(receiver, config, handler, Arc::new(sink), Arc::new(clock.clone())).unwrap();
+        Harness { clock, blocks, infos, supervisor }
+    }
+
+    /// Every record of every reported block, in report order.
+    fn received(&self) -> (Vec<String>, Vec<ReceivedBlockInfo>) {
+        let infos: Vec<ReceivedBlockInfo> = self.infos.try_iter().collect();
+        let mut records = Vec::new();
+        for info in &infos {
+            let block = self.blocks.get_records(info.block_id()).unwrap().expect("reported block is stored");
+            assert_eq!(info.num_records, Some(block.len() as u64));
+            assert_eq!(info.stream_id, STREAM);
+            records.extend(block.iter().cloned());
+        }
+        (records, infos)
+    }
+
+    fn wait_for(&self, pred: impl Fn(ReceiverState) -> bool) -> ReceiverState {
+        self.supervisor.wait_for_state(pred, PATIENCE).expect("state reached")
+    }
+}
+
+/// Spins (yielding) until `cond` holds; panics after a long real-time wait.
+fn eventually(what: &str, cond: impl Fn() -> bool) {
+    let deadline = std::time::Instant::now() + PATIENCE;
+    while !cond() {
+        assert!(std::time::Instant::now() < deadline, "never happened: {what}");
+        std::thread::yield_now();
+    }
+}
+
+#[test]
+fn records_in_equal_records_out_under_a_changing_rate_limit() {
+    const TOTAL: u64 = 1000;
+    const BATCH: u64 = 10;
+    let mut config = GeneratorConfig::new(11);
+    config.total_records = Some(TOTAL);
+    config.batch_size = BATCH as usize;
+    let receiver = GeneratorReceiver::new(config);
+    let progress = receiver.progress();
+    let h = Harness::start(receiver, |c| {
+        c.block_generator.max_rate = Some(200);
+        c.block_generator.initial_rate = Some(100);
+    });
+    assert_eq!(h.supervisor.rate_limit(), Some(100));
+    let start = h.clock.now();
+    // At 100 records/s a batch of 10 is admitted every 100 ms, the first at once:
+    // by time t exactly (t / 100 + 1) batches are in, never one more.
+    while progress.produced() < TOTAL / 2 {
+        let elapsed = h.clock.now().since(start).as_millis();
+        let allowed = ((elapsed / 100 + 1) * BATCH).min(TOTAL);
+        eventually("the receiver uses its allowance", || progress.produced() >= allowed);
+        // Every 200 ms block interval passed held records, so each was cut and stored.
+        eventually(&format!("{} blocks cut by {elapsed} ms", elapsed / 200), || h.infos.len() as u64 >= elapsed / 200);
+        assert_eq!(progress.produced(), allowed, "at {elapsed} ms");
+        h.clock.advance(Duration::from_millis(50));
+    }
+    // Backpressure raises the limit while records flow; the maximum caps it.
+    h.supervisor.set_rate_limit(Some(1_000_000));
+    assert_eq!(h.supervisor.rate_limit(), Some(200));
+    let (raised_at, produced_then) = (h.clock.now(), progress.produced());
+    // The reservation made before the change still runs at the old rate.
+    while progress.produced() < TOTAL {
+        let elapsed = h.clock.now().since(raised_at).as_millis();
+        let due = (produced_then + elapsed.saturating_sub(250) / 50 * BATCH).min(TOTAL);
+        eventually("the receiver uses its raised allowance", || progress.produced() >= due);
+        assert!(progress.produced() - produced_then <= elapsed * 200 / 1000 + 2 * BATCH, "at {elapsed} ms");
+        h.clock.advance(Duration::from_millis(25));
+    }
+    let total_time = h.clock.now().since(start).as_millis();
+    assert!(total_time < 9_000, "the raised limit took effect: {total_time} ms");
+    h.wait_for(|s| s == ReceiverState::Finished);
+    assert_eq!(progress.acknowledged(), TOTAL);
+    h.supervisor.stop().unwrap();
+    let (records, infos) = h.received();
+    assert_eq!(records, WordGenerator::new(11).words(0, TOTAL as usize));
+    assert!(infos.len() >= 24, "records crossed block boundaries: {} blocks", infos.len());
+    assert!(infos.windows(2).all(|w| w[0].block_id() < w[1].block_id()));
+    assert!(h.supervisor.errors().is_empty(), "{:?}", h.supervisor.errors());
+}
+
+/// Fails its first `fail_first` runs; later runs wait for the stop. Every run
+/// stores one record and spawns a task that waits for the stop and one that never ends.
+struct Flaky {
+    fail_first: u64,
+    runs: Arc<AtomicU64>,
+    runs_ended: Arc<AtomicU64>,
+    tasks_ended: Arc<AtomicU64>,
+}
+
+/// Counts when dropped: proves a future was dropped (cancelled or done).
+struct DropCounter(Arc<AtomicU64>);
+
+impl Drop for DropCounter {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+#[async_trait]
+impl Receiver<String> for Flaky {
+    fn name(&self) -> String {
+        "flaky".into()
+    }
+
+    async fn run(&mut self, ctx: ReceiverContext<String>) -> Result<(), ReceiverError> {
+        let _ended = DropCounter(Arc::clone(&self.runs_ended));
+        let run = self.runs.fetch_add(1, Ordering::SeqCst) + 1;
+        ctx.store(format!("run-{run}"))?;
+        let (waiter, guard) = (ctx.clone(), DropCounter(Arc::clone(&self.tasks_ended)));
+        ctx.spawn(async move {
+            waiter.stopped().await;
+            drop(guard);
+        });
+        let guard = DropCounter(Arc::clone(&self.tasks_ended));
+        ctx.spawn(async move {
+            let _guard = guard;
+            std::future::pending::<()>().await;
+        });
+        if run <= self.fail_first {
+            return Err(ReceiverError::Receiver { receiver: "flaky".into(), message: format!("run {run} failed") });
+        }
+        ctx.flush()?;
+        ctx.stopped().await;
+        Ok(())
+    }
+}
+
+fn flaky(fail_first: u64) -> (Flaky, Arc<AtomicU64>, Arc<AtomicU64>, Arc<AtomicU64>) {
+    let (runs, runs_ended, tasks_ended) = (Arc::default(), Arc::default(), Arc::default());
+    let receiver = Flaky {
+        fail_first,
+        runs: Arc::clone(&runs),
+        runs_ended: Arc::clone(&runs_ended),
+        tasks_ended: Arc::clone(&tasks_ended),
+    };
+    (receiver, runs, runs_ended, tasks_ended)
+}
+
+#[test]
+fn failed_receiver_restarts_after_a_doubling_backoff_and_stops_cleanly() {
+    let (receiver, runs, runs_ended, tasks_ended) = flaky(2);
+    let h = Harness::start(receiver, |_| {});
+    let t0 = h.clock.now();
+    let first = h.wait_for(|s| matches!(s, ReceiverState::BackingOff { .. }));
+    assert_eq!(first, ReceiverState::BackingOff { until: t0 + Duration::from_secs(2) });
+    assert_eq!(h.supervisor.starts(), 1);
+    // Both tasks of the failed run were joined before the backoff began.
+    assert_eq!(tasks_ended.load(Ordering::SeqCst), 2);
+    h.clock.advance(Duration::from_millis(1999));
+    assert_eq!(h.supervisor.state(), first, "no restart before the backoff ends");
+    h.clock.advance(Duration::from_millis(1));
+    let second = h.wait_for(|s| matches!(s, ReceiverState::BackingOff { .. }) && s != first);
+    assert_eq!(second, ReceiverState::BackingOff { until: t0 + Duration::from_secs(2 + 4) });
+    h.clock.advance(Duration::from_secs(4));
+    eventually("third run", || runs.load(Ordering::SeqCst) == 3);
+    assert_eq!(h.supervisor.state(), ReceiverState::Running);
+    assert_eq!((runs.load(Ordering::SeqCst), h.supervisor.starts()), (3, 3));
+    h.supervisor.stop().unwrap();
+    assert_eq!(h.supervisor.state(), ReceiverState::Stopped);
+    assert_eq!(runs_ended.load(Ordering::SeqCst), 3, "every run ended");
+    assert_eq!(tasks_ended.load(Ordering::SeqCst), 6, "every task of every run was joined");
+    let (records, _) = h.received();
+    assert_eq!(records, vec!["run-1", "run-2", "run-3"], "nothing stored before a failure is lost");
+    let errors = h.supervisor.errors();
+    assert_eq!(errors.len(), 2, "{errors:?}");
+    assert!(errors[0].contains("run 1 failed") && errors[1].contains("run 2 failed"), "{errors:?}");
+}
+
+#[test]
+fn stop_during_backoff_does_not_wait_for_the_clock() {
+    let (receiver, _, runs_ended, tasks_ended) = flaky(u64::MAX);
+    let h = Harness::start(receiver, |c| c.restart_delay = Duration::from_secs(3600));
+    h.wait_for(|s| matches!(s, ReceiverState::BackingOff { .. }));
+    h.supervisor.stop().unwrap();
+    assert_eq!(h.supervisor.state(), ReceiverState::Stopped);
+    assert_eq!(h.supervisor.starts(), 1);
+    assert_eq!((runs_ended.load(Ordering::SeqCst), tasks_ended.load(Ordering::SeqCst)), (1, 2));
+    assert_eq!(h.received().0, vec!["run-1"]);
+}
+
+/// Asks for a restart once, then waits for the stop.
+struct Restarting {
+    runs: Arc<AtomicU64>,
+}
+
+#[async_trait]
+impl Receiver<String> for Restarting {
+    fn name(&self) -> String {
+        "restarting".into()
+    }
+
+    async fn run(&mut self, ctx: ReceiverContext<String>) -> Result<(), ReceiverError> {
+        if self.runs.fetch_add(1, Ordering::SeqCst) == 0 {
+            ctx.restart("source moved");
+        }
+        ctx.stopped().await;
+        Ok(())
+    }
+}
+
+#[test]
+fn a_receiver_can_ask_to_be_restarted() {
+    let runs = Arc::new(AtomicU64::new(0));
+    let h = Harness::start(Restarting { runs: Arc::clone(&runs) }, |c| c.restart_delay = Duration::from_millis(100));
+    h.wait_for(|s| matches!(s, ReceiverState::BackingOff { .. }));
+    h.clock.advance(Duration::from_millis(100));
+    eventually("second run", || runs.load(Ordering::SeqCst) == 2);
+    h.supervisor.stop().unwrap();
+    assert!(h.supervisor.errors()[0].contains("source moved"));
+}
+
+/// Runs a peer on 127.0.0.1 that sends `bytes` and closes; returns the address.
+fn peer(bytes: &'static [u8]) -> (String, std::thread::JoinHandle<()>) {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let address = listener.local_addr().unwrap().to_string();
+    let thread = std::thread::spawn(move || {
+        let (mut socket, _) = listener.accept().unwrap();
+        socket.write_all(bytes).unwrap();
+    });
+    (address, thread)
+}
+
+fn socket_harness(config: SocketConfig) -> (Harness, Arc<spate_receiver::SocketStats>) {
+    let receiver = SocketTextReceiver::new(config);
+    let stats = receiver.stats();
+    let h = Harness::start(receiver, |c| c.restart_delay = Duration::from_secs(3600));
+    (h, stats)
+}
+
+#[test]
+fn socket_lines_with_invalid_utf8_replaced_and_a_partial_last_line_dropped() {
+    let (address, peer) = peer(b"alpha\nbeta\r\n\xff\xfegamma\n\ndelta\nparti");
+    let (h, stats) = socket_harness(SocketConfig::new(address));
+    h.wait_for(|s| matches!(s, ReceiverState::BackingOff { .. }));
+    peer.join().unwrap();
+    h.supervisor.stop().unwrap();
+    let (records, _) = h.received();
+    assert_eq!(records, vec!["alpha", "beta", "\u{fffd}\u{fffd}gamma", "", "delta"]);
+    assert_eq!((stats.lines(), stats.replaced_lines(), stats.dropped_partial_lines()), (5, 1, 1));
+    assert_eq!(stats.connections(), 1);
+    let errors = h.supervisor.errors();
+    assert!(errors.len() == 1 && errors[0].contains("closed the stream"), "{errors:?}");
+}
+
+#[test]
+fn socket_invalid_utf8_fails_the_run_when_asked_naming_the_line() {
+    let (address, peer) = peer(b"ok\nfine\n\xc3(\nafter\n");
+    let mut config = SocketConfig::new(address);
+    config.invalid_utf8 = InvalidUtf8Policy::Fail;
+    let (h, stats) = socket_harness(config);
+    h.wait_for(|s| matches!(s, ReceiverState::BackingOff { .. }));
+    peer.join().unwrap();
+    h.supervisor.stop().unwrap();
+    assert_eq!(h.received().0, vec!["ok", "fine"]);
+    assert_eq!(stats.lines(), 2);
+    let errors = h.supervisor.errors();
+    assert!(errors[0].contains("line 3") && errors[0].contains("byte 8") && errors[0].contains("UTF-8"), "{errors:?}");
+}
+
+#[test]
+fn socket_line_longer_than_the_maximum_is_an_error_not_a_growing_buffer() {
+    let (address, peer) = peer(b"short\nthis line is far too long\nnext\n");
+    let mut config = SocketConfig::new(address);
+    config.max_line_bytes = 8;
+    let (h, _) = socket_harness(config);
+    h.wait_for(|s| matches!(s, ReceiverState::BackingOff { .. }));
+    peer.join().unwrap();
+    h.supervisor.stop().unwrap();
+    assert_eq!(h.received().0, vec!["short"]);
+    assert!(h.supervisor.errors()[0].contains("maximum line length of 8"), "{:?}", h.supervisor.errors());
+}
+
+#[test]
+fn socket_receiver_reconnects_after_the_backoff() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let address = listener.local_addr().unwrap().to_string();
+    let served = Arc::new(AtomicBool::new(false));
+    let peer = {
+        let served = Arc::clone(&served);
+        std::thread::spawn(move || {
+            for message in [&b"first\n"[..], b"second\n"] {
+                let (mut socket, _) = listener.accept().unwrap();
+                socket.write_all(message).unwrap();
+            }
+            served.store(true, Ordering::SeqCst);
+        })
+    };
+    let receiver = SocketTextReceiver::new(SocketConfig::new(address));
+    let stats = receiver.stats();
+    let h = Harness::start(receiver, |c| c.restart_delay = Duration::from_secs(1));
+    let first = h.wait_for(|s| matches!(s, ReceiverState::BackingOff { .. }));
+    h.clock.advance(Duration::from_secs(1));
+    h.wait_for(|s| matches!(s, ReceiverState::BackingOff { .. }) && s != first);
+    peer.join().unwrap();
+    assert!(served.load(Ordering::SeqCst));
+    h.supervisor.stop().unwrap();
+    assert_eq!(h.received().0, vec!["first", "second"]);
+    assert_eq!(stats.connections(), 2);
+}
