@@ -61,6 +61,8 @@ pub(crate) struct Inspection {
     pub(crate) verdict: Verdict,
     pub(crate) last_batch: Option<(BatchId, OffsetSeq)>,
     pub(crate) last_batch_error: Option<String>,
+    /// The offsets of the last committed batch: where a new run of the query starts reading.
+    pub(crate) committed: Option<(BatchId, OffsetSeq)>,
     pub(crate) lock: LockState,
     pub(crate) parts: Vec<PartSize>,
 }
@@ -76,6 +78,7 @@ pub(crate) fn inspect(dir: &Path) -> Result<Inspection, CliError> {
         Ok(last) => (last, None),
         Err(e) => (None, Some(e.to_string())),
     };
+    let committed = committed_offsets(&checkpoint, &verdict);
     let mut part_names: Vec<&str> = PARTS.to_vec();
     let format = detect_format(dir);
     if format == Format::Spark {
@@ -91,6 +94,7 @@ pub(crate) fn inspect(dir: &Path) -> Result<Inspection, CliError> {
         verdict,
         last_batch,
         last_batch_error,
+        committed,
         lock: lock_state(dir),
         parts: part_names.into_iter().map(|name| part_size(dir, name)).collect(),
     })
@@ -102,6 +106,19 @@ fn last_offsets(checkpoint: &Checkpoint, verdict: &Verdict) -> spate_logstore::R
         Verdict::Resume { next, last_offsets, .. } => Ok(next.prev().map(|id| (id, last_offsets.clone()))),
         Verdict::Rerun { batch, offsets, .. } => Ok(Some((*batch, offsets.clone()))),
         _ => checkpoint.offsets().latest(),
+    }
+}
+
+/// The offsets of the last committed batch (`None`: nothing committed, or
+/// the directory is inconsistent and must be repaired first).
+fn committed_offsets(checkpoint: &Checkpoint, verdict: &Verdict) -> Option<(BatchId, OffsetSeq)> {
+    match verdict {
+        Verdict::Resume { next, last_offsets, .. } => next.prev().map(|id| (id, last_offsets.clone())),
+        Verdict::Rerun { batch, .. } => {
+            let id = batch.prev()?;
+            checkpoint.offsets().get(id).ok().flatten().map(|seq| (id, seq))
+        }
+        _ => None,
     }
 }
 
@@ -186,6 +203,9 @@ impl Inspection {
         lines.push(format!("Commits: {}", id_range(&self.commits_ids)));
         lines.push(format!("Verdict: {}", self.verdict));
         lines.extend(self.last_batch_lines());
+        if self.format == Format::Spark {
+            lines.extend(self.migration_lines());
+        }
         lines.push(format!("Lock: {}", self.lock_text()));
         lines.push("Sizes:".to_string());
         for part in &self.parts {
@@ -210,6 +230,27 @@ impl Inspection {
             seq.batch_timestamp.as_millis(),
             seq.batch_watermark.as_millis(),
             seq.sources.len()
+        )];
+        lines.extend(seq.sources.iter().map(|s| format!("  source {}: {}", s.name, offset_text(s.offset.as_ref()))));
+        lines
+    }
+
+    /// How to continue a Spark query in spate: from the last committed batch's offsets.
+    fn migration_lines(&self) -> Vec<String> {
+        let Some((id, seq)) = &self.committed else {
+            return vec![
+                "To continue in spate: no batch was committed; start the sources at their initial positions."
+                    .to_string(),
+            ];
+        };
+        let mut lines = vec![format!(
+            "To continue in spate without losing or repeating input, start each source at the offsets of the \
+             last committed batch {id}{}:",
+            match self.verdict {
+                Verdict::Rerun { batch, .. } =>
+                    format!(" (batch {batch} was planned but not committed: it is read again)"),
+                _ => String::new(),
+            }
         )];
         lines.extend(seq.sources.iter().map(|s| format!("  source {}: {}", s.name, offset_text(s.offset.as_ref()))));
         lines
@@ -242,6 +283,10 @@ impl Inspection {
                 "sources": seq.sources.iter().map(|s| json!({"name": s.name, "offset": s.offset})).collect::<Vec<_>>(),
             })),
             "lastBatchError": self.last_batch_error,
+            "committedBatch": self.committed.as_ref().map(|(id, seq)| json!({
+                "id": id.0,
+                "sources": seq.sources.iter().map(|s| json!({"name": s.name, "offset": s.offset})).collect::<Vec<_>>(),
+            })),
             "lock": lock_json(&self.lock),
             "parts": self.parts.iter().map(|p| (p.name.clone(), json!({
                 "present": p.present, "files": p.files, "bytes": p.bytes,

@@ -297,6 +297,9 @@ fn a_spark_checkpoint_is_inspected_and_its_offsets_printed() {
     assert!(stdout.contains("Verdict: re-run batch 2 with its logged offsets"), "{stdout}");
     assert!(stdout.contains(r#"source 0: {"events":{"0":41,"1":52,"2":15}}"#), "{stdout}");
     assert!(stdout.contains(r#"source 1: {"logOffset":3}"#), "{stdout}");
+    let migration = stdout.split("To continue in spate").nth(1).unwrap_or_default();
+    assert!(migration.contains("last committed batch 1 (batch 2 was planned but not committed"), "{stdout}");
+    assert!(migration.contains(r#"source 0: {"events":{"0":36,"1":40,"2":12}}"#), "{stdout}");
     assert!(stdout.contains("Lock: none (never opened by a spate writer)"), "{stdout}");
 
     let json = inspect_json(&checkpoint);
@@ -305,6 +308,8 @@ fn a_spark_checkpoint_is_inspected_and_its_offsets_printed() {
     assert_eq!(json["lastBatch"]["batchTimestampMs"], 1_700_000_020_000_i64);
     assert_eq!(json["lastBatch"]["sources"][0]["offset"]["events"]["1"], 52);
     assert_eq!(json["commits"]["last"], 1);
+    assert_eq!(json["committedBatch"]["id"], 1);
+    assert_eq!(json["committedBatch"]["sources"][1]["offset"]["logOffset"], 2);
     assert_eq!(snapshot(&checkpoint), before, "inspect changed the Spark checkpoint");
 }
 
