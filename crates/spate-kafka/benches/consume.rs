@@ -1,0 +1,141 @@
+//! Direct-stream consumption from the local broker against a bare rdkafka
+//! consumer reading the same topic in the same run.
+//!
+//! Needs the broker (`cargo xtask kafka start`, then
+//! `SPATE_KAFKA_BROKERS=… cargo bench -p spate-kafka`); without it, it
+//! prints a skip line and no figure.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use criterion::{Criterion, Throughput};
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use rdkafka::{Message, Offset, TopicPartitionList};
+use spate_core::{Duration as BatchDuration, Time};
+use spate_kafka::{DirectKafkaConfig, DirectKafkaStream, OffsetRanges};
+
+const PARTITIONS: i32 = 3;
+const VALUE_BYTES: usize = 100;
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap()
+}
+
+fn setup(brokers: &str, records: u64) -> String {
+    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos();
+    let topic = format!("bench-consume-{}-{nanos}", std::process::id());
+    let admin: AdminClient<DefaultClientContext> =
+        ClientConfig::new().set("bootstrap.servers", brokers).create().unwrap();
+    let new = NewTopic::new(&topic, PARTITIONS, TopicReplication::Fixed(1));
+    for r in runtime().block_on(admin.create_topics([&new], &AdminOptions::new())).unwrap() {
+        r.unwrap();
+    }
+    let producer: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("linger.ms", "20")
+        .set("batch.size", "1000000")
+        .create()
+        .unwrap();
+    let value = vec![b'x'; VALUE_BYTES];
+    for i in 0..records {
+        let partition = (i % PARTITIONS as u64) as i32;
+        while let Err((e, _)) = producer.send(BaseRecord::<(), [u8]>::to(&topic).payload(&value).partition(partition)) {
+            assert!(matches!(e, rdkafka::error::KafkaError::MessageProduction(_)), "{e}");
+            producer.poll(Duration::from_millis(10));
+        }
+    }
+    producer.flush(Duration::from_secs(60)).unwrap();
+    topic
+}
+
+/// The bound: one consumer assigned every partition from the beginning, reading them all.
+fn bare_read(consumer: &BaseConsumer, topic: &str, records: u64) -> u64 {
+    let mut list = TopicPartitionList::new();
+    for p in 0..PARTITIONS {
+        list.add_partition_offset(topic, p, Offset::Beginning).unwrap();
+    }
+    consumer.assign(&list).unwrap();
+    let (mut count, mut bytes) = (0u64, 0usize);
+    while count < records {
+        match consumer.poll(Duration::from_secs(10)) {
+            Some(Ok(m)) => {
+                // Copy the value as the direct stream does, so both pay for it.
+                bytes += m.payload().map(<[u8]>::to_vec).map_or(0, |v| v.len());
+                count += 1;
+            }
+            Some(Err(e)) => panic!("bare consumer: {e}"),
+            None => panic!("bare consumer: timed out after {count} records"),
+        }
+    }
+    assert_eq!(bytes, count as usize * VALUE_BYTES);
+    count
+}
+
+fn direct_read(stream: &DirectKafkaStream, ranges: &OffsetRanges) -> u64 {
+    stream.read(ranges).unwrap().iter().map(|p| p.len() as u64).sum()
+}
+
+fn rate(records: u64, elapsed: Duration) -> f64 {
+    records as f64 / elapsed.as_secs_f64()
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn main() {
+    let Ok(brokers) = std::env::var("SPATE_KAFKA_BROKERS") else {
+        println!("skipping spate-kafka benches: SPATE_KAFKA_BROKERS is not set (run `cargo xtask kafka start` first)");
+        return;
+    };
+    let full = std::env::args().any(|a| a == "--bench");
+    let records: u64 = if full { 300_000 } else { 3_000 };
+    let topic = setup(&brokers, records);
+
+    let config =
+        DirectKafkaConfig::subscribe(brokers.as_str(), "bench-direct", [topic.as_str()], BatchDuration::from_secs(1));
+    let stream = DirectKafkaStream::new(config).unwrap();
+    let ranges = stream.plan_batch(Time::from_millis(1_000), None).unwrap();
+    assert_eq!(ranges.count(), records);
+    let bare: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", &brokers)
+        .set("group.id", "bench-bare")
+        .set("enable.auto.commit", "false")
+        .create()
+        .unwrap();
+
+    let mut criterion = Criterion::default()
+        .configure_from_args()
+        .sample_size(10)
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(if full { 8 } else { 1 }));
+    let mut group = criterion.benchmark_group("kafka_consume");
+    group.throughput(Throughput::Elements(records));
+    group.bench_function("bare_rdkafka_consumer", |b| b.iter(|| bare_read(&bare, &topic, records)));
+    group.bench_function("direct_stream", |b| b.iter(|| direct_read(&stream, &ranges)));
+    group.finish();
+
+    // The BENCH figures: alternate runs of both in the same process, medians.
+    let runs = if full { 7 } else { 1 };
+    let (mut bare_rates, mut direct_rates) = (Vec::new(), Vec::new());
+    for _ in 0..runs {
+        let started = Instant::now();
+        let n = bare_read(&bare, &topic, records);
+        bare_rates.push(rate(n, started.elapsed()));
+        let started = Instant::now();
+        let n = direct_read(&stream, &ranges);
+        direct_rates.push(rate(n, started.elapsed()));
+    }
+    let (bare_rate, direct_rate) = (median(bare_rates), median(direct_rates));
+    println!(
+        "BENCH kafka_direct_stream_consume {direct_rate:.0} records/s bound={bare_rate:.0} ratio={:.2}",
+        direct_rate / bare_rate
+    );
+    criterion.final_summary();
+}
