@@ -79,3 +79,15 @@ pub use output::Output;
 pub use source::{FedSource, InputSource, QueueSource};
 pub use state::{MapWithStateStream, State};
 pub use stream::DStream;
+
+#[cfg(test)]
+mod tests {
+    /// The runtime moves the graph and its jobs to worker threads.
+    #[test]
+    fn graph_and_jobs_can_move_between_threads() {
+        fn is_send<T: Send>() {}
+        is_send::<crate::Graph>();
+        is_send::<crate::Job>();
+        is_send::<crate::GraphDescriptor>();
+    }
+}

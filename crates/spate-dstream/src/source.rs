@@ -90,7 +90,8 @@ impl<T: Send> InputSource<T> for QueueSource<T> {
 
 /// A source the runtime feeds: before running batch `time` it hands over
 /// that batch's records (for example the blocks the receiver tracker
-/// allocated to it). A batch time nobody fed is empty. Not replayable: after
+/// allocated to it). A batch time nobody fed is empty; records fed for a
+/// time that already ran are dropped with a warning. Not replayable: after
 /// a crash the runtime feeds the same records again from its own log.
 #[derive(Debug)]
 pub struct FedSource<T> {
@@ -123,9 +124,45 @@ impl<T> FedSource<T> {
 impl<T: Send> InputSource<T> for FedSource<T> {
     fn compute(&self, time: Time, _planned: Option<&str>) -> Result<Vec<Vec<T>>, BoxError> {
         let mut batches = lock(&self.batches);
-        // Anything fed for an earlier time was skipped; drop it so it cannot leak.
+        // Anything fed for an earlier time belongs to a batch that already
+        // ran; say so loudly and drop it so it cannot pile up.
         let later = batches.split_off(&time);
-        *batches = later;
+        for (stale, partitions) in std::mem::replace(&mut *batches, later) {
+            let records: usize = partitions.iter().map(Vec::len).sum();
+            tracing::warn!(stale_time = %stale, batch_time = %time, records, "records fed for a batch that already ran were dropped");
+        }
         Ok(batches.remove(&time).unwrap_or_default())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fed_source_returns_what_was_fed_for_each_time() {
+        let source = FedSource::new();
+        source.feed(Time::from_millis(2000), vec![vec![1, 2]]);
+        source.feed(Time::from_millis(2000), vec![vec![3]]);
+        source.feed(Time::from_millis(3000), vec![vec![4]]);
+        assert_eq!(source.compute(Time::from_millis(1000), None).unwrap(), Vec::<Vec<i32>>::new());
+        assert_eq!(source.compute(Time::from_millis(2000), None).unwrap(), vec![vec![1, 2], vec![3]]);
+        assert_eq!(source.pending_times(), vec![Time::from_millis(3000)]);
+        // A time that was skipped is dropped when a later batch runs.
+        source.feed(Time::from_millis(3500), vec![vec![5]]);
+        assert_eq!(source.compute(Time::from_millis(4000), None).unwrap(), Vec::<Vec<i32>>::new());
+        assert!(source.pending_times().is_empty());
+    }
+
+    #[test]
+    fn queue_source_hands_out_one_batch_per_time() {
+        let queue = QueueSource::new();
+        queue.push(vec!["a"]);
+        queue.push_partitions(vec![vec!["b"], vec!["c"]]);
+        assert_eq!(queue.len(), 2);
+        assert_eq!(queue.compute(Time::ZERO, None).unwrap(), vec![vec!["a"]]);
+        assert_eq!(queue.compute(Time::ZERO, None).unwrap(), vec![vec!["b"], vec!["c"]]);
+        assert!(queue.compute(Time::ZERO, None).unwrap().is_empty());
+        assert!(queue.is_empty());
     }
 }
