@@ -91,7 +91,9 @@ pub struct RunArgs {
     /// The output topic for the top words of each window.
     #[arg(long, value_name = "T2")]
     pub output_topic: String,
-    /// The consumer group (offsets are kept in the checkpoint; the group is for monitoring).
+    /// The consumer group. Offsets are kept in the checkpoint; with --exactly-once the consumed
+    /// offsets also commit to this group inside each output transaction, otherwise after each batch
+    /// (for lag monitoring).
     #[arg(long, value_name = "G", default_value = "spate")]
     pub group: String,
     /// Write the output with Kafka transactions, committed with the batch: exactly once.
@@ -103,9 +105,27 @@ pub struct RunArgs {
     /// Most records read per partition per second (backpressure still applies below it).
     #[arg(long, value_name = "N")]
     pub max_rate_per_partition: Option<u64>,
-    /// The batch interval in milliseconds.
+    /// Where a new checkpoint starts reading: `earliest`, `latest`, or Spark's
+    /// JSON spec `{"topic":{"0":36,"1":-2}}` (-2 earliest, -1 latest), e.g. the
+    /// offsets `spate checkpoint inspect` shows for a Spark checkpoint.
+    /// Ignored when the checkpoint has offsets.
+    #[arg(long, value_name = "WHERE", default_value = "earliest")]
+    pub starting_offsets: String,
+    /// How many top words each window's output record holds.
+    #[arg(long, value_name = "K", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=1000))]
+    pub top: u64,
+    /// Stop gracefully after this many seconds (default: run until Ctrl-C or SIGTERM).
+    #[arg(long, value_name = "S")]
+    pub seconds: Option<u64>,
+    /// Stop gracefully once this batch id has committed.
+    #[arg(long, value_name = "ID", hide = true)]
+    pub until_batch: Option<u64>,
+    /// The batch interval in milliseconds (the window is 30 batches, the slide 2).
     #[arg(long, value_name = "MS", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..=3_600_000))]
     pub batch_ms: u64,
+    /// Print no progress lines.
+    #[arg(long, short)]
+    pub quiet: bool,
 }
 
 /// `spate checkpoint …`.

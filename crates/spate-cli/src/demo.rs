@@ -5,19 +5,18 @@
 //! top words of each window, and the runtime's exactly-once file output
 //! (`batch-<N>.json`, `window-<N>.json`, default `<checkpoint>/output`).
 
-use std::io::Write;
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::path::PathBuf;
+use std::sync::Arc;
 
-use spate_core::{BatchId, Clock, Duration, SystemClock};
-use spate_logstore::{LogStoreError, Verdict};
+use spate_core::Duration;
+use spate_runtime::StreamingSettings;
 use spate_runtime::demo::{DemoOptions, TopWords, word_count_context};
-use spate_runtime::{BatchProgress, ProgressListener, RecoveryReport, RuntimeError, StopHandle, StreamingSettings};
 
 use crate::args::DemoArgs;
 use crate::error::CliError;
-use crate::signals::listen;
+use crate::job::{JobControl, Lines, drive, refuse_inconsistent, runtime_error};
+
+const ACTION: &str = "cannot run the demo on checkpoint";
 
 /// The window, in batches (30 s of 1 s batches).
 const WINDOW_BATCHES: u64 = 30;
@@ -38,134 +37,10 @@ struct StreamingDemo {
     quiet: bool,
 }
 
-/// Prints to stdout, one line at a time, ignoring a closed stdout.
-#[derive(Debug, Default)]
-struct Lines {
-    out: Mutex<()>,
-}
-
-impl Lines {
-    fn say(&self, line: &str) {
-        let _guard = self.out.lock().unwrap_or_else(PoisonError::into_inner);
-        let mut stdout = std::io::stdout().lock();
-        let _ = writeln!(stdout, "{line}");
-        let _ = stdout.flush();
-    }
-}
-
-/// Prints the progress line of each batch and the recovery line, and stops
-/// the context once the batch asked for committed.
-struct Progress {
-    lines: Arc<Lines>,
-    quiet: bool,
-    dir: PathBuf,
-    rerun: Mutex<Option<BatchId>>,
-    until_batch: Option<u64>,
-    stop: Mutex<Option<StopHandle>>,
-    stopping: AtomicBool,
-}
-
-impl Progress {
-    fn set_stop_handle(&self, handle: StopHandle) {
-        *self.stop.lock().unwrap_or_else(PoisonError::into_inner) = Some(handle);
-    }
-}
-
-impl ProgressListener for Progress {
-    fn on_batch_completed(&self, p: &BatchProgress) {
-        if !self.quiet {
-            self.lines.say(&progress_line(p));
-        }
-        let mut rerun = self.rerun.lock().unwrap_or_else(PoisonError::into_inner);
-        if *rerun == Some(p.batch_id) {
-            *rerun = None;
-            self.lines.say(&format!(
-                "resumed from checkpoint {}: re-ran batch {} with its logged offsets, continuing at batch {}",
-                self.dir.display(),
-                p.batch_id,
-                p.batch_id.next()
-            ));
-        }
-        let reached = self.until_batch.is_some_and(|until| p.batch_id.0 >= until);
-        if reached
-            && !self.stopping.swap(true, Ordering::AcqRel)
-            && let Some(handle) = self.stop.lock().unwrap_or_else(PoisonError::into_inner).as_ref()
-        {
-            handle.stop_gracefully();
-        }
-    }
-
-    fn on_recovery(&self, report: &RecoveryReport) {
-        *self.rerun.lock().unwrap_or_else(PoisonError::into_inner) = report.rerun_batch;
-        self.lines.say(&recovery_line(report));
-    }
-}
-
-/// The line printed when the context opens its checkpoint.
-fn recovery_line(report: &RecoveryReport) -> String {
-    let dir = report.checkpoint_dir.display();
-    let mut line = match (report.rerun_batch, report.last_committed) {
-        (Some(rerun), _) => {
-            format!("resuming from checkpoint {dir}: batch {rerun} was logged but not committed; re-running it first")
-        }
-        (None, Some(last)) => {
-            format!(
-                "resumed from checkpoint {dir}: batch {last} was committed, continuing at batch {}",
-                report.resumed_at
-            )
-        }
-        (None, None) => format!("new checkpoint {dir}: starting at batch {}", report.resumed_at),
-    };
-    if !report.pending_batch_times.is_empty() {
-        line.push_str(&format!(" ({} batch times missed while down run first)", report.pending_batch_times.len()));
-    }
-    if !report.unrecoverable_blocks.is_empty() {
-        line.push_str(&format!(
-            "; warning: {} received blocks could not be read back",
-            report.unrecoverable_blocks.len()
-        ));
-    }
-    line
-}
-
-/// One batch: id, input records, rate, processing time, scheduling delay.
-fn progress_line(p: &BatchProgress) -> String {
-    format!(
-        "batch {:>6} | {:>7} records | {:>9.1} rec/s | processing {:>4} ms | scheduling delay {:>5} ms{}",
-        p.batch_id.0,
-        p.input_records,
-        p.input_rate,
-        p.processing_time_ms,
-        p.scheduling_delay_ms,
-        if p.recovered { " | re-run after restart" } else { "" }
-    )
-}
-
 fn top_words_line(top: &TopWords, window: Duration) -> String {
     let words: Vec<String> = top.words.iter().map(|(w, c)| format!("{w} {c}")).collect();
     let words = if words.is_empty() { "(no words yet)".to_string() } else { words.join(", ") };
     format!("  top words of the {} s window ending at batch {}: {words}", window.as_secs_f64(), top.batch_id)
-}
-
-/// Refuses an inconsistent directory with the log store's own message (the
-/// files and the repair command) before the runtime takes the lock.
-fn refuse_inconsistent(dir: &Path) -> Result<(), CliError> {
-    if !dir.is_dir() {
-        return Ok(());
-    }
-    match spate_logstore::inspect(dir) {
-        Ok(Verdict::Inconsistent(inconsistency)) => Err(CliError::checkpoint(
-            "cannot run the demo on checkpoint",
-            dir,
-            LogStoreError::Inconsistent(inconsistency),
-        )),
-        // Anything else is for the runtime to judge and report.
-        _ => Ok(()),
-    }
-}
-
-fn runtime_error(dir: &Path, source: RuntimeError) -> CliError {
-    CliError::Runtime { action: "cannot run the demo on checkpoint", dir: dir.to_path_buf(), source }
 }
 
 impl StreamingDemo {
@@ -187,7 +62,7 @@ impl StreamingDemo {
 /// Runs the demo until it is stopped; returns the closing line.
 pub(crate) fn run(args: &DemoArgs) -> Result<String, CliError> {
     let demo = &StreamingDemo::from_args(args);
-    refuse_inconsistent(&demo.checkpoint)?;
+    refuse_inconsistent(&demo.checkpoint, ACTION)?;
     let lines = Arc::new(Lines::default());
     let window = demo.batch.times(WINDOW_BATCHES);
     let mut options = DemoOptions::new(demo.seed);
@@ -200,39 +75,17 @@ pub(crate) fn run(args: &DemoArgs) -> Result<String, CliError> {
         let lines = Arc::clone(&lines);
         options.on_top_words = Some(Arc::new(move |top: &TopWords| lines.say(&top_words_line(top, window))));
     }
-    let progress = Arc::new(Progress {
-        lines: Arc::clone(&lines),
-        quiet: demo.quiet,
-        dir: demo.checkpoint.clone(),
-        rerun: Mutex::new(None),
-        until_batch: demo.until_batch,
-        stop: Mutex::new(None),
-        stopping: AtomicBool::new(false),
-    });
     let settings = StreamingSettings::new(demo.batch);
-    let mut ctx = word_count_context(Some(&demo.checkpoint), settings, &options)
-        .map_err(|e| runtime_error(&demo.checkpoint, e))?;
-    ctx.add_progress_listener(progress.clone());
-    let handle = ctx.stop_handle();
-    progress.set_stop_handle(handle.clone());
-    let on_signal = handle.clone();
-    let _signals = listen(move || on_signal.stop_gracefully())?;
-    if let Some(seconds) = demo.seconds {
-        let timer = handle.clone();
-        std::thread::Builder::new()
-            .name("spate-demo-timer".into())
-            .spawn(move || {
-                let clock = SystemClock;
-                clock.sleep_until(clock.now() + Duration::from_secs(seconds));
-                timer.stop_gracefully();
-            })
-            .map_err(|e| CliError::io("start the timer of", "--seconds", e))?;
-    }
-    ctx.start().map_err(|e| runtime_error(&demo.checkpoint, e))?;
-    let report = ctx.await_termination().map_err(|e| runtime_error(&demo.checkpoint, e))?;
-    if !report.graceful {
-        return Err(CliError::Interrupted);
-    }
+    let ctx = word_count_context(Some(&demo.checkpoint), settings, &options)
+        .map_err(|e| runtime_error(ACTION, &demo.checkpoint, e))?;
+    let control = JobControl {
+        checkpoint: demo.checkpoint.clone(),
+        action: ACTION,
+        quiet: demo.quiet,
+        seconds: demo.seconds,
+        until_batch: demo.until_batch,
+    };
+    let report = drive(ctx, &control, lines)?;
     let last = report.last_committed.map_or("none".to_string(), |b| b.to_string());
     Ok(format!(
         "stopped gracefully: last committed batch {last} ({} committed in this run); checkpoint {} released, output in {}",
@@ -245,65 +98,16 @@ pub(crate) fn run(args: &DemoArgs) -> Result<String, CliError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use spate_core::Time;
-
-    fn report() -> RecoveryReport {
-        RecoveryReport {
-            checkpoint_dir: PathBuf::from("/ck"),
-            writer_epoch: 3,
-            took_over_from: None,
-            last_committed: Some(BatchId(6)),
-            rerun_batch: None,
-            pending_batch_times: Vec::new(),
-            resumed_at: BatchId(7),
-            restored_operators: Vec::new(),
-            new_operators: Vec::new(),
-            dropped_operators: Vec::new(),
-            replayed_for_state: Vec::new(),
-            unrecoverable_blocks: Vec::new(),
-        }
-    }
+    use spate_core::{BatchId, Time};
 
     #[test]
-    fn the_recovery_line_says_where_the_job_continues() {
-        assert_eq!(
-            recovery_line(&report()),
-            "resumed from checkpoint /ck: batch 6 was committed, continuing at batch 7"
-        );
-        let rerun = RecoveryReport { rerun_batch: Some(BatchId(7)), resumed_at: BatchId(8), ..report() };
-        assert!(recovery_line(&rerun).contains("batch 7 was logged but not committed; re-running it first"));
-        let fresh = RecoveryReport { last_committed: None, resumed_at: BatchId(0), ..report() };
-        assert_eq!(recovery_line(&fresh), "new checkpoint /ck: starting at batch 0");
-        let missed = RecoveryReport { pending_batch_times: vec![Time::from_millis(1000); 3], ..report() };
-        assert!(recovery_line(&missed).ends_with("(3 batch times missed while down run first)"));
-    }
-
-    #[test]
-    fn the_progress_line_has_id_records_rate_processing_and_delay() {
-        let progress = BatchProgress {
-            batch_id: BatchId(12),
-            batch_time: Time::from_millis(12_000),
-            recovered: true,
-            input_records: 1000,
-            input_rate: 1000.0,
-            processing_rate: 5000.0,
-            scheduling_delay_ms: 4,
-            processing_time_ms: 200,
-            phases: spate_runtime::PhaseTimes::default(),
-            state_bytes: 0,
-            state_checkpointed: false,
-            rate_limit: None,
-            receivers: Vec::new(),
-        };
-        assert_eq!(
-            progress_line(&progress),
-            "batch     12 |    1000 records |    1000.0 rec/s | processing  200 ms | scheduling delay     4 ms | \
-             re-run after restart"
-        );
+    fn the_top_words_line_lists_words_with_counts() {
         let top = TopWords { batch_id: BatchId(12), batch_time: Time::ZERO, words: vec![("spate".into(), 9)] };
         assert_eq!(
             top_words_line(&top, Duration::from_secs(30)),
             "  top words of the 30 s window ending at batch 12: spate 9"
         );
+        let empty = TopWords { words: Vec::new(), ..top };
+        assert!(top_words_line(&empty, Duration::from_secs(30)).ends_with("(no words yet)"));
     }
 }

@@ -91,6 +91,15 @@ pub enum CliError {
         #[source]
         source: spate_runtime::RuntimeError,
     },
+    /// A Kafka client could not be created or failed.
+    #[error("{what}")]
+    Kafka {
+        /// What was being done.
+        what: &'static str,
+        /// What spate-kafka said.
+        #[source]
+        source: Box<spate_kafka::KafkaError>,
+    },
     /// The job was stopped at once by a second signal.
     #[error("stopped at once by a second signal; the last batch was not committed and will re-run at the next start")]
     Interrupted,
@@ -123,7 +132,7 @@ impl CliError {
                 _ => ExitCode::Runtime,
             },
             CliError::Runtime { source, .. } => runtime_exit_code(source),
-            CliError::Io { .. } => ExitCode::Runtime,
+            CliError::Io { .. } | CliError::Kafka { .. } => ExitCode::Runtime,
             CliError::Interrupted => ExitCode::Interrupted,
         }
     }

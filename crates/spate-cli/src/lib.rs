@@ -51,6 +51,7 @@ mod args;
 mod demo;
 mod error;
 mod inspect;
+mod job;
 mod kafka;
 mod logging;
 mod repair;
