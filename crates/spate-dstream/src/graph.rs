@@ -403,4 +403,11 @@ impl Graph {
     pub fn last_batch_time(&self) -> Option<Time> {
         self.last_time
     }
+
+    /// Declares that batches up to and including `time` are already in the
+    /// restored state, so an attempt to run one of them again (which would
+    /// count its records twice) is refused with [`DStreamError::TimeNotIncreasing`].
+    pub fn resume_after(&mut self, time: Time) {
+        self.last_time = Some(time);
+    }
 }

@@ -52,6 +52,43 @@
 //! # Ok::<(), spate_dstream::DStreamError>(())
 //! ```
 
+//! Checkpoints and upgrades: the runtime stores the descriptor (serde) and
+//! the state frames after a batch; a new build of the code restores them by
+//! operator name and goes on with the next batch.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use spate_core::{BatchId, Duration, Time};
+//! use spate_dstream::{GraphBuilder, QueueSource, RestorePolicy};
+//!
+//! let build = |window_secs: u64| {
+//!     let builder = GraphBuilder::new(Duration::from_secs(1)).checkpointing(true);
+//!     let queue = Arc::new(QueueSource::<(String, u64)>::new());
+//!     builder
+//!         .input("clicks", Arc::clone(&queue))
+//!         .reduce_by_key_and_window_inv(|a, b| a + b, |a, b| a - b, Duration::from_secs(window_secs), Duration::from_secs(1))
+//!         .name("clicks-per-page")
+//!         .foreach_batch(|_batch, _info| Ok(()));
+//!     (builder.build(), queue)
+//! };
+//! let (graph, queue) = build(10);
+//! let mut graph = graph?;
+//! queue.push(vec![("/home".to_string(), 1)]);
+//! graph.run_batch(Time::from_millis(1000), BatchId(0))?;
+//! let (descriptor, state) = (graph.descriptor(), graph.snapshot_state()?);
+//!
+//! // Same operator names and windows: the state resumes.
+//! let mut upgraded = build(10).0?;
+//! let report = upgraded.restore(&descriptor, state.clone(), &RestorePolicy::strict())?;
+//! assert_eq!(report.resumed, ["clicks-per-page"]);
+//! upgraded.resume_after(Time::from_millis(1000));
+//!
+//! // A changed window cannot reuse the state, and the error says why.
+//! let err = build(20).0?.restore(&descriptor, state, &RestorePolicy::strict()).unwrap_err();
+//! assert!(err.to_string().contains("window changed from 10000 ms to 20000 ms"));
+//! # Ok::<(), spate_dstream::DStreamError>(())
+//! ```
+
 #![deny(clippy::unwrap_used, clippy::expect_used)]
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
 

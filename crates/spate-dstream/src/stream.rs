@@ -171,6 +171,21 @@ impl<T: Data> DStream<T> {
         })
     }
 
+    /// Applies any function to each pair of batches of this stream and
+    /// `other` at the same time (both must have the same slide duration).
+    pub fn transform_with<B: Data, U: Data, F>(&self, other: &DStream<B>, f: F) -> DStream<U>
+    where
+        F: Fn(Batch<T>, Batch<B>, spate_core::Time) -> Result<Batch<U>, BoxError> + Send + 'static,
+    {
+        self.binary("transform_with", other, move |left, right, ctx| {
+            f(left, right, ctx.time).map_err(|source| DStreamError::Operator {
+                operator: ctx.operator.to_string(),
+                time: ctx.time,
+                source,
+            })
+        })
+    }
+
     /// Spreads the records round-robin over `partitions` partitions.
     pub fn repartition(&self, partitions: usize) -> DStream<T> {
         let partitions = partitions.max(1);

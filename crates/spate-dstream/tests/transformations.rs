@@ -312,3 +312,34 @@ fn replayable_source_plans_under_the_rate_limit_and_replays_logged_offsets() {
     }
     assert_eq!(sorted_at(&replayed, t(1)).unwrap(), (0..10).collect::<Vec<_>>());
 }
+
+/// A user-defined key and value type.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
+struct Page {
+    site: String,
+    path: Vec<String>,
+}
+
+#[test]
+fn user_types_work_as_keys_and_values_through_shuffles_and_windows() {
+    let b = builder();
+    let queue = Arc::new(QueueSource::new());
+    let visits = b.input("visits", Arc::clone(&queue));
+    let page = |site: &str, path: &str| Page { site: site.into(), path: vec![path.into()] };
+    let counts = collect(&visits.map(|p: Page| (p, 1u32)).reduce_by_key_and_window_inv(
+        |a, b| a + b,
+        |a, b| a - b,
+        common::INTERVAL.times(2),
+        common::INTERVAL,
+    ));
+    let paired = collect(&visits.transform_with(&visits.count(), |pages, counts, _time| {
+        let n = counts.into_vec().first().copied().unwrap_or(0);
+        Ok(Batch::from_vec(pages.into_vec().into_iter().map(|p| (p, n)).collect()))
+    }));
+    let mut graph = b.build().unwrap();
+    queue.push(vec![page("a", "/"), page("a", "/"), page("b", "/x")]);
+    queue.push(vec![page("a", "/")]);
+    run(&mut graph, 1..=2);
+    assert_eq!(sorted_at(&counts, t(2)).unwrap(), vec![(page("a", "/"), 3), (page("b", "/x"), 1)]);
+    assert_eq!(sorted_at(&paired, t(2)).unwrap(), vec![(page("a", "/"), 1)]);
+}
