@@ -159,6 +159,14 @@ impl Graph {
         states: Vec<(String, Vec<u8>)>,
         policy: &RestorePolicy,
     ) -> Result<RestoreReport, DStreamError> {
+        if descriptor.format_version > DESCRIPTOR_FORMAT_VERSION {
+            return Err(DStreamError::IncompatibleState {
+                differences: vec![format!(
+                    "the graph descriptor has format version {}, this build reads up to {DESCRIPTOR_FORMAT_VERSION}",
+                    descriptor.format_version
+                )],
+            });
+        }
         let current = self.descriptor();
         let new_by_name: BTreeMap<&str, &OperatorDescriptor> =
             current.operators.iter().filter(|op| op.stateful).map(|op| (op.name.as_str(), op)).collect();

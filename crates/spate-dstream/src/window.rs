@@ -653,7 +653,25 @@ impl<T: Data> DStream<T> {
     }
 }
 
+impl<T: Key> DStream<T> {
+    /// How often each distinct record occurs in each window (panes, no
+    /// checkpoint directory needed).
+    pub fn count_by_value_and_window(&self, length: Duration, slide: Duration) -> DStream<(T, u64)> {
+        let counts = self.count_by_value().reduce_by_key_and_window(|a, b| a + b, length, slide);
+        counts.rename_kind("count_by_value_and_window")
+    }
+}
+
 impl<K: Key, V: Data> DStream<(K, V)> {
+    /// Gathers each key's values over each window.
+    pub fn group_by_key_and_window(&self, length: Duration, slide: Duration) -> DStream<(K, Vec<V>)> {
+        let windowed = self.window(length, slide);
+        let target = windowed.name_target;
+        let mut out = windowed.group_by_key();
+        out.name_target = target;
+        out
+    }
+
     /// Reduces each key's values over each window with an associative and
     /// commutative `reduce`. Each slide costs O(keys) amortized, however
     /// long the window is relative to the slide.

@@ -158,3 +158,29 @@ fn window_drops_batches_no_window_needs_any_more() {
         assert!(retained.iter().all(|(time, _)| time.as_millis() > (i + 1 - 3) * 1000));
     }
 }
+
+#[test]
+fn count_by_value_and_group_by_key_over_windows() {
+    let b = GraphBuilder::new(INTERVAL).partitions(2);
+    let queue = Arc::new(QueueSource::<(u8, i64)>::new());
+    let s = b.input("records", Arc::clone(&queue));
+    let counts = collect(&s.map(|(k, _)| k).count_by_value_and_window(secs(2), secs(1)).name("counts"));
+    let groups = collect(&s.group_by_key_and_window(secs(2), secs(2)).map(|(k, mut vs)| {
+        vs.sort();
+        (k, vs)
+    }));
+    let mut graph = b.build().unwrap();
+    queue.push(vec![(1, 10), (2, 20), (1, 11)]);
+    queue.push(vec![(1, 12)]);
+    queue.push(vec![(2, 21)]);
+    run(&mut graph, 1..=3);
+    assert_eq!(sorted_at(&counts, t(1)).unwrap(), vec![(1, 2), (2, 1)]);
+    assert_eq!(sorted_at(&counts, t(2)).unwrap(), vec![(1, 3), (2, 1)]);
+    assert_eq!(sorted_at(&counts, t(3)).unwrap(), vec![(1, 1), (2, 1)]);
+    assert_eq!(sorted_at(&groups, t(2)).unwrap(), vec![(1, vec![10, 11, 12]), (2, vec![20])]);
+    assert_eq!(sorted_at(&groups, t(1)), None);
+    assert_eq!(
+        graph.snapshot_state().unwrap().iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(),
+        vec!["counts", "window-6"]
+    );
+}
