@@ -237,6 +237,16 @@ fn a_commit_ahead_of_the_offsets_is_refused_then_repaired_and_resumed() {
     let expected =
         format!("resumed from checkpoint {ck}: batch {last} was committed, continuing at batch {}", last + 1);
     assert!(stdout.contains(&expected), "{stdout}");
+    // One progress line a batch: id, input records, rate, processing time, scheduling delay.
+    let progress: Vec<u64> = stdout
+        .lines()
+        .filter(|l| {
+            l.contains(" records | ") && l.contains(" rec/s | processing ") && l.contains(" ms | scheduling delay ")
+        })
+        .map(|l| l.trim_start_matches("batch").split('|').next().unwrap().trim().parse().unwrap())
+        .collect();
+    assert_eq!(progress.first(), Some(&(last + 1)), "{stdout}");
+    assert!(progress.windows(2).all(|w| w[1] == w[0] + 1), "{stdout}");
     assert!(inspect_json(&checkpoint)["commits"]["last"].as_u64().unwrap() >= last + 3);
     verify_output(&checkpoint.join("output"), SEED).unwrap();
 }
