@@ -15,13 +15,13 @@ Exit codes:
   4    the checkpoint is locked by another live writer (its pid is in the message)
   130  stopped at once by a second signal
 
-Logging: RUST_LOG (e.g. RUST_LOG=spate_runtime=debug) or -v / -vv; logs go to stderr, progress to stdout.";
+Logging: RUST_LOG (e.g. RUST_LOG=spate_runtime=debug) or -v/-vv/-vvv; logs go to stderr, progress to stdout.";
 
 /// spate: a fault-tolerant stream-processing engine. Nothing lost, nothing repeated.
 #[derive(Debug, Parser)]
-#[command(name = "spate", version, about, after_help = EXIT_CODES_HELP, propagate_version = true)]
+#[command(name = "spate", version, after_help = EXIT_CODES_HELP, propagate_version = true)]
 pub struct Cli {
-    /// More logging on stderr (-v: debug, -vv: trace); RUST_LOG overrides it.
+    /// More logging on stderr (-v: info, -vv: debug, -vvv: trace; default: warnings); RUST_LOG overrides it.
     #[arg(short, long, action = clap::ArgAction::Count, global = true)]
     pub verbose: u8,
     /// What to do.
@@ -42,7 +42,7 @@ pub enum Command {
     #[command(after_help = EXIT_CODES_HELP)]
     Run(RunArgs),
     /// Look at, repair or change a checkpoint directory.
-    #[command(subcommand)]
+    #[command(subcommand, after_help = EXIT_CODES_HELP)]
     Checkpoint(CheckpointCommand),
 }
 

@@ -347,3 +347,22 @@ fn usage_errors_help_and_version() {
     let bad_json = spate(&["checkpoint", "set-offsets", "/tmp", "--source", "s", "--json", "{"]);
     assert_eq!(bad_json.status.code(), Some(2), "{}", text(&bad_json.stderr));
 }
+
+#[test]
+fn seconds_stops_the_demo_gracefully_and_releases_the_lock() {
+    let root = tempfile::tempdir().unwrap();
+    let checkpoint = root.path().join("ck");
+    let run =
+        spate(&["demo", "--checkpoint", path_str(&checkpoint), "--seconds", "1", "--batch-ms", "100", "--top", "3"]);
+    let stdout = text(&run.stdout);
+    assert_eq!(run.status.code(), Some(0), "{}", text(&run.stderr));
+    assert!(stdout.starts_with(&format!("new checkpoint {}: starting at batch 0", checkpoint.display())), "{stdout}");
+    assert!(stdout.contains("top words of the 3 s window ending at batch"), "{stdout}");
+    assert!(
+        stdout.trim_end().lines().last().unwrap().starts_with("stopped gracefully: last committed batch"),
+        "{stdout}"
+    );
+    let state = inspect_json(&checkpoint);
+    assert_eq!(state["lock"]["held"], false);
+    assert_eq!(state["verdict"]["kind"], "resume");
+}
