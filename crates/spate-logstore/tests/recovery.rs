@@ -1,0 +1,251 @@
+//! Recovery verdicts on real directories, repairs applied and inspected
+//! again, and a Spark checkpoint read as it is.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use serde_json::json;
+use spate_core::{BatchId, ManualClock, Time};
+use spate_logstore::{
+    Checkpoint, CheckpointOptions, CommitMetadata, InconsistencyKind, LogStoreError, OffsetSeq, QUARANTINE_DIR,
+    REPAIR_NOTE, RecoveryPoint, SourceOffset, Verdict, inspect,
+};
+
+fn options() -> CheckpointOptions {
+    CheckpointOptions::new().clock(Arc::new(ManualClock::new(Time::from_millis(1_764_000_000_000))))
+}
+
+fn offsets(id: u64) -> OffsetSeq {
+    OffsetSeq {
+        batch_watermark: Time::from_millis(id as i64 * 100),
+        batch_timestamp: Time::from_millis(1_700_000_000_000 + id as i64 * 1000),
+        sources: vec![SourceOffset::new("kafka-in", Some(json!({"events": {"0": id * 10}})))],
+        ..OffsetSeq::default()
+    }
+}
+
+/// A checkpoint with offsets `o` and commits `c`, written through the API.
+fn checkpoint(dir: &Path, o: &[u64], c: &[u64]) {
+    let ck = Checkpoint::open_for_write(dir, options()).unwrap();
+    for id in o {
+        assert!(ck.offsets().add(BatchId(*id), &offsets(*id)).unwrap());
+    }
+    for id in c {
+        assert!(ck.commits().add(BatchId(*id), &CommitMetadata::new(Time::from_millis(*id as i64))).unwrap());
+    }
+}
+
+fn names(files: &[PathBuf]) -> Vec<String> {
+    files.iter().map(|p| p.display().to_string()).collect()
+}
+
+#[test]
+fn consistent_verdicts() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path();
+    checkpoint(dir, &[], &[]);
+    assert_eq!(inspect(dir).unwrap(), Verdict::Fresh);
+
+    checkpoint(dir, &[0, 1, 2], &[0, 1]);
+    match inspect(dir).unwrap() {
+        Verdict::Rerun { batch, offsets: logged, last_commit } => {
+            assert_eq!(batch, BatchId(2));
+            assert_eq!(logged, offsets(2), "re-run with exactly the logged offsets");
+            assert_eq!(last_commit, Some(CommitMetadata::new(Time::from_millis(1))));
+        }
+        other => panic!("{other:?}"),
+    }
+
+    checkpoint(dir, &[], &[2]);
+    match inspect(dir).unwrap() {
+        Verdict::Resume { next, last_offsets, last_commit } => {
+            assert_eq!(next, BatchId(3));
+            assert_eq!(last_offsets, offsets(2));
+            assert_eq!(last_commit, CommitMetadata::new(Time::from_millis(2)));
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn inspect_of_a_missing_directory_is_an_error() {
+    let root = tempfile::tempdir().unwrap();
+    let err = inspect(&root.path().join("nope")).unwrap_err();
+    assert!(err.to_string().contains("nope"), "{err}");
+}
+
+/// Inspects, checks the inconsistency, plans and applies the repair, and
+/// inspects again. Returns the plan's recovery point.
+fn repair(dir: &Path, expect_kind: fn(&InconsistencyKind) -> bool, involved: &[&str]) -> RecoveryPoint {
+    let verdict = inspect(dir).unwrap();
+    let Verdict::Inconsistent(inconsistency) = &verdict else { panic!("expected inconsistent, got {verdict:?}") };
+    assert!(expect_kind(&inconsistency.kind), "{:?}", inconsistency.kind);
+    assert_eq!(names(&inconsistency.files), involved);
+    let message = verdict.to_string();
+    assert!(message.contains(&format!("spate checkpoint repair {} --apply", dir.display())), "{message}");
+    for file in involved {
+        assert!(message.contains(file), "{message} should name {file}");
+    }
+    assert!(matches!(verdict.clone().into_consistent(), Err(LogStoreError::Inconsistent(_))));
+
+    let ck = Checkpoint::open_for_write(dir, options()).unwrap();
+    let plan = ck.repair_plan().unwrap().expect("a plan for an inconsistent directory");
+    let before: Vec<(PathBuf, Vec<u8>)> =
+        plan.actions.iter().map(|a| (a.to.clone(), fs::read(dir.join(&a.from)).unwrap())).collect();
+    ck.apply_repair(&plan).unwrap();
+
+    let after = ck.verdict().unwrap();
+    assert_eq!(after.recovery_point(), Some(plan.after), "{after:?}");
+    for (quarantined, bytes) in before {
+        assert!(quarantined.starts_with(QUARANTINE_DIR));
+        assert_eq!(fs::read(dir.join(&quarantined)).unwrap(), bytes, "moved intact to {}", quarantined.display());
+    }
+    let note = fs::read_to_string(dir.join(&plan.quarantine).join(REPAIR_NOTE)).unwrap();
+    assert_eq!(note, plan.to_string());
+    // Applying the same plan twice changes nothing more.
+    assert!(matches!(ck.apply_repair(&plan), Err(LogStoreError::StalePlan { .. })));
+    plan.after
+}
+
+#[test]
+fn commit_ahead_is_refused_and_repaired() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path();
+    checkpoint(dir, &[0, 1, 2, 3], &[0, 1, 2, 3]);
+    fs::remove_file(dir.join("offsets/3")).unwrap();
+    let message = inspect(dir).unwrap().to_string();
+    assert!(message.contains("Concurrent update to the log"), "says why spate refuses: {message}");
+    let after = repair(
+        dir,
+        |k| matches!(k, InconsistencyKind::CommitAhead { last_offsets: Some(BatchId(2)), last_commit: BatchId(3) }),
+        &["offsets/3", "commits/3"],
+    );
+    assert_eq!(after, RecoveryPoint::Resume { next: BatchId(3) });
+    assert!(dir.join("_quarantine/20251124T160000.000Z/commits/3").exists());
+}
+
+#[test]
+fn gap_in_offsets_is_repaired() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path();
+    checkpoint(dir, &[0, 1, 2, 3, 4], &[0, 1, 2, 3]);
+    fs::remove_file(dir.join("offsets/2")).unwrap();
+    let after = repair(
+        dir,
+        |k| matches!(k, InconsistencyKind::OffsetsGap { missing: BatchId(2), next_present: BatchId(3) }),
+        &["offsets/2", "offsets/3", "offsets/4", "commits/2", "commits/3"],
+    );
+    assert_eq!(after, RecoveryPoint::Resume { next: BatchId(2) });
+}
+
+#[test]
+fn gap_between_offsets_and_commits_is_repaired() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path();
+    checkpoint(dir, &[0, 1, 2, 3], &[0]);
+    let after = repair(
+        dir,
+        |k| matches!(k, InconsistencyKind::GapBetween { last_commit: Some(BatchId(0)), last_offsets: BatchId(3) }),
+        &["offsets/1", "offsets/2", "offsets/3"],
+    );
+    assert_eq!(after, RecoveryPoint::Rerun { batch: BatchId(1) });
+    assert!(matches!(inspect(dir).unwrap(), Verdict::Rerun { offsets: o, .. } if o == offsets(1)));
+}
+
+#[test]
+fn gap_in_commits_is_repaired() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path();
+    checkpoint(dir, &[0, 1, 2, 3], &[0, 1, 2, 3]);
+    fs::remove_file(dir.join("commits/1")).unwrap();
+    let after = repair(
+        dir,
+        |k| matches!(k, InconsistencyKind::CommitsGap { missing: BatchId(1), .. }),
+        &["commits/1", "commits/2", "commits/3"],
+    );
+    assert_eq!(after, RecoveryPoint::Rerun { batch: BatchId(1) });
+}
+
+#[test]
+fn unreadable_last_entry_is_repaired() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path();
+    checkpoint(dir, &[0, 1, 2], &[0, 1, 2]);
+    fs::write(dir.join("commits/2"), b"v1\n{\"nextBatchWat").unwrap();
+    let after = repair(dir, |k| matches!(k, InconsistencyKind::Unreadable { .. }), &["commits/2"]);
+    assert_eq!(after, RecoveryPoint::Rerun { batch: BatchId(2) });
+
+    fs::write(dir.join("offsets/2"), b"v9\n{}").unwrap();
+    let Verdict::Inconsistent(inconsistency) = inspect(dir).unwrap() else { panic!() };
+    let message = inconsistency.to_string();
+    assert!(message.contains("offsets/2") && message.contains("written by a newer spate"), "{message}");
+}
+
+#[test]
+fn unreadable_metadata_is_reported() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path();
+    checkpoint(dir, &[0], &[0]);
+    fs::write(dir.join("metadata"), b"\x00\x01garbage").unwrap();
+    let after = repair(dir, |k| matches!(k, InconsistencyKind::Unreadable { .. }), &["metadata"]);
+    assert_eq!(after, RecoveryPoint::Resume { next: BatchId(1) });
+}
+
+/// A checkpoint directory as Spark Structured Streaming 3.5 writes it,
+/// written here by hand from Spark's format: `metadata` is bare JSON, the
+/// offsets name no sources, `.crc` files lie beside the entries.
+fn spark_checkpoint(dir: &Path) {
+    let conf = r#"{"spark.sql.streaming.stateStore.providerClass":"org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider","spark.sql.streaming.join.stateFormatVersion":"2","spark.sql.streaming.stateStore.compression.codec":"lz4","spark.sql.streaming.multipleWatermarkPolicy":"min","spark.sql.streaming.aggregation.stateFormatVersion":"2","spark.sql.shuffle.partitions":"200"}"#;
+    fs::create_dir_all(dir.join("offsets")).unwrap();
+    fs::create_dir_all(dir.join("commits")).unwrap();
+    fs::create_dir_all(dir.join("sources/0")).unwrap();
+    fs::write(dir.join("metadata"), r#"{"id":"5b0e4f7a-3c1d-4e2b-9f8a-6d5c4b3a2e1f"}"#).unwrap();
+    for (id, kafka) in [(0, r#"{"topic":{"0":0,"1":0}}"#), (1, r#"{"topic":{"0":36,"1":12}}"#)] {
+        let text = format!(
+            "v1\n{{\"batchWatermarkMs\":0,\"batchTimestampMs\":{},\"conf\":{conf}}}\n{kafka}\n-",
+            1_700_000_000_000u64 + id * 10_000
+        );
+        fs::write(dir.join(format!("offsets/{id}")), text).unwrap();
+        fs::write(dir.join(format!("offsets/.{id}.crc")), b"crc\x00\x01").unwrap();
+    }
+    fs::write(dir.join("commits/0"), "v1\n{\"nextBatchWatermarkMs\":0}").unwrap();
+}
+
+#[test]
+fn spark_offsets_are_read() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path();
+    spark_checkpoint(dir);
+    let Verdict::Rerun { batch, offsets, last_commit } = inspect(dir).unwrap() else { panic!("expected a re-run") };
+    assert_eq!(batch, BatchId(1));
+    assert_eq!(last_commit, Some(CommitMetadata::default()));
+    assert_eq!(offsets.batch_timestamp, Time::from_millis(1_700_000_010_000));
+    assert_eq!(offsets.batch_watermark, Time::ZERO);
+    assert_eq!(offsets.conf.get("spark.sql.shuffle.partitions").map(String::as_str), Some("200"));
+    assert_eq!(offsets.conf.len(), 6);
+    // Spark's lines are positional: the sources are named "0", "1".
+    assert_eq!(offsets.sources.len(), 2);
+    assert_eq!(offsets.offset_of("0"), Some(Some(&json!({"topic": {"0": 36, "1": 12}}))));
+    assert_eq!(offsets.offset_of("1"), Some(None));
+
+    let ck = Checkpoint::open_read_only(dir, options()).unwrap();
+    assert_eq!(ck.metadata().map(|m| m.id.as_str()), Some("5b0e4f7a-3c1d-4e2b-9f8a-6d5c4b3a2e1f"));
+    assert_eq!(ck.offsets().ids().unwrap(), vec![BatchId(0), BatchId(1)]);
+}
+
+#[test]
+fn inspect_reads_only_the_newest_entries() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path();
+    checkpoint(dir, &[0, 1, 2, 3], &[0, 1, 2]);
+    // Damage every older entry: a verdict that read them would fail.
+    for id in 0..3 {
+        fs::write(dir.join(format!("offsets/{id}")), b"garbage").unwrap();
+        fs::write(dir.join(format!("commits/{id}")), b"garbage").unwrap();
+    }
+    fs::write(dir.join("commits/2"), "v1\n{\"nextBatchWatermarkMs\":7}").unwrap();
+    assert!(matches!(inspect(dir).unwrap(), Verdict::Rerun { batch: BatchId(3), .. }));
+}
