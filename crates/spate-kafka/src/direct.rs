@@ -268,44 +268,15 @@ impl DirectKafkaStream {
         Ok(ranges)
     }
 
-    /// The per-partition caps for this batch, `None` entries meaning no cap.
-    fn caps(
-        &self,
-        start: &PartitionOffsets,
-        latest: &PartitionOffsets,
-        max_records: Option<u64>,
-    ) -> std::collections::BTreeMap<TopicPartition, i64> {
+    /// The per-partition caps for this batch (absent: no cap).
+    fn caps(&self, start: &PartitionOffsets, latest: &PartitionOffsets, max_records: Option<u64>) -> Caps {
         let secs = self.config.batch_interval.as_secs_f64();
         let backpressure = match self.rate_limit.load(Ordering::Relaxed) {
             0 => None,
             rate => Some(((rate as f64) * secs).ceil() as u64),
         };
-        let batch_limit = match (backpressure, max_records) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
-        let lags: Vec<(&TopicPartition, u64)> = latest
-            .iter()
-            .map(|(tp, l)| (tp, u64::try_from(l - start.get(tp).copied().unwrap_or(*l)).unwrap_or(0)))
-            .collect();
-        let total_lag: u64 = lags.iter().map(|(_, lag)| lag).sum();
-        let mut caps = std::collections::BTreeMap::new();
-        for (tp, lag) in lags {
-            let per_partition = self.config.max_rate_per_partition.map(|r| ((r as f64) * secs).ceil().max(1.0) as u64);
-            // Backpressure shares the batch limit by lag, at least one record each.
-            let share = batch_limit.map(|limit| {
-                if total_lag == 0 { 0 } else { ((limit as f64) * (lag as f64) / (total_lag as f64)).floor() as u64 }
-            });
-            let share = share.map(|s| if batch_limit.unwrap_or(0) > 0 && lag > 0 { s.max(1) } else { s });
-            let cap = match (per_partition, share) {
-                (Some(a), Some(b)) => Some(a.min(b)),
-                (a, b) => a.or(b),
-            };
-            if let Some(cap) = cap {
-                caps.insert(tp.clone(), i64::try_from(cap).unwrap_or(i64::MAX));
-            }
-        }
-        caps
+        let per_partition = self.config.max_rate_per_partition.map(|r| ((r as f64) * secs).ceil().max(1.0) as u64);
+        rate_caps(start, latest, per_partition, min_of(backpressure, max_records))
     }
 
     /// Reads the batch's ranges, one task per non-empty range, in parallel;
@@ -449,6 +420,41 @@ impl DirectKafkaStream {
     }
 }
 
+type Caps = std::collections::BTreeMap<TopicPartition, i64>;
+
+fn min_of(a: Option<u64>, b: Option<u64>) -> Option<u64> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+/// Spark's `maxMessagesPerPartition`: each partition gets at most
+/// `per_partition` records, and the batch limit is shared out in proportion
+/// to each partition's lag (at least one record for a partition that lags).
+fn rate_caps(
+    start: &PartitionOffsets,
+    latest: &PartitionOffsets,
+    per_partition: Option<u64>,
+    batch_limit: Option<u64>,
+) -> Caps {
+    let lag = |tp: &TopicPartition, l: i64| u64::try_from(l - start.get(tp).copied().unwrap_or(l)).unwrap_or(0);
+    let total_lag: u64 = latest.iter().map(|(tp, l)| lag(tp, *l)).sum();
+    let mut caps = Caps::new();
+    for (tp, l) in latest {
+        let lag = lag(tp, *l);
+        let share = batch_limit.map(|limit| {
+            let share =
+                if total_lag == 0 { 0 } else { ((limit as f64) * (lag as f64) / (total_lag as f64)).floor() as u64 };
+            if limit > 0 && lag > 0 { share.max(1) } else { share }
+        });
+        if let Some(cap) = min_of(per_partition, share) {
+            caps.insert(tp.clone(), i64::try_from(cap).unwrap_or(i64::MAX));
+        }
+    }
+    caps
+}
+
 /// A librdkafka partition list of `offsets`.
 pub(crate) fn to_list(offsets: &PartitionOffsets) -> Result<TopicPartitionList> {
     let mut list = TopicPartitionList::new();
@@ -482,5 +488,34 @@ impl spate_dstream::InputSource<KafkaRecord> for DirectKafkaStream {
         }
         drop(position);
         Ok(self.read(&ranges)?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn offsets(values: &[(i32, i64)]) -> PartitionOffsets {
+        values.iter().map(|(p, o)| (TopicPartition::new("t", *p), *o)).collect()
+    }
+
+    #[test]
+    fn caps_share_the_batch_limit_by_lag_and_respect_the_partition_rate() {
+        let start = offsets(&[(0, 0), (1, 100), (2, 50)]);
+        let latest = offsets(&[(0, 300), (1, 200), (2, 50)]); // lags 300, 100, 0
+        assert!(rate_caps(&start, &latest, None, None).is_empty());
+
+        let caps = rate_caps(&start, &latest, None, Some(40));
+        assert_eq!(caps, offsets(&[(0, 30), (1, 10), (2, 0)]));
+
+        let caps = rate_caps(&start, &latest, Some(20), Some(40));
+        assert_eq!(caps, offsets(&[(0, 20), (1, 10), (2, 0)]));
+
+        let caps = rate_caps(&start, &latest, Some(500), None);
+        assert_eq!(caps, offsets(&[(0, 500), (1, 500), (2, 500)]));
+
+        // A tiny limit still moves every lagging partition.
+        let caps = rate_caps(&start, &latest, None, Some(1));
+        assert_eq!(caps, offsets(&[(0, 1), (1, 1), (2, 0)]));
     }
 }

@@ -275,3 +275,19 @@ fn deleted_records_fail_the_batch_or_are_skipped_as_configured() {
     // Starting at the earliest offset plans from what is left.
     assert_eq!(skipping.plan_batch(time_of(0), None).unwrap().ranges()[0].from, 40);
 }
+
+#[test]
+fn backpressure_and_the_runtimes_record_limit_cap_a_batch_shared_by_lag() {
+    let topic = unique("backpressure");
+    create_topic(&topic, 2);
+    produce(&topic, 2, values(0..100)); // 50 a partition
+    let stream = DirectKafkaStream::new(config(&topic, 1_000_000)).unwrap();
+    stream.set_rate_limit(Some(200)); // 20 records a 100 ms batch
+    let ranges = stream.plan_batch(time_of(0), None).unwrap();
+    assert_eq!(ranges.ranges().iter().map(OffsetRange::count).collect::<Vec<_>>(), vec![10, 10]);
+    let planned = stream.plan(time_of(1), Some(6)).unwrap().unwrap(); // the runtime's limit is lower
+    let ranges = OffsetRanges::from_json(&planned).unwrap();
+    assert_eq!(ranges.ranges().iter().map(|r| (r.from, r.until)).collect::<Vec<_>>(), vec![(10, 13), (10, 13)]);
+    stream.set_rate_limit(None);
+    assert_eq!(stream.plan_batch(time_of(2), None).unwrap().count(), 74);
+}
