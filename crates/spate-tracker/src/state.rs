@@ -6,6 +6,7 @@
 //! construction, the state the live tracker had after its last durable event.
 
 use std::collections::{BTreeMap, HashSet, VecDeque};
+use std::hash::{BuildHasherDefault, Hasher};
 
 use spate_core::{ReceivedBlockInfo, StreamBlockId, StreamId, Time, WalRecordHandle};
 use tracing::warn;
@@ -82,7 +83,7 @@ pub struct TrackerState {
     /// addition of a block already known is ignored. A receiver that retries
     /// after a failed (but, as it turned out, durable) write then cannot get
     /// its block into two batches.
-    known_blocks: HashSet<StreamBlockId>,
+    known_blocks: HashSet<StreamBlockId, BuildHasherDefault<BlockIdHasher>>,
 }
 
 impl TrackerState {
@@ -190,6 +191,33 @@ impl TrackerState {
     }
 }
 
+/// A fast hash for block ids (two integers), which replay inserts once per
+/// event. Block ids come from this engine's receivers, not from outside, so
+/// a keyed hash buys nothing here.
+#[derive(Default)]
+pub(crate) struct BlockIdHasher(u64);
+
+impl Hasher for BlockIdHasher {
+    fn finish(&self) -> u64 {
+        // Spread the high bits down: hashbrown picks buckets from the low ones.
+        self.0 ^ (self.0 >> 29)
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for byte in bytes {
+            self.write_u64(u64::from(*byte));
+        }
+    }
+
+    fn write_u32(&mut self, n: u32) {
+        self.write_u64(u64::from(n));
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(0x517c_c1b7_2722_0a95);
+    }
+}
+
 /// Moves the blocks named by an allocation event out of a stream's queue,
 /// keeping each block's recovered mark. Live, the event was built from the
 /// queue, so both hold the same blocks; blocks the queue lacks (their
@@ -201,7 +229,8 @@ fn take_allocated(
     stream: StreamId,
     unallocated: &mut BTreeMap<StreamId, VecDeque<TrackedBlock>>,
 ) -> Vec<TrackedBlock> {
-    let same_blocks = queued.len() == infos.len() && queued.iter().zip(&infos).all(|(q, i)| q.info == *i);
+    let same_blocks =
+        queued.len() == infos.len() && queued.iter().zip(&infos).all(|(q, i)| q.block_id() == i.block_id());
     if same_blocks {
         return queued.into();
     }
