@@ -149,7 +149,8 @@ fn raw_fdatasync_rate(dir: &Path, syncs: u32) -> f64 {
 fn concurrent_adds(checkpoint: &Path, per_thread: u64) -> (u64, u64, StdDuration) {
     let hook = FaultInjection::new();
     let clock = Arc::new(ManualClock::new(Time::from_millis(1000)));
-    let options = WalOptions::default().with_fault_injection(hook.clone()).with_rolling_interval(Duration::from_secs(60));
+    let options =
+        WalOptions::default().with_fault_injection(hook.clone()).with_rolling_interval(Duration::from_secs(60));
     let (tracker, _) = ReceivedBlockTracker::open_with(Some(checkpoint), options, clock).unwrap();
     let tracker = Arc::new(tracker);
     let base = tracker.stats().events_logged;
@@ -172,8 +173,12 @@ fn concurrent_adds(checkpoint: &Path, per_thread: u64) -> (u64, u64, StdDuration
 fn bench_add_block(c: &mut Criterion) {
     let full = full_run();
     let dir = scratch_dir("tracker_add_block");
-    let raw = raw_fdatasync_rate(dir.path(), if full { 500 } else { 10 });
+    let raw_syncs = if full { 500 } else { 10 };
+    let raw_before = raw_fdatasync_rate(dir.path(), raw_syncs);
     let (events, syncs, elapsed) = concurrent_adds(dir.path(), if full { 1_500 } else { 20 });
+    // The machine is shared: measure the disk before and after, and hold the
+    // tracker to the better of the two.
+    let raw = raw_before.max(raw_fdatasync_rate(dir.path(), raw_syncs));
     let secs = elapsed.as_secs_f64();
     let (event_rate, sync_rate) = (events as f64 / secs, syncs as f64 / secs);
     println!(
@@ -181,8 +186,14 @@ fn bench_add_block(c: &mut Criterion) {
          FaultInjection hook) in {secs:.2} s; {:.2} events per sync; raw fdatasync {raw:.0}/s in {BENCH_DIR}",
         events as f64 / syncs.max(1) as f64
     );
-    println!("BENCH tracker_add_block_4_receivers {event_rate:.0} events/s bound={raw:.0} ratio={:.2}", event_rate / raw);
-    println!("BENCH tracker_add_block_fdatasyncs {sync_rate:.0} fdatasyncs/s bound={raw:.0} ratio={:.2}", sync_rate / raw);
+    println!(
+        "BENCH tracker_add_block_4_receivers {event_rate:.0} events/s bound={raw:.0} ratio={:.2}",
+        event_rate / raw
+    );
+    println!(
+        "BENCH tracker_add_block_fdatasyncs {sync_rate:.0} fdatasyncs/s bound={raw:.0} ratio={:.2}",
+        sync_rate / raw
+    );
     let mut group = c.benchmark_group("tracker");
     group.throughput(Throughput::Elements(u64::from(STREAMS) * 25));
     group.bench_function("add_block_4_receivers", |b| {

@@ -9,7 +9,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use spate_core::{Clock, ReceivedBlockInfo, StreamId, Time};
 use spate_wal::{FileWriteAheadLog, WalOptions, WriteAheadLog};
@@ -47,6 +47,8 @@ pub struct ReceivedBlockTracker {
     state: RwLock<TrackerState>,
     writer: Mutex<Writer>,
     pending: Mutex<PendingAdditions>,
+    /// Signalled when a group commit finished (outcomes published).
+    group_done: Condvar,
     clock: Arc<dyn Clock>,
     log_writes: AtomicU64,
     events_logged: AtomicU64,
@@ -85,6 +87,8 @@ struct PendingAdditions {
     queue: Vec<(u64, Vec<ReceivedBlockInfo>)>,
     next_ticket: u64,
     outcomes: HashMap<u64, bool>,
+    /// Set while a caller commits a group.
+    leader_active: bool,
 }
 
 /// Write time standing for "unknown, older than anything": records of
@@ -157,6 +161,7 @@ impl ReceivedBlockTracker {
             state: RwLock::new(state),
             writer: Mutex::new(writer),
             pending: Mutex::new(PendingAdditions::default()),
+            group_done: Condvar::new(),
             clock,
             log_writes: AtomicU64::new(0),
             events_logged: AtomicU64::new(0),
@@ -176,36 +181,44 @@ impl ReceivedBlockTracker {
         infos.is_empty() || self.submit(infos.to_vec())
     }
 
-    /// Queues `infos` for the next group commit and returns its outcome,
-    /// committing the group itself when no one else is.
+    /// Queues `infos` for the next group commit and returns its outcome.
+    ///
+    /// One caller at a time leads: it takes every queued addition, writes
+    /// them as one record and publishes the outcome; the others wait for it.
+    /// A leader that queues again right after finishing joins the next group
+    /// rather than overtaking the callers already waiting.
     fn submit(&self, infos: Vec<ReceivedBlockInfo>) -> bool {
-        let ticket = {
-            let mut pending = lock(&self.pending);
-            let ticket = pending.next_ticket;
-            pending.next_ticket += 1;
-            pending.queue.push((ticket, infos));
-            ticket
-        };
-        let mut writer = lock(&self.writer);
-        let group = {
-            let mut pending = lock(&self.pending);
-            // A leader that held the writer before us may have committed our additions.
+        let mut pending = lock(&self.pending);
+        let ticket = pending.next_ticket;
+        pending.next_ticket += 1;
+        pending.queue.push((ticket, infos));
+        loop {
             if let Some(outcome) = pending.outcomes.remove(&ticket) {
                 return outcome;
             }
-            std::mem::take(&mut pending.queue)
-        };
+            if !pending.leader_active {
+                break;
+            }
+            pending = self.group_done.wait(pending).unwrap_or_else(PoisonError::into_inner);
+        }
+        pending.leader_active = true;
+        drop(pending);
+        let mut writer = lock(&self.writer);
+        let group = std::mem::take(&mut lock(&self.pending).queue);
         let tickets: Vec<u64> = group.iter().map(|(t, _)| *t).collect();
         let events = group.into_iter().flat_map(|(_, infos)| infos).map(TrackerEvent::BlockAddition).collect();
         let outcome = match self.commit(&mut writer, events) {
             Ok(()) => true,
             Err(e) => {
-                error!(error = %e, blocks = tickets.len(), "block additions not logged; they are not queued");
+                error!(error = %e, callers = tickets.len(), "block additions not logged; they are not queued");
                 false
             }
         };
+        drop(writer);
         let mut pending = lock(&self.pending);
         pending.outcomes.extend(tickets.into_iter().filter(|t| *t != ticket).map(|t| (t, outcome)));
+        pending.leader_active = false;
+        self.group_done.notify_all();
         outcome
     }
 
