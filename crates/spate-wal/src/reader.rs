@@ -13,7 +13,7 @@ use crate::error::WalError;
 use crate::file_log::Shared;
 use crate::files::FileLayer;
 use crate::options::WalOptions;
-use crate::record::{BadRecord, HEADER_LEN, RecordScanner, Step, decode_header};
+use crate::record::{BadRecord, HEADER_LEN, RecordScanner, Step, decode_header, read_payload};
 use crate::segment::{Segment, parse_segment_name};
 
 /// Read buffer of the sequential readers: large enough that a scan runs at
@@ -22,7 +22,8 @@ const SCAN_BUFFER: usize = 256 * 1024;
 
 /// Reads the record behind `handle` and checks both of its checksums.
 pub(crate) fn read_record(shared: &Shared, handle: &WalRecordHandle) -> Result<Vec<u8>, WalError> {
-    let bad_handle = |reason: String| WalError::BadHandle { handle: handle.to_string(), dir: shared.dir.clone(), reason };
+    let bad_handle =
+        |reason: String| WalError::BadHandle { handle: handle.to_string(), dir: shared.dir.clone(), reason };
     if parse_segment_name(&handle.segment).is_none() {
         return Err(bad_handle(String::from("not a segment file name of this log")));
     }
@@ -39,11 +40,14 @@ pub(crate) fn read_record(shared: &Shared, handle: &WalRecordHandle) -> Result<V
         }
         Err(e) => return Err(WalError::Io { op: "open", path, source: e }),
     };
-    let corrupt = |path: &PathBuf, reason: String| WalError::Corrupt { segment: path.clone(), offset: handle.offset, reason };
+    let corrupt =
+        |path: &PathBuf, reason: String| WalError::Corrupt { segment: path.clone(), offset: handle.offset, reason };
     let mut header_bytes = [0u8; HEADER_LEN];
     match read_exact_at(&mut file, handle.offset, &mut header_bytes) {
         Ok(()) => {}
-        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Err(bad_handle(String::from("past the end of the segment"))),
+        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
+            return Err(bad_handle(String::from("past the end of the segment")));
+        }
         Err(e) => return Err(WalError::Io { op: "read", path, source: e }),
     }
     let Some(header) = decode_header(&header_bytes) else {
@@ -54,15 +58,14 @@ pub(crate) fn read_record(shared: &Shared, handle: &WalRecordHandle) -> Result<V
         return Err(corrupt(&path, reason));
     }
     // Allocated only after the length passed both the maximum and the header check.
-    let mut payload = vec![0u8; header.len as usize];
-    match file.read_exact(&mut payload) {
-        Ok(()) => {}
+    let payload = match read_payload(&mut file, header.len) {
+        Ok(payload) => payload,
         Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
-            let problem = BadRecord::Truncated { needed: u64::from(handle.length), available: 0 };
-            return Err(corrupt(&path, format!("{problem} (the segment ends inside the record)")));
+            let reason = format!("record truncated: the segment ends inside its {} bytes", handle.length);
+            return Err(corrupt(&path, reason));
         }
         Err(e) => return Err(WalError::Io { op: "read", path, source: e }),
-    }
+    };
     let computed = crc32c::crc32c(&payload);
     if computed != header.payload_crc {
         return Err(corrupt(&path, BadRecord::PayloadChecksum { stored: header.payload_crc, computed }.to_string()));
@@ -214,7 +217,8 @@ pub(crate) fn recover_tail(files: &dyn FileLayer, segment: &Segment, options: &W
             Step::End => break,
             Step::Bad { offset, problem } => (offset, problem),
         };
-        let next = if problem.is_truncation() { None } else { scanner.resync(offset).map_err(WalError::io("read", path))? };
+        let next =
+            if problem.is_truncation() { None } else { scanner.resync(offset).map_err(WalError::io("read", path))? };
         match next {
             None => {
                 tracing::warn!(segment = %path.display(), offset, dropped_bytes = len - offset, %problem,

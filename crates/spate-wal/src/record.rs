@@ -38,6 +38,17 @@ pub(crate) fn encode_frame(payload: &[u8]) -> Vec<u8> {
     frame
 }
 
+/// Reads exactly `len` payload bytes into a new vector, without zeroing it
+/// first (the caller has checked `len` against its bounds).
+pub(crate) fn read_payload(source: &mut impl Read, len: u32) -> io::Result<Vec<u8>> {
+    let mut payload = Vec::with_capacity(len as usize);
+    source.take(u64::from(len)).read_to_end(&mut payload)?;
+    if payload.len() != len as usize {
+        return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "segment ended inside a record"));
+    }
+    Ok(payload)
+}
+
 /// A header whose own checksum matched.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Header {
@@ -184,8 +195,7 @@ impl<R: Read + Seek> RecordScanner<R> {
         }
         // Both bounds are checked above, so this allocation is at most
         // min(max_record_size, bytes left in the segment).
-        let mut payload = vec![0u8; header.len as usize];
-        self.read_exact_tracked(&mut payload)?;
+        let payload = read_payload(&mut self.source, header.len).inspect_err(|_| self.in_sync = false)?;
         let computed = crc32c::crc32c(&payload);
         if computed != header.payload_crc {
             return bad(BadRecord::PayloadChecksum { stored: header.payload_crc, computed });
@@ -301,7 +311,10 @@ mod tests {
         let crc = crc32c::crc32c(&header[0..8]);
         header[8..12].copy_from_slice(&crc.to_le_bytes());
         let (_, bad) = scan_all(&header, u32::MAX);
-        assert_eq!(bad, Some((0, BadRecord::Truncated { needed: HEADER_LEN as u64 + u64::from(u32::MAX), available: 12 })));
+        assert_eq!(
+            bad,
+            Some((0, BadRecord::Truncated { needed: HEADER_LEN as u64 + u64::from(u32::MAX), available: 12 }))
+        );
         let (_, bad) = scan_all(&header, 1 << 20);
         assert_eq!(bad, Some((0, BadRecord::TooLong { len: u32::MAX, max: 1 << 20 })));
     }

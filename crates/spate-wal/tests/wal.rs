@@ -167,7 +167,8 @@ fn corrupt_middle_record_is_an_error_naming_segment_and_offset_and_salvage_skips
     log.close().unwrap();
 
     let log = FileWriteAheadLog::open(dir.path(), options().with_salvage(true)).unwrap();
-    let expected: Vec<Vec<u8>> = written.iter().enumerate().filter(|(i, _)| *i != 5).map(|(_, (r, _))| r.clone()).collect();
+    let expected: Vec<Vec<u8>> =
+        written.iter().enumerate().filter(|(i, _)| *i != 5).map(|(_, (r, _))| r.clone()).collect();
     assert_eq!(read_all(&log), expected);
 }
 
@@ -185,7 +186,8 @@ fn corrupt_length_in_the_last_segment_fails_open_unless_salvaging() {
     assert!(err.to_string().contains("log-0-1000"), "{err}");
 
     let log = FileWriteAheadLog::open(dir.path(), options().with_salvage(true)).unwrap();
-    let expected: Vec<Vec<u8>> = written.iter().enumerate().filter(|(i, _)| *i != 3).map(|(_, (r, _))| r.clone()).collect();
+    let expected: Vec<Vec<u8>> =
+        written.iter().enumerate().filter(|(i, _)| *i != 3).map(|(_, (r, _))| r.clone()).collect();
     assert_eq!(read_all(&log), expected);
 }
 
@@ -216,7 +218,10 @@ fn a_declared_length_above_the_maximum_is_refused() {
     let err = log.read_all().unwrap().next().unwrap().unwrap_err();
     assert!(err.to_string().contains("exceeds the maximum record size 1000"), "{err}");
     assert!(matches!(log.read(&first), Err(WalError::BadHandle { .. })));
-    assert!(matches!(log.write(&big, Time::from_millis(2_000)), Err(WalError::RecordTooLarge { len: 5_000, max: 1_000 })));
+    assert!(matches!(
+        log.write(&big, Time::from_millis(2_000)),
+        Err(WalError::RecordTooLarge { len: 5_000, max: 1_000 })
+    ));
 }
 
 #[test]
@@ -225,8 +230,9 @@ fn concurrent_writers_share_syncs_and_every_handle_reads_its_own_record() {
     const PER_THREAD: usize = 1_000;
     let dir = tempfile::tempdir().unwrap();
     let hook = FaultInjection::new();
-    let log =
-        Arc::new(FileWriteAheadLog::open(dir.path(), WalOptions::default().with_fault_injection(hook.clone())).unwrap());
+    let log = Arc::new(
+        FileWriteAheadLog::open(dir.path(), WalOptions::default().with_fault_injection(hook.clone())).unwrap(),
+    );
     let workers: Vec<_> = (0..THREADS)
         .map(|t| {
             let log = Arc::clone(&log);
@@ -404,8 +410,7 @@ fn a_reader_survives_cleaning_under_it() {
     log.clean(Time::from_millis(4_001), true).unwrap(); // deletes the four old segments
     let rest: Vec<Vec<u8>> = reader.collect::<Result<_, _>>().unwrap();
     // The open segment is read to its end; the deleted ones are skipped whole; the live one is read.
-    let expected: Vec<Vec<u8>> =
-        written[1..20].iter().chain(&written[80..]).map(|(r, _)| r.clone()).collect();
+    let expected: Vec<Vec<u8>> = written[1..20].iter().chain(&written[80..]).map(|(r, _)| r.clone()).collect();
     assert_eq!(first, written[0].0);
     assert_eq!(rest, expected);
 }
