@@ -205,6 +205,27 @@ fn damaged_last_record_of_the_last_segment_is_a_torn_tail() {
 }
 
 #[test]
+fn a_torn_end_of_an_earlier_segment_is_damage_not_a_tail() {
+    let dir = tempfile::tempdir().unwrap();
+    let (first, _, _) = build_log_with_two_segments(dir.path());
+    let path = dir.path().join("log-0-1000");
+    let len = std::fs::metadata(&path).unwrap().len();
+    let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    file.set_len(len - 3).unwrap();
+    drop(file);
+    // Only the last segment can hold an unacknowledged tail: open leaves
+    // this one alone, and reading it reports where its last record starts.
+    let log = FileWriteAheadLog::open(dir.path(), options()).unwrap();
+    assert_eq!(std::fs::metadata(&path).unwrap().len(), len - 3);
+    let results: Vec<_> = log.read_all().unwrap().collect();
+    assert_eq!(results.len(), first.len());
+    let last_start = len - (12 + first.last().unwrap().len() as u64);
+    let err = results.last().unwrap().as_ref().unwrap_err();
+    assert!(matches!(err, WalError::Corrupt { offset, .. } if *offset == last_start), "{err}");
+    assert!(err.to_string().contains("log-0-1000"), "{err}");
+}
+
+#[test]
 fn a_declared_length_above_the_maximum_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let log = FileWriteAheadLog::open(dir.path(), options()).unwrap();
