@@ -5,9 +5,9 @@
 //!
 //! - Kafka's jars are fetched once with `mvn dependency:copy-dependencies` on
 //!   a small generated pom in `<cache>/kafka/dist-<version>/`;
-//! - every `start` formats a fresh data folder under the system temp folder
-//!   (through `kafka.tools.StorageTool`) and runs `kafka.Kafka` with Java,
-//!   log4j at WARN into `<cache>/kafka/run/broker.log`;
+//! - every `start` makes a fresh data folder under the system temp folder (a
+//!   copy of one formatted once with `kafka.tools.StorageTool format`) and
+//!   runs `kafka.Kafka` with Java, log4j at WARN into `<cache>/kafka/run/broker.log`;
 //! - `start` returns once the broker answers a Metadata request listing
 //!   itself (bounded wait; on failure the error carries the log tail), and
 //!   writes the pid, the bootstrap address and the data folder to
@@ -23,7 +23,7 @@
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::Result;
@@ -171,16 +171,18 @@ fn start() -> Result<Running> {
     write(&log4j, &log4j_properties(&run.join("broker.log")))?;
 
     let started = Instant::now();
-    format_storage(&classpath, &log4j, &properties)?;
-    let pid = spawn_broker(&classpath, &log4j, &properties, &run.join("broker.out"))?;
+    let template = formatted_template(&classpath, &log4j)?;
+    copy_dir(&template, &data_dir)?;
+    let mut child = spawn_broker(&classpath, &log4j, &properties, &run.join("broker.out"))?;
+    let pid = child.id();
     let running = Running { pid, bootstrap: format!("127.0.0.1:{port}"), data_dir };
     running.save()?;
-    if let Err(e) = wait_until_ready(&running, started) {
+    if let Err(e) = wait_until_ready(&running, &mut child, started) {
         let _ = stop();
         return Err(format!("{e}\n--- broker log tail ---\n{}", log_tail(&run)));
     }
     println!(
-        "kafka: up in {:.1?} (format + JVM start + ready), resident memory {}",
+        "kafka: up in {:.1?} (data folder, JVM start, first Metadata answer), resident memory {}",
         started.elapsed(),
         rss(pid).map_or_else(|| "unknown".into(), |kib| format!("{} MiB", kib / 1024))
     );
@@ -324,6 +326,41 @@ fn java(classpath: &str, log4j: &Path) -> Command {
     c
 }
 
+/// A data folder formatted once (`kafka-storage format`), copied into each
+/// fresh data folder: a start saves the formatting JVM's second or two.
+fn formatted_template(classpath: &str, log4j: &Path) -> Result<PathBuf> {
+    let template = kafka_dir().join(format!("formatted-{KAFKA_VERSION}"));
+    if template.join("meta.properties").exists() {
+        return Ok(template);
+    }
+    let staging = kafka_dir().join(format!("formatting-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&staging);
+    std::fs::create_dir_all(&staging).map_err(|e| format!("{}: {e}", staging.display()))?;
+    let properties = staging.join("format.properties");
+    // The ports are not written to the formatted folder; only the node and cluster ids are.
+    write(&properties, &server_properties(1, 2, &staging.join("data")))?;
+    format_storage(classpath, log4j, &properties)?;
+    let _ = std::fs::remove_dir_all(&template);
+    std::fs::rename(staging.join("data"), &template).map_err(|e| format!("{}: {e}", template.display()))?;
+    let _ = std::fs::remove_dir_all(&staging);
+    Ok(template)
+}
+
+fn copy_dir(from: &Path, to: &Path) -> Result {
+    std::fs::create_dir_all(to).map_err(|e| format!("{}: {e}", to.display()))?;
+    let entries = std::fs::read_dir(from).map_err(|e| format!("{}: {e}", from.display()))?;
+    for entry in entries {
+        let entry = entry.map_err(|e| format!("{}: {e}", from.display()))?;
+        let target = to.join(entry.file_name());
+        if entry.path().is_dir() {
+            copy_dir(&entry.path(), &target)?;
+        } else {
+            std::fs::copy(entry.path(), &target).map_err(|e| format!("{}: {e}", target.display()))?;
+        }
+    }
+    Ok(())
+}
+
 fn format_storage(classpath: &str, log4j: &Path, properties: &Path) -> Result {
     let output = java(classpath, log4j)
         .args(["kafka.tools.StorageTool", "format", "--ignore-formatted", "-t", &cluster_id(), "-c"])
@@ -342,7 +379,7 @@ fn format_storage(classpath: &str, log4j: &Path, properties: &Path) -> Result {
     }
 }
 
-fn spawn_broker(classpath: &str, log4j: &Path, properties: &Path, out: &Path) -> Result<u32> {
+fn spawn_broker(classpath: &str, log4j: &Path, properties: &Path, out: &Path) -> Result<Child> {
     use std::os::unix::process::CommandExt;
     let out_file = std::fs::File::create(out).map_err(|e| format!("{}: {e}", out.display()))?;
     let err_file = out_file.try_clone().map_err(|e| format!("{}: {e}", out.display()))?;
@@ -356,13 +393,15 @@ fn spawn_broker(classpath: &str, log4j: &Path, properties: &Path, out: &Path) ->
         .process_group(0)
         .spawn()
         .map_err(|e| format!("could not start java: {e}"))?;
-    Ok(child.id())
+    Ok(child)
 }
 
-fn wait_until_ready(running: &Running, started: Instant) -> Result {
+fn wait_until_ready(running: &Running, child: &mut Child, started: Instant) -> Result {
     while started.elapsed() < START_TIMEOUT {
-        if !running.is_alive() {
-            return Err(format!("the broker (pid {}) exited during start", running.pid));
+        // The child itself, not /proc/<pid>/cmdline: right after the fork
+        // that still shows this process's command line.
+        if let Ok(Some(status)) = child.try_wait() {
+            return Err(format!("the broker (pid {}) exited during start ({status})", running.pid));
         }
         if metadata_lists_a_broker(&running.bootstrap) {
             return Ok(());
