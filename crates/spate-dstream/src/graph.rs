@@ -171,7 +171,11 @@ impl GraphBuilder {
 
     /// Declares an input stream named `name` that reads from `source`.
     pub fn input<T: Data, S: InputSource<T> + 'static>(&self, name: &str, source: Arc<S>) -> DStream<T> {
-        let source: Arc<dyn InputSource<T>> = source;
+        self.input_dyn(name, source)
+    }
+
+    /// Like [`GraphBuilder::input`], for a source already behind `dyn InputSource`.
+    pub fn input_dyn<T: Data>(&self, name: &str, source: Arc<dyn InputSource<T>>) -> DStream<T> {
         let slot = Slot::new();
         let mut inner = self.inner.borrow_mut();
         let interval = inner.batch_interval;
