@@ -99,7 +99,11 @@ fn bench_recovery(c: &mut Criterion) {
     let (batches, rate) = if is_bench() { (9, 100_000) } else { (2, 1000) };
     let times = RefCell::new(Vec::new());
     let mut group = c.benchmark_group("runtime");
-    group.sampling_mode(SamplingMode::Flat).sample_size(10).warm_up_time(StdDuration::from_millis(1)).measurement_time(StdDuration::from_secs(1));
+    group
+        .sampling_mode(SamplingMode::Flat)
+        .sample_size(10)
+        .warm_up_time(StdDuration::from_millis(1))
+        .measurement_time(StdDuration::from_secs(1));
     group.bench_function("recovery", |b| {
         b.iter_custom(|iters| {
             let mut total = StdDuration::ZERO;

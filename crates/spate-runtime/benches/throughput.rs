@@ -48,10 +48,8 @@ fn peak_rss_mb() -> f64 {
 /// sustained after `warm_up` batches.
 fn steady_state_throughput(interval: Duration, run: StdDuration, warm_up: usize) -> f64 {
     let dir = tempfile::tempdir().unwrap();
-    let settings = StreamingSettings::new(interval).with_backpressure(BackpressureSettings {
-        initial_rate: Some(4_000_000.0),
-        ..BackpressureSettings::default()
-    });
+    let settings = StreamingSettings::new(interval)
+        .with_backpressure(BackpressureSettings { initial_rate: Some(4_000_000.0), ..BackpressureSettings::default() });
     let mut ctx = word_count_context(Some(dir.path()), settings, &DemoOptions::new(7)).unwrap();
     let commits = Arc::new(Commits::default());
     ctx.add_progress_listener(commits.clone());

@@ -302,7 +302,7 @@ impl StreamingContext {
         }
         if let Some(tracker) = engine.tracker.clone() {
             let clock = Arc::clone(&engine.settings.clock);
-            let initial_rate = engine.rate.current().map(|r| r.max(1.0) as u64);
+            let initial_rate = engine.rate.current().map(|r| engine.rate_share(r));
             for receiver in &mut engine.receivers {
                 let resume = self.resume.get(receiver.name()).copied().unwrap_or_default();
                 receiver.start(Arc::clone(&tracker), resume, Arc::clone(&clock))?;

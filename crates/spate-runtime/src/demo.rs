@@ -119,7 +119,6 @@ pub fn word_count_pipeline(p: &mut PipelineBuilder, options: &DemoOptions) -> Re
     let mut generator = GeneratorConfig::new(options.seed);
     generator.records_per_sec = options.rate;
     generator.total_records = options.total_records;
-    generator.flush_every = Some(64 * 1024);
     let words = p.receiver_stream("words", receiver_options, move |resume| {
         GeneratorReceiver::resuming_at(generator, resume.records_stored)
     });

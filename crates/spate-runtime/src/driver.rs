@@ -197,9 +197,12 @@ impl Engine {
             Loop { scheduler, order: CommitOrder::default(), in_flight: None, stopping: false, committed: 0, report };
         let result = self.event_loop(&mut lp, events, status);
         let graceful = matches!(result, Ok(true));
-        match &result {
-            Ok(_) => lp.scheduler.shutdown(),
-            Err(_) => lp.scheduler.abandon(),
+        // Only a graceful stop waits for running outputs; their batch is
+        // not committed otherwise, and the next start re-runs it.
+        if graceful {
+            lp.scheduler.shutdown();
+        } else {
+            lp.scheduler.abandon();
         }
         let stop_receivers = self.stop_receivers();
         if let Some(tracker) = &self.tracker
@@ -358,9 +361,11 @@ impl Engine {
         if let Some(tracker) = &self.tracker {
             tracker.allocate_blocks_to_batch(time).map_err(|e| planning(e.to_string()))?;
         }
-        let limit = self.rate.records_per_batch(self.interval());
         let replayable: Vec<String> =
             self.graph.inputs().into_iter().filter(|i| i.replayable).map(|i| i.name).collect();
+        // The rate is for the whole query: each rate-limited input gets its share.
+        let shares = (replayable.len() + self.receivers.len()).max(1) as u64;
+        let limit = self.rate.records_per_batch(self.interval()).map(|n| (n / shares).max(1));
         let limits: BTreeMap<String, u64> = match limit {
             Some(limit) => replayable.iter().map(|name| (name.clone(), limit)).collect(),
             None => BTreeMap::new(),
@@ -494,10 +499,18 @@ impl Engine {
             scheduling_delay_ms: flight.scheduling_delay_ms,
         };
         if let Some(rate) = self.rate.on_batch_completed(timing) {
+            let share = self.rate_share(rate);
             for receiver in &self.receivers {
-                receiver.set_rate_limit(Some(rate.max(1.0) as u64));
+                receiver.set_rate_limit(Some(share));
             }
         }
+    }
+
+    /// Each rate-limited input's share of the query's rate, records per second.
+    pub(crate) fn rate_share(&self, rate: f64) -> u64 {
+        let replayable = self.graph.inputs().iter().filter(|i| i.replayable).count();
+        let shares = (replayable + self.receivers.len()).max(1) as f64;
+        (rate / shares).max(1.0) as u64
     }
 
     /// The first batch a restart may need: the one after the last state
@@ -589,26 +602,27 @@ fn planned_offsets(offsets: &OffsetSeq, graph: &Graph) -> PlannedOffsets {
 }
 
 /// Records a replayable input's offsets cover, when they are in the usual
-/// shape of offset ranges (`{"from":…, "until":…}` objects anywhere inside).
+/// shape of offset ranges (`{"from":…, "until":…}` objects anywhere inside,
+/// as Kafka's `{"topic":{"0":{"from":3,"until":9}}}`).
 fn replayable_records(offsets: &OffsetSeq, graph: &Graph) -> u64 {
-    fn count(value: &Value) -> u64 {
-        match value {
-            Value::Object(map) => {
-                match (map.get("from").and_then(Value::as_u64), map.get("until").and_then(Value::as_u64)) {
-                    (Some(from), Some(until)) => until.saturating_sub(from),
-                    _ => map.values().map(count).sum(),
-                }
-            }
-            Value::Array(items) => items.iter().map(count).sum(),
-            _ => 0,
-        }
-    }
     graph
         .inputs()
         .into_iter()
         .filter(|input| input.replayable)
-        .filter_map(|input| offsets.offset_of(&input.name).flatten().map(count))
+        .filter_map(|input| offsets.offset_of(&input.name).flatten().map(range_records))
         .sum()
+}
+
+fn range_records(value: &Value) -> u64 {
+    match value {
+        Value::Object(map) => match (map.get("from").and_then(Value::as_u64), map.get("until").and_then(Value::as_u64))
+        {
+            (Some(from), Some(until)) => until.saturating_sub(from),
+            _ => map.values().map(range_records).sum(),
+        },
+        Value::Array(items) => items.iter().map(range_records).sum(),
+        _ => 0,
+    }
 }
 
 fn elapsed_ms(since: Instant) -> u64 {
@@ -637,5 +651,18 @@ pub(crate) fn run_timer(
         }
         let wake = (now + Duration::from_millis(100)).min(next);
         clock.sleep_until(wake);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn offset_ranges_count_their_records() {
+        let kafka = json!({"events": {"0": {"from": 3, "until": 9}, "1": {"from": 10, "until": 10}}, "other": {"2": {"from": 0, "until": 5}}});
+        assert_eq!(range_records(&kafka), 11);
+        assert_eq!(range_records(&json!([{"from": 1, "until": 4}, {"from": 9, "until": 2}])), 3);
+        assert_eq!(range_records(&json!({"position": 42})), 0);
     }
 }

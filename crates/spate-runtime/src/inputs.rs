@@ -183,8 +183,14 @@ impl<T: Record + Data, R: Receiver<T>> TypedReceiverInput<T, R> {
     fn read_block(&self, block: &TrackedBlock) -> Result<Vec<T>, RuntimeError> {
         match block.location() {
             BlockLocation::BlockManager(id) => {
+                // A block is read once: its batch is computed now, and a
+                // restart reads it from the WAL, so the memory is freed at once.
                 let in_memory = match &self.stores {
-                    Some(stores) => stores.blocks.get_records(id).map_err(|e| self.receiver_error(e))?,
+                    Some(stores) => {
+                        let records = stores.blocks.get_records(id).map_err(|e| self.receiver_error(e))?;
+                        stores.blocks.remove(id).map_err(|e| self.receiver_error(e))?;
+                        records
+                    }
                     None => None,
                 };
                 match (in_memory, block.info().wal_handle()) {

@@ -52,7 +52,11 @@ pub struct RecoveryReport {
 
 impl fmt::Display for RecoveryReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "resumed from checkpoint {} at batch {}", self.checkpoint_dir.display(), self.resumed_at)?;
+        if self.last_committed.is_none() && self.rerun_batch.is_none() && self.resumed_at == BatchId(0) {
+            write!(f, "started checkpoint {} at batch 0", self.checkpoint_dir.display())?;
+        } else {
+            write!(f, "resumed from checkpoint {} at batch {}", self.checkpoint_dir.display(), self.resumed_at)?;
+        }
         if let Some(rerun) = self.rerun_batch {
             write!(f, ", re-running uncommitted batch {rerun} with its logged offsets")?;
         }

@@ -440,3 +440,34 @@ fn a_failed_output_leaves_the_batch_uncommitted_for_the_next_start() {
     .unwrap();
     assert_eq!(ctx.recovery().unwrap().rerun_batch, Some(BatchId(1)));
 }
+
+#[test]
+fn logs_and_state_past_retention_are_purged() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(Time::from_millis(START));
+    let totals = TotalsLog::default();
+    let settings = settings(&clock).with_retained_batches(2).with_checkpoint_interval(Duration::from_secs(2));
+    let mut ctx = StreamingContext::get_or_create(dir.path(), settings, |p| {
+        totals_pipeline(p, &Numbers::new(2), &totals, None);
+        Ok(())
+    })
+    .unwrap();
+    ctx.start().unwrap();
+    for batch in 0..6 {
+        tick(&clock, &ctx, batch);
+    }
+    stop(ctx);
+    let ids = |sub: &str| {
+        let mut ids: Vec<u64> = std::fs::read_dir(dir.path().join(sub))
+            .unwrap()
+            .filter_map(|e| e.unwrap().file_name().into_string().ok()?.parse().ok())
+            .collect();
+        ids.sort_unstable();
+        ids
+    };
+    // Snapshots after batches 1, 3 and 5 (even batch times); only the last is kept,
+    // and the logs keep the last two batches (nothing after the snapshot is needed).
+    assert_eq!(ids("state/totals"), vec![5]);
+    assert_eq!(ids("offsets"), vec![4, 5]);
+    assert_eq!(ids("commits"), vec![4, 5]);
+}
