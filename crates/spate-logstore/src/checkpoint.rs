@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use spate_core::{BatchId, Clock, SystemClock, Time};
 use tracing::{debug, info, warn};
 
-use crate::entries::{CommitLog, OffsetLog};
+use crate::entries::{CommitLog, CommitMetadata, OffsetLog};
 use crate::error::{LogStoreError, Result};
 use crate::file_manager::{CheckpointFileManager, LocalFileManager, parent_of};
 use crate::lock::{LOCK_FILE, LockHolder, WriterLock};
@@ -261,6 +261,14 @@ impl Checkpoint {
         apply_repair(self.options.files.as_ref(), plan)
     }
 
+    /// Records that `batch` finished (after all its outputs), then purges
+    /// batches beyond the retention. False when `commits/<batch>` already existed.
+    pub fn commit_batch(&self, batch: BatchId, commit: &CommitMetadata) -> Result<bool> {
+        let added = self.commits.add(batch, commit)?;
+        self.purge_old_batches()?;
+        Ok(added)
+    }
+
     /// Deletes offsets and commits older than the newest `retain_batches`
     /// committed batches; returns the threshold (ids below it are gone), if any.
     pub fn purge_old_batches(&self) -> Result<Option<BatchId>> {
@@ -337,7 +345,7 @@ impl Checkpoint {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::entries::{CommitMetadata, OffsetSeq};
+    use crate::entries::OffsetSeq;
     use spate_core::ManualClock;
     use std::os::unix::fs::PermissionsExt;
 
@@ -385,10 +393,13 @@ mod tests {
         let root = tempfile::tempdir().unwrap();
         let ck = Checkpoint::open_for_write(root.path(), options().retain_batches(3)).unwrap();
         assert_eq!(ck.purge_old_batches().unwrap(), None);
-        for id in 0..10 {
+        for id in 0..9 {
             ck.offsets().add(BatchId(id), &OffsetSeq::default()).unwrap();
             ck.commits().add(BatchId(id), &CommitMetadata::default()).unwrap();
         }
+        ck.offsets().add(BatchId(9), &OffsetSeq::default()).unwrap();
+        assert!(ck.commit_batch(BatchId(9), &CommitMetadata::default()).unwrap());
+        assert_eq!(ck.commits().ids().unwrap(), (7..=9).map(BatchId).collect::<Vec<_>>());
         ck.offsets().add(BatchId(10), &OffsetSeq::default()).unwrap();
         assert_eq!(ck.purge_old_batches().unwrap(), Some(BatchId(7)));
         assert_eq!(ck.offsets().ids().unwrap(), (7..=10).map(BatchId).collect::<Vec<_>>());
@@ -408,6 +419,14 @@ mod tests {
         assert!(matches!(reader.offsets().add(BatchId(0), &OffsetSeq::default()), Err(LogStoreError::ReadOnly { .. })));
         assert!(matches!(reader.replace_file("graph", b"g"), Err(LogStoreError::ReadOnly { .. })));
         assert_eq!(reader.verdict().unwrap(), Verdict::Fresh);
+    }
+
+    #[test]
+    fn handles_can_be_shared_between_threads() {
+        fn shareable<T: Send + Sync>() {}
+        shareable::<Checkpoint>();
+        shareable::<OffsetLog>();
+        shareable::<CommitLog>();
     }
 
     #[test]
