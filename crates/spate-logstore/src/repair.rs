@@ -173,13 +173,13 @@ impl fmt::Display for RepairPlan {
             let span = if first == last { format!("Batch {first}") } else { format!("Batches {first} to {last}") };
             writeln!(
                 f,
-                "{span} ran before and will run again, with offsets planned anew where theirs were moved; \
-                 their output may be written twice unless the sink is idempotent or transactional."
+                "{span} ran before and will run again (offsets planned anew where theirs were moved); \
+                 the output of these batches may be written twice unless the sink is idempotent or transactional."
             )?;
         }
         if !self.recommitted.is_empty() {
             let ids: Vec<String> = self.recommitted.iter().map(BatchId::to_string).collect();
-            writeln!(f, "Already committed, so their output is certainly written again: {}.", ids.join(", "))?;
+            writeln!(f, "Committed before, so their output was complete and is written again: {}.", ids.join(", "))?;
         }
         if self.after == RecoveryPoint::Fresh {
             writeln!(f, "Warning: the next run starts from the sources' initial positions.")?;
