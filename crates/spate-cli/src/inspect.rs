@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 use spate_core::{BatchId, Time};
 use spate_logstore::{
     COMMITS_DIR, Checkpoint, CheckpointOptions, LOCK_FILE, LockHolder, METADATA_FILE, OFFSETS_DIR, OffsetSeq, Verdict,
-    read_lock_holder,
+    parse_batch_file_name, read_lock_holder,
 };
 
 use crate::error::CliError;
@@ -47,6 +47,8 @@ pub(crate) struct PartSize {
     pub(crate) present: bool,
     pub(crate) files: u64,
     pub(crate) bytes: u64,
+    /// The batch ids named by the part's top-level files (for `offsets/` and `commits/`), ascending.
+    pub(crate) batch_ids: Vec<BatchId>,
 }
 
 /// What `inspect` found.
@@ -72,18 +74,20 @@ pub(crate) fn inspect(dir: &Path) -> Result<Inspection, CliError> {
     let fail = |e| CliError::checkpoint("cannot inspect checkpoint", dir, e);
     let checkpoint = Checkpoint::open_read_only(dir, CheckpointOptions::new()).map_err(fail)?;
     let verdict = checkpoint.verdict().map_err(fail)?;
-    let offsets_ids = checkpoint.offsets().ids().map_err(fail)?;
-    let commits_ids = checkpoint.commits().ids().map_err(fail)?;
     let (last_batch, last_batch_error) = match last_offsets(&checkpoint, &verdict) {
         Ok(last) => (last, None),
         Err(e) => (None, Some(e.to_string())),
     };
     let committed = committed_offsets(&checkpoint, &verdict);
+    // One listing gives both the sizes and the ids of the two logs.
     let mut part_names: Vec<&str> = PARTS.to_vec();
     let format = detect_format(dir);
     if format == Format::Spark {
         part_names.push(SPARK_SOURCES_DIR);
     }
+    let parts: Vec<PartSize> = part_names.into_iter().map(|name| part_size(dir, name)).collect();
+    let ids_of = |name: &str| parts.iter().find(|p| p.name == name).map(|p| p.batch_ids.clone()).unwrap_or_default();
+    let (offsets_ids, commits_ids) = (ids_of(OFFSETS_DIR), ids_of(COMMITS_DIR));
     Ok(Inspection {
         dir: dir.to_path_buf(),
         format,
@@ -96,7 +100,7 @@ pub(crate) fn inspect(dir: &Path) -> Result<Inspection, CliError> {
         last_batch_error,
         committed,
         lock: lock_state(dir),
-        parts: part_names.into_iter().map(|name| part_size(dir, name)).collect(),
+        parts,
     })
 }
 
@@ -147,19 +151,23 @@ pub(crate) fn lock_state(dir: &Path) -> LockState {
 fn part_size(dir: &Path, name: &str) -> PartSize {
     let path = dir.join(name);
     let mut size = PartSize { name: name.to_string(), present: path.is_dir(), ..PartSize::default() };
-    let mut pending = vec![path];
-    while let Some(next) = pending.pop() {
+    let mut pending = vec![(path, true)];
+    while let Some((next, top_level)) = pending.pop() {
         let Ok(entries) = std::fs::read_dir(&next) else { continue };
         for entry in entries.flatten() {
             let Ok(meta) = entry.metadata() else { continue };
             if meta.is_dir() {
-                pending.push(entry.path());
-            } else {
-                size.files += 1;
-                size.bytes += meta.len();
+                pending.push((entry.path(), false));
+                continue;
+            }
+            size.files += 1;
+            size.bytes += meta.len();
+            if top_level && let Some(id) = entry.file_name().to_str().and_then(parse_batch_file_name) {
+                size.batch_ids.push(id);
             }
         }
     }
+    size.batch_ids.sort_unstable();
     size
 }
 
