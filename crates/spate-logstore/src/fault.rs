@@ -147,6 +147,11 @@ impl CheckpointFileManager for FaultyFileManager {
         file_manager::mkdirs(dir)
     }
 
+    fn list_batch_ids(&self, dir: &Path) -> Result<Vec<spate_core::BatchId>> {
+        self.alive()?;
+        file_manager::list_batch_ids(dir)
+    }
+
     fn clean_temp_files(&self, dir: &Path) -> Result<usize> {
         self.alive()?;
         file_manager::clean_temp_files(dir)

@@ -10,14 +10,17 @@
 
 use std::fs::{self, DirBuilder, File, OpenOptions};
 use std::io::{self, Read, Write};
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use spate_core::BatchId;
 use tracing::{debug, warn};
 
 use crate::error::{LogStoreError, Result};
 use crate::fault::FaultPoint;
+use crate::log::parse_batch_file_name;
 
 /// Permission bits of every directory spate creates: owner only, since
 /// offsets and state can hold private data.
@@ -57,6 +60,12 @@ pub trait CheckpointFileManager: Send + Sync + std::fmt::Debug {
 
     /// Creates `dir` and its missing parents, owner-only.
     fn mkdirs(&self, dir: &Path) -> Result<()>;
+
+    /// The batch ids that the entries of `dir` name (canonical decimal names,
+    /// see [`crate::parse_batch_file_name`]), unsorted. A missing directory has none.
+    fn list_batch_ids(&self, dir: &Path) -> Result<Vec<BatchId>> {
+        Ok(self.list(dir)?.iter().filter_map(|name| parse_batch_file_name(name)).collect())
+    }
 
     /// Removes the temp files a crash left in `dir`; returns how many.
     /// Only the writer holding the checkpoint lock may call this, since a
@@ -101,6 +110,10 @@ impl CheckpointFileManager for LocalFileManager {
         mkdirs(dir)
     }
 
+    fn list_batch_ids(&self, dir: &Path) -> Result<Vec<BatchId>> {
+        list_batch_ids(dir)
+    }
+
     fn clean_temp_files(&self, dir: &Path) -> Result<usize> {
         clean_temp_files(dir)
     }
@@ -129,6 +142,25 @@ pub(crate) fn list_dir(dir: &Path) -> Result<Vec<String>> {
         }
     }
     Ok(names)
+}
+
+/// Lists a log directory straight into ids, without making strings of the
+/// names: `inspect` on a long log is mostly this loop.
+pub(crate) fn list_batch_ids(dir: &Path) -> Result<Vec<BatchId>> {
+    let entries = match fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(LogStoreError::io("list", dir, e)),
+    };
+    let mut ids = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(|e| LogStoreError::io("list", dir, e))?;
+        let name = entry.file_name();
+        if let Some(id) = std::str::from_utf8(name.as_bytes()).ok().and_then(parse_batch_file_name) {
+            ids.push(id);
+        }
+    }
+    Ok(ids)
 }
 
 pub(crate) fn read_bounded(path: &Path, max_len: u64) -> Result<Option<Vec<u8>>> {

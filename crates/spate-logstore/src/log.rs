@@ -256,8 +256,7 @@ impl<T: LogEntry> MetadataLog<T> {
 
     /// The ids present, in numeric order (9 < 10 < 100). Lists the directory; reads no file.
     pub fn ids(&self) -> Result<Vec<BatchId>> {
-        let mut ids: Vec<BatchId> =
-            self.files.list(&self.dir)?.iter().filter_map(|name| parse_batch_file_name(name)).collect();
+        let mut ids = self.files.list_batch_ids(&self.dir)?;
         ids.sort_unstable();
         Ok(ids)
     }
