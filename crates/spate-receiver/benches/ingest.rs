@@ -3,6 +3,11 @@
 //! block), for 10-byte records, against the raw sequential write bandwidth
 //! of the same disk measured in the same run.
 //!
+//! Records are 10-byte words, as [`SmallWord`]s (kept inline: no heap
+//! allocation per record) for the targets, and as `String`s for reference
+//! (one allocation and one free per record, which glibc's malloc makes the
+//! largest cost of the whole path).
+//!
 //! Prints `BENCH` lines: records/s with the WAL off (bound: the 20 M/s
 //! target), with the WAL on (bound: the lower of the WAL-off rate and what
 //! the measured disk bandwidth allows for the bytes written per record),
@@ -19,8 +24,8 @@ use criterion::{Criterion, SamplingMode, criterion_group, criterion_main};
 use spate_core::{Duration, StreamId, SystemClock};
 use spate_receiver::{
     BlockManager, BlockManagerBasedBlockHandler, BlockManagerConfig, FnSink, GeneratorConfig, GeneratorReceiver,
-    ReceivedBlockHandler, ReceiverState, ReceiverSupervisor, StorageLevel, SupervisorConfig, WalHandlerConfig,
-    WordGenerator, WriteAheadLogBasedBlockHandler, encode_block, open_receiver_wal,
+    ReceivedBlockHandler, ReceiverState, ReceiverSupervisor, SmallWord, StorageLevel, SupervisorConfig,
+    WalHandlerConfig, WordGenerator, WordRecord, WriteAheadLogBasedBlockHandler, encode_block, open_receiver_wal,
 };
 use spate_wal::WalOptions;
 
@@ -50,7 +55,7 @@ fn ten_byte_generator() -> WordGenerator {
 
 /// Runs the generator for `n` records into `handler`; returns the elapsed
 /// seconds until the last block was stored (durably, with the WAL on).
-fn ingest(n: u64, handler: Arc<dyn ReceivedBlockHandler<String>>, blocks: Arc<BlockManager<String>>) -> f64 {
+fn ingest<W: WordRecord>(n: u64, handler: Arc<dyn ReceivedBlockHandler<W>>, blocks: Arc<BlockManager<W>>) -> f64 {
     let mut generator = GeneratorConfig::new(42);
     generator.generator = ten_byte_generator();
     generator.total_records = Some(n);
@@ -65,7 +70,7 @@ fn ingest(n: u64, handler: Arc<dyn ReceivedBlockHandler<String>>, blocks: Arc<Bl
     });
     let started = Instant::now();
     let supervisor = ReceiverSupervisor::start(
-        GeneratorReceiver::new(generator),
+        GeneratorReceiver::<W>::new(generator),
         config,
         handler,
         Arc::new(sink),
@@ -79,18 +84,18 @@ fn ingest(n: u64, handler: Arc<dyn ReceivedBlockHandler<String>>, blocks: Arc<Bl
     elapsed
 }
 
-fn block_manager() -> Arc<BlockManager<String>> {
+fn block_manager<W: WordRecord>() -> Arc<BlockManager<W>> {
     Arc::new(BlockManager::open(BlockManagerConfig::in_memory(4 << 30), Arc::new(SystemClock)).unwrap())
 }
 
-fn wal_off(n: u64) -> f64 {
+fn wal_off<W: WordRecord>(n: u64) -> f64 {
     let blocks = block_manager();
     let handler =
         Arc::new(BlockManagerBasedBlockHandler::new(Arc::clone(&blocks), StorageLevel::MEMORY_AND_DISK_SER_2));
-    ingest(n, handler, blocks)
+    ingest::<W>(n, handler, blocks)
 }
 
-fn wal_on(n: u64) -> f64 {
+fn wal_on<W: WordRecord>(n: u64) -> f64 {
     let dir = bench_dir();
     let blocks = block_manager();
     let wal = open_receiver_wal(dir.path(), STREAM, WalOptions::default()).unwrap();
@@ -103,7 +108,7 @@ fn wal_on(n: u64) -> f64 {
         Arc::new(SystemClock),
     )
     .unwrap();
-    ingest(n, Arc::new(handler), blocks)
+    ingest::<W>(n, Arc::new(handler), blocks)
 }
 
 /// Sequential write bandwidth in bytes/s: 1 MiB writes, one fdatasync at the end.
@@ -135,6 +140,9 @@ fn bytes_per_record() -> f64 {
     encode_block(&records).unwrap().len() as f64 / records.len() as f64
 }
 
+/// One ingest run of `n` records, returning its seconds.
+type IngestRun = fn(u64) -> f64;
+
 fn median(mut xs: Vec<f64>) -> f64 {
     xs.sort_by(f64::total_cmp);
     xs.get(xs.len() / 2).copied().unwrap_or(0.0)
@@ -142,12 +150,18 @@ fn median(mut xs: Vec<f64>) -> f64 {
 
 fn bench_ingest(c: &mut Criterion) {
     let n = records_per_iteration();
-    let rates: Arc<Mutex<[Vec<f64>; 2]>> = Arc::default();
+    let rates: Arc<Mutex<[Vec<f64>; 4]>> = Arc::default();
     let mut group = c.benchmark_group("ingest");
     group.sampling_mode(SamplingMode::Flat).sample_size(10).warm_up_time(std::time::Duration::from_millis(500));
     group.measurement_time(std::time::Duration::from_secs(if full_run() { 8 } else { 1 }));
     group.throughput(criterion::Throughput::Elements(n));
-    for (slot, name, run) in [(0, "wal_off", wal_off as fn(u64) -> f64), (1, "wal_on", wal_on)] {
+    let runs: [(usize, &str, IngestRun); 4] = [
+        (0, "wal_off", wal_off::<SmallWord>),
+        (1, "wal_on", wal_on::<SmallWord>),
+        (2, "wal_off_string", wal_off::<String>),
+        (3, "wal_on_string", wal_on::<String>),
+    ];
+    for (slot, name, run) in runs {
         let rates = Arc::clone(&rates);
         group.bench_function(name, move |b| {
             b.iter_custom(|iters| {
@@ -163,8 +177,8 @@ fn bench_ingest(c: &mut Criterion) {
     }
     group.finish();
 
-    let [off, on] = std::mem::take(&mut *rates.lock().unwrap());
-    let (off, on) = (median(off), median(on));
+    let [off, on, off_string, on_string] = std::mem::take(&mut *rates.lock().unwrap());
+    let (off, on, off_string, on_string) = (median(off), median(on), median(off_string), median(on_string));
     let bandwidth = disk_bandwidth();
     let per_record = bytes_per_record();
     let disk_records = bandwidth / per_record;
@@ -178,6 +192,15 @@ fn bench_ingest(c: &mut Criterion) {
         off / WAL_OFF_TARGET
     );
     println!("BENCH receiver_ingest_wal_on {on:.0} records/s bound={on_bound:.0} ratio={:.2}", on / on_bound);
+    let on_string_bound = off_string.min(disk_records);
+    println!(
+        "BENCH receiver_ingest_wal_off_string {off_string:.0} records/s bound={WAL_OFF_TARGET:.0} ratio={:.2}",
+        off_string / WAL_OFF_TARGET
+    );
+    println!(
+        "BENCH receiver_ingest_wal_on_string {on_string:.0} records/s bound={on_string_bound:.0} ratio={:.2}",
+        on_string / on_string_bound
+    );
 }
 
 criterion_group!(benches, bench_ingest);

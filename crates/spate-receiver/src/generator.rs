@@ -6,10 +6,16 @@
 //! (scaled to the vocabulary), so any stretch of the sequence can be
 //! recomputed on its own with [`WordGenerator::words`].
 
+use std::fmt;
+use std::marker::PhantomData;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use async_trait::async_trait;
+use serde::de::{self, Visitor};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use crate::block::Record;
 
 use crate::error::ReceiverError;
 use crate::rate_limiter::RateLimiter;
@@ -72,10 +78,10 @@ impl WordGenerator {
         self.vocabulary.get(slot).map_or("", String::as_str)
     }
 
-    /// Appends words `start..start + count` to `out`.
-    pub fn fill(&self, start: u64, count: usize, out: &mut Vec<String>) {
+    /// Appends words `start..start + count` to `out`, as records of type `W`.
+    pub fn fill<W: WordRecord>(&self, start: u64, count: usize, out: &mut Vec<W>) {
         out.reserve(count);
-        out.extend((start..start + count as u64).map(|i| self.word_at(i).to_string()));
+        out.extend((start..start + count as u64).map(|i| W::from_word(self.word_at(i))));
     }
 
     /// Words `start..start + count`: the reference input of tests.
@@ -83,6 +89,92 @@ impl WordGenerator {
         let mut out = Vec::with_capacity(count);
         self.fill(start, count, &mut out);
         out
+    }
+}
+
+/// A record type the generator can produce from a word.
+pub trait WordRecord: Record {
+    /// The record for `word`.
+    fn from_word(word: &str) -> Self;
+}
+
+impl WordRecord for String {
+    fn from_word(word: &str) -> Self {
+        word.to_string()
+    }
+}
+
+/// A short string kept inline (up to [`SmallWord::CAPACITY`] bytes): a word
+/// record without a heap allocation, for sources whose records are small.
+///
+/// It serializes exactly as a `String` does, so blocks of `SmallWord`s
+/// decode as blocks of `String`s and the other way round.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct SmallWord {
+    len: u8,
+    bytes: [u8; SmallWord::CAPACITY],
+}
+
+impl SmallWord {
+    /// The most bytes a `SmallWord` holds.
+    pub const CAPACITY: usize = 23;
+
+    /// The word, or `None` when it is longer than [`SmallWord::CAPACITY`] bytes.
+    pub fn new(word: &str) -> Option<Self> {
+        let mut bytes = [0u8; Self::CAPACITY];
+        bytes.get_mut(..word.len())?.copy_from_slice(word.as_bytes());
+        Some(SmallWord { len: word.len() as u8, bytes })
+    }
+
+    /// The word.
+    pub fn as_str(&self) -> &str {
+        // Built only from a `&str` (whole, or cut at a char boundary), so it is UTF-8.
+        std::str::from_utf8(self.bytes.get(..usize::from(self.len)).unwrap_or_default()).unwrap_or_default()
+    }
+}
+
+impl WordRecord for SmallWord {
+    /// The word, cut at a character boundary when it is longer than the capacity.
+    fn from_word(word: &str) -> Self {
+        let mut end = word.len().min(Self::CAPACITY);
+        while !word.is_char_boundary(end) {
+            end -= 1;
+        }
+        SmallWord::new(word.get(..end).unwrap_or_default()).unwrap_or(SmallWord { len: 0, bytes: [0; Self::CAPACITY] })
+    }
+}
+
+impl fmt::Debug for SmallWord {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self.as_str(), f)
+    }
+}
+
+impl fmt::Display for SmallWord {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl Serialize for SmallWord {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.as_str())
+    }
+}
+
+impl<'de> Deserialize<'de> for SmallWord {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct SmallWordVisitor;
+        impl Visitor<'_> for SmallWordVisitor {
+            type Value = SmallWord;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                write!(f, "a string of at most {} bytes", SmallWord::CAPACITY)
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<SmallWord, E> {
+                SmallWord::new(v).ok_or_else(|| E::invalid_length(v.len(), &self))
+            }
+        }
+        deserializer.deserialize_str(SmallWordVisitor)
     }
 }
 
@@ -137,15 +229,17 @@ impl GeneratorProgress {
     }
 }
 
-/// Produces the words of a [`WordGenerator`] at a rate; a reliable receiver:
-/// its acknowledged position only moves after a flush returned.
+/// Produces the words of a [`WordGenerator`] at a rate, as records of type
+/// `W` (`String` by default, or [`SmallWord`]); a reliable receiver: its
+/// acknowledged position only moves after a flush returned.
 #[derive(Debug)]
-pub struct GeneratorReceiver {
+pub struct GeneratorReceiver<W = String> {
     config: GeneratorConfig,
     progress: Arc<GeneratorProgress>,
+    record: PhantomData<fn() -> W>,
 }
 
-impl GeneratorReceiver {
+impl<W: WordRecord> GeneratorReceiver<W> {
     /// A receiver starting at word 0.
     pub fn new(config: GeneratorConfig) -> Self {
         Self::resuming_at(config, 0)
@@ -154,7 +248,7 @@ impl GeneratorReceiver {
     /// A receiver starting at word `start` (an acknowledged position).
     pub fn resuming_at(config: GeneratorConfig, start: u64) -> Self {
         let progress = GeneratorProgress { produced: AtomicU64::new(start), acknowledged: AtomicU64::new(start) };
-        GeneratorReceiver { config, progress: Arc::new(progress) }
+        GeneratorReceiver { config, progress: Arc::new(progress), record: PhantomData }
     }
 
     /// Its progress, to read while it runs.
@@ -162,7 +256,7 @@ impl GeneratorReceiver {
         Arc::clone(&self.progress)
     }
 
-    fn acknowledge(&self, ctx: &ReceiverContext<String>) -> Result<(), ReceiverError> {
+    fn acknowledge(&self, ctx: &ReceiverContext<W>) -> Result<(), ReceiverError> {
         ctx.flush()?;
         self.progress.acknowledged.store(self.progress.produced(), Ordering::Release);
         Ok(())
@@ -170,7 +264,7 @@ impl GeneratorReceiver {
 }
 
 #[async_trait]
-impl Receiver<String> for GeneratorReceiver {
+impl<W: WordRecord> Receiver<W> for GeneratorReceiver<W> {
     fn name(&self) -> String {
         format!("generator(seed={})", self.config.generator.seed())
     }
@@ -179,7 +273,7 @@ impl Receiver<String> for GeneratorReceiver {
         self.config.storage_level
     }
 
-    async fn run(&mut self, ctx: ReceiverContext<String>) -> Result<(), ReceiverError> {
+    async fn run(&mut self, ctx: ReceiverContext<W>) -> Result<(), ReceiverError> {
         let limiter = self.config.records_per_sec.map(|rate| RateLimiter::new(ctx.clock(), Some(rate)));
         let batch_size = self.config.batch_size.max(1) as u64;
         let mut unflushed = 0u64;
@@ -236,6 +330,22 @@ mod tests {
         assert!(WordGenerator::with_vocabulary(1, Vec::new()).is_err());
         let one = WordGenerator::with_vocabulary(1, vec!["only".into()]).unwrap();
         assert_eq!(one.words(0, 3), vec!["only", "only", "only"]);
+    }
+
+    #[test]
+    fn small_words_serialize_as_strings() {
+        let words = WordGenerator::new(3).words(0, 100);
+        let mut small: Vec<SmallWord> = Vec::new();
+        WordGenerator::new(3).fill(0, 100, &mut small);
+        let bytes = crate::block::encode_block(&small).unwrap();
+        assert_eq!(bytes, crate::block::encode_block(&words).unwrap());
+        assert_eq!(crate::block::decode_block::<SmallWord>(&bytes).unwrap(), small);
+        assert_eq!(small[7].as_str(), words[7]);
+        let long = "é".repeat(20);
+        assert!(SmallWord::new(&long).is_none());
+        assert_eq!(SmallWord::from_word(&long).as_str(), "é".repeat(11));
+        let too_long = crate::block::encode_block(&[long]).unwrap();
+        assert!(crate::block::decode_block::<SmallWord>(&too_long).is_err());
     }
 
     #[test]

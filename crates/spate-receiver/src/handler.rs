@@ -243,16 +243,20 @@ impl<T: Record> ReceivedBlockHandler<T> for WriteAheadLogBasedBlockHandler<T> {
     fn store_block(&self, block_id: StreamBlockId, block: ReceivedBlock<T>) -> Result<BlockStoreResult, ReceiverError> {
         let codec_err = |source| ReceiverError::Codec { block_id: Some(block_id), source };
         // Serialized once; the same bytes go to both stores.
-        let (bytes, num_records) = match block {
-            ReceivedBlock::Records(records) => (encode_block(&records).map_err(codec_err)?, records.len() as u64),
+        let (bytes, num_records, records) = match block {
+            ReceivedBlock::Records(records) => {
+                (encode_block(&records).map_err(codec_err)?, records.len() as u64, Some(records))
+            }
             ReceivedBlock::Serialized(bytes) => {
                 let n = count_block_records(&bytes).map_err(codec_err)?;
-                (bytes, n)
+                (bytes, n, None)
             }
         };
         let bytes = Arc::new(bytes);
         let reply = self.submit(block_id, Arc::clone(&bytes))?;
         let put = self.block_manager.put(block_id, BlockData::Bytes(bytes), self.level);
+        // Freeing the records overlaps with the WAL's write and sync.
+        drop(records);
         let written = self.await_wal(block_id, &reply);
         match (put, written) {
             (Ok(_), Ok(handle)) => {

@@ -79,7 +79,9 @@ pub use block::{
 pub use block_generator::{BlockGenerator, BlockGeneratorConfig, BlockGeneratorListener};
 pub use block_manager::{BlockLocation, BlockManager, BlockManagerConfig};
 pub use error::{BoxError, ReceiverError};
-pub use generator::{GeneratorConfig, GeneratorProgress, GeneratorReceiver, VOCABULARY, WordGenerator, splitmix64};
+pub use generator::{
+    GeneratorConfig, GeneratorProgress, GeneratorReceiver, SmallWord, VOCABULARY, WordGenerator, WordRecord, splitmix64,
+};
 pub use handler::{
     BlockManagerBasedBlockHandler, ReceivedBlockHandler, WalHandlerConfig, WriteAheadLogBasedBlockHandler,
     open_receiver_wal, read_block_from_wal, receiver_wal_dir,

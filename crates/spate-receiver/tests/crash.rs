@@ -40,7 +40,8 @@ fn main() {
 /// for every block after it is durable.
 fn child(checkpoint: &Path) {
     let clock = Arc::new(SystemClock);
-    let blocks = Arc::new(BlockManager::open(BlockManagerConfig::in_memory(512 << 20), clock.clone()).unwrap());
+    let blocks =
+        Arc::new(BlockManager::<String>::open(BlockManagerConfig::in_memory(512 << 20), clock.clone()).unwrap());
     let wal = open_receiver_wal(checkpoint, STREAM, WalOptions::default()).unwrap();
     let handler = WriteAheadLogBasedBlockHandler::new(
         blocks,
