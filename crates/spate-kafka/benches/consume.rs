@@ -1,5 +1,7 @@
 //! Direct-stream consumption from the local broker against a bare rdkafka
-//! consumer reading the same topic in the same run.
+//! consumer reading the same topic in the same run (the bound), and against
+//! bare consumers reading one partition each in parallel, as the direct
+//! stream does (the stricter bound: what the stream itself costs).
 //!
 //! Needs the broker (`cargo xtask kafka start`, then
 //! `SPATE_KAFKA_BROKERS=… cargo bench -p spate-kafka`); without it, it
@@ -57,7 +59,9 @@ fn setup(brokers: &str, records: u64) -> String {
 fn bare_read(consumer: &BaseConsumer, topic: &str, records: u64) -> u64 {
     let mut list = TopicPartitionList::new();
     for p in 0..PARTITIONS {
-        list.add_partition_offset(topic, p, Offset::Beginning).unwrap();
+        // An explicit offset (the topic starts at 0), as the direct stream
+        // seeks: `Beginning` would cost a ListOffsets round trip per run.
+        list.add_partition_offset(topic, p, Offset::Offset(0)).unwrap();
     }
     consumer.assign(&list).unwrap();
     let (mut count, mut bytes) = (0u64, 0usize);
@@ -74,6 +78,38 @@ fn bare_read(consumer: &BaseConsumer, topic: &str, records: u64) -> u64 {
     }
     assert_eq!(bytes, count as usize * VALUE_BYTES);
     count
+}
+
+/// A stricter bound: one bare consumer per partition, in parallel, as the
+/// direct stream reads (without its pool, planning or record type).
+fn bare_parallel_read(consumers: &[BaseConsumer], topic: &str, per_partition: &[u64]) -> u64 {
+    std::thread::scope(|s| {
+        let tasks: Vec<_> = consumers
+            .iter()
+            .zip(per_partition)
+            .enumerate()
+            .map(|(p, (consumer, count))| {
+                s.spawn(move || {
+                    let mut list = TopicPartitionList::new();
+                    list.add_partition_offset(topic, p as i32, Offset::Offset(0)).unwrap();
+                    consumer.assign(&list).unwrap();
+                    let mut read = 0u64;
+                    while read < *count {
+                        match consumer.poll(Duration::from_secs(10)) {
+                            Some(Ok(m)) => {
+                                std::hint::black_box(m.payload().map(<[u8]>::to_vec));
+                                read += 1;
+                            }
+                            Some(Err(e)) => panic!("bare consumer: {e}"),
+                            None => panic!("bare consumer: timed out after {read} records"),
+                        }
+                    }
+                    read
+                })
+            })
+            .collect();
+        tasks.into_iter().map(|t| t.join().unwrap()).sum()
+    })
 }
 
 fn direct_read(stream: &DirectKafkaStream, ranges: &OffsetRanges) -> u64 {
@@ -103,12 +139,21 @@ fn main() {
     let stream = DirectKafkaStream::new(config).unwrap();
     let ranges = stream.plan_batch(Time::from_millis(1_000), None).unwrap();
     assert_eq!(ranges.count(), records);
-    let bare: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", &brokers)
-        .set("group.id", "bench-bare")
-        .set("enable.auto.commit", "false")
-        .create()
-        .unwrap();
+    // The same librdkafka settings the direct stream's consumers use.
+    let make_bare = || -> BaseConsumer {
+        ClientConfig::new()
+            .set("bootstrap.servers", &brokers)
+            .set("group.id", "bench-bare")
+            .set("enable.auto.commit", "false")
+            .set("enable.auto.offset.store", "false")
+            .set("enable.partition.eof", "false")
+            .set("fetch.wait.max.ms", "100")
+            .create()
+            .unwrap()
+    };
+    let bare = make_bare();
+    let bare_per_partition: Vec<BaseConsumer> = (0..PARTITIONS).map(|_| make_bare()).collect();
+    let per_partition: Vec<u64> = ranges.ranges().iter().map(|r| r.count()).collect();
 
     let mut criterion = Criterion::default()
         .configure_from_args()
@@ -118,24 +163,35 @@ fn main() {
     let mut group = criterion.benchmark_group("kafka_consume");
     group.throughput(Throughput::Elements(records));
     group.bench_function("bare_rdkafka_consumer", |b| b.iter(|| bare_read(&bare, &topic, records)));
+    group.bench_function("bare_consumer_per_partition", |b| {
+        b.iter(|| bare_parallel_read(&bare_per_partition, &topic, &per_partition))
+    });
     group.bench_function("direct_stream", |b| b.iter(|| direct_read(&stream, &ranges)));
     group.finish();
 
     // The BENCH figures: alternate runs of both in the same process, medians.
     let runs = if full { 7 } else { 1 };
-    let (mut bare_rates, mut direct_rates) = (Vec::new(), Vec::new());
+    let (mut bare_rates, mut parallel_rates, mut direct_rates) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..runs {
         let started = Instant::now();
         let n = bare_read(&bare, &topic, records);
         bare_rates.push(rate(n, started.elapsed()));
         let started = Instant::now();
+        let n = bare_parallel_read(&bare_per_partition, &topic, &per_partition);
+        parallel_rates.push(rate(n, started.elapsed()));
+        let started = Instant::now();
         let n = direct_read(&stream, &ranges);
         direct_rates.push(rate(n, started.elapsed()));
     }
     let (bare_rate, direct_rate) = (median(bare_rates), median(direct_rates));
+    let parallel_rate = median(parallel_rates);
     println!(
         "BENCH kafka_direct_stream_consume {direct_rate:.0} records/s bound={bare_rate:.0} ratio={:.2}",
         direct_rate / bare_rate
+    );
+    println!(
+        "BENCH kafka_direct_stream_consume_vs_per_partition {direct_rate:.0} records/s bound={parallel_rate:.0} ratio={:.2}",
+        direct_rate / parallel_rate
     );
     criterion.final_summary();
 }
