@@ -4,12 +4,15 @@
 //! It features:
 //!
 //! - `spate demo [--checkpoint DIR] [--rate N] [--seconds S]`: the word-count
-//!   job without a broker (generated words, 1 s batches, 30 s windows sliding
-//!   every 2 s, top words per window, one progress line a batch, an
-//!   exactly-once file sink). Stopped and started again, it resumes from its
+//!   job without a broker, on spate-runtime's demo pipeline (the generator
+//!   receiver with its write-ahead log, 1 s batches, 30 s windows sliding
+//!   every 2 s, top words per window, one progress line a batch, exactly-once
+//!   output files). Stopped and started again, it resumes from its
 //!   checkpoint and says which batch it re-ran;
 //! - `spate run --kafka BROKERS --topic T --output-topic T2 [--exactly-once]`:
-//!   the same pipeline on Kafka;
+//!   the same word count on a Kafka topic (spate-kafka's direct stream),
+//!   each window's top words written to a topic, in a Kafka transaction with
+//!   the batch's consumed offsets when `--exactly-once` is given;
 //! - `spate checkpoint inspect DIR [--json]`: logs, verdict, last offsets,
 //!   lock holder and sizes, also of a Spark Structured Streaming checkpoint;
 //! - `spate checkpoint repair DIR [--apply]`: the repair plan, applied under
