@@ -142,6 +142,8 @@ fn runtime_exit_code(error: &spate_runtime::RuntimeError) -> ExitCode {
     use spate_runtime::RuntimeError as E;
     match error {
         E::Locked { .. } => ExitCode::Locked,
+        // The runtime passes the log store's refusal on as text; its wording is the log store's.
+        E::Checkpoint { message, .. } if message.contains(" is inconsistent: ") => ExitCode::Refused,
         E::IncompatibleGraph { .. } => ExitCode::Refused,
         E::InvalidSetting { .. } => ExitCode::Usage,
         _ => ExitCode::Runtime,
@@ -187,6 +189,10 @@ mod tests {
         let error = CliError::Runtime { action: "cannot run", dir: PathBuf::from("/ck"), source: locked };
         assert_eq!(error.exit_code(), ExitCode::Locked);
         assert_eq!(CliError::usage("x").exit_code(), ExitCode::Usage);
+        let message = "checkpoint /ck is inconsistent: commit ahead of offsets".to_string();
+        let refused = spate_runtime::RuntimeError::Checkpoint { dir: PathBuf::from("/ck"), message };
+        let error = CliError::Runtime { action: "cannot run", dir: PathBuf::from("/ck"), source: refused };
+        assert_eq!(error.exit_code(), ExitCode::Refused);
         assert_eq!(ExitCode::Interrupted.code(), 130);
     }
 }
