@@ -16,6 +16,7 @@ use spate_core::{Clock, Duration, StreamBlockId, StreamId, Time};
 use tracing::{debug, warn};
 
 use crate::error::ReceiverError;
+use crate::handler::Pending;
 use crate::rate_limiter::RateLimiter;
 use crate::signal::StopSignal;
 
@@ -54,6 +55,14 @@ pub trait BlockGeneratorListener<T>: Send + Sync + 'static {
     /// Stores the block; returns once it is stored (durably, when the WAL is on).
     fn on_push_block(&self, block_id: StreamBlockId, records: Vec<T>) -> Result<(), ReceiverError>;
 
+    /// Starts pushing the block; it is pushed once the result's
+    /// [`Pending::wait`] returned `Ok`. The pusher starts the next queued
+    /// block before it waits for this one, so serializing one block overlaps
+    /// with syncing the one before. By default the block is pushed at once.
+    fn start_push(&self, block_id: StreamBlockId, records: Vec<T>) -> Pending<()> {
+        Pending::ready(self.on_push_block(block_id, records))
+    }
+
     /// Told about a block that could not be pushed (its records are lost to
     /// this generator; [`BlockGenerator::flush`] reports it to the receiver).
     fn on_error(&self, error: ReceiverError);
@@ -91,6 +100,13 @@ struct PushProgress {
     pushed: u64,
     durable: u64,
     failure: Option<String>,
+}
+
+/// A block whose push was started and not yet waited for.
+struct InFlight {
+    seq: u64,
+    block_id: StreamBlockId,
+    pending: Pending<()>,
 }
 
 struct QueuedBlock<T> {
@@ -349,22 +365,49 @@ impl<T: Send + 'static> Shared<T> {
         self.queue.lock().unwrap_or_else(PoisonError::into_inner).take();
     }
 
+    /// Pushes blocks in order, with one block in flight while the next starts.
     fn push_loop(&self, queue: &Receiver<QueuedBlock<T>>, listener: &dyn BlockGeneratorListener<T>) {
-        for QueuedBlock { seq, block_id, records } in queue.iter() {
-            let result = listener.on_push_block(block_id, records);
-            let mut progress = self.lock_progress();
-            progress.pushed = seq;
-            match result {
-                Ok(()) if progress.failure.is_none() => progress.durable = seq,
-                Ok(()) => {}
-                Err(e) => {
-                    progress.failure.get_or_insert_with(|| format!("block {block_id}: {e}"));
-                    drop(progress);
-                    listener.on_error(e);
+        let mut in_flight: Option<InFlight> = None;
+        loop {
+            let next = if in_flight.is_some() {
+                match queue.try_recv() {
+                    Ok(block) => Some(block),
+                    Err(crossbeam::channel::TryRecvError::Empty) => {
+                        // Nothing to overlap with: finish the block in flight now.
+                        self.finish_push(in_flight.take(), listener);
+                        continue;
+                    }
+                    Err(crossbeam::channel::TryRecvError::Disconnected) => None,
                 }
-            }
-            self.progress_changed.notify_all();
+            } else {
+                queue.recv().ok()
+            };
+            let Some(QueuedBlock { seq, block_id, records }) = next else {
+                self.finish_push(in_flight.take(), listener);
+                return;
+            };
+            let started = listener.start_push(block_id, records);
+            self.finish_push(in_flight.replace(InFlight { seq, block_id, pending: started }), listener);
         }
+    }
+
+    fn finish_push(&self, in_flight: Option<InFlight>, listener: &dyn BlockGeneratorListener<T>) {
+        let Some(InFlight { seq, block_id, pending }) = in_flight else {
+            return;
+        };
+        let result = pending.wait();
+        let mut progress = self.lock_progress();
+        progress.pushed = seq;
+        match result {
+            Ok(()) if progress.failure.is_none() => progress.durable = seq,
+            Ok(()) => {}
+            Err(e) => {
+                progress.failure.get_or_insert_with(|| format!("block {block_id}: {e}"));
+                drop(progress);
+                listener.on_error(e);
+            }
+        }
+        self.progress_changed.notify_all();
     }
 
     fn wait_pushed(&self, target: u64) -> Result<(), ReceiverError> {

@@ -21,11 +21,45 @@ use crate::block_manager::BlockManager;
 use crate::error::ReceiverError;
 use crate::storage::StorageLevel;
 
+/// Work in progress whose result [`Pending::wait`] returns: a block being
+/// stored, so that the next block can be serialized meanwhile.
+pub struct Pending<R>(Box<dyn FnOnce() -> Result<R, ReceiverError> + Send>);
+
+impl<R: Send + 'static> Pending<R> {
+    /// Work that finishes with `finish`.
+    pub fn new(finish: impl FnOnce() -> Result<R, ReceiverError> + Send + 'static) -> Self {
+        Pending(Box::new(finish))
+    }
+
+    /// Work already done.
+    pub fn ready(result: Result<R, ReceiverError>) -> Self {
+        Pending(Box::new(move || result))
+    }
+
+    /// Waits until the work is done and returns its result.
+    pub fn wait(self) -> Result<R, ReceiverError> {
+        (self.0)()
+    }
+}
+
+impl<R> std::fmt::Debug for Pending<R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Pending")
+    }
+}
+
 /// Stores received blocks; shared by the receiver's pushing thread and the
 /// runtime's cleanup.
 pub trait ReceivedBlockHandler<T>: Send + Sync {
     /// Stores the block and returns once it is stored (durably, for a WAL handler).
     fn store_block(&self, block_id: StreamBlockId, block: ReceivedBlock<T>) -> Result<BlockStoreResult, ReceiverError>;
+
+    /// Starts storing the block; the block is stored once the result's
+    /// [`Pending::wait`] returned `Ok`. Blocks started in order finish in
+    /// order. By default the block is stored before this returns.
+    fn start_store(&self, block_id: StreamBlockId, block: ReceivedBlock<T>) -> Pending<BlockStoreResult> {
+        Pending::ready(self.store_block(block_id, block))
+    }
 
     /// Removes the blocks (and WAL segments) stored before `threshold`.
     fn clean_old_blocks(&self, threshold: Time) -> Result<(), ReceiverError>;
@@ -83,6 +117,26 @@ fn into_data<T: Record>(
                 .map_err(|source| ReceiverError::Codec { block_id: Some(block_id), source })?;
             Ok((BlockData::Bytes(Arc::new(bytes)), n))
         }
+    }
+}
+
+/// Waits for the WAL writer's answer about `block_id`, at most `timeout`.
+fn await_wal(
+    stream_id: StreamId,
+    block_id: StreamBlockId,
+    reply: &crossbeam::channel::Receiver<WalReply>,
+    timeout: std::time::Duration,
+) -> Result<WalRecordHandle, ReceiverError> {
+    match reply.recv_timeout(timeout) {
+        Ok(written) => written.map_err(|source| ReceiverError::Wal { stream_id, source }),
+        Err(crossbeam::channel::RecvTimeoutError::Timeout) => Err(ReceiverError::WalTimeout {
+            block_id,
+            timeout_ms: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
+        }),
+        Err(crossbeam::channel::RecvTimeoutError::Disconnected) => Err(ReceiverError::Runtime {
+            what: format!("receiver WAL writer {stream_id}"),
+            reason: "ended without an answer".into(),
+        }),
     }
 }
 
@@ -219,61 +273,59 @@ impl<T: Record> WriteAheadLogBasedBlockHandler<T> {
         jobs.send((bytes, self.clock.now(), reply_tx)).map_err(|_| closed())?;
         Ok(reply_rx)
     }
-
-    fn await_wal(
-        &self,
-        block_id: StreamBlockId,
-        reply: &crossbeam::channel::Receiver<WalReply>,
-    ) -> Result<WalRecordHandle, ReceiverError> {
-        match reply.recv_timeout(self.config.store_timeout) {
-            Ok(written) => written.map_err(|source| ReceiverError::Wal { stream_id: self.stream_id, source }),
-            Err(crossbeam::channel::RecvTimeoutError::Timeout) => Err(ReceiverError::WalTimeout {
-                block_id,
-                timeout_ms: u64::try_from(self.config.store_timeout.as_millis()).unwrap_or(u64::MAX),
-            }),
-            Err(crossbeam::channel::RecvTimeoutError::Disconnected) => Err(ReceiverError::Runtime {
-                what: format!("receiver WAL writer {}", self.stream_id),
-                reason: "ended without an answer".into(),
-            }),
-        }
-    }
 }
 
 impl<T: Record> ReceivedBlockHandler<T> for WriteAheadLogBasedBlockHandler<T> {
     fn store_block(&self, block_id: StreamBlockId, block: ReceivedBlock<T>) -> Result<BlockStoreResult, ReceiverError> {
+        self.start_store(block_id, block).wait()
+    }
+
+    /// Serializes the block, hands the bytes to the WAL writer and puts them
+    /// in the block manager; waiting on the result waits for the WAL.
+    fn start_store(&self, block_id: StreamBlockId, block: ReceivedBlock<T>) -> Pending<BlockStoreResult> {
         let codec_err = |source| ReceiverError::Codec { block_id: Some(block_id), source };
         // Serialized once; the same bytes go to both stores.
-        let (bytes, num_records, records) = match block {
+        let encoded = match block {
             ReceivedBlock::Records(records) => {
-                (encode_block(&records).map_err(codec_err)?, records.len() as u64, Some(records))
+                encode_block(&records).map_err(codec_err).map(|b| (b, records.len() as u64, Some(records)))
             }
             ReceivedBlock::Serialized(bytes) => {
-                let n = count_block_records(&bytes).map_err(codec_err)?;
-                (bytes, n, None)
+                count_block_records(&bytes).map_err(codec_err).map(|n| (bytes, n, None))
             }
         };
+        let (bytes, num_records, records) = match encoded {
+            Ok(encoded) => encoded,
+            Err(e) => return Pending::ready(Err(e)),
+        };
         let bytes = Arc::new(bytes);
-        let reply = self.submit(block_id, Arc::clone(&bytes))?;
+        let reply = match self.submit(block_id, Arc::clone(&bytes)) {
+            Ok(reply) => reply,
+            Err(e) => return Pending::ready(Err(e)),
+        };
         let put = self.block_manager.put(block_id, BlockData::Bytes(bytes), self.level);
         // Freeing the records overlaps with the WAL's write and sync.
         drop(records);
-        let written = self.await_wal(block_id, &reply);
-        match (put, written) {
-            (Ok(_), Ok(handle)) => {
-                debug!(block = %block_id, %handle, records = num_records, "block stored with the WAL");
-                Ok(BlockStoreResult { block_id, num_records: Some(num_records), wal_handle: Some(handle) })
-            }
-            (put, written) => {
-                if put.is_ok() {
-                    // Not reported, so never read: do not keep it.
-                    let _ = self.block_manager.remove(block_id);
+        let (block_manager, stream_id, timeout) =
+            (Arc::clone(&self.block_manager), self.stream_id, self.config.store_timeout);
+        Pending::new(move || {
+            let written = await_wal(stream_id, block_id, &reply, timeout);
+            match (put, written) {
+                (Ok(_), Ok(handle)) => {
+                    debug!(block = %block_id, %handle, records = num_records, "block stored with the WAL");
+                    Ok(BlockStoreResult { block_id, num_records: Some(num_records), wal_handle: Some(handle) })
                 }
-                Err(put.err().or(written.err()).unwrap_or(ReceiverError::Runtime {
-                    what: format!("storing block {block_id}"),
-                    reason: "failed without an error".into(),
-                }))
+                (put, written) => {
+                    if put.is_ok() {
+                        // Not reported, so never read: do not keep it.
+                        let _ = block_manager.remove(block_id);
+                    }
+                    Err(put.err().or(written.err()).unwrap_or(ReceiverError::Runtime {
+                        what: format!("storing block {block_id}"),
+                        reason: "failed without an error".into(),
+                    }))
+                }
             }
-        }
+        })
     }
 
     fn clean_old_blocks(&self, threshold: Time) -> Result<(), ReceiverError> {

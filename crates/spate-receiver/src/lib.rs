@@ -83,7 +83,7 @@ pub use generator::{
     GeneratorConfig, GeneratorProgress, GeneratorReceiver, SmallWord, VOCABULARY, WordGenerator, WordRecord, splitmix64,
 };
 pub use handler::{
-    BlockManagerBasedBlockHandler, ReceivedBlockHandler, WalHandlerConfig, WriteAheadLogBasedBlockHandler,
+    BlockManagerBasedBlockHandler, Pending, ReceivedBlockHandler, WalHandlerConfig, WriteAheadLogBasedBlockHandler,
     open_receiver_wal, read_block_from_wal, receiver_wal_dir,
 };
 pub use rate_limiter::RateLimiter;

@@ -19,7 +19,7 @@ use tracing::{error, info, warn};
 use crate::block::{ReceivedBlock, Record};
 use crate::block_generator::{BlockGenerator, BlockGeneratorConfig, BlockGeneratorListener, BlockIdAllocator};
 use crate::error::{BoxError, ReceiverError};
-use crate::handler::ReceivedBlockHandler;
+use crate::handler::{Pending, ReceivedBlockHandler};
 use crate::signal::StopSignal;
 use crate::storage::StorageLevel;
 
@@ -144,24 +144,32 @@ impl<T: Record> BlockPusher<T> {
         metadata: Option<Vec<u8>>,
     ) -> Result<ReceivedBlockInfo, ReceiverError> {
         let store_result = self.handler.store_block(block_id, block)?;
-        let info = ReceivedBlockInfo {
-            stream_id: self.stream_id,
-            num_records: store_result.num_records,
-            metadata,
-            store_result,
-        };
-        self.sink.add_block(info.clone()).map_err(|source| ReceiverError::ReportFailed {
-            stream_id: self.stream_id,
-            block_id,
-            source,
-        })?;
-        Ok(info)
+        report(self.sink.as_ref(), self.stream_id, store_result, metadata)
     }
+}
+
+/// Describes a stored block to the sink.
+fn report(
+    sink: &dyn BlockInfoSink,
+    stream_id: StreamId,
+    store_result: spate_core::BlockStoreResult,
+    metadata: Option<Vec<u8>>,
+) -> Result<ReceivedBlockInfo, ReceiverError> {
+    let block_id = store_result.block_id;
+    let info = ReceivedBlockInfo { stream_id, num_records: store_result.num_records, metadata, store_result };
+    sink.add_block(info.clone()).map_err(|source| ReceiverError::ReportFailed { stream_id, block_id, source })?;
+    Ok(info)
 }
 
 impl<T: Record> BlockGeneratorListener<T> for BlockPusher<T> {
     fn on_push_block(&self, block_id: spate_core::StreamBlockId, records: Vec<T>) -> Result<(), ReceiverError> {
         self.push(block_id, ReceivedBlock::Records(records), None).map(drop)
+    }
+
+    fn start_push(&self, block_id: spate_core::StreamBlockId, records: Vec<T>) -> Pending<()> {
+        let pending = self.handler.start_store(block_id, ReceivedBlock::Records(records));
+        let (sink, stream_id) = (Arc::clone(&self.sink), self.stream_id);
+        Pending::new(move || report(sink.as_ref(), stream_id, pending.wait()?, None).map(drop))
     }
 
     fn on_error(&self, error: ReceiverError) {
