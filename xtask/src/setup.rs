@@ -57,12 +57,7 @@ fn installed(package: &str) -> bool {
 
 fn runs(probe: &[&str]) -> bool {
     let Some((program, args)) = probe.split_first() else { return false };
-    Command::new(program)
-        .args(args)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
+    Command::new(program).args(args).stdout(Stdio::null()).stderr(Stdio::null()).status().is_ok_and(|s| s.success())
 }
 
 fn is_root() -> bool {
