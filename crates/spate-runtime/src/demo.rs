@@ -119,6 +119,9 @@ pub fn word_count_pipeline(p: &mut PipelineBuilder, options: &DemoOptions) -> Re
     let mut generator = GeneratorConfig::new(options.seed);
     generator.records_per_sec = options.rate;
     generator.total_records = options.total_records;
+    // Large hand-overs to the block generator (fewer round trips per word);
+    // at a set rate no more than about 10 ms of words, so the flow stays smooth.
+    generator.batch_size = options.rate.map_or(16 * 1024, |rate| (rate / 100).clamp(1024, 16 * 1024) as usize);
     let words = p.receiver_stream("words", receiver_options, move |resume| {
         GeneratorReceiver::resuming_at(generator, resume.records_stored)
     });
