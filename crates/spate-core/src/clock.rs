@@ -25,9 +25,7 @@ pub struct SystemClock;
 
 impl Clock for SystemClock {
     fn now(&self) -> Time {
-        let since_epoch = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default();
+        let since_epoch = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
         Time::from_millis(i64::try_from(since_epoch.as_millis()).unwrap_or(i64::MAX))
     }
 

@@ -271,10 +271,7 @@ mod tests {
         let buf = FrameCodec::new(1).encode(&big)?;
         let err = FrameCodec::new(1).with_max_payload(1000).decode::<Sample>(&buf).err();
         assert!(matches!(err, Some(CoreError::TooLarge { limit: 1000, .. })));
-        assert!(matches!(
-            FrameCodec::new(1).with_max_payload(1000).encode(&big),
-            Err(CoreError::TooLarge { .. })
-        ));
+        assert!(matches!(FrameCodec::new(1).with_max_payload(1000).encode(&big), Err(CoreError::TooLarge { .. })));
         Ok(())
     }
 
