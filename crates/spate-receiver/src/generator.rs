@@ -158,7 +158,14 @@ impl fmt::Display for SmallWord {
 
 impl Serialize for SmallWord {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.serialize_str(self.as_str())
+        if serializer.is_human_readable() {
+            serializer.serialize_str(self.as_str())
+        } else {
+            // Binary formats (bincode) write a str as its length and bytes,
+            // exactly as they write bytes: the same encoding, without
+            // re-checking UTF-8 on the hot path.
+            serializer.serialize_bytes(self.bytes.get(..usize::from(self.len)).unwrap_or_default())
+        }
     }
 }
 
@@ -172,6 +179,10 @@ impl<'de> Deserialize<'de> for SmallWord {
             }
             fn visit_str<E: de::Error>(self, v: &str) -> Result<SmallWord, E> {
                 SmallWord::new(v).ok_or_else(|| E::invalid_length(v.len(), &self))
+            }
+            fn visit_bytes<E: de::Error>(self, v: &[u8]) -> Result<SmallWord, E> {
+                let text = std::str::from_utf8(v).map_err(|_| E::invalid_value(de::Unexpected::Bytes(v), &self))?;
+                self.visit_str(text)
             }
         }
         deserializer.deserialize_str(SmallWordVisitor)

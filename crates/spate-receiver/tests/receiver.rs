@@ -337,3 +337,76 @@ fn socket_receiver_reconnects_after_the_backoff() {
     assert_eq!(h.received().0, vec!["first", "second"]);
     assert_eq!(stats.connections(), 2);
 }
+
+/// Fails the store of its `fail_at`-th block (from 1), storing the others.
+struct FailingHandler {
+    inner: BlockManagerBasedBlockHandler<String>,
+    stores: AtomicU64,
+    fail_at: u64,
+}
+
+impl spate_receiver::ReceivedBlockHandler<String> for FailingHandler {
+    fn store_block(
+        &self,
+        block_id: spate_core::StreamBlockId,
+        block: spate_receiver::ReceivedBlock<String>,
+    ) -> Result<spate_core::BlockStoreResult, ReceiverError> {
+        if self.stores.fetch_add(1, Ordering::SeqCst) + 1 == self.fail_at {
+            return Err(ReceiverError::Receiver { receiver: "store".into(), message: "disk full".into() });
+        }
+        self.inner.store_block(block_id, block)
+    }
+    fn clean_old_blocks(&self, threshold: Time) -> Result<(), ReceiverError> {
+        self.inner.clean_old_blocks(threshold)
+    }
+    fn storage_level(&self) -> StorageLevel {
+        self.inner.storage_level()
+    }
+}
+
+/// Stores three batches, flushing after each, and records what flush said.
+struct Flushing {
+    results: Arc<std::sync::Mutex<Vec<bool>>>,
+}
+
+#[async_trait]
+impl Receiver<String> for Flushing {
+    fn name(&self) -> String {
+        "flushing".into()
+    }
+
+    async fn run(&mut self, ctx: ReceiverContext<String>) -> Result<(), ReceiverError> {
+        for batch in 0..3 {
+            ctx.store_many(vec![format!("batch-{batch}")])?;
+            let flushed = ctx.flush();
+            self.results.lock().unwrap().push(flushed.is_ok());
+        }
+        ctx.stopped().await;
+        Ok(())
+    }
+}
+
+#[test]
+fn a_failed_block_fails_every_later_flush_so_nothing_is_acknowledged_wrongly() {
+    let clock = ManualClock::new(Time::from_millis(1_000_000));
+    let blocks = Arc::new(BlockManager::open(BlockManagerConfig::in_memory(1 << 20), Arc::new(clock.clone())).unwrap());
+    let inner = BlockManagerBasedBlockHandler::new(Arc::clone(&blocks), StorageLevel::MEMORY_ONLY);
+    let handler = Arc::new(FailingHandler { inner, stores: AtomicU64::new(0), fail_at: 2 });
+    let (sink, infos) = crossbeam::channel::unbounded();
+    let results = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let receiver = Flushing { results: Arc::clone(&results) };
+    let supervisor = ReceiverSupervisor::start(
+        receiver,
+        SupervisorConfig::new(STREAM),
+        handler,
+        Arc::new(sink),
+        Arc::new(clock.clone()),
+    )
+    .unwrap();
+    eventually("three flushes", || results.lock().unwrap().len() == 3);
+    supervisor.stop().unwrap();
+    assert_eq!(*results.lock().unwrap(), vec![true, false, false]);
+    let reported: Vec<u64> = infos.try_iter().map(|i| i.num_records.unwrap()).collect();
+    assert_eq!(reported, vec![1, 1], "blocks 1 and 3 were stored and reported, block 2 was not");
+    assert!(supervisor.errors().iter().any(|e| e.contains("disk full")), "{:?}", supervisor.errors());
+}
