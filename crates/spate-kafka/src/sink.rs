@@ -6,9 +6,12 @@
 //! same id (a zombie from before a restart can no longer commit). Each batch
 //! is one transaction: its records, then `send_offsets_to_transaction` with
 //! the ends of the batch's ranges for the consumer group, then the commit.
-//! A re-run of a batch whose transaction already committed is recognised by
-//! the group's committed offsets and not written again; read the output with
-//! `isolation.level=read_committed`.
+//! The committed offsets carry a batch marker (`<transactional id>@<batch id>`)
+//! as their metadata string, on every partition of the source, so the
+//! transaction itself records which batch it was. A re-run of a batch at or
+//! below the recorded one is not written again, even a batch that read
+//! nothing (whose offsets cannot tell it apart from the next one). Read the
+//! output with `isolation.level=read_committed`.
 
 use std::sync::Mutex;
 use std::time::Duration;
@@ -195,23 +198,31 @@ impl TransactionalKafkaSink {
     }
 
     /// Writes batch `batch`: its `records` and the ends of its `ranges` (the
-    /// consumed offsets) commit in one transaction, or neither does. When
-    /// the group's committed offsets already reach the ranges' ends, the
-    /// batch was committed before (a re-run after a crash): nothing is written.
+    /// consumed offsets, each marked with `batch`) commit in one transaction,
+    /// or neither does. When the group's committed offsets carry this sink's
+    /// marker of `batch` or a later batch, the batch was committed before (a
+    /// re-run after a crash): nothing is written. Offsets without this sink's
+    /// marker (committed by an older version) count as committed when they
+    /// reach the ends of every non-empty range.
     pub fn write_batch(
         &self,
         batch: BatchId,
         ranges: &OffsetRanges,
         records: impl IntoIterator<Item = OutputRecord>,
     ) -> Result<CommitOutcome> {
-        if self.already_committed(ranges)? {
+        if ranges.ranges().is_empty() {
+            return Err(KafkaError::Config(format!(
+                "batch {batch} has no offset range: the transaction would not record the batch"
+            )));
+        }
+        if self.already_committed(batch, ranges)? {
             info!(batch = batch.0, "batch already committed to Kafka; not written again");
             return Ok(CommitOutcome::AlreadyCommitted);
         }
         let fail =
             |reason: String| KafkaError::Transaction { batch, transactional_id: self.transactional_id.clone(), reason };
         self.producer.begin_transaction().map_err(|e| fail(format!("begin: {e}")))?;
-        let result = self.fill_and_commit(ranges, records);
+        let result = self.fill_and_commit(batch, ranges, records);
         if let Err(e) = &result {
             warn!(batch = batch.0, error = %e, "aborting the transaction");
             if let Err(abort) = self.producer.abort_transaction(self.timeout) {
@@ -221,7 +232,12 @@ impl TransactionalKafkaSink {
         result.map(|()| CommitOutcome::Committed).map_err(|e| fail(e.to_string()))
     }
 
-    fn fill_and_commit(&self, ranges: &OffsetRanges, records: impl IntoIterator<Item = OutputRecord>) -> Result<()> {
+    fn fill_and_commit(
+        &self,
+        batch: BatchId,
+        ranges: &OffsetRanges,
+        records: impl IntoIterator<Item = OutputRecord>,
+    ) -> Result<()> {
         for record in records {
             send(&self.producer, &self.topic, &record)?;
         }
@@ -230,6 +246,10 @@ impl TransactionalKafkaSink {
             .group_metadata()
             .ok_or_else(|| KafkaError::Config("the group client has no group metadata".into()))?;
         let offsets = to_list(&ranges.until_offsets())?;
+        let marker = batch_marker(&self.transactional_id, batch);
+        for mut element in offsets.elements() {
+            element.set_metadata(&marker);
+        }
         self.producer
             .send_offsets_to_transaction(&offsets, &metadata, self.timeout)
             .map_err(client("send offsets to the transaction"))?;
@@ -240,21 +260,54 @@ impl TransactionalKafkaSink {
         }
     }
 
-    fn already_committed(&self, ranges: &OffsetRanges) -> Result<bool> {
-        let non_empty: Vec<_> = ranges.ranges().iter().filter(|r| r.count() > 0).collect();
-        if non_empty.is_empty() {
-            return Ok(false);
-        }
+    /// Whether the group's committed offsets say `batch` committed before.
+    fn already_committed(&self, batch: BatchId, ranges: &OffsetRanges) -> Result<bool> {
         let mut list = TopicPartitionList::new();
-        for range in &non_empty {
+        for range in ranges.ranges() {
             list.add_partition(&range.topic, range.partition);
         }
         let committed =
             self.group.committed_offsets(list, self.timeout).map_err(client("read the group's committed offsets"))?;
-        Ok(non_empty.iter().all(|range| {
+        let recorded =
+            committed.elements().iter().filter_map(|e| marked_batch(&self.transactional_id, e.metadata())).max();
+        if let Some(recorded) = recorded {
+            return Ok(batch <= recorded);
+        }
+        // No marker of ours: offsets committed without one (an older version).
+        let mut non_empty = ranges.ranges().iter().filter(|r| r.count() > 0).peekable();
+        if non_empty.peek().is_none() {
+            return Ok(false);
+        }
+        Ok(non_empty.all(|range| {
             committed
                 .find_partition(&range.topic, range.partition)
                 .is_some_and(|e| matches!(e.offset(), Offset::Offset(o) if o >= range.until))
         }))
+    }
+}
+
+/// The metadata string of the offsets batch `batch` commits: `<transactional id>@<batch id>`.
+fn batch_marker(transactional_id: &str, batch: BatchId) -> String {
+    format!("{transactional_id}@{}", batch.0)
+}
+
+/// The batch a committed offset's metadata records, when this sink wrote it.
+fn marked_batch(transactional_id: &str, metadata: &str) -> Option<BatchId> {
+    let (id, batch) = metadata.rsplit_once('@')?;
+    (id == transactional_id).then(|| batch.parse().ok().map(BatchId)).flatten()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_marker_names_the_sink_and_the_batch() {
+        let marker = batch_marker("spate-app@1", BatchId(42));
+        assert_eq!(marker, "spate-app@1@42");
+        assert_eq!(marked_batch("spate-app@1", &marker), Some(BatchId(42)));
+        assert_eq!(marked_batch("spate-other", &marker), None, "another sink's batches are not ours");
+        assert_eq!(marked_batch("spate-app@1", ""), None);
+        assert_eq!(marked_batch("spate-app@1", "spate-app@1@x"), None);
     }
 }

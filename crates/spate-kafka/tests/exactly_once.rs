@@ -218,3 +218,118 @@ fn the_transactional_kafka_sink_writes_every_record_once_across_crashes_and_fenc
     expected.sort();
     assert_eq!(written, expected, "every input exactly once in the committed output");
 }
+
+/// A process that dies inside its transaction: the batch's records are sent
+/// under `transactional_id`, then the producer goes away without committing.
+fn die_mid_transaction(transactional_id: &str, output: &str, records: &[OutputRecord]) {
+    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+    let producer: BaseProducer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", brokers())
+        .set("transactional.id", transactional_id)
+        .create()
+        .unwrap();
+    let timeout = std::time::Duration::from_secs(30);
+    producer.init_transactions(timeout).unwrap();
+    producer.begin_transaction().unwrap();
+    for record in records {
+        producer.send(BaseRecord::<(), Vec<u8>>::to(output).payload(&record.value)).unwrap();
+    }
+    producer.flush(timeout).unwrap();
+}
+
+#[test]
+fn the_transactional_kafka_sink_recognises_a_committed_empty_batch_after_a_crash() {
+    let input = unique("txn-empty-in");
+    let output = unique("txn-empty-out");
+    create_topic(&input, 2);
+    create_topic(&output, 1);
+    let group = unique("txn-empty-group");
+    let transactional_id = unique("txn-empty-app");
+    let checkpoint_dir = tempfile::tempdir().unwrap();
+    let make_stream = || {
+        let config = DirectKafkaConfig::subscribe(brokers(), group.as_str(), [input.as_str()], BATCH)
+            .starting_offsets(StartingOffsets::Committed { fallback: Box::new(StartingOffsets::Earliest) });
+        DirectKafkaStream::new(config).unwrap()
+    };
+    let make_sink = || TransactionalKafkaSink::new(&brokers(), output.as_str(), &transactional_id, &group).unwrap();
+    // Like `spate run`: one summary record a batch, even for a batch that read nothing.
+    let outputs = |batch: u64, records: &[Vec<KafkaRecord>]| -> Vec<OutputRecord> {
+        let mut out: Vec<OutputRecord> =
+            records.iter().flatten().map(|r| OutputRecord::value(format!("out-{}", value(r)))).collect();
+        out.push(OutputRecord::value(format!("summary-{batch}")));
+        out
+    };
+    let open = || Checkpoint::open_for_write(checkpoint_dir.path(), CheckpointOptions::new()).unwrap();
+
+    produce(&input, 2, values(0..100));
+    {
+        let (stream, sink, checkpoint) = (make_stream(), make_sink(), open());
+        let ranges = stream.plan_batch(time_of(0), None).unwrap();
+        assert_eq!(ranges.count(), 100);
+        log_offsets(&checkpoint, 0, &ranges);
+        let records = stream.read(&ranges).unwrap();
+        assert_eq!(sink.write_batch(BatchId(0), &ranges, outputs(0, &records)).unwrap(), CommitOutcome::Committed);
+        commit(&checkpoint, 0);
+        // Batch 1 reads nothing; its transaction commits, the process dies before commits/1.
+        let ranges = stream.plan_batch(time_of(1), None).unwrap();
+        assert!(ranges.is_empty() && ranges.ranges().len() == 2, "{ranges:?}");
+        log_offsets(&checkpoint, 1, &ranges);
+        assert_eq!(sink.write_batch(BatchId(1), &ranges, outputs(1, &[])).unwrap(), CommitOutcome::Committed);
+    }
+    produce(&input, 2, values(100..160));
+    {
+        // The re-run of the empty batch is recognised by the batch id its transaction recorded.
+        let (stream, sink, checkpoint) = (make_stream(), make_sink(), open());
+        let (batch, planned) = rerun_of(&checkpoint);
+        assert_eq!(batch, 1);
+        let records = stream.compute(time_of(1), Some(&planned)).unwrap();
+        let ranges = OffsetRanges::from_json(&planned).unwrap();
+        assert_eq!(
+            sink.write_batch(BatchId(1), &ranges, outputs(1, &records)).unwrap(),
+            CommitOutcome::AlreadyCommitted
+        );
+        commit(&checkpoint, 1);
+        // Batch 2 reads 60 records; the process dies inside its transaction.
+        let ranges = stream.plan_batch(time_of(2), None).unwrap();
+        assert_eq!(ranges.count(), 60);
+        log_offsets(&checkpoint, 2, &ranges);
+        let records = stream.read(&ranges).unwrap();
+        die_mid_transaction(&transactional_id, &output, &outputs(2, &records));
+    }
+    {
+        // The re-run of batch 2 commits (the dead transaction is aborted); then batch 3, empty,
+        // dies inside its transaction too.
+        let (stream, sink, checkpoint) = (make_stream(), make_sink(), open());
+        let (batch, planned) = rerun_of(&checkpoint);
+        assert_eq!(batch, 2);
+        let records = stream.compute(time_of(2), Some(&planned)).unwrap();
+        let ranges = OffsetRanges::from_json(&planned).unwrap();
+        assert_eq!(sink.write_batch(BatchId(2), &ranges, outputs(2, &records)).unwrap(), CommitOutcome::Committed);
+        commit(&checkpoint, 2);
+        let ranges = stream.plan_batch(time_of(3), None).unwrap();
+        assert!(ranges.is_empty(), "{ranges:?}");
+        log_offsets(&checkpoint, 3, &ranges);
+        drop(sink);
+        die_mid_transaction(&transactional_id, &output, &outputs(3, &[]));
+    }
+    {
+        // The empty batch whose transaction died is written by its re-run; batch 4 follows.
+        let (stream, sink, checkpoint) = (make_stream(), make_sink(), open());
+        let (batch, planned) = rerun_of(&checkpoint);
+        assert_eq!(batch, 3);
+        let ranges = OffsetRanges::from_json(&planned).unwrap();
+        assert_eq!(sink.write_batch(BatchId(3), &ranges, outputs(3, &[])).unwrap(), CommitOutcome::Committed);
+        commit(&checkpoint, 3);
+        let ranges = stream.plan_batch(time_of(4), None).unwrap();
+        log_offsets(&checkpoint, 4, &ranges);
+        assert_eq!(sink.write_batch(BatchId(4), &ranges, outputs(4, &[])).unwrap(), CommitOutcome::Committed);
+        commit(&checkpoint, 4);
+    }
+
+    let mut written = read_committed(&output, 1);
+    written.sort();
+    let mut expected: Vec<String> = values(0..160).into_iter().map(|v| format!("out-{v}")).collect();
+    expected.extend((0..5).map(|b| format!("summary-{b}")));
+    expected.sort();
+    assert_eq!(written, expected, "every output exactly once in the committed output");
+}
