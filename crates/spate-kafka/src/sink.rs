@@ -200,10 +200,11 @@ impl TransactionalKafkaSink {
     /// Writes batch `batch`: its `records` and the ends of its `ranges` (the
     /// consumed offsets, each marked with `batch`) commit in one transaction,
     /// or neither does. When the group's committed offsets carry this sink's
-    /// marker of `batch` or a later batch, the batch was committed before (a
-    /// re-run after a crash): nothing is written. Offsets without this sink's
-    /// marker (committed by an older version) count as committed when they
-    /// reach the ends of every non-empty range.
+    /// marker of `batch` or a later batch and reach the ends of its non-empty
+    /// ranges, the batch was committed before (a re-run after a crash):
+    /// nothing is written. Without this sink's marker
+    /// (offsets committed by an older version) the offsets alone decide, and
+    /// a batch that read nothing is written.
     pub fn write_batch(
         &self,
         batch: BatchId,
@@ -270,19 +271,19 @@ impl TransactionalKafkaSink {
             self.group.committed_offsets(list, self.timeout).map_err(client("read the group's committed offsets"))?;
         let recorded =
             committed.elements().iter().filter_map(|e| marked_batch(&self.transactional_id, e.metadata())).max();
-        if let Some(recorded) = recorded {
-            return Ok(batch <= recorded);
-        }
-        // No marker of ours: offsets committed without one (an older version).
-        let mut non_empty = ranges.ranges().iter().filter(|r| r.count() > 0).peekable();
-        if non_empty.peek().is_none() {
-            return Ok(false);
-        }
-        Ok(non_empty.all(|range| {
+        let non_empty: Vec<_> = ranges.ranges().iter().filter(|r| r.count() > 0).collect();
+        let offsets_reached = non_empty.iter().all(|range| {
             committed
                 .find_partition(&range.topic, range.partition)
                 .is_some_and(|e| matches!(e.offset(), Offset::Offset(o) if o >= range.until))
-        }))
+        });
+        Ok(match recorded {
+            // The offsets must agree too: a batch id reused after the checkpoint was replaced
+            // (numbering restarted) but reading new records is not the recorded batch.
+            Some(recorded) => batch <= recorded && offsets_reached,
+            // No marker of ours (offsets committed by an older version): the offsets alone.
+            None => !non_empty.is_empty() && offsets_reached,
+        })
     }
 }
 
