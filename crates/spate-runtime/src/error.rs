@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 
 use spate_core::BatchId;
+use spate_logstore::{Inconsistency, LockHolder};
 use thiserror::Error;
 
 /// An error from the streaming engine.
@@ -29,8 +30,7 @@ pub enum RuntimeError {
         #[source]
         source: std::io::Error,
     },
-    /// The checkpoint directory's logs could not be read or written, or
-    /// their shape is inconsistent (the message names the repair command).
+    /// The checkpoint directory's logs could not be read or written.
     #[error("checkpoint {dir}: {message}")]
     Checkpoint {
         /// The checkpoint directory.
@@ -38,13 +38,19 @@ pub enum RuntimeError {
         /// What the log store said.
         message: String,
     },
+    /// The checkpoint directory is inconsistent (a shape recovery refuses,
+    /// such as a commit ahead of its offsets); nothing was changed. The
+    /// message names the files and the repair command.
+    #[error("{0}")]
+    Inconsistent(Box<Inconsistency>),
     /// Another live writer holds the checkpoint directory.
-    #[error("checkpoint {dir} is in use: {holder}")]
+    #[error("checkpoint {} is in use: {}", dir.display(), describe_holder(holder.as_ref()))]
     Locked {
         /// The checkpoint directory.
         dir: PathBuf,
-        /// Who holds it (pid, host, epoch), as the log store describes it.
-        holder: String,
+        /// Who holds it (pid, host, since, epoch), as its lock file says;
+        /// `None` when the lock file cannot be read yet.
+        holder: Option<LockHolder>,
     },
     /// Operator state could not be saved or restored.
     #[error("state of operator {operator} at batch {batch}: {reason}")]
@@ -104,6 +110,10 @@ pub enum RuntimeError {
         /// What was attempted.
         what: String,
     },
+}
+
+fn describe_holder(holder: Option<&LockHolder>) -> String {
+    holder.map_or_else(|| "a live writer (lock file not readable yet)".to_string(), LockHolder::to_string)
 }
 
 impl RuntimeError {

@@ -176,14 +176,13 @@ fn state_error(operator: &str, batch: BatchId, e: LogStoreError) -> RuntimeError
 }
 
 /// Maps a log store error: a held lock becomes [`RuntimeError::Locked`]
-/// naming the holder; everything else keeps the log store's message (which,
-/// for an inconsistent directory, names the files and the repair command).
+/// naming the holder, an inconsistent directory [`RuntimeError::Inconsistent`]
+/// (its message names the files and the repair command); everything else
+/// keeps the log store's message.
 pub(crate) fn log_store_error(dir: &Path, e: LogStoreError) -> RuntimeError {
     match e {
-        LogStoreError::Locked { dir, holder } => RuntimeError::Locked {
-            dir,
-            holder: holder.map_or_else(|| "a live writer (lock file not readable yet)".to_string(), |h| h.to_string()),
-        },
+        LogStoreError::Locked { dir, holder } => RuntimeError::Locked { dir, holder },
+        LogStoreError::Inconsistent(inconsistency) => RuntimeError::Inconsistent(inconsistency),
         other => RuntimeError::Checkpoint { dir: dir.to_path_buf(), message: other.to_string() },
     }
 }

@@ -263,8 +263,10 @@ fn inconsistent_directory_is_refused_with_the_repair_command() {
     })
     .unwrap_err();
     let text = err.to_string();
-    assert!(matches!(err, RuntimeError::Checkpoint { .. }), "{err:?}");
-    assert!(text.contains("spate checkpoint repair") && text.contains("commits/1"), "{text}");
+    let RuntimeError::Inconsistent(inconsistency) = err else { panic!("expected an inconsistency, got {err:?}") };
+    assert!(inconsistency.files.iter().any(|f| f.ends_with("commits/1")), "{inconsistency:?}");
+    assert_eq!(inconsistency.dir, dir.path());
+    assert!(text.contains(&inconsistency.repair_command()) && text.contains("commits/1"), "{text}");
     // Nothing was changed.
     assert!(dir.path().join("commits/1").exists());
 }
@@ -280,7 +282,8 @@ fn second_context_on_the_same_directory_is_refused_naming_the_holder() {
     let first = StreamingContext::get_or_create(dir.path(), settings(&clock), build).unwrap();
     let err = StreamingContext::get_or_create(dir.path(), settings(&clock), build).unwrap_err();
     let text = err.to_string();
-    assert!(matches!(err, RuntimeError::Locked { .. }), "{err:?}");
+    let RuntimeError::Locked { holder: Some(holder), .. } = err else { panic!("expected the holder, got {err:?}") };
+    assert_eq!(holder.pid, std::process::id());
     assert!(text.contains(&format!("pid {}", std::process::id())), "{text}");
     drop(first);
     assert!(StreamingContext::get_or_create(dir.path(), settings(&clock), build).is_ok());
