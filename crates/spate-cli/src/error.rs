@@ -142,9 +142,7 @@ fn runtime_exit_code(error: &spate_runtime::RuntimeError) -> ExitCode {
     use spate_runtime::RuntimeError as E;
     match error {
         E::Locked { .. } => ExitCode::Locked,
-        // The runtime passes the log store's refusal on as text; its wording is the log store's.
-        E::Checkpoint { message, .. } if message.contains(" is inconsistent: ") => ExitCode::Refused,
-        E::IncompatibleGraph { .. } => ExitCode::Refused,
+        E::Inconsistent(_) | E::IncompatibleGraph { .. } => ExitCode::Refused,
         E::InvalidSetting { .. } => ExitCode::Usage,
         _ => ExitCode::Runtime,
     }
@@ -185,14 +183,32 @@ mod tests {
         assert_eq!(CliError::checkpoint("cannot open", "/ck", locked).exit_code(), ExitCode::Locked);
         let stale = LogStoreError::StalePlan { path: PathBuf::from("/ck/commits/2"), reason: "gone".into() };
         assert_eq!(CliError::checkpoint("cannot repair", "/ck", stale).exit_code(), ExitCode::Refused);
-        let locked = spate_runtime::RuntimeError::Locked { dir: PathBuf::from("/ck"), holder: "pid 7".into() };
+        let locked = spate_runtime::RuntimeError::Locked { dir: PathBuf::from("/ck"), holder: None };
         let error = CliError::Runtime { action: "cannot run", dir: PathBuf::from("/ck"), source: locked };
         assert_eq!(error.exit_code(), ExitCode::Locked);
         assert_eq!(CliError::usage("x").exit_code(), ExitCode::Usage);
-        let message = "checkpoint /ck is inconsistent: commit ahead of offsets".to_string();
-        let refused = spate_runtime::RuntimeError::Checkpoint { dir: PathBuf::from("/ck"), message };
+        assert_eq!(ExitCode::Interrupted.code(), 130);
+    }
+
+    #[test]
+    fn the_runtimes_inconsistency_is_refused_by_its_type_not_its_text() {
+        let inconsistency = spate_logstore::Inconsistency {
+            dir: PathBuf::from("/ck"),
+            kind: spate_logstore::InconsistencyKind::CommitAhead {
+                last_offsets: Some(spate_core::BatchId(0)),
+                last_commit: spate_core::BatchId(1),
+            },
+            files: vec![PathBuf::from("commits/1"), PathBuf::from("offsets/1")],
+            shape: spate_logstore::CheckpointShape::default(),
+        };
+        let refused = spate_runtime::RuntimeError::Inconsistent(Box::new(inconsistency));
         let error = CliError::Runtime { action: "cannot run", dir: PathBuf::from("/ck"), source: refused };
         assert_eq!(error.exit_code(), ExitCode::Refused);
-        assert_eq!(ExitCode::Interrupted.code(), 130);
+        assert!(render_error(&error).contains("spate checkpoint repair /ck --apply"), "{}", render_error(&error));
+        // A checkpoint failure whose text merely mentions an inconsistency is a runtime error.
+        let message = "offsets/3 of checkpoint /ck is inconsistent: with itself".to_string();
+        let other = spate_runtime::RuntimeError::Checkpoint { dir: PathBuf::from("/ck"), message };
+        let error = CliError::Runtime { action: "cannot run", dir: PathBuf::from("/ck"), source: other };
+        assert_eq!(error.exit_code(), ExitCode::Runtime);
     }
 }
