@@ -18,8 +18,9 @@
 //!   RocksDB store ([`RocksOffsetStore`]) holding the results and offsets in
 //!   one write batch, exactly-once even when the checkpoint is lost;
 //! - sinks: an idempotent [`KafkaSink`] and the exactly-once
-//!   [`TransactionalKafkaSink`] (records and consumed offsets in one Kafka
-//!   transaction, zombies fenced on restart);
+//!   [`TransactionalKafkaSink`] (records and consumed offsets, marked with
+//!   the batch id, in one Kafka transaction; a re-run of a committed batch,
+//!   even one that read nothing, writes nothing; zombies fenced on restart);
 //! - [`KafkaReceiver`], for Spark's receiver model: records go through the
 //!   receiver's write-ahead log and offsets are committed only after they
 //!   are stored.
