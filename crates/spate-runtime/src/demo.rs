@@ -13,7 +13,8 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use spate_core::{BatchId, Duration, Time};
-use spate_receiver::{GeneratorConfig, GeneratorReceiver, WordGenerator};
+use spate_dstream::FxHashMap;
+use spate_receiver::{GeneratorConfig, GeneratorReceiver, SmallWord, WordGenerator};
 
 use crate::context::{PipelineBuilder, StreamingContext};
 use crate::error::RuntimeError;
@@ -122,17 +123,20 @@ pub fn word_count_pipeline(p: &mut PipelineBuilder, options: &DemoOptions) -> Re
     // Large hand-overs to the block generator (fewer round trips per word);
     // at a set rate no more than about 10 ms of words, so the flow stays smooth.
     generator.batch_size = options.rate.map_or(16 * 1024, |rate| (rate / 100).clamp(1024, 16 * 1024) as usize);
+    // Inline words (no allocation per word); they encode byte for byte like
+    // `String`, so the WAL and the state checkpoints hold plain strings.
     let words = p.receiver_stream("words", receiver_options, move |resume| {
-        GeneratorReceiver::resuming_at(generator, resume.records_stored)
+        GeneratorReceiver::<SmallWord>::resuming_at(generator, resume.records_stored)
     });
-    // Counted once per batch; the window sums the per-batch counts (the same
-    // result, since the sum is associative), so it handles a few keys per
-    // batch instead of every word.
-    let per_batch = words.count_by_value().name("batch-counts");
+    // Counted once per batch, each partition into its few distinct words
+    // first (no `(word, 1)` copy of the batch); the window sums the per-batch
+    // counts (the same result, since the sum is associative), so it handles
+    // a few keys per batch instead of every word.
+    let per_batch = words.map_partitions(count_words).reduce_by_key(|a, b| a + b).name("batch-counts");
     let output_dir = options.output_dir.clone();
     per_batch
         .foreach_batch(move |batch, info| {
-            let counts: BTreeMap<String, u64> = batch.iter().cloned().collect();
+            let counts: BTreeMap<String, u64> = batch.iter().map(|(word, n)| (word.to_string(), *n)).collect();
             let record =
                 BatchCounts { batch_id: info.batch_id, batch_time: info.time, records: counts.values().sum(), counts };
             match &output_dir {
@@ -153,9 +157,9 @@ pub fn word_count_pipeline(p: &mut PipelineBuilder, options: &DemoOptions) -> Re
     let (top_n, callback, output_dir) = (options.top_n, options.on_top_words.clone(), options.output_dir.clone());
     windowed
         .foreach_batch(move |batch, info| {
-            let mut words: Vec<(String, u64)> = batch.iter().cloned().collect();
-            words.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
-            words.truncate(top_n);
+            let mut words: Vec<(SmallWord, u64)> = batch.iter().copied().collect();
+            words.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.as_str().cmp(b.0.as_str())));
+            let words = words.into_iter().take(top_n).map(|(word, n)| (word.to_string(), n)).collect();
             let top = TopWords { batch_id: info.batch_id, batch_time: info.time, words };
             if let Some(callback) = &callback {
                 callback(&top);
@@ -167,6 +171,15 @@ pub fn word_count_pipeline(p: &mut PipelineBuilder, options: &DemoOptions) -> Re
         })
         .name("top-words");
     Ok(())
+}
+
+/// Counts the words of one partition: one hash-map probe per word.
+fn count_words(words: Vec<SmallWord>) -> Vec<(SmallWord, u64)> {
+    let mut counts: FxHashMap<SmallWord, u64> = FxHashMap::default();
+    for word in words {
+        *counts.entry(word).or_default() += 1;
+    }
+    counts.into_iter().collect()
 }
 
 /// A context running the demo: with a checkpoint directory it recovers
