@@ -155,6 +155,7 @@ fn a_second_writer_exits_at_once_naming_the_holder_and_writes_nothing() {
     }
     // Freeze it so the directory does not change under the comparison.
     assert!(Command::new("kill").args(["-STOP", &pid.to_string()]).status().unwrap().success());
+    wait_until_stopped(pid);
     let before = snapshot(&checkpoint);
 
     let second = spate(&demo_args(ck, &[]));
@@ -180,6 +181,26 @@ fn a_second_writer_exits_at_once_naming_the_holder_and_writes_nothing() {
 }
 
 /// Every file under `dir` with its content.
+/// `kill -STOP` returns once the signal is queued, not once every thread has
+/// stopped: a write already under way may still land. Wait (bounded) until
+/// every thread of `pid` reports the stopped state `T` (a thread in a system
+/// call reaches it only when the call is done).
+fn wait_until_stopped(pid: u32) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let tasks = PathBuf::from(format!("/proc/{pid}/task"));
+    let all_stopped = || {
+        std::fs::read_dir(&tasks).unwrap().all(|task| {
+            let stat = std::fs::read_to_string(task.unwrap().path().join("stat")).unwrap_or_default();
+            // The state follows the parenthesised command name.
+            stat.rsplit_once(')').is_some_and(|(_, rest)| rest.trim_start().starts_with('T'))
+        })
+    };
+    while !all_stopped() {
+        assert!(Instant::now() < deadline, "process {pid} did not stop");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
 fn snapshot(dir: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
     let mut files = BTreeMap::new();
     let mut pending = vec![dir.to_path_buf()];
