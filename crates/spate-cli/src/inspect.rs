@@ -13,7 +13,6 @@ use spate_logstore::{
 };
 
 use crate::error::CliError;
-use crate::time_fmt::iso8601;
 
 /// The parts of a checkpoint whose sizes are reported, in this order.
 const PARTS: [&str; 6] = [OFFSETS_DIR, COMMITS_DIR, "state", "receivedData", "receivedBlockMetadata", "progress"];
@@ -205,7 +204,7 @@ impl Inspection {
                 Format::Spark => "Spark Structured Streaming; sources are named by position: 0, 1, …",
             }
         )];
-        let created = self.created_at.map(|t| format!(", created {}", iso8601(t))).unwrap_or_default();
+        let created = self.created_at.map(|t| format!(", created {}", t.to_iso8601())).unwrap_or_default();
         lines.push(format!("Query id: {}{created}", self.id.as_deref().unwrap_or("(unknown)")));
         lines.push(format!("Offsets: {}", id_range(&self.offsets_ids)));
         lines.push(format!("Commits: {}", id_range(&self.commits_ids)));
@@ -234,7 +233,7 @@ impl Inspection {
         let Some((id, seq)) = &self.last_batch else { return vec!["Last batch: none".to_string()] };
         let mut lines = vec![format!(
             "Last batch {id}: batch time {} ({} ms), watermark {} ms, {} source(s)",
-            iso8601(seq.batch_timestamp),
+            seq.batch_timestamp.to_iso8601(),
             seq.batch_timestamp.as_millis(),
             seq.batch_watermark.as_millis(),
             seq.sources.len()

@@ -60,7 +60,6 @@ mod logging;
 mod repair;
 mod set_offsets;
 mod signals;
-mod time_fmt;
 
 use std::ffi::OsString;
 

@@ -103,6 +103,58 @@ impl Time {
     pub fn since(self, earlier: Time) -> Duration {
         Duration(self.0.saturating_sub(earlier.0).max(0) as u64)
     }
+
+    /// The instant in ISO 8601 UTC with milliseconds, `2026-11-29T10:43:22.123Z`,
+    /// for messages a person reads.
+    pub fn to_iso8601(self) -> String {
+        let c = CivilTime::of(self);
+        format!(
+            "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:03}Z",
+            c.year, c.month, c.day, c.hour, c.minute, c.second, c.milli
+        )
+    }
+
+    /// The instant as `20261129T104322.123Z`: no colons, so it is a portable
+    /// file name, and names sort by time.
+    pub fn to_compact_utc(self) -> String {
+        let c = CivilTime::of(self);
+        format!("{:04}{:02}{:02}T{:02}{:02}{:02}.{:03}Z", c.year, c.month, c.day, c.hour, c.minute, c.second, c.milli)
+    }
+}
+
+/// A UTC calendar date and time (proleptic Gregorian), computed without a
+/// date library by Howard Hinnant's days-to-civil algorithm (eras of 400 years).
+struct CivilTime {
+    year: i64,
+    month: i64,
+    day: i64,
+    hour: i64,
+    minute: i64,
+    second: i64,
+    milli: i64,
+}
+
+impl CivilTime {
+    fn of(t: Time) -> CivilTime {
+        const DAY_MS: i64 = 86_400_000;
+        let (days, ms) = (t.0.div_euclid(DAY_MS), t.0.rem_euclid(DAY_MS));
+        let z = days + 719_468;
+        let era = z.div_euclid(146_097);
+        let day_of_era = z.rem_euclid(146_097);
+        let year_of_era = (day_of_era - day_of_era / 1460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
+        let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
+        let mp = (5 * day_of_year + 2) / 153;
+        let month = if mp < 10 { mp + 3 } else { mp - 9 };
+        CivilTime {
+            year: year_of_era + era * 400 + i64::from(month <= 2),
+            month,
+            day: day_of_year - (153 * mp + 2) / 5 + 1,
+            hour: ms / 3_600_000,
+            minute: ms / 60_000 % 60,
+            second: ms / 1000 % 60,
+            milli: ms % 1000,
+        }
+    }
 }
 
 impl Add<Duration> for Time {
@@ -154,6 +206,15 @@ mod tests {
         assert!(!Duration::from_millis(2500).is_multiple_of(Duration::from_secs(1)));
         assert!(!Duration::ZERO.is_multiple_of(interval));
         assert!(!interval.is_multiple_of(Duration::ZERO));
+    }
+
+    #[test]
+    fn utc_formats_of_known_instants() {
+        assert_eq!(Time::ZERO.to_iso8601(), "1970-01-01T00:00:00.000Z");
+        assert_eq!(Time::from_millis(1_700_000_000_123).to_iso8601(), "2023-11-14T22:13:20.123Z");
+        assert_eq!(Time::from_millis(951_782_400_000).to_iso8601(), "2000-02-29T00:00:00.000Z");
+        assert_eq!(Time::from_millis(-1).to_iso8601(), "1969-12-31T23:59:59.999Z");
+        assert_eq!(Time::from_millis(951_782_400_000).to_compact_utc(), "20000229T000000.000Z");
     }
 
     #[test]

@@ -55,7 +55,6 @@ mod file_manager;
 mod lock;
 mod log;
 mod repair;
-mod utc;
 mod verdict;
 
 pub use checkpoint::{

@@ -23,7 +23,6 @@ use tracing::{info, warn};
 
 use crate::error::{LogStoreError, Result};
 use crate::file_manager::{FILE_MODE, fsync_dir};
-use crate::utc;
 
 /// The lock file's name in a checkpoint directory.
 pub const LOCK_FILE: &str = "LOCK";
@@ -45,7 +44,7 @@ pub struct LockHolder {
 
 impl fmt::Display for LockHolder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "pid {} on host {} since {} (epoch {})", self.pid, self.host, utc::iso8601(self.since), self.epoch)
+        write!(f, "pid {} on host {} since {} (epoch {})", self.pid, self.host, self.since.to_iso8601(), self.epoch)
     }
 }
 

@@ -16,7 +16,6 @@ use tracing::info;
 use crate::checkpoint::{COMMITS_DIR, OFFSETS_DIR};
 use crate::error::{LogStoreError, Result};
 use crate::file_manager::{CheckpointFileManager, parent_of};
-use crate::utc;
 use crate::verdict::{Inconsistency, InconsistencyKind, RecoveryPoint, classify, repair_command};
 
 /// The directory, under a checkpoint, that holds files moved aside by repairs.
@@ -63,7 +62,7 @@ struct Logs {
 /// Plans the repair of `inconsistency`; `now` names the quarantine directory.
 /// Pure: it reads and changes nothing.
 pub fn plan_repair(inconsistency: &Inconsistency, now: Time) -> RepairPlan {
-    let quarantine = Path::new(QUARANTINE_DIR).join(utc::compact(now));
+    let quarantine = Path::new(QUARANTINE_DIR).join(now.to_compact_utc());
     let shape = &inconsistency.shape;
     let mut logs = Logs { offsets: shape.offsets.clone(), commits: shape.commits.clone() };
     let mut actions = Vec::new();
