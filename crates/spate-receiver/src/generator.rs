@@ -7,6 +7,7 @@
 //! recomputed on its own with [`WordGenerator::words`].
 
 use std::fmt;
+use std::hash::{Hash, Hasher};
 use std::marker::PhantomData;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -70,18 +71,30 @@ impl WordGenerator {
         &self.vocabulary
     }
 
-    /// Word number `index` (from 0) of the sequence.
-    pub fn word_at(&self, index: u64) -> &str {
+    /// The vocabulary slot of word number `index`.
+    fn slot_at(&self, index: u64) -> usize {
         let random = splitmix64(self.seed.wrapping_add(index.wrapping_add(1).wrapping_mul(GAMMA)));
         // Scale to the vocabulary with a multiply rather than a modulo (no bias worth the name).
-        let slot = ((u128::from(random) * self.vocabulary.len() as u128) >> 64) as usize;
-        self.vocabulary.get(slot).map_or("", String::as_str)
+        ((u128::from(random) * self.vocabulary.len() as u128) >> 64) as usize
+    }
+
+    /// Word number `index` (from 0) of the sequence.
+    pub fn word_at(&self, index: u64) -> &str {
+        self.vocabulary.get(self.slot_at(index)).map_or("", String::as_str)
     }
 
     /// Appends words `start..start + count` to `out`, as records of type `W`.
     pub fn fill<W: WordRecord>(&self, start: u64, count: usize, out: &mut Vec<W>) {
         out.reserve(count);
-        out.extend((start..start + count as u64).map(|i| W::from_word(self.word_at(i))));
+        let indices = start..start + count as u64;
+        if self.vocabulary.len() > count {
+            out.extend(indices.map(|i| W::from_word(self.word_at(i))));
+            return;
+        }
+        // Each vocabulary word converted once, then cloned per record (a
+        // copy for an inline word) instead of converted per record.
+        let records: Vec<W> = self.vocabulary.iter().map(|word| W::from_word(word)).collect();
+        out.extend(indices.map(|i| records.get(self.slot_at(i)).cloned().unwrap_or_else(|| W::from_word(""))));
     }
 
     /// Words `start..start + count`: the reference input of tests.
@@ -109,7 +122,7 @@ impl WordRecord for String {
 ///
 /// It serializes exactly as a `String` does, so blocks of `SmallWord`s
 /// decode as blocks of `String`s and the other way round.
-#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 pub struct SmallWord {
     len: u8,
     bytes: [u8; SmallWord::CAPACITY],
@@ -130,6 +143,22 @@ impl SmallWord {
     pub fn as_str(&self) -> &str {
         // Built only from a `&str` (whole, or cut at a char boundary), so it is UTF-8.
         std::str::from_utf8(self.bytes.get(..usize::from(self.len)).unwrap_or_default()).unwrap_or_default()
+    }
+}
+
+impl Hash for SmallWord {
+    /// Three whole words (the length and the bytes) rather than a length
+    /// prefix and a byte slice: fewer, wider hasher steps. The bytes past
+    /// the length are always zero, so equal words hash alike.
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        let mut words = [0u8; 1 + Self::CAPACITY];
+        words[0] = self.len;
+        words[1..].copy_from_slice(&self.bytes);
+        for chunk in words.chunks_exact(8) {
+            let mut word = [0u8; 8];
+            word.copy_from_slice(chunk);
+            state.write_u64(u64::from_le_bytes(word));
+        }
     }
 }
 
@@ -334,6 +363,25 @@ mod tests {
         let distinct: std::collections::HashSet<&String> = words.iter().collect();
         assert!(distinct.iter().all(|w| VOCABULARY.contains(&w.as_str())));
         assert!(distinct.len() > VOCABULARY.len() / 2);
+    }
+
+    #[test]
+    fn inline_words_fill_the_same_sequence_and_count_like_strings() {
+        let generator = WordGenerator::new(9);
+        let (mut small, mut strings): (Vec<SmallWord>, Vec<String>) = (Vec::new(), Vec::new());
+        // Longer than the vocabulary (words converted once) and shorter (per word).
+        generator.fill(100, 5000, &mut small);
+        generator.fill(5100, 7, &mut small);
+        generator.fill(100, 5007, &mut strings);
+        assert_eq!(small.iter().map(SmallWord::as_str).collect::<Vec<_>>(), strings);
+        let mut by_small: std::collections::HashMap<SmallWord, u64> = std::collections::HashMap::new();
+        let mut by_string: std::collections::HashMap<&str, u64> = std::collections::HashMap::new();
+        for (word, text) in small.iter().zip(&strings) {
+            *by_small.entry(*word).or_default() += 1;
+            *by_string.entry(text.as_str()).or_default() += 1;
+        }
+        assert_eq!(by_small.len(), by_string.len());
+        assert!(by_small.iter().all(|(word, n)| by_string.get(word.as_str()) == Some(n)));
     }
 
     #[test]
