@@ -6,12 +6,12 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use spate_core::{Clock, Duration, StreamId, Time};
+use spate_core::{Clock, Duration, StreamBlockId, StreamId, Time};
 use spate_dstream::{Data, FedSource};
 use spate_receiver::{
-    BlockGeneratorConfig, BlockInfoSink, BlockManager, BlockManagerBasedBlockHandler, BlockManagerConfig, FnSink,
-    ReceivedBlockHandler, Receiver, ReceiverState, ReceiverSupervisor, Record, StorageLevel, SupervisorConfig,
-    WalHandlerConfig, WriteAheadLogBasedBlockHandler, read_block_from_wal, receiver_wal_dir,
+    BlockData, BlockGeneratorConfig, BlockInfoSink, BlockManager, BlockManagerBasedBlockHandler, BlockManagerConfig,
+    FnSink, ReceivedBlockHandler, Receiver, ReceiverError, ReceiverState, ReceiverSupervisor, Record, StorageLevel,
+    SupervisorConfig, WalHandlerConfig, WriteAheadLogBasedBlockHandler, read_block_from_wal, receiver_wal_dir,
 };
 use spate_tracker::{BlockLocation, ReceivedBlockTracker, TrackedBlock};
 use spate_wal::{FileWriteAheadLog, WalOptions, WriteAheadLog};
@@ -180,30 +180,97 @@ impl<T: Record + Data, R: Receiver<T>> TypedReceiverInput<T, R> {
         read_block_from_wal::<T>(wal.as_ref(), self.stream_id, handle).map_err(|e| self.receiver_error(e))
     }
 
-    fn read_block(&self, block: &TrackedBlock) -> Result<Vec<T>, RuntimeError> {
+    /// Takes `block` out of its store: from memory as it is kept there (the
+    /// records are decoded later, in parallel), from the WAL decoded.
+    fn take_block(&self, block: &TrackedBlock) -> Result<TakenBlock<T>, RuntimeError> {
         match block.location() {
             BlockLocation::BlockManager(id) => {
                 // A block is read once: its batch is computed now, and a
                 // restart reads it from the WAL, so the memory is freed at once.
                 let in_memory = match &self.stores {
                     Some(stores) => {
-                        let records = stores.blocks.get_records(id).map_err(|e| self.receiver_error(e))?;
+                        let data = stores.blocks.get(id).map_err(|e| self.receiver_error(e))?;
                         stores.blocks.remove(id).map_err(|e| self.receiver_error(e))?;
-                        records
+                        data
                     }
                     None => None,
                 };
                 match (in_memory, block.info().wal_handle()) {
-                    (Some(records), _) => Ok(Arc::try_unwrap(records).unwrap_or_else(|shared| (*shared).clone())),
-                    (None, Some(handle)) => self.read_from_wal(block, handle),
+                    (Some(data), _) => Ok(TakenBlock::Stored(id, data)),
+                    (None, Some(handle)) => self.read_from_wal(block, handle).map(TakenBlock::Decoded),
                     (None, None) => Err(self.receiver_error(format!("block {id} is no longer stored"))),
                 }
             }
-            BlockLocation::ReceiverWal(handle) => self.read_from_wal(block, handle),
+            BlockLocation::ReceiverWal(handle) => self.read_from_wal(block, handle).map(TakenBlock::Decoded),
             BlockLocation::Lost => Err(self.receiver_error(format!(
                 "block {} was received before a restart without the write-ahead log; its records are lost",
                 block.block_id()
             ))),
+        }
+    }
+
+    /// Decodes `taken` into one partition per block, in block order, on up
+    /// to one thread per core; each block's bytes are freed as soon as it is
+    /// decoded, so a batch is never held both serialized and decoded.
+    fn decode_blocks(&self, taken: Vec<TakenBlock<T>>) -> Result<Vec<Vec<T>>, RuntimeError> {
+        let threads = std::thread::available_parallelism().map_or(1, usize::from).min(taken.len());
+        if threads <= 1 {
+            return taken.into_iter().map(|block| block.decode().map_err(|e| self.receiver_error(e))).collect();
+        }
+        let per_thread = taken.len().div_ceil(threads);
+        let mut chunks = Vec::with_capacity(threads);
+        let mut rest = taken;
+        while !rest.is_empty() {
+            let tail = rest.split_off(per_thread.min(rest.len()));
+            chunks.push(rest);
+            rest = tail;
+        }
+        let decoded = std::thread::scope(|scope| {
+            let workers: Vec<_> = chunks
+                .into_iter()
+                .map(|chunk| {
+                    std::thread::Builder::new()
+                        .name(format!("decode-{}", self.stream_id.0))
+                        .spawn_scoped(scope, move || chunk.into_iter().map(TakenBlock::decode).collect::<Vec<_>>())
+                })
+                .collect();
+            workers
+                .into_iter()
+                .map(|worker| match worker {
+                    Ok(handle) => handle.join().map_err(|_| "a decoding thread panicked".to_string()),
+                    Err(e) => Err(format!("could not start a decoding thread: {e}")),
+                })
+                .collect::<Vec<_>>()
+        });
+        let mut partitions = Vec::new();
+        for chunk in decoded {
+            for block in chunk.map_err(|e| self.receiver_error(e))? {
+                partitions.push(block.map_err(|e| self.receiver_error(e))?);
+            }
+        }
+        Ok(partitions)
+    }
+}
+
+/// A block taken out of its store for a batch.
+enum TakenBlock<T> {
+    /// As the block manager kept it (records or serialized bytes).
+    Stored(StreamBlockId, BlockData<T>),
+    /// Already decoded (read back from the WAL).
+    Decoded(Vec<T>),
+}
+
+impl<T: Record> TakenBlock<T> {
+    /// The block's records; the serialized bytes are dropped here.
+    fn decode(self) -> Result<Vec<T>, ReceiverError> {
+        match self {
+            TakenBlock::Stored(block_id, data) => {
+                let records =
+                    data.records().map_err(|source| ReceiverError::Codec { block_id: Some(block_id), source })?;
+                drop(data);
+                Ok(Arc::try_unwrap(records).unwrap_or_else(|shared| (*shared).clone()))
+            }
+            TakenBlock::Decoded(records) => Ok(records),
         }
     }
 }
@@ -262,13 +329,9 @@ impl<T: Record + Data, R: Receiver<T>> ReceiverInput for TypedReceiverInput<T, R
     }
 
     fn feed(&self, time: Time, blocks: &[TrackedBlock]) -> Result<u64, RuntimeError> {
-        let mut partitions = Vec::with_capacity(blocks.len());
-        let mut records = 0u64;
-        for block in blocks {
-            let data = self.read_block(block)?;
-            records += data.len() as u64;
-            partitions.push(data);
-        }
+        let taken = blocks.iter().map(|block| self.take_block(block)).collect::<Result<Vec<_>, _>>()?;
+        let partitions = self.decode_blocks(taken)?;
+        let records = partitions.iter().map(|p| p.len() as u64).sum();
         self.source.feed(time, partitions);
         Ok(records)
     }
