@@ -210,11 +210,25 @@ impl<'de> Deserialize<'de> for SmallWord {
                 SmallWord::new(v).ok_or_else(|| E::invalid_length(v.len(), &self))
             }
             fn visit_bytes<E: de::Error>(self, v: &[u8]) -> Result<SmallWord, E> {
-                let text = std::str::from_utf8(v).map_err(|_| E::invalid_value(de::Unexpected::Bytes(v), &self))?;
-                self.visit_str(text)
+                let mut bytes = [0u8; SmallWord::CAPACITY];
+                let Some(target) = bytes.get_mut(..v.len()) else {
+                    return Err(E::invalid_length(v.len(), &self));
+                };
+                // Words are mostly ASCII: a cheaper check than full UTF-8 validation.
+                if !v.is_ascii() && std::str::from_utf8(v).is_err() {
+                    return Err(E::invalid_value(de::Unexpected::Bytes(v), &self));
+                }
+                target.copy_from_slice(v);
+                Ok(SmallWord { len: v.len() as u8, bytes })
             }
         }
-        deserializer.deserialize_str(SmallWordVisitor)
+        if deserializer.is_human_readable() {
+            return deserializer.deserialize_str(SmallWordVisitor);
+        }
+        // Binary formats encode a str as its length and bytes, the same as
+        // bytes: reading it as bytes skips their UTF-8 check, done above
+        // with an ASCII fast path.
+        deserializer.deserialize_bytes(SmallWordVisitor)
     }
 }
 
@@ -391,6 +405,20 @@ mod tests {
         assert_eq!(one.words(0, 3), vec!["only", "only", "only"]);
     }
 
+    /// Bytes that serialize as a byte string (length and bytes, like a str).
+    fn serde_bytes_of(bytes: &[u8]) -> RawBytes {
+        RawBytes(bytes.to_vec())
+    }
+
+    #[derive(Clone, serde::Deserialize)]
+    struct RawBytes(Vec<u8>);
+
+    impl Serialize for RawBytes {
+        fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+            serializer.serialize_bytes(&self.0)
+        }
+    }
+
     #[test]
     fn small_words_serialize_as_strings() {
         let words = WordGenerator::new(3).words(0, 100);
@@ -405,6 +433,11 @@ mod tests {
         assert_eq!(SmallWord::from_word(&long).as_str(), "é".repeat(11));
         let too_long = crate::block::encode_block(&[long]).unwrap();
         assert!(crate::block::decode_block::<SmallWord>(&too_long).is_err());
+        // Multi-byte words decode; bytes that are not UTF-8 are refused.
+        let accented = crate::block::encode_block(&["fluß".to_string()]).unwrap();
+        assert_eq!(crate::block::decode_block::<SmallWord>(&accented).unwrap()[0].as_str(), "fluß");
+        let not_utf8 = crate::block::encode_block(&[serde_bytes_of(&[0x66, 0xff])]).unwrap();
+        assert!(crate::block::decode_block::<SmallWord>(&not_utf8).is_err());
     }
 
     #[test]
