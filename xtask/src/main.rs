@@ -89,6 +89,7 @@ fn test(_args: &[String]) -> Result {
 
 fn demo(args: &[String]) -> Result {
     let mut c = cargo(&["run", "--release", "--quiet", "--package", "spate-cli", "--bin", "spate", "--", "demo"]);
-    c.args(args);
+    // `cargo xtask demo -- --seconds 5` and `cargo xtask demo --seconds 5` mean the same.
+    c.args(args.strip_prefix(&["--".to_string()]).unwrap_or(args));
     run_step("demo", c)
 }
