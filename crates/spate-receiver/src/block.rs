@@ -5,11 +5,14 @@
 //! same bytes go to the block manager, to its disk store and to the receiver
 //! write-ahead log, so a block is serialized once, in one pass.
 
+use std::any::{Any, TypeId};
 use std::sync::Arc;
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use spate_core::{CoreError, FrameCodec};
+
+use crate::generator::SmallWord;
 
 /// What a record must be to travel through receivers, blocks and logs.
 ///
@@ -36,7 +39,71 @@ pub fn encode_block<T: Record>(records: &[T]) -> Result<Vec<u8>, CoreError> {
 
 /// Reads the records of a serialized block, checking its CRC and bounds.
 pub fn decode_block<T: Record>(bytes: &[u8]) -> Result<Vec<T>, CoreError> {
+    // Blocks of inline words (the demo's hot path) are read by hand, without
+    // serde's per-record overhead; the result is the same.
+    if TypeId::of::<T>() == TypeId::of::<SmallWord>() {
+        let words: Box<dyn Any> = Box::new(decode_small_word_block(bytes)?);
+        if let Ok(records) = words.downcast::<Vec<T>>() {
+            return Ok(*records);
+        }
+    }
     Ok(block_codec().decode::<Vec<T>>(bytes)?.value)
+}
+
+/// Reads a block of [`SmallWord`]s: the bincode layout of a sequence of
+/// strings (a varint count, then a varint length and the bytes of each).
+fn decode_small_word_block(bytes: &[u8]) -> Result<Vec<SmallWord>, CoreError> {
+    let payload = block_codec().open(bytes)?.payload;
+    let mut reader = VarintReader { rest: payload };
+    let count = reader.varint()?;
+    // Every word takes at least a byte: a larger count is damage, not a size to allocate.
+    if count > payload.len() as u64 {
+        return Err(CoreError::Decode { reason: format!("block declares {count} words in {} bytes", payload.len()) });
+    }
+    let mut words = Vec::with_capacity(count as usize);
+    for index in 0..count {
+        let len = reader.varint()?;
+        let word = reader.take(len)?;
+        words.push(SmallWord::from_utf8_bytes(word).ok_or_else(|| CoreError::Decode {
+            reason: format!("word {index} is not UTF-8 of at most {} bytes (length {len})", SmallWord::CAPACITY),
+        })?);
+    }
+    if !reader.rest.is_empty() {
+        return Err(CoreError::Decode { reason: format!("{} trailing bytes after the value", reader.rest.len()) });
+    }
+    Ok(words)
+}
+
+/// Reads bincode's standard varints and byte runs off a payload.
+struct VarintReader<'a> {
+    rest: &'a [u8],
+}
+
+impl<'a> VarintReader<'a> {
+    fn take(&mut self, len: u64) -> Result<&'a [u8], CoreError> {
+        let truncated = || CoreError::Truncated { needed: len, available: self.rest.len() as u64 };
+        let (taken, rest) =
+            usize::try_from(len).ok().and_then(|n| self.rest.split_at_checked(n)).ok_or_else(truncated)?;
+        self.rest = rest;
+        Ok(taken)
+    }
+
+    fn fixed<const N: usize>(&mut self) -> Result<[u8; N], CoreError> {
+        let mut out = [0u8; N];
+        out.copy_from_slice(self.take(N as u64)?);
+        Ok(out)
+    }
+
+    fn varint(&mut self) -> Result<u64, CoreError> {
+        let [tag] = self.fixed::<1>()?;
+        match tag {
+            0..=250 => Ok(u64::from(tag)),
+            251 => Ok(u64::from(u16::from_le_bytes(self.fixed()?))),
+            252 => Ok(u64::from(u32::from_le_bytes(self.fixed()?))),
+            253 => Ok(u64::from_le_bytes(self.fixed()?)),
+            _ => Err(CoreError::Decode { reason: format!("invalid varint tag {tag}") }),
+        }
+    }
 }
 
 /// The number of records in a serialized block, from its checked header

@@ -139,6 +139,19 @@ impl SmallWord {
         Some(SmallWord { len: word.len() as u8, bytes })
     }
 
+    /// The word of UTF-8 `bytes`, or `None` when they are longer than
+    /// [`SmallWord::CAPACITY`] or not UTF-8.
+    pub(crate) fn from_utf8_bytes(bytes: &[u8]) -> Option<Self> {
+        let mut inline = [0u8; Self::CAPACITY];
+        let target = inline.get_mut(..bytes.len())?;
+        // Words are mostly ASCII: a cheaper check than full UTF-8 validation.
+        if !bytes.is_ascii() && std::str::from_utf8(bytes).is_err() {
+            return None;
+        }
+        target.copy_from_slice(bytes);
+        Some(SmallWord { len: bytes.len() as u8, bytes: inline })
+    }
+
     /// The word.
     pub fn as_str(&self) -> &str {
         // Built only from a `&str` (whole, or cut at a char boundary), so it is UTF-8.
@@ -210,16 +223,10 @@ impl<'de> Deserialize<'de> for SmallWord {
                 SmallWord::new(v).ok_or_else(|| E::invalid_length(v.len(), &self))
             }
             fn visit_bytes<E: de::Error>(self, v: &[u8]) -> Result<SmallWord, E> {
-                let mut bytes = [0u8; SmallWord::CAPACITY];
-                let Some(target) = bytes.get_mut(..v.len()) else {
+                if v.len() > SmallWord::CAPACITY {
                     return Err(E::invalid_length(v.len(), &self));
-                };
-                // Words are mostly ASCII: a cheaper check than full UTF-8 validation.
-                if !v.is_ascii() && std::str::from_utf8(v).is_err() {
-                    return Err(E::invalid_value(de::Unexpected::Bytes(v), &self));
                 }
-                target.copy_from_slice(v);
-                Ok(SmallWord { len: v.len() as u8, bytes })
+                SmallWord::from_utf8_bytes(v).ok_or_else(|| E::invalid_value(de::Unexpected::Bytes(v), &self))
             }
         }
         if deserializer.is_human_readable() {
@@ -438,6 +445,30 @@ mod tests {
         assert_eq!(crate::block::decode_block::<SmallWord>(&accented).unwrap()[0].as_str(), "fluß");
         let not_utf8 = crate::block::encode_block(&[serde_bytes_of(&[0x66, 0xff])]).unwrap();
         assert!(crate::block::decode_block::<SmallWord>(&not_utf8).is_err());
+    }
+
+    #[test]
+    fn small_word_blocks_decode_like_string_blocks() {
+        // A count above 65 535 (a four-byte varint); a word past the capacity is refused.
+        let words =
+            WordGenerator::with_vocabulary(5, vec!["a".into(), "ünïcode".into(), String::new(), "x".repeat(23)])
+                .unwrap()
+                .words(0, 70_000);
+        let bytes = crate::block::encode_block(&words).unwrap();
+        let small = crate::block::decode_block::<SmallWord>(&bytes).unwrap();
+        assert_eq!(small.iter().map(SmallWord::as_str).collect::<Vec<_>>(), words);
+        assert!(
+            crate::block::decode_block::<SmallWord>(&crate::block::encode_block(&["y".repeat(300)]).unwrap()).is_err()
+        );
+        // A payload with bytes after the sequence is refused, as serde decoding refuses it.
+        let mut trailing = Vec::new();
+        crate::block::block_codec().encode_into(&(vec!["a".to_string()], 7u8), &mut trailing).unwrap();
+        assert!(crate::block::decode_block::<SmallWord>(&trailing).is_err());
+        assert!(crate::block::decode_block::<String>(&trailing).is_err());
+        // A payload cut inside a word is refused.
+        let mut cut = Vec::new();
+        crate::block::block_codec().encode_into(&(3u8, 5u8, *b"ab"), &mut cut).unwrap();
+        assert!(crate::block::decode_block::<SmallWord>(&cut).is_err());
     }
 
     #[test]
