@@ -63,8 +63,15 @@ fn decode_small_word_block(bytes: &[u8]) -> Result<Vec<SmallWord>, CoreError> {
     let mut words = Vec::with_capacity(count as usize);
     for index in 0..count {
         let len = reader.varint()?;
+        // A whole window when the payload has one: a fixed-size copy stays in
+        // registers, where a copy of the word's own length goes through memory.
+        let window = reader.rest.first_chunk::<{ SmallWord::CAPACITY }>().copied();
         let word = reader.take(len)?;
-        words.push(SmallWord::from_utf8_bytes(word).ok_or_else(|| CoreError::Decode {
+        let parsed = match window {
+            Some(window) => SmallWord::from_utf8_window(&window, word.len()),
+            None => SmallWord::from_utf8_bytes(word),
+        };
+        words.push(parsed.ok_or_else(|| CoreError::Decode {
             reason: format!("word {index} is not UTF-8 of at most {} bytes (length {len})", SmallWord::CAPACITY),
         })?);
     }

@@ -152,6 +152,23 @@ impl SmallWord {
         Some(SmallWord { len: bytes.len() as u8, bytes: inline })
     }
 
+    /// The word of the first `len` bytes of `window` (the rest is ignored),
+    /// or `None` when they are not UTF-8 or `len` exceeds the capacity.
+    pub(crate) fn from_utf8_window(window: &[u8; Self::CAPACITY], len: usize) -> Option<Self> {
+        let word = window.get(..len)?;
+        if !word.is_ascii() && std::str::from_utf8(word).is_err() {
+            return None;
+        }
+        let mut bytes = *window;
+        // Bytes past the word are zero (equal words compare and hash alike).
+        for (index, byte) in bytes.iter_mut().enumerate() {
+            if index >= len {
+                *byte = 0;
+            }
+        }
+        Some(SmallWord { len: len as u8, bytes })
+    }
+
     /// The word.
     pub fn as_str(&self) -> &str {
         // Built only from a `&str` (whole, or cut at a char boundary), so it is UTF-8.
