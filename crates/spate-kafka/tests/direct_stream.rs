@@ -9,43 +9,19 @@ mod common;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 
-use common::{brokers, create_topic, produce, unique, values};
-use spate_core::{BatchId, Duration, Time};
+use common::{BATCH, SOURCE, brokers, commit, create_topic, log_offsets, produce, time_of, unique, value, values};
+use spate_core::BatchId;
 use spate_dstream::{GraphBuilder, InputSource};
 use spate_kafka::{
     DataLossPolicy, DirectKafkaConfig, DirectKafkaStream, KafkaError, KafkaRecord, OffsetCommit, OffsetRange,
     OffsetRanges, StartingOffsets, TopicPartition,
 };
-use spate_logstore::{Checkpoint, CheckpointOptions, CommitMetadata, OffsetSeq, Verdict};
-
-const SOURCE: &str = "kafka-in";
-const BATCH: Duration = Duration::from_millis(100);
+use spate_logstore::{Checkpoint, CheckpointOptions, Verdict};
 
 fn config(topic: &str, rate_per_partition: u64) -> DirectKafkaConfig {
     DirectKafkaConfig::subscribe(brokers(), unique("group"), [topic], BATCH)
         .max_rate_per_partition(rate_per_partition)
         .poll_timeout(std::time::Duration::from_secs(20))
-}
-
-fn time_of(batch: u64) -> Time {
-    Time::from_millis(((batch + 1) * BATCH.as_millis()) as i64)
-}
-
-fn log_offsets(checkpoint: &Checkpoint, batch: u64, ranges: &OffsetRanges) {
-    let entry = OffsetSeq {
-        batch_timestamp: time_of(batch),
-        sources: vec![ranges.to_source_offset(SOURCE)],
-        ..OffsetSeq::default()
-    };
-    assert!(checkpoint.offsets().add(BatchId(batch), &entry).unwrap());
-}
-
-fn commit(checkpoint: &Checkpoint, batch: u64) {
-    assert!(checkpoint.commits().add(BatchId(batch), &CommitMetadata::default()).unwrap());
-}
-
-fn value(record: &KafkaRecord) -> String {
-    String::from_utf8(record.value.clone().unwrap()).unwrap()
 }
 
 fn assert_within(ranges: &OffsetRanges, records: &[Vec<KafkaRecord>]) {

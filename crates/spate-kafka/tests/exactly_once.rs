@@ -8,38 +8,16 @@ mod common;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use common::{brokers, create_topic, produce, read_committed, unique, values};
-use spate_core::{BatchId, Duration, Time};
+use common::{
+    BATCH, SOURCE, brokers, commit, create_topic, log_offsets, produce, read_committed, time_of, unique, value, values,
+};
+use spate_core::BatchId;
 use spate_dstream::InputSource;
 use spate_kafka::{
     CommitOutcome, DirectKafkaConfig, DirectKafkaStream, KafkaRecord, OffsetCommit, OffsetRanges, OutputRecord,
     RocksOffsetStore, StartingOffsets, TransactionalKafkaSink,
 };
-use spate_logstore::{Checkpoint, CheckpointOptions, CommitMetadata, OffsetSeq, Verdict};
-
-const SOURCE: &str = "kafka-in";
-const BATCH: Duration = Duration::from_millis(100);
-
-fn time_of(batch: u64) -> Time {
-    Time::from_millis(((batch + 1) * BATCH.as_millis()) as i64)
-}
-
-fn log_offsets(checkpoint: &Checkpoint, batch: u64, ranges: &OffsetRanges) {
-    let entry = OffsetSeq {
-        batch_timestamp: time_of(batch),
-        sources: vec![ranges.to_source_offset(SOURCE)],
-        ..OffsetSeq::default()
-    };
-    assert!(checkpoint.offsets().add(BatchId(batch), &entry).unwrap());
-}
-
-fn commit(checkpoint: &Checkpoint, batch: u64) {
-    assert!(checkpoint.commits().add(BatchId(batch), &CommitMetadata::default()).unwrap());
-}
-
-fn value(record: &KafkaRecord) -> String {
-    String::from_utf8(record.value.clone().unwrap()).unwrap()
-}
+use spate_logstore::{Checkpoint, CheckpointOptions, Verdict};
 
 /// The re-run a restart must do: the logged ranges of the batch after the last commit.
 fn rerun_of(checkpoint: &Checkpoint) -> (u64, String) {

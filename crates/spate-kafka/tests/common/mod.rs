@@ -133,3 +133,34 @@ pub fn read_committed(topic: &str, partitions: i32) -> Vec<String> {
     }
     out
 }
+
+/// The name the tests give the Kafka source in `offsets/N`.
+pub const SOURCE: &str = "kafka-in";
+/// The batch interval of the tests' streams.
+pub const BATCH: spate_core::Duration = spate_core::Duration::from_millis(100);
+
+/// The batch time of batch `batch` (batch 0 at one interval after the epoch).
+pub fn time_of(batch: u64) -> spate_core::Time {
+    spate_core::Time::from_millis(((batch + 1) * BATCH.as_millis()) as i64)
+}
+
+/// Writes `offsets/<batch>` with the ranges the batch reads.
+pub fn log_offsets(checkpoint: &spate_logstore::Checkpoint, batch: u64, ranges: &spate_kafka::OffsetRanges) {
+    let entry = spate_logstore::OffsetSeq {
+        batch_timestamp: time_of(batch),
+        sources: vec![ranges.to_source_offset(SOURCE)],
+        ..spate_logstore::OffsetSeq::default()
+    };
+    assert!(checkpoint.offsets().add(spate_core::BatchId(batch), &entry).unwrap());
+}
+
+/// Writes `commits/<batch>`.
+pub fn commit(checkpoint: &spate_logstore::Checkpoint, batch: u64) {
+    let done = spate_logstore::CommitMetadata::default();
+    assert!(checkpoint.commits().add(spate_core::BatchId(batch), &done).unwrap());
+}
+
+/// A record's value as text.
+pub fn value(record: &spate_kafka::KafkaRecord) -> String {
+    String::from_utf8(record.value.clone().unwrap()).unwrap()
+}
