@@ -80,7 +80,38 @@ pub(crate) fn encode_batch(events: &[TrackerEvent], out: &mut Vec<u8>) -> Result
 
 /// Decodes one log record into its events, picking the decoder by the
 /// record's format version.
+#[cfg(test)]
 pub(crate) fn decode_batch(record: &[u8]) -> Result<EventBatch, DecodeFailure> {
+    let mut events = EventBatch::new();
+    for_each_event(record, |event| events.push(event))?;
+    Ok(events)
+}
+
+/// Decodes one log record and hands its events to `apply` in order; returns
+/// how many there were. Nothing is handed over unless the whole record
+/// decodes, so a damaged record never half-applies.
+///
+/// A record of one event (the common shape: a lone block addition) is
+/// decoded without building a `Vec` for it: bincode writes the sequence
+/// length as a one-byte varint, followed by the event's own encoding.
+pub(crate) fn for_each_event(record: &[u8], mut apply: impl FnMut(TrackerEvent)) -> Result<usize, DecodeFailure> {
+    let payload = open_record(record)?;
+    let codec = event_codec();
+    // Version 1 is the only format so far; a later version adds its arm here
+    // and keeps this one, so old logs stay readable.
+    if let Some((1, event_bytes)) = payload.split_first() {
+        apply(codec.decode_payload::<TrackerEvent>(event_bytes).map_err(DecodeFailure::Damaged)?);
+        return Ok(1);
+    }
+    let events = codec.decode_payload::<EventBatch>(payload).map_err(DecodeFailure::Damaged)?;
+    let count = events.len();
+    events.into_iter().for_each(apply);
+    Ok(count)
+}
+
+/// Checks the record's frame (CRC, version, no trailing bytes) and returns
+/// its payload.
+fn open_record(record: &[u8]) -> Result<&[u8], DecodeFailure> {
     let codec = event_codec();
     let raw = codec.open(record).map_err(|e| match e {
         CoreError::NewerVersion { found, .. } => DecodeFailure::Newer { found },
@@ -92,9 +123,7 @@ pub(crate) fn decode_batch(record: &[u8]) -> Result<EventBatch, DecodeFailure> {
             reason: format!("{trailing} bytes after the event frame"),
         }));
     }
-    // Version 1 is the only format so far; a later version adds its arm here
-    // and keeps this one, so old logs stay readable.
-    codec.decode_payload::<EventBatch>(raw.payload).map_err(DecodeFailure::Damaged)
+    Ok(raw.payload)
 }
 
 #[cfg(test)]
@@ -131,6 +160,53 @@ mod tests {
         let mut buf = Vec::new();
         encode_batch(&sample_batch(), &mut buf).unwrap();
         assert_eq!(decode_batch(&buf).unwrap(), sample_batch());
+    }
+
+    #[test]
+    fn one_event_records_decode_as_the_general_path_does() {
+        for event in sample_batch() {
+            let mut buf = Vec::new();
+            encode_batch(std::slice::from_ref(&event), &mut buf).unwrap();
+            assert_eq!(decode_batch(&buf).unwrap(), vec![event.clone()]);
+            let raw = event_codec().open(&buf).unwrap();
+            let general: EventBatch = event_codec().decode_payload(raw.payload).unwrap();
+            assert_eq!(general, vec![event]);
+        }
+        let mut empty = Vec::new();
+        encode_batch(&[], &mut empty).unwrap();
+        assert_eq!(decode_batch(&empty).unwrap(), EventBatch::new());
+    }
+
+    #[test]
+    fn one_event_record_with_extra_payload_bytes_is_refused() {
+        let mut payload = bincode_payload_of_one(&sample_batch()[0]);
+        payload.push(0);
+        let frame = FrameCodec::new(EVENT_FORMAT_VERSION).encode(&RawBytes(&payload)).unwrap();
+        let mut applied = 0;
+        let outcome = for_each_event(&frame, |_| applied += 1);
+        assert!(matches!(outcome, Err(DecodeFailure::Damaged(_))), "{outcome:?}");
+        assert_eq!(applied, 0);
+    }
+
+    /// The payload of a one-event record, taken out of a real frame.
+    fn bincode_payload_of_one(event: &TrackerEvent) -> Vec<u8> {
+        let mut buf = Vec::new();
+        encode_batch(std::slice::from_ref(event), &mut buf).unwrap();
+        event_codec().open(&buf).unwrap().payload.to_vec()
+    }
+
+    /// Serializes as its bytes verbatim (a tuple of u8 has no length prefix).
+    struct RawBytes<'a>(&'a [u8]);
+
+    impl Serialize for RawBytes<'_> {
+        fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+            use serde::ser::SerializeTuple;
+            let mut tuple = serializer.serialize_tuple(self.0.len())?;
+            for byte in self.0 {
+                tuple.serialize_element(byte)?;
+            }
+            tuple.end()
+        }
     }
 
     #[test]

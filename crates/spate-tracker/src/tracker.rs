@@ -16,7 +16,7 @@ use spate_wal::{FileWriteAheadLog, WalOptions, WriteAheadLog};
 use tracing::{debug, error, info, warn};
 
 use crate::error::TrackerError;
-use crate::event::{DecodeFailure, EVENT_FORMAT_VERSION, TrackerEvent, decode_batch, encode_batch};
+use crate::event::{DecodeFailure, EVENT_FORMAT_VERSION, TrackerEvent, encode_batch, for_each_event};
 use crate::report::RecoveryReport;
 use crate::state::{AllocatedBlocks, TrackedBlock, TrackerState};
 
@@ -380,7 +380,7 @@ pub fn replay_event_log(
     for record in iter {
         let bytes =
             record.map_err(|source| TrackerError::LogRead { log: log_dir.to_path_buf(), record: records, source })?;
-        let batch = decode_batch(&bytes).map_err(|failure| match failure {
+        let count = for_each_event(&bytes, |event| state.apply(event)).map_err(|failure| match failure {
             DecodeFailure::Newer { found } => TrackerError::NewerFormat {
                 log: log_dir.to_path_buf(),
                 record: records,
@@ -391,10 +391,7 @@ pub fn replay_event_log(
                 TrackerError::CorruptRecord { log: log_dir.to_path_buf(), record: records, source }
             }
         })?;
-        events += batch.len() as u64;
-        for event in batch {
-            state.apply(event);
-        }
+        events += count as u64;
         records += 1;
     }
     state.mark_recovered();
