@@ -13,6 +13,10 @@ use tracing::warn;
 
 use crate::event::{StreamBlocks, TrackerEvent};
 
+/// The room a new unallocated queue starts with (blocks per stream per batch
+/// are usually a handful: block interval over batch interval).
+const QUEUE_START: usize = 16;
+
 /// A block the tracker knows, with whether it was recovered from the log.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TrackedBlock {
@@ -101,7 +105,12 @@ impl TrackerState {
                     warn!(block = %info.block_id(), "block added twice; the second addition is ignored");
                     return;
                 }
-                self.unallocated.entry(info.stream_id).or_default().push_back(TrackedBlock::live(info));
+                // Each allocation empties a stream's queue and the next addition
+                // starts a new one: room for a few blocks saves the regrowth
+                // that would otherwise come once per stream per batch.
+                let queue =
+                    self.unallocated.entry(info.stream_id).or_insert_with(|| VecDeque::with_capacity(QUEUE_START));
+                queue.push_back(TrackedBlock::live(info));
             }
             TrackerEvent::BatchAllocation { time, blocks } => self.apply_allocation(time, blocks),
             TrackerEvent::BatchCleanup { times, last_allocated } => {
