@@ -46,6 +46,9 @@ pub(crate) struct Shared {
     pub(crate) segments: RwLock<Vec<Arc<Segment>>>,
     pub(crate) queue: Mutex<CommitQueue>,
     pub(crate) queue_changed: Condvar,
+    /// Signalled when as many requests are queued as the last commit had,
+    /// for a leader waiting for the last group's writers to queue again.
+    pub(crate) group_requeued: Condvar,
     pub(crate) writer: Mutex<Writer>,
 }
 
@@ -72,6 +75,7 @@ impl FileWriteAheadLog {
             segments: RwLock::new(segments),
             queue: Mutex::new(CommitQueue::default()),
             queue_changed: Condvar::new(),
+            group_requeued: Condvar::new(),
             writer: Mutex::new(writer),
         };
         Ok(FileWriteAheadLog { shared: Arc::new(shared), cleaner: Mutex::new(None) })

@@ -9,7 +9,8 @@
 //! every later write.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
 
 use spate_core::{Time, WalRecordHandle};
 
@@ -20,12 +21,20 @@ use crate::options::SyncPolicy;
 use crate::record::encode_frame;
 use crate::segment::{Segment, segment_name};
 
+/// The longest a new leader waits for the last commit's writers to queue
+/// again; below one `fdatasync`, and only reached when writers leave.
+const COLLECTION_WAIT: Duration = Duration::from_micros(100);
+
 /// Records waiting for the next commit, and the results of finished ones.
 #[derive(Debug, Default)]
 pub(crate) struct CommitQueue {
     pending: Vec<Request>,
     leader_busy: bool,
     next_ticket: u64,
+    /// A leader is waiting on `group_requeued` before taking `pending`.
+    successor_waiting: bool,
+    /// Requests in the last commit: the writers likely to queue again.
+    last_group: usize,
     finished: HashMap<u64, Result<Vec<WalRecordHandle>, WalError>>,
 }
 
@@ -107,6 +116,9 @@ impl Shared {
             let ticket = queue.next_ticket;
             queue.next_ticket += 1;
             queue.pending.push(Request { ticket, records: framed });
+            if queue.successor_waiting && queue.pending.len() >= queue.last_group {
+                self.group_requeued.notify_one();
+            }
             ticket
         };
         self.wait_or_lead(ticket)
@@ -124,27 +136,53 @@ impl Shared {
                 continue;
             }
             queue.leader_busy = true;
+            queue = self.await_group(queue);
             let batch = std::mem::take(&mut queue.pending);
             drop(queue);
             let mut guard = LeaderGuard { shared: self, tickets: batch.iter().map(|r| r.ticket).collect() };
-            let results = self.commit(batch);
+            let results = self.commit(batch, &mut guard);
             guard.tickets.clear();
             queue = lock(&self.queue);
+            queue.last_group = results.len();
             queue.finished.extend(results);
             queue.leader_busy = false;
             self.queue_changed.notify_all();
         }
     }
 
-    /// Appends and syncs one batch; returns each request's result.
-    fn commit(&self, batch: Vec<Request>) -> Vec<(u64, Result<Vec<WalRecordHandle>, WalError>)> {
+    /// Lets as many writers queue as the last commit had before a new
+    /// leader takes the queue: they usually write again at once, so waiting
+    /// for them puts their next records in this commit instead of leaving
+    /// them for one more sync. The wait is bounded, since fewer writers may
+    /// be left; the next commit's size then lowers the target.
+    fn await_group<'q>(&self, mut queue: MutexGuard<'q, CommitQueue>) -> MutexGuard<'q, CommitQueue> {
+        let deadline = Instant::now() + COLLECTION_WAIT;
+        while queue.pending.len() < queue.last_group {
+            let Some(left) = deadline.checked_duration_since(Instant::now()) else {
+                break;
+            };
+            queue.successor_waiting = true;
+            queue = self.group_requeued.wait_timeout(queue, left).unwrap_or_else(PoisonError::into_inner).0;
+        }
+        queue.successor_waiting = false;
+        queue
+    }
+
+    /// Appends and syncs one batch, joined by whatever queued until its
+    /// append; returns each request's result.
+    fn commit(
+        &self,
+        mut batch: Vec<Request>,
+        guard: &mut LeaderGuard<'_>,
+    ) -> Vec<(u64, Result<Vec<WalRecordHandle>, WalError>)> {
         let mut writer = lock(&self.writer);
+        let mut handles = Vec::with_capacity(batch.len());
         let outcome = match writer.refusal(self) {
             Some(refusal) => Err(refusal),
-            None => self.append_batch(&mut writer, &batch),
+            None => self.append_and_sync(&mut writer, &mut batch, &mut handles, guard),
         };
         match outcome {
-            Ok(handles) => batch.iter().map(|r| r.ticket).zip(handles.into_iter().map(Ok)).collect(),
+            Ok(()) => batch.iter().map(|r| r.ticket).zip(handles.into_iter().map(Ok)).collect(),
             Err(error) => {
                 let mut results: Vec<_> = batch.iter().map(|r| (r.ticket, Err(error.duplicate()))).collect();
                 if let Some(first) = results.first_mut() {
@@ -155,10 +193,38 @@ impl Shared {
         }
     }
 
-    fn append_batch(&self, writer: &mut Writer, batch: &[Request]) -> Result<Vec<Vec<WalRecordHandle>>, WalError> {
-        let mut handles = Vec::with_capacity(batch.len());
+    /// Appends `batch` with the requests queued since it was taken (one
+    /// append, one sync: they join at no cost), then syncs by the policy.
+    fn append_and_sync(
+        &self,
+        writer: &mut Writer,
+        batch: &mut Vec<Request>,
+        handles: &mut Vec<Vec<WalRecordHandle>>,
+        guard: &mut LeaderGuard<'_>,
+    ) -> Result<(), WalError> {
+        let late = std::mem::take(&mut lock(&self.queue).pending);
+        guard.tickets.extend(late.iter().map(|r| r.ticket));
+        batch.extend(late);
+        self.append_requests(writer, batch, handles)?;
+        self.sync_by_policy(writer)?;
+        if let Some(active) = writer.active.as_mut() {
+            active.segment.set_readable_len(active.len);
+            if self.options.close_file_after_write {
+                active.file = None;
+            }
+        }
+        Ok(())
+    }
+
+    /// Appends the requests' frames, rolling segments as their times require.
+    fn append_requests(
+        &self,
+        writer: &mut Writer,
+        requests: &[Request],
+        handles: &mut Vec<Vec<WalRecordHandle>>,
+    ) -> Result<(), WalError> {
         let mut pending = PendingAppend::default();
-        for request in batch {
+        for request in requests {
             let mut request_handles = Vec::with_capacity(request.records.len());
             for (frame, time) in &request.records {
                 if writer.needs_roll(*time) {
@@ -178,15 +244,7 @@ impl Shared {
             }
             handles.push(request_handles);
         }
-        self.flush(writer, &mut pending)?;
-        self.sync_by_policy(writer)?;
-        if let Some(active) = writer.active.as_mut() {
-            active.segment.set_readable_len(active.len);
-            if self.options.close_file_after_write {
-                active.file = None;
-            }
-        }
-        Ok(handles)
+        self.flush(writer, &mut pending)
     }
 
     /// Appends the pending frames to the active segment.
