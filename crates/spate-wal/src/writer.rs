@@ -33,7 +33,8 @@ pub(crate) struct CommitQueue {
     next_ticket: u64,
     /// A leader is waiting on `group_requeued` before taking `pending`.
     successor_waiting: bool,
-    /// Requests in the last commit: the writers likely to queue again.
+    /// Requests in the largest commit since a leader last waited in vain:
+    /// the writers likely to queue again.
     last_group: usize,
     finished: HashMap<u64, Result<Vec<WalRecordHandle>, WalError>>,
 }
@@ -143,22 +144,23 @@ impl Shared {
             let results = self.commit(batch, &mut guard);
             guard.tickets.clear();
             queue = lock(&self.queue);
-            queue.last_group = results.len();
+            queue.last_group = queue.last_group.max(results.len());
             queue.finished.extend(results);
             queue.leader_busy = false;
             self.queue_changed.notify_all();
         }
     }
 
-    /// Lets as many writers queue as the last commit had before a new
-    /// leader takes the queue: they usually write again at once, so waiting
-    /// for them puts their next records in this commit instead of leaving
-    /// them for one more sync. The wait is bounded, since fewer writers may
-    /// be left; the next commit's size then lowers the target.
+    /// Lets as many writers queue as the largest recent commit had before a
+    /// new leader takes the queue: they usually write again at once, so
+    /// waiting for them puts their next records in this commit instead of
+    /// leaving them for one more sync. The wait is bounded, since fewer
+    /// writers may be left; a wait that runs out lowers the target.
     fn await_group<'q>(&self, mut queue: MutexGuard<'q, CommitQueue>) -> MutexGuard<'q, CommitQueue> {
         let deadline = Instant::now() + COLLECTION_WAIT;
         while queue.pending.len() < queue.last_group {
             let Some(left) = deadline.checked_duration_since(Instant::now()) else {
+                queue.last_group = queue.pending.len();
                 break;
             };
             queue.successor_waiting = true;
