@@ -152,6 +152,19 @@ fn collect_output(p: &mut PipelineBuilder, source: &Arc<Numbers>, seen: &SeenLog
         .name("collect");
 }
 
+/// A context on `dir` whose one output collects what `source` gives each batch.
+fn open_collecting(
+    dir: &Path,
+    clock: &ManualClock,
+    source: &Arc<Numbers>,
+    seen: &SeenLog,
+) -> Result<StreamingContext, RuntimeError> {
+    StreamingContext::get_or_create(dir, settings(clock), |p| {
+        collect_output(p, source, seen);
+        Ok(())
+    })
+}
+
 /// Writes offsets (and commits) of batches by hand, as a crashed run left them.
 fn write_logs(dir: &Path, batches: &[(u64, i64, u64, u64)], commits: &[u64]) {
     let checkpoint = Checkpoint::open_for_write(dir, CheckpointOptions::new()).unwrap();
@@ -176,11 +189,7 @@ fn logged_but_uncommitted_batch_is_rerun_with_exactly_its_offsets() {
     let clock = ManualClock::new(Time::from_millis(START + 1500));
     let source = Numbers::new(5);
     let seen = SeenLog::default();
-    let mut ctx = StreamingContext::get_or_create(dir.path(), settings(&clock), |p| {
-        collect_output(p, &source, &seen);
-        Ok(())
-    })
-    .unwrap();
+    let mut ctx = open_collecting(dir.path(), &clock, &source, &seen).unwrap();
     let report = ctx.recovery().unwrap().clone();
     assert_eq!(report.rerun_batch, Some(BatchId(1)));
     assert_eq!(report.last_committed, Some(BatchId(0)));
@@ -207,11 +216,7 @@ fn every_batch_committed_resumes_at_the_next_one() {
     let clock = ManualClock::new(Time::from_millis(START + 2000));
     let source = Numbers::new(5);
     let seen = SeenLog::default();
-    let mut ctx = StreamingContext::get_or_create(dir.path(), settings(&clock), |p| {
-        collect_output(p, &source, &seen);
-        Ok(())
-    })
-    .unwrap();
+    let mut ctx = open_collecting(dir.path(), &clock, &source, &seen).unwrap();
     let report = ctx.recovery().unwrap().clone();
     assert_eq!((report.rerun_batch, report.resumed_at), (None, BatchId(3)));
     assert!(report.to_string().contains("at batch 3"), "{report}");
@@ -232,11 +237,7 @@ fn batches_missed_while_down_run_before_live_ones() {
     let clock = ManualClock::new(Time::from_millis(START + 3500));
     let source = Numbers::new(5);
     let seen = SeenLog::default();
-    let mut ctx = StreamingContext::get_or_create(dir.path(), settings(&clock), |p| {
-        collect_output(p, &source, &seen);
-        Ok(())
-    })
-    .unwrap();
+    let mut ctx = open_collecting(dir.path(), &clock, &source, &seen).unwrap();
     let pending = ctx.recovery().unwrap().pending_batch_times.clone();
     assert_eq!(
         pending,
@@ -257,11 +258,7 @@ fn inconsistent_directory_is_refused_with_the_repair_command() {
     write_logs(dir.path(), &[(0, START, 0, 5)], &[0, 1]);
     let clock = ManualClock::new(Time::from_millis(START));
     let source = Numbers::new(5);
-    let err = StreamingContext::get_or_create(dir.path(), settings(&clock), |p| {
-        collect_output(p, &source, &SeenLog::default());
-        Ok(())
-    })
-    .unwrap_err();
+    let err = open_collecting(dir.path(), &clock, &source, &SeenLog::default()).unwrap_err();
     let text = err.to_string();
     let RuntimeError::Inconsistent(inconsistency) = err else { panic!("expected an inconsistency, got {err:?}") };
     assert!(inconsistency.files.iter().any(|f| f.ends_with("commits/1")), "{inconsistency:?}");
@@ -436,11 +433,7 @@ fn a_failed_output_leaves_the_batch_uncommitted_for_the_next_start() {
     assert!(dir.path().join("offsets/1").exists() && !dir.path().join("commits/1").exists());
 
     let seen = SeenLog::default();
-    let ctx = StreamingContext::get_or_create(dir.path(), settings(&clock), |p| {
-        collect_output(p, &Numbers::new(2), &seen);
-        Ok(())
-    })
-    .unwrap();
+    let ctx = open_collecting(dir.path(), &clock, &Numbers::new(2), &seen).unwrap();
     assert_eq!(ctx.recovery().unwrap().rerun_batch, Some(BatchId(1)));
 }
 
