@@ -7,7 +7,7 @@
 //! that refuses writes after a failed sync.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use spate_core::{Time, WalRecordHandle};
 
@@ -45,10 +45,6 @@ pub(crate) struct Shared {
     /// before it deletes their files, so new readers never see them.
     pub(crate) segments: RwLock<Vec<Arc<Segment>>>,
     pub(crate) queue: Mutex<CommitQueue>,
-    pub(crate) queue_changed: Condvar,
-    /// Signalled when as many requests are queued as the last commit had,
-    /// for a leader waiting for the last group's writers to queue again.
-    pub(crate) group_requeued: Condvar,
     pub(crate) writer: Mutex<Writer>,
 }
 
@@ -74,8 +70,6 @@ impl FileWriteAheadLog {
             files,
             segments: RwLock::new(segments),
             queue: Mutex::new(CommitQueue::default()),
-            queue_changed: Condvar::new(),
-            group_requeued: Condvar::new(),
             writer: Mutex::new(writer),
         };
         Ok(FileWriteAheadLog { shared: Arc::new(shared), cleaner: Mutex::new(None) })
