@@ -103,16 +103,28 @@ impl FrameCodec {
 
     /// Appends one frame holding `value` to `out`. On error `out` is unchanged.
     pub fn encode_into<T: Serialize + ?Sized>(&self, value: &T, out: &mut Vec<u8>) -> Result<(), CoreError> {
+        self.encode_with(out, |out| {
+            bincode::serde::encode_into_std_write(value, out, bincode_config())
+                .map(drop)
+                .map_err(|e| CoreError::Encode { reason: e.to_string() })
+        })
+    }
+
+    /// Appends one frame whose payload `write_payload` appends to `out`, for
+    /// a caller with a faster writer of the bincode layout [`Self::decode`]
+    /// reads (a hot record type written by hand). On error `out` is unchanged.
+    pub fn encode_with(
+        &self,
+        out: &mut Vec<u8>,
+        write_payload: impl FnOnce(&mut Vec<u8>) -> Result<(), CoreError>,
+    ) -> Result<(), CoreError> {
         let start = out.len();
         out.extend_from_slice(&[0u8; FRAME_HEADER_LEN]);
-        let written = bincode::serde::encode_into_std_write(value, out, bincode_config());
-        let payload_len = match written {
-            Ok(n) => n,
-            Err(e) => {
-                out.truncate(start);
-                return Err(CoreError::Encode { reason: e.to_string() });
-            }
-        };
+        if let Err(e) = write_payload(out) {
+            out.truncate(start);
+            return Err(e);
+        }
+        let payload_len = out.len() - start - FRAME_HEADER_LEN;
         let Some(len) = u32::try_from(payload_len).ok().filter(|n| *n <= self.max_payload_bytes) else {
             out.truncate(start);
             return Err(CoreError::TooLarge { declared: payload_len as u64, limit: u64::from(self.max_payload_bytes) });
@@ -273,6 +285,36 @@ mod tests {
         assert!(matches!(err, Some(CoreError::TooLarge { limit: 1000, .. })));
         assert!(matches!(FrameCodec::new(1).with_max_payload(1000).encode(&big), Err(CoreError::TooLarge { .. })));
         Ok(())
+    }
+
+    #[test]
+    fn a_payload_written_by_hand_frames_like_an_encoded_value() -> Result<(), CoreError> {
+        let codec = FrameCodec::new(3);
+        let mut by_hand = vec![0xee];
+        // bincode's standard varint of 7 is the byte itself.
+        codec.encode_with(&mut by_hand, |out| {
+            out.push(7);
+            Ok(())
+        })?;
+        assert_eq!(by_hand[1..], codec.encode(&7u32)?[..]);
+        assert_eq!(codec.decode::<u32>(&by_hand[1..])?.value, 7);
+        Ok(())
+    }
+
+    #[test]
+    fn a_failed_or_oversized_payload_leaves_the_output_unchanged() {
+        let mut out = vec![1, 2, 3];
+        let failed = FrameCodec::new(1).encode_with(&mut out, |out| {
+            out.extend_from_slice(b"partial");
+            Err(CoreError::Encode { reason: "stopped".into() })
+        });
+        assert!(matches!(failed, Err(CoreError::Encode { .. })));
+        let oversized = FrameCodec::new(1).with_max_payload(4).encode_with(&mut out, |out| {
+            out.extend_from_slice(b"too long");
+            Ok(())
+        });
+        assert!(matches!(oversized, Err(CoreError::TooLarge { declared: 8, limit: 4 })));
+        assert_eq!(out, [1, 2, 3]);
     }
 
     #[test]
