@@ -154,6 +154,7 @@ impl SmallWord {
 
     /// The word of the first `len` bytes of `window` (the rest is ignored),
     /// or `None` when they are not UTF-8 or `len` exceeds the capacity.
+    #[inline]
     pub(crate) fn from_utf8_window(window: &[u8; Self::CAPACITY], len: usize) -> Option<Self> {
         let word = window.get(..len)?;
         if !word.is_ascii() && std::str::from_utf8(word).is_err() {
@@ -167,6 +168,19 @@ impl SmallWord {
             }
         }
         Some(SmallWord { len: len as u8, bytes })
+    }
+
+    /// The bincode encoding of the word (its length as a one-byte varint,
+    /// then its bytes) at the start of a fixed-size cell, and how much of the
+    /// cell it takes: a block writer copies whole cells, which stay in
+    /// registers, and keeps only the used part.
+    #[inline]
+    pub(crate) fn encoded_cell(&self) -> ([u8; 1 + Self::CAPACITY], usize) {
+        let mut cell = [0u8; 1 + Self::CAPACITY];
+        // The capacity is below 251, so the length is its own varint.
+        cell[0] = self.len;
+        cell[1..].copy_from_slice(&self.bytes);
+        (cell, 1 + usize::from(self.len))
     }
 
     /// The word.
