@@ -7,7 +7,7 @@
 //! that refuses writes after a failed sync.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use spate_core::{Time, WalRecordHandle};
 
@@ -19,7 +19,7 @@ use crate::options::WalOptions;
 use crate::reader::{AllRecords, read_record, recover_tail};
 use crate::record::HEADER_LEN;
 use crate::segment::{Segment, parse_segment_name};
-use crate::writer::{CommitQueue, Writer};
+use crate::writer::{CommitOrder, CommitQueue, Writer};
 
 /// A write-ahead log in a directory of segment files.
 ///
@@ -45,6 +45,9 @@ pub(crate) struct Shared {
     /// before it deletes their files, so new readers never see them.
     pub(crate) segments: RwLock<Vec<Arc<Segment>>>,
     pub(crate) queue: Mutex<CommitQueue>,
+    /// Commits finish (become readable, report) in the order they appended.
+    pub(crate) order: Mutex<CommitOrder>,
+    pub(crate) group_finished: Condvar,
     pub(crate) writer: Mutex<Writer>,
 }
 
@@ -70,6 +73,8 @@ impl FileWriteAheadLog {
             files,
             segments: RwLock::new(segments),
             queue: Mutex::new(CommitQueue::default()),
+            order: Mutex::new(CommitOrder::default()),
+            group_finished: Condvar::new(),
             writer: Mutex::new(writer),
         };
         Ok(FileWriteAheadLog { shared: Arc::new(shared), cleaner: Mutex::new(None) })
@@ -116,12 +121,12 @@ impl std::fmt::Debug for FileWriteAheadLog {
 
 impl WriteAheadLog for FileWriteAheadLog {
     fn write(&self, record: &[u8], time: Time) -> Result<WalRecordHandle, WalError> {
-        let mut handles = self.shared.write_batch(&[(record, time)])?;
-        handles.pop().ok_or_else(|| WalError::BadHandle {
-            handle: String::from("(none)"),
-            dir: self.shared.dir.clone(),
-            reason: String::from("the writer returned no handle for the record"),
-        })
+        let handles = self.shared.write_batch(&[(record, time)])?;
+        self.shared.only_handle(handles)
+    }
+
+    fn write_shared(&self, record: Arc<Vec<u8>>, time: Time) -> Result<WalRecordHandle, WalError> {
+        self.shared.write_shared(record, time)
     }
 
     fn read(&self, handle: &WalRecordHandle) -> Result<Vec<u8>, WalError> {

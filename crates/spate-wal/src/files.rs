@@ -11,12 +11,14 @@ use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// An open segment, appended to by the one active writer.
-pub(crate) trait SegmentWriter: Send {
+/// An open segment, appended to by the one active writer. A commit syncs
+/// it while the next commit may already append (both take `&self`, as the
+/// operating system allows).
+pub(crate) trait SegmentWriter: Send + Sync {
     /// Appends all of `bufs`, in order, at the end of the file.
-    fn append(&mut self, bufs: &[&[u8]]) -> io::Result<()>;
+    fn append(&self, bufs: &[&[u8]]) -> io::Result<()>;
     /// `fdatasync`: the appended bytes (and the new length) are durable.
-    fn sync_data(&mut self) -> io::Result<()>;
+    fn sync_data(&self) -> io::Result<()>;
 }
 
 /// The file operations of a log.
@@ -27,7 +29,7 @@ pub(crate) trait FileLayer: Send + Sync + std::fmt::Debug {
     fn list(&self, dir: &Path) -> io::Result<Vec<String>>;
     /// Opens `path` for appending, creating it when missing, and returns
     /// it with its current length.
-    fn open_append(&self, path: &Path) -> io::Result<(Box<dyn SegmentWriter>, u64)>;
+    fn open_append(&self, path: &Path) -> io::Result<(Arc<dyn SegmentWriter>, u64)>;
     /// Opens `path` for reading.
     fn open_read(&self, path: &Path) -> io::Result<File>;
     /// The length of `path` in bytes.
@@ -47,17 +49,17 @@ pub(crate) struct RealFiles;
 struct RealSegment(File);
 
 impl SegmentWriter for RealSegment {
-    fn append(&mut self, bufs: &[&[u8]]) -> io::Result<()> {
-        write_all_vectored(&mut self.0, bufs)
+    fn append(&self, bufs: &[&[u8]]) -> io::Result<()> {
+        write_all_vectored(&self.0, bufs)
     }
 
-    fn sync_data(&mut self) -> io::Result<()> {
+    fn sync_data(&self) -> io::Result<()> {
         self.0.sync_data()
     }
 }
 
 /// `write_all` for several buffers, with as few system calls as the kernel allows.
-fn write_all_vectored(file: &mut File, bufs: &[&[u8]]) -> io::Result<()> {
+fn write_all_vectored(mut file: &File, bufs: &[&[u8]]) -> io::Result<()> {
     let mut slices: Vec<IoSlice<'_>> = bufs.iter().filter(|b| !b.is_empty()).map(|b| IoSlice::new(b)).collect();
     let mut rest = &mut slices[..];
     while !rest.is_empty() {
@@ -87,10 +89,10 @@ impl FileLayer for RealFiles {
         Ok(names)
     }
 
-    fn open_append(&self, path: &Path) -> io::Result<(Box<dyn SegmentWriter>, u64)> {
+    fn open_append(&self, path: &Path) -> io::Result<(Arc<dyn SegmentWriter>, u64)> {
         let file = OpenOptions::new().append(true).create(true).open(path)?;
         let len = file.metadata()?.len();
-        Ok((Box::new(RealSegment(file)), len))
+        Ok((Arc::new(RealSegment(file)), len))
     }
 
     fn open_read(&self, path: &Path) -> io::Result<File> {
@@ -147,6 +149,8 @@ struct FaultState {
     opens: AtomicU64,
     fail_sync_at: AtomicU64,
     fail_append_at: AtomicU64,
+    delay_sync_at: AtomicU64,
+    delay_sync_micros: AtomicU64,
 }
 
 impl FaultInjection {
@@ -180,6 +184,14 @@ impl FaultInjection {
         self.state.fail_sync_at.store(n, Ordering::SeqCst);
     }
 
+    /// Makes the `n`-th `fdatasync` take `delay` longer (0 turns this off),
+    /// so a test can make commits overlap.
+    pub fn delay_sync_number(&self, n: u64, delay: std::time::Duration) {
+        let micros = u64::try_from(delay.as_micros()).unwrap_or(u64::MAX);
+        self.state.delay_sync_micros.store(micros, Ordering::SeqCst);
+        self.state.delay_sync_at.store(n, Ordering::SeqCst);
+    }
+
     /// Makes the `n`-th append fail without writing anything (0 turns this off).
     pub fn fail_append_number(&self, n: u64) {
         self.state.fail_append_at.store(n, Ordering::SeqCst);
@@ -187,6 +199,10 @@ impl FaultInjection {
 
     fn on_sync(&self) -> io::Result<()> {
         let n = self.state.syncs.fetch_add(1, Ordering::SeqCst) + 1;
+        if self.state.delay_sync_at.load(Ordering::SeqCst) == n {
+            let micros = self.state.delay_sync_micros.load(Ordering::SeqCst);
+            std::thread::sleep(std::time::Duration::from_micros(micros));
+        }
         injected_failure(n, &self.state.fail_sync_at, "fdatasync")
     }
 
@@ -212,17 +228,17 @@ pub(crate) struct HookedFiles {
 }
 
 struct HookedSegment {
-    inner: Box<dyn SegmentWriter>,
+    inner: Arc<dyn SegmentWriter>,
     hook: FaultInjection,
 }
 
 impl SegmentWriter for HookedSegment {
-    fn append(&mut self, bufs: &[&[u8]]) -> io::Result<()> {
+    fn append(&self, bufs: &[&[u8]]) -> io::Result<()> {
         self.hook.on_append()?;
         self.inner.append(bufs)
     }
 
-    fn sync_data(&mut self) -> io::Result<()> {
+    fn sync_data(&self) -> io::Result<()> {
         self.hook.on_sync()?;
         self.inner.sync_data()
     }
@@ -237,10 +253,10 @@ impl FileLayer for HookedFiles {
         self.inner.list(dir)
     }
 
-    fn open_append(&self, path: &Path) -> io::Result<(Box<dyn SegmentWriter>, u64)> {
+    fn open_append(&self, path: &Path) -> io::Result<(Arc<dyn SegmentWriter>, u64)> {
         self.hook.state.opens.fetch_add(1, Ordering::SeqCst);
         let (inner, len) = self.inner.open_append(path)?;
-        Ok((Box::new(HookedSegment { inner, hook: self.hook.clone() }), len))
+        Ok((Arc::new(HookedSegment { inner, hook: self.hook.clone() }), len))
     }
 
     fn open_read(&self, path: &Path) -> io::Result<File> {
@@ -282,7 +298,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let hook = FaultInjection::new();
         let files = file_layer(Some(&hook));
-        let (mut seg, len) = files.open_append(&dir.path().join("f")).unwrap();
+        let (seg, len) = files.open_append(&dir.path().join("f")).unwrap();
         assert_eq!(len, 0);
         hook.fail_sync_number(2);
         seg.append(&[b"ab", b"", b"cd"]).unwrap();

@@ -1,5 +1,7 @@
 //! The [`WriteAheadLog`] trait: what every write-ahead log offers.
 
+use std::sync::Arc;
+
 use spate_core::{Time, WalRecordHandle};
 
 use crate::error::WalError;
@@ -16,6 +18,13 @@ pub trait WriteAheadLog: Send + Sync {
     /// record is as durable as the log's sync policy promises (by default:
     /// fsynced). After an error the record must be treated as not written.
     fn write(&self, record: &[u8], time: Time) -> Result<WalRecordHandle, WalError>;
+
+    /// [`write`](Self::write) for a record the caller shares rather than
+    /// lends: a log may append it from that buffer instead of copying it
+    /// first, which matters for large records (received blocks).
+    fn write_shared(&self, record: Arc<Vec<u8>>, time: Time) -> Result<WalRecordHandle, WalError> {
+        self.write(&record, time)
+    }
 
     /// Reads back the record behind `handle`, checking its CRC.
     fn read(&self, handle: &WalRecordHandle) -> Result<Vec<u8>, WalError>;

@@ -224,7 +224,7 @@ pub(crate) fn recover_tail(files: &dyn FileLayer, segment: &Segment, options: &W
                 tracing::warn!(segment = %path.display(), offset, dropped_bytes = len - offset, %problem,
                     "cutting off a torn record at the end of the last segment (it was never acknowledged)");
                 files.truncate(path, offset).map_err(WalError::io("truncate", path))?;
-                segment.set_readable_len(offset);
+                segment.cut_to(offset);
                 break;
             }
             Some(next) if options.salvage => {

@@ -33,21 +33,49 @@ pub(crate) struct Segment {
     pub(crate) end: Time,
     /// Bytes of acknowledged records: readers never read past this.
     readable_len: AtomicU64,
+    /// Bytes covered by a finished `fdatasync` (or there at open).
+    synced_len: AtomicU64,
     /// Set while the writer appends to this segment; the cleaner skips it.
     active: AtomicBool,
 }
 
 impl Segment {
     pub(crate) fn new(name: String, path: PathBuf, (start, end): (Time, Time), readable_len: u64) -> Self {
-        Segment { name, path, start, end, readable_len: AtomicU64::new(readable_len), active: AtomicBool::new(false) }
+        Segment {
+            name,
+            path,
+            start,
+            end,
+            readable_len: AtomicU64::new(readable_len),
+            synced_len: AtomicU64::new(readable_len),
+            active: AtomicBool::new(false),
+        }
     }
 
     pub(crate) fn readable_len(&self) -> u64 {
         self.readable_len.load(Ordering::Acquire)
     }
 
-    pub(crate) fn set_readable_len(&self, len: u64) {
+    /// Records that recovery cut the file to `len` bytes.
+    pub(crate) fn cut_to(&self, len: u64) {
         self.readable_len.store(len, Ordering::Release);
+        self.synced_len.store(len, Ordering::Release);
+    }
+
+    /// Makes records up to `len` readable. Commits finish in order, but a
+    /// roll may publish a segment's full length before an earlier commit
+    /// into it finishes: the length never shrinks.
+    pub(crate) fn extend_readable_len(&self, len: u64) {
+        self.readable_len.fetch_max(len, Ordering::AcqRel);
+    }
+
+    pub(crate) fn synced_len(&self) -> u64 {
+        self.synced_len.load(Ordering::Acquire)
+    }
+
+    /// Records that a finished sync covered the first `len` bytes.
+    pub(crate) fn extend_synced_len(&self, len: u64) {
+        self.synced_len.fetch_max(len, Ordering::AcqRel);
     }
 
     pub(crate) fn is_active(&self) -> bool {

@@ -23,7 +23,7 @@ use crate::error::WalError;
 use crate::file_log::{Shared, lock, write_lock};
 use crate::files::SegmentWriter;
 use crate::options::SyncPolicy;
-use crate::record::encode_frame;
+use crate::record::{HEADER_LEN, encode_frame, encode_header};
 use crate::segment::{Segment, segment_name};
 
 /// The longest a new leader waits for the last commit's writers to queue
@@ -50,7 +50,33 @@ pub(crate) struct CommitQueue {
 #[derive(Debug)]
 struct Request {
     slot: Arc<Slot>,
-    records: Vec<(Vec<u8>, Time)>,
+    records: Vec<QueuedRecord>,
+}
+
+/// A record as queued: framed whole (a copy of a caller's slice), or its
+/// header beside a payload shared with the caller, so a large record is
+/// appended from the caller's own buffer rather than copied first.
+#[derive(Debug)]
+enum QueuedRecord {
+    Framed(Vec<u8>, Time),
+    Shared([u8; HEADER_LEN], Arc<Vec<u8>>, Time),
+}
+
+impl QueuedRecord {
+    fn time(&self) -> Time {
+        match self {
+            QueuedRecord::Framed(_, time) | QueuedRecord::Shared(_, _, time) => *time,
+        }
+    }
+
+    /// The buffers to append, in order, and their total length.
+    fn parts(&self) -> ([&[u8]; 2], u64) {
+        let parts: [&[u8]; 2] = match self {
+            QueuedRecord::Framed(frame, _) => [frame, &[]],
+            QueuedRecord::Shared(header, payload, _) => [header, payload],
+        };
+        (parts, (parts[0].len() + parts[1].len()) as u64)
+    }
 }
 
 /// Where one waiting writer learns its result, or that it leads next.
@@ -94,9 +120,30 @@ impl Slot {
     }
 }
 
+/// How far commits have finished, in the order they appended.
+#[derive(Debug, Default)]
+pub(crate) struct CommitOrder {
+    /// The sequence number of the last finished group.
+    finished: u64,
+    /// Set when a group's sync failed: every later group fails too.
+    failure: Option<String>,
+}
+
+/// A commit's records, appended, and what is left to do for them.
+struct AppendedGroup {
+    seq: u64,
+    /// The file to `fdatasync` (`None` inside when it was closed after the
+    /// write), unless the policy skips this sync.
+    sync: Option<(Option<Arc<dyn SegmentWriter>>, std::path::PathBuf)>,
+    /// The segment and length to make readable once durable.
+    readable: Option<(Arc<Segment>, u64)>,
+}
+
 /// The state only the commit leader touches.
 pub(crate) struct Writer {
     active: Option<Active>,
+    /// Groups appended so far; the last one's sequence number.
+    groups: u64,
     last_sync: Time,
     poisoned: Option<String>,
     closed: bool,
@@ -106,10 +153,9 @@ pub(crate) struct Writer {
 struct Active {
     segment: Arc<Segment>,
     /// `None` between batches when files are closed after each write.
-    file: Option<Box<dyn SegmentWriter>>,
+    file: Option<Arc<dyn SegmentWriter>>,
     /// Bytes in the file, as far as this writer appended them.
     len: u64,
-    unsynced: bool,
 }
 
 impl std::fmt::Debug for Writer {
@@ -124,7 +170,7 @@ impl std::fmt::Debug for Writer {
 
 impl Writer {
     pub(crate) fn new(now: Time) -> Self {
-        Writer { active: None, last_sync: now, poisoned: None, closed: false }
+        Writer { active: None, groups: 0, last_sync: now, poisoned: None, closed: false }
     }
 
     fn refusal(&self, shared: &Shared) -> Option<WalError> {
@@ -152,18 +198,47 @@ impl Shared {
         if records.is_empty() {
             return Ok(Vec::new());
         }
-        let max = self.options.max_record_size;
-        let mut framed = Vec::with_capacity(records.len());
+        let mut queued = Vec::with_capacity(records.len());
         for (record, time) in records {
-            if record.len() as u64 > u64::from(max) {
-                return Err(WalError::RecordTooLarge { len: record.len() as u64, max: u64::from(max) });
-            }
-            framed.push((encode_frame(record), *time));
+            self.check_size(record)?;
+            queued.push(QueuedRecord::Framed(encode_frame(record), *time));
         }
+        self.commit_records(queued)
+    }
+
+    /// Writes a record the caller shares rather than lends: it is appended
+    /// from that buffer, without a copy.
+    pub(crate) fn write_shared(&self, record: Arc<Vec<u8>>, time: Time) -> Result<WalRecordHandle, WalError> {
+        self.check_size(&record)?;
+        let header = encode_header(&record);
+        let handles = self.commit_records(vec![QueuedRecord::Shared(header, record, time)])?;
+        self.only_handle(handles)
+    }
+
+    /// The handle of a write of one record.
+    pub(crate) fn only_handle(&self, mut handles: Vec<WalRecordHandle>) -> Result<WalRecordHandle, WalError> {
+        handles.pop().ok_or_else(|| WalError::BadHandle {
+            handle: String::from("(none)"),
+            dir: self.dir.clone(),
+            reason: String::from("the writer returned no handle for the record"),
+        })
+    }
+
+    fn check_size(&self, record: &[u8]) -> Result<(), WalError> {
+        let max = u64::from(self.options.max_record_size);
+        if record.len() as u64 > max {
+            return Err(WalError::RecordTooLarge { len: record.len() as u64, max });
+        }
+        Ok(())
+    }
+
+    /// Queues one caller's records for the next commit and waits until they
+    /// are committed, leading commits while nobody else does.
+    fn commit_records(&self, queued: Vec<QueuedRecord>) -> Result<Vec<WalRecordHandle>, WalError> {
         let slot = Slot::for_current_thread();
         let mut lead = {
             let mut queue = lock(&self.queue);
-            queue.pending.push(Request { slot: Arc::clone(&slot), records: framed });
+            queue.pending.push(Request { slot: Arc::clone(&slot), records: queued });
             if queue.pending.len() >= queue.last_group
                 && let Some(leader) = queue.waiting_leader.take()
             {
@@ -187,13 +262,18 @@ impl Shared {
 
     /// Commits what is queued (after letting the last group gather), hands
     /// every request its result, and passes the lead on to a writer queued
-    /// meanwhile, if any.
+    /// meanwhile, if any: as soon as this commit's records are appended, so
+    /// the next commit appends while this one syncs.
     fn lead(&self) {
         let requests = std::mem::take(&mut self.await_group(lock(&self.queue)).pending);
-        let mut guard = LeaderGuard { shared: self, slots: requests.iter().map(|r| Arc::clone(&r.slot)).collect() };
+        let mut guard = LeaderGuard {
+            shared: self,
+            slots: requests.iter().map(|r| Arc::clone(&r.slot)).collect(),
+            lead_passed: false,
+            group: None,
+        };
         let results = self.commit(requests, &mut guard);
         guard.slots.clear();
-        self.pass_lead(results.len());
         for (slot, result) in results {
             slot.set(SlotState::Done(result));
         }
@@ -231,15 +311,20 @@ impl Shared {
         queue
     }
 
-    /// Appends and syncs one batch, joined by whatever queued until its
-    /// append; returns each request's result.
+    /// Appends one batch, joined by whatever queued until its append, passes
+    /// the lead on, then syncs by the policy; returns each request's result.
     fn commit(&self, mut batch: Vec<Request>, guard: &mut LeaderGuard<'_>) -> Vec<(Arc<Slot>, WriteResult)> {
-        let mut writer = lock(&self.writer);
         let mut handles = Vec::with_capacity(batch.len());
-        let outcome = match writer.refusal(self) {
-            Some(refusal) => Err(refusal),
-            None => self.append_and_sync(&mut writer, &mut batch, &mut handles, guard),
+        let appended = {
+            let mut writer = lock(&self.writer);
+            match writer.refusal(self) {
+                Some(refusal) => Err(refusal),
+                None => self.append_group(&mut writer, &mut batch, &mut handles, guard),
+            }
         };
+        guard.lead_passed = true;
+        self.pass_lead(batch.len());
+        let outcome = appended.and_then(|group| self.finish_group(group, guard));
         match outcome {
             Ok(()) => batch.into_iter().map(|r| r.slot).zip(handles.into_iter().map(Ok)).collect(),
             Err(error) => {
@@ -253,26 +338,92 @@ impl Shared {
     }
 
     /// Appends `batch` with the requests queued since it was taken (one
-    /// append, one sync: they join at no cost), then syncs by the policy.
-    fn append_and_sync(
+    /// append, one sync: they join at no cost) and says what is left to do
+    /// once the writer lock is released.
+    fn append_group(
         &self,
         writer: &mut Writer,
         batch: &mut Vec<Request>,
         handles: &mut Vec<Vec<WalRecordHandle>>,
         guard: &mut LeaderGuard<'_>,
-    ) -> Result<(), WalError> {
+    ) -> Result<AppendedGroup, WalError> {
         let late = std::mem::take(&mut lock(&self.queue).pending);
         guard.slots.extend(late.iter().map(|r| Arc::clone(&r.slot)));
         batch.extend(late);
         self.append_requests(writer, batch, handles)?;
-        self.sync_by_policy(writer)?;
+        writer.groups += 1;
+        let sync_due = self.sync_due(writer);
+        let mut group = AppendedGroup { seq: writer.groups, sync: None, readable: None };
+        guard.group = Some(group.seq);
         if let Some(active) = writer.active.as_mut() {
-            active.segment.set_readable_len(active.len);
+            if sync_due {
+                writer.last_sync = self.options.clock.now();
+                group.sync = Some((active.file.clone(), active.segment.path.clone()));
+            }
+            group.readable = Some((Arc::clone(&active.segment), active.len));
             if self.options.close_file_after_write {
+                // A sync still to come holds its own reference to the file.
                 active.file = None;
             }
         }
-        Ok(())
+        Ok(group)
+    }
+
+    /// Whether this commit syncs, by the policy.
+    fn sync_due(&self, writer: &Writer) -> bool {
+        match self.options.sync_policy {
+            SyncPolicy::EveryWrite => true,
+            SyncPolicy::Interval(interval) => self.options.clock.now() >= writer.last_sync + interval,
+            SyncPolicy::Never => false,
+        }
+    }
+
+    /// Syncs an appended group (outside the writer lock), then, once every
+    /// earlier group has finished, makes its records readable. A group
+    /// fails if its sync or any earlier one failed: the error of a failed
+    /// `fdatasync` is reported to one caller only, and the pages it lost
+    /// may hold this group's bytes too.
+    fn finish_group(&self, group: AppendedGroup, guard: &mut LeaderGuard<'_>) -> Result<(), WalError> {
+        let synced = match &group.sync {
+            Some((Some(file), path)) => file.sync_data().map_err(|e| (path.clone(), e)),
+            // Closed after its last write: reopen just to sync.
+            Some((None, path)) => {
+                self.files.open_append(path).and_then(|(file, _)| file.sync_data()).map_err(|e| (path.clone(), e))
+            }
+            None => Ok(()),
+        };
+        let mut order = self.await_turn(group.seq);
+        let result = match (synced, &order.failure) {
+            (_, Some(cause)) => Err(WalError::Poisoned { dir: self.dir.clone(), cause: cause.clone() }),
+            (Err((path, e)), None) => {
+                let mut writer = lock(&self.writer);
+                let error = self.poison(&mut writer, "fdatasync", path, e);
+                order.failure = writer.poisoned.clone();
+                Err(error)
+            }
+            (Ok(()), None) => {
+                if let Some((segment, len)) = &group.readable {
+                    if group.sync.is_some() {
+                        segment.extend_synced_len(*len);
+                    }
+                    segment.extend_readable_len(*len);
+                }
+                Ok(())
+            }
+        };
+        order.finished = group.seq;
+        guard.group = None;
+        self.group_finished.notify_all();
+        result
+    }
+
+    /// Waits until every group appended before `seq` has finished.
+    fn await_turn(&self, seq: u64) -> MutexGuard<'_, CommitOrder> {
+        let mut order = lock(&self.order);
+        while order.finished + 1 < seq {
+            order = self.group_finished.wait(order).unwrap_or_else(std::sync::PoisonError::into_inner);
+        }
+        order
     }
 
     /// Appends the requests' frames, rolling segments as their times require.
@@ -285,21 +436,23 @@ impl Shared {
         let mut pending = PendingAppend::default();
         for request in requests {
             let mut request_handles = Vec::with_capacity(request.records.len());
-            for (frame, time) in &request.records {
-                if writer.needs_roll(*time) {
+            for record in &request.records {
+                let time = record.time();
+                if writer.needs_roll(time) {
                     self.flush(writer, &mut pending)?;
                     self.seal_active(writer)?;
-                    self.start_segment(writer, *time)?;
+                    self.start_segment(writer, time)?;
                 }
                 let active = self.ensure_open(writer)?;
+                let (parts, len) = record.parts();
                 request_handles.push(WalRecordHandle {
                     segment: active.segment.name.clone(),
                     offset: active.len + pending.bytes,
                     // Bounded by the maximum record size, which `open` keeps below u32::MAX.
-                    length: u32::try_from(frame.len()).unwrap_or(u32::MAX),
+                    length: u32::try_from(len).unwrap_or(u32::MAX),
                 });
-                pending.bufs.push(frame);
-                pending.bytes += frame.len() as u64;
+                pending.bufs.extend(parts);
+                pending.bytes += len;
             }
             handles.push(request_handles);
         }
@@ -312,8 +465,7 @@ impl Shared {
             return Ok(());
         }
         let result = match writer.active.as_mut() {
-            Some(Active { file: Some(file), segment, len, unsynced }) => {
-                *unsynced = true;
+            Some(Active { file: Some(file), segment, len }) => {
                 file.append(&pending.bufs).map(|()| *len += pending.bytes).map_err(|e| (segment.path.clone(), e))
             }
             // Frames are only queued after `ensure_open`, so this is unreachable.
@@ -324,37 +476,23 @@ impl Shared {
         result.map_err(|(path, e)| self.poison(writer, "append", path, e))
     }
 
-    fn sync_by_policy(&self, writer: &mut Writer) -> Result<(), WalError> {
-        match self.options.sync_policy {
-            SyncPolicy::EveryWrite => self.sync_active(writer),
-            SyncPolicy::Interval(interval) => {
-                if self.options.clock.now() >= writer.last_sync + interval {
-                    self.sync_active(writer)
-                } else {
-                    Ok(())
-                }
-            }
-            SyncPolicy::Never => Ok(()),
-        }
-    }
-
-    /// `fdatasync`s the active segment if it has unsynced bytes.
+    /// `fdatasync`s the active segment unless a finished sync covered all of it.
     fn sync_active(&self, writer: &mut Writer) -> Result<(), WalError> {
         let Some(active) = writer.active.as_mut() else {
             return Ok(());
         };
-        if !active.unsynced {
+        if active.segment.synced_len() >= active.len {
             return Ok(());
         }
         let path = active.segment.path.clone();
-        let result = match active.file.as_mut() {
+        let result = match active.file.as_ref() {
             Some(file) => file.sync_data(),
             // Closed after the last batch: reopen just to sync.
-            None => self.files.open_append(&path).and_then(|(mut file, _)| file.sync_data()),
+            None => self.files.open_append(&path).and_then(|(file, _)| file.sync_data()),
         };
         match result {
             Ok(()) => {
-                active.unsynced = false;
+                active.segment.extend_synced_len(active.len);
                 writer.last_sync = self.options.clock.now();
                 Ok(())
             }
@@ -369,7 +507,7 @@ impl Shared {
             self.sync_active(writer)?;
         }
         if let Some(active) = writer.active.take() {
-            active.segment.set_readable_len(active.len);
+            active.segment.extend_readable_len(active.len);
             active.segment.set_active(false);
         }
         Ok(())
@@ -402,7 +540,7 @@ impl Shared {
         };
         segment.set_active(true);
         tracing::debug!(segment = %segment.path.display(), "started segment");
-        writer.active = Some(Active { segment, file: Some(file), len, unsynced: false });
+        writer.active = Some(Active { segment, file: Some(file), len });
         Ok(())
     }
 
@@ -439,7 +577,7 @@ impl Shared {
         }
         self.sync_active(&mut writer)?;
         if let Some(active) = writer.active.as_ref() {
-            active.segment.set_readable_len(active.len);
+            active.segment.extend_readable_len(active.len);
         }
         Ok(())
     }
@@ -465,10 +603,14 @@ impl Shared {
 }
 
 /// Hands every waiter of a batch an error if the leader unwinds mid-commit,
-/// and passes the lead on, so that nobody waits forever.
+/// passes the lead on and finishes its group in order, so that nobody
+/// waits forever.
 struct LeaderGuard<'a> {
     shared: &'a Shared,
     slots: Vec<Arc<Slot>>,
+    lead_passed: bool,
+    /// The group appended and not yet finished.
+    group: Option<u64>,
 }
 
 impl Drop for LeaderGuard<'_> {
@@ -478,7 +620,15 @@ impl Drop for LeaderGuard<'_> {
         }
         let cause = String::from("a write panicked during a commit");
         lock(&self.shared.writer).poisoned = Some(cause.clone());
-        self.shared.pass_lead(0);
+        if !self.lead_passed {
+            self.shared.pass_lead(0);
+        }
+        if let Some(seq) = self.group.take() {
+            let mut order = self.shared.await_turn(seq);
+            order.failure.get_or_insert_with(|| cause.clone());
+            order.finished = seq;
+            self.shared.group_finished.notify_all();
+        }
         for slot in self.slots.drain(..) {
             let error = WalError::Poisoned { dir: self.shared.dir.clone(), cause: cause.clone() };
             slot.set(SlotState::Done(Err(error)));

@@ -42,6 +42,50 @@ fn write_records(log: &FileWriteAheadLog, range: std::ops::Range<usize>, t0: i64
 }
 
 #[test]
+fn shared_records_are_written_like_lent_ones_from_concurrent_writers() {
+    let dir = tempfile::tempdir().unwrap();
+    let hook = FaultInjection::new();
+    let log = Arc::new(FileWriteAheadLog::open(dir.path(), options().with_fault_injection(hook.clone())).unwrap());
+    let written: Vec<(Vec<u8>, WalRecordHandle)> = std::thread::scope(|s| {
+        let writers: Vec<_> = (0..4)
+            .map(|w| {
+                let log = Arc::clone(&log);
+                s.spawn(move || {
+                    (0..50)
+                        .map(|i| {
+                            let rec = record(w * 50 + i);
+                            let time = Time::from_millis(20 * i as i64);
+                            let handle = if i % 2 == 0 {
+                                log.write_shared(Arc::new(rec.clone()), time).unwrap()
+                            } else {
+                                log.write(&rec, time).unwrap()
+                            };
+                            (rec, handle)
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        writers.into_iter().flat_map(|w| w.join().unwrap()).collect()
+    });
+    for (rec, handle) in &written {
+        assert_eq!(&log.read(handle).unwrap(), rec, "{handle}");
+    }
+    let mut expected: Vec<Vec<u8>> = written.iter().map(|(r, _)| r.clone()).collect();
+    let mut all = read_all(&log);
+    expected.sort();
+    all.sort();
+    assert_eq!(all, expected, "every record once");
+    assert!(hook.sync_count() <= 200);
+    assert!(matches!(
+        FileWriteAheadLog::open(dir.path().join("small"), options().with_max_record_size(1024))
+            .unwrap()
+            .write_shared(Arc::new(vec![0; 1025]), Time::from_millis(0)),
+        Err(WalError::RecordTooLarge { len: 1025, max: 1024 })
+    ));
+}
+
+#[test]
 fn round_trip_across_segments_by_handle_and_in_order() {
     let dir = tempfile::tempdir().unwrap();
     let log = FileWriteAheadLog::open(dir.path(), options()).unwrap();
@@ -329,6 +373,28 @@ fn a_failed_sync_poisons_the_log() {
     let log = FileWriteAheadLog::open(dir.path(), options()).unwrap();
     let handle = log.write(b"again", Time::from_millis(0)).unwrap();
     assert_eq!(log.read(&handle).unwrap(), b"again");
+}
+
+#[test]
+fn a_commit_that_synced_while_an_earlier_sync_failed_fails_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let hook = FaultInjection::new();
+    let log = FileWriteAheadLog::open(dir.path(), options().with_fault_injection(hook.clone())).unwrap();
+    // The first commit's sync is slow and fails; the second commit appends
+    // and syncs (successfully) meanwhile, but must not be acknowledged: the
+    // failed sync may have lost pages that hold its bytes too.
+    hook.delay_sync_number(1, std::time::Duration::from_millis(1_000));
+    hook.fail_sync_number(1);
+    let (first, second) = std::thread::scope(|s| {
+        let first = s.spawn(|| log.write(b"first", Time::from_millis(0)));
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        let second = s.spawn(|| log.write(b"second", Time::from_millis(0)));
+        (first.join().unwrap(), second.join().unwrap())
+    });
+    assert!(matches!(&first, Err(WalError::Io { op: "fdatasync", .. })), "{first:?}");
+    assert!(matches!(&second, Err(WalError::Poisoned { cause, .. }) if cause.contains("fdatasync")), "{second:?}");
+    assert_eq!(hook.sync_count(), 2, "the second commit synced while the first one's sync ran");
+    assert!(read_all(&log).is_empty(), "no failed commit became readable");
 }
 
 #[test]
