@@ -189,6 +189,18 @@ impl Default for WalHandlerConfig {
 type WalReply = Result<WalRecordHandle, WalError>;
 type WalJob = (Arc<Vec<u8>>, Time, Sender<WalReply>);
 
+/// Threads writing a stream's blocks to its WAL. Two, so that one block is
+/// appended while the previous one's `fdatasync` runs (the log lets a
+/// commit append while the last one syncs): the disk and the copy into the
+/// page cache overlap instead of taking turns.
+const WAL_WRITERS: usize = 2;
+
+/// The queue of blocks to write and the threads writing them.
+struct WalWriters {
+    jobs: Sender<WalJob>,
+    threads: Vec<JoinHandle<()>>,
+}
+
 /// Stores blocks in the block manager and in the receiver WAL at once.
 pub struct WriteAheadLogBasedBlockHandler<T> {
     block_manager: Arc<BlockManager<T>>,
@@ -198,7 +210,7 @@ pub struct WriteAheadLogBasedBlockHandler<T> {
     config: WalHandlerConfig,
     clock: Arc<dyn Clock>,
     /// Taken on close: the WAL writer thread ends when it is dropped.
-    writer: Mutex<Option<(Sender<WalJob>, JoinHandle<()>)>>,
+    writer: Mutex<Option<WalWriters>>,
 }
 
 impl<T> std::fmt::Debug for WriteAheadLogBasedBlockHandler<T> {
@@ -232,19 +244,23 @@ impl<T: Record> WriteAheadLogBasedBlockHandler<T> {
             );
         }
         let (tx, rx) = unbounded::<WalJob>();
-        let writer_wal = Arc::clone(&wal);
-        let thread = std::thread::Builder::new()
-            .name(format!("receiver-wal-{stream_id}"))
-            .spawn(move || {
-                for (bytes, time, reply) in rx.iter() {
-                    // The caller may have timed out and gone; nothing to tell then.
-                    let _ = reply.send(writer_wal.write(&bytes, time));
-                }
+        let threads = (0..WAL_WRITERS)
+            .map(|index| {
+                let (jobs, wal) = (rx.clone(), Arc::clone(&wal));
+                std::thread::Builder::new()
+                    .name(format!("receiver-wal-{stream_id}-{index}"))
+                    .spawn(move || {
+                        for (bytes, time, reply) in jobs.iter() {
+                            // The caller may have timed out and gone; nothing to tell then.
+                            let _ = reply.send(wal.write_shared(bytes, time));
+                        }
+                    })
+                    .map_err(|e| ReceiverError::Runtime {
+                        what: format!("receiver WAL writer {stream_id}"),
+                        reason: e.to_string(),
+                    })
             })
-            .map_err(|e| ReceiverError::Runtime {
-                what: format!("receiver WAL writer {stream_id}"),
-                reason: e.to_string(),
-            })?;
+            .collect::<Result<Vec<_>, _>>()?;
         Ok(WriteAheadLogBasedBlockHandler {
             block_manager,
             wal,
@@ -252,7 +268,7 @@ impl<T: Record> WriteAheadLogBasedBlockHandler<T> {
             level: adjusted,
             config,
             clock,
-            writer: Mutex::new(Some((tx, thread))),
+            writer: Mutex::new(Some(WalWriters { jobs: tx, threads })),
         })
     }
 
@@ -269,8 +285,8 @@ impl<T: Record> WriteAheadLogBasedBlockHandler<T> {
         let (reply_tx, reply_rx) = bounded(1);
         let writer = self.writer.lock().unwrap_or_else(PoisonError::into_inner);
         let closed = || ReceiverError::Stopped { stream_id: block_id.stream_id, what: "storing a block" };
-        let (jobs, _) = writer.as_ref().ok_or_else(closed)?;
-        jobs.send((bytes, self.clock.now(), reply_tx)).map_err(|_| closed())?;
+        let writers = writer.as_ref().ok_or_else(closed)?;
+        writers.jobs.send((bytes, self.clock.now(), reply_tx)).map_err(|_| closed())?;
         Ok(reply_rx)
     }
 }
@@ -341,9 +357,10 @@ impl<T: Record> ReceivedBlockHandler<T> for WriteAheadLogBasedBlockHandler<T> {
 
     fn close(&self) -> Result<(), ReceiverError> {
         let writer = self.writer.lock().unwrap_or_else(PoisonError::into_inner).take();
-        if let Some((jobs, thread)) = writer {
+        if let Some(WalWriters { jobs, threads }) = writer {
             drop(jobs);
-            if thread.join().is_err() {
+            let panicked = threads.into_iter().map(JoinHandle::join).filter(Result::is_err).count();
+            if panicked > 0 {
                 return Err(ReceiverError::Runtime {
                     what: format!("receiver WAL writer {}", self.stream_id),
                     reason: "thread panicked".into(),
