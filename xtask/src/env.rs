@@ -8,7 +8,11 @@ use crate::Result;
 
 /// The workspace root (xtask lives one folder below it).
 pub(crate) fn workspace_root() -> PathBuf {
-    let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    // `cargo run` sets the manifest folder at run time too. Prefer it: every
+    // clone shares one target folder, so the binary may have been built (and
+    // not rebuilt since) in another clone, whose path is the one compiled in.
+    let manifest =
+        std::env::var_os("CARGO_MANIFEST_DIR").map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")), PathBuf::from);
     manifest.parent().map(PathBuf::from).unwrap_or(manifest)
 }
 
