@@ -37,7 +37,7 @@ fn full_run() -> bool {
 }
 
 fn records_per_iteration() -> u64 {
-    if full_run() { 8_000_000 } else { 50_000 }
+    if full_run() { 32_000_000 } else { 50_000 }
 }
 
 /// A real disk, not tmpfs: where the WAL and the bandwidth probe write.

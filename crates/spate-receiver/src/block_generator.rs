@@ -7,6 +7,7 @@
 //! slow the queue fills, cutting blocks waits, and so does the receiver
 //! adding records: memory stays bounded by the queue and the rate limit.
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
@@ -57,8 +58,8 @@ pub trait BlockGeneratorListener<T>: Send + Sync + 'static {
 
     /// Starts pushing the block; it is pushed once the result's
     /// [`Pending::wait`] returned `Ok`. The pusher starts the next queued
-    /// block before it waits for this one, so serializing one block overlaps
-    /// with syncing the one before. By default the block is pushed at once.
+    /// blocks (a few) before it waits for this one, so serializing them
+    /// overlaps with syncing this one. By default the block is pushed at once.
     fn start_push(&self, block_id: StreamBlockId, records: Vec<T>) -> Pending<()> {
         Pending::ready(self.on_push_block(block_id, records))
     }
@@ -101,6 +102,11 @@ struct PushProgress {
     durable: u64,
     failure: Option<String>,
 }
+
+/// Blocks the pusher starts before it waits for the oldest: enough to keep
+/// the disk busy with one block's sync while the next ones are serialized
+/// and appended.
+pub(crate) const MAX_IN_FLIGHT: usize = 3;
 
 /// A block whose push was started and not yet waited for.
 struct InFlight {
@@ -365,29 +371,37 @@ impl<T: Send + 'static> Shared<T> {
         self.queue.lock().unwrap_or_else(PoisonError::into_inner).take();
     }
 
-    /// Pushes blocks in order, with one block in flight while the next starts.
+    /// Pushes blocks in order, with up to [`MAX_IN_FLIGHT`] started and not
+    /// yet finished: while the oldest one's WAL write and sync run, the next
+    /// ones are serialized and handed to the WAL. Blocks finish (and are
+    /// reported) in the order they were cut.
     fn push_loop(&self, queue: &Receiver<QueuedBlock<T>>, listener: &dyn BlockGeneratorListener<T>) {
-        let mut in_flight: Option<InFlight> = None;
+        let mut in_flight: VecDeque<InFlight> = VecDeque::with_capacity(MAX_IN_FLIGHT);
         loop {
-            let next = if in_flight.is_some() {
+            let next = if in_flight.is_empty() {
+                queue.recv().ok()
+            } else if in_flight.len() >= MAX_IN_FLIGHT {
+                self.finish_push(in_flight.pop_front(), listener);
+                continue;
+            } else {
                 match queue.try_recv() {
                     Ok(block) => Some(block),
                     Err(crossbeam::channel::TryRecvError::Empty) => {
-                        // Nothing to overlap with: finish the block in flight now.
-                        self.finish_push(in_flight.take(), listener);
+                        // Nothing to overlap with: finish the oldest block now.
+                        self.finish_push(in_flight.pop_front(), listener);
                         continue;
                     }
                     Err(crossbeam::channel::TryRecvError::Disconnected) => None,
                 }
-            } else {
-                queue.recv().ok()
             };
             let Some(QueuedBlock { seq, block_id, records }) = next else {
-                self.finish_push(in_flight.take(), listener);
+                while let Some(block) = in_flight.pop_front() {
+                    self.finish_push(Some(block), listener);
+                }
                 return;
             };
             let started = listener.start_push(block_id, records);
-            self.finish_push(in_flight.replace(InFlight { seq, block_id, pending: started }), listener);
+            in_flight.push_back(InFlight { seq, block_id, pending: started });
         }
     }
 

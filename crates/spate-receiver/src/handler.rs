@@ -189,11 +189,12 @@ impl Default for WalHandlerConfig {
 type WalReply = Result<WalRecordHandle, WalError>;
 type WalJob = (Arc<Vec<u8>>, Time, Sender<WalReply>);
 
-/// Threads writing a stream's blocks to its WAL. Two, so that one block is
-/// appended while the previous one's `fdatasync` runs (the log lets a
-/// commit append while the last one syncs): the disk and the copy into the
-/// page cache overlap instead of taking turns.
-const WAL_WRITERS: usize = 2;
+/// Threads writing a stream's blocks to its WAL: one per block the pusher
+/// keeps in flight, so that blocks are appended while earlier ones'
+/// `fdatasync`s run (the log lets a commit append while the last one
+/// syncs): the disk and the copy into the page cache overlap instead of
+/// taking turns.
+const WAL_WRITERS: usize = crate::block_generator::MAX_IN_FLIGHT;
 
 /// The queue of blocks to write and the threads writing them.
 struct WalWriters {

@@ -410,3 +410,59 @@ fn a_failed_block_fails_every_later_flush_so_nothing_is_acknowledged_wrongly() {
     assert_eq!(reported, vec![1, 1], "blocks 1 and 3 were stored and reported, block 2 was not");
     assert!(supervisor.errors().iter().any(|e| e.contains("disk full")), "{:?}", supervisor.errors());
 }
+
+/// Records what the block generator's pusher starts and finishes; earlier
+/// blocks take longer to finish.
+#[derive(Default)]
+struct SlowListener {
+    events: Arc<std::sync::Mutex<Vec<String>>>,
+    in_flight: Arc<AtomicU64>,
+    most_in_flight: AtomicU64,
+}
+
+impl spate_receiver::BlockGeneratorListener<String> for SlowListener {
+    fn on_push_block(&self, block_id: spate_core::StreamBlockId, records: Vec<String>) -> Result<(), ReceiverError> {
+        self.start_push(block_id, records).wait()
+    }
+
+    fn start_push(&self, _: spate_core::StreamBlockId, records: Vec<String>) -> spate_receiver::Pending<()> {
+        let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+        self.most_in_flight.fetch_max(now, Ordering::SeqCst);
+        let first = records[0].clone();
+        self.events.lock().unwrap().push(format!("start {first}"));
+        let index: u64 = first.parse().unwrap();
+        let delay = std::time::Duration::from_millis(50 - 10 * index.min(4));
+        let (events, in_flight) = (Arc::clone(&self.events), Arc::clone(&self.in_flight));
+        spate_receiver::Pending::new(move || {
+            std::thread::sleep(delay);
+            in_flight.fetch_sub(1, Ordering::SeqCst);
+            events.lock().unwrap().push(format!("finish {first}"));
+            Ok(())
+        })
+    }
+
+    fn on_error(&self, _: ReceiverError) {}
+}
+
+#[test]
+fn the_pusher_overlaps_a_few_blocks_and_finishes_them_in_order() {
+    let listener = Arc::new(SlowListener::default());
+    let config = spate_receiver::BlockGeneratorConfig {
+        block_interval: Duration::from_secs(3600),
+        max_block_records: Some(1),
+        ..Default::default()
+    };
+    let clock = Arc::new(ManualClock::new(Time::from_millis(0)));
+    let generator =
+        spate_receiver::BlockGenerator::start(StreamId(0), config, clock, Arc::clone(&listener) as _).unwrap();
+    for i in 0..6 {
+        generator.add_record(i.to_string()).unwrap();
+    }
+    generator.flush().unwrap();
+    generator.stop().unwrap();
+    let events = listener.events.lock().unwrap().clone();
+    let finished: Vec<&str> = events.iter().filter_map(|e| e.strip_prefix("finish ")).collect();
+    assert_eq!(finished, ["0", "1", "2", "3", "4", "5"], "{events:?}");
+    let most = listener.most_in_flight.load(Ordering::SeqCst);
+    assert!((2..=3).contains(&most), "{most} blocks in flight at once: {events:?}");
+}
