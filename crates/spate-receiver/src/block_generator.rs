@@ -223,7 +223,30 @@ impl<T: Send + 'static> BlockGenerator<T> {
 
     /// Adds a batch of records to the current block at once, waiting for the
     /// rate limit for all of them (the fast path: one lock per batch).
+    ///
+    /// Under a rate limit, a batch larger than 100 ms of the limit is added
+    /// in slices of that size, so records flow at the limit rather
+    /// than the whole batch waiting for its last permit: at a low limit that
+    /// wait would be minutes, with empty batches meanwhile, from which
+    /// backpressure could not learn to raise the limit again.
     pub fn add_records(&self, records: Vec<T>) -> Result<(), ReceiverError> {
+        let slice =
+            self.shared.rate.limit().map_or(usize::MAX, |limit| usize::try_from(limit / 10).unwrap_or(1).max(1));
+        if records.len() <= slice {
+            return self.add_batch(records);
+        }
+        let mut records = records.into_iter();
+        loop {
+            let chunk: Vec<T> = records.by_ref().take(slice).collect();
+            if chunk.is_empty() {
+                return Ok(());
+            }
+            self.add_batch(chunk)?;
+        }
+    }
+
+    /// Adds `records` to the current block once the rate limit admits them all.
+    fn add_batch(&self, records: Vec<T>) -> Result<(), ReceiverError> {
         self.admit(records.len() as u64)?;
         let mut buffer = self.shared.lock_buffer();
         if buffer.is_empty() && buffer.capacity() < records.len() {

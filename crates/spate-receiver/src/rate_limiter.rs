@@ -6,13 +6,21 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use spate_core::{Clock, Time};
 
+/// Missed permits, in milliseconds of the limit, a late caller may still use.
+pub(crate) const CATCH_UP_MS: f64 = 5.0;
+
 /// Limits the rate at which records are accepted (Spark's `RateLimiter`).
 ///
 /// Each call reserves its permits at the current rate; a call waits for the
 /// permits reserved before it, so a caller that asks for a batch of `n`
-/// records pays for them on its next call. Over any span of time `t`, at
-/// most `limit * t` records plus one batch get through. There is no saved-up
-/// burst: an idle limiter does not let a flood through afterwards.
+/// records pays for them on its next call. A caller that comes back late
+/// (a wake-up after the whole millisecond its wait was rounded up to, or
+/// time spent storing) catches up on at most 5 ms of missed permits;
+/// without that, a fast source waiting often runs well below its limit
+/// (measured: 16 M records/s under a 24 M/s limit, in batches of 16 Ki).
+/// Over any span of time `t`, at most `limit * (t + 5 ms)` records plus one
+/// batch get through. There is no larger saved-up burst: an
+/// idle limiter does not let a flood through afterwards.
 ///
 /// A limit is optionally capped by a configured maximum (Spark's
 /// `spark.streaming.receiver.maxRate`): [`RateLimiter::update_limit`] never
@@ -62,7 +70,7 @@ impl RateLimiter {
         }
         let now = self.clock.now();
         let mut next_free = self.next_free_ms.lock().unwrap_or_else(PoisonError::into_inner);
-        let start = next_free.max(now.as_millis() as f64);
+        let start = next_free.max(now.as_millis() as f64 - CATCH_UP_MS);
         *next_free = start + n as f64 * 1000.0 / limit as f64;
         let wait_until = Time::from_millis(start.ceil() as i64);
         (wait_until > now).then_some(wait_until)
@@ -84,14 +92,22 @@ mod tests {
     fn reservations_pay_forward_at_the_rate() {
         let clock = ManualClock::new(Time::from_millis(10_000));
         let limiter = RateLimiter::new(Arc::new(clock.clone()), Some(100));
+        // A fresh limiter starts as a caller coming back late would: with
+        // the catch-up already counted as missed.
+        let start = 10_000 - CATCH_UP_MS as i64;
         assert_eq!(limiter.reserve(10), None);
-        assert_eq!(limiter.reserve(10), Some(Time::from_millis(10_100)));
-        assert_eq!(limiter.reserve(50), Some(Time::from_millis(10_200)));
-        assert_eq!(limiter.reserve(1), Some(Time::from_millis(10_700)));
-        // Idle time is not saved up for a burst.
+        assert_eq!(limiter.reserve(10), Some(Time::from_millis(start + 100)));
+        assert_eq!(limiter.reserve(50), Some(Time::from_millis(start + 200)));
+        assert_eq!(limiter.reserve(1), Some(Time::from_millis(start + 700)));
+        // Coming back late, the caller only catches up on the last few
+        // milliseconds: the three records count from then, not from 10 710.
+        clock.advance(Duration::from_millis(1_000));
+        assert_eq!(limiter.reserve(3), None);
+        assert_eq!(limiter.reserve(1), Some(Time::from_millis(11_000 - CATCH_UP_MS as i64 + 30)));
+        // Idle time is not saved up for a burst, beyond the catch-up.
         clock.advance(Duration::from_secs(60));
         assert_eq!(limiter.reserve(1000), None);
-        assert_eq!(limiter.reserve(1), Some(Time::from_millis(80_000)));
+        assert_eq!(limiter.reserve(1), Some(Time::from_millis(81_000 - CATCH_UP_MS as i64)));
     }
 
     #[test]

@@ -466,3 +466,49 @@ fn the_pusher_overlaps_a_few_blocks_and_finishes_them_in_order() {
     let most = listener.most_in_flight.load(Ordering::SeqCst);
     assert!((2..=3).contains(&most), "{most} blocks in flight at once: {events:?}");
 }
+
+/// Counts the records of the blocks pushed to it.
+#[derive(Default)]
+struct CountingListener(AtomicU64);
+
+impl spate_receiver::BlockGeneratorListener<String> for CountingListener {
+    fn on_push_block(&self, _: spate_core::StreamBlockId, records: Vec<String>) -> Result<(), ReceiverError> {
+        self.0.fetch_add(records.len() as u64, Ordering::SeqCst);
+        Ok(())
+    }
+
+    fn on_error(&self, _: ReceiverError) {}
+}
+
+#[test]
+fn a_large_batch_under_a_low_limit_flows_in_slices_of_100_ms() {
+    let listener = Arc::new(CountingListener::default());
+    let config = spate_receiver::BlockGeneratorConfig {
+        block_interval: Duration::from_secs(3600),
+        max_block_records: Some(1),
+        initial_rate: Some(100),
+        ..Default::default()
+    };
+    let clock = ManualClock::new(Time::from_millis(0));
+    let generator = Arc::new(
+        spate_receiver::BlockGenerator::start(StreamId(0), config, Arc::new(clock.clone()), Arc::clone(&listener) as _)
+            .unwrap(),
+    );
+    let adder = {
+        let generator = Arc::clone(&generator);
+        std::thread::spawn(move || generator.add_records((0..1000).map(|i| i.to_string()).collect()))
+    };
+    // At 100 records/s, slices of 10 records: the first at once, then one
+    // per 100 ms, rather than nothing until the whole batch's 10 s are up.
+    let pushed = || listener.0.load(Ordering::SeqCst);
+    eventually("the first slice", || pushed() >= 10);
+    for step in 1..=3 {
+        clock.advance(Duration::from_millis(100));
+        eventually(&format!("slice {}", step + 1), || pushed() >= 10 * (step + 1));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    assert_eq!(pushed(), 40, "no slice ahead of its time");
+    generator.interrupt_adders();
+    assert!(adder.join().unwrap().is_err(), "the interrupted adder reports it");
+    generator.stop().unwrap();
+}
