@@ -139,6 +139,24 @@ impl FrameCodec {
         Ok(())
     }
 
+    /// The CRC32C of `bytes` when they are exactly one frame, header
+    /// included, derived from the checksum in its header (CRCs combine), so
+    /// a log storing the frame need not read it once more. `None` when
+    /// `bytes` are not the length their header declares. The result is only
+    /// as good as that checksum: use it on a frame just encoded or checked
+    /// with [`Self::open`].
+    pub fn whole_frame_crc32c(bytes: &[u8]) -> Option<u32> {
+        let header = bytes.get(..FRAME_HEADER_LEN)?;
+        let len = u32::from_le_bytes(header[8..12].try_into().ok()?) as usize;
+        let stored = u32::from_le_bytes(header[12..16].try_into().ok()?);
+        if bytes.len() != FRAME_HEADER_LEN.checked_add(len)? {
+            return None;
+        }
+        // stored = crc(version..length ++ payload); take the first part out.
+        let payload_crc = stored ^ crc32c::crc32c_combine(crc32c::crc32c(&header[4..12]), 0, len);
+        Some(crc32c::crc32c_combine(crc32c::crc32c(header), payload_crc, len))
+    }
+
     /// Checks the frame at the start of `bytes` (magic, version, bound, CRC)
     /// without decoding its payload. Bytes after the frame are ignored.
     pub fn open<'a>(&self, bytes: &'a [u8]) -> Result<RawFrame<'a>, CoreError> {
@@ -298,6 +316,20 @@ mod tests {
         })?;
         assert_eq!(by_hand[1..], codec.encode(&7u32)?[..]);
         assert_eq!(codec.decode::<u32>(&by_hand[1..])?.value, 7);
+        Ok(())
+    }
+
+    #[test]
+    fn the_whole_frame_crc_derived_from_the_header_equals_a_computed_one() -> Result<(), CoreError> {
+        let codec = FrameCodec::new(2);
+        for len in [0usize, 1, 7, 64, 1000, 70_000] {
+            let payload: Vec<u8> = (0..len).map(|i| (i * 31 % 251) as u8).collect();
+            let mut frame = codec.encode(&payload)?;
+            assert_eq!(FrameCodec::whole_frame_crc32c(&frame), Some(crc32c::crc32c(&frame)), "{len}");
+            assert_eq!(FrameCodec::whole_frame_crc32c(&frame[..frame.len() - 1]), None, "cut short");
+            frame.extend_from_slice(b"next");
+            assert_eq!(FrameCodec::whole_frame_crc32c(&frame), None, "more than one frame");
+        }
         Ok(())
     }
 

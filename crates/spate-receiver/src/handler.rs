@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 
 use crossbeam::channel::{Sender, bounded, unbounded};
-use spate_core::{BlockStoreResult, Clock, StreamBlockId, StreamId, Time, WalRecordHandle};
+use spate_core::{BlockStoreResult, Clock, FrameCodec, StreamBlockId, StreamId, Time, WalRecordHandle};
 use spate_wal::{FileWriteAheadLog, WalError, WalOptions, WriteAheadLog};
 use tracing::{debug, warn};
 
@@ -187,7 +187,8 @@ impl Default for WalHandlerConfig {
 }
 
 type WalReply = Result<WalRecordHandle, WalError>;
-type WalJob = (Arc<Vec<u8>>, Time, Sender<WalReply>);
+/// A block's bytes, their CRC32C when known, the time and where to answer.
+type WalJob = (Arc<Vec<u8>>, Option<u32>, Time, Sender<WalReply>);
 
 /// Threads writing a stream's blocks to its WAL: one per block the pusher
 /// keeps in flight, so that blocks are appended while earlier ones'
@@ -251,9 +252,13 @@ impl<T: Record> WriteAheadLogBasedBlockHandler<T> {
                 std::thread::Builder::new()
                     .name(format!("receiver-wal-{stream_id}-{index}"))
                     .spawn(move || {
-                        for (bytes, time, reply) in jobs.iter() {
+                        for (bytes, crc32c, time, reply) in jobs.iter() {
+                            let written = match crc32c {
+                                Some(crc32c) => wal.write_shared_with_crc32c(bytes, crc32c, time),
+                                None => wal.write_shared(bytes, time),
+                            };
                             // The caller may have timed out and gone; nothing to tell then.
-                            let _ = reply.send(wal.write_shared(bytes, time));
+                            let _ = reply.send(written);
                         }
                     })
                     .map_err(|e| ReceiverError::Runtime {
@@ -287,7 +292,11 @@ impl<T: Record> WriteAheadLogBasedBlockHandler<T> {
         let writer = self.writer.lock().unwrap_or_else(PoisonError::into_inner);
         let closed = || ReceiverError::Stopped { stream_id: block_id.stream_id, what: "storing a block" };
         let writers = writer.as_ref().ok_or_else(closed)?;
-        writers.jobs.send((bytes, self.clock.now(), reply_tx)).map_err(|_| closed())?;
+        // The block's own frame checksum gives the log its record checksum
+        // without another pass over the bytes (the frame was just encoded,
+        // or its checksum verified when its records were counted).
+        let crc32c = FrameCodec::whole_frame_crc32c(&bytes);
+        writers.jobs.send((bytes, crc32c, self.clock.now(), reply_tx)).map_err(|_| closed())?;
         Ok(reply_rx)
     }
 }

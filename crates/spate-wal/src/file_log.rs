@@ -126,7 +126,18 @@ impl WriteAheadLog for FileWriteAheadLog {
     }
 
     fn write_shared(&self, record: Arc<Vec<u8>>, time: Time) -> Result<WalRecordHandle, WalError> {
-        self.shared.write_shared(record, time)
+        let crc = crc32c::crc32c(&record);
+        self.shared.write_shared(record, crc, time)
+    }
+
+    fn write_shared_with_crc32c(
+        &self,
+        record: Arc<Vec<u8>>,
+        crc32c: u32,
+        time: Time,
+    ) -> Result<WalRecordHandle, WalError> {
+        debug_assert_eq!(crc32c, crc32c::crc32c(&record), "a caller's CRC32C does not match its record");
+        self.shared.write_shared(record, crc32c, time)
     }
 
     fn read(&self, handle: &WalRecordHandle) -> Result<Vec<u8>, WalError> {

@@ -26,6 +26,21 @@ pub trait WriteAheadLog: Send + Sync {
         self.write(&record, time)
     }
 
+    /// [`write_shared`](Self::write_shared) for a record whose CRC32C the
+    /// caller already has (derived from a checksum the record carries): a
+    /// log may use it instead of reading the record once more. A wrong value
+    /// makes the record fail its check when read, so pass only a checksum of
+    /// exactly these bytes.
+    fn write_shared_with_crc32c(
+        &self,
+        record: Arc<Vec<u8>>,
+        crc32c: u32,
+        time: Time,
+    ) -> Result<WalRecordHandle, WalError> {
+        let _ = crc32c;
+        self.write_shared(record, time)
+    }
+
     /// Reads back the record behind `handle`, checking its CRC.
     fn read(&self, handle: &WalRecordHandle) -> Result<Vec<u8>, WalError>;
 

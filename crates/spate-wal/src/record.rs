@@ -21,10 +21,15 @@ pub(crate) const HEADER_LEN: usize = 12;
 
 /// The header of `payload` (whose length the caller has checked fits a u32).
 pub(crate) fn encode_header(payload: &[u8]) -> [u8; HEADER_LEN] {
-    let len = u32::try_from(payload.len()).unwrap_or(u32::MAX);
+    header_with_crc(payload.len(), crc32c::crc32c(payload))
+}
+
+/// The header of a payload of `len` bytes whose CRC32C is `payload_crc`.
+pub(crate) fn header_with_crc(len: usize, payload_crc: u32) -> [u8; HEADER_LEN] {
+    let len = u32::try_from(len).unwrap_or(u32::MAX);
     let mut header = [0u8; HEADER_LEN];
     header[0..4].copy_from_slice(&len.to_le_bytes());
-    header[4..8].copy_from_slice(&crc32c::crc32c(payload).to_le_bytes());
+    header[4..8].copy_from_slice(&payload_crc.to_le_bytes());
     let header_crc = crc32c::crc32c(&header[0..8]);
     header[8..12].copy_from_slice(&header_crc.to_le_bytes());
     header

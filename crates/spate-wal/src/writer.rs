@@ -28,7 +28,7 @@ use crate::error::WalError;
 use crate::file_log::{Shared, lock, write_lock};
 use crate::files::SegmentWriter;
 use crate::options::SyncPolicy;
-use crate::record::{HEADER_LEN, encode_frame, encode_header};
+use crate::record::{HEADER_LEN, encode_frame, header_with_crc};
 use crate::segment::{Segment, segment_name};
 
 /// The longest a new leader waits for the last commit's writers to queue
@@ -232,9 +232,14 @@ impl Shared {
 
     /// Writes a record the caller shares rather than lends: it is appended
     /// from that buffer, without a copy.
-    pub(crate) fn write_shared(&self, record: Arc<Vec<u8>>, time: Time) -> Result<WalRecordHandle, WalError> {
+    pub(crate) fn write_shared(
+        &self,
+        record: Arc<Vec<u8>>,
+        crc32c: u32,
+        time: Time,
+    ) -> Result<WalRecordHandle, WalError> {
         self.check_size(&record)?;
-        let header = encode_header(&record);
+        let header = header_with_crc(record.len(), crc32c);
         let handles = self.commit_records(vec![QueuedRecord::Shared(header, record, time)])?;
         self.only_handle(handles)
     }

@@ -55,10 +55,13 @@ fn shared_records_are_written_like_lent_ones_from_concurrent_writers() {
                         .map(|i| {
                             let rec = record(w * 50 + i);
                             let time = Time::from_millis(20 * i as i64);
-                            let handle = if i % 2 == 0 {
-                                log.write_shared(Arc::new(rec.clone()), time).unwrap()
-                            } else {
-                                log.write(&rec, time).unwrap()
+                            let handle = match i % 3 {
+                                0 => log.write_shared(Arc::new(rec.clone()), time).unwrap(),
+                                1 => {
+                                    let crc = crc32c::crc32c(&rec);
+                                    log.write_shared_with_crc32c(Arc::new(rec.clone()), crc, time).unwrap()
+                                }
+                                _ => log.write(&rec, time).unwrap(),
                             };
                             (rec, handle)
                         })
