@@ -36,7 +36,7 @@ pub fn encode_block<T: Record>(records: &[T]) -> Result<Vec<u8>, CoreError> {
     // Blocks of inline words (the demo's hot path) are written by hand, in
     // the layout serde would give them, without its per-record overhead.
     if TypeId::of::<T>() == TypeId::of::<SmallWord>() {
-        block_codec().encode_with(&mut out, |payload| write_small_word_block(records, payload))?;
+        block_codec().encode_with_crc(&mut out, |payload| write_small_word_block(records, payload))?;
     } else {
         block_codec().encode_into(records, &mut out)?;
     }
@@ -45,20 +45,24 @@ pub fn encode_block<T: Record>(records: &[T]) -> Result<Vec<u8>, CoreError> {
 
 /// Appends the bincode layout of a sequence of strings: a varint count,
 /// then a varint length and the bytes of each word.
-fn write_small_word_block<T: 'static>(records: &[T], out: &mut Vec<u8>) -> Result<(), CoreError> {
+fn write_small_word_block<T: 'static>(records: &[T], out: &mut Vec<u8>) -> Result<u32, CoreError> {
     // Words are gathered in a stack buffer and appended a few thousand
     // bytes at a time: written straight into `out`, every byte store could
-    // alias its length, which the compiler would then reload per word.
+    // alias its length, which the compiler would then reload per word. The
+    // payload's checksum is taken chunk by chunk, while each is in cache.
     const CHUNK: usize = 4096;
     let mut chunk = [0u8; CHUNK];
     let mut used = 0;
+    let payload_start = out.len();
     write_varint(records.len() as u64, out);
+    let mut crc = crc32c::crc32c(&out[payload_start..]);
     for record in records {
         let Some(word) = (record as &dyn Any).downcast_ref::<SmallWord>() else {
             return Err(CoreError::Encode { reason: "a block of words holds a record that is not a word".into() });
         };
         let (cell, len) = word.encoded_cell();
         if used + cell.len() > CHUNK {
+            crc = crc32c::crc32c_append(crc, &chunk[..used]);
             out.extend_from_slice(&chunk[..used]);
             used = 0;
         }
@@ -66,8 +70,9 @@ fn write_small_word_block<T: 'static>(records: &[T], out: &mut Vec<u8>) -> Resul
         chunk[used..used + cell.len()].copy_from_slice(&cell);
         used += len;
     }
+    crc = crc32c::crc32c_append(crc, &chunk[..used]);
     out.extend_from_slice(&chunk[..used]);
-    Ok(())
+    Ok(crc)
 }
 
 /// Appends bincode's standard varint of `value`.
