@@ -7,6 +7,7 @@
 //! that refuses writes after a failed sync.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use spate_core::{Time, WalRecordHandle};
@@ -45,6 +46,8 @@ pub(crate) struct Shared {
     /// before it deletes their files, so new readers never see them.
     pub(crate) segments: RwLock<Vec<Arc<Segment>>>,
     pub(crate) queue: Mutex<CommitQueue>,
+    /// Requests in the queue, readable without its lock (a gathering leader polls it).
+    pub(crate) queued: AtomicUsize,
     /// Commits finish (become readable, report) in the order they appended.
     pub(crate) order: Mutex<CommitOrder>,
     pub(crate) group_finished: Condvar,
@@ -73,6 +76,7 @@ impl FileWriteAheadLog {
             files,
             segments: RwLock::new(segments),
             queue: Mutex::new(CommitQueue::default()),
+            queued: AtomicUsize::new(0),
             order: Mutex::new(CommitOrder::default()),
             group_finished: Condvar::new(),
             writer: Mutex::new(writer),

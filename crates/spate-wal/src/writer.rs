@@ -268,6 +268,7 @@ impl Shared {
         let mut lead = {
             let mut queue = lock(&self.queue);
             queue.pending.push(Request { slot: Arc::clone(&slot), records: queued });
+            self.queued.store(queue.pending.len(), Ordering::Release);
             !std::mem::replace(&mut queue.leader_busy, true)
         };
         loop {
@@ -289,7 +290,7 @@ impl Shared {
     /// meanwhile, if any: as soon as this commit's records are appended, so
     /// the next commit appends while this one syncs.
     fn lead(&self) {
-        let requests = std::mem::take(&mut self.await_group(lock(&self.queue)).pending);
+        let requests = self.take_queue(self.await_group(lock(&self.queue)));
         let mut guard = LeaderGuard {
             shared: self,
             slots: requests.iter().map(|r| Arc::clone(&r.slot)).collect(),
@@ -327,12 +328,22 @@ impl Shared {
                 break;
             }
             // Yield rather than park: the writers being waited for are
-            // runnable and need the processor, and the wait is short.
+            // runnable and need the processor, and the wait is short. Poll
+            // the count, not the lock, which the writers need to queue.
+            let target = queue.last_group;
             drop(queue);
-            std::thread::yield_now();
+            while self.queued.load(Ordering::Acquire) < target && Instant::now() < deadline {
+                std::thread::yield_now();
+            }
             queue = lock(&self.queue);
         }
         queue
+    }
+
+    /// Takes every queued request.
+    fn take_queue(&self, mut queue: MutexGuard<'_, CommitQueue>) -> Vec<Request> {
+        self.queued.store(0, Ordering::Release);
+        std::mem::take(&mut queue.pending)
     }
 
     /// Appends one batch, joined by whatever queued until its append, passes
@@ -371,7 +382,7 @@ impl Shared {
         handles: &mut Vec<Vec<WalRecordHandle>>,
         guard: &mut LeaderGuard<'_>,
     ) -> Result<AppendedGroup, WalError> {
-        let late = std::mem::take(&mut lock(&self.queue).pending);
+        let late = self.take_queue(lock(&self.queue));
         guard.slots.extend(late.iter().map(|r| Arc::clone(&r.slot)));
         batch.extend(late);
         self.append_requests(writer, batch, handles)?;
