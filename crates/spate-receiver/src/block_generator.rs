@@ -230,8 +230,7 @@ impl<T: Send + 'static> BlockGenerator<T> {
     /// wait would be minutes, with empty batches meanwhile, from which
     /// backpressure could not learn to raise the limit again.
     pub fn add_records(&self, records: Vec<T>) -> Result<(), ReceiverError> {
-        let slice =
-            self.shared.rate.limit().map_or(usize::MAX, |limit| usize::try_from(limit / 10).unwrap_or(1).max(1));
+        let slice = self.admission_slice();
         if records.len() <= slice {
             return self.add_batch(records);
         }
@@ -243,6 +242,36 @@ impl<T: Send + 'static> BlockGenerator<T> {
             }
             self.add_batch(chunk)?;
         }
+    }
+
+    /// Adds `count` records that `fill` writes straight into the current
+    /// block, waiting for the rate limit: a source that can produce records
+    /// in place saves building a batch and copying it in.
+    ///
+    /// `fill(block, n)` must append exactly `n` records to `block`. It runs
+    /// with the block locked (keep it short: the timer waits to cut), once
+    /// per slice of at most 100 ms of the rate limit, as
+    /// [`BlockGenerator::add_records`] admits a large batch; the slices add
+    /// up to `count`.
+    pub fn add_with(&self, count: usize, mut fill: impl FnMut(&mut Vec<T>, usize)) -> Result<(), ReceiverError> {
+        let slice = self.admission_slice();
+        let mut left = count;
+        while left > 0 {
+            let n = left.min(slice);
+            self.admit(n as u64)?;
+            let mut buffer = self.shared.lock_buffer();
+            let before = buffer.len();
+            fill(&mut buffer, n);
+            debug_assert_eq!(buffer.len() - before, n, "a fill must append exactly the records it was asked for");
+            self.shared.cut_if_full(&mut buffer)?;
+            left -= n;
+        }
+        Ok(())
+    }
+
+    /// The most records admitted at once: 100 ms of the rate limit.
+    fn admission_slice(&self) -> usize {
+        self.shared.rate.limit().map_or(usize::MAX, |limit| usize::try_from(limit / 10).unwrap_or(1).max(1))
     }
 
     /// Adds `records` to the current block once the rate limit admits them all.

@@ -94,7 +94,10 @@ impl WordGenerator {
         // Each vocabulary word converted once, then cloned per record (a
         // copy for an inline word) instead of converted per record.
         let records: Vec<W> = self.vocabulary.iter().map(|word| W::from_word(word)).collect();
-        out.extend(indices.map(|i| records.get(self.slot_at(i)).cloned().unwrap_or_else(|| W::from_word(""))));
+        // `slot_at` is below the vocabulary's length by construction; indexing
+        // (rather than an `Option` per word) lets each record be copied
+        // straight into place.
+        out.extend(indices.map(|i| records[self.slot_at(i)].clone()));
     }
 
     /// Words `start..start + count`: the reference input of tests.
@@ -382,9 +385,12 @@ impl<W: WordRecord> Receiver<W> for GeneratorReceiver<W> {
             {
                 return Ok(());
             }
-            let mut batch = Vec::with_capacity(n as usize);
-            self.config.generator.fill(produced, n as usize, &mut batch);
-            ctx.store_many(batch)?;
+            // Words are generated straight into the block: no batch to copy.
+            let mut next = produced;
+            ctx.store_with(n as usize, |block, count| {
+                self.config.generator.fill(next, count, block);
+                next += count as u64;
+            })?;
             self.progress.produced.store(produced + n, Ordering::Release);
             unflushed += n;
             if self.config.flush_every.is_some_and(|every| unflushed >= every) {

@@ -480,8 +480,25 @@ impl spate_receiver::BlockGeneratorListener<String> for CountingListener {
     fn on_error(&self, _: ReceiverError) {}
 }
 
+type Adder = fn(&spate_receiver::BlockGenerator<String>) -> Result<(), ReceiverError>;
+
 #[test]
 fn a_large_batch_under_a_low_limit_flows_in_slices_of_100_ms() {
+    large_batch_flows_in_slices(|generator| generator.add_records((0..1000).map(|i| i.to_string()).collect()));
+}
+
+#[test]
+fn records_filled_in_place_under_a_low_limit_flow_in_slices_of_100_ms() {
+    large_batch_flows_in_slices(|generator| {
+        let mut next = 0;
+        generator.add_with(1000, |block, n| {
+            block.extend((next..next + n).map(|i| i.to_string()));
+            next += n;
+        })
+    });
+}
+
+fn large_batch_flows_in_slices(add: Adder) {
     let listener = Arc::new(CountingListener::default());
     let config = spate_receiver::BlockGeneratorConfig {
         block_interval: Duration::from_secs(3600),
@@ -496,7 +513,7 @@ fn a_large_batch_under_a_low_limit_flows_in_slices_of_100_ms() {
     );
     let adder = {
         let generator = Arc::clone(&generator);
-        std::thread::spawn(move || generator.add_records((0..1000).map(|i| i.to_string()).collect()))
+        std::thread::spawn(move || add(&generator))
     };
     // At 100 records/s, slices of 10 records: the first at once, then one
     // per 100 ms, rather than nothing until the whole batch's 10 s are up.
