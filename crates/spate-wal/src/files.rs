@@ -28,8 +28,9 @@ pub(crate) trait FileLayer: Send + Sync + std::fmt::Debug {
     /// The names of the entries of `dir`.
     fn list(&self, dir: &Path) -> io::Result<Vec<String>>;
     /// Opens `path` for appending, creating it when missing, and returns
-    /// it with its current length.
-    fn open_append(&self, path: &Path) -> io::Result<(Arc<dyn SegmentWriter>, u64)>;
+    /// it with its current length. With `direct`, large appends bypass the
+    /// page cache where the platform and file system allow it.
+    fn open_append(&self, path: &Path, direct: bool) -> io::Result<(Arc<dyn SegmentWriter>, u64)>;
     /// Opens `path` for reading.
     fn open_read(&self, path: &Path) -> io::Result<File>;
     /// The length of `path` in bytes.
@@ -89,7 +90,14 @@ impl FileLayer for RealFiles {
         Ok(names)
     }
 
-    fn open_append(&self, path: &Path) -> io::Result<(Arc<dyn SegmentWriter>, u64)> {
+    fn open_append(&self, path: &Path, direct: bool) -> io::Result<(Arc<dyn SegmentWriter>, u64)> {
+        #[cfg(target_os = "linux")]
+        if direct && let Some(segment) = crate::direct::DirectSegment::open(path)? {
+            let len = segment.len();
+            return Ok((Arc::new(segment), len));
+        }
+        #[cfg(not(target_os = "linux"))]
+        let _ = direct;
         let file = OpenOptions::new().append(true).create(true).open(path)?;
         let len = file.metadata()?.len();
         Ok((Arc::new(RealSegment(file)), len))
@@ -253,9 +261,9 @@ impl FileLayer for HookedFiles {
         self.inner.list(dir)
     }
 
-    fn open_append(&self, path: &Path) -> io::Result<(Arc<dyn SegmentWriter>, u64)> {
+    fn open_append(&self, path: &Path, direct: bool) -> io::Result<(Arc<dyn SegmentWriter>, u64)> {
         self.hook.state.opens.fetch_add(1, Ordering::SeqCst);
-        let (inner, len) = self.inner.open_append(path)?;
+        let (inner, len) = self.inner.open_append(path, direct)?;
         Ok((Arc::new(HookedSegment { inner, hook: self.hook.clone() }), len))
     }
 
@@ -298,7 +306,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let hook = FaultInjection::new();
         let files = file_layer(Some(&hook));
-        let (seg, len) = files.open_append(&dir.path().join("f")).unwrap();
+        let (seg, len) = files.open_append(&dir.path().join("f"), false).unwrap();
         assert_eq!(len, 0);
         hook.fail_sync_number(2);
         seg.append(&[b"ab", b"", b"cd"]).unwrap();

@@ -15,6 +15,8 @@
 //!   and each gets its handle only after the sync that covers its record;
 //! - recovery on open: a torn record at the end of the last segment is cut
 //!   off; damage anywhere else is an error (or skipped in salvage mode);
+//! - optional direct I/O for logs of large records ([`WalOptions::direct_io`]),
+//!   with the same file layout;
 //! - a log that refuses every write after a failed sync ([`WalError::Poisoned`]);
 //! - a [`FaultInjection`] hook that counts syncs and fails chosen ones, for tests.
 //!
@@ -45,6 +47,8 @@
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
 
 mod cleaner;
+#[cfg(target_os = "linux")]
+mod direct;
 mod error;
 mod file_log;
 mod files;

@@ -45,6 +45,12 @@ pub struct WalOptions {
     /// Close the segment file after every batch of writes and reopen it for
     /// the next, for stores where keeping a file open is costly. Default: off.
     pub close_file_after_write: bool,
+    /// Append the whole pages of large writes with direct I/O (`O_DIRECT`),
+    /// bypassing the page cache: for logs of large records (received
+    /// blocks) this saves most of the processor time an append costs. The
+    /// file layout is unchanged. Linux only; elsewhere, or on a file system
+    /// that refuses direct I/O, appends are buffered. Default: off.
+    pub direct_io: bool,
     /// Skip damaged records (with a warning) instead of failing with
     /// [`crate::WalError::Corrupt`]. Skipped records are lost. Default: off.
     pub salvage: bool,
@@ -64,6 +70,7 @@ impl Default for WalOptions {
             sync_policy: SyncPolicy::EveryWrite,
             max_record_size: DEFAULT_MAX_RECORD_SIZE,
             close_file_after_write: false,
+            direct_io: false,
             salvage: false,
             clock: Arc::new(SystemClock),
             fault_injection: None,
@@ -93,6 +100,12 @@ impl WalOptions {
     /// Sets [`WalOptions::close_file_after_write`].
     pub fn with_close_file_after_write(mut self, close: bool) -> Self {
         self.close_file_after_write = close;
+        self
+    }
+
+    /// Sets [`WalOptions::direct_io`].
+    pub fn with_direct_io(mut self, direct: bool) -> Self {
+        self.direct_io = direct;
         self
     }
 

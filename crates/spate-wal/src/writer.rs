@@ -422,9 +422,11 @@ impl Shared {
         let synced = match &group.sync {
             Some((Some(file), path)) => file.sync_data().map_err(|e| (path.clone(), e)),
             // Closed after its last write: reopen just to sync.
-            Some((None, path)) => {
-                self.files.open_append(path).and_then(|(file, _)| file.sync_data()).map_err(|e| (path.clone(), e))
-            }
+            Some((None, path)) => self
+                .files
+                .open_append(path, false)
+                .and_then(|(file, _)| file.sync_data())
+                .map_err(|e| (path.clone(), e)),
             None => Ok(()),
         };
         let mut order = self.await_turn(group.seq);
@@ -523,7 +525,7 @@ impl Shared {
         let result = match active.file.as_ref() {
             Some(file) => file.sync_data(),
             // Closed after the last batch: reopen just to sync.
-            None => self.files.open_append(&path).and_then(|(file, _)| file.sync_data()),
+            None => self.files.open_append(&path, false).and_then(|(file, _)| file.sync_data()),
         };
         match result {
             Ok(()) => {
@@ -555,7 +557,7 @@ impl Shared {
         // A segment of that name may be live already (a restart writing at a
         // time seen before); then the writer appends to it.
         let existing = write_lock(&self.segments).iter().find(|s| s.name == name).cloned();
-        let (file, len) = self.files.open_append(&path).map_err(WalError::io("open", &path))?;
+        let (file, len) = self.files.open_append(&path, self.options.direct_io).map_err(WalError::io("open", &path))?;
         let segment = match existing {
             Some(segment) => segment,
             None => {
@@ -586,7 +588,8 @@ impl Shared {
         };
         if active.file.is_none() {
             let path = &active.segment.path;
-            let (file, len) = self.files.open_append(path).map_err(WalError::io("open", path))?;
+            let (file, len) =
+                self.files.open_append(path, self.options.direct_io).map_err(WalError::io("open", path))?;
             active.file = Some(file);
             active.len = len;
         }
