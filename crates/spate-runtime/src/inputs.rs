@@ -154,7 +154,8 @@ impl<T: Record + Data, R: Receiver<T>> TypedReceiverInput<T, R> {
             }
         };
         let wal_dir = receiver_wal_dir(dir, self.stream_id);
-        let options = WalOptions::default().with_clock(Arc::clone(clock));
+        // Received blocks are large: direct I/O saves the page cache's copy and writeback.
+        let options = WalOptions::default().with_clock(Arc::clone(clock)).with_direct_io(true);
         let wal: Arc<dyn WriteAheadLog> =
             Arc::new(FileWriteAheadLog::open(&wal_dir, options).map_err(|e| self.receiver_error(e))?);
         let handler = WriteAheadLogBasedBlockHandler::new(
