@@ -1,22 +1,26 @@
 //! Appends with direct I/O (`O_DIRECT`, Linux): the whole pages of an
-//! append go from a page-aligned staging buffer straight to the device,
-//! bypassing the page cache; the partial pages at its two ends go through
-//! the page cache as usual.
+//! append go straight to the device, bypassing the page cache; partial
+//! pages, and runs too short to be worth a direct write, go through the
+//! page cache as usual.
 //!
 //! For a log of large records (received blocks), buffered appends spend
 //! more processor time than anything else in the log: the kernel copies
 //! every byte into freshly allocated page-cache pages, then tracks, writes
-//! back and reclaims them. A copy into a staging buffer that stays in cache
-//! costs a fraction of that, and the device then reads the buffer itself.
+//! back and reclaims them. Direct writes let the device read the bytes
+//! where they are. The log pads a large record so that its bytes sit at
+//! the same offset within a page in the file as in the caller's buffer
+//! (see `record`), and its whole pages are then written from that buffer;
+//! a large run that is not so aligned is copied through a page-aligned
+//! staging buffer first, which still costs far less than the page cache.
 //!
 //! Every page of the file is written one way only (a page an append shares
 //! with the next is always buffered), so the two paths never overlap, and
 //! `fdatasync` makes both durable: it writes the dirty pages and the file
 //! size, and flushes the device's write cache, which direct writes may
-//! still sit in. The file layout is the same as with buffered appends.
+//! still sit in.
 //!
-//! A file system that refuses direct I/O (at open, or on the first write)
-//! gets buffered appends, with one warning.
+//! A file system that refuses direct I/O (at open, or on a write) gets
+//! buffered appends, with one warning.
 
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -26,29 +30,23 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 
 use crate::files::SegmentWriter;
+use crate::record::{MIN_DIRECT, PAGE};
 
-/// The alignment direct I/O needs of file offsets, lengths and buffer
-/// addresses: a page satisfies every common device.
-const ALIGN: u64 = 4096;
-
-/// The most bytes one direct write takes: enough to keep the device
+/// The most bytes staged and written at once: enough to keep the device
 /// streaming, small enough that the staging buffer stays in cache.
 const CHUNK: usize = 4 << 20;
 
-/// The fewest bytes worth writing directly. A direct write waits for the
-/// device while the writer lock is held; below this, a buffered write (and
-/// its share of the `fdatasync`) costs less.
-const MIN_DIRECT: u64 = 256 << 10;
-
 /// A segment file appended to with direct I/O; see the module documentation.
 pub(crate) struct DirectSegment {
-    /// Takes the partial pages at the ends of each append, and the syncs.
+    /// Takes the partial pages and short runs of each append, and the syncs.
     buffered: File,
     /// The same file, opened with `O_DIRECT`.
     direct: File,
     state: Mutex<DirectState>,
-    /// Bytes written with direct I/O so far (a figure for tests).
+    /// Bytes written with direct I/O, and of those, copied through the
+    /// staging buffer first (figures for tests).
     direct_bytes: AtomicU64,
+    staged_bytes: AtomicU64,
 }
 
 struct DirectState {
@@ -58,6 +56,17 @@ struct DirectState {
     staging: Vec<u8>,
     /// Cleared when the file system refuses a direct write.
     direct_ok: bool,
+}
+
+/// How the next bytes of an append are written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Run {
+    /// Through the page cache.
+    Buffered(u64),
+    /// Directly, from the caller's buffer (page-aligned there).
+    FromSource(u64),
+    /// Directly, copied through the staging buffer.
+    Staged(u64),
 }
 
 impl DirectSegment {
@@ -75,7 +84,13 @@ impl DirectSegment {
         };
         let len = buffered.metadata()?.len();
         let state = DirectState { len, staging: Vec::new(), direct_ok: true };
-        Ok(Some(DirectSegment { buffered, direct, state: Mutex::new(state), direct_bytes: AtomicU64::new(0) }))
+        Ok(Some(DirectSegment {
+            buffered,
+            direct,
+            state: Mutex::new(state),
+            direct_bytes: AtomicU64::new(0),
+            staged_bytes: AtomicU64::new(0),
+        }))
     }
 
     /// The file's length as this writer appended it.
@@ -83,10 +98,10 @@ impl DirectSegment {
         self.lock().len
     }
 
-    /// Bytes written with direct I/O so far.
+    /// Bytes written with direct I/O so far, and how many of them were staged.
     #[cfg(test)]
-    pub(crate) fn direct_bytes(&self) -> u64 {
-        self.direct_bytes.load(Ordering::Relaxed)
+    fn direct_and_staged_bytes(&self) -> (u64, u64) {
+        (self.direct_bytes.load(Ordering::Relaxed), self.staged_bytes.load(Ordering::Relaxed))
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, DirectState> {
@@ -102,27 +117,62 @@ impl DirectSegment {
         Ok(pos)
     }
 
-    /// Writes the next `bytes` (whole pages, at a page-aligned `pos`) of
-    /// `source` with direct I/O, through the staging buffer.
-    fn write_direct(&self, state: &mut DirectState, source: &mut Gather<'_>, pos: u64, bytes: u64) -> io::Result<u64> {
-        let n = usize::try_from(bytes).unwrap_or(usize::MAX);
-        let staging = if state.direct_ok { aligned(&mut state.staging, n) } else { None };
-        let Some(staging) = staging else {
-            return self.write_buffered(source, pos, bytes);
-        };
-        source.copy_to(staging);
-        let written = write_at_most(&self.direct, staging, pos)?;
+    /// Writes `bytes` (at a page-aligned `pos`, page-aligned in memory)
+    /// with direct I/O; what it does not take goes through the page cache.
+    fn write_direct(&self, state: &mut DirectState, bytes: &[u8], pos: u64) -> io::Result<()> {
+        let written = write_at_most(&self.direct, bytes, pos)?;
         self.direct_bytes.fetch_add(written as u64, Ordering::Relaxed);
-        // What the direct write left (all of it when refused, or the end of
-        // a short write) goes through the page cache.
-        if let Some(rest) = staging.get(written..).filter(|rest| !rest.is_empty()) {
+        if let Some(rest) = bytes.get(written..).filter(|rest| !rest.is_empty()) {
             self.buffered.write_all_at(rest, pos + written as u64)?;
         }
         if written == 0 {
             tracing::warn!("the file system refused a direct write: buffered appends from here on");
             state.direct_ok = false;
         }
-        Ok(pos + bytes)
+        Ok(())
+    }
+
+    /// Writes the next `bytes` of `source`, one page-aligned buffer, directly.
+    fn write_from_source(
+        &self,
+        state: &mut DirectState,
+        source: &mut Gather<'_>,
+        pos: u64,
+        bytes: u64,
+    ) -> io::Result<u64> {
+        let mut at = pos;
+        for slice in source.take(bytes) {
+            self.write_direct(state, slice, at)?;
+            at += slice.len() as u64;
+        }
+        Ok(at)
+    }
+
+    /// Writes the next `bytes` of `source` directly, copied through the
+    /// staging buffer a chunk at a time.
+    fn write_staged(
+        &self,
+        state: &mut DirectState,
+        source: &mut Gather<'_>,
+        mut pos: u64,
+        bytes: u64,
+    ) -> io::Result<u64> {
+        let end = pos + bytes;
+        while pos < end {
+            let n = usize::try_from(end - pos).unwrap_or(usize::MAX).min(CHUNK);
+            let mut staging = std::mem::take(&mut state.staging);
+            let Some(chunk) = aligned(&mut staging, n) else {
+                state.staging = staging;
+                return self.write_buffered(source, pos, end - pos);
+            };
+            source.copy_to(chunk);
+            self.staged_bytes.fetch_add(n as u64, Ordering::Relaxed);
+            let written = self.write_direct(state, chunk, pos);
+            state.staging = staging;
+            written?;
+            pos += n as u64;
+        }
+        Ok(pos)
     }
 }
 
@@ -130,15 +180,15 @@ impl SegmentWriter for DirectSegment {
     fn append(&self, bufs: &[&[u8]]) -> io::Result<()> {
         let mut state = self.lock();
         let mut source = Gather::new(bufs);
-        let start = state.len;
-        let end = start + source.remaining();
-        let (body_start, body_end) = direct_span(start, end);
-        let mut pos = self.write_buffered(&mut source, start, body_start - start)?;
-        while pos < body_end {
-            let bytes = (body_end - pos).min(CHUNK as u64);
-            pos = self.write_direct(&mut state, &mut source, pos, bytes)?;
+        let mut pos = state.len;
+        let end = pos + source.remaining();
+        while pos < end {
+            pos = match next_run(source.current(), pos, end, state.direct_ok) {
+                Run::Buffered(bytes) => self.write_buffered(&mut source, pos, bytes)?,
+                Run::FromSource(bytes) => self.write_from_source(&mut state, &mut source, pos, bytes)?,
+                Run::Staged(bytes) => self.write_staged(&mut state, &mut source, pos, bytes)?,
+            };
         }
-        self.write_buffered(&mut source, pos, end - pos)?;
         state.len = end;
         Ok(())
     }
@@ -149,17 +199,40 @@ impl SegmentWriter for DirectSegment {
     }
 }
 
-/// The whole pages of `start..end` to write directly, or an empty span at
-/// `end` when they are too few to be worth it.
-fn direct_span(start: u64, end: u64) -> (u64, u64) {
-    let body_start = start.next_multiple_of(ALIGN);
-    let body_end = end / ALIGN * ALIGN;
-    if body_end >= body_start + MIN_DIRECT { (body_start, body_end) } else { (end, end) }
+/// How to write the bytes from file offset `pos` (of an append ending at
+/// `end`), where `current` is the rest of the buffer they start in.
+///
+/// A partial page, or a run of whole pages shorter than [`MIN_DIRECT`], is
+/// buffered. Whole pages are written from `current` when it is
+/// page-aligned in memory, and otherwise staged, up to the page where
+/// `current` ends (the next buffer may be aligned: a padded record).
+fn next_run(current: &[u8], pos: u64, end: u64, direct_ok: bool) -> Run {
+    let page_end = pos.next_multiple_of(PAGE).min(end);
+    if !pos.is_multiple_of(PAGE) || !direct_ok {
+        return Run::Buffered(if direct_ok { page_end - pos } else { end - pos });
+    }
+    let whole_pages = (end - pos) / PAGE * PAGE;
+    if whole_pages == 0 {
+        return Run::Buffered(end - pos);
+    }
+    let in_current = current.len() as u64;
+    let from_source = in_current >= PAGE && current.as_ptr().align_offset(PAGE as usize) == 0;
+    let run = if from_source {
+        whole_pages.min(in_current / PAGE * PAGE)
+    } else {
+        whole_pages.min(in_current.next_multiple_of(PAGE))
+    };
+    match run {
+        // An append of whole pages (a padded one) goes direct throughout.
+        run if run < MIN_DIRECT && !end.is_multiple_of(PAGE) => Run::Buffered(run),
+        run if from_source => Run::FromSource(run),
+        run => Run::Staged(run),
+    }
 }
 
 /// `n` bytes of `staging` at a page-aligned address, growing it as needed.
 fn aligned(staging: &mut Vec<u8>, n: usize) -> Option<&mut [u8]> {
-    let align = ALIGN as usize;
+    let align = PAGE as usize;
     if staging.len() < n + align {
         *staging = vec![0; n.max(CHUNK) + align];
     }
@@ -175,7 +248,7 @@ fn write_at_most(file: &File, buf: &[u8], pos: u64) -> io::Result<usize> {
         let rest = buf.get(written..).unwrap_or_default();
         match file.write_at(rest, pos + written as u64) {
             Ok(0) => break,
-            Ok(n) if n % ALIGN as usize != 0 => return Ok(written + n),
+            Ok(n) if n % PAGE as usize != 0 => return Ok(written + n),
             Ok(n) => written += n,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) if e.raw_os_error() == Some(libc::EINVAL) => break,
@@ -199,6 +272,19 @@ impl<'a> Gather<'a> {
 
     fn remaining(&self) -> u64 {
         self.rest.iter().map(|b| b.len() as u64).sum::<u64>() - self.offset as u64
+    }
+
+    /// The rest of the buffer the next byte is in (empty at the end).
+    fn current(&self) -> &'a [u8] {
+        let mut rest = self.rest;
+        let mut offset = self.offset;
+        while let Some((first, others)) = rest.split_first() {
+            match first.get(offset..) {
+                Some(left) if !left.is_empty() => return left,
+                _ => (rest, offset) = (others, 0),
+            }
+        }
+        &[]
     }
 
     /// The next `bytes` bytes (fewer at the end), as slices of the buffers.
@@ -261,12 +347,13 @@ mod tests {
             segment.append(&bufs).unwrap();
             expected.extend_from_slice(&bytes);
         }
-        let to_page = ALIGN as usize - expected.len() % ALIGN as usize;
+        let to_page = PAGE as usize - expected.len() % PAGE as usize;
         segment.append(&[&vec![7u8; to_page + (512 << 10)]]).unwrap();
         expected.extend(std::iter::repeat_n(7u8, to_page + (512 << 10)));
         segment.sync_data().unwrap();
         assert_eq!(segment.len(), expected.len() as u64);
-        assert!(segment.direct_bytes() > 10 << 20, "the large appends went direct: {}", segment.direct_bytes());
+        let (direct, _) = segment.direct_and_staged_bytes();
+        assert!(direct > 10 << 20, "the large appends went direct: {direct}");
         assert!(std::fs::read(&path).unwrap() == expected, "file contents differ");
         // Reopened, it appends at the end.
         drop(segment);
@@ -275,11 +362,88 @@ mod tests {
     }
 
     #[test]
-    fn the_direct_span_is_whole_pages_and_only_when_worth_it() {
-        assert_eq!(direct_span(0, 100), (100, 100));
-        assert_eq!(direct_span(10, 10 + MIN_DIRECT), (10 + MIN_DIRECT, 10 + MIN_DIRECT));
-        assert_eq!(direct_span(10, 10 + 2 * MIN_DIRECT), (ALIGN, (10 + 2 * MIN_DIRECT) / ALIGN * ALIGN));
-        assert_eq!(direct_span(ALIGN, ALIGN + MIN_DIRECT), (ALIGN, ALIGN + MIN_DIRECT));
+    fn aligned_buffers_go_direct_without_a_copy_and_others_are_staged() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("segment");
+        let Some(segment) = DirectSegment::open(&path).unwrap() else {
+            eprintln!("this file system has no direct I/O: nothing to test");
+            return;
+        };
+        let mut memory = pattern((3 << 20) + 2 * PAGE as usize, 9);
+        let offset = memory.as_ptr().align_offset(PAGE as usize);
+        let aligned = &memory[offset..offset + (1 << 20)];
+        // At offset 0 of the file, page-aligned in memory: no copy.
+        segment.append(&[aligned]).unwrap();
+        assert_eq!(segment.direct_and_staged_bytes(), (1 << 20, 0));
+        // A header, then a payload whose address matches its file offset
+        // within a page (as the log pads a record), ending on a page: the
+        // first page is staged, the payload's other pages go straight from memory.
+        let payload = &memory[offset + 12..offset + (2 << 20)];
+        segment.append(&[&[1u8; 12], payload]).unwrap();
+        assert_eq!(segment.direct_and_staged_bytes(), ((1 << 20) + (2 << 20), PAGE));
+        // Misaligned in memory: staged.
+        let misaligned = &memory[offset + 1..offset + 1 + (1 << 20)];
+        segment.append(&[&[2u8; 12][..PAGE as usize % 12 + 4], misaligned]).unwrap();
+        assert!(segment.direct_and_staged_bytes().1 > 0);
+        let mut expected = aligned.to_vec();
+        expected.extend_from_slice(&[1u8; 12]);
+        expected.extend_from_slice(payload);
+        expected.extend_from_slice(&[2u8; 12][..PAGE as usize % 12 + 4]);
+        expected.extend_from_slice(misaligned);
+        assert!(std::fs::read(&path).unwrap() == expected, "file contents differ");
+        memory.clear();
+    }
+
+    #[test]
+    fn an_append_of_several_padded_records_stages_only_the_pages_between_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("segment");
+        let Some(segment) = DirectSegment::open(&path).unwrap() else {
+            eprintln!("this file system has no direct I/O: nothing to test");
+            return;
+        };
+        let (first, second) = (pattern(3 << 20, 1), pattern(3 << 20, 2));
+        let at = |memory: &Vec<u8>| memory.as_ptr().align_offset(PAGE as usize) + 12;
+        // Each payload sits 12 bytes into a page in memory, and in the file
+        // after its 12-byte header (the first after 100 bytes of the page).
+        let p1 = &first[at(&first)..at(&first) + (1 << 20) + 88];
+        let p2 = &second[at(&second)..at(&second) + (1 << 20) - 12];
+        let gap = vec![0u8; PAGE as usize - 100];
+        let bufs: [&[u8]; 5] = [&[1u8; 12], p1, &gap, &[2u8; 12], p2];
+        segment.append(&bufs).unwrap();
+        let total: u64 = bufs.iter().map(|b| b.len() as u64).sum();
+        assert_eq!(total % PAGE, 0);
+        // Staged: the first page, the one after the first payload's last
+        // whole page, and the one holding the second header.
+        assert_eq!(segment.direct_and_staged_bytes(), (total, 3 * PAGE));
+        assert!(std::fs::read(&path).unwrap() == bufs.concat(), "file contents differ");
+    }
+
+    #[test]
+    fn runs_are_direct_only_for_whole_pages_worth_it() {
+        let memory = vec![0u8; 4 << 20];
+        let offset = memory.as_ptr().align_offset(PAGE as usize);
+        let aligned = &memory[offset..offset + (2 << 20)];
+        let unaligned = &memory[offset + 1..offset + 1 + (2 << 20)];
+        let big = 2 << 20;
+        // A partial page first: buffered up to the page boundary.
+        assert_eq!(next_run(aligned, 10, 10 + big, true), Run::Buffered(PAGE - 10));
+        assert_eq!(next_run(aligned, PAGE, PAGE + big, true), Run::FromSource(big));
+        assert_eq!(next_run(aligned, 0, big + 100, true), Run::FromSource(big));
+        // The pages of an unaligned buffer, up to the page where it ends.
+        assert_eq!(next_run(unaligned, 0, 3 << 20, true), Run::Staged(big));
+        assert_eq!(next_run(&unaligned[..big as usize - 1], 0, 3 << 20, true), Run::Staged(big));
+        // The last bytes of an aligned buffer (under a page) and the next
+        // buffer's start share a page, written alone (staged when the
+        // append is whole pages), never the rest of the append with it.
+        let tail = &aligned[..100];
+        assert_eq!(next_run(tail, 0, 3 << 20, true), Run::Staged(PAGE));
+        assert_eq!(next_run(tail, 0, (3 << 20) - 100, true), Run::Buffered(PAGE));
+        // Short runs and the tail are buffered; so is everything once refused.
+        assert_eq!(next_run(&aligned[..PAGE as usize], 0, big + 100, true), Run::Buffered(PAGE));
+        assert_eq!(next_run(&aligned[..PAGE as usize], 0, big, true), Run::FromSource(PAGE));
+        assert_eq!(next_run(aligned, 0, 100, true), Run::Buffered(100));
+        assert_eq!(next_run(aligned, 0, big, false), Run::Buffered(big));
     }
 
     #[test]
@@ -292,7 +456,13 @@ mod tests {
         gather.copy_to(&mut out);
         assert_eq!(&out, b"cdef");
         assert_eq!(gather.remaining(), 2);
+        assert_eq!(gather.current(), b"g");
         assert_eq!(gather.take(10), vec![&b"g"[..], &b"h"[..]]);
+        assert!(gather.current().is_empty());
         assert!(gather.take(1).is_empty());
+        let with_empty: [&[u8]; 3] = [b"ab", b"", b"c"];
+        let mut gather = Gather::new(&with_empty);
+        gather.take(2);
+        assert_eq!(gather.current(), b"c", "empty buffers are skipped");
     }
 }

@@ -18,7 +18,7 @@ use crate::files::{FileLayer, file_layer};
 use crate::log::{RecordIter, WriteAheadLog};
 use crate::options::WalOptions;
 use crate::reader::{AllRecords, read_record, recover_tail};
-use crate::record::HEADER_LEN;
+use crate::record::PADDING;
 use crate::segment::{Segment, parse_segment_name};
 use crate::writer::{CommitOrder, CommitQueue, Writer};
 
@@ -60,8 +60,9 @@ impl FileWriteAheadLog {
     pub fn open(dir: impl AsRef<Path>, options: WalOptions) -> Result<Self, WalError> {
         let dir = dir.as_ref().to_path_buf();
         let mut options = options;
-        // A handle's length (header included) must fit in a u32.
-        options.max_record_size = options.max_record_size.min(u32::MAX - HEADER_LEN as u32);
+        // A record's length must leave the header's padding bit clear (and
+        // so a handle's length, header included, fits in a u32).
+        options.max_record_size = options.max_record_size.min(PADDING - 1);
         let files = file_layer(options.fault_injection.as_ref());
         files.create_dir_all(&dir).map_err(WalError::io("create directory", &dir))?;
         let segments = list_segments(files.as_ref(), &dir)?;

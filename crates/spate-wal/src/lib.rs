@@ -15,8 +15,9 @@
 //!   and each gets its handle only after the sync that covers its record;
 //! - recovery on open: a torn record at the end of the last segment is cut
 //!   off; damage anywhere else is an error (or skipped in salvage mode);
-//! - optional direct I/O for logs of large records ([`WalOptions::direct_io`]),
-//!   with the same file layout;
+//! - optional direct I/O for logs of large records ([`WalOptions::direct_io`]):
+//!   a large record is padded so that its pages go to the device straight
+//!   from the caller's buffer;
 //! - a log that refuses every write after a failed sync ([`WalError::Poisoned`]);
 //! - a [`FaultInjection`] hook that counts syncs and fails chosen ones, for tests.
 //!

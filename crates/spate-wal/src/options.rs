@@ -45,11 +45,15 @@ pub struct WalOptions {
     /// Close the segment file after every batch of writes and reopen it for
     /// the next, for stores where keeping a file open is costly. Default: off.
     pub close_file_after_write: bool,
-    /// Append the whole pages of large writes with direct I/O (`O_DIRECT`),
-    /// bypassing the page cache: for logs of large records (received
-    /// blocks) this saves most of the processor time an append costs. The
-    /// file layout is unchanged. Linux only; elsewhere, or on a file system
-    /// that refuses direct I/O, appends are buffered. Default: off.
+    /// Append large writes with direct I/O (`O_DIRECT`), bypassing the page
+    /// cache: for logs of large records (received blocks) this saves most
+    /// of the processor time an append costs. A record of 256 KiB or more
+    /// is preceded by padding (under 8 KiB, skipped by readers) that puts
+    /// its bytes at the same offset within a page in the file as in the
+    /// caller's buffer, so its pages are written from that buffer without
+    /// a copy; a large append ends with padding to a page boundary. Linux
+    /// only; elsewhere, or on a file system that refuses direct I/O,
+    /// appends are buffered. Default: off.
     pub direct_io: bool,
     /// Skip damaged records (with a warning) instead of failing with
     /// [`crate::WalError::Corrupt`]. Skipped records are lost. Default: off.

@@ -53,6 +53,9 @@ pub(crate) fn read_record(shared: &Shared, handle: &WalRecordHandle) -> Result<V
     let Some(header) = decode_header(&header_bytes) else {
         return Err(corrupt(&path, BadRecord::HeaderChecksum.to_string()));
     };
+    if header.padding {
+        return Err(corrupt(&path, String::from("the handle points at padding, not at a record")));
+    }
     if u64::from(header.len) != payload_len {
         let reason = format!("the record holds {} bytes but the handle says {payload_len}", header.len);
         return Err(corrupt(&path, reason));

@@ -12,12 +12,36 @@
 //! as damage rather than trusted; the scanner checks every length against
 //! the configured maximum and against the bytes left in the segment before
 //! it allocates anything.
+//!
+//! A length word with its top bit set ([`PADDING`]) frames padding rather
+//! than a record: that many zero bytes, checksummed like a payload, which
+//! readers skip. A log with direct I/O puts padding (under two pages)
+//! before a large record so that the record's bytes sit at the same offset
+//! within a page in the file as in the caller's memory: its whole pages
+//! then go to the device straight from the caller's buffer, with no copy.
 
 use std::fmt;
 use std::io::{self, Read, Seek, SeekFrom};
 
 /// Bytes in a record header.
 pub(crate) const HEADER_LEN: usize = 12;
+
+/// The bit of a header's length word that marks padding.
+pub(crate) const PADDING: u32 = 1 << 31;
+
+/// The page that direct I/O aligns file offsets, lengths and buffers to.
+pub(crate) const PAGE: u64 = 4096;
+
+/// The fewest whole pages of a record worth writing directly (and padding
+/// for). A direct write waits for the device while the writer lock is
+/// held; below this, a buffered write and its share of the sync cost less.
+pub(crate) const MIN_DIRECT: u64 = 256 << 10;
+
+/// The longest padding: it is always shorter than two pages.
+const MAX_PADDING: u32 = 2 * PAGE as u32;
+
+/// Zero bytes that padding is made of.
+pub(crate) static ZEROS: [u8; MAX_PADDING as usize] = [0; MAX_PADDING as usize];
 
 /// The header of `payload` (whose length the caller has checked fits a u32).
 pub(crate) fn encode_header(payload: &[u8]) -> [u8; HEADER_LEN] {
@@ -26,9 +50,18 @@ pub(crate) fn encode_header(payload: &[u8]) -> [u8; HEADER_LEN] {
 
 /// The header of a payload of `len` bytes whose CRC32C is `payload_crc`.
 pub(crate) fn header_with_crc(len: usize, payload_crc: u32) -> [u8; HEADER_LEN] {
-    let len = u32::try_from(len).unwrap_or(u32::MAX);
+    header_of_word(u32::try_from(len).unwrap_or(u32::MAX), payload_crc)
+}
+
+/// The header of `len` bytes of padding, `len` at most [`ZEROS`]' length.
+pub(crate) fn padding_header(len: usize) -> [u8; HEADER_LEN] {
+    let zeros = ZEROS.get(..len).unwrap_or(&ZEROS);
+    header_of_word(zeros.len() as u32 | PADDING, crc32c::crc32c(zeros))
+}
+
+fn header_of_word(word: u32, payload_crc: u32) -> [u8; HEADER_LEN] {
     let mut header = [0u8; HEADER_LEN];
-    header[0..4].copy_from_slice(&len.to_le_bytes());
+    header[0..4].copy_from_slice(&word.to_le_bytes());
     header[4..8].copy_from_slice(&payload_crc.to_le_bytes());
     let header_crc = crc32c::crc32c(&header[0..8]);
     header[8..12].copy_from_slice(&header_crc.to_le_bytes());
@@ -57,14 +90,28 @@ pub(crate) fn read_payload(source: &mut impl Read, len: u32) -> io::Result<Vec<u
 /// A header whose own checksum matched.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Header {
+    /// Bytes after the header (the [`PADDING`] bit cleared).
     pub(crate) len: u32,
     pub(crate) payload_crc: u32,
+    /// Whether it frames padding rather than a record.
+    pub(crate) padding: bool,
+}
+
+impl Header {
+    /// The longest the bytes after this header may be.
+    fn max_len(&self, max_record_size: u32) -> u32 {
+        if self.padding { MAX_PADDING } else { max_record_size }
+    }
 }
 
 /// The header in `bytes`, or `None` when its checksum does not match.
 pub(crate) fn decode_header(bytes: &[u8; HEADER_LEN]) -> Option<Header> {
     let word = |i: usize| u32::from_le_bytes([bytes[i], bytes[i + 1], bytes[i + 2], bytes[i + 3]]);
-    (crc32c::crc32c(&bytes[0..8]) == word(8)).then(|| Header { len: word(0), payload_crc: word(4) })
+    (crc32c::crc32c(&bytes[0..8]) == word(8)).then(|| Header {
+        len: word(0) & !PADDING,
+        payload_crc: word(4),
+        padding: word(0) & PADDING != 0,
+    })
 }
 
 /// Why the bytes at an offset are not a good record.
@@ -174,14 +221,25 @@ impl<R: Read + Seek> RecordScanner<R> {
         self.in_sync = false;
     }
 
-    /// The next record, the end, or what is wrong at the current offset.
+    /// The next record, the end, or what is wrong at the current offset;
+    /// padding is skipped.
     pub(crate) fn next_step(&mut self) -> io::Result<Step> {
+        loop {
+            if let Some(step) = self.next_frame()? {
+                return Ok(step);
+            }
+        }
+    }
+
+    /// The frame at the current offset as a step, or `None` for padding
+    /// (checked, and moved past).
+    fn next_frame(&mut self) -> io::Result<Option<Step>> {
         let offset = self.pos;
         let available = self.end - offset;
         if available == 0 {
-            return Ok(Step::End);
+            return Ok(Some(Step::End));
         }
-        let bad = |problem| Ok(Step::Bad { offset, problem });
+        let bad = |problem| Ok(Some(Step::Bad { offset, problem }));
         if available < HEADER_LEN as u64 {
             return bad(BadRecord::Truncated { needed: HEADER_LEN as u64, available });
         }
@@ -191,8 +249,9 @@ impl<R: Read + Seek> RecordScanner<R> {
         let Some(header) = decode_header(&header_bytes) else {
             return bad(BadRecord::HeaderChecksum);
         };
-        if header.len > self.max_record_size {
-            return bad(BadRecord::TooLong { len: header.len, max: self.max_record_size });
+        let max = header.max_len(self.max_record_size);
+        if header.len > max {
+            return bad(BadRecord::TooLong { len: header.len, max });
         }
         let needed = HEADER_LEN as u64 + u64::from(header.len);
         if needed > available {
@@ -206,7 +265,7 @@ impl<R: Read + Seek> RecordScanner<R> {
             return bad(BadRecord::PayloadChecksum { stored: header.payload_crc, computed });
         }
         self.pos = offset + needed;
-        Ok(Step::Record { offset, payload })
+        Ok((!header.padding).then_some(Step::Record { offset, payload }))
     }
 
     /// The offset of the first good record that starts after `after`, if
@@ -238,7 +297,7 @@ impl<R: Read + Seek> RecordScanner<R> {
             return Ok(false);
         };
         let needed = HEADER_LEN as u64 + u64::from(header.len);
-        if header.len > self.max_record_size || needed > self.end - offset {
+        if header.len > header.max_len(self.max_record_size) || needed > self.end - offset {
             return Ok(false);
         }
         let mut payload = vec![0u8; header.len as usize];
@@ -309,19 +368,53 @@ mod tests {
 
     #[test]
     fn huge_declared_length_is_refused_before_allocating() {
-        // An intact header that claims 4 GiB: the scanner must refuse it on
-        // the numbers alone (a 4 GiB allocation would abort this test).
-        let mut header = [0u8; HEADER_LEN];
-        header[0..4].copy_from_slice(&u32::MAX.to_le_bytes());
-        let crc = crc32c::crc32c(&header[0..8]);
-        header[8..12].copy_from_slice(&crc.to_le_bytes());
-        let (_, bad) = scan_all(&header, u32::MAX);
+        // An intact header that claims 2 GiB: the scanner must refuse it on
+        // the numbers alone (a 2 GiB allocation would abort this test).
+        let longest = !PADDING;
+        let header = header_with_crc(longest as usize, 0);
+        let (_, bad) = scan_all(&header, longest);
         assert_eq!(
             bad,
-            Some((0, BadRecord::Truncated { needed: HEADER_LEN as u64 + u64::from(u32::MAX), available: 12 }))
+            Some((0, BadRecord::Truncated { needed: HEADER_LEN as u64 + u64::from(longest), available: 12 }))
         );
         let (_, bad) = scan_all(&header, 1 << 20);
-        assert_eq!(bad, Some((0, BadRecord::TooLong { len: u32::MAX, max: 1 << 20 })));
+        assert_eq!(bad, Some((0, BadRecord::TooLong { len: longest, max: 1 << 20 })));
+        // Padding is bounded by its own maximum, whatever the record maximum.
+        let padding = header_of_word(PADDING | (MAX_PADDING + 1), 0);
+        let (_, bad) = scan_all(&padding, longest);
+        assert_eq!(bad, Some((0, BadRecord::TooLong { len: MAX_PADDING + 1, max: MAX_PADDING })));
+    }
+
+    /// `len` bytes of padding as a log appends it.
+    fn padding_frame(len: usize) -> Vec<u8> {
+        let mut frame = padding_header(len).to_vec();
+        frame.extend_from_slice(&ZEROS[..len]);
+        frame
+    }
+
+    #[test]
+    fn padding_is_skipped_checked_and_found_by_resync() {
+        let mut bytes = padding_frame(100);
+        bytes.extend(segment(&[b"first"]));
+        bytes.extend(padding_frame(0));
+        bytes.extend(padding_frame(MAX_PADDING as usize));
+        let second = bytes.len() as u64;
+        bytes.extend(segment(&[b"second"]));
+        let (records, bad) = scan_all(&bytes, 1024);
+        assert_eq!(records, vec![b"first".to_vec(), b"second".to_vec()]);
+        assert_eq!(bad, None);
+        // Damaged padding is damage like any other, and a resync lands on
+        // the next frame (padding or record) after it.
+        let mut damaged = bytes.clone();
+        damaged[HEADER_LEN + 50] = 1;
+        let (records, bad) = scan_all(&damaged, 1024);
+        assert!(records.is_empty());
+        assert!(matches!(bad, Some((0, BadRecord::PayloadChecksum { .. }))), "{bad:?}");
+        let mut scanner = RecordScanner::new(Cursor::new(&damaged), damaged.len() as u64, 1024);
+        assert_eq!(scanner.resync(0).unwrap(), Some(HEADER_LEN as u64 + 100));
+        // Cut inside padding at the end: a truncation, as for a record.
+        let (_, bad) = scan_all(&bytes[..second as usize - 10], 1024);
+        assert!(bad.is_some_and(|(_, problem)| problem.is_truncation()));
     }
 
     #[test]

@@ -28,7 +28,7 @@ use crate::error::WalError;
 use crate::file_log::{Shared, lock, write_lock};
 use crate::files::SegmentWriter;
 use crate::options::SyncPolicy;
-use crate::record::{HEADER_LEN, encode_frame, header_with_crc};
+use crate::record::{HEADER_LEN, MIN_DIRECT, PAGE, ZEROS, encode_frame, header_with_crc, padding_header};
 use crate::segment::{Segment, segment_name};
 
 /// The longest a new leader waits for the last commit's writers to queue
@@ -81,6 +81,66 @@ impl QueuedRecord {
             QueuedRecord::Shared(header, payload, _) => [header, payload],
         };
         (parts, (parts[0].len() + parts[1].len()) as u64)
+    }
+
+    /// The frame's largest piece that is one buffer in memory, and where in
+    /// the frame it starts: what direct I/O can write without a copy.
+    fn contiguous_part(&self) -> (u64, &[u8]) {
+        match self {
+            QueuedRecord::Framed(frame, _) => (0, frame),
+            QueuedRecord::Shared(_, payload, _) => (HEADER_LEN as u64, payload),
+        }
+    }
+}
+
+/// The padding to put before `record`'s frame when it would start at file
+/// offset `at`, so that its large contiguous part lands at the same offset
+/// within a page as in memory; `None` when it is small or lands so already.
+fn padding_before(record: &QueuedRecord, at: u64) -> Option<Piece<'static>> {
+    let (lead, part) = record.contiguous_part();
+    if (part.len() as u64) < MIN_DIRECT {
+        return None;
+    }
+    // Bytes from the part's address up to the next page boundary.
+    let to_boundary = part.as_ptr().align_offset(PAGE as usize) as u64 % PAGE;
+    padding_to(at + lead + to_boundary, PAGE)
+}
+
+/// Padding from file offset `at` that ends at a multiple of `page` (one
+/// page further when the gap is too small for a padding header); `None`
+/// when `at` is one already.
+fn padding_to(at: u64, page: u64) -> Option<Piece<'static>> {
+    let mut len = (page - at % page) % page;
+    if len == 0 {
+        return None;
+    }
+    if len < HEADER_LEN as u64 {
+        len += page;
+    }
+    let zeros = len as usize - HEADER_LEN;
+    Some(Piece::Padding(padding_header(zeros), zeros))
+}
+
+/// A piece of a pending append: bytes of a queued record, or padding.
+enum Piece<'a> {
+    Bytes(&'a [u8]),
+    /// A padding header and the number of zero bytes after it.
+    Padding([u8; HEADER_LEN], usize),
+}
+
+impl Piece<'_> {
+    fn len(&self) -> u64 {
+        match self {
+            Piece::Bytes(bytes) => bytes.len() as u64,
+            Piece::Padding(_, zeros) => (HEADER_LEN + zeros) as u64,
+        }
+    }
+
+    fn slices(&self) -> [&[u8]; 2] {
+        match self {
+            Piece::Bytes(bytes) => [bytes, &[]],
+            Piece::Padding(header, zeros) => [header, ZEROS.get(..*zeros).unwrap_or_default()],
+        }
     }
 }
 
@@ -213,8 +273,15 @@ impl Writer {
 /// Frames waiting to be appended to the active segment.
 #[derive(Default)]
 struct PendingAppend<'a> {
-    bufs: Vec<&'a [u8]>,
+    pieces: Vec<Piece<'a>>,
     bytes: u64,
+}
+
+impl<'a> PendingAppend<'a> {
+    fn push(&mut self, piece: Piece<'a>) {
+        self.bytes += piece.len();
+        self.pieces.push(piece);
+    }
 }
 
 impl Shared {
@@ -481,6 +548,12 @@ impl Shared {
                     self.start_segment(writer, time)?;
                 }
                 let active = self.ensure_open(writer)?;
+                if self.options.direct_io
+                    && cfg!(target_os = "linux")
+                    && let Some(padding) = padding_before(record, active.len + pending.bytes)
+                {
+                    pending.push(padding);
+                }
                 let (parts, len) = record.parts();
                 request_handles.push(WalRecordHandle {
                     segment: active.segment.name.clone(),
@@ -488,8 +561,9 @@ impl Shared {
                     // Bounded by the maximum record size, which `open` keeps below u32::MAX.
                     length: u32::try_from(len).unwrap_or(u32::MAX),
                 });
-                pending.bufs.extend(parts);
-                pending.bytes += len;
+                for part in parts {
+                    pending.push(Piece::Bytes(part));
+                }
             }
             handles.push(request_handles);
         }
@@ -498,19 +572,36 @@ impl Shared {
 
     /// Appends the pending frames to the active segment.
     fn flush(&self, writer: &mut Writer, pending: &mut PendingAppend<'_>) -> Result<(), WalError> {
-        if pending.bufs.is_empty() {
+        if pending.pieces.is_empty() {
             return Ok(());
         }
+        if let Some(Active { len, .. }) = writer.active.as_ref()
+            && let Some(padding) = self.end_padding(*len + pending.bytes, pending.bytes)
+        {
+            pending.push(padding);
+        }
+        let bufs: Vec<&[u8]> = pending.pieces.iter().flat_map(Piece::slices).collect();
         let result = match writer.active.as_mut() {
             Some(Active { file: Some(file), segment, len }) => {
-                file.append(&pending.bufs).map(|()| *len += pending.bytes).map_err(|e| (segment.path.clone(), e))
+                file.append(&bufs).map(|()| *len += pending.bytes).map_err(|e| (segment.path.clone(), e))
             }
             // Frames are only queued after `ensure_open`, so this is unreachable.
             _ => return Err(WalError::Closed { dir: self.dir.clone() }),
         };
-        pending.bufs.clear();
+        drop(bufs);
+        pending.pieces.clear();
         pending.bytes = 0;
         result.map_err(|(path, e)| self.poison(writer, "append", path, e))
+    }
+
+    /// The padding that ends a large append of a direct-I/O log, at file
+    /// offset `end`, on a page boundary: the append is then whole pages,
+    /// all written directly, and the next one starts on a fresh page.
+    fn end_padding(&self, end: u64, bytes: u64) -> Option<Piece<'static>> {
+        if !self.options.direct_io || !cfg!(target_os = "linux") || bytes < MIN_DIRECT {
+            return None;
+        }
+        padding_to(end, PAGE)
     }
 
     /// `fdatasync`s the active segment unless a finished sync covered all of it.
