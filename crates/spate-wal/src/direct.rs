@@ -12,6 +12,9 @@
 //! (see `record`), and its whole pages are then written from that buffer;
 //! a large run that is not so aligned is copied through a page-aligned
 //! staging buffer first, which still costs far less than the page cache.
+//! The direct pieces of an append (the caller's pages and the staged ones
+//! between them) go out as one vectored write, so the device sees one
+//! stream of requests per append rather than a wait per piece.
 //!
 //! Every page of the file is written one way only (a page an append shares
 //! with the next is always buffered), so the two paths never overlap, and
@@ -117,62 +120,120 @@ impl DirectSegment {
         Ok(pos)
     }
 
-    /// Writes `bytes` (at a page-aligned `pos`, page-aligned in memory)
-    /// with direct I/O; what it does not take goes through the page cache.
-    fn write_direct(&self, state: &mut DirectState, bytes: &[u8], pos: u64) -> io::Result<()> {
-        let written = write_at_most(&self.direct, bytes, pos)?;
-        self.direct_bytes.fetch_add(written as u64, Ordering::Relaxed);
-        if let Some(rest) = bytes.get(written..).filter(|rest| !rest.is_empty()) {
-            self.buffered.write_all_at(rest, pos + written as u64)?;
+    /// Writes the direct pieces gathered so far with one vectored write (a
+    /// single stream of requests to the device, not one per piece); what
+    /// the file system does not take goes through the page cache.
+    fn write_pieces(&self, state: &mut DirectState, pieces: &mut DirectPieces<'_>) -> io::Result<()> {
+        if pieces.list.is_empty() {
+            return Ok(());
+        }
+        let staging: &[u8] = match pieces.staged {
+            0 => &[],
+            _ => state.staging_area().map_or(&[], |area| &*area),
+        };
+        let slices: Vec<&[u8]> = pieces.list.iter().map(|piece| piece.bytes(staging)).collect();
+        let written = write_vectored_at_most(&self.direct, &slices, pieces.start)?;
+        self.direct_bytes.fetch_add(written, Ordering::Relaxed);
+        self.staged_bytes.fetch_add(pieces.staged as u64, Ordering::Relaxed);
+        let mut skip = written;
+        let mut pos = pieces.start;
+        for slice in slices {
+            let taken = usize::try_from(skip).unwrap_or(usize::MAX).min(slice.len());
+            if let Some(rest) = slice.get(taken..).filter(|rest| !rest.is_empty()) {
+                self.buffered.write_all_at(rest, pos + taken as u64)?;
+            }
+            skip -= taken as u64;
+            pos += slice.len() as u64;
         }
         if written == 0 {
             tracing::warn!("the file system refused a direct write: buffered appends from here on");
             state.direct_ok = false;
         }
+        *pieces = DirectPieces::at(pos);
         Ok(())
     }
 
-    /// Writes the next `bytes` of `source`, one page-aligned buffer, directly.
-    fn write_from_source(
+    /// Adds the next `bytes` of `source` to the direct pieces, as slices of
+    /// the caller's buffers or copied into the staging area, writing the
+    /// pieces out when the staging area or the list is full.
+    fn gather_direct<'a>(
         &self,
         state: &mut DirectState,
-        source: &mut Gather<'_>,
-        pos: u64,
-        bytes: u64,
-    ) -> io::Result<u64> {
-        let mut at = pos;
-        for slice in source.take(bytes) {
-            self.write_direct(state, slice, at)?;
-            at += slice.len() as u64;
+        source: &mut Gather<'a>,
+        pieces: &mut DirectPieces<'a>,
+        run: Run,
+    ) -> io::Result<()> {
+        match run {
+            Run::FromSource(bytes) => pieces.list.extend(source.take(bytes).into_iter().map(Piece::Source)),
+            Run::Staged(mut bytes) => {
+                while bytes > 0 {
+                    if pieces.staged == CHUNK {
+                        self.write_pieces(state, pieces)?;
+                    }
+                    let n = (CHUNK - pieces.staged).min(usize::try_from(bytes).unwrap_or(usize::MAX));
+                    let Some(area) = state.staging_area() else {
+                        return Err(io::Error::other("no page-aligned staging area"));
+                    };
+                    source.copy_to(area.get_mut(pieces.staged..pieces.staged + n).unwrap_or_default());
+                    pieces.list.push(Piece::Staged(pieces.staged..pieces.staged + n));
+                    pieces.staged += n;
+                    bytes -= n as u64;
+                }
+            }
+            Run::Buffered(_) => {}
         }
-        Ok(at)
+        if pieces.list.len() >= MAX_PIECES {
+            self.write_pieces(state, pieces)?;
+        }
+        Ok(())
     }
+}
 
-    /// Writes the next `bytes` of `source` directly, copied through the
-    /// staging buffer a chunk at a time.
-    fn write_staged(
-        &self,
-        state: &mut DirectState,
-        source: &mut Gather<'_>,
-        mut pos: u64,
-        bytes: u64,
-    ) -> io::Result<u64> {
-        let end = pos + bytes;
-        while pos < end {
-            let n = usize::try_from(end - pos).unwrap_or(usize::MAX).min(CHUNK);
-            let mut staging = std::mem::take(&mut state.staging);
-            let Some(chunk) = aligned(&mut staging, n) else {
-                state.staging = staging;
-                return self.write_buffered(source, pos, end - pos);
-            };
-            source.copy_to(chunk);
-            self.staged_bytes.fetch_add(n as u64, Ordering::Relaxed);
-            let written = self.write_direct(state, chunk, pos);
-            state.staging = staging;
-            written?;
-            pos += n as u64;
+/// The most pieces in one vectored write (the kernel takes up to 1024).
+const MAX_PIECES: usize = 256;
+
+/// Whole pages gathered for one vectored direct write, from `start`.
+struct DirectPieces<'a> {
+    start: u64,
+    list: Vec<Piece<'a>>,
+    /// Bytes of the staging area in use.
+    staged: usize,
+}
+
+impl DirectPieces<'_> {
+    fn at(start: u64) -> Self {
+        DirectPieces { start, list: Vec::new(), staged: 0 }
+    }
+}
+
+/// Page-aligned bytes for a direct write: a caller's, or staged.
+enum Piece<'a> {
+    Source(&'a [u8]),
+    Staged(std::ops::Range<usize>),
+}
+
+impl<'p> Piece<'p> {
+    fn bytes<'s>(&'s self, staging: &'s [u8]) -> &'s [u8]
+    where
+        'p: 's,
+    {
+        match self {
+            Piece::Source(bytes) => bytes,
+            Piece::Staged(range) => staging.get(range.clone()).unwrap_or_default(),
         }
-        Ok(pos)
+    }
+}
+
+impl DirectState {
+    /// The page-aligned staging area of [`CHUNK`] bytes, allocated on
+    /// first use; `None` only if the allocation could not be aligned.
+    fn staging_area(&mut self) -> Option<&mut [u8]> {
+        let align = PAGE as usize;
+        if self.staging.len() < CHUNK + align {
+            self.staging = vec![0; CHUNK + align];
+        }
+        let offset = self.staging.as_ptr().align_offset(align);
+        self.staging.get_mut(offset..offset.checked_add(CHUNK)?)
     }
 }
 
@@ -182,13 +243,23 @@ impl SegmentWriter for DirectSegment {
         let mut source = Gather::new(bufs);
         let mut pos = state.len;
         let end = pos + source.remaining();
+        let mut pieces = DirectPieces::at(pos);
         while pos < end {
-            pos = match next_run(source.current(), pos, end, state.direct_ok) {
-                Run::Buffered(bytes) => self.write_buffered(&mut source, pos, bytes)?,
-                Run::FromSource(bytes) => self.write_from_source(&mut state, &mut source, pos, bytes)?,
-                Run::Staged(bytes) => self.write_staged(&mut state, &mut source, pos, bytes)?,
-            };
+            let run = next_run(source.current(), pos, end, state.direct_ok);
+            match run {
+                Run::Buffered(bytes) => {
+                    // Direct pieces gathered so far come before these bytes.
+                    self.write_pieces(&mut state, &mut pieces)?;
+                    pos = self.write_buffered(&mut source, pos, bytes)?;
+                    pieces = DirectPieces::at(pos);
+                }
+                Run::FromSource(bytes) | Run::Staged(bytes) => {
+                    self.gather_direct(&mut state, &mut source, &mut pieces, run)?;
+                    pos += bytes;
+                }
+            }
         }
+        self.write_pieces(&mut state, &mut pieces)?;
         state.len = end;
         Ok(())
     }
@@ -230,26 +301,28 @@ fn next_run(current: &[u8], pos: u64, end: u64, direct_ok: bool) -> Run {
     }
 }
 
-/// `n` bytes of `staging` at a page-aligned address, growing it as needed.
-fn aligned(staging: &mut Vec<u8>, n: usize) -> Option<&mut [u8]> {
-    let align = PAGE as usize;
-    if staging.len() < n + align {
-        *staging = vec![0; n.max(CHUNK) + align];
-    }
-    let offset = staging.as_ptr().align_offset(align);
-    staging.get_mut(offset..offset.checked_add(n)?)
-}
-
-/// Writes as much of `buf` at `pos` as direct I/O takes: all of it, or
-/// what a short write left off at, or nothing when the file system refuses.
-fn write_at_most(file: &File, buf: &[u8], pos: u64) -> io::Result<usize> {
-    let mut written = 0;
-    while written < buf.len() {
-        let rest = buf.get(written..).unwrap_or_default();
-        match file.write_at(rest, pos + written as u64) {
+/// Writes as much of `bufs` at `pos` as direct I/O takes: all of it, or
+/// up to where a short write left off, or nothing when the file system
+/// refuses. One system call per write, so the device sees one stream.
+fn write_vectored_at_most(file: &File, bufs: &[&[u8]], pos: u64) -> io::Result<u64> {
+    use std::io::{IoSlice, Seek, SeekFrom, Write};
+    let mut slices: Vec<IoSlice<'_>> = bufs.iter().map(|b| IoSlice::new(b)).collect();
+    let mut rest = &mut slices[..];
+    let mut file = file;
+    // The direct file is only written under the segment's lock, so its
+    // position is ours between the seek and the write.
+    file.seek(SeekFrom::Start(pos))?;
+    let mut written = 0u64;
+    while !rest.is_empty() {
+        match file.write_vectored(rest) {
             Ok(0) => break,
-            Ok(n) if n % PAGE as usize != 0 => return Ok(written + n),
-            Ok(n) => written += n,
+            Ok(n) => {
+                written += n as u64;
+                IoSlice::advance_slices(&mut rest, n);
+                if !written.is_multiple_of(PAGE) {
+                    break;
+                }
+            }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) if e.raw_os_error() == Some(libc::EINVAL) => break,
             Err(e) => return Err(e),
