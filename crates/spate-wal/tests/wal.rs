@@ -41,35 +41,38 @@ fn write_records(log: &FileWriteAheadLog, range: std::ops::Range<usize>, t0: i64
         .collect()
 }
 
+/// Runs `writers` threads that each call `write(writer, i)` for `i` in
+/// `0..per_writer`; returns every record written with its handle.
+fn write_concurrently(
+    writers: usize,
+    per_writer: usize,
+    write: impl Fn(usize, usize) -> (Vec<u8>, WalRecordHandle) + Sync,
+) -> Vec<(Vec<u8>, WalRecordHandle)> {
+    std::thread::scope(|s| {
+        let write = &write;
+        let threads: Vec<_> =
+            (0..writers).map(|w| s.spawn(move || (0..per_writer).map(|i| write(w, i)).collect::<Vec<_>>())).collect();
+        threads.into_iter().flat_map(|t| t.join().unwrap()).collect()
+    })
+}
+
 #[test]
 fn shared_records_are_written_like_lent_ones_from_concurrent_writers() {
     let dir = tempfile::tempdir().unwrap();
     let hook = FaultInjection::new();
     let log = Arc::new(FileWriteAheadLog::open(dir.path(), options().with_fault_injection(hook.clone())).unwrap());
-    let written: Vec<(Vec<u8>, WalRecordHandle)> = std::thread::scope(|s| {
-        let writers: Vec<_> = (0..4)
-            .map(|w| {
-                let log = Arc::clone(&log);
-                s.spawn(move || {
-                    (0..50)
-                        .map(|i| {
-                            let rec = record(w * 50 + i);
-                            let time = Time::from_millis(20 * i as i64);
-                            let handle = match i % 3 {
-                                0 => log.write_shared(Arc::new(rec.clone()), time).unwrap(),
-                                1 => {
-                                    let crc = crc32c::crc32c(&rec);
-                                    log.write_shared_with_crc32c(Arc::new(rec.clone()), crc, time).unwrap()
-                                }
-                                _ => log.write(&rec, time).unwrap(),
-                            };
-                            (rec, handle)
-                        })
-                        .collect::<Vec<_>>()
-                })
-            })
-            .collect();
-        writers.into_iter().flat_map(|w| w.join().unwrap()).collect()
+    let written = write_concurrently(4, 50, |w, i| {
+        let rec = record(w * 50 + i);
+        let time = Time::from_millis(20 * i as i64);
+        let handle = match i % 3 {
+            0 => log.write_shared(Arc::new(rec.clone()), time).unwrap(),
+            1 => {
+                let crc = crc32c::crc32c(&rec);
+                log.write_shared_with_crc32c(Arc::new(rec.clone()), crc, time).unwrap()
+            }
+            _ => log.write(&rec, time).unwrap(),
+        };
+        (rec, handle)
     });
     for (rec, handle) in &written {
         assert_eq!(&log.read(handle).unwrap(), rec, "{handle}");
@@ -101,24 +104,12 @@ fn direct_io_appends_read_back_from_concurrent_writers_and_after_a_torn_tail() {
     let log = Arc::new(FileWriteAheadLog::open(dir.path(), opts()).unwrap());
     // Large shared records and small lent ones, interleaved by three writers,
     // so commits start at unaligned offsets and mix both kinds.
-    let written: Vec<(Vec<u8>, WalRecordHandle)> = std::thread::scope(|s| {
-        let writers: Vec<_> = (0..3)
-            .map(|w| {
-                let log = Arc::clone(&log);
-                s.spawn(move || {
-                    (0..8)
-                        .map(|i| {
-                            let n = w * 8 + i;
-                            let rec = if i % 2 == 0 { large_record(n) } else { record(n) };
-                            let crc = crc32c::crc32c(&rec);
-                            let time = Time::from_millis(n as i64);
-                            (rec.clone(), log.write_shared_with_crc32c(Arc::new(rec), crc, time).unwrap())
-                        })
-                        .collect::<Vec<_>>()
-                })
-            })
-            .collect();
-        writers.into_iter().flat_map(|w| w.join().unwrap()).collect()
+    let written = write_concurrently(3, 8, |w, i| {
+        let n = w * 8 + i;
+        let rec = if i % 2 == 0 { large_record(n) } else { record(n) };
+        let crc = crc32c::crc32c(&rec);
+        let time = Time::from_millis(n as i64);
+        (rec.clone(), log.write_shared_with_crc32c(Arc::new(rec), crc, time).unwrap())
     });
     for (rec, handle) in &written {
         assert!(log.read(handle).unwrap() == *rec, "{handle}");
