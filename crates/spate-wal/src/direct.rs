@@ -153,39 +153,47 @@ impl DirectSegment {
         Ok(())
     }
 
-    /// Adds the next `bytes` of `source` to the direct pieces, as slices of
-    /// the caller's buffers or copied into the staging area, writing the
-    /// pieces out when the staging area or the list is full.
-    fn gather_direct<'a>(
+    /// Adds the next `bytes` of `source` (page-aligned in memory) to the
+    /// direct pieces as they are, writing the pieces out when the list is full.
+    fn gather_source<'a>(
         &self,
         state: &mut DirectState,
         source: &mut Gather<'a>,
         pieces: &mut DirectPieces<'a>,
-        run: Run,
+        bytes: u64,
     ) -> io::Result<()> {
-        match run {
-            Run::FromSource(bytes) => pieces.list.extend(source.take(bytes).into_iter().map(Piece::Source)),
-            Run::Staged(mut bytes) => {
-                while bytes > 0 {
-                    if pieces.staged == CHUNK {
-                        self.write_pieces(state, pieces)?;
-                    }
-                    let n = (CHUNK - pieces.staged).min(usize::try_from(bytes).unwrap_or(usize::MAX));
-                    let Some(area) = state.staging_area() else {
-                        return Err(io::Error::other("no page-aligned staging area"));
-                    };
-                    source.copy_to(area.get_mut(pieces.staged..pieces.staged + n).unwrap_or_default());
-                    pieces.list.push(Piece::Staged(pieces.staged..pieces.staged + n));
-                    pieces.staged += n;
-                    bytes -= n as u64;
-                }
+        pieces.list.extend(source.take(bytes).into_iter().map(Piece::Source));
+        self.write_if_full(state, pieces)
+    }
+
+    /// Copies the next `bytes` of `source` into the staging area and adds
+    /// them to the direct pieces, writing the pieces out whenever the
+    /// staging area or the list is full.
+    fn gather_staged<'a>(
+        &self,
+        state: &mut DirectState,
+        source: &mut Gather<'a>,
+        pieces: &mut DirectPieces<'a>,
+        mut bytes: u64,
+    ) -> io::Result<()> {
+        while bytes > 0 {
+            if pieces.staged == CHUNK {
+                self.write_pieces(state, pieces)?;
             }
-            Run::Buffered(_) => {}
+            let n = (CHUNK - pieces.staged).min(usize::try_from(bytes).unwrap_or(usize::MAX));
+            let Some(area) = state.staging_area() else {
+                return Err(io::Error::other("no page-aligned staging area"));
+            };
+            source.copy_to(area.get_mut(pieces.staged..pieces.staged + n).unwrap_or_default());
+            pieces.list.push(Piece::Staged(pieces.staged..pieces.staged + n));
+            pieces.staged += n;
+            bytes -= n as u64;
         }
-        if pieces.list.len() >= MAX_PIECES {
-            self.write_pieces(state, pieces)?;
-        }
-        Ok(())
+        self.write_if_full(state, pieces)
+    }
+
+    fn write_if_full(&self, state: &mut DirectState, pieces: &mut DirectPieces<'_>) -> io::Result<()> {
+        if pieces.list.len() >= MAX_PIECES { self.write_pieces(state, pieces) } else { Ok(()) }
     }
 }
 
@@ -245,16 +253,19 @@ impl SegmentWriter for DirectSegment {
         let end = pos + source.remaining();
         let mut pieces = DirectPieces::at(pos);
         while pos < end {
-            let run = next_run(source.current(), pos, end, state.direct_ok);
-            match run {
+            match next_run(source.current(), pos, end, state.direct_ok) {
                 Run::Buffered(bytes) => {
                     // Direct pieces gathered so far come before these bytes.
                     self.write_pieces(&mut state, &mut pieces)?;
                     pos = self.write_buffered(&mut source, pos, bytes)?;
                     pieces = DirectPieces::at(pos);
                 }
-                Run::FromSource(bytes) | Run::Staged(bytes) => {
-                    self.gather_direct(&mut state, &mut source, &mut pieces, run)?;
+                Run::FromSource(bytes) => {
+                    self.gather_source(&mut state, &mut source, &mut pieces, bytes)?;
+                    pos += bytes;
+                }
+                Run::Staged(bytes) => {
+                    self.gather_staged(&mut state, &mut source, &mut pieces, bytes)?;
                     pos += bytes;
                 }
             }

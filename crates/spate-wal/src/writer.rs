@@ -86,9 +86,9 @@ impl QueuedRecord {
     /// The frame's largest piece that is one buffer in memory, and where in
     /// the frame it starts: what direct I/O can write without a copy.
     fn contiguous_part(&self) -> (u64, &[u8]) {
-        match self {
-            QueuedRecord::Framed(frame, _) => (0, frame),
-            QueuedRecord::Shared(_, payload, _) => (HEADER_LEN as u64, payload),
+        match self.parts().0 {
+            [whole, []] => (0, whole),
+            [header, payload] => (header.len() as u64, payload),
         }
     }
 }
