@@ -1,14 +1,13 @@
 //! The background cleaner: one thread per log, started on the first
-//! background `clean`, that deletes the files of segments already taken out
-//! of the live list.
+//! background `clean`, that deletes (or recycles) the files of segments
+//! already taken out of the live list.
 
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use crossbeam::channel::{Sender, unbounded};
 
-use crate::file_log::delete_segments;
-use crate::files::FileLayer;
+use crate::file_log::Shared;
 use crate::segment::Segment;
 
 /// The handle of a log's cleaner thread.
@@ -20,11 +19,11 @@ pub(crate) struct Cleaner {
 impl Cleaner {
     /// Starts the thread. If the OS refuses a thread, every `submit` fails
     /// and the caller deletes in its own thread.
-    pub(crate) fn start(files: Arc<dyn FileLayer>) -> Self {
+    pub(crate) fn start(shared: Arc<Shared>) -> Self {
         let (sender, receiver) = unbounded::<Vec<Arc<Segment>>>();
         let spawned = std::thread::Builder::new().name(String::from("spate-wal-cleaner")).spawn(move || {
             for victims in receiver {
-                if let Err(e) = delete_segments(files.as_ref(), &victims) {
+                if let Err(e) = shared.retire_segments(&victims) {
                     tracing::warn!(error = %e, "background cleaning of write-ahead log segments failed");
                 }
             }

@@ -74,8 +74,9 @@ enum Run {
 
 impl DirectSegment {
     /// Opens `path` for appending (creating it when missing) with direct
-    /// I/O; `None` when its file system does not support direct I/O.
-    pub(crate) fn open(path: &Path) -> io::Result<Option<Self>> {
+    /// I/O, at `at` or at its end; `None` when its file system does not
+    /// support direct I/O.
+    pub(crate) fn open(path: &Path, at: Option<u64>) -> io::Result<Option<Self>> {
         let buffered = OpenOptions::new().write(true).create(true).truncate(false).open(path)?;
         let direct = match OpenOptions::new().write(true).custom_flags(libc::O_DIRECT).open(path) {
             Ok(file) => file,
@@ -85,7 +86,10 @@ impl DirectSegment {
             }
             Err(e) => return Err(e),
         };
-        let len = buffered.metadata()?.len();
+        let len = match at {
+            Some(at) => at,
+            None => buffered.metadata()?.len(),
+        };
         let state = DirectState { len, staging: Vec::new(), direct_ok: true };
         Ok(Some(DirectSegment {
             buffered,
@@ -417,7 +421,7 @@ mod tests {
     fn segment_in(dir: &tempfile::TempDir, existing: &[u8]) -> Option<(DirectSegment, std::path::PathBuf)> {
         let path = dir.path().join("segment");
         std::fs::write(&path, existing).unwrap();
-        let segment = DirectSegment::open(&path).unwrap();
+        let segment = DirectSegment::open(&path, None).unwrap();
         if segment.is_none() {
             eprintln!("this file system has no direct I/O: nothing to test");
         }
@@ -448,7 +452,7 @@ mod tests {
         assert!(std::fs::read(&path).unwrap() == expected, "file contents differ");
         // Reopened, it appends at the end.
         drop(segment);
-        let reopened = DirectSegment::open(&path).unwrap().unwrap();
+        let reopened = DirectSegment::open(&path, None).unwrap().unwrap();
         assert_eq!(reopened.len(), expected.len() as u64);
     }
 

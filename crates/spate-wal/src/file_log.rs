@@ -20,6 +20,7 @@ use crate::options::WalOptions;
 use crate::reader::{AllRecords, read_record, recover_tail};
 use crate::record::PADDING;
 use crate::segment::{Segment, parse_segment_name};
+use crate::spares::Spares;
 use crate::writer::{CommitOrder, CommitQueue, Writer};
 
 /// A write-ahead log in a directory of segment files.
@@ -45,6 +46,8 @@ pub(crate) struct Shared {
     /// Live segments, oldest first. Cleaning takes segments out of this list
     /// before it deletes their files, so new readers never see them.
     pub(crate) segments: RwLock<Vec<Arc<Segment>>>,
+    /// Zeroed files of cleaned segments that new segments start in.
+    pub(crate) spares: Spares,
     pub(crate) queue: Mutex<CommitQueue>,
     /// Requests in the queue, readable without its lock (a gathering leader polls it).
     pub(crate) queued: AtomicUsize,
@@ -65,7 +68,9 @@ impl FileWriteAheadLog {
         options.max_record_size = options.max_record_size.min(PADDING - 1);
         let files = file_layer(options.fault_injection.as_ref());
         files.create_dir_all(&dir).map_err(WalError::io("create directory", &dir))?;
-        let segments = list_segments(files.as_ref(), &dir)?;
+        let names = files.list(&dir).map_err(WalError::io("list", &dir))?;
+        let segments = list_segments(files.as_ref(), &dir, &names)?;
+        let spares = Spares::open(files.as_ref(), &dir, &names, options.recycled_segments);
         if let Some(last) = segments.last() {
             recover_tail(files.as_ref(), last, &options)?;
         }
@@ -76,6 +81,7 @@ impl FileWriteAheadLog {
             options,
             files,
             segments: RwLock::new(segments),
+            spares,
             queue: Mutex::new(CommitQueue::default()),
             queued: AtomicUsize::new(0),
             order: Mutex::new(CommitOrder::default()),
@@ -106,12 +112,12 @@ impl FileWriteAheadLog {
         read_lock(&self.shared.segments).iter().map(|s| s.name.clone()).collect()
     }
 
-    fn delete_in_background(&self, victims: Vec<Arc<Segment>>) {
+    fn retire_in_background(&self, victims: Vec<Arc<Segment>>) {
         let mut cleaner = lock(&self.cleaner);
-        let cleaner = cleaner.get_or_insert_with(|| Cleaner::start(Arc::clone(&self.shared.files)));
+        let cleaner = cleaner.get_or_insert_with(|| Cleaner::start(Arc::clone(&self.shared)));
         if let Err(victims) = cleaner.submit(victims) {
             // The thread is gone (it could not be started): do it here.
-            if let Err(e) = delete_segments(self.shared.files.as_ref(), &victims) {
+            if let Err(e) = self.shared.retire_segments(&victims) {
                 tracing::warn!(error = %e, "cleaning write-ahead log segments failed");
             }
         }
@@ -166,9 +172,9 @@ impl WriteAheadLog for FileWriteAheadLog {
         }
         tracing::debug!(dir = %self.shared.dir.display(), segments = victims.len(), %threshold, "cleaning old segments");
         if wait_for_completion {
-            delete_segments(self.shared.files.as_ref(), &victims)
+            self.shared.retire_segments(&victims)
         } else {
-            self.delete_in_background(victims);
+            self.retire_in_background(victims);
             Ok(())
         }
     }
@@ -190,38 +196,46 @@ impl Drop for FileWriteAheadLog {
     }
 }
 
-/// The segments in `dir`, oldest first, with their current lengths.
-fn list_segments(files: &dyn FileLayer, dir: &Path) -> Result<Vec<Arc<Segment>>, WalError> {
+/// The segments among the files `names` of `dir`, oldest first, with their
+/// current lengths.
+fn list_segments(files: &dyn FileLayer, dir: &Path, names: &[String]) -> Result<Vec<Arc<Segment>>, WalError> {
     let mut segments = Vec::new();
-    for name in files.list(dir).map_err(WalError::io("list", dir))? {
-        let Some(range) = parse_segment_name(&name) else {
-            tracing::debug!(dir = %dir.display(), file = %name, "ignoring a file that is not a segment");
+    for name in names {
+        let Some(range) = parse_segment_name(name) else {
+            tracing::debug!(dir = %dir.display(), file = %name, "not a segment");
             continue;
         };
-        let path = dir.join(&name);
+        let path = dir.join(name);
         let len = files.len(&path).map_err(WalError::io("stat", &path))?;
-        segments.push(Arc::new(Segment::new(name, path, range, len)));
+        segments.push(Arc::new(Segment::new(name.clone(), path, range, len)));
     }
     segments.sort_by(|a, b| a.sort_key().cmp(&b.sort_key()));
     Ok(segments)
 }
 
-/// Deletes the files of `victims` (already out of the live list). A file
-/// that is already gone is fine; the first other failure is returned after
-/// trying them all.
-pub(crate) fn delete_segments(files: &dyn FileLayer, victims: &[Arc<Segment>]) -> Result<(), WalError> {
-    let mut first_error = None;
-    for segment in victims {
-        match files.remove(&segment.path) {
-            Ok(()) => tracing::debug!(segment = %segment.path.display(), "deleted segment"),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => {
-                tracing::warn!(segment = %segment.path.display(), error = %e, "deleting segment failed");
-                first_error.get_or_insert(WalError::Io { op: "remove", path: segment.path.clone(), source: e });
+impl Shared {
+    /// Deletes or recycles the files of `victims` (already out of the live
+    /// list). A file that is already gone is fine; the first other failure
+    /// is returned after trying them all.
+    pub(crate) fn retire_segments(&self, victims: &[Arc<Segment>]) -> Result<(), WalError> {
+        let mut first_error = None;
+        for segment in victims {
+            match self.spares.retire(self.files.as_ref(), &segment.path) {
+                Ok(()) => tracing::debug!(segment = %segment.path.display(), "retired segment"),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    tracing::warn!(segment = %segment.path.display(), error = %e, "deleting segment failed");
+                    first_error.get_or_insert(WalError::Io { op: "remove", path: segment.path.clone(), source: e });
+                }
             }
         }
+        first_error.map_or(Ok(()), Err)
     }
-    first_error.map_or(Ok(()), Err)
+
+    /// Moves a spare file to `path` to start a segment in; false when there is none.
+    pub(crate) fn take_spare_as(&self, path: &Path) -> bool {
+        self.spares.take_as(self.files.as_ref(), path)
+    }
 }
 
 /// Locks `mutex`, also after a panic elsewhere: every critical section

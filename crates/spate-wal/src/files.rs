@@ -6,7 +6,7 @@
 //! to the log through [`crate::WalOptions::fault_injection`].
 
 use std::fs::{File, OpenOptions};
-use std::io::{self, IoSlice, Write};
+use std::io::{self, IoSlice, Seek, SeekFrom, Write};
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -15,7 +15,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// it while the next commit may already append (both take `&self`, as the
 /// operating system allows).
 pub(crate) trait SegmentWriter: Send + Sync {
-    /// Appends all of `bufs`, in order, at the end of the file.
+    /// Writes all of `bufs`, in order, where the last append ended (at
+    /// first, where the file was opened to append).
     fn append(&self, bufs: &[&[u8]]) -> io::Result<()>;
     /// `fdatasync`: the appended bytes (and the new length) are durable.
     fn sync_data(&self) -> io::Result<()>;
@@ -28,9 +29,11 @@ pub(crate) trait FileLayer: Send + Sync + std::fmt::Debug {
     /// The names of the entries of `dir`.
     fn list(&self, dir: &Path) -> io::Result<Vec<String>>;
     /// Opens `path` for appending, creating it when missing, and returns
-    /// it with its current length. With `direct`, large appends bypass the
-    /// page cache where the platform and file system allow it.
-    fn open_append(&self, path: &Path, direct: bool) -> io::Result<(Arc<dyn SegmentWriter>, u64)>;
+    /// it with the offset appends start at: `at`, or the end of the file
+    /// for `None` (a recycled file is longer than what was written to it).
+    /// With `direct`, large appends bypass the page cache where the
+    /// platform and file system allow it.
+    fn open_append(&self, path: &Path, direct: bool, at: Option<u64>) -> io::Result<(Arc<dyn SegmentWriter>, u64)>;
     /// Opens `path` for reading.
     fn open_read(&self, path: &Path) -> io::Result<File>;
     /// The length of `path` in bytes.
@@ -39,6 +42,12 @@ pub(crate) trait FileLayer: Send + Sync + std::fmt::Debug {
     fn truncate(&self, path: &Path, len: u64) -> io::Result<()>;
     /// Deletes `path`.
     fn remove(&self, path: &Path) -> io::Result<()>;
+    /// Renames `from` to `to`, replacing `to`.
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()>;
+    /// Makes every byte of `path` read as zero, keeping its length and its
+    /// blocks allocated, and syncs it. Errors where the file system cannot
+    /// (then the file is deleted rather than recycled).
+    fn zero(&self, path: &Path) -> io::Result<()>;
     /// Syncs the directory, so that created entries survive a crash.
     fn sync_dir(&self, dir: &Path) -> io::Result<()>;
 }
@@ -90,17 +99,19 @@ impl FileLayer for RealFiles {
         Ok(names)
     }
 
-    fn open_append(&self, path: &Path, direct: bool) -> io::Result<(Arc<dyn SegmentWriter>, u64)> {
+    fn open_append(&self, path: &Path, direct: bool, at: Option<u64>) -> io::Result<(Arc<dyn SegmentWriter>, u64)> {
         #[cfg(target_os = "linux")]
-        if direct && let Some(segment) = crate::direct::DirectSegment::open(path)? {
+        if direct && let Some(segment) = crate::direct::DirectSegment::open(path, at)? {
             let len = segment.len();
             return Ok((Arc::new(segment), len));
         }
         #[cfg(not(target_os = "linux"))]
         let _ = direct;
-        let file = OpenOptions::new().append(true).create(true).open(path)?;
-        let len = file.metadata()?.len();
-        Ok((Arc::new(RealSegment(file)), len))
+        // Not `O_APPEND`: appends go where the last one ended, which in a
+        // recycled file is before its end. One writer appends at a time.
+        let mut file = OpenOptions::new().write(true).create(true).truncate(false).open(path)?;
+        let start = file.seek(at.map_or(SeekFrom::End(0), SeekFrom::Start))?;
+        Ok((Arc::new(RealSegment(file)), start))
     }
 
     fn open_read(&self, path: &Path) -> io::Result<File> {
@@ -121,11 +132,39 @@ impl FileLayer for RealFiles {
         std::fs::remove_file(path)
     }
 
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        std::fs::rename(from, to)
+    }
+
+    fn zero(&self, path: &Path) -> io::Result<()> {
+        zero_file(path)
+    }
+
     fn sync_dir(&self, dir: &Path) -> io::Result<()> {
         // Opening a directory read-only and fsyncing it is how POSIX makes
         // new entries durable; other platforms have no such call.
         if cfg!(unix) { File::open(dir)?.sync_all() } else { Ok(()) }
     }
+}
+
+/// Zeroes a file in place with `FALLOC_FL_ZERO_RANGE`: its blocks stay
+/// allocated (marked unwritten), so rewriting them later allocates nothing,
+/// which on thin-provisioned and SSD storage is much faster than writing
+/// fresh blocks.
+#[cfg(target_os = "linux")]
+fn zero_file(path: &Path) -> io::Result<()> {
+    use rustix::fs::{FallocateFlags, fallocate};
+    let file = OpenOptions::new().write(true).open(path)?;
+    let len = file.metadata()?.len();
+    if len > 0 {
+        fallocate(&file, FallocateFlags::ZERO_RANGE, 0, len)?;
+    }
+    file.sync_data()
+}
+
+#[cfg(not(target_os = "linux"))]
+fn zero_file(_path: &Path) -> io::Result<()> {
+    Err(io::Error::new(io::ErrorKind::Unsupported, "zeroing a file in place needs Linux"))
 }
 
 /// A test hook on a log's file layer: counts `fdatasync`s and appends, and
@@ -261,9 +300,9 @@ impl FileLayer for HookedFiles {
         self.inner.list(dir)
     }
 
-    fn open_append(&self, path: &Path, direct: bool) -> io::Result<(Arc<dyn SegmentWriter>, u64)> {
+    fn open_append(&self, path: &Path, direct: bool, at: Option<u64>) -> io::Result<(Arc<dyn SegmentWriter>, u64)> {
         self.hook.state.opens.fetch_add(1, Ordering::SeqCst);
-        let (inner, len) = self.inner.open_append(path, direct)?;
+        let (inner, len) = self.inner.open_append(path, direct, at)?;
         Ok((Arc::new(HookedSegment { inner, hook: self.hook.clone() }), len))
     }
 
@@ -281,6 +320,14 @@ impl FileLayer for HookedFiles {
 
     fn remove(&self, path: &Path) -> io::Result<()> {
         self.inner.remove(path)
+    }
+
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        self.inner.rename(from, to)
+    }
+
+    fn zero(&self, path: &Path) -> io::Result<()> {
+        self.inner.zero(path)
     }
 
     fn sync_dir(&self, dir: &Path) -> io::Result<()> {
@@ -306,7 +353,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let hook = FaultInjection::new();
         let files = file_layer(Some(&hook));
-        let (seg, len) = files.open_append(&dir.path().join("f"), false).unwrap();
+        let (seg, len) = files.open_append(&dir.path().join("f"), false, None).unwrap();
         assert_eq!(len, 0);
         hook.fail_sync_number(2);
         seg.append(&[b"ab", b"", b"cd"]).unwrap();

@@ -58,6 +58,7 @@ mod options;
 mod reader;
 mod record;
 mod segment;
+mod spares;
 mod writer;
 
 pub use error::WalError;

@@ -55,6 +55,13 @@ pub struct WalOptions {
     /// only; elsewhere, or on a file system that refuses direct I/O,
     /// appends are buffered. Default: off.
     pub direct_io: bool,
+    /// Keep up to this many files of cleaned segments, zeroed, and start
+    /// new segments in them rather than in new files: rewriting blocks a
+    /// file owns is much faster than allocating new ones on thin-provisioned
+    /// disks and file systems mounted with `discard`. Files the file system
+    /// cannot zero in place (`FALLOC_FL_ZERO_RANGE`, Linux) are deleted as
+    /// with 0. Default: 0.
+    pub recycled_segments: usize,
     /// Skip damaged records (with a warning) instead of failing with
     /// [`crate::WalError::Corrupt`]. Skipped records are lost. Default: off.
     pub salvage: bool,
@@ -75,6 +82,7 @@ impl Default for WalOptions {
             max_record_size: DEFAULT_MAX_RECORD_SIZE,
             close_file_after_write: false,
             direct_io: false,
+            recycled_segments: 0,
             salvage: false,
             clock: Arc::new(SystemClock),
             fault_injection: None,
@@ -110,6 +118,12 @@ impl WalOptions {
     /// Sets [`WalOptions::direct_io`].
     pub fn with_direct_io(mut self, direct: bool) -> Self {
         self.direct_io = direct;
+        self
+    }
+
+    /// Sets [`WalOptions::recycled_segments`].
+    pub fn with_recycled_segments(mut self, spares: usize) -> Self {
+        self.recycled_segments = spares;
         self
     }
 

@@ -278,6 +278,12 @@ impl<R: Read + Seek> RecordScanner<R> {
             let len = usize::try_from(self.end - start).unwrap_or(usize::MAX).min(window.len());
             self.read_at(start, &mut window[..len])?;
             let candidates = len - (HEADER_LEN - 1);
+            // No good record has an all-zero header, and a recycled segment
+            // holds zeros after its last record: skip them a window at a time.
+            if window[..len].iter().all(|&b| b == 0) {
+                start += candidates as u64;
+                continue;
+            }
             for i in 0..candidates {
                 let offset = start + i as u64;
                 if self.is_good_record_at(offset, &window[i..i + HEADER_LEN])? {

@@ -240,6 +240,9 @@ struct Active {
     file: Option<Arc<dyn SegmentWriter>>,
     /// Bytes in the file, as far as this writer appended them.
     len: u64,
+    /// The file is a recycled segment: past `len` it holds zeros, which
+    /// sealing cuts off.
+    recycled: bool,
 }
 
 impl std::fmt::Debug for Writer {
@@ -491,7 +494,7 @@ impl Shared {
             // Closed after its last write: reopen just to sync.
             Some((None, path)) => self
                 .files
-                .open_append(path, false)
+                .open_append(path, false, None)
                 .and_then(|(file, _)| file.sync_data())
                 .map_err(|e| (path.clone(), e)),
             None => Ok(()),
@@ -582,7 +585,7 @@ impl Shared {
         }
         let bufs: Vec<&[u8]> = pending.pieces.iter().flat_map(Piece::slices).collect();
         let result = match writer.active.as_mut() {
-            Some(Active { file: Some(file), segment, len }) => {
+            Some(Active { file: Some(file), segment, len, .. }) => {
                 file.append(&bufs).map(|()| *len += pending.bytes).map_err(|e| (segment.path.clone(), e))
             }
             // Frames are only queued after `ensure_open`, so this is unreachable.
@@ -616,7 +619,7 @@ impl Shared {
         let result = match active.file.as_ref() {
             Some(file) => file.sync_data(),
             // Closed after the last batch: reopen just to sync.
-            None => self.files.open_append(&path, false).and_then(|(file, _)| file.sync_data()),
+            None => self.files.open_append(&path, false, None).and_then(|(file, _)| file.sync_data()),
         };
         match result {
             Ok(()) => {
@@ -635,8 +638,23 @@ impl Shared {
             self.sync_active(writer)?;
         }
         if let Some(active) = writer.active.take() {
+            self.cut_recycled_tail(&active)?;
             active.segment.extend_readable_len(active.len);
             active.segment.set_active(false);
+        }
+        Ok(())
+    }
+
+    /// Cuts the zeros after the records of a recycled segment, so that a
+    /// finished segment ends where its last record does, as a new one does.
+    fn cut_recycled_tail(&self, active: &Active) -> Result<(), WalError> {
+        if !active.recycled {
+            return Ok(());
+        }
+        let path = &active.segment.path;
+        let file_len = self.files.len(path).map_err(WalError::io("stat", path))?;
+        if file_len > active.len {
+            self.files.truncate(path, active.len).map_err(WalError::io("truncate", path))?;
         }
         Ok(())
     }
@@ -648,7 +666,10 @@ impl Shared {
         // A segment of that name may be live already (a restart writing at a
         // time seen before); then the writer appends to it.
         let existing = write_lock(&self.segments).iter().find(|s| s.name == name).cloned();
-        let (file, len) = self.files.open_append(&path, self.options.direct_io).map_err(WalError::io("open", &path))?;
+        let recycled = existing.is_none() && self.take_spare_as(&path);
+        let at = recycled.then_some(0);
+        let (file, len) =
+            self.files.open_append(&path, self.options.direct_io, at).map_err(WalError::io("open", &path))?;
         let segment = match existing {
             Some(segment) => segment,
             None => {
@@ -668,7 +689,7 @@ impl Shared {
         };
         segment.set_active(true);
         tracing::debug!(segment = %segment.path.display(), "started segment");
-        writer.active = Some(Active { segment, file: Some(file), len });
+        writer.active = Some(Active { segment, file: Some(file), len, recycled });
         Ok(())
     }
 
@@ -679,8 +700,9 @@ impl Shared {
         };
         if active.file.is_none() {
             let path = &active.segment.path;
+            let at = Some(active.len);
             let (file, len) =
-                self.files.open_append(path, self.options.direct_io).map_err(WalError::io("open", path))?;
+                self.files.open_append(path, self.options.direct_io, at).map_err(WalError::io("open", path))?;
             active.file = Some(file);
             active.len = len;
         }
@@ -724,7 +746,10 @@ impl Shared {
             Ok(())
         };
         if let Some(active) = writer.active.take() {
+            let cut = if writer.poisoned.is_none() { self.cut_recycled_tail(&active) } else { Ok(()) };
             active.segment.set_active(false);
+            writer.closed = true;
+            return result.and(cut);
         }
         writer.closed = true;
         result
