@@ -79,6 +79,18 @@ pub fn receiver_wal_dir(checkpoint_dir: &Path, stream_id: StreamId) -> PathBuf {
     checkpoint_dir.join("receivedData").join(stream_id.to_string())
 }
 
+/// Files of cleaned segments a receiver WAL keeps to start new segments in
+/// ([`WalOptions::recycled_segments`]): a receiver's segments are cleaned
+/// one or two at a time, once their batches are done.
+pub const RECEIVER_WAL_SPARES: usize = 2;
+
+/// The options a receiver WAL is opened with. Received blocks are large:
+/// direct I/O saves the page cache's copy and writeback, and recycled
+/// segment files are rewritten in place rather than allocated anew.
+pub fn receiver_wal_options() -> WalOptions {
+    WalOptions::default().with_direct_io(true).with_recycled_segments(RECEIVER_WAL_SPARES)
+}
+
 /// Opens (creating when missing) the receiver WAL of `stream_id` under
 /// `checkpoint_dir`, at [`receiver_wal_dir`], repairing a torn tail.
 pub fn open_receiver_wal(

@@ -83,8 +83,8 @@ pub use generator::{
     GeneratorConfig, GeneratorProgress, GeneratorReceiver, SmallWord, VOCABULARY, WordGenerator, WordRecord, splitmix64,
 };
 pub use handler::{
-    BlockManagerBasedBlockHandler, Pending, ReceivedBlockHandler, WalHandlerConfig, WriteAheadLogBasedBlockHandler,
-    open_receiver_wal, read_block_from_wal, receiver_wal_dir,
+    BlockManagerBasedBlockHandler, Pending, RECEIVER_WAL_SPARES, ReceivedBlockHandler, WalHandlerConfig,
+    WriteAheadLogBasedBlockHandler, open_receiver_wal, read_block_from_wal, receiver_wal_dir, receiver_wal_options,
 };
 pub use rate_limiter::RateLimiter;
 pub use socket::{InvalidUtf8Policy, SocketConfig, SocketStats, SocketTextReceiver};

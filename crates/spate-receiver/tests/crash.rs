@@ -17,7 +17,7 @@ use spate_core::{StreamId, SystemClock, WalRecordHandle};
 use spate_receiver::{
     BlockManager, BlockManagerConfig, FnSink, GeneratorConfig, GeneratorReceiver, ReceiverSupervisor, StorageLevel,
     SupervisorConfig, WalHandlerConfig, WordGenerator, WriteAheadLogBasedBlockHandler, open_receiver_wal,
-    read_block_from_wal,
+    read_block_from_wal, receiver_wal_options,
 };
 use spate_wal::{WalOptions, WriteAheadLog};
 
@@ -42,9 +42,9 @@ fn child(checkpoint: &Path) {
     let clock = Arc::new(SystemClock);
     let blocks =
         Arc::new(BlockManager::<String>::open(BlockManagerConfig::in_memory(512 << 20), clock.clone()).unwrap());
-    // Direct I/O, as the runtime opens the receiver WAL (on a file system
+    // As the runtime opens the receiver WAL: direct I/O (on a file system
     // without it, appends are buffered and the test is the same).
-    let wal = open_receiver_wal(checkpoint, STREAM, WalOptions::default().with_direct_io(true)).unwrap();
+    let wal = open_receiver_wal(checkpoint, STREAM, receiver_wal_options()).unwrap();
     let handler = WriteAheadLogBasedBlockHandler::new(
         blocks,
         wal,

@@ -12,9 +12,10 @@ use spate_receiver::{
     BlockData, BlockGeneratorConfig, BlockInfoSink, BlockManager, BlockManagerBasedBlockHandler, BlockManagerConfig,
     FnSink, ReceivedBlockHandler, Receiver, ReceiverError, ReceiverState, ReceiverSupervisor, Record, StorageLevel,
     SupervisorConfig, WalHandlerConfig, WriteAheadLogBasedBlockHandler, read_block_from_wal, receiver_wal_dir,
+    receiver_wal_options,
 };
 use spate_tracker::{BlockLocation, ReceivedBlockTracker, TrackedBlock};
-use spate_wal::{FileWriteAheadLog, WalOptions, WriteAheadLog};
+use spate_wal::{FileWriteAheadLog, WriteAheadLog};
 use tracing::warn;
 
 use crate::error::RuntimeError;
@@ -154,8 +155,7 @@ impl<T: Record + Data, R: Receiver<T>> TypedReceiverInput<T, R> {
             }
         };
         let wal_dir = receiver_wal_dir(dir, self.stream_id);
-        // Received blocks are large: direct I/O saves the page cache's copy and writeback.
-        let options = WalOptions::default().with_clock(Arc::clone(clock)).with_direct_io(true);
+        let options = receiver_wal_options().with_clock(Arc::clone(clock));
         let wal: Arc<dyn WriteAheadLog> =
             Arc::new(FileWriteAheadLog::open(&wal_dir, options).map_err(|e| self.receiver_error(e))?);
         let handler = WriteAheadLogBasedBlockHandler::new(
