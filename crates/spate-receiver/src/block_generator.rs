@@ -370,6 +370,36 @@ impl<T> Drop for BlockGenerator<T> {
     }
 }
 
+/// What the pusher does next while blocks are in flight.
+enum NextStep<T> {
+    /// Start this block.
+    Block(QueuedBlock<T>),
+    /// The oldest block in flight is done: finish it.
+    OldestDone,
+    /// Nothing is queued and the oldest block cannot tell when it is done:
+    /// wait for it.
+    FinishOldest,
+    /// The queue is closed and drained.
+    Closed,
+}
+
+/// The next block or the news that the oldest block in flight is done,
+/// whichever comes first: a block that arrives while the oldest is still
+/// being written is started at once, not after it.
+fn next_or_oldest_done<T>(queue: &Receiver<QueuedBlock<T>>, oldest: &Pending<()>) -> NextStep<T> {
+    let Some(done) = oldest.done_signal() else {
+        return match queue.try_recv() {
+            Ok(block) => NextStep::Block(block),
+            Err(crossbeam::channel::TryRecvError::Empty) => NextStep::FinishOldest,
+            Err(crossbeam::channel::TryRecvError::Disconnected) => NextStep::Closed,
+        };
+    };
+    crossbeam::channel::select_biased! {
+        recv(queue) -> block => block.map_or(NextStep::Closed, NextStep::Block),
+        recv(done) -> _ => NextStep::OldestDone,
+    }
+}
+
 impl<T: Send + 'static> Shared<T> {
     fn lock_buffer(&self) -> MutexGuard<'_, Vec<T>> {
         self.buffer.lock().unwrap_or_else(PoisonError::into_inner)
@@ -430,21 +460,24 @@ impl<T: Send + 'static> Shared<T> {
     fn push_loop(&self, queue: &Receiver<QueuedBlock<T>>, listener: &dyn BlockGeneratorListener<T>) {
         let mut in_flight: VecDeque<InFlight> = VecDeque::with_capacity(MAX_IN_FLIGHT);
         loop {
-            let next = if in_flight.is_empty() {
-                queue.recv().ok()
-            } else if in_flight.len() >= MAX_IN_FLIGHT {
+            while in_flight.front().is_some_and(|oldest| oldest.pending.is_done() == Some(true)) {
+                self.finish_push(in_flight.pop_front(), listener);
+            }
+            let next = if in_flight.len() >= MAX_IN_FLIGHT {
                 self.finish_push(in_flight.pop_front(), listener);
                 continue;
-            } else {
-                match queue.try_recv() {
-                    Ok(block) => Some(block),
-                    Err(crossbeam::channel::TryRecvError::Empty) => {
-                        // Nothing to overlap with: finish the oldest block now.
+            } else if let Some(oldest) = in_flight.front() {
+                match next_or_oldest_done(queue, &oldest.pending) {
+                    NextStep::Block(block) => Some(block),
+                    NextStep::OldestDone => continue,
+                    NextStep::FinishOldest => {
                         self.finish_push(in_flight.pop_front(), listener);
                         continue;
                     }
-                    Err(crossbeam::channel::TryRecvError::Disconnected) => None,
+                    NextStep::Closed => None,
                 }
+            } else {
+                queue.recv().ok()
             };
             let Some(QueuedBlock { seq, block_id, records }) = next else {
                 while let Some(block) = in_flight.pop_front() {

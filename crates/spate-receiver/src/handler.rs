@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 
-use crossbeam::channel::{Sender, bounded, unbounded};
+use crossbeam::channel::{Receiver, Sender, TryRecvError, bounded, unbounded};
 use spate_core::{BlockStoreResult, Clock, FrameCodec, StreamBlockId, StreamId, Time, WalRecordHandle};
 use spate_wal::{FileWriteAheadLog, WalError, WalOptions, WriteAheadLog};
 use tracing::{debug, warn};
@@ -23,22 +23,58 @@ use crate::storage::StorageLevel;
 
 /// Work in progress whose result [`Pending::wait`] returns: a block being
 /// stored, so that the next block can be serialized meanwhile.
-pub struct Pending<R>(Box<dyn FnOnce() -> Result<R, ReceiverError> + Send>);
+pub struct Pending<R> {
+    finish: Box<dyn FnOnce() -> Result<R, ReceiverError> + Send>,
+    /// Disconnected once `finish` would return at once.
+    done: Option<Receiver<()>>,
+}
 
 impl<R: Send + 'static> Pending<R> {
-    /// Work that finishes with `finish`.
+    /// Work that finishes with `finish`; whether it is done is unknown
+    /// until then.
     pub fn new(finish: impl FnOnce() -> Result<R, ReceiverError> + Send + 'static) -> Self {
-        Pending(Box::new(finish))
+        Pending { finish: Box::new(finish), done: None }
+    }
+
+    /// Work that finishes with `finish`, done (`finish` returns at once)
+    /// when every sender of `done` is dropped: a waiter can select on it.
+    pub fn with_done_signal(
+        finish: impl FnOnce() -> Result<R, ReceiverError> + Send + 'static,
+        done: Receiver<()>,
+    ) -> Self {
+        Pending { finish: Box::new(finish), done: Some(done) }
     }
 
     /// Work already done.
     pub fn ready(result: Result<R, ReceiverError>) -> Self {
-        Pending(Box::new(move || result))
+        let (_, done) = bounded(0);
+        Pending::with_done_signal(move || result, done)
+    }
+
+    /// Whether the work is done (so [`Pending::wait`] returns at once);
+    /// `None` when this work cannot tell.
+    pub fn is_done(&self) -> Option<bool> {
+        self.done.as_ref().map(|done| matches!(done.try_recv(), Err(TryRecvError::Disconnected)))
+    }
+
+    /// A channel that disconnects when the work is done, to select on;
+    /// `None` when this work cannot tell.
+    pub fn done_signal(&self) -> Option<&Receiver<()>> {
+        self.done.as_ref()
+    }
+
+    /// This work followed by `next`, which gets its result; done when this work is.
+    pub fn then<S: Send + 'static>(
+        self,
+        next: impl FnOnce(Result<R, ReceiverError>) -> Result<S, ReceiverError> + Send + 'static,
+    ) -> Pending<S> {
+        let Pending { finish, done } = self;
+        Pending { finish: Box::new(move || next(finish())), done }
     }
 
     /// Waits until the work is done and returns its result.
     pub fn wait(self) -> Result<R, ReceiverError> {
-        (self.0)()
+        (self.finish)()
     }
 }
 
@@ -136,7 +172,7 @@ fn into_data<T: Record>(
 fn await_wal(
     stream_id: StreamId,
     block_id: StreamBlockId,
-    reply: &crossbeam::channel::Receiver<WalReply>,
+    reply: &Receiver<WalReply>,
     timeout: std::time::Duration,
 ) -> Result<WalRecordHandle, ReceiverError> {
     match reply.recv_timeout(timeout) {
@@ -199,8 +235,10 @@ impl Default for WalHandlerConfig {
 }
 
 type WalReply = Result<WalRecordHandle, WalError>;
-/// A block's bytes, their CRC32C when known, the time and where to answer.
-type WalJob = (Arc<Vec<u8>>, Option<u32>, Time, Sender<WalReply>);
+/// A block's bytes, their CRC32C when known, the time, where to answer,
+/// and a sender whose drop says the answer was given (also when the
+/// writer dies before it could answer).
+type WalJob = (Arc<Vec<u8>>, Option<u32>, Time, Sender<WalReply>, Sender<()>);
 
 /// Threads writing a stream's blocks to its WAL: one per block the pusher
 /// keeps in flight, so that blocks are appended while earlier ones'
@@ -264,7 +302,7 @@ impl<T: Record> WriteAheadLogBasedBlockHandler<T> {
                 std::thread::Builder::new()
                     .name(format!("receiver-wal-{stream_id}-{index}"))
                     .spawn(move || {
-                        for (bytes, crc32c, time, reply) in jobs.iter() {
+                        for (bytes, crc32c, time, reply, _answered) in jobs.iter() {
                             let written = match crc32c {
                                 Some(crc32c) => wal.write_shared_with_crc32c(bytes, crc32c, time),
                                 None => wal.write_shared(bytes, time),
@@ -295,12 +333,15 @@ impl<T: Record> WriteAheadLogBasedBlockHandler<T> {
         read_block_from_wal(self.wal.as_ref(), self.stream_id, handle)
     }
 
+    /// Queues the block for a WAL writer; returns where it will answer and
+    /// a channel that disconnects once it has.
     fn submit(
         &self,
         block_id: StreamBlockId,
         bytes: Arc<Vec<u8>>,
-    ) -> Result<crossbeam::channel::Receiver<WalReply>, ReceiverError> {
+    ) -> Result<(Receiver<WalReply>, Receiver<()>), ReceiverError> {
         let (reply_tx, reply_rx) = bounded(1);
+        let (answered_tx, answered_rx) = bounded(0);
         let writer = self.writer.lock().unwrap_or_else(PoisonError::into_inner);
         let closed = || ReceiverError::Stopped { stream_id: block_id.stream_id, what: "storing a block" };
         let writers = writer.as_ref().ok_or_else(closed)?;
@@ -308,8 +349,8 @@ impl<T: Record> WriteAheadLogBasedBlockHandler<T> {
         // without another pass over the bytes (the frame was just encoded,
         // or its checksum verified when its records were counted).
         let crc32c = FrameCodec::whole_frame_crc32c(&bytes);
-        writers.jobs.send((bytes, crc32c, self.clock.now(), reply_tx)).map_err(|_| closed())?;
-        Ok(reply_rx)
+        writers.jobs.send((bytes, crc32c, self.clock.now(), reply_tx, answered_tx)).map_err(|_| closed())?;
+        Ok((reply_rx, answered_rx))
     }
 }
 
@@ -336,8 +377,8 @@ impl<T: Record> ReceivedBlockHandler<T> for WriteAheadLogBasedBlockHandler<T> {
             Err(e) => return Pending::ready(Err(e)),
         };
         let bytes = Arc::new(bytes);
-        let reply = match self.submit(block_id, Arc::clone(&bytes)) {
-            Ok(reply) => reply,
+        let (reply, answered) = match self.submit(block_id, Arc::clone(&bytes)) {
+            Ok(submitted) => submitted,
             Err(e) => return Pending::ready(Err(e)),
         };
         let put = self.block_manager.put(block_id, BlockData::Bytes(bytes), self.level);
@@ -345,7 +386,7 @@ impl<T: Record> ReceivedBlockHandler<T> for WriteAheadLogBasedBlockHandler<T> {
         drop(records);
         let (block_manager, stream_id, timeout) =
             (Arc::clone(&self.block_manager), self.stream_id, self.config.store_timeout);
-        Pending::new(move || {
+        let finish = move || {
             let written = await_wal(stream_id, block_id, &reply, timeout);
             match (put, written) {
                 (Ok(_), Ok(handle)) => {
@@ -363,7 +404,8 @@ impl<T: Record> ReceivedBlockHandler<T> for WriteAheadLogBasedBlockHandler<T> {
                     }))
                 }
             }
-        })
+        };
+        Pending::with_done_signal(finish, answered)
     }
 
     fn clean_old_blocks(&self, threshold: Time) -> Result<(), ReceiverError> {

@@ -169,7 +169,7 @@ impl<T: Record> BlockGeneratorListener<T> for BlockPusher<T> {
     fn start_push(&self, block_id: spate_core::StreamBlockId, records: Vec<T>) -> Pending<()> {
         let pending = self.handler.start_store(block_id, ReceivedBlock::Records(records));
         let (sink, stream_id) = (Arc::clone(&self.sink), self.stream_id);
-        Pending::new(move || report(sink.as_ref(), stream_id, pending.wait()?, None).map(drop))
+        pending.then(move |stored| report(sink.as_ref(), stream_id, stored?, None).map(drop))
     }
 
     fn on_error(&self, error: ReceiverError) {

@@ -467,6 +467,61 @@ fn the_pusher_overlaps_a_few_blocks_and_finishes_them_in_order() {
     assert!((2..=3).contains(&most), "{most} blocks in flight at once: {events:?}");
 }
 
+/// Starts blocks whose storing finishes only when the test drops their
+/// gate, and which tell when they are done.
+#[derive(Default)]
+struct GatedListener {
+    events: Arc<std::sync::Mutex<Vec<String>>>,
+    gates: std::sync::Mutex<Vec<crossbeam::channel::Sender<()>>>,
+}
+
+impl spate_receiver::BlockGeneratorListener<String> for GatedListener {
+    fn on_push_block(&self, block_id: spate_core::StreamBlockId, records: Vec<String>) -> Result<(), ReceiverError> {
+        self.start_push(block_id, records).wait()
+    }
+
+    fn start_push(&self, _: spate_core::StreamBlockId, records: Vec<String>) -> spate_receiver::Pending<()> {
+        let first = records[0].clone();
+        self.events.lock().unwrap().push(format!("start {first}"));
+        let (gate, done) = crossbeam::channel::bounded::<()>(0);
+        self.gates.lock().unwrap().push(gate);
+        let (opened, events) = (done.clone(), Arc::clone(&self.events));
+        let finish = move || {
+            let _ = opened.recv(); // until the gate is dropped
+            events.lock().unwrap().push(format!("finish {first}"));
+            Ok(())
+        };
+        spate_receiver::Pending::with_done_signal(finish, done)
+    }
+
+    fn on_error(&self, _: ReceiverError) {}
+}
+
+#[test]
+fn a_block_queued_while_the_oldest_is_being_stored_starts_at_once() {
+    let listener = Arc::new(GatedListener::default());
+    let config = spate_receiver::BlockGeneratorConfig {
+        block_interval: Duration::from_secs(3600),
+        max_block_records: Some(1),
+        ..Default::default()
+    };
+    let clock = Arc::new(ManualClock::new(Time::from_millis(0)));
+    let generator =
+        spate_receiver::BlockGenerator::start(StreamId(0), config, clock, Arc::clone(&listener) as _).unwrap();
+    let events = || listener.events.lock().unwrap().clone();
+    generator.add_record("0".to_string()).unwrap();
+    eventually("block 0 started", || events().len() == 1);
+    // Block 0 is not done and nothing else is queued: the pusher must not
+    // sit in block 0's wait when block 1 arrives.
+    generator.add_record("1".to_string()).unwrap();
+    eventually("block 1 started", || events().len() == 2);
+    assert_eq!(events(), ["start 0", "start 1"]);
+    listener.gates.lock().unwrap().clear();
+    generator.flush().unwrap();
+    generator.stop().unwrap();
+    assert_eq!(events(), ["start 0", "start 1", "finish 0", "finish 1"]);
+}
+
 /// Counts the records of the blocks pushed to it.
 #[derive(Default)]
 struct CountingListener(AtomicU64);
