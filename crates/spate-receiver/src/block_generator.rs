@@ -64,6 +64,13 @@ pub trait BlockGeneratorListener<T>: Send + Sync + 'static {
         Pending::ready(self.on_push_block(block_id, records))
     }
 
+    /// Starts pushing the block, as [`BlockGeneratorListener::start_push`]
+    /// does, and gives its buffer back, emptied, when nothing keeps it: the
+    /// generator fills it with a later block. By default it is not given back.
+    fn start_push_reusing(&self, block_id: StreamBlockId, records: Vec<T>) -> (Pending<()>, Option<Vec<T>>) {
+        (self.start_push(block_id, records), None)
+    }
+
     /// Told about a block that could not be pushed (its records are lost to
     /// this generator; [`BlockGenerator::flush`] reports it to the receiver).
     fn on_error(&self, error: ReceiverError);
@@ -108,6 +115,10 @@ struct PushProgress {
 /// and appended.
 pub(crate) const MAX_IN_FLIGHT: usize = 3;
 
+/// Emptied block buffers kept to be filled again, at most: one being
+/// filled while the last one is serialized is the steady state.
+const SPARE_BUFFERS: usize = 2;
+
 /// A block whose push was started and not yet waited for.
 struct InFlight {
     seq: u64,
@@ -127,6 +138,10 @@ struct Shared<T> {
     clock: Arc<dyn Clock>,
     state: AtomicU8,
     buffer: Mutex<Vec<T>>,
+    /// Emptied buffers of pushed blocks, to fill again (their pages are
+    /// already mapped: a new buffer of a fast source's block faults in
+    /// tens of megabytes, every block).
+    spare_buffers: Mutex<Vec<Vec<T>>>,
     /// Taken (and so closed) when the generator stops.
     queue: Mutex<Option<Sender<QueuedBlock<T>>>>,
     cut_seq: AtomicU64,
@@ -185,6 +200,7 @@ impl<T: Send + 'static> BlockGenerator<T> {
             clock,
             state: AtomicU8::new(ACTIVE),
             buffer: Mutex::new(Vec::new()),
+            spare_buffers: Mutex::new(Vec::new()),
             queue: Mutex::new(Some(tx)),
             cut_seq: AtomicU64::new(0),
             progress: Mutex::new(PushProgress::default()),
@@ -422,7 +438,8 @@ impl<T: Send + 'static> Shared<T> {
         if buffer.is_empty() {
             return Ok(());
         }
-        let records = std::mem::replace(buffer, Vec::with_capacity(buffer.len()));
+        let next = self.next_buffer(buffer);
+        let records = std::mem::replace(buffer, next);
         let block_id = self.ids.next(self.clock.now());
         let seq = self.cut_seq.load(Ordering::Acquire) + 1;
         let queue = self.queue.lock().unwrap_or_else(PoisonError::into_inner).clone();
@@ -433,6 +450,30 @@ impl<T: Send + 'static> Shared<T> {
                 Ok(())
             }
             _ => Err(ReceiverError::Stopped { stream_id: self.stream_id, what: "cutting a block" }),
+        }
+    }
+
+    /// An empty buffer for the block after `full`, with room for as many
+    /// records as `full` had room for (a block cut early by the timer does
+    /// not shrink the next one).
+    fn next_buffer(&self, full: &Vec<T>) -> Vec<T> {
+        let wanted = match self.config.max_block_records {
+            Some(max) => full.capacity().min(max).max(full.len()),
+            None => full.len(),
+        };
+        let spare = self.spare_buffers.lock().unwrap_or_else(PoisonError::into_inner).pop();
+        let mut next = spare.unwrap_or_default();
+        next.reserve(wanted);
+        next
+    }
+
+    /// Keeps an emptied buffer for a later block, if fewer than
+    /// [`SPARE_BUFFERS`] are kept.
+    fn give_back(&self, buffer: Vec<T>) {
+        debug_assert!(buffer.is_empty(), "a buffer given back must be empty");
+        let mut spares = self.spare_buffers.lock().unwrap_or_else(PoisonError::into_inner);
+        if spares.len() < SPARE_BUFFERS && buffer.is_empty() {
+            spares.push(buffer);
         }
     }
 
@@ -485,7 +526,10 @@ impl<T: Send + 'static> Shared<T> {
                 }
                 return;
             };
-            let started = listener.start_push(block_id, records);
+            let (started, spent) = listener.start_push_reusing(block_id, records);
+            if let Some(buffer) = spent {
+                self.give_back(buffer);
+            }
             in_flight.push_back(InFlight { seq, block_id, pending: started });
         }
     }

@@ -97,6 +97,19 @@ pub trait ReceivedBlockHandler<T>: Send + Sync {
         Pending::ready(self.store_block(block_id, block))
     }
 
+    /// Starts storing a block of records, as [`ReceivedBlockHandler::start_store`]
+    /// does, and gives their buffer back, emptied, when what is stored does
+    /// not keep it (a serialized level): a block generator fills it again
+    /// instead of allocating a new one, whose every page would fault in.
+    /// By default the buffer is not given back.
+    fn start_store_records(
+        &self,
+        block_id: StreamBlockId,
+        records: Vec<T>,
+    ) -> (Pending<BlockStoreResult>, Option<Vec<T>>) {
+        (self.start_store(block_id, ReceivedBlock::Records(records)), None)
+    }
+
     /// Removes the blocks (and WAL segments) stored before `threshold`.
     fn clean_old_blocks(&self, threshold: Time) -> Result<(), ReceiverError>;
 
@@ -207,6 +220,23 @@ impl<T: Record> ReceivedBlockHandler<T> for BlockManagerBasedBlockHandler<T> {
         let (data, num_records) = into_data(block_id, block)?;
         self.block_manager.put(block_id, data, self.level)?;
         Ok(BlockStoreResult { block_id, num_records: Some(num_records), wal_handle: None })
+    }
+
+    fn start_store_records(
+        &self,
+        block_id: StreamBlockId,
+        mut records: Vec<T>,
+    ) -> (Pending<BlockStoreResult>, Option<Vec<T>>) {
+        if self.level.deserialized() {
+            return (Pending::ready(self.store_block(block_id, ReceivedBlock::Records(records))), None);
+        }
+        let num_records = records.len() as u64;
+        let stored = encode_block(&records)
+            .map_err(|source| ReceiverError::Codec { block_id: Some(block_id), source })
+            .and_then(|bytes| self.block_manager.put(block_id, BlockData::Bytes(Arc::new(bytes)), self.level))
+            .map(|_| BlockStoreResult { block_id, num_records: Some(num_records), wal_handle: None });
+        records.clear();
+        (Pending::ready(stored), Some(records))
     }
 
     fn clean_old_blocks(&self, threshold: Time) -> Result<(), ReceiverError> {
@@ -352,38 +382,16 @@ impl<T: Record> WriteAheadLogBasedBlockHandler<T> {
         writers.jobs.send((bytes, crc32c, self.clock.now(), reply_tx, answered_tx)).map_err(|_| closed())?;
         Ok((reply_rx, answered_rx))
     }
-}
 
-impl<T: Record> ReceivedBlockHandler<T> for WriteAheadLogBasedBlockHandler<T> {
-    fn store_block(&self, block_id: StreamBlockId, block: ReceivedBlock<T>) -> Result<BlockStoreResult, ReceiverError> {
-        self.start_store(block_id, block).wait()
-    }
-
-    /// Serializes the block, hands the bytes to the WAL writer and puts them
-    /// in the block manager; waiting on the result waits for the WAL.
-    fn start_store(&self, block_id: StreamBlockId, block: ReceivedBlock<T>) -> Pending<BlockStoreResult> {
-        let codec_err = |source| ReceiverError::Codec { block_id: Some(block_id), source };
-        // Serialized once; the same bytes go to both stores.
-        let encoded = match block {
-            ReceivedBlock::Records(records) => {
-                encode_block(&records).map_err(codec_err).map(|b| (b, records.len() as u64, Some(records)))
-            }
-            ReceivedBlock::Serialized(bytes) => {
-                count_block_records(&bytes).map_err(codec_err).map(|n| (bytes, n, None))
-            }
-        };
-        let (bytes, num_records, records) = match encoded {
-            Ok(encoded) => encoded,
-            Err(e) => return Pending::ready(Err(e)),
-        };
+    /// Hands a serialized block to the WAL writer and puts it in the block
+    /// manager; the result waits for the WAL.
+    fn store_bytes(&self, block_id: StreamBlockId, bytes: Vec<u8>, num_records: u64) -> Pending<BlockStoreResult> {
         let bytes = Arc::new(bytes);
         let (reply, answered) = match self.submit(block_id, Arc::clone(&bytes)) {
             Ok(submitted) => submitted,
             Err(e) => return Pending::ready(Err(e)),
         };
         let put = self.block_manager.put(block_id, BlockData::Bytes(bytes), self.level);
-        // Freeing the records overlaps with the WAL's write and sync.
-        drop(records);
         let (block_manager, stream_id, timeout) =
             (Arc::clone(&self.block_manager), self.stream_id, self.config.store_timeout);
         let finish = move || {
@@ -406,6 +414,41 @@ impl<T: Record> ReceivedBlockHandler<T> for WriteAheadLogBasedBlockHandler<T> {
             }
         };
         Pending::with_done_signal(finish, answered)
+    }
+}
+
+impl<T: Record> ReceivedBlockHandler<T> for WriteAheadLogBasedBlockHandler<T> {
+    fn store_block(&self, block_id: StreamBlockId, block: ReceivedBlock<T>) -> Result<BlockStoreResult, ReceiverError> {
+        self.start_store(block_id, block).wait()
+    }
+
+    /// Serializes the block, hands the bytes to the WAL writer and puts them
+    /// in the block manager; waiting on the result waits for the WAL.
+    fn start_store(&self, block_id: StreamBlockId, block: ReceivedBlock<T>) -> Pending<BlockStoreResult> {
+        match block {
+            // The buffer is freed here, while the WAL writes and syncs.
+            ReceivedBlock::Records(records) => self.start_store_records(block_id, records).0,
+            ReceivedBlock::Serialized(bytes) => match count_block_records(&bytes) {
+                Ok(num_records) => self.store_bytes(block_id, bytes, num_records),
+                Err(source) => Pending::ready(Err(ReceiverError::Codec { block_id: Some(block_id), source })),
+            },
+        }
+    }
+
+    fn start_store_records(
+        &self,
+        block_id: StreamBlockId,
+        mut records: Vec<T>,
+    ) -> (Pending<BlockStoreResult>, Option<Vec<T>>) {
+        // Serialized once; the same bytes go to both stores.
+        let pending = match encode_block(&records) {
+            Ok(bytes) => self.store_bytes(block_id, bytes, records.len() as u64),
+            Err(source) => Pending::ready(Err(ReceiverError::Codec { block_id: Some(block_id), source })),
+        };
+        // Emptying the buffer (dropping records that own memory) overlaps
+        // with the WAL's write and sync.
+        records.clear();
+        (pending, Some(records))
     }
 
     fn clean_old_blocks(&self, threshold: Time) -> Result<(), ReceiverError> {

@@ -167,9 +167,17 @@ impl<T: Record> BlockGeneratorListener<T> for BlockPusher<T> {
     }
 
     fn start_push(&self, block_id: spate_core::StreamBlockId, records: Vec<T>) -> Pending<()> {
-        let pending = self.handler.start_store(block_id, ReceivedBlock::Records(records));
+        self.start_push_reusing(block_id, records).0
+    }
+
+    fn start_push_reusing(
+        &self,
+        block_id: spate_core::StreamBlockId,
+        records: Vec<T>,
+    ) -> (Pending<()>, Option<Vec<T>>) {
+        let (pending, spent) = self.handler.start_store_records(block_id, records);
         let (sink, stream_id) = (Arc::clone(&self.sink), self.stream_id);
-        pending.then(move |stored| report(sink.as_ref(), stream_id, stored?, None).map(drop))
+        (pending.then(move |stored| report(sink.as_ref(), stream_id, stored?, None).map(drop)), spent)
     }
 
     fn on_error(&self, error: ReceiverError) {

@@ -522,6 +522,55 @@ fn a_block_queued_while_the_oldest_is_being_stored_starts_at_once() {
     assert_eq!(events(), ["start 0", "start 1", "finish 0", "finish 1"]);
 }
 
+/// Notes where each block's records live and gives every buffer back.
+#[derive(Default)]
+struct ReusingListener {
+    buffers: std::sync::Mutex<Vec<usize>>,
+}
+
+impl spate_receiver::BlockGeneratorListener<String> for ReusingListener {
+    fn on_push_block(&self, _: spate_core::StreamBlockId, _: Vec<String>) -> Result<(), ReceiverError> {
+        Ok(())
+    }
+
+    fn start_push_reusing(
+        &self,
+        _: spate_core::StreamBlockId,
+        mut records: Vec<String>,
+    ) -> (spate_receiver::Pending<()>, Option<Vec<String>>) {
+        self.buffers.lock().unwrap().push(records.as_ptr() as usize);
+        records.clear();
+        (spate_receiver::Pending::ready(Ok(())), Some(records))
+    }
+
+    fn on_error(&self, _: ReceiverError) {}
+}
+
+#[test]
+fn buffers_given_back_are_filled_again_by_later_blocks() {
+    let listener = Arc::new(ReusingListener::default());
+    let config = spate_receiver::BlockGeneratorConfig {
+        block_interval: Duration::from_secs(3600),
+        max_block_records: Some(2),
+        ..Default::default()
+    };
+    let clock = Arc::new(ManualClock::new(Time::from_millis(0)));
+    let generator =
+        spate_receiver::BlockGenerator::start(StreamId(0), config, clock, Arc::clone(&listener) as _).unwrap();
+    for block in 0..4 {
+        generator.add_records(vec![format!("{block}a"), format!("{block}b")]).unwrap();
+        generator.flush().unwrap();
+    }
+    generator.stop().unwrap();
+    let buffers = listener.buffers.lock().unwrap().clone();
+    assert_eq!(buffers.len(), 4, "{buffers:?}");
+    // Block 1 was cut into a new buffer while block 0's was still out;
+    // from then on the two alternate.
+    assert_ne!(buffers[0], buffers[1]);
+    assert_eq!(buffers[2], buffers[0], "{buffers:?}");
+    assert_eq!(buffers[3], buffers[1], "{buffers:?}");
+}
+
 /// Counts the records of the blocks pushed to it.
 #[derive(Default)]
 struct CountingListener(AtomicU64);

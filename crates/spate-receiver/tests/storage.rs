@@ -152,6 +152,36 @@ fn wal_handler(
 }
 
 #[test]
+fn handlers_give_back_the_buffer_of_a_block_they_keep_serialized_only() {
+    let checkpoint = tempfile::tempdir().unwrap();
+    let clock = clock();
+    let (bm, wal, handler) = wal_handler(checkpoint.path(), &clock, StorageLevel::MEMORY_AND_DISK_SER_2);
+    let (pending, spent) = handler.start_store_records(id(0), words(0, 40));
+    let stored = pending.wait().unwrap();
+    let spent = spent.expect("the WAL handler keeps bytes only");
+    assert!(spent.is_empty() && spent.capacity() >= 40);
+    let handle = stored.wal_handle.expect("a WAL handle");
+    assert_eq!(read_block_from_wal::<String>(wal.as_ref(), STREAM, &handle).unwrap(), words(0, 40));
+    assert_eq!(records(bm.get(id(0)).unwrap().unwrap()), words(0, 40));
+
+    let bm = Arc::new(
+        BlockManager::<String>::open(BlockManagerConfig::in_memory(1 << 20), Arc::new(clock.clone())).unwrap(),
+    );
+    let serialized = BlockManagerBasedBlockHandler::new(Arc::clone(&bm), StorageLevel::MEMORY_AND_DISK_SER);
+    let (pending, spent) = serialized.start_store_records(id(1), words(1, 8));
+    assert_eq!(pending.wait().unwrap().num_records, Some(8));
+    assert!(spent.is_some_and(|b| b.is_empty()));
+    assert!(matches!(bm.get(id(1)).unwrap().unwrap(), BlockData::Bytes(_)));
+    assert_eq!(records(bm.get(id(1)).unwrap().unwrap()), words(1, 8));
+    // Records kept as they are: their buffer is the stored block.
+    let deserialized = BlockManagerBasedBlockHandler::new(Arc::clone(&bm), StorageLevel::MEMORY_ONLY);
+    let (pending, spent) = deserialized.start_store_records(id(2), words(2, 3));
+    pending.wait().unwrap();
+    assert!(spent.is_none());
+    assert_eq!(records(bm.get(id(2)).unwrap().unwrap()), words(2, 3));
+}
+
+#[test]
 fn wal_handler_blocks_survive_a_drop_without_close() {
     let checkpoint = tempfile::tempdir().unwrap();
     let clock = clock();
