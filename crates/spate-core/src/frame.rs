@@ -20,6 +20,7 @@
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+use crate::crc::crc32c_combine;
 use crate::error::CoreError;
 
 /// The four bytes every frame starts with.
@@ -163,7 +164,7 @@ impl FrameCodec {
         let crc = match payload_crc {
             Some(payload_crc) => {
                 debug_assert_eq!(payload_crc, crc32c::crc32c(payload), "a payload writer's CRC32C is wrong");
-                crc32c::crc32c_combine(header_crc, payload_crc, payload_len)
+                crc32c_combine(header_crc, payload_crc, payload_len as u64)
             }
             None => crc32c::crc32c_append(header_crc, payload),
         };
@@ -185,8 +186,8 @@ impl FrameCodec {
             return None;
         }
         // stored = crc(version..length ++ payload); take the first part out.
-        let payload_crc = stored ^ crc32c::crc32c_combine(crc32c::crc32c(&header[4..12]), 0, len);
-        Some(crc32c::crc32c_combine(crc32c::crc32c(header), payload_crc, len))
+        let payload_crc = stored ^ crc32c_combine(crc32c::crc32c(&header[4..12]), 0, len as u64);
+        Some(crc32c_combine(crc32c::crc32c(header), payload_crc, len as u64))
     }
 
     /// Checks the frame at the start of `bytes` (magic, version, bound, CRC)

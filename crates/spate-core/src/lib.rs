@@ -33,6 +33,7 @@
 
 mod block;
 mod clock;
+mod crc;
 mod error;
 mod frame;
 mod ids;
