@@ -411,6 +411,21 @@ fn a_failed_block_fails_every_later_flush_so_nothing_is_acknowledged_wrongly() {
     assert!(supervisor.errors().iter().any(|e| e.contains("disk full")), "{:?}", supervisor.errors());
 }
 
+/// A block generator (stream 0) that cuts a block every `records` records
+/// (its timer, on a manual clock, never does).
+fn generator_cutting_every(
+    records: usize,
+    listener: Arc<dyn spate_receiver::BlockGeneratorListener<String>>,
+) -> spate_receiver::BlockGenerator<String> {
+    let config = spate_receiver::BlockGeneratorConfig {
+        block_interval: Duration::from_secs(3600),
+        max_block_records: Some(records),
+        ..Default::default()
+    };
+    let clock = Arc::new(ManualClock::new(Time::from_millis(0)));
+    spate_receiver::BlockGenerator::start(StreamId(0), config, clock, listener).unwrap()
+}
+
 /// Records what the block generator's pusher starts and finishes; earlier
 /// blocks take longer to finish.
 #[derive(Default)]
@@ -447,14 +462,7 @@ impl spate_receiver::BlockGeneratorListener<String> for SlowListener {
 #[test]
 fn the_pusher_overlaps_a_few_blocks_and_finishes_them_in_order() {
     let listener = Arc::new(SlowListener::default());
-    let config = spate_receiver::BlockGeneratorConfig {
-        block_interval: Duration::from_secs(3600),
-        max_block_records: Some(1),
-        ..Default::default()
-    };
-    let clock = Arc::new(ManualClock::new(Time::from_millis(0)));
-    let generator =
-        spate_receiver::BlockGenerator::start(StreamId(0), config, clock, Arc::clone(&listener) as _).unwrap();
+    let generator = generator_cutting_every(1, Arc::clone(&listener) as _);
     for i in 0..6 {
         generator.add_record(i.to_string()).unwrap();
     }
@@ -500,14 +508,7 @@ impl spate_receiver::BlockGeneratorListener<String> for GatedListener {
 #[test]
 fn a_block_queued_while_the_oldest_is_being_stored_starts_at_once() {
     let listener = Arc::new(GatedListener::default());
-    let config = spate_receiver::BlockGeneratorConfig {
-        block_interval: Duration::from_secs(3600),
-        max_block_records: Some(1),
-        ..Default::default()
-    };
-    let clock = Arc::new(ManualClock::new(Time::from_millis(0)));
-    let generator =
-        spate_receiver::BlockGenerator::start(StreamId(0), config, clock, Arc::clone(&listener) as _).unwrap();
+    let generator = generator_cutting_every(1, Arc::clone(&listener) as _);
     let events = || listener.events.lock().unwrap().clone();
     generator.add_record("0".to_string()).unwrap();
     eventually("block 0 started", || events().len() == 1);
@@ -549,14 +550,7 @@ impl spate_receiver::BlockGeneratorListener<String> for ReusingListener {
 #[test]
 fn buffers_given_back_are_filled_again_by_later_blocks() {
     let listener = Arc::new(ReusingListener::default());
-    let config = spate_receiver::BlockGeneratorConfig {
-        block_interval: Duration::from_secs(3600),
-        max_block_records: Some(2),
-        ..Default::default()
-    };
-    let clock = Arc::new(ManualClock::new(Time::from_millis(0)));
-    let generator =
-        spate_receiver::BlockGenerator::start(StreamId(0), config, clock, Arc::clone(&listener) as _).unwrap();
+    let generator = generator_cutting_every(2, Arc::clone(&listener) as _);
     for block in 0..4 {
         generator.add_records(vec![format!("{block}a"), format!("{block}b")]).unwrap();
         generator.flush().unwrap();
