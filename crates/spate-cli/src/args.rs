@@ -12,7 +12,8 @@ Exit codes:
   1    runtime error (I/O, a failed batch, a broken source or sink)
   2    usage error (unknown flag, bad value, malformed --json)
   3    checkpoint inconsistent, or the change was refused to keep it consistent
-  4    the checkpoint is locked by another live writer (its pid is in the message)
+  4    the checkpoint is locked by another live writer (its pid is in the message),
+       or another writer took it over while this one ran
   130  stopped at once by a second signal
 
 Logging: RUST_LOG (e.g. RUST_LOG=spate_runtime=debug) or -v/-vv/-vvv; logs go to stderr, progress to stdout.";

@@ -19,7 +19,8 @@ pub enum ExitCode {
     Usage = 2,
     /// 3: the checkpoint is inconsistent, or the change was refused to keep it consistent.
     Refused = 3,
-    /// 4: another live process holds the checkpoint's writer lock.
+    /// 4: another live process holds the checkpoint's writer lock, or took
+    /// it over while this one ran.
     Locked = 4,
     /// 130: stopped at once by a second signal, without finishing the queued batches.
     Interrupted = 130,
@@ -141,7 +142,7 @@ impl CliError {
 fn runtime_exit_code(error: &spate_runtime::RuntimeError) -> ExitCode {
     use spate_runtime::RuntimeError as E;
     match error {
-        E::Locked { .. } => ExitCode::Locked,
+        E::Locked { .. } | E::TakenOver { .. } => ExitCode::Locked,
         E::Inconsistent(_) | E::IncompatibleGraph { .. } => ExitCode::Refused,
         E::InvalidSetting { .. } => ExitCode::Usage,
         _ => ExitCode::Runtime,
@@ -185,6 +186,9 @@ mod tests {
         assert_eq!(CliError::checkpoint("cannot repair", "/ck", stale).exit_code(), ExitCode::Refused);
         let locked = spate_runtime::RuntimeError::Locked { dir: PathBuf::from("/ck"), holder: None };
         let error = CliError::Runtime { action: "cannot run", dir: PathBuf::from("/ck"), source: locked };
+        assert_eq!(error.exit_code(), ExitCode::Locked);
+        let taken_over = spate_runtime::RuntimeError::TakenOver { dir: PathBuf::from("/ck"), message: "gone".into() };
+        let error = CliError::Runtime { action: "cannot run", dir: PathBuf::from("/ck"), source: taken_over };
         assert_eq!(error.exit_code(), ExitCode::Locked);
         assert_eq!(CliError::usage("x").exit_code(), ExitCode::Usage);
         assert_eq!(ExitCode::Interrupted.code(), 130);

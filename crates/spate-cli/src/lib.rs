@@ -29,7 +29,7 @@
 //! | 1    | runtime error |
 //! | 2    | usage error |
 //! | 3    | checkpoint inconsistent, or a change refused to keep it consistent |
-//! | 4    | the checkpoint is locked by another live writer |
+//! | 4    | the checkpoint is locked by another live writer, or was taken over by one while this one ran |
 //! | 130  | stopped at once by a second signal |
 //!
 //! The first SIGINT or SIGTERM stops a job gracefully (the batch in flight

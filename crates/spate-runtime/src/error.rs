@@ -52,6 +52,15 @@ pub enum RuntimeError {
         /// `None` when the lock file cannot be read yet.
         holder: Option<LockHolder>,
     },
+    /// Another writer took the checkpoint directory over while this one
+    /// ran (its lock epoch is newer): this writer stopped without writing.
+    #[error("{message}")]
+    TakenOver {
+        /// The checkpoint directory.
+        dir: PathBuf,
+        /// The log store's description: both epochs.
+        message: String,
+    },
     /// Operator state could not be saved or restored.
     #[error("state of operator {operator} at batch {batch}: {reason}")]
     State {

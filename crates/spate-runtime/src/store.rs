@@ -176,12 +176,16 @@ fn state_error(operator: &str, batch: BatchId, e: LogStoreError) -> RuntimeError
 }
 
 /// Maps a log store error: a held lock becomes [`RuntimeError::Locked`]
-/// naming the holder, an inconsistent directory [`RuntimeError::Inconsistent`]
-/// (its message names the files and the repair command); everything else
-/// keeps the log store's message.
+/// naming the holder, a lock taken over by another writer
+/// [`RuntimeError::TakenOver`], an inconsistent directory
+/// [`RuntimeError::Inconsistent`] (its message names the files and the
+/// repair command); everything else keeps the log store's message.
 pub(crate) fn log_store_error(dir: &Path, e: LogStoreError) -> RuntimeError {
     match e {
         LogStoreError::Locked { dir, holder } => RuntimeError::Locked { dir, holder },
+        stale @ LogStoreError::StaleEpoch { .. } => {
+            RuntimeError::TakenOver { dir: dir.to_path_buf(), message: stale.to_string() }
+        }
         LogStoreError::Inconsistent(inconsistency) => RuntimeError::Inconsistent(inconsistency),
         other => RuntimeError::Checkpoint { dir: dir.to_path_buf(), message: other.to_string() },
     }

@@ -286,6 +286,28 @@ fn second_context_on_the_same_directory_is_refused_naming_the_holder() {
     assert!(StreamingContext::get_or_create(dir.path(), settings(&clock), build).is_ok());
 }
 
+#[test]
+fn a_job_whose_checkpoint_is_taken_over_stops_with_its_own_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(Time::from_millis(START));
+    let build = |p: &mut PipelineBuilder| -> Result<(), BoxError> {
+        collect_output(p, &Numbers::new(1), &SeenLog::default());
+        Ok(())
+    };
+    let mut ctx = StreamingContext::get_or_create(dir.path(), settings(&clock), build).unwrap();
+    ctx.start().unwrap();
+    tick(&clock, &ctx, 0);
+    // The lock is lost without the job noticing (removed by a careless
+    // clean-up), and another writer takes the checkpoint.
+    std::fs::remove_file(dir.path().join("LOCK")).unwrap();
+    let _other = Checkpoint::open_for_write(dir.path(), CheckpointOptions::new()).unwrap();
+    clock.advance(Duration::from_secs(1));
+    let err = ctx.await_termination().unwrap_err();
+    assert!(matches!(&err, RuntimeError::TakenOver { dir: d, .. } if d == dir.path()), "{err:?}");
+    assert!(err.to_string().contains("taken over by another writer"), "{err}");
+    assert!(!dir.path().join("offsets/1").exists(), "the stale writer wrote nothing more");
+}
+
 /// Running totals per residue class, from named state.
 fn totals_pipeline(p: &mut PipelineBuilder, source: &Arc<Numbers>, totals: &TotalsLog, extra_output: Option<SeenLog>) {
     let numbers = numbers_input(p, source);
