@@ -18,6 +18,9 @@
 //! - optional direct I/O for logs of large records ([`WalOptions::direct_io`]):
 //!   a large record is padded so that its pages go to the device straight
 //!   from the caller's buffer;
+//! - optional recycling of cleaned segment files ([`WalOptions::recycled_segments`]):
+//!   kept zeroed, with their blocks allocated, and rewritten by new segments,
+//!   which on thin-provisioned disks is much faster than writing new files;
 //! - a log that refuses every write after a failed sync ([`WalError::Poisoned`]);
 //! - a [`FaultInjection`] hook that counts syncs and fails chosen ones, for tests.
 //!
