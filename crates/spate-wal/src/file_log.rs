@@ -231,11 +231,6 @@ impl Shared {
         }
         first_error.map_or(Ok(()), Err)
     }
-
-    /// Moves a spare file to `path` to start a segment in; false when there is none.
-    pub(crate) fn take_spare_as(&self, path: &Path) -> bool {
-        self.spares.take_as(self.files.as_ref(), path)
-    }
 }
 
 /// Locks `mutex`, also after a panic elsewhere: every critical section

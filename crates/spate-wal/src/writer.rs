@@ -666,7 +666,7 @@ impl Shared {
         // A segment of that name may be live already (a restart writing at a
         // time seen before); then the writer appends to it.
         let existing = write_lock(&self.segments).iter().find(|s| s.name == name).cloned();
-        let recycled = existing.is_none() && self.take_spare_as(&path);
+        let recycled = existing.is_none() && self.spares.take_as(self.files.as_ref(), &path);
         let at = recycled.then_some(0);
         let (file, len) =
             self.files.open_append(&path, self.options.direct_io, at).map_err(WalError::io("open", &path))?;
