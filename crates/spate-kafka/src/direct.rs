@@ -19,6 +19,7 @@ use tracing::{debug, info};
 use crate::consumer::{ConsumerPool, ConsumerSettings, DataLossPolicy, KafkaRecord};
 use crate::error::{KafkaError, Result, client};
 use crate::offsets::{EARLIEST, LATEST, OffsetRange, OffsetRanges, PartitionOffsets, TopicPartition};
+use crate::retry::retry_coordinator;
 use crate::store::RocksOffsetStore;
 
 /// Which partitions the stream reads.
@@ -310,9 +311,11 @@ impl DirectKafkaStream {
             return Ok(());
         }
         let list = to_list(&ranges.until_offsets())?;
-        lock(&self.admin)
-            .commit(&list, CommitMode::Sync)
-            .map_err(client(format!("commit offsets of group {}", self.config.consumer.group_id)))
+        let admin = lock(&self.admin);
+        retry_coordinator("commit offsets", self.config.consumer.poll_timeout, |_| {
+            admin.commit(&list, CommitMode::Sync)
+        })
+        .map_err(client(format!("commit offsets of group {}", self.config.consumer.group_id)))
     }
 
     /// The group's committed offsets for the stream's partitions (absent: none committed).
@@ -322,9 +325,11 @@ impl DirectKafkaStream {
         for tp in &partitions {
             list.add_partition(&tp.topic, tp.partition);
         }
-        let committed = lock(&self.admin)
-            .committed_offsets(list, self.config.consumer.poll_timeout)
-            .map_err(client(format!("read committed offsets of group {}", self.config.consumer.group_id)))?;
+        let admin = lock(&self.admin);
+        let committed = retry_coordinator("read committed offsets", self.config.consumer.poll_timeout, |left| {
+            admin.committed_offsets(list.clone(), left)
+        })
+        .map_err(client(format!("read committed offsets of group {}", self.config.consumer.group_id)))?;
         Ok(committed
             .elements()
             .iter()

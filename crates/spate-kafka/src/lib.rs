@@ -62,6 +62,7 @@ mod direct;
 mod error;
 mod offsets;
 mod receiver;
+mod retry;
 mod sink;
 mod store;
 

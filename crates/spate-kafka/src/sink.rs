@@ -30,6 +30,7 @@ use tracing::{info, warn};
 use crate::direct::to_list;
 use crate::error::{KafkaError, Result, client};
 use crate::offsets::OffsetRanges;
+use crate::retry::retry_coordinator;
 use crate::store::CommitOutcome;
 
 /// One record to write: an optional key, a value, an optional partition.
@@ -251,10 +252,12 @@ impl TransactionalKafkaSink {
         for mut element in offsets.elements() {
             element.set_metadata(&marker);
         }
-        self.producer
-            .send_offsets_to_transaction(&offsets, &metadata, self.timeout)
-            .map_err(client("send offsets to the transaction"))?;
-        self.producer.commit_transaction(self.timeout).map_err(client("commit the transaction"))?;
+        retry_coordinator("send offsets to the transaction", self.timeout, |left| {
+            self.producer.send_offsets_to_transaction(&offsets, &metadata, left)
+        })
+        .map_err(client("send offsets to the transaction"))?;
+        retry_coordinator("commit the transaction", self.timeout, |left| self.producer.commit_transaction(left))
+            .map_err(client("commit the transaction"))?;
         match self.producer.context().take() {
             Some(source) => Err(KafkaError::Delivery { topic: self.topic.clone(), source }),
             None => Ok(()),
@@ -267,8 +270,10 @@ impl TransactionalKafkaSink {
         for range in ranges.ranges() {
             list.add_partition(&range.topic, range.partition);
         }
-        let committed =
-            self.group.committed_offsets(list, self.timeout).map_err(client("read the group's committed offsets"))?;
+        let committed = retry_coordinator("read the group's committed offsets", self.timeout, |left| {
+            self.group.committed_offsets(list.clone(), left)
+        })
+        .map_err(client("read the group's committed offsets"))?;
         let recorded =
             committed.elements().iter().filter_map(|e| marked_batch(&self.transactional_id, e.metadata())).max();
         let non_empty: Vec<_> = ranges.ranges().iter().filter(|r| r.count() > 0).collect();
