@@ -23,7 +23,9 @@
 //!   even one that read nothing, writes nothing; zombies fenced on restart);
 //! - [`KafkaReceiver`], for Spark's receiver model: records go through the
 //!   receiver's write-ahead log and offsets are committed only after they
-//!   are stored.
+//!   are stored;
+//! - offset reads and commits that retry while the group coordinator moves
+//!   or loads (a fresh or restarting broker), within the call's timeout.
 //!
 //! It is not a Kafka client (that is librdkafka, through `rdkafka`) and it
 //! does not schedule batches or write the offset log (`spate-runtime` does).
