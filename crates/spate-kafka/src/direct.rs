@@ -312,10 +312,8 @@ impl DirectKafkaStream {
         }
         let list = to_list(&ranges.until_offsets())?;
         let admin = lock(&self.admin);
-        retry_coordinator("commit offsets", self.config.consumer.poll_timeout, |_| {
-            admin.commit(&list, CommitMode::Sync)
-        })
-        .map_err(client(format!("commit offsets of group {}", self.config.consumer.group_id)))
+        let operation = format!("commit offsets of group {}", self.config.consumer.group_id);
+        retry_coordinator(operation, self.config.consumer.poll_timeout, |_| admin.commit(&list, CommitMode::Sync))
     }
 
     /// The group's committed offsets for the stream's partitions (absent: none committed).
@@ -326,10 +324,10 @@ impl DirectKafkaStream {
             list.add_partition(&tp.topic, tp.partition);
         }
         let admin = lock(&self.admin);
-        let committed = retry_coordinator("read committed offsets", self.config.consumer.poll_timeout, |left| {
+        let operation = format!("read committed offsets of group {}", self.config.consumer.group_id);
+        let committed = retry_coordinator(operation, self.config.consumer.poll_timeout, |left| {
             admin.committed_offsets(list.clone(), left)
-        })
-        .map_err(client(format!("read committed offsets of group {}", self.config.consumer.group_id)))?;
+        })?;
         Ok(committed
             .elements()
             .iter()

@@ -16,6 +16,8 @@ use rdkafka::error::KafkaError as RdKafkaError;
 use rdkafka::types::RDKafkaErrorCode;
 use tracing::debug;
 
+use crate::error::{KafkaError, client};
+
 /// The first pause between attempts; it doubles up to [`MAX_PAUSE`].
 const FIRST_PAUSE: Duration = Duration::from_millis(50);
 /// The longest pause between attempts.
@@ -39,26 +41,27 @@ pub(crate) fn is_coordinator_transient(error: &RdKafkaError) -> bool {
     )
 }
 
-/// Runs `call` until it succeeds, fails with an error that is not
-/// coordinator-transient, or `timeout` has passed since the first attempt
-/// (then the last error is returned). `call` gets the time left, to pass on
-/// as its own timeout.
+/// Runs `call` (doing `operation`) until it succeeds, fails with an error
+/// that is not coordinator-transient, or `timeout` has passed since the
+/// first attempt; an error is the last one, with `operation` as context.
+/// `call` gets the time left, to pass on as its own timeout.
 pub(crate) fn retry_coordinator<T>(
-    what: &str,
+    operation: impl Into<String>,
     timeout: Duration,
     mut call: impl FnMut(Duration) -> Result<T, RdKafkaError>,
-) -> Result<T, RdKafkaError> {
+) -> Result<T, KafkaError> {
+    let operation = operation.into();
     let deadline = Instant::now() + timeout;
     let mut pause = FIRST_PAUSE;
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         match call(left) {
             Err(e) if is_coordinator_transient(&e) && Instant::now() + pause < deadline => {
-                debug!(operation = what, error = %e, ?pause, "coordinator not ready; retrying");
+                debug!(operation, error = %e, ?pause, "coordinator not ready; retrying");
                 std::thread::sleep(pause);
                 pause = (pause * 2).min(MAX_PAUSE);
             }
-            result => return result,
+            result => return result.map_err(client(operation)),
         }
     }
 }
@@ -110,7 +113,13 @@ mod tests {
             lefts.push(left);
             Err(not_coordinator())
         });
-        assert_eq!(result.unwrap_err().rdkafka_error_code(), Some(RDKafkaErrorCode::NotCoordinator));
+        match result.unwrap_err() {
+            KafkaError::Client { operation, source } => {
+                assert_eq!(operation, "read");
+                assert_eq!(source.rdkafka_error_code(), Some(RDKafkaErrorCode::NotCoordinator));
+            }
+            other => panic!("not the client's error: {other}"),
+        }
         assert!(attempts >= 2, "retried at least once: {attempts}");
         assert!(lefts.windows(2).all(|w| w[1] < w[0]), "each attempt gets the time left: {lefts:?}");
     }

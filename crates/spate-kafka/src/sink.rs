@@ -254,10 +254,8 @@ impl TransactionalKafkaSink {
         }
         retry_coordinator("send offsets to the transaction", self.timeout, |left| {
             self.producer.send_offsets_to_transaction(&offsets, &metadata, left)
-        })
-        .map_err(client("send offsets to the transaction"))?;
-        retry_coordinator("commit the transaction", self.timeout, |left| self.producer.commit_transaction(left))
-            .map_err(client("commit the transaction"))?;
+        })?;
+        retry_coordinator("commit the transaction", self.timeout, |left| self.producer.commit_transaction(left))?;
         match self.producer.context().take() {
             Some(source) => Err(KafkaError::Delivery { topic: self.topic.clone(), source }),
             None => Ok(()),
@@ -272,8 +270,7 @@ impl TransactionalKafkaSink {
         }
         let committed = retry_coordinator("read the group's committed offsets", self.timeout, |left| {
             self.group.committed_offsets(list.clone(), left)
-        })
-        .map_err(client("read the group's committed offsets"))?;
+        })?;
         let recorded =
             committed.elements().iter().filter_map(|e| marked_batch(&self.transactional_id, e.metadata())).max();
         let non_empty: Vec<_> = ranges.ranges().iter().filter(|r| r.count() > 0).collect();
