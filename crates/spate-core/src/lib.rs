@@ -10,6 +10,8 @@
 //! - the record frame, [`FrameCodec`]: magic, format version, length,
 //!   CRC32C and a bincode payload, whose decoder refuses malformed input
 //!   with a clear [`CoreError`] and never allocates past a configured bound;
+//! - the [`WriterFence`] that storage layers below the log store check
+//!   before each change, with the writer's epoch to stamp into what they write;
 //! - the block descriptions that pass from receivers to the tracker
 //!   ([`ReceivedBlockInfo`], [`BlockStoreResult`], [`WalRecordHandle`]).
 //!
@@ -35,6 +37,7 @@ mod block;
 mod clock;
 mod crc;
 mod error;
+mod fence;
 mod frame;
 mod ids;
 mod time;
@@ -42,6 +45,7 @@ mod time;
 pub use block::{BlockStoreResult, ReceivedBlockInfo, WalRecordHandle};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use error::CoreError;
+pub use fence::{Unfenced, WriterFence};
 pub use frame::{FRAME_HEADER_LEN, FRAME_MAGIC, Frame, FrameCodec, RawFrame};
 pub use ids::{BatchId, StreamBlockId, StreamId};
 pub use time::{Duration, Time};
