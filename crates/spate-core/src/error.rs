@@ -29,6 +29,12 @@ pub enum CoreError {
         /// The newest version this build reads.
         supported: u16,
     },
+    /// The frame has a flag set that this build does not know (flags are reserved).
+    #[error("frame has unknown flags {flags:#06x}: written by a newer spate, or damaged")]
+    UnknownFlags {
+        /// The flags field as written.
+        flags: u16,
+    },
     /// The declared payload is larger than the configured bound.
     #[error("record of {declared} bytes exceeds the limit of {limit} bytes")]
     TooLarge {

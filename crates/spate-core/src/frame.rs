@@ -7,7 +7,7 @@
 //! |---|---|
 //! | 4 | magic `SPTF` |
 //! | 2 | format version of the payload |
-//! | 2 | flags (zero; reserved) |
+//! | 2 | flags (zero; reserved: a frame with any flag set is refused) |
 //! | 4 | payload length |
 //! | 4 | CRC32C of version, flags, length and payload |
 //! | n | payload: bincode 2, standard configuration |
@@ -197,7 +197,7 @@ impl FrameCodec {
             .get(..FRAME_HEADER_LEN)
             .and_then(|h| h.try_into().ok())
             .ok_or(CoreError::Truncated { needed: FRAME_HEADER_LEN as u64, available: bytes.len() as u64 })?;
-        let [m0, m1, m2, m3, v0, v1, _, _, l0, l1, l2, l3, c0, c1, c2, c3] = *header;
+        let [m0, m1, m2, m3, v0, v1, f0, f1, l0, l1, l2, l3, c0, c1, c2, c3] = *header;
         if [m0, m1, m2, m3] != FRAME_MAGIC {
             return Err(CoreError::BadMagic { found: [m0, m1, m2, m3] });
         }
@@ -218,6 +218,12 @@ impl FrameCodec {
         // Checked after the CRC: a damaged version field is damage, not a newer writer.
         if version > self.current_version {
             return Err(CoreError::NewerVersion { found: version, supported: self.current_version });
+        }
+        // No flag is defined yet: one that is set was written by a writer
+        // that means something this build cannot honour.
+        let flags = u16::from_le_bytes([f0, f1]);
+        if flags != 0 {
+            return Err(CoreError::UnknownFlags { flags });
         }
         Ok(RawFrame { version, payload, frame_len })
     }
@@ -325,6 +331,20 @@ mod tests {
         // An older frame is still read by the newer codec.
         let old = FrameCodec::new(1).encode(&sample())?;
         assert_eq!(FrameCodec::new(2).decode::<Sample>(&old)?.version, 1);
+        Ok(())
+    }
+
+    #[test]
+    fn a_frame_with_an_unknown_flag_is_refused() -> Result<(), CoreError> {
+        let codec = FrameCodec::new(1);
+        let mut bytes = codec.encode(&sample())?;
+        bytes[6] = 0x01;
+        // Re-checksum, so the refusal is for the flag and not for damage.
+        let crc = crc32c::crc32c_append(crc32c::crc32c(&bytes[4..12]), &bytes[FRAME_HEADER_LEN..]);
+        bytes[12..16].copy_from_slice(&crc.to_le_bytes());
+        let err = codec.decode::<Sample>(&bytes).unwrap_err();
+        assert!(matches!(err, CoreError::UnknownFlags { flags: 1 }), "{err}");
+        assert!(!err.is_torn_write());
         Ok(())
     }
 
