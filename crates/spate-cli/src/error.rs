@@ -93,6 +93,7 @@ pub enum CliError {
         source: spate_runtime::RuntimeError,
     },
     /// A Kafka client could not be created or failed.
+    #[cfg(feature = "kafka")]
     #[error("{what}")]
     Kafka {
         /// What was being done.
@@ -133,7 +134,9 @@ impl CliError {
                 _ => ExitCode::Runtime,
             },
             CliError::Runtime { source, .. } => runtime_exit_code(source),
-            CliError::Io { .. } | CliError::Kafka { .. } => ExitCode::Runtime,
+            CliError::Io { .. } => ExitCode::Runtime,
+            #[cfg(feature = "kafka")]
+            CliError::Kafka { .. } => ExitCode::Runtime,
             CliError::Interrupted => ExitCode::Interrupted,
         }
     }

@@ -55,6 +55,7 @@ mod demo;
 mod error;
 mod inspect;
 mod job;
+#[cfg(feature = "kafka")]
 mod kafka;
 mod logging;
 mod repair;
@@ -109,7 +110,12 @@ where
 fn dispatch(command: Command) -> Result<String, CliError> {
     match command {
         Command::Demo(demo) => demo::run(&demo),
+        #[cfg(feature = "kafka")]
         Command::Run(run) => kafka::run(&run),
+        #[cfg(not(feature = "kafka"))]
+        Command::Run(_) => Err(CliError::usage(
+            "this spate was built without Kafka: build spate-cli with the `kafka` feature (on by default) for `spate run`",
+        )),
         Command::Checkpoint(CheckpointCommand::Inspect { dir, json }) => inspect::run(&dir, json),
         Command::Checkpoint(CheckpointCommand::Repair { dir, apply }) => repair::run(&dir, apply),
         Command::Checkpoint(CheckpointCommand::SetOffsets { dir, source, json, commit }) => {

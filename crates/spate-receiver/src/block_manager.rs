@@ -7,13 +7,14 @@
 //! write-ahead log, not from here.
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use spate_core::{Clock, StreamBlockId, Time};
 use tracing::debug;
 
 use crate::block::{BlockData, Record};
+use crate::disk_store::DiskStore;
 use crate::error::ReceiverError;
 use crate::storage::StorageLevel;
 
@@ -83,7 +84,7 @@ impl<T> std::fmt::Debug for BlockManager<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("BlockManager")
             .field("budget", &self.budget)
-            .field("disk", &self.disk.as_ref().map(|d| &d.path))
+            .field("disk", &self.disk.as_ref().map(DiskStore::path))
             .finish_non_exhaustive()
     }
 }
@@ -299,56 +300,5 @@ impl<T> Inner<T> {
                 self.spillable_used -= size;
             }
         }
-    }
-}
-
-/// The RocksDB spill area.
-struct DiskStore {
-    db: rocksdb::DB,
-    path: PathBuf,
-    write_options: rocksdb::WriteOptions,
-}
-
-impl DiskStore {
-    fn open(path: &Path) -> Result<Self, ReceiverError> {
-        let err = |op, e: rocksdb::Error| ReceiverError::DiskStore {
-            path: path.to_path_buf(),
-            op,
-            block_id: None,
-            reason: e.into_string(),
-        };
-        let mut options = rocksdb::Options::default();
-        options.create_if_missing(true);
-        options.set_compression_type(rocksdb::DBCompressionType::Lz4);
-        // Blocks from an earlier run are not needed: recovery reads the WAL.
-        rocksdb::DB::destroy(&options, path).map_err(|e| err("destroy", e))?;
-        let db = rocksdb::DB::open(&options, path).map_err(|e| err("open", e))?;
-        let mut write_options = rocksdb::WriteOptions::default();
-        // The store is wiped on open, so RocksDB's own log buys nothing.
-        write_options.disable_wal(true);
-        Ok(DiskStore { db, path: path.to_path_buf(), write_options })
-    }
-
-    fn key(block_id: StreamBlockId) -> [u8; 12] {
-        let mut key = [0u8; 12];
-        key[..4].copy_from_slice(&block_id.stream_id.0.to_be_bytes());
-        key[4..].copy_from_slice(&block_id.unique_id.to_be_bytes());
-        key
-    }
-
-    fn error(&self, op: &'static str, block_id: StreamBlockId, e: rocksdb::Error) -> ReceiverError {
-        ReceiverError::DiskStore { path: self.path.clone(), op, block_id: Some(block_id), reason: e.into_string() }
-    }
-
-    fn put(&self, block_id: StreamBlockId, bytes: &[u8]) -> Result<(), ReceiverError> {
-        self.db.put_opt(Self::key(block_id), bytes, &self.write_options).map_err(|e| self.error("put", block_id, e))
-    }
-
-    fn get(&self, block_id: StreamBlockId) -> Result<Option<Vec<u8>>, ReceiverError> {
-        self.db.get(Self::key(block_id)).map_err(|e| self.error("get", block_id, e))
-    }
-
-    fn delete(&self, block_id: StreamBlockId) -> Result<(), ReceiverError> {
-        self.db.delete_opt(Self::key(block_id), &self.write_options).map_err(|e| self.error("delete", block_id, e))
     }
 }

@@ -64,6 +64,7 @@
 mod block;
 mod block_generator;
 mod block_manager;
+mod disk_store;
 mod error;
 mod generator;
 mod handler;
