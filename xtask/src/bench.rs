@@ -11,9 +11,10 @@ use std::process::Stdio;
 
 use crate::Result;
 use crate::env::cargo;
-use crate::kafka;
+use crate::{kafka, setup};
 
 pub(crate) fn run(args: &[String]) -> Result {
+    setup::ensure(setup::ALL)?;
     // The Kafka benchmark reads from a real broker, as the Kafka tests do.
     let broker = kafka::Broker::start_for_tests()?;
     let mut command = cargo(&["bench", "--workspace", "--benches"]);

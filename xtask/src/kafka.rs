@@ -45,6 +45,7 @@ const JVM_OPTS: &[&str] = &["-Xms128m", "-Xmx768m", "-XX:+UseSerialGC", "-XX:Tie
 pub(crate) fn run(args: &[String]) -> Result {
     match args.first().map(String::as_str) {
         Some("start") => {
+            crate::setup::ensure(&[crate::setup::Need::Broker])?;
             let running = start()?;
             println!(
                 "kafka: Apache Kafka {KAFKA_VERSION} at {} (pid {}); export {BROKERS_ENV}={}",

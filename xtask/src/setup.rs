@@ -1,5 +1,7 @@
 //! `cargo xtask setup`: the system packages the build and the tests need.
 //!
+//! Each command that builds asks for what it needs ([`ensure`]) before it
+//! builds, so every command works as the first one on a fresh machine.
 //! Idempotent and quiet when everything is there; `apt-get update` runs only
 //! when something is missing.
 
@@ -7,30 +9,47 @@ use std::process::{Command, Stdio};
 
 use crate::Result;
 
-/// Debian packages, a command whose success shows the tool is already there
-/// by other means (empty: ask dpkg only), and why each is needed.
-const PACKAGES: &[(&str, &[&str], &str)] = &[
-    ("libclang-dev", &[], "bindgen for RocksDB's C API"),
-    ("ccache", &[], "keeps the C/C++ of RocksDB and librdkafka compiled across clones"),
-    ("g++", &["g++", "--version"], "RocksDB's C++"),
-    ("make", &["make", "--version"], "librdkafka's build"),
-    ("maven", &["mvn", "-v"], "fetches Apache Kafka for the broker the Kafka tests use"),
-    ("openjdk-17-jre-headless", &["java", "-version"], "runs the Kafka broker"),
+/// What a command needs from the system.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Need {
+    /// The native crates: RocksDB (C++, bindgen) and librdkafka (C, make).
+    NativeBuild,
+    /// The local Apache Kafka broker of the tests and benchmarks.
+    Broker,
+}
+
+/// Everything: what `cargo xtask setup` and `cargo xtask test` install.
+pub(crate) const ALL: &[Need] = &[Need::NativeBuild, Need::Broker];
+
+/// Debian packages, what needs them, a command whose success shows the tool
+/// is already there by other means (empty: ask dpkg only), and why each is needed.
+const PACKAGES: &[(&str, Need, &[&str], &str)] = &[
+    ("libclang-dev", Need::NativeBuild, &[], "bindgen for RocksDB's C API"),
+    ("ccache", Need::NativeBuild, &[], "keeps the C/C++ of RocksDB and librdkafka compiled across clones"),
+    ("g++", Need::NativeBuild, &["g++", "--version"], "RocksDB's C++"),
+    ("make", Need::NativeBuild, &["make", "--version"], "librdkafka's build"),
+    ("maven", Need::Broker, &["mvn", "-v"], "fetches Apache Kafka for the broker the Kafka tests use"),
+    ("openjdk-17-jre-headless", Need::Broker, &["java", "-version"], "runs the Kafka broker"),
 ];
 
-pub(crate) fn run() -> Result {
-    let missing: Vec<_> = PACKAGES.iter().filter(|(p, probe, _)| !installed(p) && !runs(probe)).collect();
+/// Installs the packages of every need in `needs` that are missing.
+pub(crate) fn ensure(needs: &[Need]) -> Result {
+    let missing: Vec<_> = PACKAGES
+        .iter()
+        .filter(|(_, need, _, _)| needs.contains(need))
+        .filter(|(p, _, probe, _)| !installed(p) && !runs(probe))
+        .collect();
     if missing.is_empty() {
         return Ok(());
     }
     println!("==> setup: installing {} system package(s)", missing.len());
-    for (package, _, why) in &missing {
+    for (package, _, _, why) in &missing {
         println!("    {package}: {why}");
     }
     let sudo = if is_root() { vec![] } else { vec!["sudo", "-n"] };
     apt(&sudo, &["update", "-qq"])?;
     let mut args = vec!["install", "-y", "-qq", "--no-install-recommends"];
-    args.extend(missing.iter().map(|(p, _, _)| *p));
+    args.extend(missing.iter().map(|(p, _, _, _)| *p));
     apt(&sudo, &args)
 }
 
