@@ -30,9 +30,9 @@ use std::io;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 
-use crate::files::SegmentWriter;
+use crate::files::{SegmentWriter, owner_only};
 use crate::record::{MIN_DIRECT, PAGE};
 
 /// The most bytes staged and written at once: enough to keep the device
@@ -50,6 +50,8 @@ pub(crate) struct DirectSegment {
     /// staging buffer first (figures for tests).
     direct_bytes: AtomicU64,
     staged_bytes: AtomicU64,
+    /// Bytes written with direct I/O by every segment of the log.
+    log_direct_bytes: Arc<AtomicU64>,
 }
 
 struct DirectState {
@@ -76,8 +78,8 @@ impl DirectSegment {
     /// Opens `path` for appending (creating it when missing) with direct
     /// I/O, at `at` or at its end; `None` when its file system does not
     /// support direct I/O.
-    pub(crate) fn open(path: &Path, at: Option<u64>) -> io::Result<Option<Self>> {
-        let buffered = OpenOptions::new().write(true).create(true).truncate(false).open(path)?;
+    pub(crate) fn open(path: &Path, at: Option<u64>, log_direct_bytes: Arc<AtomicU64>) -> io::Result<Option<Self>> {
+        let buffered = owner_only(OpenOptions::new().write(true).create(true).truncate(false)).open(path)?;
         let direct = match OpenOptions::new().write(true).custom_flags(libc::O_DIRECT).open(path) {
             Ok(file) => file,
             Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
@@ -97,6 +99,7 @@ impl DirectSegment {
             state: Mutex::new(state),
             direct_bytes: AtomicU64::new(0),
             staged_bytes: AtomicU64::new(0),
+            log_direct_bytes,
         }))
     }
 
@@ -138,6 +141,7 @@ impl DirectSegment {
         let slices: Vec<&[u8]> = pieces.list.iter().map(|piece| piece.bytes(staging)).collect();
         let written = write_vectored_at_most(&self.direct, &slices, pieces.start)?;
         self.direct_bytes.fetch_add(written, Ordering::Relaxed);
+        self.log_direct_bytes.fetch_add(written, Ordering::Relaxed);
         self.staged_bytes.fetch_add(pieces.staged as u64, Ordering::Relaxed);
         let mut skip = written;
         let mut pos = pieces.start;
@@ -421,7 +425,7 @@ mod tests {
     fn segment_in(dir: &tempfile::TempDir, existing: &[u8]) -> Option<(DirectSegment, std::path::PathBuf)> {
         let path = dir.path().join("segment");
         std::fs::write(&path, existing).unwrap();
-        let segment = DirectSegment::open(&path, None).unwrap();
+        let segment = DirectSegment::open(&path, None, Arc::default()).unwrap();
         if segment.is_none() {
             eprintln!("this file system has no direct I/O: nothing to test");
         }
@@ -452,7 +456,7 @@ mod tests {
         assert!(std::fs::read(&path).unwrap() == expected, "file contents differ");
         // Reopened, it appends at the end.
         drop(segment);
-        let reopened = DirectSegment::open(&path, None).unwrap().unwrap();
+        let reopened = DirectSegment::open(&path, None, Arc::default()).unwrap().unwrap();
         assert_eq!(reopened.len(), expected.len() as u64);
     }
 

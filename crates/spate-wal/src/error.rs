@@ -62,6 +62,41 @@ pub enum WalError {
         /// The log directory.
         dir: PathBuf,
     },
+    /// The writer fence refused an operation: another writer holds the
+    /// checkpoint now. The log refuses every later change, like a poisoned one.
+    #[error("write-ahead log {dir}: the writer of epoch {epoch} may no longer {op}: {reason}")]
+    Fenced {
+        /// The log directory.
+        dir: PathBuf,
+        /// This writer's epoch.
+        epoch: u64,
+        /// What it was about to do (`append`, `roll`, `clean`, `truncate`, …).
+        op: &'static str,
+        /// The fence's account of who holds the checkpoint.
+        reason: String,
+    },
+    /// The directory holds a file written by a writer of a later epoch than
+    /// this one: this writer is stale and may not open the log.
+    #[error("write-ahead log {dir}: {file} was written by epoch {found}, later than this writer's epoch {ours}")]
+    NewerEpoch {
+        /// The log directory.
+        dir: PathBuf,
+        /// The file of the later epoch.
+        file: String,
+        /// Its epoch.
+        found: u64,
+        /// This writer's epoch.
+        ours: u64,
+    },
+    /// A seal file (the list of an earlier epoch's segments and their
+    /// lengths) is damaged or of an unknown version.
+    #[error("bad seal file {path}: {reason}")]
+    BadSeal {
+        /// The seal file.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
 }
 
 impl WalError {
@@ -81,6 +116,13 @@ impl WalError {
                 WalError::BadHandle { handle: handle.clone(), dir: dir.clone(), reason: reason.clone() }
             }
             WalError::Closed { dir } => WalError::Closed { dir: dir.clone() },
+            WalError::Fenced { dir, epoch, op, reason } => {
+                WalError::Fenced { dir: dir.clone(), epoch: *epoch, op, reason: reason.clone() }
+            }
+            WalError::NewerEpoch { dir, file, found, ours } => {
+                WalError::NewerEpoch { dir: dir.clone(), file: file.clone(), found: *found, ours: *ours }
+            }
+            WalError::BadSeal { path, reason } => WalError::BadSeal { path: path.clone(), reason: reason.clone() },
         }
     }
 

@@ -17,10 +17,11 @@ use crate::error::WalError;
 use crate::files::{FileLayer, file_layer};
 use crate::log::{RecordIter, WriteAheadLog};
 use crate::options::WalOptions;
-use crate::reader::{AllRecords, read_record, recover_tail};
+use crate::reader::{AllRecords, read_record};
 use crate::record::PADDING;
-use crate::segment::{Segment, parse_segment_name};
+use crate::segment::Segment;
 use crate::spares::Spares;
+use crate::takeover::{check_fence, open_segments, refuse_later_epochs, restrict_files};
 use crate::writer::{CommitOrder, CommitQueue, Writer};
 
 /// A write-ahead log in a directory of segment files.
@@ -42,6 +43,8 @@ pub struct FileWriteAheadLog {
 pub(crate) struct Shared {
     pub(crate) dir: PathBuf,
     pub(crate) options: WalOptions,
+    /// The fence's epoch, read once: it goes into every name this writer makes.
+    pub(crate) epoch: u64,
     pub(crate) files: Arc<dyn FileLayer>,
     /// Live segments, oldest first. Cleaning takes segments out of this list
     /// before it deletes their files, so new readers never see them.
@@ -60,25 +63,35 @@ pub(crate) struct Shared {
 impl FileWriteAheadLog {
     /// Opens (creating when missing) the log in `dir`, repairing a torn tail
     /// of its last segment.
+    ///
+    /// With a fence of epoch `E` ([`WalOptions::fence`]): refuses a
+    /// directory that holds a file of a later epoch
+    /// ([`WalError::NewerEpoch`]) and one whose fence check fails
+    /// ([`WalError::Fenced`]); on the first open at `E`, seals the earlier
+    /// epochs' segments (see the crate documentation) before anything is
+    /// appended. The directory and every file of the log are made
+    /// owner-only.
     pub fn open(dir: impl AsRef<Path>, options: WalOptions) -> Result<Self, WalError> {
         let dir = dir.as_ref().to_path_buf();
         let mut options = options;
         // A record's length must leave the header's padding bit clear (and
         // so a handle's length, header included, fits in a u32).
         options.max_record_size = options.max_record_size.min(PADDING - 1);
+        let epoch = options.fence.epoch();
         let files = file_layer(options.fault_injection.as_ref());
         files.create_dir_all(&dir).map_err(WalError::io("create directory", &dir))?;
         let names = files.list(&dir).map_err(WalError::io("list", &dir))?;
-        let segments = list_segments(files.as_ref(), &dir, &names)?;
-        let spares = Spares::open(files.as_ref(), &dir, &names, options.recycled_segments);
-        if let Some(last) = segments.last() {
-            recover_tail(files.as_ref(), last, &options)?;
-        }
-        tracing::debug!(dir = %dir.display(), segments = segments.len(), "opened write-ahead log");
+        refuse_later_epochs(&dir, &names, epoch)?;
+        check_fence(&dir, &options, "open")?;
+        restrict_files(files.as_ref(), &dir, &names)?;
+        let segments = open_segments(files.as_ref(), &dir, &names, &options)?;
+        let spares = Spares::open(files.as_ref(), &dir, &names, options.recycled_segments, epoch);
+        tracing::debug!(dir = %dir.display(), segments = segments.len(), epoch, "opened write-ahead log");
         let writer = Writer::new(options.clock.now());
         let shared = Shared {
             dir,
             options,
+            epoch,
             files,
             segments: RwLock::new(segments),
             spares,
@@ -107,7 +120,26 @@ impl FileWriteAheadLog {
         &self.shared.dir
     }
 
-    /// The file names of the live segments, oldest first.
+    /// Writes queued for the next commit (while one is in progress): a
+    /// gauge of how much group commit is batching.
+    pub fn queued_writes(&self) -> usize {
+        self.shared.queued.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// This writer's epoch (its fence's; 0 when unfenced).
+    pub fn epoch(&self) -> u64 {
+        self.shared.epoch
+    }
+
+    /// Bytes appended with direct I/O (`O_DIRECT`) so far: 0 when
+    /// [`WalOptions::direct_io`] is off, or the file system refuses it
+    /// (then appends are buffered).
+    pub fn direct_io_bytes(&self) -> u64 {
+        self.shared.files.direct_bytes()
+    }
+
+    /// The file names of the live segments, oldest first (those of earlier
+    /// epochs included, however much of them this writer reads).
     pub fn segment_names(&self) -> Vec<String> {
         read_lock(&self.shared.segments).iter().map(|s| s.name.clone()).collect()
     }
@@ -161,6 +193,7 @@ impl WriteAheadLog for FileWriteAheadLog {
     }
 
     fn clean(&self, threshold: Time, wait_for_completion: bool) -> Result<(), WalError> {
+        self.shared.fence_writer("clean")?;
         let victims: Vec<Arc<Segment>> = {
             let mut segments = write_lock(&self.shared.segments);
             let (old, keep) = segments.drain(..).partition(|s| s.end < threshold && !s.is_active());
@@ -196,23 +229,6 @@ impl Drop for FileWriteAheadLog {
     }
 }
 
-/// The segments among the files `names` of `dir`, oldest first, with their
-/// current lengths.
-fn list_segments(files: &dyn FileLayer, dir: &Path, names: &[String]) -> Result<Vec<Arc<Segment>>, WalError> {
-    let mut segments = Vec::new();
-    for name in names {
-        let Some(range) = parse_segment_name(name) else {
-            tracing::debug!(dir = %dir.display(), file = %name, "not a segment");
-            continue;
-        };
-        let path = dir.join(name);
-        let len = files.len(&path).map_err(WalError::io("stat", &path))?;
-        segments.push(Arc::new(Segment::new(name.clone(), path, range, len)));
-    }
-    segments.sort_by(|a, b| a.sort_key().cmp(&b.sort_key()));
-    Ok(segments)
-}
-
 impl Shared {
     /// Deletes or recycles the files of `victims` (already out of the live
     /// list). A file that is already gone is fine; the first other failure
@@ -220,7 +236,8 @@ impl Shared {
     pub(crate) fn retire_segments(&self, victims: &[Arc<Segment>]) -> Result<(), WalError> {
         let mut first_error = None;
         for segment in victims {
-            match self.spares.retire(self.files.as_ref(), &segment.path) {
+            self.fence_writer("delete")?;
+            match self.spares.retire(self.files.as_ref(), &segment.path, segment.epoch) {
                 Ok(()) => tracing::debug!(segment = %segment.path.display(), "retired segment"),
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
                 Err(e) => {

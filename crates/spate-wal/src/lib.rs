@@ -9,6 +9,32 @@
 //! It features:
 //! - a directory of segments named `log-<startMs>-<endMs>`, a new one every
 //!   rolling interval (by the records' times), deleted whole by [`WriteAheadLog::clean`];
+//! - fencing ([`WalOptions::with_fence`]): the writer's
+//!   [`spate_core::WriterFence`] is checked before every append (by the
+//!   group-commit leader, under the writer lock, right before the bytes are
+//!   written) and before every roll, truncation, deletion and recycling; a
+//!   failed check is [`WalError::Fenced`], after which the log refuses every
+//!   change like a poisoned one;
+//! - the writer's epoch in the name of every segment it creates
+//!   (`log-<startMs>-<endMs>-e<epoch>`; a name without the suffix is epoch 0,
+//!   what an unfenced writer and older versions write): a writer never
+//!   appends to, truncates or recycles a segment of another epoch, because
+//!   the check and the write cannot be made one step and a stale writer may
+//!   still be appending. Instead, on its first open a writer of epoch `E`
+//!   durably writes a seal, `seal-e<E>` (versioned, CRC-checked, written to
+//!   a temporary file, synced, linked into place without replacing anything,
+//!   directory synced), listing every earlier-epoch segment and its valid
+//!   length. Ordered reads ([`WriteAheadLog::read_all`], what the tracker
+//!   replays) read such a segment only that far and skip earlier-epoch
+//!   segments the seal does not list, so bytes a stale writer lands after
+//!   the takeover are never replayed; reads by handle work on every
+//!   segment. A directory holding a segment, spare or seal of a later epoch
+//!   is refused ([`WalError::NewerEpoch`]). Recycled files carry the epoch
+//!   too (`spare-e<epoch>-<n>`), and a writer only uses its own: those of
+//!   earlier epochs are deleted when it opens, never adopted;
+//! - owner-only files: the directory (and any parent it creates) is 0700,
+//!   every segment, spare and seal 0600; an existing directory or log file
+//!   with wider modes is tightened on open, with a log line saying so;
 //! - a length and two CRC32Cs on every record; reading by handle or in
 //!   order checks them and names the segment and byte offset of any damage;
 //! - group commit: concurrent writers share one append and one `fdatasync`,
@@ -21,8 +47,13 @@
 //! - optional recycling of cleaned segment files ([`WalOptions::recycled_segments`]):
 //!   kept zeroed, with their blocks allocated, and rewritten by new segments,
 //!   which on thin-provisioned disks is much faster than writing new files;
-//! - a log that refuses every write after a failed sync ([`WalError::Poisoned`]);
-//! - a [`FaultInjection`] hook that counts syncs and fails chosen ones, for tests.
+//! - a log that refuses every write after a failed append, sync or
+//!   directory sync ([`WalError::Poisoned`]);
+//! - a [`FaultInjection`] hook for tests: counts operations; fails a chosen
+//!   sync, append, truncation, directory sync or rename; fills the device
+//!   or cuts an append short ([`AppendFault`]); holds a sync or an append
+//!   until the test releases it ([`SyncHold`]); and simulates a crash that
+//!   loses every byte written since the last successful sync.
 //!
 //! It is not a key-value store, nor a replicated log, and it does not
 //! interpret records: callers frame typed payloads themselves (for example
@@ -44,6 +75,24 @@
 //! log.clean(Time::from_millis(70_000), true)?; // deletes log-1000-61000
 //! assert_eq!(log.segment_names(), vec!["log-61000-121000"]);
 //! log.close()?;
+//! drop(log);
+//!
+//! // A fenced writer of epoch 2 takes the directory over: it seals the
+//! // unfenced (epoch 0) segment and names its own segments with its epoch.
+//! #[derive(Debug)]
+//! struct Epoch2;
+//! impl spate_core::WriterFence for Epoch2 {
+//!     fn epoch(&self) -> u64 { 2 }
+//!     fn check(&self) -> Result<(), String> { Ok(()) }
+//! }
+//! let options = WalOptions::default().with_fence(std::sync::Arc::new(Epoch2));
+//! let log = FileWriteAheadLog::open(dir.path(), options)?;
+//! log.write(b"block 3", Time::from_millis(61_500))?;
+//! assert_eq!(log.segment_names(), vec!["log-61000-121000", "log-61500-121500-e2"]);
+//! let all: Vec<Vec<u8>> = log.read_all()?.collect::<Result<_, _>>()?;
+//! assert_eq!(all, vec![b"block 2".to_vec(), b"block 3".to_vec()]);
+//! // An unfenced writer (epoch 0) may no longer open it.
+//! assert!(FileWriteAheadLog::open(dir.path(), WalOptions::default()).is_err());
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
@@ -54,19 +103,22 @@ mod cleaner;
 #[cfg(target_os = "linux")]
 mod direct;
 mod error;
+mod faults;
 mod file_log;
 mod files;
 mod log;
 mod options;
 mod reader;
 mod record;
+mod seal;
 mod segment;
 mod spares;
+mod takeover;
 mod writer;
 
 pub use error::WalError;
+pub use faults::{AppendFault, FaultInjection, SyncHold};
 pub use file_log::FileWriteAheadLog;
-pub use files::FaultInjection;
 pub use log::{RecordIter, WriteAheadLog};
 pub use options::{DEFAULT_MAX_RECORD_SIZE, SyncPolicy, WalOptions};
 pub use spate_core::WalRecordHandle;

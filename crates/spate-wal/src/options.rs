@@ -1,11 +1,11 @@
 //! How a [`crate::FileWriteAheadLog`] is configured: rolling, syncing,
-//! bounds, recovery mode, the clock and the test hook.
+//! bounds, recovery mode, the writer fence, the clock and the test hook.
 
 use std::sync::Arc;
 
-use spate_core::{Clock, Duration, SystemClock};
+use spate_core::{Clock, Duration, SystemClock, Unfenced, WriterFence};
 
-use crate::files::FaultInjection;
+use crate::faults::FaultInjection;
 
 /// When the log calls `fdatasync` on the active segment.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -65,6 +65,11 @@ pub struct WalOptions {
     /// Skip damaged records (with a warning) instead of failing with
     /// [`crate::WalError::Corrupt`]. Skipped records are lost. Default: off.
     pub salvage: bool,
+    /// The writer fence: checked before every append and every change to
+    /// the directory, and its epoch goes into the names of the segments
+    /// (and spares) this writer creates; see the crate documentation.
+    /// Default: [`Unfenced`] (epoch 0, Spark's segment names, no seal).
+    pub fence: Arc<dyn WriterFence>,
     /// The clock behind [`SyncPolicy::Interval`]. Default: [`SystemClock`].
     pub clock: Arc<dyn Clock>,
     /// A test hook that counts and fails file operations. Default: none.
@@ -84,6 +89,7 @@ impl Default for WalOptions {
             direct_io: false,
             recycled_segments: 0,
             salvage: false,
+            fence: Arc::new(Unfenced),
             clock: Arc::new(SystemClock),
             fault_injection: None,
         }
@@ -130,6 +136,12 @@ impl WalOptions {
     /// Sets [`WalOptions::salvage`].
     pub fn with_salvage(mut self, salvage: bool) -> Self {
         self.salvage = salvage;
+        self
+    }
+
+    /// Sets [`WalOptions::fence`].
+    pub fn with_fence(mut self, fence: Arc<dyn WriterFence>) -> Self {
+        self.fence = fence;
         self
     }
 

@@ -199,13 +199,18 @@ impl Iterator for AllRecords {
     }
 }
 
-/// Scans the last segment on open. A bad record with no good record after
-/// it is a torn write that was never acknowledged: the file is cut there.
-/// A bad record followed by good ones is damage: an error, or with salvage
+/// Scans the first `len` bytes of a segment and returns the length of its
+/// valid records. A bad record with no good record after it is a torn
+/// write that was never acknowledged: the valid length ends before it. A
+/// bad record followed by good ones is damage: an error, or with salvage
 /// a warning and a skip.
-pub(crate) fn recover_tail(files: &dyn FileLayer, segment: &Segment, options: &WalOptions) -> Result<(), WalError> {
+pub(crate) fn valid_len(
+    files: &dyn FileLayer,
+    segment: &Segment,
+    len: u64,
+    options: &WalOptions,
+) -> Result<u64, WalError> {
     let path = &segment.path;
-    let len = segment.readable_len();
     let file = files.open_read(path).map_err(WalError::io("open", path))?;
     let reader = BufReader::with_capacity(SCAN_BUFFER, file);
     let mut scanner = RecordScanner::new(reader, len, options.max_record_size);
@@ -225,10 +230,8 @@ pub(crate) fn recover_tail(files: &dyn FileLayer, segment: &Segment, options: &W
         match next {
             None => {
                 tracing::warn!(segment = %path.display(), offset, dropped_bytes = len - offset, %problem,
-                    "cutting off a torn record at the end of the last segment (it was never acknowledged)");
-                files.truncate(path, offset).map_err(WalError::io("truncate", path))?;
-                segment.cut_to(offset);
-                break;
+                    "a torn record ends the segment (it was never acknowledged)");
+                return Ok(offset);
             }
             Some(next) if options.salvage => {
                 warn_skipped(segment, offset, next, &problem);
@@ -240,6 +243,6 @@ pub(crate) fn recover_tail(files: &dyn FileLayer, segment: &Segment, options: &W
             }
         }
     }
-    tracing::debug!(segment = %path.display(), records, "scanned last segment");
-    Ok(())
+    tracing::debug!(segment = %path.display(), records, "scanned segment");
+    Ok(len)
 }

@@ -15,7 +15,12 @@
 //!
 //! After a failed append or sync the log is poisoned: the state of the
 //! unsynced bytes is unknown, so it never retries and refuses every later
-//! write.
+//! write. After a failed fence check (another writer holds the checkpoint)
+//! it refuses every later write the same way. The leader checks the fence
+//! under the writer lock right before it appends, and before it starts,
+//! truncates or deletes a file; a stale writer that passes the check just
+//! before the takeover writes only into segments named with its own epoch,
+//! which the new writer reads only as far as its seal says.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -29,7 +34,8 @@ use crate::file_log::{Shared, lock, write_lock};
 use crate::files::SegmentWriter;
 use crate::options::SyncPolicy;
 use crate::record::{HEADER_LEN, MIN_DIRECT, PAGE, ZEROS, encode_frame, header_with_crc, padding_header};
-use crate::segment::{Segment, segment_name};
+use crate::segment::{Segment, SegmentId, segment_name};
+use crate::takeover::check_fence;
 
 /// The longest a new leader waits for the last commit's writers to queue
 /// again; below one `fdatasync`, and only reached when writers leave.
@@ -230,6 +236,8 @@ pub(crate) struct Writer {
     groups: u64,
     last_sync: Time,
     poisoned: Option<String>,
+    /// Set when the fence refused an operation: the operation and why.
+    fenced: Option<(&'static str, String)>,
     closed: bool,
 }
 
@@ -257,12 +265,14 @@ impl std::fmt::Debug for Writer {
 
 impl Writer {
     pub(crate) fn new(now: Time) -> Self {
-        Writer { active: None, groups: 0, last_sync: now, poisoned: None, closed: false }
+        Writer { active: None, groups: 0, last_sync: now, poisoned: None, fenced: None, closed: false }
     }
 
     fn refusal(&self, shared: &Shared) -> Option<WalError> {
         if self.closed {
             Some(WalError::Closed { dir: shared.dir.clone() })
+        } else if let Some((op, reason)) = &self.fenced {
+            Some(WalError::Fenced { dir: shared.dir.clone(), epoch: shared.epoch, op, reason: reason.clone() })
         } else {
             self.poisoned.as_ref().map(|cause| WalError::Poisoned { dir: shared.dir.clone(), cause: cause.clone() })
         }
@@ -288,6 +298,24 @@ impl<'a> PendingAppend<'a> {
 }
 
 impl Shared {
+    /// Checks the fence before `op`; a refusal is remembered, and every
+    /// later write is refused with it.
+    fn fence(&self, writer: &mut Writer, op: &'static str) -> Result<(), WalError> {
+        if let Some(refusal) = writer.fenced.as_ref().and(writer.refusal(self)) {
+            return Err(refusal);
+        }
+        check_fence(&self.dir, &self.options, op).inspect_err(|e| {
+            if let WalError::Fenced { reason, .. } = e {
+                writer.fenced = Some((op, reason.clone()));
+            }
+        })
+    }
+
+    /// [`Shared::fence`] for an operation outside the commit path (cleaning).
+    pub(crate) fn fence_writer(&self, op: &'static str) -> Result<(), WalError> {
+        self.fence(&mut lock(&self.writer), op)
+    }
+
     pub(crate) fn write_batch(&self, records: &[(&[u8], Time)]) -> Result<Vec<WalRecordHandle>, WalError> {
         if records.is_empty() {
             return Ok(Vec::new());
@@ -455,6 +483,8 @@ impl Shared {
         let late = self.take_queue(lock(&self.queue));
         guard.slots.extend(late.iter().map(|r| Arc::clone(&r.slot)));
         batch.extend(late);
+        // Checked under the writer lock, right before the bytes are written.
+        self.fence(writer, "append")?;
         self.append_requests(writer, batch, handles)?;
         writer.groups += 1;
         let sync_due = self.sync_due(writer);
@@ -638,30 +668,41 @@ impl Shared {
             self.sync_active(writer)?;
         }
         if let Some(active) = writer.active.take() {
-            self.cut_recycled_tail(&active)?;
             active.segment.extend_readable_len(active.len);
             active.segment.set_active(false);
+            self.cut_recycled_tail(writer, &active)?;
         }
         Ok(())
     }
 
     /// Cuts the zeros after the records of a recycled segment, so that a
     /// finished segment ends where its last record does, as a new one does.
-    fn cut_recycled_tail(&self, active: &Active) -> Result<(), WalError> {
+    /// A failure poisons the log: left in a segment that is not the last,
+    /// the zeros would read as damage.
+    fn cut_recycled_tail(&self, writer: &mut Writer, active: &Active) -> Result<(), WalError> {
         if !active.recycled {
             return Ok(());
         }
+        self.fence(writer, "truncate")?;
         let path = &active.segment.path;
-        let file_len = self.files.len(path).map_err(WalError::io("stat", path))?;
-        if file_len > active.len {
-            self.files.truncate(path, active.len).map_err(WalError::io("truncate", path))?;
+        let file_len = match self.files.len(path) {
+            Ok(len) => len,
+            Err(e) => return Err(self.poison(writer, "stat", path.clone(), e)),
+        };
+        if file_len > active.len
+            && let Err(e) = self.files.truncate(path, active.len)
+        {
+            return Err(self.poison(writer, "truncate", path.clone(), e));
         }
         Ok(())
     }
 
     /// Starts the segment for records at `time`: `[time, time + rolling interval)`.
     fn start_segment(&self, writer: &mut Writer, time: Time) -> Result<(), WalError> {
-        let name = segment_name(time, time + self.options.rolling_interval);
+        self.fence(writer, "roll")?;
+        // Named with this writer's epoch: it never appends to a segment of
+        // another epoch, even one of the same time range.
+        let name = segment_name(time, time + self.options.rolling_interval, self.epoch);
         let path = self.dir.join(&name);
         // A segment of that name may be live already (a restart writing at a
         // time seen before); then the writer appends to it.
@@ -680,7 +721,8 @@ impl Shared {
                 {
                     return Err(self.poison(writer, "fsync directory", self.dir.clone(), e));
                 }
-                let segment = Arc::new(Segment::new(name, path, (time, time + self.options.rolling_interval), len));
+                let id = SegmentId { start: time, end: time + self.options.rolling_interval, epoch: self.epoch };
+                let segment = Arc::new(Segment::new(name, path, id, len));
                 let mut segments = write_lock(&self.segments);
                 let at = segments.partition_point(|s| s.sort_key() < segment.sort_key());
                 segments.insert(at, Arc::clone(&segment));
@@ -746,7 +788,7 @@ impl Shared {
             Ok(())
         };
         if let Some(active) = writer.active.take() {
-            let cut = if writer.poisoned.is_none() { self.cut_recycled_tail(&active) } else { Ok(()) };
+            let cut = if writer.poisoned.is_none() { self.cut_recycled_tail(&mut writer, &active) } else { Ok(()) };
             active.segment.set_active(false);
             writer.closed = true;
             return result.and(cut);
