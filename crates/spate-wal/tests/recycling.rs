@@ -35,30 +35,38 @@ fn len_of(path: &Path) -> u64 {
     std::fs::metadata(path).unwrap().len()
 }
 
+/// Fails, saying what was not tested, unless `dir` holds the spare a clean
+/// just made: a file system that cannot zero a file in place
+/// (`FALLOC_FL_ZERO_RANGE`) deletes cleaned segments instead.
+fn assert_recycled(dir: &Path) {
+    assert!(
+        dir.join("spare-0").exists(),
+        "the file system of {} cannot zero a file in place (FALLOC_FL_ZERO_RANGE), so recycling was NOT \
+         tested; run the tests with TMPDIR on a file system that supports it (ext4, xfs)",
+        dir.display()
+    );
+}
+
 /// A log with one cleaned segment (`log-0-1000`, 50 records) recycled as
-/// `spare-0`, and the active `log-1000-2000`; `None` (with a note) where
-/// the file system cannot zero a file in place.
-fn log_with_a_spare(dir: &Path, spares: usize) -> Option<FileWriteAheadLog> {
+/// `spare-0`, and the active `log-1000-2000`.
+fn log_with_a_spare(dir: &Path, spares: usize) -> FileWriteAheadLog {
     let log = FileWriteAheadLog::open(dir, options(spares)).unwrap();
     write_at(&log, 0, 50);
     write_at(&log, 1_000, 1);
     let cleaned_len = len_of(&dir.join("log-0-1000"));
     log.clean(Time::from_millis(1_001), true).unwrap();
     assert!(!dir.join("log-0-1000").exists(), "the cleaned segment is gone under its name");
-    if !dir.join("spare-0").exists() {
-        eprintln!("this file system cannot zero a file in place: nothing to test");
-        return None;
-    }
+    assert_recycled(dir);
     let spare = std::fs::read(dir.join("spare-0")).unwrap();
     assert_eq!(spare.len() as u64, cleaned_len, "a spare keeps its length");
     assert!(spare.iter().all(|&b| b == 0), "a spare holds zeros, never old records");
-    Some(log)
+    log
 }
 
 #[test]
 fn a_cleaned_segment_is_kept_zeroed_and_the_next_segment_starts_in_it() {
     let dir = tempfile::tempdir().unwrap();
-    let Some(log) = log_with_a_spare(dir.path(), 1) else { return };
+    let log = log_with_a_spare(dir.path(), 1);
     let spare_len = len_of(&dir.path().join("spare-0"));
     let written = write_at(&log, 2_000, 3);
     assert_eq!(files_in(dir.path()), vec!["log-1000-2000", "log-2000-3000"], "the spare became the new segment");
@@ -78,7 +86,7 @@ fn a_cleaned_segment_is_kept_zeroed_and_the_next_segment_starts_in_it() {
 #[test]
 fn closing_cuts_the_zeros_of_a_recycled_segment_and_reopening_reads_every_record() {
     let dir = tempfile::tempdir().unwrap();
-    let Some(log) = log_with_a_spare(dir.path(), 1) else { return };
+    let log = log_with_a_spare(dir.path(), 1);
     let written = write_at(&log, 2_000, 3);
     log.close().unwrap();
     let end = written.last().map(|(_, h)| h.offset + u64::from(h.length)).unwrap();
@@ -92,7 +100,7 @@ fn closing_cuts_the_zeros_of_a_recycled_segment_and_reopening_reads_every_record
 #[test]
 fn a_crash_in_a_recycled_segment_keeps_every_acknowledged_record_and_cuts_the_rest() {
     let dir = tempfile::tempdir().unwrap();
-    let Some(log) = log_with_a_spare(dir.path(), 1) else { return };
+    let log = log_with_a_spare(dir.path(), 1);
     let written = write_at(&log, 2_000, 3);
     let active = dir.path().join("log-2000-3000");
     // The process dies: nothing is closed, the file still holds the spare's zeros.
@@ -118,7 +126,7 @@ fn a_crash_in_a_recycled_segment_keeps_every_acknowledged_record_and_cuts_the_re
 #[test]
 fn spares_beyond_the_limit_are_deleted_on_open_and_a_log_without_recycling_keeps_none() {
     let dir = tempfile::tempdir().unwrap();
-    let Some(log) = log_with_a_spare(dir.path(), 2) else { return };
+    let log = log_with_a_spare(dir.path(), 2);
     write_at(&log, 2_000, 1); // in spare-0
     write_at(&log, 3_000, 1);
     log.clean(Time::from_millis(3_001), true).unwrap();
@@ -155,12 +163,15 @@ fn large_direct_io_records_in_a_recycled_segment_survive_a_crash() {
     }
     log.write(b"next", Time::from_millis(1_000)).unwrap();
     log.clean(Time::from_millis(1_001), true).unwrap();
-    if !dir.path().join("spare-0").exists() {
-        eprintln!("this file system cannot zero a file in place: nothing to test");
-        return;
-    }
+    assert_recycled(dir.path());
     let written: Vec<(Vec<u8>, WalRecordHandle)> =
         (10..13).map(|seed| (big(seed), log.write(&big(seed), Time::from_millis(2_000)).unwrap())).collect();
+    assert!(
+        log.direct_io_bytes() > 0,
+        "no byte was written with O_DIRECT in {}: its file system refuses direct I/O, so the direct-I/O path \
+         was NOT tested; run the tests with TMPDIR on a file system that supports it (ext4, xfs)",
+        dir.path().display()
+    );
     std::mem::forget(log);
     let log = FileWriteAheadLog::open(dir.path(), options).unwrap();
     for (record, handle) in &written {
