@@ -62,7 +62,13 @@ pub(crate) fn check_fence(dir: &Path, options: &WalOptions, op: &'static str) ->
 
 /// Clears group and other permission bits of `path`, saying so.
 pub(crate) fn restrict(files: &dyn FileLayer, path: &Path, allowed: u32) -> Result<(), WalError> {
-    if let Some(old) = files.restrict_mode(path, allowed).map_err(WalError::io("chmod", path))? {
+    let changed = match files.restrict_mode(path, allowed) {
+        Ok(changed) => changed,
+        // Deleted since it was listed (a stale writer cleaning).
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => return Err(WalError::Io { op: "chmod", path: path.to_path_buf(), source: e }),
+    };
+    if let Some(old) = changed {
         tracing::info!(path = %path.display(), old_mode = format_args!("{old:o}"), new_mode = format_args!("{:o}", old & allowed),
             "tightened the permissions of a write-ahead log file: only its owner may read it");
     }
@@ -119,7 +125,12 @@ fn list_segments(files: &dyn FileLayer, dir: &Path, names: &[String]) -> Result<
             continue;
         };
         let path = dir.join(name);
-        let len = files.len(&path).map_err(WalError::io("stat", &path))?;
+        let len = match files.len(&path) {
+            Ok(len) => len,
+            // Deleted since it was listed (a stale writer cleaning).
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(WalError::Io { op: "stat", path, source: e }),
+        };
         segments.push(Arc::new(Segment::new(name.clone(), path, id, len)));
     }
     segments.sort_by(|a, b| a.sort_key().cmp(&b.sort_key()));
@@ -149,7 +160,12 @@ fn own_seal(
         let len = match &previous {
             Some(previous) if segment.epoch < previous.epoch => previous.segments.get(&segment.name).copied(),
             _ if last_of_epoch.get(&segment.epoch) == Some(&segment.name.as_str()) => {
-                Some(valid_len(files, segment, segment.readable_len(), options)?)
+                match valid_len(files, segment, segment.readable_len(), options) {
+                    Ok(len) => Some(len),
+                    // Deleted since it was listed (a stale writer cleaning): nothing to read.
+                    Err(WalError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => None,
+                    Err(e) => return Err(e),
+                }
             }
             _ => Some(segment.readable_len()),
         };

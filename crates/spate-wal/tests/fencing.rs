@@ -282,3 +282,18 @@ fn an_existing_directory_with_wider_modes_is_tightened_on_open() {
     assert_eq!(mode_of(&dir.path().join("log-0-1000")), 0o600);
     assert_eq!(mode_of(&dir.path().join("notes.txt")), 0o644, "files that are not the log's are left alone");
 }
+
+#[test]
+fn a_damaged_seal_is_an_error_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    drop(open(dir.path(), 1));
+    open(dir.path(), 2).write(b"x", Time::from_millis(0)).unwrap();
+    let seal = dir.path().join("seal-e2");
+    let mut bytes = std::fs::read(&seal).unwrap();
+    bytes[13] ^= 1;
+    std::fs::write(&seal, bytes).unwrap();
+    for epoch in [2, 3] {
+        let err = FileWriteAheadLog::open(dir.path(), options().with_fence(TestFence::new(epoch))).unwrap_err();
+        assert!(matches!(&err, WalError::BadSeal { path, .. } if *path == seal), "epoch {epoch}: {err}");
+    }
+}
