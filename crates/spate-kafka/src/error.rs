@@ -56,6 +56,15 @@ pub enum KafkaError {
         /// The JSON, clipped.
         json: String,
     },
+    /// Offsets from the broker, the consumer group or the starting-offsets
+    /// spec would make a range no partition can have.
+    #[error("cannot plan a batch of {partition}: {reason}")]
+    BadRange {
+        /// The partition.
+        partition: crate::offsets::TopicPartition,
+        /// What is wrong, with the offsets.
+        reason: String,
+    },
     /// The configuration is inconsistent.
     #[error("bad kafka configuration: {0}")]
     Config(String),

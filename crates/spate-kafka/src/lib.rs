@@ -9,7 +9,9 @@
 //!   `offsets/N` as JSON ([`OffsetRanges::to_json`]) and a re-run reads exactly
 //!   them. It implements spate-dstream's [`spate_dstream::InputSource`];
 //! - starting offsets: earliest, latest, the group's committed offsets, or
-//!   Spark's JSON spec `{"topic":{"0":36,"1":-2}}`;
+//!   Spark's JSON spec `{"topic":{"0":36,"1":-2}}`; both JSON shapes are
+//!   decoded with bounds and checks ([`partition_offsets_from_json_bytes`],
+//!   [`OffsetRanges::from_json_bytes`]);
 //! - a [`ConsumerPool`] keyed by (group, topic, partition) whose consumers are
 //!   checked out exclusively and are not `Sync`: Spark's *KafkaConsumer is
 //!   not safe for multi-threaded access* cannot happen, it does not compile;
@@ -74,8 +76,8 @@ pub use consumer::{
 pub use direct::{DirectKafkaConfig, DirectKafkaStream, OffsetCommit, StartingOffsets, TopicSelection};
 pub use error::{KafkaError, Result};
 pub use offsets::{
-    EARLIEST, LATEST, OffsetRange, OffsetRanges, PartitionOffsets, TopicPartition, partition_offsets_from_json,
-    partition_offsets_to_json,
+    EARLIEST, LATEST, MAX_OFFSETS_JSON_BYTES, OffsetRange, OffsetRanges, PartitionOffsets, TopicPartition,
+    partition_offsets_from_json, partition_offsets_from_json_bytes, partition_offsets_to_json,
 };
 pub use receiver::{KafkaReceiver, KafkaReceiverConfig};
 pub use sink::{KafkaSink, OutputRecord, TransactionalKafkaSink};

@@ -107,7 +107,7 @@ impl KafkaReceiver {
                 Ok(Err(e)) => return Err(self.failure(format!("poll: {e}"))),
                 Ok(Ok(message)) => message,
             };
-            next.insert(TopicPartition::new(message.topic(), message.partition()), message.offset() + 1);
+            next.insert(TopicPartition::new(message.topic(), message.partition()), message.offset().saturating_add(1));
             records.push(KafkaRecord {
                 topic: message.topic().into(),
                 partition: message.partition(),

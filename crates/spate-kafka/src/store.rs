@@ -97,7 +97,10 @@ impl RocksOffsetStore {
                 continue;
             }
             let tp = decode_partition(&key).ok_or_else(|| self.corrupt("offset key", &key))?;
-            let offset = decode_i64(&value).ok_or_else(|| self.corrupt("offset value", &value))?;
+            // Read from disk: an offset no partition can have is corruption, not a start.
+            let offset = decode_i64(&value)
+                .filter(|o| *o >= 0)
+                .ok_or_else(|| self.corrupt(&format!("offset of {tp}"), &value))?;
             offsets.insert(tp, offset);
         }
         Ok(if offsets.is_empty() { None } else { Some(offsets) })
@@ -108,7 +111,10 @@ impl RocksOffsetStore {
         let cf = self.cf(OFFSETS_CF)?;
         let value = self.db.get_cf(cf, LAST_BATCH_KEY).map_err(|e| store_error(&self.path, "read last batch", e))?;
         value
-            .map(|v| decode_i64(&v).map(|b| BatchId(b as u64)).ok_or_else(|| self.corrupt("last batch", &v)))
+            .map(|v| {
+                let id = decode_i64(&v).and_then(|b| u64::try_from(b).ok());
+                id.map(BatchId).ok_or_else(|| self.corrupt("last batch", &v))
+            })
             .transpose()
     }
 
@@ -123,6 +129,16 @@ impl RocksOffsetStore {
         ranges: &OffsetRanges,
         write: impl FnOnce(&mut ResultWrites) -> Result<()>,
     ) -> Result<CommitOutcome> {
+        // Stored as a signed 64-bit number: a larger id would come back negative.
+        let batch_value = i64::try_from(batch.0).map_err(|_| KafkaError::Store {
+            path: self.path.clone(),
+            reason: format!("batch id {batch} is larger than the store can hold ({})", i64::MAX),
+        })?;
+        for range in ranges.ranges() {
+            range
+                .checked_count()
+                .map_err(|reason| KafkaError::BadRange { partition: range.topic_partition(), reason })?;
+        }
         let stored = self.offsets()?.unwrap_or_default();
         let non_empty: Vec<_> = ranges.ranges().iter().filter(|r| r.count() > 0).collect();
         if !non_empty.is_empty() && non_empty.iter().all(|r| stored.get(&r.topic_partition()) >= Some(&r.until)) {
@@ -156,7 +172,7 @@ impl RocksOffsetStore {
         for range in ranges.ranges() {
             wb.put_cf(offsets_cf, encode_partition(&range.topic_partition()), range.until.to_be_bytes());
         }
-        wb.put_cf(offsets_cf, LAST_BATCH_KEY, (batch.0 as i64).to_be_bytes());
+        wb.put_cf(offsets_cf, LAST_BATCH_KEY, batch_value.to_be_bytes());
         let mut sync = WriteOptions::default();
         sync.set_sync(true);
         self.db.write_opt(wb, &sync).map_err(|e| store_error(&self.path, "commit batch", e))?;
@@ -262,6 +278,30 @@ mod tests {
         assert!(failed.is_err());
         assert_eq!(store.offsets().unwrap(), None);
         assert_eq!(store.results().unwrap(), vec![]);
+    }
+
+    #[test]
+    fn numbers_read_from_the_store_or_given_to_it_are_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = RocksOffsetStore::open(dir.path()).unwrap();
+        // Ids and ranges the store cannot hold are refused before anything is written.
+        let too_big = store.commit_batch(BatchId(u64::MAX), &ranges(0, 5), |_| Ok(()));
+        assert!(matches!(&too_big, Err(KafkaError::Store { reason, .. }) if reason.contains("larger")), "{too_big:?}");
+        let reversed = store.commit_batch(BatchId(0), &ranges(5, 0), |_| Ok(()));
+        assert!(matches!(reversed, Err(KafkaError::BadRange { .. })), "{reversed:?}");
+        assert_eq!(store.offsets().unwrap(), None);
+
+        // A negative last batch on disk would wrap to a huge id.
+        let cf = store.cf(OFFSETS_CF).unwrap();
+        store.db.put_cf(cf, LAST_BATCH_KEY, (-1i64).to_be_bytes()).unwrap();
+        assert!(matches!(store.last_batch(), Err(KafkaError::Store { .. })));
+        // A negative offset on disk would become the stream's start.
+        store.db.put_cf(cf, LAST_BATCH_KEY, 0i64.to_be_bytes()).unwrap();
+        store.db.put_cf(cf, encode_partition(&TopicPartition::new("t", 3)), (-7i64).to_be_bytes()).unwrap();
+        match store.offsets() {
+            Err(KafkaError::Store { reason, .. }) => assert!(reason.contains("t/3"), "{reason}"),
+            other => panic!("expected a corrupt store, got {other:?}"),
+        }
     }
 
     #[test]
