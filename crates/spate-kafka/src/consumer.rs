@@ -83,6 +83,15 @@ mod shared_str {
     }
 }
 
+/// The bytes a record holds in memory, as the byte cap of a batch counts
+/// them: its key and value plus the record itself (topic, offsets, the
+/// vectors' headers). Counting the record's own size keeps a batch of many
+/// tiny records within the cap too.
+pub fn record_footprint(key_len: usize, value_len: usize) -> u64 {
+    let total = std::mem::size_of::<KafkaRecord>().saturating_add(key_len).saturating_add(value_len);
+    u64::try_from(total).unwrap_or(u64::MAX)
+}
+
 /// How consumers are made: the brokers, the group and librdkafka settings.
 #[derive(Clone, Debug)]
 pub struct ConsumerSettings {
@@ -203,17 +212,51 @@ impl PartitionConsumer {
         Ok(records)
     }
 
+    /// Reads `range` from its start while the records' [`record_footprint`]s
+    /// sum to at most `max_bytes`, stopping before the first record that
+    /// would pass it; the range's first record is always read, so a record
+    /// larger than `max_bytes` still moves the stream. Returns the records
+    /// and where reading stopped: what was read is `[range.from, stop)`.
+    pub fn read_range_within(&mut self, range: &OffsetRange, max_bytes: u64) -> Result<(Vec<KafkaRecord>, i64)> {
+        let mut records = Vec::new();
+        let mut bytes: u64 = 0;
+        let accept = |footprint: u64| {
+            let first = bytes == 0;
+            let sum = bytes.saturating_add(footprint);
+            if first || sum <= max_bytes {
+                bytes = sum;
+                return true;
+            }
+            false
+        };
+        let stop = self.scan(range, accept, |record| records.push(record))?;
+        Ok((records, stop))
+    }
+
     /// Reads the range `[from, until)`, handing each record to `f` in offset
     /// order. Offsets missing inside the range (compaction, transaction
     /// markers) are passed over; offsets missing because the broker deleted
     /// them are handled by the [`DataLossPolicy`].
-    pub fn for_each_in_range(&mut self, range: &OffsetRange, mut f: impl FnMut(KafkaRecord)) -> Result<()> {
+    pub fn for_each_in_range(&mut self, range: &OffsetRange, f: impl FnMut(KafkaRecord)) -> Result<()> {
+        self.scan(range, |_| true, f).map(drop)
+    }
+
+    /// Reads `range` in offset order, asking `accept` with each record's
+    /// [`record_footprint`] before handing it to `f`; stops at the end of
+    /// the range or before the first record refused. Returns where it
+    /// stopped (`range.until`, or the offset of the refused record).
+    fn scan(
+        &mut self,
+        range: &OffsetRange,
+        mut accept: impl FnMut(u64) -> bool,
+        mut f: impl FnMut(KafkaRecord),
+    ) -> Result<i64> {
         if range.topic != self.partition.topic || range.partition != self.partition.partition {
             return Err(KafkaError::Config(format!("range {range} given to the consumer of {}", self.partition)));
         }
         let mut wanted = range.from;
         if wanted >= range.until {
-            return Ok(());
+            return Ok(range.until);
         }
         if self.next_offset != Some(wanted) {
             self.seek(wanted)?;
@@ -250,8 +293,18 @@ impl PartitionConsumer {
                         return Err(e);
                     }
                     if offset >= range.until {
-                        self.next_offset = Some(offset + 1);
-                        return Ok(());
+                        // The broker's offset: at i64::MAX there is no next one to expect.
+                        self.next_offset = offset.checked_add(1);
+                        return Ok(range.until);
+                    }
+                    let footprint = record_footprint(
+                        message.key().map_or(0, <[u8]>::len),
+                        message.payload().map_or(0, <[u8]>::len),
+                    );
+                    if !accept(footprint) {
+                        // This record was polled but not taken: the next read must seek back to it.
+                        self.next_offset = None;
+                        return Ok(offset);
                     }
                     f(KafkaRecord {
                         topic: Arc::clone(&self.topic_name),
@@ -266,7 +319,7 @@ impl PartitionConsumer {
             }
         }
         self.next_offset = Some(wanted);
-        Ok(())
+        Ok(range.until)
     }
 
     /// The consumer was asked for an offset the broker no longer has.
@@ -404,6 +457,13 @@ impl CheckedOutConsumer<'_> {
     /// the consumer is closed instead of going back to the pool.
     pub fn read_range(&mut self, range: &OffsetRange) -> Result<Vec<KafkaRecord>> {
         let result = self.deref_mut().read_range(range);
+        self.poisoned |= result.is_err();
+        result
+    }
+
+    /// Reads `range` within `max_bytes` (see [`PartitionConsumer::read_range_within`]).
+    pub fn read_range_within(&mut self, range: &OffsetRange, max_bytes: u64) -> Result<(Vec<KafkaRecord>, i64)> {
+        let result = self.deref_mut().read_range_within(range, max_bytes);
         self.poisoned |= result.is_err();
         result
     }

@@ -5,7 +5,9 @@
 //!
 //! - [`DirectKafkaStream`]: per batch, one [`OffsetRange`] per partition from
 //!   the stream's position to the latest offset, capped by
-//!   `max_rate_per_partition` and by backpressure; the ranges are logged to
+//!   `max_rate_per_partition`, by backpressure and by a cap on every batch's
+//!   records and bytes (by default [`DEFAULT_MAX_RECORDS_PER_BATCH`] and
+//!   [`DEFAULT_MAX_BYTES_PER_BATCH`]); the ranges are logged to
 //!   `offsets/N` as JSON ([`OffsetRanges::to_json`]) and a re-run reads exactly
 //!   them. It implements spate-dstream's [`spate_dstream::InputSource`];
 //! - starting offsets: earliest, latest, the group's committed offsets, or
@@ -72,8 +74,12 @@ mod store;
 
 pub use consumer::{
     CheckedOutConsumer, ConsumerPool, ConsumerSettings, DataLossPolicy, KafkaRecord, PartitionConsumer,
+    record_footprint,
 };
-pub use direct::{DirectKafkaConfig, DirectKafkaStream, OffsetCommit, StartingOffsets, TopicSelection};
+pub use direct::{
+    DEFAULT_MAX_BYTES_PER_BATCH, DEFAULT_MAX_RECORDS_PER_BATCH, DirectKafkaConfig, DirectKafkaStream, OffsetCommit,
+    StartingOffsets, TopicSelection,
+};
 pub use error::{KafkaError, Result};
 pub use offsets::{
     EARLIEST, LATEST, MAX_OFFSETS_JSON_BYTES, OffsetRange, OffsetRanges, PartitionOffsets, TopicPartition,

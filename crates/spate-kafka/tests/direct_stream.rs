@@ -267,3 +267,107 @@ fn backpressure_and_the_runtimes_record_limit_cap_a_batch_shared_by_lag() {
     stream.set_rate_limit(None);
     assert_eq!(stream.plan_batch(time_of(2), None).unwrap().count(), 74);
 }
+
+/// Drains `topic` through the runtime's path (plan, log `offsets/N`, compute),
+/// checking every batch against the caps; returns each batch's records.
+/// Every third batch is also read by a fresh stream from its logged offsets,
+/// as a re-run after a crash would, and must give the same records.
+fn drain_capped(config: &DirectKafkaConfig, record_cap: u64, byte_cap: u64) -> Vec<Vec<KafkaRecord>> {
+    let stream = DirectKafkaStream::new(config.clone()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let checkpoint = Checkpoint::open_for_write(dir.path(), CheckpointOptions::new()).unwrap();
+    let mut batches = Vec::new();
+    let mut previous: Option<OffsetRanges> = None;
+    for batch in 0.. {
+        let planned = stream.plan(time_of(batch), None).unwrap().unwrap();
+        let ranges = OffsetRanges::from_json(&planned).unwrap();
+        if ranges.is_empty() {
+            break;
+        }
+        log_offsets(&checkpoint, batch, &ranges);
+        let records = stream.compute(time_of(batch), Some(&planned)).unwrap();
+        assert_within(&ranges, &records);
+        let flat: Vec<KafkaRecord> = records.into_iter().flatten().collect();
+        let bytes: u64 = flat.iter().map(|r| spate_kafka::record_footprint(0, r.value.as_ref().unwrap().len())).sum();
+        assert!(flat.len() as u64 <= record_cap, "batch {batch}: {} records, cap {record_cap}", flat.len());
+        assert!(bytes <= byte_cap, "batch {batch}: {bytes} bytes, cap {byte_cap}");
+        if let Some(previous) = &previous {
+            assert_eq!(ranges.from_offsets(), previous.until_offsets(), "batch {batch} starts where the last ended");
+        }
+        if batch % 3 == 0 {
+            let entry = checkpoint.offsets().get(BatchId(batch)).unwrap().unwrap();
+            let logged = OffsetRanges::from_offset_seq(&entry, SOURCE).unwrap().unwrap();
+            let again = DirectKafkaStream::new(config.clone()).unwrap().read(&logged).unwrap();
+            assert_eq!(again.into_iter().flatten().collect::<Vec<_>>(), flat, "batch {batch} re-read from offsets/N");
+        }
+        commit(&checkpoint, batch);
+        previous = Some(ranges);
+        batches.push(flat);
+    }
+    batches
+}
+
+/// Every value of `batches` once, sorted.
+fn assert_each_once(batches: &[Vec<KafkaRecord>], expected: &[String]) {
+    let mut seen: Vec<String> = batches.iter().flatten().map(value).collect();
+    seen.sort();
+    let mut expected = expected.to_vec();
+    expected.sort();
+    assert_eq!(seen, expected, "every record exactly once");
+}
+
+#[test]
+fn a_backlog_over_the_record_cap_is_read_over_several_batches_nothing_lost_or_repeated() {
+    let topic = unique("record-cap");
+    create_topic(&topic, 3);
+    let all = values(0..900);
+    produce(&topic, 3, all.clone());
+    let config = DirectKafkaConfig::subscribe(brokers(), unique("group"), [topic.as_str()], BATCH)
+        .poll_timeout(std::time::Duration::from_secs(20))
+        .max_records_per_batch(100);
+    let batches = drain_capped(&config, 100, u64::MAX);
+    // The cap is shared by lag: 33 a partition, 99 a batch, then the last 9.
+    assert_eq!(batches.len(), 10, "{:?}", batches.iter().map(Vec::len).collect::<Vec<_>>());
+    assert_each_once(&batches, &all);
+}
+
+#[test]
+fn a_backlog_over_the_byte_cap_is_read_over_several_batches_nothing_lost_or_repeated() {
+    let topic = unique("byte-cap");
+    create_topic(&topic, 3);
+    // 600 records of 200 bytes, 200 a partition.
+    let all: Vec<String> = (0..600).map(|i| format!("{i:0>200}")).collect();
+    produce(&topic, 3, all.clone());
+    let footprint = spate_kafka::record_footprint(0, 200);
+    let byte_cap = 45 * footprint; // 15 records a partition a batch
+    let config = DirectKafkaConfig::subscribe(brokers(), unique("group"), [topic.as_str()], BATCH)
+        .poll_timeout(std::time::Duration::from_secs(20))
+        .max_bytes_per_batch(byte_cap);
+    let batches = drain_capped(&config, u64::MAX, byte_cap);
+    assert_eq!(batches.len(), 14, "200 records a partition at 15 a batch");
+    assert!(batches[..13].iter().all(|b| b.len() == 45), "{:?}", batches.iter().map(Vec::len).collect::<Vec<_>>());
+    assert_each_once(&batches, &all);
+}
+
+#[test]
+fn a_record_larger_than_the_byte_cap_is_still_read_one_at_a_time() {
+    let topic = unique("byte-cap-one");
+    create_topic(&topic, 2);
+    let all = values(0..6);
+    produce(&topic, 2, all.clone());
+    let config = DirectKafkaConfig::subscribe(brokers(), unique("group"), [topic.as_str()], BATCH)
+        .poll_timeout(std::time::Duration::from_secs(20))
+        .max_bytes_per_batch(1);
+    let stream = DirectKafkaStream::new(config).unwrap();
+    let mut batches = Vec::new();
+    for batch in 0.. {
+        let ranges = stream.plan_batch(time_of(batch), None).unwrap();
+        if ranges.is_empty() {
+            break;
+        }
+        assert_eq!(ranges.ranges().iter().map(OffsetRange::count).collect::<Vec<_>>(), [1, 1], "batch {batch}");
+        batches.push(stream.read(&ranges).unwrap().into_iter().flatten().collect::<Vec<_>>());
+    }
+    assert_eq!(batches.len(), 3);
+    assert_each_once(&batches, &all);
+}
