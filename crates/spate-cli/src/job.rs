@@ -77,7 +77,7 @@ impl ProgressListener for Progress {
                 "resumed from checkpoint {}: re-ran batch {} with its logged offsets, continuing at batch {}",
                 self.dir.display(),
                 p.batch_id,
-                p.batch_id.next()
+                p.batch_id.next().map_or_else(|| "none (it is the largest batch id)".to_string(), |b| b.to_string())
             ));
         }
         let reached = self.until_batch.is_some_and(|until| p.batch_id.0 >= until);

@@ -103,7 +103,7 @@ pub(crate) fn run(request: &SetOffsets<'_>) -> Result<String, CliError> {
         checkpoint.commits().add(id, &commit).map_err(fail)?;
         text.push_str(&format!(
             "\nWrote commits/{id}: the next run starts batch {} with {} at these offsets; nothing before them is read.",
-            id.next(),
+            id.next().map_or_else(|| "none (it is the largest batch id)".to_string(), |b| b.to_string()),
             request.source
         ));
     } else {

@@ -12,9 +12,14 @@ use serde::{Deserialize, Serialize};
 pub struct BatchId(pub u64);
 
 impl BatchId {
-    /// The batch after this one.
-    pub const fn next(self) -> BatchId {
-        BatchId(self.0 + 1)
+    /// The batch after this one; `None` for `BatchId(u64::MAX)`, which has
+    /// no successor (an id read from a file can be that large, so callers
+    /// must not assume one exists).
+    pub const fn next(self) -> Option<BatchId> {
+        match self.0.checked_add(1) {
+            Some(n) => Some(BatchId(n)),
+            None => None,
+        }
     }
 
     /// The batch before this one, if any.
@@ -73,7 +78,8 @@ mod tests {
     fn batch_id_neighbours() {
         assert_eq!(BatchId(0).prev(), None);
         assert_eq!(BatchId(7).prev(), Some(BatchId(6)));
-        assert_eq!(BatchId(7).next(), BatchId(8));
+        assert_eq!(BatchId(7).next(), Some(BatchId(8)));
+        assert_eq!(BatchId(u64::MAX).next(), None);
     }
 
     #[test]

@@ -1,10 +1,15 @@
 //! [`Checkpoint`]: one handle on a checkpoint directory — its lock, its
 //! `metadata` file, its two logs, its other files, its verdict and repair.
+//!
+//! Every change a writer makes goes through its fence (the epoch in the lock
+//! file), checked immediately before the change becomes visible. Opening a
+//! checkpoint for writing also makes everything under it owner-only.
 
+use std::collections::HashSet;
 use std::fmt;
 use std::hash::{BuildHasher, Hasher};
 use std::path::{Component, Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use serde::{Deserialize, Serialize};
 use spate_core::{BatchId, Clock, SystemClock, Time};
@@ -12,10 +17,10 @@ use tracing::{debug, info, warn};
 
 use crate::entries::{CommitLog, CommitMetadata, OffsetLog};
 use crate::error::{LogStoreError, Result};
-use crate::file_manager::{CheckpointFileManager, LocalFileManager, parent_of};
-use crate::lock::{LOCK_FILE, LockHolder, WriterLock};
-use crate::log::{Json, MAX_LOG_FILE_BYTES, decode_entry, encode_entry};
-use crate::repair::{QUARANTINE_DIR, RepairPlan, apply_repair, plan_repair};
+use crate::file_manager::{CheckpointFileManager, LocalFileManager, Tightened, parent_of, read_bounded};
+use crate::lock::{EpochFence, LOCK_FILE, LockHolder, WriterLock};
+use crate::log::{Json, decode_entry, encode_entry};
+use crate::repair::{QUARANTINE_DIR, RepairPlan, apply_repair_fenced, plan_repair};
 use crate::verdict::{Verdict, inspect_with};
 
 /// The checkpoint's identity file.
@@ -28,6 +33,8 @@ pub const COMMITS_DIR: &str = "commits";
 pub const DEFAULT_RETAIN_BATCHES: u64 = 100;
 /// The largest file [`Checkpoint::read_file`] reads.
 pub const MAX_CHECKPOINT_FILE_BYTES: u64 = 1 << 30;
+/// The largest `metadata` file read (spate's and Spark's hold one short id).
+pub const MAX_METADATA_BYTES: u64 = 64 * 1024;
 
 /// The content of `<checkpoint>/metadata`: who this checkpoint is.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -39,11 +46,18 @@ pub struct CheckpointMetadata {
     pub created_at: Time,
 }
 
+/// The bytes of `<dir>/metadata` on the local file system, `None` when
+/// absent; a file over [`MAX_METADATA_BYTES`] is refused with
+/// [`LogStoreError::TooLarge`] rather than read into memory.
+pub fn read_metadata_file(dir: &Path) -> Result<Option<Vec<u8>>> {
+    read_bounded(&dir.join(METADATA_FILE), MAX_METADATA_BYTES)
+}
+
 /// Reads `<dir>/metadata`: `None` when absent. Reads spate's `v1` + JSON and
 /// Spark's bare JSON (`{"id":"…"}`).
 pub(crate) fn read_metadata(files: &dyn CheckpointFileManager, dir: &Path) -> Result<Option<CheckpointMetadata>> {
     let path = dir.join(METADATA_FILE);
-    let Some(bytes) = files.read(&path, MAX_LOG_FILE_BYTES)? else { return Ok(None) };
+    let Some(bytes) = files.read(&path, MAX_METADATA_BYTES)? else { return Ok(None) };
     if bytes.first() == Some(&b'{') {
         return serde_json::from_slice(&bytes).map(Some).map_err(|e| LogStoreError::Malformed {
             path,
@@ -133,6 +147,8 @@ pub struct Checkpoint {
     metadata: Option<CheckpointMetadata>,
     offsets: OffsetLog,
     commits: CommitLog,
+    /// The files this writer replaced (see [`Checkpoint::replace_file`]).
+    replaced: Mutex<HashSet<PathBuf>>,
 }
 
 impl fmt::Debug for Checkpoint {
@@ -147,21 +163,25 @@ impl fmt::Debug for Checkpoint {
 
 impl Checkpoint {
     /// Opens (creating it, owner-only) the checkpoint `dir` for writing: takes
-    /// the writer lock (failing at once if a live writer holds it), writes the
-    /// `metadata` file on first use and removes temp files left by a crash.
-    /// It does not judge the logs: call [`Checkpoint::verdict`] for that.
+    /// the writer lock (failing at once if a live writer holds it), makes
+    /// every directory and file under it owner-only (saying in the log what
+    /// was wider), writes the `metadata` file on first use and removes temp
+    /// files left by a crash. It does not judge the logs: call
+    /// [`Checkpoint::verdict`] for that.
     pub fn open_for_write(dir: impl AsRef<Path>, options: CheckpointOptions) -> Result<Checkpoint> {
         let dir = dir.as_ref().to_path_buf();
         let files = options.files.clone();
         files.mkdirs(&dir)?;
         let lock = WriterLock::acquire(&dir, options.clock.as_ref())?;
+        report_tightened(&dir, &files.tighten_permissions(&dir)?);
         for sub in [Path::new(""), Path::new(OFFSETS_DIR), Path::new(COMMITS_DIR)] {
             files.clean_temp_files(&dir.join(sub))?;
         }
-        let metadata = Self::ensure_metadata(files.as_ref(), &dir, options.clock.now())?;
+        let metadata = Self::ensure_metadata(files.as_ref(), &dir, options.clock.now(), &lock.fence())?;
         let offsets = OffsetLog::open_fenced(files.clone(), dir.join(OFFSETS_DIR), lock.fence())?;
         let commits = CommitLog::open_fenced(files, dir.join(COMMITS_DIR), lock.fence())?;
-        Ok(Checkpoint { dir, options, lock: Some(lock), metadata, offsets, commits })
+        let replaced = Mutex::new(HashSet::new());
+        Ok(Checkpoint { dir, options, lock: Some(lock), metadata, offsets, commits, replaced })
     }
 
     /// Opens the existing checkpoint `dir` without the lock and without
@@ -179,10 +199,16 @@ impl Checkpoint {
         });
         let offsets = OffsetLog::open_read_only(files.clone(), dir.join(OFFSETS_DIR));
         let commits = CommitLog::open_read_only(files, dir.join(COMMITS_DIR));
-        Ok(Checkpoint { dir, options, lock: None, metadata, offsets, commits })
+        let replaced = Mutex::new(HashSet::new());
+        Ok(Checkpoint { dir, options, lock: None, metadata, offsets, commits, replaced })
     }
 
-    fn ensure_metadata(files: &dyn CheckpointFileManager, dir: &Path, now: Time) -> Result<Option<CheckpointMetadata>> {
+    fn ensure_metadata(
+        files: &dyn CheckpointFileManager,
+        dir: &Path,
+        now: Time,
+        fence: &EpochFence,
+    ) -> Result<Option<CheckpointMetadata>> {
         match read_metadata(files, dir) {
             Ok(Some(metadata)) => return Ok(Some(metadata)),
             Ok(None) => {}
@@ -196,7 +222,7 @@ impl Checkpoint {
         let path = dir.join(METADATA_FILE);
         let bytes = encode_entry(&Json(metadata.clone()))
             .map_err(|reason| LogStoreError::Encode { path: path.clone(), reason })?;
-        files.create_atomic(&path, &bytes)?;
+        files.create_atomic(&path, &bytes, &|| fence.check())?;
         info!(dir = %dir.display(), id = %metadata.id, "created checkpoint");
         Ok(Some(metadata))
     }
@@ -224,6 +250,13 @@ impl Checkpoint {
     /// This writer's epoch; `None` when read-only.
     pub fn epoch(&self) -> Option<u64> {
         self.lock.as_ref().map(WriterLock::epoch)
+    }
+
+    /// This writer's fence, for the layers that write under the checkpoint
+    /// without going through this crate (it is a [`spate_core::WriterFence`]);
+    /// `None` when read-only.
+    pub fn fence(&self) -> Option<Arc<EpochFence>> {
+        self.lock.as_ref().map(WriterLock::fence)
     }
 
     /// The offsets log (`offsets/`).
@@ -258,7 +291,8 @@ impl Checkpoint {
                 reason: "planned for another directory".into(),
             });
         }
-        apply_repair(self.options.files.as_ref(), plan)
+        let fence = self.writer_fence()?;
+        apply_repair_fenced(self.options.files.as_ref(), plan, &|| fence.check())
     }
 
     /// Records that `batch` finished (after all its outputs), then purges
@@ -271,10 +305,23 @@ impl Checkpoint {
 
     /// Deletes offsets and commits older than the newest `retain_batches`
     /// committed batches; returns the threshold (ids below it are gone), if any.
+    ///
+    /// The newest commit comes from a listing, so it is trusted only as the
+    /// verdict would trust it: it has offsets and a successor. Otherwise (a
+    /// stray `commits/18446744073709551615`, a commit ahead of the offsets)
+    /// nothing is deleted and the inconsistency is the error.
     pub fn purge_old_batches(&self) -> Result<Option<BatchId>> {
         self.check_writer()?;
         let Some(last_commit) = self.commits.latest_id()? else { return Ok(None) };
-        let threshold = BatchId((last_commit.0 + 1).saturating_sub(self.options.retain_batches));
+        if last_commit.next().is_none() || !self.options.files.exists(&self.offsets.path_of(last_commit))? {
+            return match self.verdict()? {
+                Verdict::Inconsistent(inconsistency) => Err(LogStoreError::Inconsistent(inconsistency)),
+                _ => Ok(None),
+            };
+        }
+        // (last + 1) - retain, without the + 1 that could overflow.
+        let retain = self.options.retain_batches.max(1);
+        let threshold = BatchId(last_commit.0.saturating_sub(retain - 1));
         if threshold == BatchId(0) {
             return Ok(None);
         }
@@ -286,10 +333,11 @@ impl Checkpoint {
     }
 
     fn check_writer(&self) -> Result<()> {
-        match &self.lock {
-            Some(lock) => lock.fence().check(),
-            None => Err(LogStoreError::ReadOnly { path: self.dir.clone() }),
-        }
+        self.writer_fence()?.check()
+    }
+
+    fn writer_fence(&self) -> Result<Arc<EpochFence>> {
+        self.fence().ok_or_else(|| LogStoreError::ReadOnly { path: self.dir.clone() })
     }
 
     /// The full path of `relative`, refused when it is absolute, climbs out
@@ -308,28 +356,88 @@ impl Checkpoint {
     }
 
     /// Writes a new file (e.g. `state/<operator>/<N>`) atomically, creating
-    /// its directories; [`LogStoreError::AlreadyExists`] if it is there.
+    /// its directories; [`LogStoreError::AlreadyExists`] if it is there. The
+    /// fence is checked first and again immediately before the name appears.
     pub fn write_file(&self, relative: impl AsRef<Path>, bytes: &[u8]) -> Result<()> {
         let path = self.path_of(relative)?;
-        self.check_writer()?;
+        let fence = self.writer_fence()?;
+        fence.check()?;
         self.options.files.mkdirs(parent_of(&path))?;
-        self.options.files.create_atomic(&path, bytes)
+        self.options.files.create_atomic(&path, bytes, &|| fence.check())
     }
 
     /// Writes a file (e.g. `graph`) atomically, replacing its old content.
+    ///
+    /// The file starts with a line carrying this writer's epoch, which
+    /// [`Checkpoint::read_file`] removes. The fence is checked before the
+    /// write and again immediately before the rename, and a file that carries
+    /// a higher epoch (a newer writer replaced it) is never replaced.
+    ///
+    /// What remains: the last check and the rename are two system calls. A
+    /// writer that loses the checkpoint between them still renames its file
+    /// over the new writer's. Nothing in a local file system closes that
+    /// window, so it is made detectable instead: this writer checks its fence
+    /// again after the rename and fails with [`LogStoreError::StaleEpoch`],
+    /// and the new writer, reading a file it replaced itself and finding an
+    /// older epoch in it, fails with [`LogStoreError::Overwritten`] instead of
+    /// using the stale writer's bytes (replacing it again, it warns and writes
+    /// its own content back). That memory lasts as long as this handle: a
+    /// later process reads the stale writer's file as the last one written.
     pub fn replace_file(&self, relative: impl AsRef<Path>, bytes: &[u8]) -> Result<()> {
         let path = self.path_of(relative)?;
-        self.check_writer()?;
+        let fence = self.writer_fence()?;
+        fence.check()?;
+        if let Some(existing) = self.options.files.read(&path, MAX_CHECKPOINT_FILE_BYTES)? {
+            let (found, _) = split_epoch_line(&path, &existing)?;
+            match self.check_file_epoch(&path, found, fence.epoch()) {
+                // Writing ours again puts back what the stale writer replaced.
+                Err(overwritten @ LogStoreError::Overwritten { .. }) => warn!(error = %overwritten, "replacing it"),
+                other => other?,
+            }
+        }
         self.options.files.mkdirs(parent_of(&path))?;
-        self.options.files.replace_atomic(&path, bytes)
+        let stamped = with_epoch_line(fence.epoch(), bytes);
+        self.options.files.replace_atomic(&path, &stamped, &|| fence.check())?;
+        self.replaced.lock().unwrap_or_else(PoisonError::into_inner).insert(path);
+        // A takeover between the last check and the rename: our bytes may now
+        // stand in the new writer's file. Say so; the new writer sees it too.
+        fence.check()
     }
 
-    /// Reads a file written by [`Checkpoint::write_file`] or [`Checkpoint::replace_file`]; `None` when absent.
+    /// Reads a file written by [`Checkpoint::write_file`] or
+    /// [`Checkpoint::replace_file`] (without the epoch line); `None` when
+    /// absent. A writer refuses a file that carries a higher epoch than its
+    /// own ([`LogStoreError::StaleEpoch`]), or an older one where it replaced
+    /// the file itself ([`LogStoreError::Overwritten`]).
     pub fn read_file(&self, relative: impl AsRef<Path>) -> Result<Option<Vec<u8>>> {
-        self.options.files.read(&self.path_of(relative)?, MAX_CHECKPOINT_FILE_BYTES)
+        let path = self.path_of(relative)?;
+        let Some(mut bytes) = self.options.files.read(&path, MAX_CHECKPOINT_FILE_BYTES)? else { return Ok(None) };
+        let (found, body) = split_epoch_line(&path, &bytes)?;
+        let line_len = bytes.len() - body.len();
+        if let Some(ours) = self.epoch() {
+            self.check_file_epoch(&path, found, ours)?;
+        }
+        bytes.drain(..line_len);
+        Ok(Some(bytes))
     }
 
-    /// Deletes such a file; false when it was not there.
+    /// Whether this writer (epoch `ours`) may use or replace `path`, which
+    /// carries epoch `found` (`None`: written without one).
+    fn check_file_epoch(&self, path: &Path, found: Option<u64>, ours: u64) -> Result<()> {
+        let Some(found) = found else { return Ok(()) };
+        if found > ours {
+            let on_disk = format!("epoch {ours} still, but {} was written by epoch {found}", path.display());
+            return Err(LogStoreError::StaleEpoch { dir: self.dir.clone(), ours, on_disk });
+        }
+        let replaced_by_us = self.replaced.lock().unwrap_or_else(PoisonError::into_inner).contains(path);
+        if found < ours && replaced_by_us {
+            return Err(LogStoreError::Overwritten { path: path.to_path_buf(), ours, found });
+        }
+        Ok(())
+    }
+
+    /// Deletes such a file; false when it was not there. The fence is
+    /// checked immediately before.
     pub fn delete_file(&self, relative: impl AsRef<Path>) -> Result<bool> {
         let path = self.path_of(relative)?;
         self.check_writer()?;
@@ -340,6 +448,54 @@ impl Checkpoint {
     pub fn list(&self, relative: impl AsRef<Path>) -> Result<Vec<String>> {
         self.options.files.list(&self.path_of(relative)?)
     }
+}
+
+/// The start of the first line of a file written by [`Checkpoint::replace_file`].
+const EPOCH_LINE_PREFIX: &[u8] = b"spate-writer-epoch ";
+
+/// `bytes` after a line carrying `epoch`.
+fn with_epoch_line(epoch: u64, bytes: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(bytes.len() + 40);
+    out.extend_from_slice(EPOCH_LINE_PREFIX);
+    out.extend_from_slice(format!("{epoch}\n").as_bytes());
+    out.extend_from_slice(bytes);
+    out
+}
+
+/// The epoch line's epoch and the rest; `(None, bytes)` for a file written
+/// without one (by [`Checkpoint::write_file`], or before the line existed).
+fn split_epoch_line<'a>(path: &Path, bytes: &'a [u8]) -> Result<(Option<u64>, &'a [u8])> {
+    let Some(rest) = bytes.strip_prefix(EPOCH_LINE_PREFIX) else { return Ok((None, bytes)) };
+    let damaged = || LogStoreError::Malformed {
+        path: path.to_path_buf(),
+        line: 1,
+        reason: "the writer-epoch line is damaged".to_string(),
+    };
+    let end = rest.iter().position(|b| *b == b'\n').ok_or_else(damaged)?;
+    let digits = &rest[..end];
+    if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
+        return Err(damaged());
+    }
+    let epoch = std::str::from_utf8(digits).ok().and_then(|d| d.parse::<u64>().ok()).ok_or_else(damaged)?;
+    Ok((Some(epoch), &rest[end + 1..]))
+}
+
+/// Says in the log which paths were wider than owner-only and were tightened.
+fn report_tightened(dir: &Path, tightened: &[Tightened]) {
+    if tightened.is_empty() {
+        return;
+    }
+    for t in tightened {
+        info!(path = %t.path.display(), from = format!("{:04o}", t.from), to = format!("{:04o}", t.to), "tightened permissions");
+    }
+    let examples: Vec<String> =
+        tightened.iter().take(5).map(|t| format!("{} {:04o} -> {:04o}", t.path.display(), t.from, t.to)).collect();
+    warn!(
+        dir = %dir.display(),
+        count = tightened.len(),
+        examples = %examples.join(", "),
+        "checkpoint had directories or files readable by others; made them owner-only (0700/0600)"
+    );
 }
 
 #[cfg(test)]
@@ -435,5 +591,86 @@ mod tests {
         std::fs::write(root.path().join("metadata"), br#"{"id":"0b8f9d1e-2f0a-4c56-9a1b-3c0e5f7d9a11"}"#).unwrap();
         let ck = Checkpoint::open_read_only(root.path(), options()).unwrap();
         assert_eq!(ck.metadata().map(|m| m.id.as_str()), Some("0b8f9d1e-2f0a-4c56-9a1b-3c0e5f7d9a11"));
+    }
+
+    #[test]
+    fn open_for_write_tightens_a_checkpoint_readable_by_others() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("ck");
+        drop(Checkpoint::open_for_write(&dir, options()).unwrap());
+        let set =
+            |path: &Path, mode: u32| std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+        let mode = |path: &Path| std::fs::metadata(path).unwrap().permissions().mode() & 0o7777;
+        std::fs::create_dir_all(dir.join("receivedData/0")).unwrap();
+        std::fs::write(dir.join("receivedData/0/log-1"), b"private").unwrap();
+        std::fs::write(dir.join("graph"), b"{}").unwrap();
+        let outside = root.path().join("outside");
+        std::fs::write(&outside, b"not ours").unwrap();
+        set(&outside, 0o644);
+        std::os::unix::fs::symlink(&outside, dir.join("link")).unwrap();
+        set(&dir, 0o755);
+        set(&dir.join("receivedData"), 0o775);
+        set(&dir.join("receivedData/0"), 0o711);
+        set(&dir.join("receivedData/0/log-1"), 0o644);
+        set(&dir.join("graph"), 0o666);
+        set(&dir.join("metadata"), 0o400);
+
+        drop(Checkpoint::open_for_write(&dir, options()).unwrap());
+        for path in [dir.clone(), dir.join("receivedData"), dir.join("receivedData/0")] {
+            assert_eq!(mode(&path), 0o700, "{}", path.display());
+        }
+        for path in [dir.join("receivedData/0/log-1"), dir.join("graph")] {
+            assert_eq!(mode(&path), 0o600, "{}", path.display());
+        }
+        assert_eq!(mode(&dir.join("metadata")), 0o400, "narrower than owner-only stays as it is");
+        assert_eq!(mode(&outside), 0o644, "links are not followed out of the checkpoint");
+    }
+
+    #[test]
+    fn tightening_reports_what_it_changed() {
+        let root = tempfile::tempdir().unwrap();
+        std::fs::write(root.path().join("f"), b"x").unwrap();
+        std::fs::set_permissions(root.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::set_permissions(root.path().join("f"), std::fs::Permissions::from_mode(0o644)).unwrap();
+        let mut changed = LocalFileManager.tighten_permissions(root.path()).unwrap();
+        changed.sort_by(|a, b| a.path.cmp(&b.path));
+        let expected = [
+            Tightened { path: root.path().to_path_buf(), from: 0o755, to: 0o700 },
+            Tightened { path: root.path().join("f"), from: 0o644, to: 0o600 },
+        ];
+        assert_eq!(changed, expected);
+        assert!(LocalFileManager.tighten_permissions(root.path()).unwrap().is_empty());
+    }
+
+    #[test]
+    fn metadata_is_read_with_a_size_limit() {
+        let root = tempfile::tempdir().unwrap();
+        let huge = format!(r#"{{"id":"{}"}}"#, "a".repeat(MAX_METADATA_BYTES as usize));
+        std::fs::write(root.path().join(METADATA_FILE), huge).unwrap();
+        let err = read_metadata_file(root.path()).unwrap_err();
+        assert!(matches!(err, LogStoreError::TooLarge { limit: MAX_METADATA_BYTES, .. }), "{err:?}");
+        let ck = Checkpoint::open_read_only(root.path(), options()).unwrap();
+        assert_eq!(ck.metadata(), None);
+        let Verdict::Inconsistent(inconsistency) = ck.verdict().unwrap() else { panic!("metadata must be refused") };
+        assert!(inconsistency.to_string().contains("exceeds the limit"), "{inconsistency}");
+        std::fs::write(root.path().join(METADATA_FILE), br#"{"id":"x"}"#).unwrap();
+        assert_eq!(read_metadata_file(root.path()).unwrap(), Some(br#"{"id":"x"}"#.to_vec()));
+    }
+
+    #[test]
+    fn replaced_files_carry_the_writer_epoch_and_read_back_without_it() {
+        let root = tempfile::tempdir().unwrap();
+        let ck = Checkpoint::open_for_write(root.path(), options()).unwrap();
+        ck.replace_file("graph", b"{\"g\":1}").unwrap();
+        assert_eq!(std::fs::read(root.path().join("graph")).unwrap(), b"spate-writer-epoch 1\n{\"g\":1}");
+        assert_eq!(ck.read_file("graph").unwrap(), Some(b"{\"g\":1}".to_vec()));
+        // A file from before the epoch line existed reads as it is.
+        std::fs::write(root.path().join("old"), b"{}").unwrap();
+        assert_eq!(ck.read_file("old").unwrap(), Some(b"{}".to_vec()));
+        for damaged in [&b"spate-writer-epoch x\n{}"[..], b"spate-writer-epoch 1", b"spate-writer-epoch \n"] {
+            std::fs::write(root.path().join("bad"), damaged).unwrap();
+            let err = ck.read_file("bad").unwrap_err().to_string();
+            assert!(err.contains("writer-epoch line is damaged") && err.contains("bad"), "{err}");
+        }
     }
 }

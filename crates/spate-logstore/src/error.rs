@@ -68,6 +68,20 @@ pub enum LogStoreError {
         /// What is wrong.
         reason: String,
     },
+    /// The file's checksum does not match its content: it was damaged after it was written.
+    #[error(
+        "{}: checksum mismatch (the file says {stored:08x}, its content gives {computed:08x}); \
+         the file was damaged after it was written",
+        path.display()
+    )]
+    ChecksumMismatch {
+        /// The file.
+        path: PathBuf,
+        /// The checksum written in the file.
+        stored: u32,
+        /// The checksum of its content now.
+        computed: u32,
+    },
     /// The file is larger than any log entry should be.
     #[error("{}: {len} bytes exceeds the limit of {limit} bytes for a log file", path.display())]
     TooLarge {
@@ -132,6 +146,29 @@ pub enum LogStoreError {
         path: PathBuf,
         /// What differs.
         reason: String,
+    },
+    /// A number read from a file, or asked for, is outside what the checkpoint can hold.
+    #[error("{}: {reason}", path.display())]
+    OutOfRange {
+        /// The file the number came from or was meant for.
+        path: PathBuf,
+        /// Which number, and why it is refused.
+        reason: String,
+    },
+    /// A file this writer replaced carries an older writer's epoch: a writer
+    /// that had lost the checkpoint overwrote it after this one took over.
+    #[error(
+        "{} was overwritten by a stale writer: this writer (epoch {ours}) replaced it, but it now carries \
+         epoch {found}; the stale writer must be stopped, then this file written again",
+        path.display()
+    )]
+    Overwritten {
+        /// The file.
+        path: PathBuf,
+        /// This writer's epoch.
+        ours: u64,
+        /// The epoch the file carries.
+        found: u64,
     },
     /// A fault injected by [`crate::FaultyFileManager`] (tests only).
     #[error("injected {mode:?} at {point:?} writing {}", path.display())]

@@ -2,18 +2,32 @@
 //! crash tests.
 //!
 //! Arm it with a [`FaultPoint`] and a [`FaultMode`]; the next atomic write
-//! that reaches that point either fails there (an I/O error; the writer
-//! cleans up as it would after a real error) or "crashes" there: it stops,
-//! leaving the disk exactly as it is, and from then on every call fails with
-//! [`LogStoreError::Crashed`], like a dead process. Reopening the directory
-//! with a fresh manager is then the recovery under test.
+//! that reaches that point fails there (an injected error, or a real
+//! `ENOSPC`; the writer cleans up as it would after a real error) or
+//! "crashes" there: it stops, leaving the disk as it is, and from then on
+//! every call fails with [`LogStoreError::Crashed`], like a dead process.
+//! Reopening the directory with a fresh manager is then the recovery under
+//! test. Failing at [`FaultPoint::Rename`] or [`FaultPoint::DirFsync`] is a
+//! failed rename or directory fsync.
+//!
+//! Two settings change every write: [`FaultyFileManager::short_writes`]
+//! makes each `write(2)` take only a few bytes, and
+//! [`FaultyFileManager::losing_unsynced_data`] makes a crash drop what was
+//! not yet synced, as a power cut would: the data of files not fsynced
+//! (truncated to nothing), and the names created or replaced in directories
+//! not fsynced since, including new directories whose parent was not
+//! fsynced. A missing fsync then shows up as lost data. (Deletions are not
+//! undone: a deleted entry coming back is old data, not lost data.)
 
-use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Mutex, PoisonError};
 
+use tracing::warn;
+
 use crate::error::{LogStoreError, Result};
-use crate::file_manager::{self, CheckpointFileManager, Overwrite};
+use crate::file_manager::{self, CheckpointFileManager, Observer, Overwrite, PublishCheck, parent_of};
 
 /// A point in the atomic write protocol where a fault can be injected.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -57,15 +71,78 @@ impl FaultPoint {
 pub enum FaultMode {
     /// The step fails with an error; the writer's error handling runs.
     Fail,
+    /// The step fails as a full disk does (`ENOSPC`, an I/O error of kind
+    /// `StorageFull`); at [`FaultPoint::PartialTempWrite`] half the bytes
+    /// are written first, as in a short write cut off by the full disk.
+    NoSpace,
     /// The process "dies" here: no clean-up, and the manager is dead afterwards.
     Crash,
 }
 
+/// Code a test runs when a write reaches a point (another writer taking
+/// the checkpoint over in the middle of a write, say).
+type Hook = Box<dyn FnOnce() + Send>;
+
+/// Something written and not yet durable, and how a crash undoes it.
+#[derive(Debug)]
+enum Unsynced {
+    /// A temp file's data, not fsynced: lost (truncated to nothing).
+    Data(PathBuf),
+    /// A name linked or renamed into place, its directory not fsynced: the
+    /// target goes back to what it was (`old`) and the temp name returns.
+    Name { target: PathBuf, temp: PathBuf, old: Option<Vec<u8>> },
+    /// A directory created, its parent not fsynced: gone with all it holds.
+    Dir(PathBuf),
+}
+
+impl Unsynced {
+    /// Undoes this change on disk, as a crash before it was synced would.
+    fn undo(self) -> std::io::Result<()> {
+        match self {
+            Unsynced::Data(temp) => match fs::OpenOptions::new().write(true).open(&temp) {
+                Ok(file) => file.set_len(0),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+                Err(e) => Err(e),
+            },
+            Unsynced::Name { target, temp, old } => {
+                if !temp.exists() && target.exists() {
+                    fs::hard_link(&target, &temp)?;
+                }
+                match old {
+                    Some(bytes) => fs::write(&target, bytes),
+                    None => fs::remove_file(&target).or_else(ignore_missing),
+                }
+            }
+            Unsynced::Dir(dir) => fs::remove_dir_all(&dir).or_else(ignore_missing),
+        }
+    }
+}
+
+fn ignore_missing(e: std::io::Error) -> std::io::Result<()> {
+    if e.kind() == std::io::ErrorKind::NotFound { Ok(()) } else { Err(e) }
+}
+
 /// A local file manager with fault injection (see the module docs).
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct FaultyFileManager {
     armed: Mutex<Option<(FaultPoint, FaultMode)>>,
+    hook: Mutex<Option<(FaultPoint, Hook)>>,
     crashed: AtomicBool,
+    max_write: AtomicUsize,
+    lose_unsynced: AtomicBool,
+    unsynced: Mutex<Vec<Unsynced>>,
+    /// The old content of the target of the write in progress (read before its rename).
+    replaced: Mutex<Option<Vec<u8>>>,
+}
+
+impl std::fmt::Debug for FaultyFileManager {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FaultyFileManager")
+            .field("armed", &self.armed)
+            .field("crashed", &self.crashed)
+            .field("unsynced", &self.unsynced)
+            .finish_non_exhaustive()
+    }
 }
 
 impl FaultyFileManager {
@@ -79,6 +156,26 @@ impl FaultyFileManager {
         *self.armed.lock().unwrap_or_else(PoisonError::into_inner) = Some((point, mode));
     }
 
+    /// Runs `hook` when the next atomic write reaches `point` (once), then
+    /// lets the write go on. [`FaultPoint::Rename`] comes after the writer's
+    /// fence check and before the rename, so a hook there plays a takeover in
+    /// the window the fence cannot close; a hook at an earlier point plays
+    /// one the fence must catch.
+    pub fn on(&self, point: FaultPoint, hook: impl FnOnce() + Send + 'static) {
+        *self.hook.lock().unwrap_or_else(PoisonError::into_inner) = Some((point, Box::new(hook)));
+    }
+
+    /// Every `write(2)` from now on takes at most `max_bytes` (at least 1).
+    pub fn short_writes(&self, max_bytes: usize) {
+        self.max_write.store(max_bytes.max(1), Ordering::SeqCst);
+    }
+
+    /// A crash from now on loses everything not yet synced (see the module docs).
+    pub fn losing_unsynced_data(self) -> Self {
+        self.lose_unsynced.store(true, Ordering::SeqCst);
+        self
+    }
+
     /// True once a [`FaultMode::Crash`] fired.
     pub fn has_crashed(&self) -> bool {
         self.crashed.load(Ordering::SeqCst)
@@ -88,22 +185,122 @@ impl FaultyFileManager {
         if self.has_crashed() { Err(LogStoreError::Crashed) } else { Ok(()) }
     }
 
-    fn write(&self, path: &Path, bytes: &[u8], overwrite: Overwrite) -> Result<()> {
+    fn write(&self, path: &Path, bytes: &[u8], overwrite: Overwrite, fence: PublishCheck<'_>) -> Result<()> {
         self.alive()?;
-        file_manager::write_atomic(path, bytes, overwrite, &mut |point| self.maybe_fire(point, path))
+        file_manager::write_atomic(path, bytes, overwrite, fence, self)
     }
 
-    fn maybe_fire(&self, point: FaultPoint, path: &Path) -> Result<()> {
+    fn run_hook(&self, point: FaultPoint) {
+        let mut slot = self.hook.lock().unwrap_or_else(PoisonError::into_inner);
+        let hook = match slot.take() {
+            Some((at, hook)) if at == point => Some(hook),
+            other => {
+                *slot = other;
+                None
+            }
+        };
+        // Run it without holding the lock: the hook may write through another manager.
+        drop(slot);
+        if let Some(hook) = hook {
+            hook();
+        }
+    }
+
+    fn tracking(&self) -> bool {
+        self.lose_unsynced.load(Ordering::SeqCst)
+    }
+
+    fn unsynced(&self) -> std::sync::MutexGuard<'_, Vec<Unsynced>> {
+        self.unsynced.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Records what the write has made (not yet) durable on reaching `point`.
+    fn track(&self, point: FaultPoint, target: &Path, temp: &Path) {
+        if !self.tracking() {
+            return;
+        }
+        let mut replaced = self.replaced.lock().unwrap_or_else(PoisonError::into_inner);
+        match point {
+            // The temp file exists from here, its data not synced.
+            FaultPoint::PartialTempWrite => self.unsynced().push(Unsynced::Data(temp.to_path_buf())),
+            // Its data was fsynced; the target is about to change.
+            FaultPoint::Rename => {
+                self.unsynced().retain(|u| !matches!(u, Unsynced::Data(t) if t == temp));
+                *replaced = fs::read(target).ok();
+            }
+            FaultPoint::AfterRename => self.unsynced().push(Unsynced::Name {
+                target: target.to_path_buf(),
+                temp: temp.to_path_buf(),
+                old: replaced.take(),
+            }),
+            _ => {}
+        }
+    }
+
+    /// Drops what was not synced, as the crash that just happened would.
+    fn lose_unsynced(&self) {
+        let lost = std::mem::take(&mut *self.unsynced());
+        for change in lost.into_iter().rev() {
+            let what = format!("{change:?}");
+            if let Err(e) = change.undo() {
+                warn!(change = what, error = %e, "could not drop unsynced data at a simulated crash");
+            }
+        }
+    }
+
+    fn maybe_fire(&self, point: FaultPoint, path: &Path, temp: &Path) -> Result<()> {
+        self.run_hook(point);
         let mut armed = self.armed.lock().unwrap_or_else(PoisonError::into_inner);
         match *armed {
             Some((at, mode)) if at == point => {
                 *armed = None;
-                if mode == FaultMode::Crash {
-                    self.crashed.store(true, Ordering::SeqCst);
+                drop(armed);
+                match mode {
+                    FaultMode::Crash => {
+                        self.crashed.store(true, Ordering::SeqCst);
+                        if self.tracking() {
+                            self.lose_unsynced();
+                        }
+                    }
+                    FaultMode::NoSpace => {
+                        let full = std::io::Error::new(std::io::ErrorKind::StorageFull, "no space left on device");
+                        return Err(LogStoreError::io("write", temp, full));
+                    }
+                    FaultMode::Fail => {}
                 }
                 Err(LogStoreError::InjectedFault { point, mode, path: path.to_path_buf() })
             }
             _ => Ok(()),
+        }
+    }
+}
+
+impl Observer for FaultyFileManager {
+    fn at(&self, point: FaultPoint, target: &Path, temp: &Path) -> Result<()> {
+        self.track(point, target, temp);
+        self.maybe_fire(point, target, temp)
+    }
+
+    fn max_write(&self) -> usize {
+        match self.max_write.load(Ordering::SeqCst) {
+            0 => usize::MAX,
+            n => n,
+        }
+    }
+
+    fn created_dir(&self, dir: &Path) {
+        if self.tracking() {
+            self.unsynced().push(Unsynced::Dir(dir.to_path_buf()));
+        }
+    }
+
+    fn synced_dir(&self, dir: &Path) {
+        if self.tracking() {
+            self.unsynced().retain(|u| match u {
+                Unsynced::Dir(created) => parent_of(created) != dir,
+                Unsynced::Name { target, .. } => parent_of(target) != dir,
+                Unsynced::Data(_) => true,
+            });
         }
     }
 }
@@ -119,17 +316,18 @@ impl CheckpointFileManager for FaultyFileManager {
         file_manager::read_bounded(path, max_len)
     }
 
-    fn create_atomic(&self, path: &Path, bytes: &[u8]) -> Result<()> {
-        self.write(path, bytes, Overwrite::Never)
+    fn create_atomic(&self, path: &Path, bytes: &[u8], fence: PublishCheck<'_>) -> Result<()> {
+        self.write(path, bytes, Overwrite::Never, fence)
     }
 
-    fn replace_atomic(&self, path: &Path, bytes: &[u8]) -> Result<()> {
-        self.write(path, bytes, Overwrite::Replace)
+    fn replace_atomic(&self, path: &Path, bytes: &[u8], fence: PublishCheck<'_>) -> Result<()> {
+        self.write(path, bytes, Overwrite::Replace, fence)
     }
 
-    fn rename_no_replace(&self, from: &Path, to: &Path) -> Result<()> {
+    fn rename_no_replace(&self, from: &Path, to: &Path, fence: PublishCheck<'_>) -> Result<()> {
         self.alive()?;
-        file_manager::rename_no_replace(from, to)
+        fence()?;
+        file_manager::rename_no_replace(from, to, self)
     }
 
     fn delete(&self, path: &Path) -> Result<bool> {
@@ -144,12 +342,17 @@ impl CheckpointFileManager for FaultyFileManager {
 
     fn mkdirs(&self, dir: &Path) -> Result<()> {
         self.alive()?;
-        file_manager::mkdirs(dir)
+        file_manager::mkdirs(dir, self)
     }
 
-    fn list_batch_ids(&self, dir: &Path) -> Result<Vec<spate_core::BatchId>> {
+    fn list_log(&self, dir: &Path) -> Result<file_manager::LogListing> {
         self.alive()?;
-        file_manager::list_batch_ids(dir)
+        file_manager::list_log(dir)
+    }
+
+    fn tighten_permissions(&self, dir: &Path) -> Result<Vec<file_manager::Tightened>> {
+        self.alive()?;
+        file_manager::tighten_permissions(dir)
     }
 
     fn clean_temp_files(&self, dir: &Path) -> Result<usize> {
@@ -161,6 +364,7 @@ impl CheckpointFileManager for FaultyFileManager {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::file_manager::NO_FENCE;
     use std::fs;
 
     #[test]
@@ -168,7 +372,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let fm = FaultyFileManager::new();
         fm.arm(FaultPoint::PartialTempWrite, FaultMode::Crash);
-        let err = fm.create_atomic(&dir.path().join("0"), b"0123456789").unwrap_err();
+        let err = fm.create_atomic(&dir.path().join("0"), b"0123456789", NO_FENCE).unwrap_err();
         assert!(matches!(err, LogStoreError::InjectedFault { point: FaultPoint::PartialTempWrite, .. }));
         assert!(fm.has_crashed());
         assert!(matches!(fm.list(dir.path()), Err(LogStoreError::Crashed)));
@@ -185,9 +389,9 @@ mod tests {
         let fm = FaultyFileManager::new();
         fm.arm(FaultPoint::TempFsync, FaultMode::Fail);
         let path = dir.path().join("0");
-        assert!(fm.create_atomic(&path, b"abc").is_err());
+        assert!(fm.create_atomic(&path, b"abc", NO_FENCE).is_err());
         assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 0);
-        fm.create_atomic(&path, b"abc").unwrap();
+        fm.create_atomic(&path, b"abc", NO_FENCE).unwrap();
         assert_eq!(fs::read(&path).unwrap(), b"abc");
     }
 }

@@ -11,7 +11,7 @@
 use std::fs::{self, DirBuilder, File, OpenOptions};
 use std::io::{self, Read, Write};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -20,7 +20,7 @@ use tracing::{debug, warn};
 
 use crate::error::{LogStoreError, Result};
 use crate::fault::FaultPoint;
-use crate::log::parse_batch_file_name;
+use crate::log::{BatchName, batch_name};
 
 /// Permission bits of every directory spate creates: owner only, since
 /// offsets and state can hold private data.
@@ -42,15 +42,19 @@ pub trait CheckpointFileManager: Send + Sync + std::fmt::Debug {
 
     /// Writes `bytes` to `path` atomically, only if `path` does not exist
     /// ([`LogStoreError::AlreadyExists`] otherwise). After a crash at any
-    /// point, `path` is either absent or complete.
-    fn create_atomic(&self, path: &Path, bytes: &[u8]) -> Result<()>;
+    /// point, `path` is either absent or complete. `fence` runs immediately
+    /// before the new name is published (after the temp file is durable); its
+    /// error stops the write and leaves `path` untouched.
+    fn create_atomic(&self, path: &Path, bytes: &[u8], fence: PublishCheck<'_>) -> Result<()>;
 
-    /// Writes `bytes` to `path` atomically, replacing any previous content.
-    fn replace_atomic(&self, path: &Path, bytes: &[u8]) -> Result<()>;
+    /// Writes `bytes` to `path` atomically, replacing any previous content;
+    /// `fence` runs immediately before the rename, as for [`CheckpointFileManager::create_atomic`].
+    fn replace_atomic(&self, path: &Path, bytes: &[u8], fence: PublishCheck<'_>) -> Result<()>;
 
     /// Moves `from` to `to` (same file system), failing with
-    /// [`LogStoreError::AlreadyExists`] when `to` exists; both directories are fsynced.
-    fn rename_no_replace(&self, from: &Path, to: &Path) -> Result<()>;
+    /// [`LogStoreError::AlreadyExists`] when `to` exists; both directories are
+    /// fsynced. `fence` runs immediately before the move.
+    fn rename_no_replace(&self, from: &Path, to: &Path, fence: PublishCheck<'_>) -> Result<()>;
 
     /// Deletes the file `path`; false when it was not there.
     fn delete(&self, path: &Path) -> Result<bool>;
@@ -61,17 +65,72 @@ pub trait CheckpointFileManager: Send + Sync + std::fmt::Debug {
     /// Creates `dir` and its missing parents, owner-only.
     fn mkdirs(&self, dir: &Path) -> Result<()>;
 
-    /// The batch ids that the entries of `dir` name (canonical decimal names,
-    /// see [`crate::parse_batch_file_name`]), unsorted. A missing directory has none.
-    fn list_batch_ids(&self, dir: &Path) -> Result<Vec<BatchId>> {
-        Ok(self.list(dir)?.iter().filter_map(|name| parse_batch_file_name(name)).collect())
+    /// The entries of the log directory `dir`: the batch ids its names stand
+    /// for (canonical decimal names, see [`crate::parse_batch_file_name`]),
+    /// unsorted, and the decimal names too large to be a batch id. A missing
+    /// directory has none.
+    fn list_log(&self, dir: &Path) -> Result<LogListing> {
+        let mut listing = LogListing::default();
+        for name in self.list(dir)? {
+            listing.add(name.as_bytes());
+        }
+        Ok(listing)
     }
+
+    /// The batch ids of [`CheckpointFileManager::list_log`], unsorted.
+    fn list_batch_ids(&self, dir: &Path) -> Result<Vec<BatchId>> {
+        Ok(self.list_log(dir)?.ids)
+    }
+
+    /// Makes `dir` and everything under it owner-only: directories wider than
+    /// [`DIR_MODE`] and files wider than [`FILE_MODE`] lose their group and
+    /// other bits. Symbolic links are not followed. Returns what changed.
+    fn tighten_permissions(&self, dir: &Path) -> Result<Vec<Tightened>>;
 
     /// Removes the temp files a crash left in `dir`; returns how many.
     /// Only the writer holding the checkpoint lock may call this, since a
     /// temp file may belong to a write in progress.
     fn clean_temp_files(&self, dir: &Path) -> Result<usize>;
 }
+
+/// A path whose permissions [`CheckpointFileManager::tighten_permissions`] narrowed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Tightened {
+    /// The directory or file.
+    pub path: PathBuf,
+    /// Its permission bits before.
+    pub from: u32,
+    /// Its permission bits now.
+    pub to: u32,
+}
+
+/// What a log directory holds.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LogListing {
+    /// The batch ids, unsorted.
+    pub ids: Vec<BatchId>,
+    /// Canonical decimal names too large for a batch id (never written by
+    /// spate; the verdict reports them).
+    pub too_large: Vec<String>,
+}
+
+impl LogListing {
+    fn add(&mut self, name: &[u8]) {
+        let Ok(name) = std::str::from_utf8(name) else { return };
+        match batch_name(name) {
+            BatchName::Id(id) => self.ids.push(id),
+            BatchName::TooLarge => self.too_large.push(name.to_string()),
+            BatchName::Other => {}
+        }
+    }
+}
+
+/// A check run immediately before a write becomes visible under its name
+/// (the writer's fence); [`NO_FENCE`] for writers that are alone.
+pub type PublishCheck<'a> = &'a dyn Fn() -> Result<()>;
+
+/// The [`PublishCheck`] of a writer that is alone by construction.
+pub const NO_FENCE: PublishCheck<'static> = &|| Ok(());
 
 /// [`CheckpointFileManager`] on the local file system.
 #[derive(Clone, Copy, Debug, Default)]
@@ -86,16 +145,17 @@ impl CheckpointFileManager for LocalFileManager {
         read_bounded(path, max_len)
     }
 
-    fn create_atomic(&self, path: &Path, bytes: &[u8]) -> Result<()> {
-        write_atomic(path, bytes, Overwrite::Never, &mut |_| Ok(()))
+    fn create_atomic(&self, path: &Path, bytes: &[u8], fence: PublishCheck<'_>) -> Result<()> {
+        write_atomic(path, bytes, Overwrite::Never, fence, &Unobserved)
     }
 
-    fn replace_atomic(&self, path: &Path, bytes: &[u8]) -> Result<()> {
-        write_atomic(path, bytes, Overwrite::Replace, &mut |_| Ok(()))
+    fn replace_atomic(&self, path: &Path, bytes: &[u8], fence: PublishCheck<'_>) -> Result<()> {
+        write_atomic(path, bytes, Overwrite::Replace, fence, &Unobserved)
     }
 
-    fn rename_no_replace(&self, from: &Path, to: &Path) -> Result<()> {
-        rename_no_replace(from, to)
+    fn rename_no_replace(&self, from: &Path, to: &Path, fence: PublishCheck<'_>) -> Result<()> {
+        fence()?;
+        rename_no_replace(from, to, &Unobserved)
     }
 
     fn delete(&self, path: &Path) -> Result<bool> {
@@ -107,11 +167,15 @@ impl CheckpointFileManager for LocalFileManager {
     }
 
     fn mkdirs(&self, dir: &Path) -> Result<()> {
-        mkdirs(dir)
+        mkdirs(dir, &Unobserved)
     }
 
-    fn list_batch_ids(&self, dir: &Path) -> Result<Vec<BatchId>> {
-        list_batch_ids(dir)
+    fn list_log(&self, dir: &Path) -> Result<LogListing> {
+        list_log(dir)
+    }
+
+    fn tighten_permissions(&self, dir: &Path) -> Result<Vec<Tightened>> {
+        tighten_permissions(dir)
     }
 
     fn clean_temp_files(&self, dir: &Path) -> Result<usize> {
@@ -146,21 +210,18 @@ pub(crate) fn list_dir(dir: &Path) -> Result<Vec<String>> {
 
 /// Lists a log directory straight into ids, without making strings of the
 /// names: `inspect` on a long log is mostly this loop.
-pub(crate) fn list_batch_ids(dir: &Path) -> Result<Vec<BatchId>> {
+pub(crate) fn list_log(dir: &Path) -> Result<LogListing> {
     let entries = match fs::read_dir(dir) {
         Ok(entries) => entries,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(LogListing::default()),
         Err(e) => return Err(LogStoreError::io("list", dir, e)),
     };
-    let mut ids = Vec::new();
+    let mut listing = LogListing::default();
     for entry in entries {
         let entry = entry.map_err(|e| LogStoreError::io("list", dir, e))?;
-        let name = entry.file_name();
-        if let Some(id) = std::str::from_utf8(name.as_bytes()).ok().and_then(parse_batch_file_name) {
-            ids.push(id);
-        }
+        listing.add(entry.file_name().as_bytes());
     }
-    Ok(ids)
+    Ok(listing)
 }
 
 pub(crate) fn read_bounded(path: &Path, max_len: u64) -> Result<Option<Vec<u8>>> {
@@ -179,12 +240,33 @@ pub(crate) fn read_bounded(path: &Path, max_len: u64) -> Result<Option<Vec<u8>>>
     Ok(Some(bytes))
 }
 
-pub(crate) fn mkdirs(dir: &Path) -> Result<()> {
+/// Creates `dir` and its missing parents, owner-only, and fsyncs the parent
+/// of each one created: a new directory's name is only durable once its
+/// parent is, and without it a crash can take the directory and every entry
+/// written into it since.
+pub(crate) fn mkdirs(dir: &Path, observer: &dyn Observer) -> Result<()> {
+    let mut missing = Vec::new();
+    let mut next = Some(dir);
+    while let Some(current) = next {
+        if current.as_os_str().is_empty() || current.try_exists().map_err(|e| LogStoreError::io("stat", current, e))? {
+            break;
+        }
+        missing.push(current);
+        next = current.parent();
+    }
+    if missing.is_empty() {
+        return Ok(());
+    }
     DirBuilder::new()
         .recursive(true)
         .mode(DIR_MODE)
         .create(dir)
-        .map_err(|e| LogStoreError::io("create directory", dir, e))
+        .map_err(|e| LogStoreError::io("create directory", dir, e))?;
+    for created in missing.iter().rev() {
+        observer.created_dir(created);
+        fsync_dir_observed(parent_of(created), observer)?;
+    }
+    Ok(())
 }
 
 pub(crate) fn delete_file(path: &Path) -> Result<bool> {
@@ -193,6 +275,43 @@ pub(crate) fn delete_file(path: &Path) -> Result<bool> {
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
         Err(e) => Err(LogStoreError::io("delete", path, e)),
     }
+}
+
+/// Walks `root` (without following links) and narrows what is wider than
+/// owner-only. Iterative, so a deep tree cannot exhaust the stack.
+pub(crate) fn tighten_permissions(root: &Path) -> Result<Vec<Tightened>> {
+    let mut tightened = Vec::new();
+    let mut pending = vec![root.to_path_buf()];
+    while let Some(path) = pending.pop() {
+        let meta = match fs::symlink_metadata(&path) {
+            Ok(meta) => meta,
+            // Removed while walking (a temp file): nothing to tighten.
+            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(LogStoreError::io("stat", &path, e)),
+        };
+        let kind = meta.file_type();
+        let allowed = if kind.is_dir() {
+            DIR_MODE
+        } else if kind.is_file() {
+            FILE_MODE
+        } else {
+            continue;
+        };
+        let mode = meta.permissions().mode() & 0o7777;
+        if mode & !allowed != 0 {
+            let to = mode & allowed;
+            fs::set_permissions(&path, fs::Permissions::from_mode(to))
+                .map_err(|e| LogStoreError::io("tighten permissions of", &path, e))?;
+            debug!(path = %path.display(), from = format!("{mode:04o}"), to = format!("{to:04o}"), "tightened");
+            tightened.push(Tightened { path: path.clone(), from: mode, to });
+        }
+        if kind.is_dir() {
+            for entry in fs::read_dir(&path).map_err(|e| LogStoreError::io("list", &path, e))? {
+                pending.push(entry.map_err(|e| LogStoreError::io("list", &path, e))?.path());
+            }
+        }
+    }
+    Ok(tightened)
 }
 
 pub(crate) fn clean_temp_files(dir: &Path) -> Result<usize> {
@@ -219,12 +338,64 @@ pub(crate) fn fsync_dir(dir: &Path) -> Result<()> {
     handle.sync_all().map_err(|e| LogStoreError::io("fsync directory", dir, e))
 }
 
-pub(crate) fn rename_no_replace(from: &Path, to: &Path) -> Result<()> {
+/// [`fsync_dir`], telling `observer` once it succeeded.
+fn fsync_dir_observed(dir: &Path, observer: &dyn Observer) -> Result<()> {
+    fsync_dir(dir)?;
+    observer.synced_dir(dir);
+    Ok(())
+}
+
+pub(crate) fn rename_no_replace(from: &Path, to: &Path, observer: &dyn Observer) -> Result<()> {
     // link(2) refuses an existing target; then the old name goes.
     fs::hard_link(from, to).map_err(|e| link_error(to, e))?;
     fs::remove_file(from).map_err(|e| LogStoreError::io("remove after move", from, e))?;
-    fsync_dir(parent_of(to))?;
-    fsync_dir(parent_of(from))
+    fsync_dir_observed(parent_of(to), observer)?;
+    fsync_dir_observed(parent_of(from), observer)
+}
+
+/// What the write protocol tells a fault-injecting layer as it goes; the
+/// local manager uses [`Unobserved`].
+pub(crate) trait Observer {
+    /// The write of `target` through the temp file `temp` reached `point`;
+    /// an error stops it there.
+    fn at(&self, point: FaultPoint, target: &Path, temp: &Path) -> Result<()>;
+
+    /// The most bytes one `write(2)` call takes (fewer than asked is a short write).
+    fn max_write(&self) -> usize {
+        usize::MAX
+    }
+
+    /// `dir` was created; its name is durable once its parent is fsynced.
+    fn created_dir(&self, _dir: &Path) {}
+
+    /// `dir` was fsynced: the names in it are durable.
+    fn synced_dir(&self, _dir: &Path) {}
+}
+
+/// The [`Observer`] of the local file manager: no faults, full writes.
+pub(crate) struct Unobserved;
+
+impl Observer for Unobserved {
+    fn at(&self, _point: FaultPoint, _target: &Path, _temp: &Path) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// A file whose `write` takes at most `max` bytes a call, as a kernel may.
+struct ShortWrites<'a> {
+    file: &'a mut File,
+    max: usize,
+}
+
+impl Write for ShortWrites<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let n = buf.len().min(self.max.max(1));
+        self.file.write(&buf[..n])
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.file.flush()
+    }
 }
 
 fn link_error(target: &Path, e: io::Error) -> LogStoreError {
@@ -258,18 +429,22 @@ fn temp_path(target: &Path) -> PathBuf {
     parent_of(target).join(format!(".{name}.{}.{n}.tmp", std::process::id()))
 }
 
-/// The atomic write protocol. `fault` is called at every step; the local
-/// manager passes a no-op and the fault-injecting manager makes it fail or
-/// "crash". On a crash nothing is cleaned up, as if the process had died.
+/// The atomic write protocol. `fence` is checked once the temp file is
+/// durable, immediately before the link or rename, so the window in which a
+/// writer that has just lost the checkpoint can still publish is the length
+/// of one system call. `observer` is told every step; the local manager
+/// passes [`Unobserved`] and the fault-injecting manager makes a step fail
+/// or "crash". On a crash nothing is cleaned up, as if the process had died.
 pub(crate) fn write_atomic(
     target: &Path,
     bytes: &[u8],
     overwrite: Overwrite,
-    fault: &mut dyn FnMut(FaultPoint) -> Result<()>,
+    fence: PublishCheck<'_>,
+    observer: &dyn Observer,
 ) -> Result<()> {
     let temp = temp_path(target);
-    fault(FaultPoint::BeforeTempWrite)?;
-    let result = write_temp_then_publish(target, &temp, bytes, overwrite, fault);
+    observer.at(FaultPoint::BeforeTempWrite, target, &temp)?;
+    let result = write_temp_then_publish(target, &temp, bytes, overwrite, fence, observer);
     if let Err(err) = &result
         && !err.is_crash()
         && let Err(cleanup) = delete_file(&temp)
@@ -284,8 +459,10 @@ fn write_temp_then_publish(
     temp: &Path,
     bytes: &[u8],
     overwrite: Overwrite,
-    fault: &mut dyn FnMut(FaultPoint) -> Result<()>,
+    fence: PublishCheck<'_>,
+    observer: &dyn Observer,
 ) -> Result<()> {
+    let at = |point| observer.at(point, target, temp);
     let mut file = OpenOptions::new()
         .write(true)
         .create_new(true)
@@ -294,41 +471,43 @@ fn write_temp_then_publish(
         .map_err(|e| LogStoreError::io("create", temp, e))?;
     let half = bytes.len() / 2;
     let (head, tail) = bytes.split_at(half);
-    file.write_all(head).map_err(|e| LogStoreError::io("write", temp, e))?;
-    fault(FaultPoint::PartialTempWrite)?;
-    file.write_all(tail).map_err(|e| LogStoreError::io("write", temp, e))?;
-    fault(FaultPoint::AfterTempWrite)?;
-    fault(FaultPoint::TempFsync)?;
+    // write_all goes on after a short write; a plain write would lose the rest.
+    let mut writer = ShortWrites { file: &mut file, max: observer.max_write() };
+    writer.write_all(head).map_err(|e| LogStoreError::io("write", temp, e))?;
+    at(FaultPoint::PartialTempWrite)?;
+    writer.write_all(tail).map_err(|e| LogStoreError::io("write", temp, e))?;
+    at(FaultPoint::AfterTempWrite)?;
+    at(FaultPoint::TempFsync)?;
     file.sync_all().map_err(|e| LogStoreError::io("fsync", temp, e))?;
     drop(file);
-    fault(FaultPoint::Rename)?;
+    fence()?;
+    at(FaultPoint::Rename)?;
     match overwrite {
         Overwrite::Never => {
             fs::hard_link(temp, target).map_err(|e| link_error(target, e))?;
-            fault(FaultPoint::AfterRename)?;
+            at(FaultPoint::AfterRename)?;
             fs::remove_file(temp).map_err(|e| LogStoreError::io("remove temp", temp, e))?;
         }
         Overwrite::Replace => {
             fs::rename(temp, target).map_err(|e| LogStoreError::io("rename", target, e))?;
-            fault(FaultPoint::AfterRename)?;
+            at(FaultPoint::AfterRename)?;
         }
     }
-    fault(FaultPoint::DirFsync)?;
-    fsync_dir(parent_of(target))?;
-    fault(FaultPoint::AfterDirFsync)
+    at(FaultPoint::DirFsync)?;
+    fsync_dir_observed(parent_of(target), observer)?;
+    at(FaultPoint::AfterDirFsync)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::os::unix::fs::PermissionsExt;
 
     #[test]
     fn create_atomic_is_put_if_absent() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("7");
-        LocalFileManager.create_atomic(&path, b"first").unwrap();
-        let again = LocalFileManager.create_atomic(&path, b"second");
+        LocalFileManager.create_atomic(&path, b"first", NO_FENCE).unwrap();
+        let again = LocalFileManager.create_atomic(&path, b"second", NO_FENCE);
         assert!(matches!(again, Err(LogStoreError::AlreadyExists { .. })), "{again:?}");
         assert_eq!(fs::read(&path).unwrap(), b"first");
         // The losing write leaves no temp file behind.
@@ -339,8 +518,8 @@ mod tests {
     fn replace_atomic_overwrites() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("graph");
-        LocalFileManager.replace_atomic(&path, b"one").unwrap();
-        LocalFileManager.replace_atomic(&path, b"two").unwrap();
+        LocalFileManager.replace_atomic(&path, b"one", NO_FENCE).unwrap();
+        LocalFileManager.replace_atomic(&path, b"two", NO_FENCE).unwrap();
         assert_eq!(fs::read(&path).unwrap(), b"two");
     }
 
@@ -350,7 +529,7 @@ mod tests {
         let sub = dir.path().join("a/b");
         LocalFileManager.mkdirs(&sub).unwrap();
         let file = sub.join("f");
-        LocalFileManager.create_atomic(&file, b"x").unwrap();
+        LocalFileManager.create_atomic(&file, b"x", NO_FENCE).unwrap();
         let dir_mode = fs::metadata(&sub).unwrap().permissions().mode() & 0o777;
         let file_mode = fs::metadata(&file).unwrap().permissions().mode() & 0o777;
         assert_eq!(dir_mode, 0o700);
@@ -384,9 +563,12 @@ mod tests {
         let (a, b) = (dir.path().join("a"), dir.path().join("b"));
         fs::write(&a, b"a").unwrap();
         fs::write(&b, b"b").unwrap();
-        assert!(matches!(LocalFileManager.rename_no_replace(&a, &b), Err(LogStoreError::AlreadyExists { .. })));
+        assert!(matches!(
+            LocalFileManager.rename_no_replace(&a, &b, NO_FENCE),
+            Err(LogStoreError::AlreadyExists { .. })
+        ));
         fs::remove_file(&b).unwrap();
-        LocalFileManager.rename_no_replace(&a, &b).unwrap();
+        LocalFileManager.rename_no_replace(&a, &b, NO_FENCE).unwrap();
         assert!(!a.exists());
         assert_eq!(fs::read(&b).unwrap(), b"a");
     }

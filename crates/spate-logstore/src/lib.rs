@@ -59,12 +59,14 @@ mod verdict;
 
 pub use checkpoint::{
     COMMITS_DIR, Checkpoint, CheckpointMetadata, CheckpointOptions, DEFAULT_RETAIN_BATCHES, MAX_CHECKPOINT_FILE_BYTES,
-    METADATA_FILE, OFFSETS_DIR,
+    MAX_METADATA_BYTES, METADATA_FILE, OFFSETS_DIR, read_metadata_file,
 };
 pub use entries::{CommitLog, CommitMetadata, NO_OFFSET, OffsetLog, OffsetSeq, SourceOffset};
 pub use error::{LogStoreError, Result};
 pub use fault::{FaultMode, FaultPoint, FaultyFileManager};
-pub use file_manager::{CheckpointFileManager, DIR_MODE, FILE_MODE, LocalFileManager};
+pub use file_manager::{
+    CheckpointFileManager, DIR_MODE, FILE_MODE, LocalFileManager, LogListing, NO_FENCE, PublishCheck, Tightened,
+};
 pub use lock::{EpochFence, LOCK_FILE, LockHolder, WriterLock, read_lock_holder};
 pub use log::{
     BodyError, Json, LogEntry, MAX_LOG_FILE_BYTES, MetadataLog, decode_entry, encode_entry, parse_batch_file_name,

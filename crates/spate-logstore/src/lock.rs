@@ -9,6 +9,12 @@
 //! the epoch is still its own ([`EpochFence::check`]); if another writer took
 //! over (the OS lock was lost: the file was deleted, or a shared file system
 //! does not honour locks) the stale writer gets [`LogStoreError::StaleEpoch`].
+//! [`EpochFence`] is also a [`spate_core::WriterFence`], so layers below the
+//! log store (the write-ahead log, the block tracker) check the same epoch.
+//!
+//! The lock file is a versioned log entry: a `v1` line, then the holder as
+//! JSON with its checksum (see [`crate::encode_entry`]). Lock files written
+//! before the version line existed (bare JSON) are still read.
 
 use std::fmt;
 use std::fs::{File, OpenOptions, TryLockError};
@@ -18,11 +24,12 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
-use spate_core::{Clock, Time};
+use spate_core::{Clock, Time, WriterFence};
 use tracing::{info, warn};
 
 use crate::error::{LogStoreError, Result};
 use crate::file_manager::{FILE_MODE, fsync_dir};
+use crate::log::{Json, decode_entry, encode_entry};
 
 /// The lock file's name in a checkpoint directory.
 pub const LOCK_FILE: &str = "LOCK";
@@ -60,12 +67,27 @@ fn read_lock_file(path: &Path) -> OnDisk {
     match crate::file_manager::read_bounded(path, MAX_LOCK_FILE_BYTES) {
         Ok(None) => OnDisk::Missing,
         Ok(Some(bytes)) if bytes.is_empty() => OnDisk::Unreadable("empty".to_string()),
-        Ok(Some(bytes)) => match serde_json::from_slice(&bytes) {
-            Ok(holder) => OnDisk::Holder(holder),
-            Err(e) => OnDisk::Unreadable(e.to_string()),
-        },
+        Ok(Some(bytes)) => decode_holder(path, &bytes),
         Err(e) => OnDisk::Unreadable(e.to_string()),
     }
+}
+
+/// The lock file's bytes: a `v1` entry, or the bare JSON of older builds.
+fn decode_holder(path: &Path, bytes: &[u8]) -> OnDisk {
+    let decoded = if bytes.first() == Some(&b'{') {
+        serde_json::from_slice(bytes).map_err(|e| e.to_string())
+    } else {
+        decode_entry::<Json<LockHolder>>(path, bytes).map(|json| json.0).map_err(|e| e.to_string())
+    };
+    match decoded {
+        Ok(holder) => OnDisk::Holder(holder),
+        Err(reason) => OnDisk::Unreadable(reason),
+    }
+}
+
+/// The lock file's content for `holder`.
+fn encode_holder(path: &Path, holder: &LockHolder) -> Result<Vec<u8>> {
+    encode_entry(&Json(holder.clone())).map_err(|reason| LogStoreError::Encode { path: path.to_path_buf(), reason })
 }
 
 /// The last holder recorded in `<dir>/LOCK`, whether or not it is alive.
@@ -103,6 +125,16 @@ impl EpochFence {
     }
 }
 
+impl WriterFence for EpochFence {
+    fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    fn check(&self) -> std::result::Result<(), String> {
+        EpochFence::check(self).map_err(|e| e.to_string())
+    }
+}
+
 /// The held writer lock of a checkpoint directory. Dropping it releases the lock.
 #[derive(Debug)]
 pub struct WriterLock {
@@ -134,7 +166,7 @@ impl WriterLock {
             Err(TryLockError::Error(e)) => return Err(LogStoreError::io("lock", &path, e)),
         }
         let previous = read_previous(&mut file, &path)?;
-        let epoch = next_epoch(dir, &previous, clock);
+        let epoch = next_epoch(dir, &previous, clock)?;
         let holder = LockHolder { pid: std::process::id(), host: host_name(), since: clock.now(), epoch };
         write_holder(&file, &path, &holder)?;
         fsync_dir(dir)?;
@@ -161,37 +193,47 @@ impl WriterLock {
 
 fn read_previous(file: &mut File, path: &Path) -> Result<OnDisk> {
     let mut bytes = Vec::new();
-    file.take(MAX_LOCK_FILE_BYTES).read_to_end(&mut bytes).map_err(|e| LogStoreError::io("read lock file", path, e))?;
+    // One byte past the limit tells a whole file from a cut one.
+    let limit = MAX_LOCK_FILE_BYTES + 1;
+    file.take(limit).read_to_end(&mut bytes).map_err(|e| LogStoreError::io("read lock file", path, e))?;
     if bytes.is_empty() {
         return Ok(OnDisk::Missing);
     }
-    Ok(match serde_json::from_slice::<LockHolder>(&bytes) {
-        Ok(holder) => OnDisk::Holder(holder),
-        Err(e) => OnDisk::Unreadable(e.to_string()),
-    })
+    if bytes.len() as u64 > MAX_LOCK_FILE_BYTES {
+        return Ok(OnDisk::Unreadable(format!("longer than {MAX_LOCK_FILE_BYTES} bytes")));
+    }
+    Ok(decode_holder(path, &bytes))
 }
 
 /// The previous epoch plus one. Without a readable previous epoch in a
 /// directory that was used before (the lock file was deleted or damaged), a
 /// stale writer may still hold a small epoch, so the new one is taken from
-/// the clock (milliseconds), far above any count of takeovers.
-fn next_epoch(dir: &Path, previous: &OnDisk, clock: &dyn Clock) -> u64 {
+/// the clock (milliseconds), far above any count of takeovers. A previous
+/// epoch of `u64::MAX` has no successor: the new writer could not be told
+/// apart from the old one, so it is refused.
+fn next_epoch(dir: &Path, previous: &OnDisk, clock: &dyn Clock) -> Result<u64> {
     match previous {
         OnDisk::Holder(holder) => {
             info!(dir = %dir.display(), previous = %holder, "taking over from a writer that is gone");
-            holder.epoch.saturating_add(1)
+            holder.epoch.checked_add(1).ok_or_else(|| LogStoreError::OutOfRange {
+                path: dir.join(LOCK_FILE),
+                reason: format!(
+                    "the last writer's epoch {} is the largest there is, so a new writer cannot get a higher one; \
+                     with no writer running, delete the lock file and start again",
+                    holder.epoch
+                ),
+            })
         }
-        OnDisk::Missing if !dir.join(crate::checkpoint::METADATA_FILE).exists() => 1,
+        OnDisk::Missing if !dir.join(crate::checkpoint::METADATA_FILE).exists() => Ok(1),
         OnDisk::Missing | OnDisk::Unreadable(_) => {
             warn!(dir = %dir.display(), "lock file empty or unreadable in a used checkpoint; epoch taken from the clock");
-            u64::try_from(clock.now().as_millis()).unwrap_or(1).max(1)
+            Ok(u64::try_from(clock.now().as_millis()).unwrap_or(1).max(1))
         }
     }
 }
 
 fn write_holder(file: &File, path: &Path, holder: &LockHolder) -> Result<()> {
-    let bytes = serde_json::to_vec(holder)
-        .map_err(|e| LogStoreError::Encode { path: path.to_path_buf(), reason: e.to_string() })?;
+    let bytes = encode_holder(path, holder)?;
     file.set_len(0).map_err(|e| LogStoreError::io("truncate lock file", path, e))?;
     file.write_all_at(&bytes, 0).map_err(|e| LogStoreError::io("write lock file", path, e))?;
     file.sync_all().map_err(|e| LogStoreError::io("fsync lock file", path, e))
@@ -245,5 +287,29 @@ mod tests {
         let err = old.fence().check().unwrap_err().to_string();
         assert!(err.contains("our epoch is 1") && err.contains(&format!("epoch {}", new.epoch())), "{err}");
         new.fence().check().unwrap();
+    }
+
+    #[test]
+    fn the_lock_file_is_a_versioned_checked_entry_and_old_ones_are_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let clock = ManualClock::new(Time::from_millis(1_000));
+        let path = dir.path().join(LOCK_FILE);
+        let first = WriterLock::acquire(dir.path(), &clock).unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(text.starts_with("v1\n{") && text.contains(r#""epoch":1,"crc32c":""#), "{text}");
+        assert_eq!(read_lock_holder(dir.path()).as_ref(), Some(first.holder()));
+        drop(first);
+
+        // A lock file from before the version line: bare JSON.
+        std::fs::write(&path, br#"{"pid":7,"host":"h","sinceMs":0,"epoch":41}"#).unwrap();
+        assert_eq!(read_lock_holder(dir.path()).map(|h| h.epoch), Some(41));
+        assert_eq!(WriterLock::acquire(dir.path(), &clock).unwrap().epoch(), 42);
+
+        // A damaged one is unreadable, never a holder with another epoch.
+        let damaged = std::fs::read_to_string(&path).unwrap().replace(r#""epoch":42"#, r#""epoch":43"#);
+        std::fs::write(&path, damaged).unwrap();
+        assert_eq!(read_lock_holder(dir.path()), None);
+        std::fs::write(&path, b"v2\n{}").unwrap();
+        assert_eq!(read_lock_holder(dir.path()), None);
     }
 }

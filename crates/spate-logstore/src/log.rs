@@ -5,7 +5,23 @@
 //! text: a version line `v1`, then the entry's own lines (JSON). Entries are
 //! written once with a put-if-absent and never changed; names that are not a
 //! canonical decimal id (temp files, `.crc` files, `007`) are ignored.
+//!
+//! # Checksum
+//!
+//! When the line after the version is a JSON object, spate ends it with a
+//! `"crc32c"` field: eight hex digits, the CRC-32C of the whole file as it
+//! would be without that field. Spark's readers ignore fields they do not
+//! know, so the file stays readable by Spark, and files without the field
+//! (written by Spark, or by spate before it had checksums) are read as
+//! before. A file whose checksum does not match, or whose field is damaged,
+//! is refused with an error naming it.
+//!
+//! ```text
+//! v1
+//! {"nextBatchWatermarkMs":0,"crc32c":"4b1a0f3e"}
+//! ```
 
+use std::borrow::Cow;
 use std::fmt;
 use std::marker::PhantomData;
 use std::path::{Path, PathBuf};
@@ -78,20 +94,89 @@ pub(crate) fn first_line(body: &str) -> Option<&str> {
     body.lines().next()
 }
 
-/// Encodes an entry as the bytes of its file.
+/// Encodes an entry as the bytes of its file, with its checksum (see the module docs).
 pub fn encode_entry<T: LogEntry>(entry: &T) -> Result<Vec<u8>, String> {
     let body = entry.encode_body()?;
-    Ok(format!("v{}\n{body}", T::VERSION).into_bytes())
+    Ok(add_checksum(format!("v{}\n{body}", T::VERSION).into_bytes()))
 }
 
-/// Decodes the bytes of a log file; `path` is only used to name the file in errors.
+/// Decodes the bytes of a log file; `path` is only used to name the file in
+/// errors. A newer version is refused first, then the checksum is checked
+/// (when there is one), then the entry decoded.
 pub fn decode_entry<T: LogEntry>(path: &Path, bytes: &[u8]) -> Result<T> {
-    let (version, body) = split_version(path, bytes, T::VERSION)?;
+    split_version(path, bytes, T::VERSION)?;
+    let unchecked = strip_checksum(path, bytes)?;
+    let (version, body) = split_version(path, &unchecked, T::VERSION)?;
     T::decode_body(version, body).map_err(|e| LogStoreError::Malformed {
         path: path.to_path_buf(),
         line: e.line,
         reason: e.reason,
     })
+}
+
+/// The key of the checksum field.
+const CHECKSUM_KEY: &[u8] = br#""crc32c":""#;
+/// `"crc32c":"` + 8 hex digits + `"`.
+const CHECKSUM_FIELD_LEN: usize = CHECKSUM_KEY.len() + 8 + 1;
+
+/// Where line 2 of `bytes` (the line after the version) starts and ends.
+fn second_line(bytes: &[u8]) -> Option<(usize, usize)> {
+    let start = bytes.iter().position(|b| *b == b'\n')? + 1;
+    let end = bytes[start..].iter().position(|b| *b == b'\n').map_or(bytes.len(), |n| start + n);
+    Some((start, end))
+}
+
+/// `bytes` with the checksum field put at the end of line 2, when line 2 is
+/// a JSON object.
+fn add_checksum(mut bytes: Vec<u8>) -> Vec<u8> {
+    let Some((start, end)) = second_line(&bytes) else { return bytes };
+    let line = &bytes[start..end];
+    if line.len() < 2 || line[0] != b'{' || line[line.len() - 1] != b'}' {
+        return bytes;
+    }
+    let comma = if line == b"{}" { "" } else { "," };
+    let field = format!("{comma}\"crc32c\":\"{:08x}\"", crc32c::crc32c(&bytes));
+    bytes.splice(end - 1..end - 1, field.into_bytes());
+    bytes
+}
+
+/// `bytes` without its checksum field, once the checksum is verified; the
+/// bytes as they are when there is none.
+fn strip_checksum<'a>(path: &Path, bytes: &'a [u8]) -> Result<Cow<'a, [u8]>> {
+    let Some((start, end)) = second_line(bytes) else { return Ok(Cow::Borrowed(bytes)) };
+    let line = &bytes[start..end];
+    // The last occurrence: the field ends the line, and a key of the same name may come earlier.
+    let Some(at) = rfind(line, CHECKSUM_KEY) else { return Ok(Cow::Borrowed(bytes)) };
+    let damaged = |reason: &str| LogStoreError::Malformed { path: path.to_path_buf(), line: 2, reason: reason.into() };
+    // The field must be the last one, exactly as written: `…,"crc32c":"xxxxxxxx"}`.
+    let field_end = at + CHECKSUM_FIELD_LEN;
+    if field_end + 1 != line.len() || line[line.len() - 1] != b'}' || line[field_end - 1] != b'"' {
+        return Err(damaged("the checksum field is damaged (it must end the line as \"crc32c\":\"<8 hex digits>\")"));
+    }
+    let hex = &line[at + CHECKSUM_KEY.len()..field_end - 1];
+    let stored = std::str::from_utf8(hex)
+        .ok()
+        .filter(|h| h.bytes().all(|b| b.is_ascii_hexdigit()))
+        .and_then(|h| u32::from_str_radix(h, 16).ok())
+        .ok_or_else(|| damaged("the checksum is not 8 hex digits"))?;
+    let cut_from = match at.checked_sub(1) {
+        Some(comma) if line[comma] == b',' => comma,
+        Some(0) => at,
+        _ => return Err(damaged("the checksum field is damaged (no comma before it)")),
+    };
+    let mut unchecked = Vec::with_capacity(bytes.len());
+    unchecked.extend_from_slice(&bytes[..start + cut_from]);
+    unchecked.extend_from_slice(&bytes[start + field_end..]);
+    let computed = crc32c::crc32c(&unchecked);
+    if computed != stored {
+        return Err(LogStoreError::ChecksumMismatch { path: path.to_path_buf(), stored, computed });
+    }
+    Ok(Cow::Owned(unchecked))
+}
+
+/// The last position of `needle` in `haystack`.
+fn rfind(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack.windows(needle.len()).rposition(|w| w == needle)
 }
 
 /// Checks the version line and returns the version and the rest of the text.
@@ -131,14 +216,36 @@ pub(crate) fn clip(s: &str) -> String {
     out
 }
 
-/// The batch id a file name stands for, if it is a canonical decimal id.
+/// The batch id a file name stands for, if it is a canonical decimal id
+/// that fits a `u64`. ([`BatchId::next`] of the largest, `u64::MAX`, does
+/// not exist: the verdict reports such a file as an inconsistency.)
 pub fn parse_batch_file_name(name: &str) -> Option<BatchId> {
+    match batch_name(name) {
+        BatchName::Id(id) => Some(id),
+        BatchName::TooLarge | BatchName::Other => None,
+    }
+}
+
+/// What a name in a log directory is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum BatchName {
+    /// A canonical decimal batch id.
+    Id(BatchId),
+    /// A canonical decimal number too large for a batch id: a damaged or
+    /// foreign entry, never one spate wrote.
+    TooLarge,
+    /// Anything else (temp files, `.crc` files, `007`): not an entry.
+    Other,
+}
+
+pub(crate) fn batch_name(name: &str) -> BatchName {
     let canonical =
         !name.is_empty() && name.bytes().all(|b| b.is_ascii_digit()) && (name == "0" || !name.starts_with('0'));
     if !canonical {
-        return None;
+        return BatchName::Other;
     }
-    name.parse::<u64>().ok().map(BatchId)
+    // All digits, so the only way to fail is overflow.
+    name.parse::<u64>().map_or(BatchName::TooLarge, |n| BatchName::Id(BatchId(n)))
 }
 
 /// Who may write to a log.
@@ -225,15 +332,22 @@ impl<T: LogEntry> MetadataLog<T> {
 
     /// Writes entry `id` if there is none: `Ok(true)` when written, `Ok(false)`
     /// when the id already exists (the existing entry is left as it is).
+    /// The largest id, which no batch could follow, is refused with
+    /// [`LogStoreError::OutOfRange`]. The writer's fence is checked first and
+    /// again immediately before the entry's name appears.
     pub fn add(&self, id: BatchId, entry: &T) -> Result<bool> {
         self.check_writable()?;
         let path = self.path_of(id);
+        if id.next().is_none() {
+            let reason = format!("batch id {id} is the largest there is; no batch could follow it");
+            return Err(LogStoreError::OutOfRange { path, reason });
+        }
         if self.files.exists(&path)? {
             debug!(path = %path.display(), "entry exists; not overwritten");
             return Ok(false);
         }
         let bytes = encode_entry(entry).map_err(|reason| LogStoreError::Encode { path: path.clone(), reason })?;
-        match self.files.create_atomic(&path, &bytes) {
+        match self.files.create_atomic(&path, &bytes, &|| self.check_writable()) {
             Ok(()) => Ok(true),
             Err(LogStoreError::AlreadyExists { .. }) => {
                 // Lost a race with another writer of the same id (Spark calls this a
@@ -291,10 +405,13 @@ impl<T: LogEntry> MetadataLog<T> {
     }
 
     /// Deletes every entry with an id below `threshold`; returns how many.
+    /// The fence is checked before each deletion, so a writer that loses the
+    /// checkpoint half-way stops there.
     pub fn purge(&self, threshold: BatchId) -> Result<usize> {
         self.check_writable()?;
         let mut removed = 0;
         for id in self.ids()?.into_iter().take_while(|id| *id < threshold) {
+            self.check_writable()?;
             if self.files.delete(&self.path_of(id))? {
                 removed += 1;
             }
@@ -326,7 +443,8 @@ mod tests {
         assert!(log.add(BatchId(0), &Json(Note { n: 1 })).unwrap());
         assert!(!log.add(BatchId(0), &Json(Note { n: 2 })).unwrap());
         assert_eq!(log.get(BatchId(0)).unwrap(), Some(Json(Note { n: 1 })));
-        assert_eq!(std::fs::read_to_string(log.path_of(BatchId(0))).unwrap(), "v1\n{\"n\":1}");
+        let text = std::fs::read_to_string(log.path_of(BatchId(0))).unwrap();
+        assert!(text.starts_with("v1\n{\"n\":1,\"crc32c\":\""), "{text}");
     }
 
     #[test]

@@ -15,7 +15,7 @@ use tracing::info;
 
 use crate::checkpoint::{COMMITS_DIR, OFFSETS_DIR};
 use crate::error::{LogStoreError, Result};
-use crate::file_manager::{CheckpointFileManager, parent_of};
+use crate::file_manager::{CheckpointFileManager, NO_FENCE, PublishCheck, parent_of};
 use crate::verdict::{Inconsistency, InconsistencyKind, RecoveryPoint, classify, repair_command};
 
 /// The directory, under a checkpoint, that holds files moved aside by repairs.
@@ -140,10 +140,19 @@ impl Logs {
             }
             InconsistencyKind::GapBetween { last_commit, .. } => {
                 // Keep the first uncommitted batch: it re-runs with its logged offsets.
-                let first_pending =
-                    last_commit.map_or(self.offsets.first().copied().unwrap_or_default(), BatchId::next);
+                // (classify reports an id without a successor before any gap, so `next` exists.)
+                let first_pending = match last_commit {
+                    Some(c) => c.next().unwrap_or(*c),
+                    None => self.offsets.first().copied().unwrap_or_default(),
+                };
                 let keep = |id: BatchId| id <= first_pending;
                 take(&mut self.offsets, OFFSETS_DIR, &keep, "offsets of a batch after the first uncommitted one");
+            }
+            InconsistencyKind::IdOutOfRange { .. } => {
+                let keep = |id: BatchId| id.next().is_some();
+                let why = "batch id out of range: no batch could follow it";
+                take(&mut self.offsets, OFFSETS_DIR, &keep, why);
+                take(&mut self.commits, COMMITS_DIR, &keep, why);
             }
             // Unreadable files were moved before the loop; classify never returns this kind.
             InconsistencyKind::Unreadable { .. } => {}
@@ -190,8 +199,19 @@ impl fmt::Display for RepairPlan {
 /// Carries out `plan` on its directory: checks first that every file to move
 /// is still there and no target exists (so a stale plan changes nothing),
 /// then moves them and leaves a note explaining the repair. Call it only while
-/// no writer runs (hold the writer lock: [`crate::Checkpoint::apply_repair`]).
+/// no writer runs (hold the writer lock: [`crate::Checkpoint::apply_repair`],
+/// which also checks the writer's fence before each move).
 pub fn apply_repair(files: &dyn CheckpointFileManager, plan: &RepairPlan) -> Result<()> {
+    apply_repair_fenced(files, plan, NO_FENCE)
+}
+
+/// [`apply_repair`] with `fence` checked immediately before each move and
+/// before the note is written.
+pub(crate) fn apply_repair_fenced(
+    files: &dyn CheckpointFileManager,
+    plan: &RepairPlan,
+    fence: PublishCheck<'_>,
+) -> Result<()> {
     for action in &plan.actions {
         let (from, to) = (plan.dir.join(&action.from), plan.dir.join(&action.to));
         if !files.exists(&from)? {
@@ -206,10 +226,10 @@ pub fn apply_repair(files: &dyn CheckpointFileManager, plan: &RepairPlan) -> Res
     for action in &plan.actions {
         let (from, to) = (plan.dir.join(&action.from), plan.dir.join(&action.to));
         files.mkdirs(parent_of(&to))?;
-        files.rename_no_replace(&from, &to)?;
+        files.rename_no_replace(&from, &to, fence)?;
         info!(from = %from.display(), to = %to.display(), reason = %action.reason, "moved to quarantine");
     }
-    files.create_atomic(&quarantine.join(REPAIR_NOTE), plan.to_string().as_bytes())
+    files.create_atomic(&quarantine.join(REPAIR_NOTE), plan.to_string().as_bytes(), fence)
 }
 
 #[cfg(test)]

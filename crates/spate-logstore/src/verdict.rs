@@ -21,7 +21,7 @@ use spate_core::BatchId;
 use crate::checkpoint::{COMMITS_DIR, METADATA_FILE, OFFSETS_DIR, read_metadata};
 use crate::entries::{CommitMetadata, OffsetSeq};
 use crate::error::{LogStoreError, Result};
-use crate::file_manager::{CheckpointFileManager, LocalFileManager};
+use crate::file_manager::{CheckpointFileManager, LocalFileManager, LogListing};
 use crate::log::{MAX_LOG_FILE_BYTES, decode_entry};
 
 /// Where a consistent checkpoint puts the next run.
@@ -96,6 +96,12 @@ pub enum InconsistencyKind {
         /// The last offsets id (more than one past the last commit).
         last_offsets: BatchId,
     },
+    /// A log entry's name is a batch id no batch could follow
+    /// (`18446744073709551615`), or a number too large for a batch id.
+    IdOutOfRange {
+        /// The file, relative to the checkpoint directory.
+        file: PathBuf,
+    },
     /// A file needed to decide cannot be read.
     Unreadable {
         /// The file, relative to the checkpoint directory.
@@ -126,6 +132,12 @@ impl fmt::Display for InconsistencyKind {
                 "gap between offsets and commits: offsets go up to {last_offsets} but the last commit is {}; \
                  only one batch may be planned and not committed",
                 last_commit.map_or("none".to_string(), |c| c.to_string()),
+            ),
+            InconsistencyKind::IdOutOfRange { file } => write!(
+                f,
+                "batch id out of range: {} names a batch that no batch could follow (or a number too large \
+                 for a batch id); spate never writes such an entry",
+                file.display()
             ),
             InconsistencyKind::Unreadable { file, reason } => {
                 write!(f, "unreadable file {}: {reason}", file.display())
@@ -236,11 +248,27 @@ impl fmt::Display for Verdict {
 
 /// The first hole in an ascending list of ids: (first missing, next present).
 fn first_gap(ids: &[BatchId]) -> Option<(BatchId, BatchId)> {
-    ids.windows(2).find(|w| w[1].0 != w[0].0 + 1).map(|w| (w[0].next(), w[1]))
+    ids.windows(2).find_map(|w| match w[0].next() {
+        Some(next) if next != w[1] => Some((next, w[1])),
+        _ => None,
+    })
 }
 
-/// The pure decision on the ids of the two logs (ascending).
+/// The first id (of offsets, then commits) that no batch could follow.
+fn out_of_range(offsets: &[BatchId], commits: &[BatchId]) -> Option<InconsistencyKind> {
+    [(OFFSETS_DIR, offsets), (COMMITS_DIR, commits)].into_iter().find_map(|(dir, ids)| {
+        let id = ids.iter().find(|id| id.next().is_none())?;
+        Some(InconsistencyKind::IdOutOfRange { file: Path::new(dir).join(id.0.to_string()) })
+    })
+}
+
+/// The pure decision on the ids of the two logs (ascending). An id without
+/// a successor (`u64::MAX`) is an inconsistency, never a batch to resume
+/// after.
 pub fn classify(offsets: &[BatchId], commits: &[BatchId]) -> Result<RecoveryPoint, InconsistencyKind> {
+    if let Some(kind) = out_of_range(offsets, commits) {
+        return Err(kind);
+    }
     let (last_offsets, last_commit) = (offsets.last().copied(), commits.last().copied());
     if let Some(c) = last_commit
         && last_offsets.is_none_or(|o| c > o)
@@ -256,12 +284,12 @@ pub fn classify(offsets: &[BatchId], commits: &[BatchId]) -> Result<RecoveryPoin
     let (Some(o), Some(first_offsets)) = (last_offsets, offsets.first().copied()) else {
         return Ok(RecoveryPoint::Fresh);
     };
-    match last_commit {
-        Some(c) if c == o => Ok(RecoveryPoint::Resume { next: o.next() }),
-        Some(c) if c.next() == o => Ok(RecoveryPoint::Rerun { batch: o }),
+    match (last_commit, o.next()) {
+        (Some(c), Some(next)) if c == o => Ok(RecoveryPoint::Resume { next }),
+        (Some(c), _) if c.next() == Some(o) => Ok(RecoveryPoint::Rerun { batch: o }),
         // No commits: the retained offsets must be a single pending batch
         // (batch 0, or the first after a purge).
-        None if first_offsets == o => Ok(RecoveryPoint::Rerun { batch: o }),
+        (None, _) if first_offsets == o => Ok(RecoveryPoint::Rerun { batch: o }),
         _ => Err(InconsistencyKind::GapBetween { last_commit, last_offsets: o }),
     }
 }
@@ -274,7 +302,9 @@ pub(crate) fn files_involved(kind: &InconsistencyKind, shape: &CheckpointShape) 
         InconsistencyKind::CommitAhead { last_offsets, .. } => {
             let above = |id: &&BatchId| last_offsets.is_none_or(|o| **id > o);
             let mut files: Vec<PathBuf> = shape.commits.iter().filter(above).map(|id| commits(*id)).collect();
-            files.insert(0, offsets(last_offsets.map_or(BatchId(0), BatchId::next)));
+            if let Some(missing) = last_offsets.map_or(Some(BatchId(0)), BatchId::next) {
+                files.insert(0, offsets(missing));
+            }
             files
         }
         InconsistencyKind::OffsetsGap { missing, .. } => {
@@ -292,7 +322,7 @@ pub(crate) fn files_involved(kind: &InconsistencyKind, shape: &CheckpointShape) 
             let pending = |id: &&BatchId| last_commit.is_none_or(|c| **id > c);
             shape.offsets.iter().filter(pending).map(|id| offsets(*id)).collect()
         }
-        InconsistencyKind::Unreadable { file, .. } => vec![file.clone()],
+        InconsistencyKind::IdOutOfRange { file } | InconsistencyKind::Unreadable { file, .. } => vec![file.clone()],
     }
 }
 
@@ -308,10 +338,10 @@ pub fn inspect_with(files: &dyn CheckpointFileManager, dir: &Path) -> Result<Ver
         let missing = std::io::Error::new(std::io::ErrorKind::NotFound, "no such checkpoint directory");
         return Err(LogStoreError::io("inspect", dir, missing));
     }
-    let ids = |sub: &str| -> Result<Vec<BatchId>> {
-        let mut ids = files.list_batch_ids(&dir.join(sub))?;
-        ids.sort_unstable();
-        Ok(ids)
+    let ids = |sub: &str| -> Result<LogListing> {
+        let mut listing = files.list_log(&dir.join(sub))?;
+        listing.ids.sort_unstable();
+        Ok(listing)
     };
     // Listing the two logs is nearly all the work on a long log: do both at once.
     let (offsets, commits) = std::thread::scope(|scope| {
@@ -321,11 +351,22 @@ pub fn inspect_with(files: &dyn CheckpointFileManager, dir: &Path) -> Result<Ver
     let commits = commits.unwrap_or_else(|_| {
         Err(LogStoreError::io("list", dir.join(COMMITS_DIR), std::io::Error::other("listing thread panicked")))
     });
-    let mut shape = CheckpointShape { offsets: offsets?, commits: commits?, unreadable: Vec::new() };
+    let (offsets, commits) = (offsets?, commits?);
+    let mut shape = CheckpointShape { offsets: offsets.ids, commits: commits.ids, unreadable: Vec::new() };
     let inconsistent = |kind: InconsistencyKind, shape: CheckpointShape| {
         let files = files_involved(&kind, &shape);
         Ok(Verdict::Inconsistent(Box::new(Inconsistency { dir: dir.to_path_buf(), kind, files, shape })))
     };
+    // Names too large for an id are listed as unreadable so a repair moves them aside.
+    let too_large: Vec<PathBuf> = [(OFFSETS_DIR, offsets.too_large), (COMMITS_DIR, commits.too_large)]
+        .into_iter()
+        .flat_map(|(sub, names)| names.into_iter().map(move |name| Path::new(sub).join(name)))
+        .collect();
+    if let Some(first) = too_large.first().cloned() {
+        let reason = "the name is a number too large for a batch id".to_string();
+        shape.unreadable.extend(too_large.into_iter().map(|file| (file, reason.clone())));
+        return inconsistent(InconsistencyKind::IdOutOfRange { file: first }, shape);
+    }
     if let Err(unreadable) = read_metadata(files, dir) {
         shape.unreadable.push((PathBuf::from(METADATA_FILE), unreadable.to_string()));
         let kind = InconsistencyKind::Unreadable { file: PathBuf::from(METADATA_FILE), reason: unreadable.to_string() };

@@ -1,6 +1,8 @@
 //! Crash and failure injection at every step of the atomic write: after
 //! each, reopening the log shows the old state or the new one, never a torn
-//! file, and the log keeps working.
+//! file, and the log keeps working. Each runs on a plain file system, with
+//! short writes, and with a crash that loses everything not yet synced;
+//! failures are injected errors and a full disk (ENOSPC).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -10,8 +12,8 @@ use std::sync::Arc;
 use serde_json::json;
 use spate_core::{BatchId, Time};
 use spate_logstore::{
-    Checkpoint, CheckpointOptions, FaultMode, FaultPoint, FaultyFileManager, LocalFileManager, OffsetLog, OffsetSeq,
-    SourceOffset, Verdict,
+    Checkpoint, CheckpointOptions, FaultMode, FaultPoint, FaultyFileManager, LocalFileManager, LogStoreError,
+    OffsetLog, OffsetSeq, SourceOffset, Verdict,
 };
 
 fn entry(id: u64) -> OffsetSeq {
@@ -22,30 +24,59 @@ fn entry(id: u64) -> OffsetSeq {
     }
 }
 
-/// Writes batches 0..3 with a healthy manager, then tries batch 3 with a fault.
-fn run_with_fault(dir: &Path, point: FaultPoint, mode: FaultMode) -> (bool, spate_logstore::Result<bool>) {
-    let healthy = OffsetLog::open(Arc::new(LocalFileManager), dir).unwrap();
-    for id in 0..3 {
-        assert!(healthy.add(BatchId(id), &entry(id)).unwrap());
+/// How the faulty manager behaves besides the armed fault.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Setting {
+    /// Like the local file system.
+    Plain,
+    /// Every write(2) takes three bytes.
+    ShortWrites,
+    /// A crash drops everything not yet synced.
+    LosingUnsynced,
+}
+
+const SETTINGS: [Setting; 3] = [Setting::Plain, Setting::ShortWrites, Setting::LosingUnsynced];
+
+fn manager(setting: Setting) -> Arc<FaultyFileManager> {
+    let manager = match setting {
+        Setting::LosingUnsynced => FaultyFileManager::new().losing_unsynced_data(),
+        Setting::Plain | Setting::ShortWrites => FaultyFileManager::new(),
+    };
+    if setting == Setting::ShortWrites {
+        manager.short_writes(3);
     }
-    let faulty = Arc::new(FaultyFileManager::new());
+    Arc::new(manager)
+}
+
+/// Writes batches 0..3 into a new directory, then tries batch 3 with a
+/// fault, all through one faulty manager (so what it has not synced is known).
+fn run_with_fault(
+    dir: &Path,
+    point: FaultPoint,
+    mode: FaultMode,
+    setting: Setting,
+) -> (bool, spate_logstore::Result<bool>) {
+    let faulty = manager(setting);
     let log = OffsetLog::open(faulty.clone(), dir).unwrap();
+    for id in 0..3 {
+        assert!(log.add(BatchId(id), &entry(id)).unwrap());
+    }
     faulty.arm(point, mode);
     let result = log.add(BatchId(3), &entry(3));
     (faulty.has_crashed(), result)
 }
 
 /// The state after "restarting": either old (0..3) or new (0..=3); every entry reads back intact.
-fn assert_old_or_new(dir: &Path, point: FaultPoint, mode: FaultMode) -> bool {
+fn assert_old_or_new(dir: &Path, point: FaultPoint, mode: FaultMode, setting: Setting) -> bool {
     let log = OffsetLog::open(Arc::new(LocalFileManager), dir).unwrap();
     let ids = log.ids().unwrap();
     let new = match ids.len() {
         3 => false,
         4 => true,
-        n => panic!("{point:?}/{mode:?}: {n} entries"),
+        n => panic!("{setting:?} {point:?}/{mode:?}: {n} entries; a write that returned was lost"),
     };
     for (id, value) in log.get_range(None, None).unwrap() {
-        assert_eq!(value, entry(id.0), "{point:?}/{mode:?}: entry {id} torn");
+        assert_eq!(value, entry(id.0), "{setting:?} {point:?}/{mode:?}: entry {id} torn");
     }
     assert_eq!(log.latest().unwrap().map(|(id, _)| id), Some(BatchId(if new { 3 } else { 2 })));
     new
@@ -53,38 +84,101 @@ fn assert_old_or_new(dir: &Path, point: FaultPoint, mode: FaultMode) -> bool {
 
 #[test]
 fn crash_at_every_step_leaves_old_or_new_state() {
-    for point in FaultPoint::ALL {
-        let dir = tempfile::tempdir().unwrap();
-        let (crashed, result) = run_with_fault(dir.path(), point, FaultMode::Crash);
-        assert!(crashed && result.is_err(), "{point:?}: the crash must stop the add");
-        let new = assert_old_or_new(dir.path(), point, FaultMode::Crash);
-        // Past the link the entry is whole and visible; before it, absent.
-        let linked = matches!(point, FaultPoint::AfterRename | FaultPoint::DirFsync | FaultPoint::AfterDirFsync);
-        assert_eq!(new, linked, "{point:?}");
+    for setting in SETTINGS {
+        for point in FaultPoint::ALL {
+            let root = tempfile::tempdir().unwrap();
+            // A directory the manager creates, so its own name must be made durable too.
+            let dir = root.path().join("ck/offsets");
+            let (crashed, result) = run_with_fault(&dir, point, FaultMode::Crash, setting);
+            assert!(crashed && result.is_err(), "{setting:?} {point:?}: the crash must stop the add");
+            let new = assert_old_or_new(&dir, point, FaultMode::Crash, setting);
+            // Past the link the entry is whole and visible; before it, absent. Losing
+            // unsynced data, only a directory fsync makes the link stay.
+            let linked = match setting {
+                Setting::LosingUnsynced => point == FaultPoint::AfterDirFsync,
+                Setting::Plain | Setting::ShortWrites => {
+                    matches!(point, FaultPoint::AfterRename | FaultPoint::DirFsync | FaultPoint::AfterDirFsync)
+                }
+            };
+            assert_eq!(new, linked, "{setting:?} {point:?}");
 
-        // Restart as the runtime does: the writer cleans temp files and carries on.
-        let checkpoint_like = OffsetLog::open(Arc::new(LocalFileManager), dir.path()).unwrap();
-        let cleaned = spate_logstore::CheckpointFileManager::clean_temp_files(&LocalFileManager, dir.path()).unwrap();
-        let temp_expected =
-            !matches!(point, FaultPoint::BeforeTempWrite | FaultPoint::DirFsync | FaultPoint::AfterDirFsync);
-        assert_eq!(cleaned, usize::from(temp_expected), "{point:?}: temp files left");
-        assert_eq!(checkpoint_like.add(BatchId(3), &entry(3)).unwrap(), !new, "{point:?}");
-        assert_eq!(checkpoint_like.get(BatchId(3)).unwrap(), Some(entry(3)));
-        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 4, "{point:?}: only the four entries remain");
+            // Restart as the runtime does: the writer cleans temp files and carries on.
+            let checkpoint_like = OffsetLog::open(Arc::new(LocalFileManager), &dir).unwrap();
+            let cleaned = spate_logstore::CheckpointFileManager::clean_temp_files(&LocalFileManager, &dir).unwrap();
+            let no_temp = match setting {
+                // An unsynced removal of the temp name is lost with the rest.
+                Setting::LosingUnsynced => matches!(point, FaultPoint::BeforeTempWrite | FaultPoint::AfterDirFsync),
+                Setting::Plain | Setting::ShortWrites => {
+                    matches!(point, FaultPoint::BeforeTempWrite | FaultPoint::DirFsync | FaultPoint::AfterDirFsync)
+                }
+            };
+            assert_eq!(cleaned, usize::from(!no_temp), "{setting:?} {point:?}: temp files left");
+            assert_eq!(checkpoint_like.add(BatchId(3), &entry(3)).unwrap(), !new, "{setting:?} {point:?}");
+            assert_eq!(checkpoint_like.get(BatchId(3)).unwrap(), Some(entry(3)));
+            assert_eq!(
+                std::fs::read_dir(&dir).unwrap().count(),
+                4,
+                "{setting:?} {point:?}: only the four entries remain"
+            );
+        }
     }
 }
 
 #[test]
 fn failure_at_every_step_is_reported_and_cleaned_up() {
-    for point in FaultPoint::ALL {
-        let dir = tempfile::tempdir().unwrap();
-        let (crashed, result) = run_with_fault(dir.path(), point, FaultMode::Fail);
-        assert!(!crashed);
-        assert!(result.is_err(), "{point:?}: a failed step must surface as an error");
-        let new = assert_old_or_new(dir.path(), point, FaultMode::Fail);
-        // Nothing but entries is left behind by a failed write (the error path removes its temp file).
-        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 3 + usize::from(new), "{point:?}");
+    for setting in SETTINGS {
+        for mode in [FaultMode::Fail, FaultMode::NoSpace] {
+            for point in FaultPoint::ALL {
+                let dir = tempfile::tempdir().unwrap();
+                let (crashed, result) = run_with_fault(dir.path(), point, mode, setting);
+                assert!(!crashed);
+                let err = result.expect_err("a failed step must surface as an error");
+                if mode == FaultMode::NoSpace {
+                    let full = matches!(&err, LogStoreError::Io { source, .. } if source.kind() == std::io::ErrorKind::StorageFull);
+                    assert!(full, "{setting:?} {point:?}: {err:?}");
+                }
+                let new = assert_old_or_new(dir.path(), point, mode, setting);
+                // Nothing but entries is left behind by a failed write (the error path removes its temp file).
+                let count = std::fs::read_dir(dir.path()).unwrap().count();
+                assert_eq!(count, 3 + usize::from(new), "{setting:?} {point:?}/{mode:?}");
+            }
+        }
     }
+}
+
+#[test]
+fn short_writes_still_write_whole_entries() {
+    let dir = tempfile::tempdir().unwrap();
+    let faulty = manager(Setting::ShortWrites);
+    let ck = Checkpoint::open_for_write(dir.path(), CheckpointOptions::new().file_manager(faulty)).unwrap();
+    for id in 0..5 {
+        ck.offsets().add(BatchId(id), &entry(id)).unwrap();
+    }
+    ck.replace_file("graph", b"a graph longer than three bytes").unwrap();
+    let log = OffsetLog::open(Arc::new(LocalFileManager), dir.path().join("offsets")).unwrap();
+    for (id, value) in log.get_range(None, None).unwrap() {
+        assert_eq!(value, entry(id.0));
+    }
+    assert_eq!(ck.read_file("graph").unwrap(), Some(b"a graph longer than three bytes".to_vec()));
+}
+
+#[test]
+fn a_checkpoint_losing_unsynced_data_keeps_every_write_that_returned() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("new/ck");
+    let faulty = manager(Setting::LosingUnsynced);
+    {
+        let ck = Checkpoint::open_for_write(&dir, CheckpointOptions::new().file_manager(faulty.clone())).unwrap();
+        ck.offsets().add(BatchId(0), &entry(0)).unwrap();
+        ck.commits().add(BatchId(0), &spate_logstore::CommitMetadata::default()).unwrap();
+        ck.write_file("state/op/0", b"state").unwrap();
+        ck.offsets().add(BatchId(1), &entry(1)).unwrap();
+        faulty.arm(FaultPoint::DirFsync, FaultMode::Crash);
+        assert!(ck.commits().add(BatchId(1), &spate_logstore::CommitMetadata::default()).is_err());
+    }
+    let ck = Checkpoint::open_for_write(&dir, CheckpointOptions::new()).unwrap();
+    assert!(matches!(ck.verdict().unwrap(), Verdict::Rerun { batch: BatchId(1), .. }), "{:?}", ck.verdict());
+    assert_eq!(ck.read_file("state/op/0").unwrap(), Some(b"state".to_vec()));
 }
 
 #[test]

@@ -137,3 +137,78 @@ proptest! {
         prop_assert_eq!(back, seq);
     }
 }
+
+#[test]
+fn entries_spate_writes_carry_a_checksum_that_catches_a_changed_digit() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = OffsetLog::open(Arc::new(LocalFileManager), dir.path()).unwrap();
+    assert!(log.add(BatchId(0), &sample()).unwrap());
+    let path = log.path_of(BatchId(0));
+    let text = std::fs::read_to_string(&path).unwrap();
+    let meta_line = text.lines().nth(1).unwrap();
+    assert!(meta_line.contains(r#","crc32c":""#) && meta_line.ends_with("\"}"), "{meta_line}");
+    // Still a JSON object with Spark's fields, which Spark's reader takes as it is.
+    let meta: Value = serde_json::from_str(meta_line).unwrap();
+    assert_eq!(meta["batchTimestampMs"], json!(1_700_000_000_000i64));
+
+    // Still valid JSON, still a plausible offset: only the checksum can tell.
+    std::fs::write(&path, text.replace(r#""0":36"#, r#""0":37"#)).unwrap();
+    let err = log.get(BatchId(0)).unwrap_err();
+    assert!(matches!(err, LogStoreError::ChecksumMismatch { .. }), "{err:?}");
+    assert!(err.to_string().contains(&path.display().to_string()), "{err}");
+}
+
+#[test]
+fn commit_checksums_catch_damage_and_a_damaged_field_is_named() {
+    let bytes = encode_entry(&CommitMetadata::new(Time::from_millis(42))).unwrap();
+    let text = String::from_utf8(bytes).unwrap();
+    let path = Path::new("/ck/commits/9");
+    assert_eq!(
+        decode_entry::<CommitMetadata>(path, text.as_bytes()).unwrap(),
+        CommitMetadata::new(Time::from_millis(42))
+    );
+    let changed = text.replace(":42,", ":43,");
+    assert!(matches!(
+        decode_entry::<CommitMetadata>(path, changed.as_bytes()),
+        Err(LogStoreError::ChecksumMismatch { .. })
+    ));
+    let hex_at = text.find(r#""crc32c":""#).unwrap() + r#""crc32c":""#.len();
+    for damaged in [
+        format!("{}zz{}", &text[..hex_at], &text[hex_at + 2..]),
+        format!("{}{}", &text[..hex_at + 4], &text[hex_at + 8..]),
+        text.replace(r#","crc32c""#, r#" "crc32c""#),
+    ] {
+        let err = decode_entry::<CommitMetadata>(path, damaged.as_bytes()).unwrap_err().to_string();
+        assert!(err.contains("/ck/commits/9") && err.contains("checksum"), "{damaged}: {err}");
+    }
+}
+
+#[test]
+fn entries_without_a_checksum_are_read_as_spark_writes_them() {
+    let path = Path::new("/ck/offsets/1");
+    let spark = "v1\n{\"batchWatermarkMs\":0,\"batchTimestampMs\":5,\"conf\":{}}\n{\"t\":{\"0\":1}}";
+    let seq: OffsetSeq = decode_entry(path, spark.as_bytes()).unwrap();
+    assert_eq!(seq.offset_of("0"), Some(Some(&json!({"t": {"0": 1}}))));
+    let commit: CommitMetadata = decode_entry(path, b"v1\n{\"nextBatchWatermarkMs\":3}").unwrap();
+    assert_eq!(commit, CommitMetadata::new(Time::from_millis(3)));
+    // An empty object gets its checksum too, and reads back.
+    let bytes = encode_entry(&spate_logstore::Json(serde_json::Map::new())).unwrap();
+    assert!(
+        bytes.starts_with(
+            br#"v1
+{"crc32c":""#
+        ),
+        "{}",
+        String::from_utf8_lossy(&bytes)
+    );
+    let back: spate_logstore::Json<serde_json::Map<String, Value>> = decode_entry(path, &bytes).unwrap();
+    assert!(back.0.is_empty());
+}
+
+#[test]
+fn unknown_versions_are_refused_before_the_checksum() {
+    let bytes = encode_entry(&CommitMetadata::default()).unwrap();
+    let newer = [b"v7".as_slice(), &bytes[2..]].concat();
+    let err = decode_entry::<CommitMetadata>(Path::new("/ck/commits/1"), &newer).unwrap_err();
+    assert!(matches!(err, LogStoreError::NewerVersion { found: 7, supported: 1, .. }), "{err:?}");
+}

@@ -15,9 +15,10 @@ use std::process::{Child, ChildStdout, Command, Stdio};
 use std::sync::{Arc, Barrier};
 
 use serde_json::json;
-use spate_core::BatchId;
+use spate_core::{BatchId, WriterFence};
 use spate_logstore::{
-    Checkpoint, CheckpointOptions, CommitMetadata, LocalFileManager, LogStoreError, OffsetLog, OffsetSeq, SourceOffset,
+    Checkpoint, CheckpointOptions, CommitMetadata, FaultPoint, FaultyFileManager, LocalFileManager, LogStoreError,
+    OffsetLog, OffsetSeq, SourceOffset,
 };
 
 const CHILD_ENV: &str = "SPATE_LOGSTORE_TEST_CHILD";
@@ -185,4 +186,135 @@ fn a_stale_writer_cannot_append() {
     assert!(old.purge_old_batches().is_err());
     assert_eq!(new.offsets().ids().unwrap(), vec![BatchId(0)], "the stale writer wrote nothing");
     assert!(new.offsets().add(BatchId(1), &entry(1)).unwrap());
+}
+
+/// A second writer that takes `dir` over while the first one is in the
+/// middle of a write (the first one's lock file is deleted under it).
+fn take_over(dir: &Path, slot: &Arc<std::sync::Mutex<Option<Checkpoint>>>) -> impl FnOnce() + Send + 'static {
+    let (dir, slot) = (dir.to_path_buf(), slot.clone());
+    move || {
+        std::fs::remove_file(dir.join("LOCK")).unwrap();
+        let new = Checkpoint::open_for_write(&dir, CheckpointOptions::new()).unwrap();
+        *slot.lock().unwrap() = Some(new);
+    }
+}
+
+fn faulty_checkpoint(dir: &Path) -> (Checkpoint, Arc<FaultyFileManager>) {
+    let faulty = Arc::new(FaultyFileManager::new());
+    let ck = Checkpoint::open_for_write(dir, CheckpointOptions::new().file_manager(faulty.clone())).unwrap();
+    (ck, faulty)
+}
+
+#[test]
+fn the_epoch_fence_is_a_writer_fence_for_the_layers_below() {
+    let root = tempfile::tempdir().unwrap();
+    let old = Checkpoint::open_for_write(root.path(), CheckpointOptions::new()).unwrap();
+    let fence: Arc<dyn WriterFence> = old.fence().unwrap();
+    assert_eq!(fence.epoch(), old.epoch().unwrap());
+    fence.check().unwrap();
+    std::fs::remove_file(root.path().join("LOCK")).unwrap();
+    let new = Checkpoint::open_for_write(root.path(), CheckpointOptions::new()).unwrap();
+    let reason = fence.check().unwrap_err();
+    assert!(reason.contains(&format!("our epoch is {}", old.epoch().unwrap())), "{reason}");
+    assert!(reason.contains(&format!("epoch {}", new.epoch().unwrap())), "{reason}");
+    let read_only = Checkpoint::open_read_only(root.path(), CheckpointOptions::new()).unwrap();
+    assert!(read_only.fence().is_none());
+}
+
+/// One kind of write a checkpoint makes.
+type CheckpointWrite = fn(&Checkpoint) -> spate_logstore::Result<()>;
+
+#[test]
+fn a_takeover_during_a_write_stops_it_before_its_name_appears() {
+    // The takeover lands after the write's first fence check, while its temp file is written.
+    let writes: [(&str, CheckpointWrite); 4] = [
+        ("offsets/1", |ck| ck.offsets().add(BatchId(1), &entry(1)).map(drop)),
+        ("commits/0", |ck| ck.commits().add(BatchId(0), &CommitMetadata::default()).map(drop)),
+        ("state/op/0", |ck| ck.write_file("state/op/0", b"old")),
+        ("graph", |ck| ck.replace_file("graph", b"old")),
+    ];
+    for (file, write) in writes {
+        let root = tempfile::tempdir().unwrap();
+        let (old, faulty) = faulty_checkpoint(root.path());
+        old.offsets().add(BatchId(0), &entry(0)).unwrap();
+        let new = Arc::new(std::sync::Mutex::new(None));
+        faulty.on(FaultPoint::AfterTempWrite, take_over(root.path(), &new));
+        let err = write(&old).unwrap_err();
+        assert!(matches!(err, LogStoreError::StaleEpoch { .. }), "{file}: {err:?}");
+        assert!(new.lock().unwrap().is_some(), "{file}: the takeover ran");
+        assert!(!root.path().join(file).exists(), "{file}: the stale writer's file appeared");
+        let temp_left = std::fs::read_dir(root.path().join(file).parent().unwrap())
+            .unwrap()
+            .any(|e| e.unwrap().file_name().to_string_lossy().ends_with(".tmp"));
+        assert!(!temp_left, "{file}: the stopped write left its temp file");
+    }
+}
+
+#[test]
+fn a_graph_replaced_in_the_window_the_fence_cannot_close_is_detected() {
+    // In a subdirectory: a new writer's start removes the temp files at the top
+    // of the checkpoint, which would make the stale rename fail instead.
+    const GRAPH: &str = "meta/graph";
+    let root = tempfile::tempdir().unwrap();
+    let (old, faulty) = faulty_checkpoint(root.path());
+    old.replace_file(GRAPH, b"old 1").unwrap();
+    let new_slot = Arc::new(std::sync::Mutex::new(None));
+    // The takeover, and the new writer's own graph, land after the old writer's
+    // last check and before its rename: the rename then puts the stale bytes in place.
+    let (dir, slot) = (root.path().to_path_buf(), new_slot.clone());
+    faulty.on(FaultPoint::Rename, move || {
+        take_over(&dir, &slot)();
+        slot.lock().unwrap().as_ref().unwrap().replace_file(GRAPH, b"new").unwrap();
+    });
+    let err = old.replace_file(GRAPH, b"old 2").unwrap_err();
+    assert!(matches!(err, LogStoreError::StaleEpoch { .. }), "the stale writer is told after its rename: {err:?}");
+    let new = new_slot.lock().unwrap().take().unwrap();
+    let err = new.read_file(GRAPH).unwrap_err();
+    assert!(
+        matches!(err, LogStoreError::Overwritten { ours, found, .. } if ours == new.epoch().unwrap() && found == old.epoch().unwrap()),
+        "the new writer must not take the stale bytes for its own: {err:?}"
+    );
+    assert!(err.to_string().contains("graph"), "{err}");
+    // Writing its graph again puts it back.
+    new.replace_file(GRAPH, b"new again").unwrap();
+    assert_eq!(new.read_file(GRAPH).unwrap(), Some(b"new again".to_vec()));
+}
+
+#[test]
+fn a_file_replaced_by_a_newer_writer_is_never_replaced_by_an_older_one() {
+    let root = tempfile::tempdir().unwrap();
+    let old = Checkpoint::open_for_write(root.path(), CheckpointOptions::new()).unwrap();
+    old.replace_file("graph", b"old").unwrap();
+    std::fs::remove_file(root.path().join("LOCK")).unwrap();
+    let new = Checkpoint::open_for_write(root.path(), CheckpointOptions::new()).unwrap();
+    new.replace_file("graph", b"new").unwrap();
+    // Even if the lock file said otherwise (a shared file system serving an old copy),
+    // the graph itself says a newer writer wrote it.
+    let lock = root.path().join("LOCK");
+    let newer_lock = std::fs::read(&lock).unwrap();
+    let holder = spate_logstore::read_lock_holder(root.path()).unwrap();
+    let old_lock = spate_logstore::LockHolder { epoch: old.epoch().unwrap(), ..holder };
+    std::fs::write(&lock, serde_json::to_vec(&old_lock).unwrap()).unwrap();
+    let err = old.replace_file("graph", b"stale").unwrap_err();
+    assert!(matches!(err, LogStoreError::StaleEpoch { .. }), "{err:?}");
+    assert!(err.to_string().contains("graph was written by epoch"), "{err}");
+    assert!(matches!(old.read_file("graph"), Err(LogStoreError::StaleEpoch { .. })));
+    std::fs::write(&lock, newer_lock).unwrap();
+    assert_eq!(new.read_file("graph").unwrap(), Some(b"new".to_vec()));
+}
+
+#[test]
+fn a_stale_writer_stops_purging_and_deleting() {
+    let root = tempfile::tempdir().unwrap();
+    let old = Checkpoint::open_for_write(root.path(), CheckpointOptions::new()).unwrap();
+    for id in 0..3 {
+        old.offsets().add(BatchId(id), &entry(id)).unwrap();
+    }
+    old.write_file("state/op/0", b"s").unwrap();
+    std::fs::remove_file(root.path().join("LOCK")).unwrap();
+    let _new = Checkpoint::open_for_write(root.path(), CheckpointOptions::new()).unwrap();
+    assert!(matches!(old.offsets().purge(BatchId(3)), Err(LogStoreError::StaleEpoch { .. })));
+    assert!(matches!(old.delete_file("state/op/0"), Err(LogStoreError::StaleEpoch { .. })));
+    assert_eq!(old.offsets().ids().unwrap().len(), 3);
+    assert!(root.path().join("state/op/0").exists());
 }

@@ -437,6 +437,15 @@ fn logged_of(verdict: Verdict) -> Logged {
     }
 }
 
+/// The batch after `batch`, an id read from the checkpoint, which may be the
+/// largest there is.
+fn successor(dir: &Path, batch: BatchId) -> Result<BatchId, RuntimeError> {
+    batch.next().ok_or_else(|| RuntimeError::Checkpoint {
+        dir: dir.to_path_buf(),
+        message: format!("batch {batch} is the largest batch id; no batch can follow it"),
+    })
+}
+
 /// Recovers `engine` from its checkpoint: state, replay, queue, resume positions.
 fn recover(
     engine: &mut Engine,
@@ -449,6 +458,10 @@ fn recover(
     let dir = store.dir().to_path_buf();
     let writer_epoch = store.checkpoint().epoch().unwrap_or(0);
     let logged = logged_of(verdict);
+    let resumed_at = match &logged.last {
+        Some((batch, _)) => successor(&dir, *batch)?,
+        None => BatchId(0),
+    };
     let manifest = store.read_manifest()?;
     let mut report = RecoveryReport {
         checkpoint_dir: dir.clone(),
@@ -457,7 +470,7 @@ fn recover(
         last_committed: logged.committed,
         rerun_batch: logged.rerun.then(|| logged.last.as_ref().map(|(b, _)| *b)).flatten(),
         pending_batch_times: Vec::new(),
-        resumed_at: logged.last.as_ref().map_or(BatchId(0), |(b, _)| b.next()),
+        resumed_at,
         restored_operators: Vec::new(),
         new_operators: Vec::new(),
         dropped_operators: Vec::new(),
@@ -469,7 +482,7 @@ fn recover(
     let resume = resume_positions(engine, logged.last.as_ref());
     if let Some((batch, offsets)) = &logged.last {
         call_resume_hooks(engine, offsets);
-        engine.next_batch = batch.next();
+        engine.next_batch = resumed_at;
         if logged.rerun {
             engine.queue.push_back(QueuedBatch::Rerun { batch: *batch, offsets: offsets.clone() });
         }
@@ -521,7 +534,10 @@ fn replay_committed(
     if !engine.graph.descriptor().operators.iter().any(|op| op.stateful) {
         return Ok(());
     }
-    let first = engine.state_batch.map_or(BatchId(0), |(b, _)| b.next());
+    let first = match (engine.state_batch, &engine.store) {
+        (Some((batch, _)), Some(store)) => successor(store.dir(), batch)?,
+        _ => BatchId(0),
+    };
     for n in first.0..=committed.0 {
         let batch = BatchId(n);
         let Some(store) = &engine.store else { break };

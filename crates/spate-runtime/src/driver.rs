@@ -323,7 +323,10 @@ impl Engine {
             QueuedBatch::Rerun { batch, offsets } => (batch, offsets, true),
         };
         let time = offsets.batch_timestamp;
-        self.next_batch = batch.next();
+        self.next_batch = batch.next().ok_or_else(|| RuntimeError::Planning {
+            batch,
+            reason: "it is the largest batch id; no batch can follow it".to_string(),
+        })?;
         self.last_time = Some(self.last_time.map_or(time, |last| last.max(time)));
         self.batch_times.insert(batch, time);
         let scheduling_delay_ms = self.settings.clock.now().since(time).as_millis();
@@ -516,16 +519,18 @@ impl Engine {
     /// The first batch a restart may need: the one after the last state
     /// snapshot when there is state, else the one after the last commit.
     fn first_needed_batch(&self, committed: BatchId) -> BatchId {
+        // The largest id has no successor: then nothing after it is needed either.
+        let after = |batch: BatchId| batch.next().unwrap_or(batch);
         match (self.has_stateful_operators(), self.state_batch) {
-            (true, Some((snapshot, _))) => snapshot.next().min(committed.next()),
+            (true, Some((snapshot, _))) => after(snapshot).min(after(committed)),
             (true, None) => BatchId(0),
-            (false, _) => committed.next(),
+            (false, _) => after(committed),
         }
     }
 
     fn purge(&mut self, committed: BatchId) {
         let needed = self.first_needed_batch(committed);
-        let retained = BatchId((committed.0 + 1).saturating_sub(self.settings.retained_batches.max(1)));
+        let retained = BatchId(committed.0.saturating_add(1).saturating_sub(self.settings.retained_batches.max(1)));
         let threshold = needed.min(retained);
         if let Some(store) = &self.store {
             store.purge_logs(threshold);
