@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 use serde_json::{Value, json};
 use spate_core::{BatchId, Time};
 use spate_logstore::{
-    COMMITS_DIR, Checkpoint, CheckpointOptions, LOCK_FILE, LockHolder, METADATA_FILE, OFFSETS_DIR, OffsetSeq, Verdict,
-    parse_batch_file_name, read_lock_holder,
+    COMMITS_DIR, Checkpoint, CheckpointOptions, LOCK_FILE, LockHolder, OFFSETS_DIR, OffsetSeq, Verdict,
+    parse_batch_file_name, read_lock_holder, read_metadata_file,
 };
 
 use crate::error::CliError;
@@ -126,9 +126,11 @@ fn committed_offsets(checkpoint: &Checkpoint, verdict: &Verdict) -> Option<(Batc
 }
 
 fn detect_format(dir: &Path) -> Format {
-    let metadata_is_bare_json = std::fs::read(dir.join(METADATA_FILE))
-        .map(|bytes| bytes.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'{'))
-        .unwrap_or(false);
+    // Bounded: a damaged or hostile `metadata` is not read into memory whole.
+    let metadata_is_bare_json = read_metadata_file(dir)
+        .ok()
+        .flatten()
+        .is_some_and(|bytes| bytes.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'{'));
     if metadata_is_bare_json || dir.join(SPARK_SOURCES_DIR).is_dir() { Format::Spark } else { Format::Spate }
 }
 
