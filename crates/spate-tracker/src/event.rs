@@ -2,14 +2,18 @@
 //!
 //! One log record holds one [`EventBatch`]: the events that were committed
 //! together (several block additions that arrived at once, or one
-//! allocation, or one cleanup), inside a versioned [`FrameCodec`] frame. A
-//! later spate keeps a decoder for every older format version; a record from
-//! a newer version is refused by name.
+//! allocation, or one cleanup), inside a versioned, checksummed
+//! [`FrameCodec`] frame. The frame's version picks the decoder
+//! ([`decode_event_record`]); a later spate keeps a decoder for every older
+//! format version, and a record of a newer or unknown version is refused
+//! naming its version.
 
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
-use spate_core::{CoreError, FrameCodec, ReceivedBlockInfo, StreamId, Time};
+use spate_core::{CoreError, FrameCodec, RawFrame, ReceivedBlockInfo, StreamId, Time};
+
+use crate::error::TrackerError;
 
 /// The format version of event records this build writes (and the newest it reads).
 pub const EVENT_FORMAT_VERSION: u16 = 1;
@@ -55,17 +59,20 @@ impl TrackerEvent {
     }
 }
 
+impl TrackerEvent {
+    /// What logging this event is, for the error of a tracker that a panic
+    /// interrupted while it did so.
+    pub(crate) fn activity(&self) -> &'static str {
+        match self {
+            TrackerEvent::BlockAddition(_) => "logging block additions",
+            TrackerEvent::BatchAllocation { .. } => "logging a batch allocation",
+            TrackerEvent::BatchCleanup { .. } => "logging a batch cleanup",
+        }
+    }
+}
+
 /// The events of one log record, committed together.
 pub type EventBatch = Vec<TrackerEvent>;
-
-/// How a record could not be decoded.
-#[derive(Debug)]
-pub(crate) enum DecodeFailure {
-    /// The record's format is newer than this build reads.
-    Newer { found: u16 },
-    /// The record is not a valid event frame.
-    Damaged(CoreError),
-}
 
 /// The frame codec of the event log.
 pub(crate) const fn event_codec() -> FrameCodec {
@@ -78,10 +85,28 @@ pub(crate) fn encode_batch(events: &[TrackerEvent], out: &mut Vec<u8>) -> Result
     event_codec().encode_into(events, out)
 }
 
-/// Decodes one log record into its events, picking the decoder by the
-/// record's format version.
-#[cfg(test)]
-pub(crate) fn decode_batch(record: &[u8]) -> Result<EventBatch, DecodeFailure> {
+/// Encodes `events` as one event-log record, in the current format
+/// ([`EVENT_FORMAT_VERSION`]): what the tracker appends to its log.
+pub fn encode_event_record(events: &[TrackerEvent]) -> Result<Vec<u8>, TrackerError> {
+    let mut out = Vec::new();
+    encode_batch(events, &mut out).map_err(|source| TrackerError::Encode {
+        what: events.first().map(TrackerEvent::describe).unwrap_or_else(|| "an empty record".into()),
+        source,
+    })?;
+    Ok(out)
+}
+
+/// Decodes one event-log record into its events: a pure function of the
+/// bytes, for replay and for fuzzing.
+///
+/// The record is a [`FrameCodec`] frame; the decoder is picked by the
+/// format version in its (checksummed) header, never by the shape of the
+/// payload. A version above [`EVENT_FORMAT_VERSION`] is
+/// [`TrackerError::NewerFormat`], one no spate wrote (0) is
+/// [`TrackerError::UnknownFormat`], and anything else that does not decode
+/// (checksum, flags, bounds, trailing bytes) is [`TrackerError::CorruptRecord`].
+/// Decoding is bounded by the codec's payload and allocation limits.
+pub fn decode_event_record(record: &[u8]) -> Result<EventBatch, TrackerError> {
     let mut events = EventBatch::new();
     for_each_event(record, |event| events.push(event))?;
     Ok(events)
@@ -90,40 +115,51 @@ pub(crate) fn decode_batch(record: &[u8]) -> Result<EventBatch, DecodeFailure> {
 /// Decodes one log record and hands its events to `apply` in order; returns
 /// how many there were. Nothing is handed over unless the whole record
 /// decodes, so a damaged record never half-applies.
+pub(crate) fn for_each_event(record: &[u8], apply: impl FnMut(TrackerEvent)) -> Result<usize, TrackerError> {
+    let raw = open_record(record)?;
+    // One arm per format ever written; a later format adds its arm and
+    // keeps the older ones, so old logs stay readable.
+    match raw.version {
+        1 => for_each_event_v1(raw.payload, apply)
+            .map_err(|source| TrackerError::CorruptRecord { version: Some(raw.version), source }),
+        found => Err(TrackerError::UnknownFormat { found, supported: EVENT_FORMAT_VERSION }),
+    }
+}
+
+/// Format 1: the payload is the bincode (standard configuration) encoding
+/// of an [`EventBatch`], a sequence of events.
 ///
-/// A record of one event (the common shape: a lone block addition) is
-/// decoded without building a `Vec` for it: bincode writes the sequence
-/// length as a one-byte varint, followed by the event's own encoding.
-pub(crate) fn for_each_event(record: &[u8], mut apply: impl FnMut(TrackerEvent)) -> Result<usize, DecodeFailure> {
-    let payload = open_record(record)?;
+/// A sequence of one event (the common record: a lone block addition) is
+/// decoded without building a `Vec` for it. That is the same layout read
+/// faster, not another format: bincode writes the sequence length as a
+/// varint, one byte (1) for a single element, followed by the element.
+fn for_each_event_v1(payload: &[u8], mut apply: impl FnMut(TrackerEvent)) -> Result<usize, CoreError> {
     let codec = event_codec();
-    // Version 1 is the only format so far; a later version adds its arm here
-    // and keeps this one, so old logs stay readable.
     if let Some((1, event_bytes)) = payload.split_first() {
-        apply(codec.decode_payload::<TrackerEvent>(event_bytes).map_err(DecodeFailure::Damaged)?);
+        apply(codec.decode_payload::<TrackerEvent>(event_bytes)?);
         return Ok(1);
     }
-    let events = codec.decode_payload::<EventBatch>(payload).map_err(DecodeFailure::Damaged)?;
+    let events = codec.decode_payload::<EventBatch>(payload)?;
     let count = events.len();
     events.into_iter().for_each(apply);
     Ok(count)
 }
 
-/// Checks the record's frame (CRC, version, no trailing bytes) and returns
-/// its payload.
-fn open_record(record: &[u8]) -> Result<&[u8], DecodeFailure> {
-    let codec = event_codec();
-    let raw = codec.open(record).map_err(|e| match e {
-        CoreError::NewerVersion { found, .. } => DecodeFailure::Newer { found },
-        other => DecodeFailure::Damaged(other),
+/// Checks the record's frame (magic, CRC, version bound, flags, no
+/// trailing bytes) and returns it.
+fn open_record(record: &[u8]) -> Result<RawFrame<'_>, TrackerError> {
+    let raw = event_codec().open(record).map_err(|e| match e {
+        CoreError::NewerVersion { found, supported } => TrackerError::NewerFormat { found, supported },
+        source => TrackerError::CorruptRecord { version: None, source },
     })?;
     if raw.frame_len != record.len() {
         let trailing = record.len() - raw.frame_len;
-        return Err(DecodeFailure::Damaged(CoreError::Decode {
-            reason: format!("{trailing} bytes after the event frame"),
-        }));
+        return Err(TrackerError::CorruptRecord {
+            version: Some(raw.version),
+            source: CoreError::Decode { reason: format!("{trailing} bytes after the event frame") },
+        });
     }
-    Ok(raw.payload)
+    Ok(raw)
 }
 
 #[cfg(test)]
@@ -159,7 +195,7 @@ mod tests {
     fn batch_round_trips() {
         let mut buf = Vec::new();
         encode_batch(&sample_batch(), &mut buf).unwrap();
-        assert_eq!(decode_batch(&buf).unwrap(), sample_batch());
+        assert_eq!(decode_event_record(&buf).unwrap(), sample_batch());
     }
 
     #[test]
@@ -167,14 +203,14 @@ mod tests {
         for event in sample_batch() {
             let mut buf = Vec::new();
             encode_batch(std::slice::from_ref(&event), &mut buf).unwrap();
-            assert_eq!(decode_batch(&buf).unwrap(), vec![event.clone()]);
+            assert_eq!(decode_event_record(&buf).unwrap(), vec![event.clone()]);
             let raw = event_codec().open(&buf).unwrap();
             let general: EventBatch = event_codec().decode_payload(raw.payload).unwrap();
             assert_eq!(general, vec![event]);
         }
         let mut empty = Vec::new();
         encode_batch(&[], &mut empty).unwrap();
-        assert_eq!(decode_batch(&empty).unwrap(), EventBatch::new());
+        assert_eq!(decode_event_record(&empty).unwrap(), EventBatch::new());
     }
 
     #[test]
@@ -184,7 +220,7 @@ mod tests {
         let frame = FrameCodec::new(EVENT_FORMAT_VERSION).encode(&RawBytes(&payload)).unwrap();
         let mut applied = 0;
         let outcome = for_each_event(&frame, |_| applied += 1);
-        assert!(matches!(outcome, Err(DecodeFailure::Damaged(_))), "{outcome:?}");
+        assert!(matches!(outcome, Err(TrackerError::CorruptRecord { version: Some(1), .. })), "{outcome:?}");
         assert_eq!(applied, 0);
     }
 
@@ -212,8 +248,11 @@ mod tests {
     #[test]
     fn newer_format_is_refused_with_its_version() {
         let buf = FrameCodec::new(EVENT_FORMAT_VERSION + 1).encode(&sample_batch()).unwrap();
-        match decode_batch(&buf) {
-            Err(DecodeFailure::Newer { found }) => assert_eq!(found, EVENT_FORMAT_VERSION + 1),
+        match decode_event_record(&buf) {
+            Err(err @ TrackerError::NewerFormat { found, .. }) => {
+                assert_eq!(found, EVENT_FORMAT_VERSION + 1);
+                assert!(err.to_string().contains(&format!("event format {found}")), "{err}");
+            }
             other => panic!("expected a newer-format failure, got {other:?}"),
         }
     }
@@ -225,8 +264,39 @@ mod tests {
         let mut damaged = buf.clone();
         let last = damaged.len() - 1;
         damaged[last] ^= 1;
-        assert!(matches!(decode_batch(&damaged), Err(DecodeFailure::Damaged(_))));
+        assert!(matches!(decode_event_record(&damaged), Err(TrackerError::CorruptRecord { .. })));
         buf.push(0);
-        assert!(matches!(decode_batch(&buf), Err(DecodeFailure::Damaged(_))));
+        assert!(matches!(decode_event_record(&buf), Err(TrackerError::CorruptRecord { .. })));
+    }
+
+    #[test]
+    fn a_record_of_a_format_no_spate_wrote_is_refused_naming_its_version() {
+        // A valid format-1 payload under version 0: the version, not the
+        // payload's shape, decides how a record is read.
+        let buf = FrameCodec::new(0).encode(&sample_batch()).unwrap();
+        match decode_event_record(&buf) {
+            Err(err @ TrackerError::UnknownFormat { found: 0, .. }) => {
+                assert!(err.to_string().contains("event format 0 is unknown"), "{err}");
+            }
+            other => panic!("expected an unknown-format failure, got {other:?}"),
+        }
+        let one = FrameCodec::new(0).encode(&sample_batch()[..1]).unwrap();
+        assert!(matches!(decode_event_record(&one), Err(TrackerError::UnknownFormat { found: 0, .. })));
+    }
+
+    /// A record as spate has written it to `receivedBlockMetadata/` since
+    /// format 1 (a block addition with a WAL handle): it must stay readable.
+    const FORMAT_1_RECORD: &str =
+        "53505446010000001a000000f3d5bfe101000201460002070146010a6c6f672d302d31303030fbc00140";
+
+    #[test]
+    fn a_format_1_record_written_before_stays_readable() {
+        let bytes = hex_decode(FORMAT_1_RECORD);
+        assert_eq!(decode_event_record(&bytes).unwrap(), vec![TrackerEvent::BlockAddition(info(2, 7))]);
+        assert_eq!(encode_event_record(&[TrackerEvent::BlockAddition(info(2, 7))]).unwrap(), bytes);
+    }
+
+    fn hex_decode(hex: &str) -> Vec<u8> {
+        (0..hex.len()).step_by(2).map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap()).collect()
     }
 }

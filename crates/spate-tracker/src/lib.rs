@@ -60,7 +60,9 @@ mod tests;
 mod tracker;
 
 pub use error::TrackerError;
-pub use event::{EVENT_FORMAT_VERSION, EventBatch, StreamBlocks, TrackerEvent};
+pub use event::{
+    EVENT_FORMAT_VERSION, EventBatch, StreamBlocks, TrackerEvent, decode_event_record, encode_event_record,
+};
 pub use report::{RecoveryReport, UnrecoverableBlock, UnrecoverableCount};
 pub use state::{AllocatedBlocks, BlockLocation, TrackedBlock, TrackerState};
 pub use tracker::{EVENT_LOG_DIR, ReceivedBlockTracker, TrackerStats, event_log_dir, replay_event_log};

@@ -1,9 +1,10 @@
 //! An in-memory [`WriteAheadLog`] test double: records in a vector, writes
-//! that can be made to fail, and cleaning at single-record granularity (the
-//! most aggressive a segmented log could be).
+//! that can be made to fail or to panic, and cleaning at single-record
+//! granularity (the most aggressive a segmented log could be).
 
 use std::path::PathBuf;
 use std::sync::Mutex;
+use std::sync::mpsc::{Receiver, Sender};
 
 use spate_core::{Time, WalRecordHandle};
 use spate_wal::{RecordIter, WalError, WriteAheadLog};
@@ -18,6 +19,8 @@ struct Inner {
     records: Vec<(Time, Vec<u8>)>,
     failing_writes: u32,
     closed: bool,
+    /// The next write says it started, waits for a release, then panics.
+    panicking_write: Option<(Sender<()>, Receiver<()>)>,
 }
 
 impl MemoryWal {
@@ -29,6 +32,12 @@ impl MemoryWal {
     /// Makes the next `n` writes fail.
     pub(crate) fn fail_next_writes(&self, n: u32) {
         self.inner.lock().unwrap().failing_writes = n;
+    }
+
+    /// Makes the next write send on `entered`, wait for `release` (or its
+    /// sender's drop) and then panic, as a bug inside the log would.
+    pub(crate) fn panic_in_next_write(&self, entered: Sender<()>, release: Receiver<()>) {
+        self.inner.lock().unwrap().panicking_write = Some((entered, release));
     }
 
     /// The live records with their write times.
@@ -43,6 +52,12 @@ impl MemoryWal {
 
 impl WriteAheadLog for MemoryWal {
     fn write(&self, record: &[u8], time: Time) -> Result<WalRecordHandle, WalError> {
+        let panicking = self.inner.lock().unwrap().panicking_write.take();
+        if let Some((entered, release)) = panicking {
+            let _ = entered.send(());
+            let _ = release.recv();
+            panic!("injected panic inside the event log's write");
+        }
         let mut inner = self.inner.lock().unwrap();
         if inner.closed {
             return Err(WalError::Closed { dir: Self::dir() });

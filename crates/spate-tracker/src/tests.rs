@@ -272,7 +272,11 @@ fn a_record_from_a_newer_format_is_refused_by_name() {
         .unwrap();
     let wal = Arc::new(MemoryWal::with_records(vec![(t(1000), newer)]));
     let err = ReceivedBlockTracker::recover(wal, "ckpt/receivedBlockMetadata", Arc::new(clock)).unwrap_err();
-    assert!(matches!(err, TrackerError::NewerFormat { record: 0, .. }), "{err}");
+    assert!(
+        matches!(&err, TrackerError::BadRecord { record: 0, source, .. }
+            if matches!(**source, TrackerError::NewerFormat { found: 2, supported: 1 })),
+        "{err}"
+    );
     assert!(err.to_string().contains("newer spate"), "{err}");
     assert!(err.to_string().contains("ckpt/receivedBlockMetadata"), "{err}");
 }
@@ -313,4 +317,81 @@ fn in_memory_tracker_allocates_and_cleans_without_a_log() {
     assert!(tracker.get_blocks_of_batch(t(1000)).is_empty());
     assert_eq!(tracker.stats().log_writes, 0);
     assert_eq!(tracker.last_allocated_batch_time(), Some(t(1000)));
+}
+
+/// Runs `f` on a thread and returns its result, failing the test when it
+/// does not return within a generous bound (a hang shows as a failure).
+fn returns<R: Send + 'static>(what: &str, f: impl FnOnce() -> R + Send + 'static) -> R {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    match rx.recv_timeout(std::time::Duration::from_secs(60)) {
+        Ok(result) => result,
+        Err(_) => panic!("{what} never returned"),
+    }
+}
+
+#[test]
+fn a_panic_in_the_group_commit_leader_fails_its_waiters_and_later_additions() {
+    let clock = ManualClock::new(t(1000));
+    let (wal, tracker) = logged_tracker(&clock);
+    let tracker = Arc::new(tracker);
+    assert!(tracker.add_block(block(0, 1, Some(1), true)));
+    let (entered_tx, entered) = std::sync::mpsc::channel();
+    let (release, release_rx) = std::sync::mpsc::channel();
+    wal.panic_in_next_write(entered_tx, release_rx);
+    let leader = {
+        let tracker = tracker.clone();
+        std::thread::spawn(move || tracker.try_add_block(block(0, 2, Some(1), true)))
+    };
+    entered.recv().unwrap();
+    // A second caller queues while the leader is inside the write.
+    let (waiter_tx, waiter) = std::sync::mpsc::channel();
+    {
+        let tracker = tracker.clone();
+        std::thread::spawn(move || waiter_tx.send(tracker.try_add_block(block(0, 3, Some(1), true))));
+    }
+    while tracker.queued_additions() == 0 {
+        std::thread::yield_now();
+    }
+    release.send(()).unwrap();
+    assert!(leader.join().is_err(), "the leader's panic reaches its caller");
+
+    let waited = waiter.recv_timeout(std::time::Duration::from_secs(60)).expect("the waiting caller never returned");
+    let err = waited.unwrap_err();
+    assert!(matches!(&err, TrackerError::AdditionNotLogged { blocks: 1, .. }), "{err}");
+    assert!(err.to_string().contains("a panic interrupted logging block additions"), "{err}");
+    let later = {
+        let tracker = tracker.clone();
+        returns("an addition after the panic", move || tracker.try_add_block(block(0, 4, Some(1), true)))
+    };
+    let err = later.unwrap_err();
+    assert!(err.to_string().contains("restart to rebuild its state from the event log"), "{err}");
+    let tracker_for_allocation = tracker.clone();
+    let allocated =
+        returns("an allocation after the panic", move || tracker_for_allocation.allocate_blocks_to_batch(t(1000)));
+    assert!(matches!(allocated, Err(TrackerError::Poisoned { during: "logging block additions" })), "{allocated:?}");
+    let ids: Vec<_> = tracker.unallocated_blocks(StreamId(0)).iter().map(|b| b.block_id().unique_id).collect();
+    assert_eq!(ids, vec![1], "nothing after the panic was queued");
+    assert_eq!(wal.records().len(), 1);
+}
+
+#[test]
+fn a_panic_while_logging_an_allocation_makes_the_tracker_refuse_changes() {
+    let clock = ManualClock::new(t(1000));
+    let (wal, tracker) = logged_tracker(&clock);
+    assert!(tracker.add_block(block(0, 1, Some(1), true)));
+    let (entered_tx, _entered) = std::sync::mpsc::channel();
+    let (release, release_rx) = std::sync::mpsc::channel();
+    drop(release);
+    wal.panic_in_next_write(entered_tx, release_rx);
+    let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| tracker.allocate_blocks_to_batch(t(1000))));
+    assert!(panicked.is_err());
+    let err = tracker.try_add_block(block(0, 2, Some(1), true)).unwrap_err();
+    assert!(err.to_string().contains("a panic interrupted logging a batch allocation"), "{err}");
+    assert!(tracker.cleanup_old_batches(t(1000), true).is_err());
+    // Restarting rebuilds the tracker from what the log holds.
+    let (restarted, _) = restart(wal.records(), &clock);
+    assert!(restarted.add_block(block(0, 2, Some(1), true)));
 }

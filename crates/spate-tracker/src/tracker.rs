@@ -9,14 +9,14 @@
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use spate_core::{Clock, ReceivedBlockInfo, StreamId, Time};
 use spate_wal::{FileWriteAheadLog, WalOptions, WriteAheadLog};
 use tracing::{debug, error, info, warn};
 
 use crate::error::TrackerError;
-use crate::event::{DecodeFailure, EVENT_FORMAT_VERSION, TrackerEvent, encode_batch, for_each_event};
+use crate::event::{TrackerEvent, encode_batch, for_each_event};
 use crate::report::RecoveryReport;
 use crate::state::{AllocatedBlocks, TrackedBlock, TrackerState};
 
@@ -52,6 +52,10 @@ pub struct ReceivedBlockTracker {
     clock: Arc<dyn Clock>,
     log_writes: AtomicU64,
     events_logged: AtomicU64,
+    /// Set when a panic interrupted a change: what was being done. Whether
+    /// the interrupted record reached the log is unknown, so the state may
+    /// be behind the log; from then on every change is refused.
+    poisoned: OnceLock<&'static str>,
 }
 
 impl std::fmt::Debug for ReceivedBlockTracker {
@@ -80,13 +84,16 @@ struct EventLog {
     dir: PathBuf,
 }
 
+/// The outcome of a group commit, shared by every caller in the group.
+type GroupOutcome = Result<(), Arc<TrackerError>>;
+
 /// Additions waiting for the next group commit, and the outcomes of the
 /// groups committed for callers that have not collected them yet.
 #[derive(Default)]
 struct PendingAdditions {
     queue: Vec<(u64, Vec<ReceivedBlockInfo>)>,
     next_ticket: u64,
-    outcomes: HashMap<u64, bool>,
+    outcomes: HashMap<u64, GroupOutcome>,
     /// Set while a caller commits a group.
     leader_active: bool,
 }
@@ -127,7 +134,7 @@ impl ReceivedBlockTracker {
         };
         let log_dir = event_log_dir(checkpoint_dir);
         let wal = FileWriteAheadLog::open(&log_dir, options)
-            .map_err(|source| TrackerError::LogOpen { log: log_dir.clone(), source })?;
+            .map_err(|source| TrackerError::LogOpen { log: log_dir.clone(), source: source.into() })?;
         Self::recover(Arc::new(wal), log_dir, clock)
     }
 
@@ -165,20 +172,39 @@ impl ReceivedBlockTracker {
             clock,
             log_writes: AtomicU64::new(0),
             events_logged: AtomicU64::new(0),
+            poisoned: OnceLock::new(),
         }
     }
 
     /// Logs the addition of a received block, then queues it for the next
     /// batch. Returns false, and queues nothing, when the log write failed
     /// (the error is logged); the receiver must then not acknowledge it.
+    /// [`ReceivedBlockTracker::try_add_block`] returns the error instead.
     pub fn add_block(&self, info: ReceivedBlockInfo) -> bool {
-        self.submit(vec![info])
+        self.try_add_block(info).is_ok()
     }
 
     /// Like [`ReceivedBlockTracker::add_block`] for several blocks, logged in
     /// one record: all are queued, or none.
     pub fn add_blocks(&self, infos: &[ReceivedBlockInfo]) -> bool {
-        infos.is_empty() || self.submit(infos.to_vec())
+        self.try_add_blocks(infos).is_ok()
+    }
+
+    /// Logs the addition of a received block, then queues it for the next
+    /// batch; on error nothing is queued and the receiver must not
+    /// acknowledge the block. After a panic interrupted a change of the
+    /// tracker every addition fails ([`TrackerError::Poisoned`]).
+    pub fn try_add_block(&self, info: ReceivedBlockInfo) -> Result<(), TrackerError> {
+        self.submit(vec![info])
+    }
+
+    /// Like [`ReceivedBlockTracker::try_add_block`] for several blocks,
+    /// logged in one record: all are queued, or none.
+    pub fn try_add_blocks(&self, infos: &[ReceivedBlockInfo]) -> Result<(), TrackerError> {
+        if infos.is_empty() {
+            return Ok(());
+        }
+        self.submit(infos.to_vec())
     }
 
     /// Queues `infos` for the next group commit and returns its outcome.
@@ -186,15 +212,19 @@ impl ReceivedBlockTracker {
     /// One caller at a time leads: it takes every queued addition, writes
     /// them as one record and publishes the outcome; the others wait for it.
     /// A leader that queues again right after finishing joins the next group
-    /// rather than overtaking the callers already waiting.
-    fn submit(&self, infos: Vec<ReceivedBlockInfo>) -> bool {
+    /// rather than overtaking the callers already waiting. A leader that
+    /// panics still publishes an outcome (a failure) to its group and hands
+    /// on the lead, so no caller waits forever.
+    fn submit(&self, infos: Vec<ReceivedBlockInfo>) -> Result<(), TrackerError> {
+        let blocks = infos.len();
+        let not_logged = |source| TrackerError::AdditionNotLogged { blocks, source };
         let mut pending = lock(&self.pending);
         let ticket = pending.next_ticket;
         pending.next_ticket += 1;
         pending.queue.push((ticket, infos));
         loop {
             if let Some(outcome) = pending.outcomes.remove(&ticket) {
-                return outcome;
+                return outcome.map_err(not_logged);
             }
             if !pending.leader_active {
                 break;
@@ -203,28 +233,38 @@ impl ReceivedBlockTracker {
         }
         pending.leader_active = true;
         drop(pending);
+        let mut leadership = Leadership { tracker: self, leader: ticket, group: Vec::new(), outcome: None };
+        let outcome = self.commit_group(&mut leadership.group).map_err(|e| {
+            error!(error = %e, callers = leadership.group.len(), "block additions not logged; they are not queued");
+            Arc::new(e)
+        });
+        leadership.outcome = Some(outcome.clone());
+        drop(leadership);
+        outcome.map_err(not_logged)
+    }
+
+    /// Takes every queued addition and commits them as one record; `group`
+    /// receives their tickets before anything is written.
+    fn commit_group(&self, group: &mut Vec<u64>) -> Result<(), TrackerError> {
         let mut writer = lock(&self.writer);
-        let group = std::mem::take(&mut lock(&self.pending).queue);
-        let tickets: Vec<u64> = group.iter().map(|(t, _)| *t).collect();
-        let events = group.into_iter().flat_map(|(_, infos)| infos).map(TrackerEvent::BlockAddition).collect();
-        let outcome = match self.commit(&mut writer, events) {
-            Ok(()) => true,
-            Err(e) => {
-                error!(error = %e, callers = tickets.len(), "block additions not logged; they are not queued");
-                false
-            }
-        };
-        drop(writer);
-        let mut pending = lock(&self.pending);
-        pending.outcomes.extend(tickets.into_iter().filter(|t| *t != ticket).map(|t| (t, outcome)));
-        pending.leader_active = false;
-        self.group_done.notify_all();
-        outcome
+        let queued = std::mem::take(&mut lock(&self.pending).queue);
+        group.extend(queued.iter().map(|(t, _)| *t));
+        let events = queued.into_iter().flat_map(|(_, infos)| infos).map(TrackerEvent::BlockAddition).collect();
+        self.commit(&mut writer, events)
     }
 
     /// Writes `events` as one log record, then applies them. The caller
-    /// holds the writer lock, so log order is apply order.
+    /// holds the writer lock, so log order is apply order. A panic on the
+    /// way poisons the tracker: the record may or may not be in the log.
     fn commit(&self, writer: &mut Writer, events: Vec<TrackerEvent>) -> Result<(), TrackerError> {
+        self.ensure_not_poisoned()?;
+        let guard = PoisonOnPanic { tracker: self, during: events.first().map_or("logging", TrackerEvent::activity) };
+        let result = self.write_and_apply(writer, events);
+        guard.disarm();
+        result
+    }
+
+    fn write_and_apply(&self, writer: &mut Writer, events: Vec<TrackerEvent>) -> Result<(), TrackerError> {
         let now = self.clock.now();
         if let Some(log) = &writer.log {
             let describe = || events.first().map(TrackerEvent::describe).unwrap_or_default();
@@ -233,7 +273,7 @@ impl ReceivedBlockTracker {
             log.wal.write(&writer.buf, now).map_err(|source| TrackerError::LogWrite {
                 what: describe(),
                 log: log.dir.clone(),
-                source,
+                source: source.into(),
             })?;
             self.log_writes.fetch_add(1, Ordering::Relaxed);
             self.events_logged.fetch_add(events.len() as u64, Ordering::Relaxed);
@@ -244,6 +284,27 @@ impl ReceivedBlockTracker {
             state.apply(event);
         }
         Ok(())
+    }
+
+    /// `Err` once a panic interrupted a change.
+    fn ensure_not_poisoned(&self) -> Result<(), TrackerError> {
+        match self.poisoned.get() {
+            Some(during) => Err(TrackerError::Poisoned { during }),
+            None => Ok(()),
+        }
+    }
+
+    /// Marks the tracker as interrupted by a panic (the first cause stays).
+    fn poison(&self, during: &'static str) {
+        if self.poisoned.set(during).is_ok() {
+            error!(during, "a panic interrupted a change of the tracker; it takes no more changes");
+        }
+    }
+
+    /// Block additions queued and not yet taken by a group commit.
+    #[cfg(test)]
+    pub(crate) fn queued_additions(&self) -> usize {
+        lock(&self.pending).queue.len()
     }
 
     /// Allocates every stream's unallocated blocks to the batch at `time`,
@@ -322,7 +383,7 @@ impl ReceivedBlockTracker {
         log.wal.clean(clean_before, wait_for_completion).map_err(|source| TrackerError::LogClean {
             log: log.dir.clone(),
             threshold: clean_before,
-            source,
+            source: source.into(),
         })
     }
 
@@ -330,7 +391,56 @@ impl ReceivedBlockTracker {
     pub fn close(&self) -> Result<(), TrackerError> {
         let writer = lock(&self.writer);
         let Some(log) = &writer.log else { return Ok(()) };
-        log.wal.close().map_err(|source| TrackerError::LogClose { log: log.dir.clone(), source })
+        log.wal.close().map_err(|source| TrackerError::LogClose { log: log.dir.clone(), source: source.into() })
+    }
+}
+
+/// Poisons the tracker when dropped armed, that is when a panic unwinds
+/// through a change before it finished.
+struct PoisonOnPanic<'a> {
+    tracker: &'a ReceivedBlockTracker,
+    during: &'static str,
+}
+
+impl PoisonOnPanic<'_> {
+    /// The change finished (well or with an error): nothing to poison.
+    fn disarm(self) {
+        std::mem::forget(self);
+    }
+}
+
+impl Drop for PoisonOnPanic<'_> {
+    fn drop(&mut self) {
+        self.tracker.poison(self.during);
+    }
+}
+
+/// The lead of one group commit. Dropping it publishes the group's outcome
+/// to the callers waiting for it and hands the lead on, also when the
+/// leader panicked (then the outcome is a failure and the tracker is
+/// poisoned), so that no caller waits forever.
+struct Leadership<'a> {
+    tracker: &'a ReceivedBlockTracker,
+    /// The leader's own ticket: it takes its outcome itself.
+    leader: u64,
+    /// The tickets of the group, once taken from the queue.
+    group: Vec<u64>,
+    /// `None` while the commit has not returned.
+    outcome: Option<GroupOutcome>,
+}
+
+impl Drop for Leadership<'_> {
+    fn drop(&mut self) {
+        let outcome = self.outcome.take().unwrap_or_else(|| {
+            self.tracker.poison("logging block additions");
+            Err(Arc::new(TrackerError::Poisoned { during: "logging block additions" }))
+        });
+        let mut pending = lock(&self.tracker.pending);
+        let waiting = self.group.iter().copied().filter(|t| *t != self.leader);
+        let outcomes: Vec<(u64, GroupOutcome)> = waiting.map(|t| (t, outcome.clone())).collect();
+        pending.outcomes.extend(outcomes);
+        pending.leader_active = false;
+        self.tracker.group_done.notify_all();
     }
 }
 
@@ -375,21 +485,21 @@ pub fn replay_event_log(
     let mut state = TrackerState::new();
     let mut records = 0u64;
     let mut events = 0u64;
-    let iter =
-        wal.read_all().map_err(|source| TrackerError::LogRead { log: log_dir.to_path_buf(), record: 0, source })?;
+    let iter = wal.read_all().map_err(|source| TrackerError::LogRead {
+        log: log_dir.to_path_buf(),
+        record: 0,
+        source: source.into(),
+    })?;
     for record in iter {
-        let bytes =
-            record.map_err(|source| TrackerError::LogRead { log: log_dir.to_path_buf(), record: records, source })?;
-        let count = for_each_event(&bytes, |event| state.apply(event)).map_err(|failure| match failure {
-            DecodeFailure::Newer { found } => TrackerError::NewerFormat {
-                log: log_dir.to_path_buf(),
-                record: records,
-                found,
-                supported: EVENT_FORMAT_VERSION,
-            },
-            DecodeFailure::Damaged(source) => {
-                TrackerError::CorruptRecord { log: log_dir.to_path_buf(), record: records, source }
-            }
+        let bytes = record.map_err(|source| TrackerError::LogRead {
+            log: log_dir.to_path_buf(),
+            record: records,
+            source: source.into(),
+        })?;
+        let count = for_each_event(&bytes, |event| state.apply(event)).map_err(|source| TrackerError::BadRecord {
+            log: log_dir.to_path_buf(),
+            record: records,
+            source: Box::new(source),
         })?;
         events += count as u64;
         records += 1;
@@ -400,8 +510,8 @@ pub fn replay_event_log(
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    // State is only changed after the log write and by code that cannot
-    // panic half-way, so a poisoned lock holds consistent data.
+    // A panic while a lock was held poisons the tracker itself (see
+    // `PoisonOnPanic`), which refuses every later change: readers may go on.
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
