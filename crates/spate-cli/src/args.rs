@@ -106,6 +106,15 @@ pub struct RunArgs {
     /// Most records read per partition per second (backpressure still applies below it).
     #[arg(long, value_name = "N")]
     pub max_rate_per_partition: Option<u64>,
+    /// Most records one batch reads, all partitions together, shared by lag
+    /// (default 500000). A backlog is read over several batches.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_records_per_batch: Option<u64>,
+    /// Most bytes one batch reads: keys, values and about 100 bytes a record
+    /// (default 67108864, 64 MiB). A partition always reads at least one
+    /// record, so a larger record still goes through.
+    #[arg(long, value_name = "BYTES", value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_bytes_per_batch: Option<u64>,
     /// Where a new checkpoint starts reading: `earliest`, `latest`, or Spark's
     /// JSON spec `{"topic":{"0":36,"1":-2}}` (-2 earliest, -1 latest), e.g. the
     /// offsets `spate checkpoint inspect` shows for a Spark checkpoint.

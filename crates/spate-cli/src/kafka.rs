@@ -150,16 +150,28 @@ fn open_sink(args: &RunArgs) -> Result<OutputSink, CliError> {
         .map_err(|e| kafka_error("cannot open the transactional output producer", e))
 }
 
-/// Runs the Kafka pipeline until it is stopped; returns the closing line.
-pub(crate) fn run(args: &RunArgs) -> Result<String, CliError> {
-    refuse_inconsistent(&args.checkpoint, ACTION)?;
-    let batch = Duration::from_millis(args.batch_ms);
+/// The direct stream's configuration from the command line.
+fn stream_config(args: &RunArgs, batch: Duration) -> Result<DirectKafkaConfig, CliError> {
     let mut config = DirectKafkaConfig::subscribe(&args.kafka, &args.group, [args.topic.clone()], batch)
         .starting_offsets(starting_offsets(&args.starting_offsets)?)
         .commit(if args.exactly_once { OffsetCommit::CheckpointOnly } else { OffsetCommit::KafkaGroup });
     if let Some(rate) = args.max_rate_per_partition {
         config = config.max_rate_per_partition(rate);
     }
+    if let Some(records) = args.max_records_per_batch {
+        config = config.max_records_per_batch(records);
+    }
+    if let Some(bytes) = args.max_bytes_per_batch {
+        config = config.max_bytes_per_batch(bytes);
+    }
+    Ok(config)
+}
+
+/// Runs the Kafka pipeline until it is stopped; returns the closing line.
+pub(crate) fn run(args: &RunArgs) -> Result<String, CliError> {
+    refuse_inconsistent(&args.checkpoint, ACTION)?;
+    let batch = Duration::from_millis(args.batch_ms);
+    let config = stream_config(args, batch)?;
     let stream = DirectKafkaStream::new(config).map_err(|e| kafka_error("cannot create the Kafka consumer", e))?;
     let pipeline = Pipeline {
         stream: Arc::new(stream),
@@ -206,6 +218,36 @@ mod tests {
         assert_eq!(spec.len(), 2);
         let error = starting_offsets("yesterday").err().map(|e| e.exit_code());
         assert_eq!(error, Some(crate::error::ExitCode::Usage));
+    }
+
+    fn run_args(extra: &[&str]) -> RunArgs {
+        let mut argv = vec!["spate", "run", "--kafka", "b:9092", "--topic", "t", "--output-topic", "o"];
+        argv.extend_from_slice(extra);
+        let cli = <crate::args::Cli as clap::Parser>::try_parse_from(argv).unwrap();
+        let crate::args::Command::Run(args) = cli.command else { panic!("wrong command") };
+        args
+    }
+
+    #[test]
+    fn every_batch_is_capped_by_default_and_the_caps_can_be_raised() {
+        let batch = Duration::from_millis(1000);
+        let config = stream_config(&run_args(&[]), batch).unwrap();
+        assert_eq!(config.max_records_per_batch, spate_kafka::DEFAULT_MAX_RECORDS_PER_BATCH);
+        assert_eq!(config.max_bytes_per_batch, spate_kafka::DEFAULT_MAX_BYTES_PER_BATCH);
+        let raised = run_args(&["--max-records-per-batch", "2000000", "--max-bytes-per-batch", "1073741824"]);
+        let config = stream_config(&raised, batch).unwrap();
+        assert_eq!((config.max_records_per_batch, config.max_bytes_per_batch), (2_000_000, 1 << 30));
+        // The help text states the defaults.
+        let help = <crate::args::Cli as clap::CommandFactory>::command()
+            .find_subcommand_mut("run")
+            .map(|c| c.render_long_help().to_string())
+            .unwrap();
+        let help = help.split_whitespace().collect::<Vec<_>>().join(" ");
+        assert!(help.contains(&format!("default {}", spate_kafka::DEFAULT_MAX_RECORDS_PER_BATCH)), "{help}");
+        assert!(help.contains(&format!("default {}", spate_kafka::DEFAULT_MAX_BYTES_PER_BATCH)), "{help}");
+        let zero =
+            ["spate", "run", "--kafka", "b", "--topic", "t", "--output-topic", "o", "--max-bytes-per-batch", "0"];
+        assert!(<crate::args::Cli as clap::Parser>::try_parse_from(zero).is_err());
     }
 
     #[test]
