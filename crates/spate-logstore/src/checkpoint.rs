@@ -480,21 +480,31 @@ fn split_epoch_line<'a>(path: &Path, bytes: &'a [u8]) -> Result<(Option<u64>, &'
     Ok((Some(epoch), &rest[end + 1..]))
 }
 
-/// Says in the log which paths were wider than owner-only and were tightened.
+/// Says in the log what was wider than owner-only and was tightened: one
+/// warning with the count under each top-level part of the checkpoint (a
+/// RocksDB or WAL directory can hold thousands of files) and a few examples;
+/// every path at debug level (from the file manager).
 fn report_tightened(dir: &Path, tightened: &[Tightened]) {
     if tightened.is_empty() {
         return;
     }
+    let mut parts: std::collections::BTreeMap<String, usize> = std::collections::BTreeMap::new();
     for t in tightened {
-        info!(path = %t.path.display(), from = format!("{:04o}", t.from), to = format!("{:04o}", t.to), "tightened permissions");
+        let part = match t.path.strip_prefix(dir).ok().and_then(|p| p.components().next()) {
+            Some(first) => first.as_os_str().to_string_lossy().into_owned(),
+            None => ".".to_string(),
+        };
+        *parts.entry(part).or_default() += 1;
     }
+    let parts: Vec<String> = parts.iter().map(|(part, n)| format!("{part}: {n}")).collect();
     let examples: Vec<String> =
         tightened.iter().take(5).map(|t| format!("{} {:04o} -> {:04o}", t.path.display(), t.from, t.to)).collect();
     warn!(
         dir = %dir.display(),
         count = tightened.len(),
+        parts = %parts.join(", "),
         examples = %examples.join(", "),
-        "checkpoint had directories or files readable by others; made them owner-only (0700/0600)"
+        "checkpoint had directories or files open to other users; made them owner-only (0700/0600)"
     );
 }
 
