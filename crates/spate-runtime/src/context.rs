@@ -19,6 +19,7 @@ use tracing::{info, warn};
 
 use crate::driver::{Engine, Event, InputHooks, QueuedBatch, SharedStatus, StopMode, StopReport, run_timer};
 use crate::error::RuntimeError;
+use crate::failpoints::Failpoints;
 use crate::inputs::{ReceiverInput, ReceiverOptions, ReceiverResume, TypedReceiverInput};
 use crate::progress::{ProgressFiles, ProgressListener};
 use crate::rate::RateController;
@@ -106,15 +107,19 @@ impl fmt::Debug for StopHandle {
 
 impl StopHandle {
     /// Stops receiving, processes what was received and the queued batches,
-    /// commits, and releases the checkpoint. A second call stops at once.
+    /// commits, and releases the checkpoint. Calling it again changes
+    /// nothing: several parts of a program (a timer, a batch limit, a
+    /// signal) may each ask for a graceful stop without turning it into an
+    /// immediate one; only [`StopHandle::stop_now`] does that.
     pub fn stop_gracefully(&self) {
-        let mode = if self.requests.fetch_add(1, Ordering::AcqRel) == 0 { StopMode::Graceful } else { StopMode::Now };
+        self.requests.fetch_add(1, Ordering::AcqRel);
         // The driver may have ended already; then there is nothing to stop.
-        let _ = self.events.send(Event::Stop(mode));
+        let _ = self.events.send(Event::Stop(StopMode::Graceful));
     }
 
-    /// Stops at once: the batch in flight is not committed and is re-run,
-    /// with its logged offsets, on the next start.
+    /// Stops at once: no queued output starts, the running ones are waited
+    /// for, the batch in flight is not committed and is re-run, with its
+    /// logged offsets, on the next start.
     pub fn stop_now(&self) {
         self.requests.fetch_add(1, Ordering::AcqRel);
         let _ = self.events.send(Event::Stop(StopMode::Now));
@@ -142,12 +147,19 @@ impl StopHandle {
             warn!("could not listen for SIGINT/SIGTERM");
             return;
         };
+        // Only signals count here: a graceful stop asked for by other code
+        // does not make the first signal the second.
+        let mut first = true;
         loop {
             tokio::select! {
                 _ = interrupt.recv() => info!("SIGINT received"),
                 _ = terminate.recv() => info!("SIGTERM received"),
             }
-            self.stop_gracefully();
+            if std::mem::take(&mut first) {
+                self.stop_gracefully();
+            } else {
+                self.stop_now();
+            }
         }
     }
 }
@@ -414,6 +426,7 @@ fn new_engine(
         state_batch: None,
         batch_times: BTreeMap::new(),
         last_state_bytes: 0,
+        failpoints: Failpoints::from_env()?,
     })
 }
 

@@ -8,6 +8,7 @@
 //! [`JobScheduler`] up to `concurrent_jobs` at once.
 
 use std::collections::{BTreeMap, VecDeque};
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::Instant;
@@ -21,10 +22,11 @@ use spate_tracker::ReceivedBlockTracker;
 use tracing::{info, warn};
 
 use crate::error::RuntimeError;
+use crate::failpoints::{Failpoints, Point};
 use crate::inputs::ReceiverInput;
 use crate::progress::{BatchProgress, PhaseTimes, ProgressFiles, ProgressListener};
 use crate::rate::{BatchTiming, RateController};
-use crate::scheduler::{CommitDecision, CommitOrder, JobOutcome, JobScheduler, NamedJob, OutcomeSink};
+use crate::scheduler::{CommitDecision, CommitOrder, JobOutcome, JobScheduler, NamedJob, OutcomeSink, panic_message};
 use crate::settings::StreamingSettings;
 use crate::store::{CheckpointStore, GraphManifest};
 
@@ -158,6 +160,8 @@ pub(crate) struct Engine {
     /// The time of each batch still retained (for cleanup thresholds).
     pub(crate) batch_times: BTreeMap<BatchId, Time>,
     pub(crate) last_state_bytes: u64,
+    /// Test hooks (none unless `SPATE_FAILPOINTS` is set).
+    pub(crate) failpoints: Failpoints,
 }
 
 /// The driver loop's own bookkeeping.
@@ -195,10 +199,17 @@ impl Engine {
         });
         let mut lp =
             Loop { scheduler, order: CommitOrder::default(), in_flight: None, stopping: false, committed: 0, report };
-        let result = self.event_loop(&mut lp, events, status);
+        // A panic anywhere on the driver (user code in a transformation or a
+        // listener, the engine itself) ends the run like any failure: the
+        // batch in flight stays uncommitted and re-runs at the next start.
+        let result =
+            catch_unwind(AssertUnwindSafe(|| self.event_loop(&mut lp, events, status))).unwrap_or_else(|panic| {
+                Err(RuntimeError::Panicked { place: "the driver".into(), message: panic_message(&panic) })
+            });
         let graceful = matches!(result, Ok(true));
-        // Only a graceful stop waits for running outputs; their batch is
-        // not committed otherwise, and the next start re-runs it.
+        // Only a graceful stop lets queued outputs run; otherwise their batch
+        // is not committed and the next start re-runs it. Either way the
+        // running ones end before the writer lock is released below.
         if graceful {
             lp.scheduler.shutdown();
         } else {
@@ -322,6 +333,7 @@ impl Engine {
             }
             QueuedBatch::Rerun { batch, offsets } => (batch, offsets, true),
         };
+        self.failpoints.reach(Point::OffsetsLogged, batch);
         let time = offsets.batch_timestamp;
         self.next_batch = batch.next().ok_or_else(|| RuntimeError::Planning {
             batch,
@@ -334,13 +346,18 @@ impl Engine {
         let computing = Instant::now();
         let (jobs, records) = self.compute(batch, &offsets)?;
         phases.jobs_ms = elapsed_ms(computing);
-        let jobs: Vec<NamedJob> = jobs
+        let mut jobs: Vec<NamedJob> = jobs
             .into_iter()
             .map(|job| {
                 let name = job.output().to_string();
                 NamedJob { name, body: Box::new(move || job.run().map_err(|e| e.to_string())) }
             })
             .collect();
+        if let Some(first) = jobs.first_mut()
+            && self.failpoints.output_panics(batch)
+        {
+            first.body = Box::new(move || panic!("failpoint panic-in-output fired in batch {batch}"));
+        }
         lp.order.expect(batch, jobs.len());
         let outputs_started = Instant::now();
         lp.scheduler.submit(batch, jobs, &lp.report);
@@ -440,11 +457,13 @@ impl Engine {
             return Err(RuntimeError::Lifecycle { what: format!("committed batch {batch} that is not in flight") });
         };
         flight.phases.outputs_ms = elapsed_ms(flight.outputs_started);
+        self.failpoints.reach(Point::OutputsDone, batch);
         let committing = Instant::now();
         if let Some(store) = &self.store {
             store.write_commit(batch)?;
         }
         flight.phases.commit_ms = elapsed_ms(committing);
+        self.failpoints.reach(Point::Committed, batch);
         let checkpointing = Instant::now();
         let checkpointed = self.checkpoint_state_if_due(batch, flight.time)?;
         flight.phases.state_checkpoint_ms = if checkpointed { elapsed_ms(checkpointing) } else { 0 };

@@ -112,6 +112,15 @@ pub enum RuntimeError {
         /// What went wrong.
         reason: String,
     },
+    /// Code running a batch panicked (a user function, a listener, the
+    /// engine); the batch is not committed and the next start re-runs it.
+    #[error("{place} panicked: {message}")]
+    Panicked {
+        /// Where: the driver, an output job.
+        place: String,
+        /// The panic message.
+        message: String,
+    },
     /// The context was used in a state that does not allow it (for example
     /// started twice).
     #[error("streaming context {what}")]

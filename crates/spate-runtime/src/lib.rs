@@ -30,6 +30,9 @@
 //!   not committed), also on SIGINT/SIGTERM;
 //! - progress: a [`BatchProgress`] per batch to [`ProgressListener`]s, to
 //!   `tracing`, and as JSON lines under `<checkpoint>/progress/` (rotated);
+//! - test hooks: the environment variable `SPATE_FAILPOINTS` (off unless
+//!   set) holds the driver at a named point of a batch until a file appears,
+//!   or makes it panic there, so crash and signal tests need no timing;
 //! - [`demo`]: the windowed word count of seeded random words.
 //!
 //! It is not the graph (spate-dstream), the logs (spate-logstore, spate-wal)
@@ -77,6 +80,7 @@ mod context;
 pub mod demo;
 mod driver;
 mod error;
+mod failpoints;
 mod inputs;
 mod pid;
 mod progress;

@@ -9,6 +9,7 @@
 use std::collections::BTreeMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
@@ -53,23 +54,29 @@ struct Task {
 pub(crate) struct JobScheduler {
     queue: Option<Sender<Task>>,
     workers: Vec<JoinHandle<()>>,
+    /// Set when queued jobs must not start any more (an immediate stop, a failure).
+    cancelled: Arc<AtomicBool>,
 }
 
 impl JobScheduler {
     /// Starts `concurrent_jobs` workers (at least one).
     pub(crate) fn new(concurrent_jobs: usize) -> std::io::Result<Self> {
         let (queue, tasks) = unbounded::<Task>();
+        let cancelled = Arc::new(AtomicBool::new(false));
         let mut workers = Vec::new();
         for i in 0..concurrent_jobs.max(1) {
-            let tasks = tasks.clone();
+            let (tasks, cancelled) = (tasks.clone(), Arc::clone(&cancelled));
             let worker = std::thread::Builder::new().name(format!("spate-job-{i}")).spawn(move || {
                 for task in tasks {
+                    if cancelled.load(Ordering::Acquire) {
+                        break;
+                    }
                     run_task(task);
                 }
             })?;
             workers.push(worker);
         }
-        Ok(JobScheduler { queue: Some(queue), workers })
+        Ok(JobScheduler { queue: Some(queue), workers, cancelled })
     }
 
     /// Queues the jobs of `batch`; each outcome goes to `report`.
@@ -95,11 +102,17 @@ impl JobScheduler {
         self.stop_and_join();
     }
 
-    /// Stops taking jobs and leaves running ones to finish on their own
-    /// (an immediate stop does not wait for a slow output).
+    /// Starts no queued job any more and waits for the running ones (at
+    /// most one a worker). The caller releases the writer lock only after
+    /// this returns, so no output of an abandoned batch runs once another
+    /// writer may have taken the checkpoint over.
     pub(crate) fn abandon(mut self) {
-        self.queue = None;
-        self.workers.clear();
+        self.cancel_and_join();
+    }
+
+    fn cancel_and_join(&mut self) {
+        self.cancelled.store(true, Ordering::Release);
+        self.stop_and_join();
     }
 
     fn stop_and_join(&mut self) {
@@ -113,8 +126,10 @@ impl JobScheduler {
 }
 
 impl Drop for JobScheduler {
+    /// Dropped without [`JobScheduler::shutdown`] (a panic unwinding the
+    /// driver): nothing queued starts, and what runs is waited for.
     fn drop(&mut self) {
-        self.stop_and_join();
+        self.cancel_and_join();
     }
 }
 
@@ -123,18 +138,20 @@ fn run_task(task: Task) {
     let started = Instant::now();
     // A panicking output fails its batch instead of killing the worker and
     // leaving the batch waiting forever.
-    let result = catch_unwind(AssertUnwindSafe(job.body)).unwrap_or_else(|panic| Err(panic_message(&panic)));
+    let result = catch_unwind(AssertUnwindSafe(job.body))
+        .unwrap_or_else(|panic| Err(format!("panicked: {}", panic_message(&panic))));
     let elapsed_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
     report(JobOutcome { batch, name: job.name, result, elapsed_ms });
 }
 
-fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
+/// The message of a caught panic, when it was a string.
+pub(crate) fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
     if let Some(s) = panic.downcast_ref::<&str>() {
-        format!("panicked: {s}")
+        (*s).to_string()
     } else if let Some(s) = panic.downcast_ref::<String>() {
-        format!("panicked: {s}")
+        s.clone()
     } else {
-        "panicked".to_string()
+        "(no message)".to_string()
     }
 }
 
@@ -276,5 +293,48 @@ mod tests {
         let panicked = outcomes.iter().find(|o| o.name == "panics").unwrap();
         assert_eq!(panicked.result, Err("panicked: bad output".to_string()));
         assert!(outcomes.iter().filter(|o| o.name != "panics").all(|o| o.result.is_ok()));
+    }
+
+    #[test]
+    fn an_abandoned_scheduler_starts_no_queued_job_and_waits_for_the_running_one() {
+        let scheduler = JobScheduler::new(1).unwrap();
+        let cancelled = Arc::clone(&scheduler.cancelled);
+        let outcomes = Arc::new(Mutex::new(Vec::new()));
+        let report: OutcomeSink = {
+            let outcomes = Arc::clone(&outcomes);
+            Arc::new(move |o: JobOutcome| outcomes.lock().unwrap().push(o.name))
+        };
+        let (started_tx, started_rx) = bounded::<()>(1);
+        let (gate_tx, gate_rx) = bounded::<()>(1);
+        let queued_ran = Arc::new(AtomicBool::new(false));
+        let ran = Arc::clone(&queued_ran);
+        let jobs = vec![
+            NamedJob {
+                name: "running".into(),
+                body: Box::new(move || {
+                    started_tx.send(()).map_err(|e| e.to_string())?;
+                    gate_rx.recv().map_err(|e| e.to_string())
+                }),
+            },
+            NamedJob {
+                name: "queued".into(),
+                body: Box::new(move || {
+                    ran.store(true, Ordering::Release);
+                    Ok(())
+                }),
+            },
+        ];
+        scheduler.submit(BatchId(3), jobs, &report);
+        started_rx.recv().unwrap();
+        let abandoning = std::thread::spawn(move || scheduler.abandon());
+        // Let the running job end only once the scheduler was cancelled.
+        while !cancelled.load(Ordering::Acquire) {
+            std::thread::yield_now();
+        }
+        gate_tx.send(()).unwrap();
+        abandoning.join().unwrap();
+        // abandon() returned: the running job had finished, the queued one never started.
+        assert_eq!(*outcomes.lock().unwrap(), vec!["running".to_string()]);
+        assert!(!queued_ran.load(Ordering::Acquire));
     }
 }

@@ -489,3 +489,160 @@ fn logs_and_state_past_retention_are_purged() {
     assert_eq!(ids("offsets"), vec![4, 5]);
     assert_eq!(ids("commits"), vec![4, 5]);
 }
+
+/// A source of the integers that panics computing batch `panic_at`, once.
+#[derive(Debug)]
+struct Exploding {
+    numbers: Arc<Numbers>,
+    panic_at: BatchId,
+    fired: std::sync::atomic::AtomicBool,
+    seen_batches: Mutex<u64>,
+}
+
+impl InputSource<u64> for Exploding {
+    fn is_replayable(&self) -> bool {
+        true
+    }
+
+    fn plan(&self, time: Time, max_records: Option<u64>) -> Result<Option<String>, BoxError> {
+        self.numbers.plan(time, max_records)
+    }
+
+    fn compute(&self, time: Time, planned: Option<&str>) -> Result<Vec<Vec<u64>>, BoxError> {
+        let mut seen = self.seen_batches.lock().unwrap();
+        let batch = BatchId(*seen);
+        *seen += 1;
+        drop(seen);
+        if batch == self.panic_at && !self.fired.swap(true, std::sync::atomic::Ordering::AcqRel) {
+            panic!("the source exploded computing batch {batch}");
+        }
+        self.numbers.compute(time, planned)
+    }
+}
+
+#[test]
+fn a_panicking_output_fails_the_job_and_its_batch_re_runs_at_the_next_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(Time::from_millis(START));
+    let source = Numbers::new(5);
+    let seen = SeenLog::default();
+    let mut ctx = StreamingContext::get_or_create(dir.path(), settings(&clock), |p| {
+        let seen = Arc::clone(&seen);
+        numbers_input(p, &source)
+            .foreach_batch(move |batch, info| {
+                assert!(info.batch_id != BatchId(1), "the output exploded in batch 1");
+                let mut records: Vec<u64> = batch.iter().copied().collect();
+                records.sort_unstable();
+                seen.lock().unwrap().push(Seen { batch: info.batch_id, time: info.time, records });
+                Ok(())
+            })
+            .name("explodes");
+        Ok(())
+    })
+    .unwrap();
+    ctx.start().unwrap();
+    tick(&clock, &ctx, 0);
+    clock.advance(Duration::from_secs(1));
+    let err = ctx.await_termination().unwrap_err();
+    assert!(
+        matches!(&err, RuntimeError::OutputFailed { batch: BatchId(1), output, reason }
+            if output == "explodes" && reason.contains("the output exploded in batch 1")),
+        "{err:?}"
+    );
+    assert!(dir.path().join("offsets/1").exists() && !dir.path().join("commits/1").exists());
+
+    // The next start re-runs batch 1 with its logged offsets, and goes on.
+    let mut ctx = open_collecting(dir.path(), &clock, &Numbers::new(5), &seen).unwrap();
+    assert_eq!(ctx.recovery().unwrap().rerun_batch, Some(BatchId(1)));
+    ctx.start().unwrap();
+    assert!(ctx.await_committed(BatchId(1), WAIT), "{:?}", ctx.failure());
+    tick(&clock, &ctx, 2);
+    stop(ctx);
+    let records: Vec<(u64, Vec<u64>)> = seen.lock().unwrap().iter().map(|s| (s.batch.0, s.records.clone())).collect();
+    assert_eq!(records, vec![(0, (0..5).collect()), (1, (5..10).collect()), (2, (10..15).collect())]);
+}
+
+#[test]
+fn a_panic_on_the_driver_ends_the_run_with_an_error_and_the_batch_re_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(Time::from_millis(START));
+    let exploding = Arc::new(Exploding {
+        numbers: Numbers::new(5),
+        panic_at: BatchId(1),
+        fired: std::sync::atomic::AtomicBool::new(false),
+        seen_batches: Mutex::new(0),
+    });
+    let seen = SeenLog::default();
+    let mut ctx = StreamingContext::get_or_create(dir.path(), settings(&clock), |p| {
+        let seen = Arc::clone(&seen);
+        p.input("numbers", Arc::clone(&exploding))
+            .foreach_batch(move |batch, info| {
+                let mut records: Vec<u64> = batch.iter().copied().collect();
+                records.sort_unstable();
+                seen.lock().unwrap().push(Seen { batch: info.batch_id, time: info.time, records });
+                Ok(())
+            })
+            .name("collect");
+        Ok(())
+    })
+    .unwrap();
+    ctx.start().unwrap();
+    tick(&clock, &ctx, 0);
+    clock.advance(Duration::from_secs(1));
+    // The driver ends and says why: nobody waits for a batch that never comes.
+    assert!(!ctx.await_committed(BatchId(1), WAIT));
+    let failure = ctx.failure().expect("the failure is reported while the context is still held");
+    assert!(failure.contains("the source exploded computing batch 1"), "{failure}");
+    let err = ctx.await_termination().unwrap_err();
+    assert!(err.to_string().contains("the source exploded computing batch 1"), "{err:?}");
+    assert!(dir.path().join("offsets/1").exists() && !dir.path().join("commits/1").exists());
+    assert_eq!(read_lock_state(dir.path()), "free");
+
+    let mut ctx = open_collecting(dir.path(), &clock, &Numbers::new(5), &seen).unwrap();
+    assert_eq!(ctx.recovery().unwrap().rerun_batch, Some(BatchId(1)));
+    ctx.start().unwrap();
+    assert!(ctx.await_committed(BatchId(1), WAIT), "{:?}", ctx.failure());
+    stop(ctx);
+    let records: Vec<(u64, Vec<u64>)> = seen.lock().unwrap().iter().map(|s| (s.batch.0, s.records.clone())).collect();
+    assert_eq!(records, vec![(0, (0..5).collect()), (1, (5..10).collect())]);
+}
+
+/// "free" when another writer can take the checkpoint's lock now, else "held".
+fn read_lock_state(dir: &Path) -> &'static str {
+    match Checkpoint::open_for_write(dir, CheckpointOptions::new()) {
+        Ok(_) => "free",
+        Err(_) => "held",
+    }
+}
+
+#[test]
+fn asking_twice_for_a_graceful_stop_is_still_graceful() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(Time::from_millis(START));
+    let source = Numbers::new(5);
+    let (started_tx, started_rx) = crossbeam::channel::bounded::<BatchId>(1);
+    let (gate_tx, gate_rx) = crossbeam::channel::bounded::<()>(1);
+    let mut ctx = StreamingContext::get_or_create(dir.path(), settings(&clock), |p| {
+        numbers_input(p, &source)
+            .foreach_batch(move |_, info| {
+                started_tx.send(info.batch_id)?;
+                Ok(gate_rx.recv()?)
+            })
+            .name("gated");
+        Ok(())
+    })
+    .unwrap();
+    ctx.start().unwrap();
+    clock.advance(Duration::from_secs(1));
+    assert_eq!(started_rx.recv_timeout(WAIT).unwrap(), BatchId(0));
+    // While batch 0 is in flight, a timer and a batch limit both ask for a
+    // graceful stop; neither turns it into an immediate one.
+    let handle = ctx.stop_handle();
+    handle.stop_gracefully();
+    handle.stop_gracefully();
+    gate_tx.send(()).unwrap();
+    let report = ctx.await_termination().unwrap();
+    assert!(report.graceful, "{report:?}");
+    assert_eq!(report.last_committed, Some(BatchId(0)));
+    assert!(dir.path().join("commits/0").exists());
+}
