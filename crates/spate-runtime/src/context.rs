@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::thread::JoinHandle;
 
 use crossbeam::channel::{Receiver as EventReceiver, Sender, unbounded};
-use spate_core::{BatchId, StreamId, Time};
+use spate_core::{BatchId, StreamId, Time, Unfenced, WriterFence};
 use spate_dstream::{DStream, Data, FedSource, GraphBuilder, InputSource, RestorePolicy};
 use spate_logstore::{Checkpoint, CheckpointOptions, OffsetSeq, Verdict};
 use spate_receiver::{Receiver, Record};
@@ -21,7 +21,7 @@ use crate::driver::{Engine, Event, InputHooks, QueuedBatch, SharedStatus, StopMo
 use crate::error::RuntimeError;
 use crate::failpoints::Failpoints;
 use crate::inputs::{ReceiverInput, ReceiverOptions, ReceiverResume, TypedReceiverInput};
-use crate::progress::{ProgressFiles, ProgressListener};
+use crate::progress::{PROGRESS_DIR, ProgressFiles, ProgressListener};
 use crate::rate::RateController;
 use crate::recovery::{RecoveryReport, RestoredOperator};
 use crate::settings::StreamingSettings;
@@ -406,7 +406,13 @@ fn new_engine(
 ) -> Result<Engine, RuntimeError> {
     let rate = RateController::new(settings.batch_interval, &settings.backpressure)?;
     let progress_files = match &store {
-        Some(store) => Some(ProgressFiles::open(&store.dir().join("progress"), settings.progress_rotation)?),
+        Some(store) => {
+            let fence: Arc<dyn WriterFence> = match store.checkpoint().fence() {
+                Some(fence) => fence,
+                None => Arc::new(Unfenced),
+            };
+            Some(ProgressFiles::open(&store.dir().join(PROGRESS_DIR), settings.progress_rotation, fence)?)
+        }
         None => None,
     };
     Ok(Engine {

@@ -470,8 +470,7 @@ impl Engine {
         lp.committed += 1;
         status.update(|s| s.last_committed = Some(batch));
         self.after_commit(&flight);
-        self.report_progress(&flight, checkpointed);
-        Ok(())
+        self.report_progress(&flight, checkpointed)
     }
 
     /// Snapshots every stateful operator when the batch time is a multiple
@@ -574,7 +573,10 @@ impl Engine {
         self.batch_times = self.batch_times.split_off(&threshold.min(needed));
     }
 
-    fn report_progress(&mut self, flight: &InFlight, checkpointed: bool) {
+    /// Reports a committed batch. Progress is advisory, so a failed write
+    /// is only a warning, except that the checkpoint was taken over by
+    /// another writer: then this one stops.
+    fn report_progress(&mut self, flight: &InFlight, checkpointed: bool) -> Result<(), RuntimeError> {
         let processing_ms = elapsed_ms(flight.started);
         let interval_secs = self.interval().as_secs_f64();
         let progress = BatchProgress {
@@ -600,14 +602,18 @@ impl Engine {
             scheduling_delay_ms = progress.scheduling_delay_ms,
             "batch committed"
         );
-        if let Some(files) = &mut self.progress_files
-            && let Err(e) = files.append(&progress)
-        {
-            warn!(error = %e, "writing the progress file failed");
+        let mut taken_over = None;
+        if let Some(files) = &mut self.progress_files {
+            match files.append(&progress) {
+                Ok(()) => {}
+                Err(e @ RuntimeError::TakenOver { .. }) => taken_over = Some(e),
+                Err(e) => warn!(error = %e, "writing the progress file failed"),
+            }
         }
         for listener in &self.listeners {
             listener.on_batch_completed(&progress);
         }
+        taken_over.map_or(Ok(()), Err)
     }
 }
 

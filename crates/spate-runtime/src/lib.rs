@@ -29,7 +29,8 @@
 //!   committed, lock released) or at once (the next start re-runs what was
 //!   not committed), also on SIGINT/SIGTERM;
 //! - progress: a [`BatchProgress`] per batch to [`ProgressListener`]s, to
-//!   `tracing`, and as JSON lines under `<checkpoint>/progress/` (rotated);
+//!   `tracing`, and as JSON lines under `<checkpoint>/progress/` (rotated,
+//!   each line with the writer's epoch, read back by [`read_progress`]);
 //! - test hooks: the environment variable `SPATE_FAILPOINTS` (off unless
 //!   set) holds the driver at a named point of a batch until a file appears,
 //!   or makes it panic there, so crash and signal tests need no timing;
@@ -95,6 +96,9 @@ pub use driver::StopReport;
 pub use error::RuntimeError;
 pub use inputs::{ReceiverOptions, ReceiverResume};
 pub use pid::{PidRateEstimator, PidSettings};
-pub use progress::{BatchProgress, PhaseTimes, ProgressListener, ProgressRotation, ReceiverStatus};
+pub use progress::{
+    BatchProgress, PhaseTimes, ProgressHistory, ProgressListener, ProgressRecord, ProgressRotation, ReceiverStatus,
+    read_progress,
+};
 pub use recovery::{RecoveryReport, RestoredOperator};
 pub use settings::{BackpressureSettings, StreamingSettings, default_checkpoint_interval};

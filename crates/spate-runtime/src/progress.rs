@@ -1,13 +1,17 @@
 //! What happened in each batch: the [`BatchProgress`] record, the
 //! [`ProgressListener`] trait that receives it, and the rotating JSON-lines
-//! files under `<checkpoint>/progress/` that keep it for people and tools.
+//! files under `<checkpoint>/progress/` that keep it for people and tools
+//! (owner-only, each line with the writer's epoch, appended only while the
+//! writer fence holds; [`read_progress`] reads them back).
 
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
-use spate_core::{BatchId, Time};
+use spate_core::{BatchId, Time, WriterFence};
 
 use crate::error::RuntimeError;
 use crate::recovery::RecoveryReport;
@@ -101,8 +105,94 @@ impl Default for ProgressRotation {
     }
 }
 
+/// The mode of `progress/`: owner only, like everything under a checkpoint.
+const DIR_MODE: u32 = 0o700;
+/// The mode of each progress file.
+const FILE_MODE: u32 = 0o600;
+/// A progress file larger than this is not read (rotation keeps them far smaller).
+const MAX_READ_FILE_BYTES: u64 = 64 << 20;
+
+/// One line as written: the record and the epoch of the writer that wrote it.
+#[derive(Serialize)]
+struct LineOut<'a> {
+    epoch: u64,
+    #[serde(flatten)]
+    progress: &'a BatchProgress,
+}
+
+/// One line as read; lines written before the epoch was added read as epoch 0.
+#[derive(Deserialize)]
+struct LineIn {
+    #[serde(default)]
+    epoch: u64,
+    #[serde(flatten)]
+    progress: BatchProgress,
+}
+
+/// A progress record read back, with the epoch of the writer that wrote it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ProgressRecord {
+    /// The writer lock's epoch of the process that wrote the line.
+    pub epoch: u64,
+    /// The record.
+    pub progress: BatchProgress,
+}
+
+/// What [`read_progress`] found under `<checkpoint>/progress/`.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ProgressHistory {
+    /// The records, oldest first, without the stale ones.
+    pub records: Vec<ProgressRecord>,
+    /// Lines of a writer whose epoch is lower than one already seen: written
+    /// by a writer that had lost the checkpoint to a newer one; ignored.
+    pub stale_lines: u64,
+    /// Lines that do not parse (a line torn by a crash, a foreign file); ignored.
+    pub unreadable_lines: u64,
+}
+
+/// Reads the progress files of the checkpoint `checkpoint_dir`, oldest
+/// first. A line whose epoch is lower than the newest epoch seen before it
+/// came from a writer that had lost the lock when it wrote it, and is
+/// skipped (counted in [`ProgressHistory::stale_lines`]).
+pub fn read_progress(checkpoint_dir: &Path) -> Result<ProgressHistory, RuntimeError> {
+    let dir = checkpoint_dir.join(PROGRESS_DIR);
+    let mut history = ProgressHistory::default();
+    if !dir.is_dir() {
+        return Ok(history);
+    }
+    let mut newest = 0;
+    for seq in existing_sequence_numbers(&dir)? {
+        let path = file_path(&dir, seq);
+        let len = fs::metadata(&path).map_err(|e| RuntimeError::io("stat", &path, e))?.len();
+        if len > MAX_READ_FILE_BYTES {
+            tracing::warn!(file = %path.display(), len, "progress file too large to read; skipped");
+            history.unreadable_lines += 1;
+            continue;
+        }
+        let text = fs::read(&path).map_err(|e| RuntimeError::io("read", &path, e))?;
+        for line in text.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
+            match serde_json::from_slice::<LineIn>(line) {
+                Ok(line) if line.epoch < newest => history.stale_lines += 1,
+                Ok(LineIn { epoch, progress }) => {
+                    newest = epoch;
+                    history.records.push(ProgressRecord { epoch, progress });
+                }
+                Err(_) => history.unreadable_lines += 1,
+            }
+        }
+    }
+    Ok(history)
+}
+
+/// The directory of the progress files in a checkpoint.
+pub(crate) const PROGRESS_DIR: &str = "progress";
+
 /// Appends progress records as JSON lines to `progress-<seq>.jsonl` files in
 /// one directory, rotating by size and keeping a bounded number of files.
+/// Every line carries the writer's epoch, and the writer fence is checked
+/// before each append, so a writer that lost the checkpoint stops writing;
+/// what it wrote in the instant between the check and the write is
+/// recognised by its lower epoch and skipped by [`read_progress`].
 #[derive(Debug)]
 pub(crate) struct ProgressFiles {
     dir: PathBuf,
@@ -110,24 +200,40 @@ pub(crate) struct ProgressFiles {
     seq: u64,
     file: Option<File>,
     written: u64,
+    fence: Arc<dyn WriterFence>,
 }
 
 impl ProgressFiles {
-    /// Opens (creating) `dir` and continues after the newest file in it.
-    pub(crate) fn open(dir: &Path, rotation: ProgressRotation) -> Result<Self, RuntimeError> {
-        fs::create_dir_all(dir).map_err(|e| RuntimeError::io("create", dir, e))?;
-        let seq = existing_sequence_numbers(dir)?.last().map_or(0, |last| last + 1);
-        Ok(ProgressFiles { dir: dir.to_path_buf(), rotation, seq, file: None, written: 0 })
+    /// Opens (creating, owner only) `dir` and continues after the newest file in it.
+    pub(crate) fn open(
+        dir: &Path,
+        rotation: ProgressRotation,
+        fence: Arc<dyn WriterFence>,
+    ) -> Result<Self, RuntimeError> {
+        create_private_dir(dir)?;
+        let existing = existing_sequence_numbers(dir)?;
+        for seq in &existing {
+            tighten(&file_path(dir, *seq), FILE_MODE)?;
+        }
+        let seq = match existing.last() {
+            None => 0,
+            Some(&last) => last.checked_add(1).ok_or_else(|| last_sequence_error(dir, last))?,
+        };
+        Ok(ProgressFiles { dir: dir.to_path_buf(), rotation, seq, file: None, written: 0, fence })
     }
 
-    /// Appends one record. Progress is advisory: it is written, not fsynced.
+    /// Appends one record, after checking that this writer still holds the
+    /// checkpoint. Progress is advisory: it is written, not fsynced.
     pub(crate) fn append(&mut self, progress: &BatchProgress) -> Result<(), RuntimeError> {
-        let mut line = serde_json::to_vec(progress).map_err(|e| RuntimeError::Io {
-            op: "encode progress for",
-            path: self.dir.clone(),
-            source: std::io::Error::other(e),
+        let mut line = serde_json::to_vec(&LineOut { epoch: self.fence.epoch(), progress }).map_err(|e| {
+            RuntimeError::Io { op: "encode progress for", path: self.dir.clone(), source: std::io::Error::other(e) }
         })?;
         line.push(b'\n');
+        self.fence.check().map_err(|message| {
+            // The error names the checkpoint, as the log store's own does.
+            let checkpoint = self.dir.parent().unwrap_or(&self.dir).to_path_buf();
+            RuntimeError::TakenOver { dir: checkpoint, message }
+        })?;
         if self.file.is_none() || self.written + line.len() as u64 > self.rotation.max_file_bytes {
             self.rotate()?;
         }
@@ -140,26 +246,61 @@ impl ProgressFiles {
     }
 
     fn current_path(&self) -> PathBuf {
-        self.dir.join(format!("progress-{:06}.jsonl", self.seq))
+        file_path(&self.dir, self.seq)
     }
 
     fn rotate(&mut self) -> Result<(), RuntimeError> {
         if self.file.take().is_some() {
-            self.seq += 1;
+            self.seq = self.seq.checked_add(1).ok_or_else(|| last_sequence_error(&self.dir, self.seq))?;
         }
         let path = self.current_path();
-        let file =
-            OpenOptions::new().create(true).append(true).open(&path).map_err(|e| RuntimeError::io("open", &path, e))?;
+        let file = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .mode(FILE_MODE)
+            .open(&path)
+            .map_err(|e| RuntimeError::io("open", &path, e))?;
         self.written = file.metadata().map_err(|e| RuntimeError::io("stat", &path, e))?.len();
         self.file = Some(file);
         let existing = existing_sequence_numbers(&self.dir)?;
         let excess = existing.len().saturating_sub(self.rotation.max_files.max(1));
         for old in existing.iter().take(excess) {
-            let old_path = self.dir.join(format!("progress-{old:06}.jsonl"));
+            let old_path = file_path(&self.dir, *old);
             fs::remove_file(&old_path).map_err(|e| RuntimeError::io("remove", &old_path, e))?;
         }
         Ok(())
     }
+}
+
+fn file_path(dir: &Path, seq: u64) -> PathBuf {
+    dir.join(format!("progress-{seq:06}.jsonl"))
+}
+
+fn last_sequence_error(dir: &Path, last: u64) -> RuntimeError {
+    RuntimeError::Checkpoint {
+        dir: dir.to_path_buf(),
+        message: format!(
+            "{} has the largest sequence number there is, so no progress file can follow it; move it away",
+            file_path(dir, last).display()
+        ),
+    }
+}
+
+/// Creates `dir` owner-only, or tightens it when it exists with wider modes.
+fn create_private_dir(dir: &Path) -> Result<(), RuntimeError> {
+    fs::DirBuilder::new().recursive(true).mode(DIR_MODE).create(dir).map_err(|e| RuntimeError::io("create", dir, e))?;
+    tighten(dir, DIR_MODE)
+}
+
+/// Removes group and other permissions from `path` when it has any, and says so.
+fn tighten(path: &Path, mode: u32) -> Result<(), RuntimeError> {
+    let current = fs::metadata(path).map_err(|e| RuntimeError::io("stat", path, e))?.permissions().mode() & 0o777;
+    if current & 0o077 == 0 {
+        return Ok(());
+    }
+    fs::set_permissions(path, fs::Permissions::from_mode(mode)).map_err(|e| RuntimeError::io("chmod", path, e))?;
+    tracing::info!(path = %path.display(), from = format!("{current:o}"), to = format!("{mode:o}"), "tightened permissions to owner only");
+    Ok(())
 }
 
 fn existing_sequence_numbers(dir: &Path) -> Result<Vec<u64>, RuntimeError> {
@@ -168,7 +309,14 @@ fn existing_sequence_numbers(dir: &Path) -> Result<Vec<u64>, RuntimeError> {
         .filter_map(Result::ok)
         .filter_map(|entry| {
             let name = entry.file_name().into_string().ok()?;
-            name.strip_prefix("progress-")?.strip_suffix(".jsonl")?.parse().ok()
+            let digits = name.strip_prefix("progress-")?.strip_suffix(".jsonl")?;
+            match digits.parse() {
+                Ok(seq) => Some(seq),
+                Err(e) => {
+                    tracing::warn!(file = %dir.join(&name).display(), error = %e, "not a progress file number; ignored");
+                    None
+                }
+            }
         })
         .collect();
     seqs.sort_unstable();
@@ -197,35 +345,132 @@ mod tests {
         }
     }
 
+    /// A fence whose holder can be taken away.
+    #[derive(Debug)]
+    struct TestFence {
+        epoch: u64,
+        held: std::sync::atomic::AtomicBool,
+    }
+
+    impl WriterFence for TestFence {
+        fn epoch(&self) -> u64 {
+            self.epoch
+        }
+
+        fn check(&self) -> Result<(), String> {
+            if self.held.load(std::sync::atomic::Ordering::Acquire) {
+                Ok(())
+            } else {
+                Err(format!("epoch {} lost the lock to epoch {}", self.epoch, self.epoch + 1))
+            }
+        }
+    }
+
+    fn fence(epoch: u64) -> Arc<TestFence> {
+        Arc::new(TestFence { epoch, held: std::sync::atomic::AtomicBool::new(true) })
+    }
+
+    fn open(dir: &Path, rotation: ProgressRotation, epoch: u64) -> ProgressFiles {
+        ProgressFiles::open(dir, rotation, fence(epoch)).unwrap()
+    }
+
+    fn batches_of(checkpoint: &Path) -> Vec<(u64, u64)> {
+        read_progress(checkpoint).unwrap().records.iter().map(|r| (r.epoch, r.progress.batch_id.0)).collect()
+    }
+
     #[test]
     fn lines_parse_back_and_files_rotate_within_bounds() {
         let dir = tempfile::tempdir().unwrap();
-        let line_len = serde_json::to_vec(&sample(1)).unwrap().len() as u64 + 1;
+        let line_len = serde_json::to_vec(&LineOut { epoch: 7, progress: &sample(1) }).unwrap().len() as u64 + 1;
         let rotation = ProgressRotation { max_file_bytes: line_len * 3, max_files: 2 };
-        let mut files = ProgressFiles::open(dir.path(), rotation).unwrap();
+        let mut files = open(&dir.path().join(PROGRESS_DIR), rotation, 7);
         for batch in 0..10 {
             files.append(&sample(batch)).unwrap();
         }
-        let seqs = existing_sequence_numbers(dir.path()).unwrap();
+        let progress_dir = dir.path().join(PROGRESS_DIR);
+        let seqs = existing_sequence_numbers(&progress_dir).unwrap();
         assert_eq!(seqs, vec![2, 3]);
-        let newest = fs::read_to_string(dir.path().join("progress-000003.jsonl")).unwrap();
+        let newest = fs::read_to_string(file_path(&progress_dir, 3)).unwrap();
         let batches: Vec<u64> =
             newest.lines().map(|l| serde_json::from_str::<BatchProgress>(l).unwrap().batch_id.0).collect();
         assert_eq!(batches, vec![9]);
         for seq in seqs {
-            let len = fs::metadata(dir.path().join(format!("progress-{seq:06}.jsonl"))).unwrap().len();
+            let len = fs::metadata(file_path(&progress_dir, seq)).unwrap().len();
             assert!(len <= rotation.max_file_bytes);
         }
+        assert_eq!(batches_of(dir.path()), vec![(7, 6), (7, 7), (7, 8), (7, 9)]);
     }
 
     #[test]
     fn reopening_continues_in_a_new_file() {
         let dir = tempfile::tempdir().unwrap();
-        let mut files = ProgressFiles::open(dir.path(), ProgressRotation::default()).unwrap();
+        let progress_dir = dir.path().join(PROGRESS_DIR);
+        let mut files = open(&progress_dir, ProgressRotation::default(), 1);
         files.append(&sample(0)).unwrap();
         drop(files);
-        let mut files = ProgressFiles::open(dir.path(), ProgressRotation::default()).unwrap();
+        let mut files = open(&progress_dir, ProgressRotation::default(), 2);
         files.append(&sample(1)).unwrap();
-        assert_eq!(existing_sequence_numbers(dir.path()).unwrap(), vec![0, 1]);
+        assert_eq!(existing_sequence_numbers(&progress_dir).unwrap(), vec![0, 1]);
+        assert_eq!(batches_of(dir.path()), vec![(1, 0), (2, 1)]);
+    }
+
+    #[test]
+    fn a_writer_that_lost_the_lock_appends_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let progress_dir = dir.path().join(PROGRESS_DIR);
+        let fence = fence(3);
+        let mut files = ProgressFiles::open(&progress_dir, ProgressRotation::default(), fence.clone()).unwrap();
+        files.append(&sample(0)).unwrap();
+        let before = fs::read(file_path(&progress_dir, 0)).unwrap();
+        fence.held.store(false, std::sync::atomic::Ordering::Release);
+        let error = files.append(&sample(1)).unwrap_err();
+        assert!(matches!(error, RuntimeError::TakenOver { .. }), "{error}");
+        assert_eq!(fs::read(file_path(&progress_dir, 0)).unwrap(), before);
+        assert_eq!(existing_sequence_numbers(&progress_dir).unwrap(), vec![0]);
+    }
+
+    #[test]
+    fn readers_skip_lines_of_an_older_epoch_after_a_newer_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let progress_dir = dir.path().join(PROGRESS_DIR);
+        // Epoch 4 wrote batches 0 and 1, epoch 5 took over and wrote batch 2;
+        // epoch 4's last line landed after that in the same file.
+        let lines: Vec<String> = [(4, 0), (4, 1), (5, 2), (4, 2), (5, 3)]
+            .iter()
+            .map(|(epoch, batch)| serde_json::to_string(&LineOut { epoch: *epoch, progress: &sample(*batch) }).unwrap())
+            .collect();
+        fs::create_dir_all(&progress_dir).unwrap();
+        fs::write(file_path(&progress_dir, 0), lines.join("\n") + "\n{\"torn").unwrap();
+        let history = read_progress(dir.path()).unwrap();
+        let read: Vec<(u64, u64)> = history.records.iter().map(|r| (r.epoch, r.progress.batch_id.0)).collect();
+        assert_eq!(read, vec![(4, 0), (4, 1), (5, 2), (5, 3)]);
+        assert_eq!((history.stale_lines, history.unreadable_lines), (1, 1));
+    }
+
+    #[test]
+    fn the_largest_sequence_number_is_an_error_naming_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let last = dir.path().join(format!("progress-{}.jsonl", u64::MAX));
+        fs::write(&last, b"").unwrap();
+        fs::write(dir.path().join("progress-99999999999999999999999.jsonl"), b"").unwrap();
+        let error = ProgressFiles::open(dir.path(), ProgressRotation::default(), fence(1)).unwrap_err();
+        assert!(error.to_string().contains(&last.display().to_string()), "{error}");
+    }
+
+    #[test]
+    fn the_directory_and_files_are_owner_only_and_an_open_one_is_tightened() {
+        let dir = tempfile::tempdir().unwrap();
+        let progress_dir = dir.path().join(PROGRESS_DIR);
+        let mode = |p: &Path| fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        let mut files = open(&progress_dir, ProgressRotation::default(), 1);
+        files.append(&sample(0)).unwrap();
+        assert_eq!(mode(&progress_dir), 0o700);
+        assert_eq!(mode(&file_path(&progress_dir, 0)), 0o600);
+        drop(files);
+        fs::set_permissions(&progress_dir, fs::Permissions::from_mode(0o755)).unwrap();
+        fs::set_permissions(file_path(&progress_dir, 0), fs::Permissions::from_mode(0o644)).unwrap();
+        let _files = open(&progress_dir, ProgressRotation::default(), 2);
+        assert_eq!(mode(&progress_dir), 0o700);
+        assert_eq!(mode(&file_path(&progress_dir, 0)), 0o600);
     }
 }
