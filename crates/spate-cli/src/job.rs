@@ -15,7 +15,7 @@ use spate_runtime::{
 };
 
 use crate::error::CliError;
-use crate::signals::listen;
+use crate::signals::{listen, say};
 
 /// How a job is watched and stopped.
 #[derive(Clone, Debug)]
@@ -183,6 +183,9 @@ pub(crate) fn drive(
             .spawn(move || {
                 let clock = SystemClock;
                 clock.sleep_until(clock.now() + Duration::from_secs(seconds));
+                // A graceful stop, as a first signal would ask for; it does
+                // not count as a signal, so a Ctrl-C after it is still the first.
+                say(&format!("--seconds {seconds} elapsed: stopping gracefully"));
                 timer.stop_gracefully();
             })
             .map_err(|e| CliError::io("start the timer of", "--seconds", e))?;

@@ -2,6 +2,16 @@
 //! batch in flight finishes and commits, the lock is released); a second one
 //! ends the process at once with exit code 130. The checkpoint stays
 //! consistent either way: an uncommitted batch re-runs at the next start.
+//!
+//! Only signals are counted here. A graceful stop the job asked for itself
+//! (`--seconds`, `--until-batch`) is not a signal, so the first Ctrl-C after
+//! it is still the first.
+//!
+//! The second signal exits the process without releasing the writer lock
+//! first: the lock is an OS lock on the open lock file, which the kernel
+//! drops only once every thread of the process is gone. So no output job
+//! of the abandoned batch can run after another writer could take the
+//! checkpoint over.
 
 use crate::error::{CliError, ExitCode};
 
@@ -27,6 +37,7 @@ pub(crate) fn listen(on_first: impl FnOnce() + Send + 'static) -> Result<SignalL
         })
         .map_err(|e| CliError::io("listen for", "SIGINT/SIGTERM", e))?;
     runtime.spawn(async move {
+        // Signals only: the job's own stop requests are not counted here.
         let mut on_first = Some(on_first);
         loop {
             let name = tokio::select! {
@@ -52,7 +63,7 @@ pub(crate) fn listen(on_first: impl FnOnce() + Send + 'static) -> Result<SignalL
 }
 
 /// One line on stderr; a closed stderr is ignored.
-fn say(line: &str) {
+pub(crate) fn say(line: &str) {
     use std::io::Write;
     let _ = writeln!(std::io::stderr().lock(), "{line}");
 }

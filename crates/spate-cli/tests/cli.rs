@@ -1,6 +1,8 @@
 //! The `spate` binary as a user runs it: real processes, real signals,
-//! SIGKILL at random moments, two writers on one checkpoint, a damaged
-//! checkpoint repaired, and a Spark checkpoint inspected.
+//! SIGKILL inside batches, panics, two writers on one checkpoint, a damaged
+//! checkpoint repaired, and a Spark checkpoint inspected. Where a signal or
+//! a kill must land inside a batch, a failpoint (`SPATE_FAILPOINTS`) holds
+//! the process there and the test waits for it, never for time.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -95,38 +97,135 @@ fn check_windows(output: &Path, batch_ms: i64) -> usize {
     windows.len()
 }
 
-/// A small xorshift generator: the kill moments vary with the seed, which is printed.
+/// A small xorshift generator: the failpoints and batches the kill test
+/// stops at vary with the seed, which is printed.
 struct Moments(u64);
 
 impl Moments {
-    fn next_millis(&mut self, low: u64, high: u64) -> u64 {
+    fn below(&mut self, high: u64) -> u64 {
         self.0 ^= self.0 << 13;
         self.0 ^= self.0 >> 7;
         self.0 ^= self.0 << 17;
-        low + self.0 % (high - low)
+        self.0 % high
     }
 }
 
+/// How long a test waits for something the process must do before it
+/// gives up and fails (generous: a loaded machine is slow, never wrong).
+const GIVE_UP: Duration = Duration::from_secs(120);
+
+/// A demo process held by a failpoint (`SPATE_FAILPOINTS`, see
+/// spate-runtime's failpoints) inside a batch, with its stderr lines.
+struct Held {
+    child: Child,
+    failpoint_dir: tempfile::TempDir,
+    stderr: std::sync::mpsc::Receiver<String>,
+}
+
+/// Starts the demo with `failpoint` armed for the first batch from `from_batch` on.
+fn spawn_with_failpoint(checkpoint: &str, extra: &[&str], failpoint: &str, from_batch: u64) -> Held {
+    let failpoint_dir = tempfile::tempdir().unwrap();
+    let mut child = Command::new(SPATE)
+        .args(demo_args(checkpoint, extra))
+        .env_remove("RUST_LOG")
+        .env("SPATE_FAILPOINTS", failpoint)
+        .env("SPATE_FAILPOINT_DIR", failpoint_dir.path())
+        .env("SPATE_FAILPOINT_BATCH", from_batch.to_string())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (tx, stderr) = std::sync::mpsc::channel();
+    let pipe = child.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(pipe).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    Held { child, failpoint_dir, stderr }
+}
+
+impl Held {
+    /// Waits until the process holds inside a batch; returns the batch.
+    fn wait_held(&mut self) -> u64 {
+        let marker = self.failpoint_dir.path().join("held");
+        let deadline = Instant::now() + GIVE_UP;
+        loop {
+            if let Ok(text) = std::fs::read_to_string(&marker)
+                && let Ok(batch) = text.trim().parse()
+            {
+                return batch;
+            }
+            if let Some(status) = self.child.try_wait().unwrap() {
+                panic!("the process ended ({status}) before its failpoint held it");
+            }
+            assert!(Instant::now() < deadline, "the failpoint never held the process");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Waits until the process wrote a stderr line containing `text`.
+    fn wait_stderr(&self, text: &str) {
+        let deadline = Instant::now() + GIVE_UP;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.stderr.recv_timeout(left) {
+                Ok(line) if line.contains(text) => return,
+                Ok(_) => {}
+                Err(e) => panic!("no stderr line with {text:?}: {e}"),
+            }
+        }
+    }
+
+    fn release(&self) {
+        std::fs::write(self.failpoint_dir.path().join("release"), b"").unwrap();
+    }
+
+    fn signal(&self, name: &str) {
+        let pid = self.child.id().to_string();
+        assert!(Command::new("kill").args([&format!("-{name}"), &pid]).status().unwrap().success());
+    }
+}
+
+/// Whether `offsets/<batch>` and `commits/<batch>` exist.
+fn logged_and_committed(checkpoint: &Path, batch: u64) -> (bool, bool) {
+    (checkpoint.join(format!("offsets/{batch}")).exists(), checkpoint.join(format!("commits/{batch}")).exists())
+}
+
 #[test]
-fn sigkill_at_random_moments_loses_and_repeats_nothing() {
+fn sigkill_inside_batches_loses_and_repeats_nothing() {
     let root = tempfile::tempdir().unwrap();
     let checkpoint = root.path().join("ck");
     let ck = path_str(&checkpoint);
     let seed = std::env::var("SPATE_CRASH_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64 | 1
     });
-    println!("kill moments seed: {seed} (set SPATE_CRASH_SEED to replay)");
+    println!("kill points seed: {seed} (set SPATE_CRASH_SEED to replay)");
     let mut moments = Moments(seed);
-    for _ in 0..20 {
-        let mut child = spawn_demo(ck, &["--quiet"]);
-        std::thread::sleep(Duration::from_millis(moments.next_millis(20, 400)));
-        child.kill().unwrap(); // SIGKILL
-        child.wait().unwrap();
+    let points = ["hold-before-outputs", "hold-in-batch", "hold-after-commit"];
+    for round in 0..12 {
+        let point = points[moments.below(3) as usize];
+        let next = if checkpoint.exists() {
+            inspect_json(&checkpoint)["commits"]["last"].as_u64().map_or(0, |last| last + 1)
+        } else {
+            0
+        };
+        let from = next + moments.below(3);
+        let mut held = spawn_with_failpoint(ck, &["--quiet"], point, from);
+        let batch = held.wait_held();
+        held.child.kill().unwrap(); // SIGKILL
+        held.child.wait().unwrap();
+        // The kill landed where the failpoint held the process.
+        let expected = if point == "hold-after-commit" { (true, true) } else { (true, false) };
+        assert_eq!(logged_and_committed(&checkpoint, batch), expected, "round {round}: {point} at batch {batch}");
+        let verdict = inspect_json(&checkpoint)["verdict"].clone();
+        let kind = if point == "hold-after-commit" { "resume" } else { "rerun" };
+        assert_eq!(verdict["kind"], kind, "round {round}: {point} at batch {batch}: {verdict}");
     }
-    // Whatever the kills left, the directory is consistent and the job finishes it.
-    let state = inspect_json(&checkpoint);
-    assert_ne!(state["verdict"]["kind"], "inconsistent", "{state}");
-    let last = state["commits"]["last"].as_u64().unwrap_or(0);
+    let last = inspect_json(&checkpoint)["commits"]["last"].as_u64().unwrap_or(0);
     let until_arg = (last + 4).to_string();
     let finish = spate(&demo_args(ck, &["--quiet", "--until-batch", &until_arg]));
     assert_eq!(finish.status.code(), Some(0), "{}", text(&finish.stderr));
@@ -138,6 +237,86 @@ fn sigkill_at_random_moments_loses_and_repeats_nothing() {
     assert!(check.batches > last, "{check:?}");
     assert!(check.records > 0, "{check:?}");
     assert!(check_windows(&output, 20) > 0);
+}
+
+#[test]
+fn a_second_signal_stops_at_once_with_130_and_the_batch_re_runs() {
+    let root = tempfile::tempdir().unwrap();
+    let checkpoint = root.path().join("ck");
+    let ck = path_str(&checkpoint);
+    let mut held = spawn_with_failpoint(ck, &["--quiet"], "hold-in-batch", 3);
+    let batch = held.wait_held();
+    assert_eq!(logged_and_committed(&checkpoint, batch), (true, false));
+    held.signal("INT");
+    held.wait_stderr("SIGINT: stopping gracefully");
+    held.signal("TERM");
+    let status = held.child.wait().unwrap();
+    assert_eq!(status.code(), Some(130), "{status}");
+    // Stopped at once: the held batch was not committed, and the lock is free.
+    assert_eq!(logged_and_committed(&checkpoint, batch), (true, false));
+    let state = inspect_json(&checkpoint);
+    assert_eq!(state["lock"]["held"], false, "{state}");
+    assert_eq!(state["verdict"]["kind"], "rerun", "{state}");
+    assert_eq!(state["verdict"]["batch"], batch, "{state}");
+
+    let until_arg = (batch + 2).to_string();
+    let resumed = spate(&demo_args(ck, &["--quiet", "--until-batch", &until_arg]));
+    let stdout = text(&resumed.stdout);
+    assert_eq!(resumed.status.code(), Some(0), "{}", text(&resumed.stderr));
+    assert!(stdout.contains(&format!("re-ran batch {batch} with its logged offsets")), "{stdout}");
+    let check = verify_output(&checkpoint.join("output"), SEED).unwrap();
+    assert!(check.batches > batch + 2, "{check:?}");
+}
+
+#[test]
+fn one_signal_during_a_seconds_run_stops_it_gracefully() {
+    let root = tempfile::tempdir().unwrap();
+    let checkpoint = root.path().join("ck");
+    let ck = path_str(&checkpoint);
+    let mut held = spawn_with_failpoint(ck, &["--quiet", "--seconds", "1"], "hold-in-batch", 0);
+    let batch = held.wait_held();
+    // The timer asked for a graceful stop while the batch is held; then one Ctrl-C.
+    held.wait_stderr("--seconds 1 elapsed: stopping gracefully");
+    held.signal("INT");
+    held.wait_stderr("SIGINT: stopping gracefully");
+    held.release();
+    let status = held.child.wait().unwrap();
+    assert_eq!(status.code(), Some(0), "{status}");
+    assert_eq!(logged_and_committed(&checkpoint, batch), (true, true));
+    let state = inspect_json(&checkpoint);
+    assert_eq!(state["lock"]["held"], false, "{state}");
+    assert_eq!(state["verdict"]["kind"], "resume", "{state}");
+    verify_output(&checkpoint.join("output"), SEED).unwrap();
+}
+
+#[test]
+fn a_panic_in_a_batch_exits_1_and_the_next_start_re_runs_it() {
+    for failpoint in ["panic-in-output", "panic-in-batch"] {
+        let root = tempfile::tempdir().unwrap();
+        let checkpoint = root.path().join("ck");
+        let ck = path_str(&checkpoint);
+        let failing = Command::new(SPATE)
+            .args(demo_args(ck, &["--quiet"]))
+            .env_remove("RUST_LOG")
+            .env("SPATE_FAILPOINTS", failpoint)
+            .env("SPATE_FAILPOINT_BATCH", "2")
+            .output()
+            .unwrap();
+        let stderr = text(&failing.stderr);
+        assert_eq!(failing.status.code(), Some(1), "{failpoint}: {stderr}");
+        assert!(stderr.contains(&format!("failpoint {failpoint} fired in batch 2")), "{failpoint}: {stderr}");
+        assert_eq!(logged_and_committed(&checkpoint, 2), (true, false), "{failpoint}");
+        let state = inspect_json(&checkpoint);
+        assert_eq!(state["lock"]["held"], false, "{failpoint}: {state}");
+        assert_eq!(state["verdict"]["batch"], 2, "{failpoint}: {state}");
+
+        let resumed = spate(&demo_args(ck, &["--quiet", "--until-batch", "4"]));
+        let stdout = text(&resumed.stdout);
+        assert_eq!(resumed.status.code(), Some(0), "{failpoint}: {}", text(&resumed.stderr));
+        assert!(stdout.contains("re-ran batch 2 with its logged offsets"), "{failpoint}: {stdout}");
+        let check = verify_output(&checkpoint.join("output"), SEED).unwrap();
+        assert!(check.batches > 4, "{failpoint}: {check:?}");
+    }
 }
 
 #[test]
@@ -277,18 +456,13 @@ fn a_killed_job_says_which_batch_it_re_ran() {
     let root = tempfile::tempdir().unwrap();
     let checkpoint = root.path().join("ck");
     let ck = path_str(&checkpoint);
-    let mut moments = Moments(0x5eed);
-    // Kill until a kill lands between a batch's offsets and its commit (bounded).
-    let rerun = (0..40)
-        .find_map(|_| {
-            let mut child = spawn_demo(ck, &["--quiet"]);
-            std::thread::sleep(Duration::from_millis(moments.next_millis(100, 300)));
-            child.kill().unwrap();
-            child.wait().unwrap();
-            let verdict = inspect_json(&checkpoint)["verdict"].clone();
-            (verdict["kind"] == "rerun").then(|| verdict["batch"].as_u64().unwrap())
-        })
-        .expect("no kill landed inside a batch");
+    let mut held = spawn_with_failpoint(ck, &["--quiet"], "hold-before-outputs", 2);
+    let rerun = held.wait_held();
+    held.child.kill().unwrap(); // SIGKILL, inside the batch for sure
+    held.child.wait().unwrap();
+    assert_eq!(logged_and_committed(&checkpoint, rerun), (true, false));
+    let verdict = inspect_json(&checkpoint)["verdict"].clone();
+    assert_eq!((verdict["kind"].as_str(), verdict["batch"].as_u64()), (Some("rerun"), Some(rerun)), "{verdict}");
     let until_arg = (rerun + 2).to_string();
     let resumed = spate(&demo_args(ck, &["--until-batch", &until_arg]));
     let stdout = text(&resumed.stdout);
