@@ -12,6 +12,8 @@ use spate_logstore::{
     parse_batch_file_name, read_lock_holder, read_metadata_file,
 };
 
+use spate_runtime::{ProgressHistory, read_progress};
+
 use crate::error::CliError;
 
 /// The parts of a checkpoint whose sizes are reported, in this order.
@@ -66,6 +68,8 @@ pub(crate) struct Inspection {
     pub(crate) committed: Option<(BatchId, OffsetSeq)>,
     pub(crate) lock: LockState,
     pub(crate) parts: Vec<PartSize>,
+    /// The progress files read back (stale writers' lines skipped), or why they could not be.
+    pub(crate) progress: Result<ProgressHistory, String>,
 }
 
 /// Reads everything `inspect` shows; changes nothing.
@@ -100,6 +104,7 @@ pub(crate) fn inspect(dir: &Path) -> Result<Inspection, CliError> {
         committed,
         lock: lock_state(dir),
         parts,
+        progress: read_progress(dir).map_err(|e| e.to_string()),
     })
 }
 
@@ -216,6 +221,7 @@ impl Inspection {
             lines.extend(self.migration_lines());
         }
         lines.push(format!("Lock: {}", self.lock_text()));
+        lines.push(format!("Progress: {}", self.progress_text()));
         lines.push("Sizes:".to_string());
         for part in &self.parts {
             let shown = if part.present {
@@ -265,6 +271,28 @@ impl Inspection {
         lines
     }
 
+    /// The last batch the progress files report, by the newest writer.
+    fn progress_text(&self) -> String {
+        let history = match &self.progress {
+            Ok(history) => history,
+            Err(error) => return format!("unreadable: {error}"),
+        };
+        let mut text = match history.records.last() {
+            Some(last) => format!(
+                "last reported batch {} ({} records, processing {} ms) by writer epoch {}",
+                last.progress.batch_id, last.progress.input_records, last.progress.processing_time_ms, last.epoch
+            ),
+            None => "none".to_string(),
+        };
+        if history.stale_lines > 0 {
+            text.push_str(&format!("; {} line(s) of writers that had lost the lock ignored", history.stale_lines));
+        }
+        if history.unreadable_lines > 0 {
+            text.push_str(&format!("; {} unreadable line(s) ignored", history.unreadable_lines));
+        }
+        text
+    }
+
     fn lock_text(&self) -> String {
         match &self.lock {
             LockState::Never => "none (never opened by a spate writer)".to_string(),
@@ -297,10 +325,24 @@ impl Inspection {
                 "sources": seq.sources.iter().map(|s| json!({"name": s.name, "offset": s.offset})).collect::<Vec<_>>(),
             })),
             "lock": lock_json(&self.lock),
+            "progress": progress_json(&self.progress),
             "parts": self.parts.iter().map(|p| (p.name.clone(), json!({
                 "present": p.present, "files": p.files, "bytes": p.bytes,
             }))).collect::<serde_json::Map<_, _>>(),
         })
+    }
+}
+
+fn progress_json(progress: &Result<ProgressHistory, String>) -> Value {
+    match progress {
+        Ok(history) => json!({
+            "records": history.records.len(),
+            "lastBatch": history.records.last().map(|r| r.progress.batch_id.0),
+            "lastEpoch": history.records.last().map(|r| r.epoch),
+            "staleLines": history.stale_lines,
+            "unreadableLines": history.unreadable_lines,
+        }),
+        Err(error) => json!({"error": error}),
     }
 }
 
@@ -393,6 +435,49 @@ mod tests {
         let inspection = inspect(&dir).unwrap();
         assert!(matches!(&inspection.lock, LockState::Free(Some(h)) if h.pid == pid), "{:?}", inspection.lock);
         assert!(inspection.to_text().contains("not running"));
+    }
+
+    fn progress_line(epoch: u64, batch: u64) -> String {
+        let progress = spate_runtime::BatchProgress {
+            batch_id: BatchId(batch),
+            batch_time: Time::from_millis(1000 * batch as i64),
+            recovered: false,
+            input_records: 10,
+            input_rate: 10.0,
+            processing_rate: 100.0,
+            scheduling_delay_ms: 0,
+            processing_time_ms: 7,
+            phases: spate_runtime::PhaseTimes::default(),
+            state_bytes: 0,
+            state_checkpointed: false,
+            rate_limit: None,
+            receivers: Vec::new(),
+        };
+        let mut value = serde_json::to_value(&progress).unwrap();
+        value["epoch"] = json!(epoch);
+        value.to_string()
+    }
+
+    #[test]
+    fn progress_lines_of_a_writer_that_lost_the_lock_are_ignored() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("ck");
+        drop(Checkpoint::open_for_write(&dir, CheckpointOptions::new()).unwrap());
+        std::fs::create_dir(dir.join("progress")).unwrap();
+        // Epoch 2 took over after batch 0; epoch 1 wrote one more line after that.
+        let lines = [progress_line(1, 0), progress_line(2, 1), progress_line(1, 5)].join("\n");
+        std::fs::write(dir.join("progress/progress-000000.jsonl"), lines + "\n").unwrap();
+        let inspection = inspect(&dir).unwrap();
+        let json = inspection.to_json();
+        assert_eq!(json["progress"]["lastBatch"], 1, "{json}");
+        assert_eq!(json["progress"]["lastEpoch"], 2, "{json}");
+        assert_eq!(json["progress"]["staleLines"], 1, "{json}");
+        let text = inspection.to_text();
+        assert!(
+            text.contains("Progress: last reported batch 1 (10 records, processing 7 ms) by writer epoch 2"),
+            "{text}"
+        );
+        assert!(text.contains("1 line(s) of writers that had lost the lock ignored"), "{text}");
     }
 
     #[test]
