@@ -5,19 +5,29 @@
 //! It features:
 //!
 //! - [`CheckpointFileManager`]: list, read, put-if-absent atomic create
-//!   (temp file, fsync, link without overwrite, directory fsync), delete;
-//!   [`LocalFileManager`] on the local file system and
-//!   [`FaultyFileManager`], which fails or "crashes" at every step of a write;
+//!   (temp file, fsync, writer's fence, link without overwrite, directory
+//!   fsync), delete; [`LocalFileManager`] on the local file system and
+//!   [`FaultyFileManager`], which fails (an error, a full disk) or "crashes"
+//!   at every step of a write, with short writes, and with crashes that lose
+//!   what was not synced;
 //! - [`MetadataLog`] with Spark's `HDFSMetadataLog` semantics: write-once
-//!   entries named by their decimal batch id, a `v1` line then JSON;
-//!   [`OffsetLog`] (readable from a Spark checkpoint's `offsets/N`, with
-//!   stable source names) and [`CommitLog`];
+//!   entries named by their decimal batch id, a `v1` line then JSON ending in
+//!   a checksum field that Spark ignores; [`OffsetLog`] (readable from a
+//!   Spark checkpoint's `offsets/N`, with stable source names) and
+//!   [`CommitLog`];
 //! - the writer lock ([`WriterLock`]): one live writer, takeover of a dead
-//!   one's lock with the next epoch, and an epoch check before every change;
+//!   one's lock with the next epoch, and an epoch check ([`EpochFence`], a
+//!   [`spate_core::WriterFence`]) immediately before every change becomes
+//!   visible;
 //! - the recovery verdict ([`inspect`], [`Verdict`]), reading only the newest
 //!   entries, and the repair of inconsistent directories ([`plan_repair`],
 //!   [`apply_repair`]) that moves files to `_quarantine/` and never deletes;
-//! - [`Checkpoint`], the handle that ties these together.
+//! - [`Checkpoint`], the handle that ties these together, and keeps
+//!   everything under the checkpoint owner-only.
+//!
+//! Numbers read from the directory are never trusted: a batch id that no
+//! batch could follow (`offsets/18446744073709551615`) is an inconsistency
+//! naming the file, like any other.
 //!
 //! It is not the write-ahead log (spate-wal), the state store or the
 //! runtime's recovery logic: it says where to restart, the runtime restarts.
