@@ -26,8 +26,9 @@
 //!   the batch id, in one Kafka transaction; a re-run of a committed batch,
 //!   even one that read nothing, writes nothing; zombies fenced on restart);
 //! - [`KafkaReceiver`], for Spark's receiver model: records go through the
-//!   receiver's write-ahead log and offsets are committed only after they
-//!   are stored;
+//!   receiver's write-ahead log in blocks capped in records and bytes
+//!   ([`DEFAULT_MAX_BLOCK_BYTES`]), and offsets are committed only after
+//!   they are stored;
 //! - offset reads and commits that retry while the group coordinator moves
 //!   or loads (a fresh or restarting broker), within the call's timeout.
 //!
@@ -85,6 +86,6 @@ pub use offsets::{
     EARLIEST, LATEST, MAX_OFFSETS_JSON_BYTES, OffsetRange, OffsetRanges, PartitionOffsets, TopicPartition,
     partition_offsets_from_json, partition_offsets_from_json_bytes, partition_offsets_to_json,
 };
-pub use receiver::{KafkaReceiver, KafkaReceiverConfig};
+pub use receiver::{DEFAULT_MAX_BLOCK_BYTES, KafkaReceiver, KafkaReceiverConfig};
 pub use sink::{KafkaSink, OutputRecord, TransactionalKafkaSink};
 pub use store::{CommitOutcome, ResultWrites, RocksOffsetStore};

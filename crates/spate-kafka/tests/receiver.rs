@@ -14,7 +14,7 @@ use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::{Offset, TopicPartitionList};
 use spate_core::{StreamId, SystemClock};
-use spate_kafka::{KafkaReceiver, KafkaReceiverConfig, KafkaRecord};
+use spate_kafka::{KafkaReceiver, KafkaReceiverConfig, KafkaRecord, record_footprint};
 use spate_receiver::{
     BlockManager, BlockManagerConfig, FnSink, ReceiverSupervisor, StorageLevel, SupervisorConfig, WalHandlerConfig,
     WriteAheadLogBasedBlockHandler, open_receiver_wal, read_block_from_wal,
@@ -37,6 +37,10 @@ fn committed(group: &str, topic: &str, partitions: i32) -> Vec<i64> {
             _ => 0,
         })
         .collect()
+}
+
+fn footprint(record: &KafkaRecord) -> u64 {
+    record_footprint(record.key.as_ref().map_or(0, Vec::len), record.value.as_ref().map_or(0, Vec::len))
 }
 
 #[test]
@@ -81,6 +85,9 @@ fn the_receiver_stores_every_record_in_the_wal_before_committing_its_offsets() {
 
     let mut config = KafkaReceiverConfig::new(brokers(), group.clone(), vec![topic.clone()]);
     config.max_block_records = 128;
+    // About 40 records: the byte cap, not the record cap, ends most blocks.
+    let max_block_bytes = 40 * record_footprint(0, "record-1000".len());
+    config.max_block_bytes = max_block_bytes;
     let supervisor = ReceiverSupervisor::start(
         KafkaReceiver::new(config),
         SupervisorConfig::new(stream),
@@ -96,11 +103,14 @@ fn the_receiver_stores_every_record_in_the_wal_before_committing_its_offsets() {
     supervisor.stop().unwrap();
     assert!(supervisor.errors().is_empty(), "{:?}", supervisor.errors());
 
-    let mut seen: Vec<String> = received
-        .try_iter()
-        .flat_map(|(_, records)| records)
-        .map(|r| String::from_utf8(r.value.unwrap()).unwrap())
-        .collect();
+    let blocks: Vec<Vec<KafkaRecord>> = received.try_iter().map(|(_, records)| records).collect();
+    for block in &blocks {
+        let bytes: u64 = block.iter().map(footprint).sum();
+        assert!(bytes <= max_block_bytes, "a block of {} records holds {bytes} bytes", block.len());
+    }
+    assert!(blocks.len() >= 1_000 / 40, "{} blocks", blocks.len());
+    let mut seen: Vec<String> =
+        blocks.into_iter().flatten().map(|r| String::from_utf8(r.value.unwrap()).unwrap()).collect();
     seen.sort();
     let mut expected = values(0..1_000);
     expected.sort();
