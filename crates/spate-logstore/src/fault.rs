@@ -105,8 +105,12 @@ impl Unsynced {
                 Err(e) => Err(e),
             },
             Unsynced::Name { target, temp, old } => {
+                // The temp name comes back with the new bytes; the target with its old ones.
                 if !temp.exists() && target.exists() {
-                    fs::hard_link(&target, &temp)?;
+                    match old {
+                        Some(_) => fs::rename(&target, &temp)?,
+                        None => fs::hard_link(&target, &temp)?,
+                    }
                 }
                 match old {
                     Some(bytes) => fs::write(&target, bytes),

@@ -202,3 +202,21 @@ fn checkpoint_open_cleans_temp_files_left_by_a_crash() {
     assert_eq!(temp_files(), 0);
     assert!(matches!(ck.verdict().unwrap(), Verdict::Rerun { batch: BatchId(0), .. }));
 }
+
+#[test]
+fn a_replace_that_crashes_before_its_directory_fsync_leaves_the_old_file() {
+    for point in [FaultPoint::AfterRename, FaultPoint::DirFsync, FaultPoint::AfterDirFsync] {
+        let root = tempfile::tempdir().unwrap();
+        let faulty = manager(Setting::LosingUnsynced);
+        {
+            let options = CheckpointOptions::new().file_manager(faulty.clone());
+            let ck = Checkpoint::open_for_write(root.path(), options).unwrap();
+            ck.replace_file("graph", b"one").unwrap();
+            faulty.arm(point, FaultMode::Crash);
+            assert!(ck.replace_file("graph", b"two").is_err());
+        }
+        let ck = Checkpoint::open_for_write(root.path(), CheckpointOptions::new()).unwrap();
+        let expected: &[u8] = if point == FaultPoint::AfterDirFsync { b"two" } else { b"one" };
+        assert_eq!(ck.read_file("graph").unwrap().as_deref(), Some(expected), "{point:?}");
+    }
+}
