@@ -10,7 +10,7 @@
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 
 use spate_core::{StreamId, SystemClock, WalRecordHandle};
@@ -26,14 +26,31 @@ const STREAM: StreamId = StreamId(4);
 const SEED: u64 = 5;
 const ACKS_BEFORE_KILL: usize = 25;
 
+/// Set for a parent that fails (panics) while its child runs.
+const FAILING_PARENT_ENV: &str = "SPATE_RECEIVER_CRASH_FAILING_PARENT";
+
 fn main() {
-    match std::env::var(CHILD_ENV) {
-        Ok(dir) => child(Path::new(&dir)),
-        Err(_) => {
-            parent();
-            println!("test crash::killed_receiver_loses_no_acknowledged_block ... ok");
-        }
+    if let Ok(dir) = std::env::var(CHILD_ENV) {
+        child(Path::new(&dir));
+    } else if std::env::var_os(FAILING_PARENT_ENV).is_some() {
+        failing_parent();
+    } else {
+        parent();
+        println!("test crash::killed_receiver_loses_no_acknowledged_block ... ok");
+        a_failed_parent_leaves_no_child_running();
+        println!("test crash::a_failed_parent_leaves_no_child_running ... ok");
     }
+}
+
+/// Starts the child receiving into `checkpoint`, its output piped.
+fn spawn_child(checkpoint: &Path) -> ChildGuard {
+    ChildGuard(
+        Command::new(std::env::current_exe().unwrap())
+            .env(CHILD_ENV, checkpoint)
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    )
 }
 
 /// Receives until killed, printing `ACK <segment> <offset> <length> <records>`
@@ -76,15 +93,34 @@ fn child(checkpoint: &Path) {
     }
 }
 
+/// The child process, killed and reaped when dropped: also when the parent
+/// fails (panics) before it killed the child itself, so no receiver is left
+/// running behind a failed test.
+struct ChildGuard(Child);
+
+impl ChildGuard {
+    /// Kills the child (SIGKILL) and waits for it.
+    fn kill(&mut self) -> std::io::Result<std::process::ExitStatus> {
+        self.0.kill()?;
+        self.0.wait()
+    }
+}
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        // Already reaped when the parent killed it: nothing left to do then.
+        if let Ok(None) = self.0.try_wait() {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
 fn parent() {
     let checkpoint = tempfile::tempdir().unwrap();
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .env(CHILD_ENV, checkpoint.path())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = spawn_child(checkpoint.path());
     let mut acked: Vec<(WalRecordHandle, u64)> = Vec::new();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut lines = BufReader::new(child.0.stdout.take().unwrap()).lines();
     while acked.len() < ACKS_BEFORE_KILL {
         let line = lines.next().expect("child ended early").unwrap();
         let fields: Vec<&str> = line.split(' ').collect();
@@ -98,7 +134,6 @@ fn parent() {
         }
     }
     child.kill().unwrap(); // SIGKILL: no destructor, no close, no flush
-    child.wait().unwrap();
 
     let wal = open_receiver_wal(checkpoint.path(), STREAM, WalOptions::default()).unwrap();
     let mut received: Vec<String> = Vec::new();
@@ -112,4 +147,44 @@ fn parent() {
     // The log as a whole reads cleanly after the crash (a torn tail is cut off).
     let records_in_log = wal.read_all().unwrap().count();
     assert!(records_in_log >= acked.len(), "{records_in_log} records for {} acknowledged", acked.len());
+}
+
+/// A parent that fails while its child receives: prints the child's pid
+/// once the child acknowledged a block, then panics.
+fn failing_parent() {
+    let checkpoint = tempfile::tempdir().unwrap();
+    let mut child = spawn_child(checkpoint.path());
+    let mut lines = BufReader::new(child.0.stdout.take().unwrap()).lines();
+    let first = lines.next().expect("the child acknowledged nothing").unwrap();
+    assert!(first.starts_with("ACK "), "{first}");
+    println!("CHILD {}", child.0.id());
+    std::io::stdout().flush().unwrap();
+    panic!("the parent fails while its child runs");
+}
+
+/// Runs a failing parent and checks that its child did not outlive it.
+fn a_failed_parent_leaves_no_child_running() {
+    let out = Command::new(std::env::current_exe().unwrap())
+        .env(FAILING_PARENT_ENV, "1")
+        .stdout(Stdio::piped())
+        // The child would inherit a piped stderr and hold it open.
+        .stderr(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "the failing parent succeeded");
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let pid: u32 = stdout
+        .lines()
+        .find_map(|line| line.strip_prefix("CHILD "))
+        .unwrap_or_else(|| panic!("no child pid in {stdout:?}"))
+        .parse()
+        .unwrap();
+    // Reaped by the failed parent's guard, the child has no /proc entry left
+    // (not even a zombie's).
+    let alive = Path::new(&format!("/proc/{pid}")).exists();
+    if alive {
+        // End the leaked receiver before failing.
+        let _ = Command::new("kill").args(["-KILL", &pid.to_string()]).status();
+    }
+    assert!(!alive, "the child {pid} of a failed parent is still running");
 }
