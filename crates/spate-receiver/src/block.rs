@@ -241,6 +241,32 @@ impl<T: Record> BlockData<T> {
     }
 }
 
+/// The serialized size of one record in a block (0 for a record that does
+/// not encode: encoding its block reports that properly).
+pub(crate) fn encoded_record_size<T: Serialize>(record: &T) -> u64 {
+    let mut counter = bincode::enc::write::SizeWriter::default();
+    match bincode::serde::encode_into_writer(record, &mut counter, bincode::config::standard()) {
+        Ok(()) => counter.bytes_written as u64,
+        Err(_) => 0,
+    }
+}
+
+/// Estimates the serialized size of `records` in a block from a few
+/// evenly spaced samples, so that the cost does not grow with the count.
+pub(crate) fn estimate_encoded_size<T: Serialize>(records: &[T]) -> u64 {
+    const SAMPLES: usize = 8;
+    let n = records.len();
+    if n <= SAMPLES {
+        return records.iter().map(encoded_record_size).sum();
+    }
+    let step = n.div_ceil(SAMPLES);
+    let (sampled, bytes) = records
+        .iter()
+        .step_by(step)
+        .fold((0u64, 0u64), |(count, bytes), r| (count + 1, bytes + encoded_record_size(r)));
+    (bytes * n as u64).div_ceil(sampled.max(1))
+}
+
 /// Estimates the memory `records` take: their inline size plus the encoded
 /// size of a few sampled records as a stand-in for what they own on the
 /// heap (Spark samples the same way in its `SizeEstimator`).

@@ -6,6 +6,11 @@
 //! hands each block to a [`BlockGeneratorListener`]. When the pusher is
 //! slow the queue fills, cutting blocks waits, and so does the receiver
 //! adding records: memory stays bounded by the queue and the rate limit.
+//!
+//! A block is also cut early when it reaches a cap of records or of bytes
+//! (by default [`DEFAULT_MAX_BLOCK_RECORDS`] and [`DEFAULT_MAX_BLOCK_BYTES`],
+//! well under the receiver WAL's largest record), so one interval of a fast
+//! source cannot make a block that memory or the WAL cannot take.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
@@ -16,6 +21,7 @@ use crossbeam::channel::{Receiver, Sender};
 use spate_core::{Clock, Duration, StreamBlockId, StreamId, Time};
 use tracing::{debug, warn};
 
+use crate::block::{Record, encoded_record_size, estimate_encoded_size};
 use crate::error::ReceiverError;
 use crate::handler::Pending;
 use crate::rate_limiter::RateLimiter;
@@ -30,7 +36,16 @@ pub struct BlockGeneratorConfig {
     pub queue_capacity: usize,
     /// Cuts a block early when the buffer holds this many records, so one
     /// interval of a fast source cannot grow a block without bound.
+    /// `None`: [`DEFAULT_MAX_BLOCK_RECORDS`]. Raise it for larger blocks.
     pub max_block_records: Option<usize>,
+    /// Cuts a block early before its records' serialized size would pass
+    /// this many bytes (estimated from samples of the records), so a block
+    /// stays under the receiver WAL's largest record
+    /// ([`spate_wal::WalOptions::max_record_size`], 64 MiB by default).
+    /// `None`: [`DEFAULT_MAX_BLOCK_BYTES`]. Raising it past the WAL's
+    /// limit needs that limit raised too. One record larger than the cap
+    /// still makes a block of its own.
+    pub max_block_bytes: Option<u64>,
     /// The highest rate, records per second, the receiver may store at;
     /// backpressure may set lower rates (Spark's `receiver.maxRate`).
     pub max_rate: Option<u64>,
@@ -45,9 +60,44 @@ impl Default for BlockGeneratorConfig {
             block_interval: Duration::from_millis(200),
             queue_capacity: 10,
             max_block_records: None,
+            max_block_bytes: None,
             max_rate: None,
             initial_rate: None,
         }
+    }
+}
+
+/// The records a block holds at most unless
+/// [`BlockGeneratorConfig::max_block_records`] says otherwise.
+pub const DEFAULT_MAX_BLOCK_RECORDS: usize = 1_000_000;
+
+/// The serialized bytes a block holds at most unless
+/// [`BlockGeneratorConfig::max_block_bytes`] says otherwise: 16 MiB, a
+/// quarter of the receiver WAL's default largest record, leaving room for
+/// the sampled size estimate to be wrong.
+pub const DEFAULT_MAX_BLOCK_BYTES: u64 = 16 << 20;
+
+impl BlockGeneratorConfig {
+    /// The record cap in force.
+    pub fn block_records_cap(&self) -> usize {
+        self.max_block_records.unwrap_or(DEFAULT_MAX_BLOCK_RECORDS).max(1)
+    }
+
+    /// The byte cap in force.
+    pub fn block_bytes_cap(&self) -> u64 {
+        self.max_block_bytes.unwrap_or(DEFAULT_MAX_BLOCK_BYTES).max(1)
+    }
+
+    /// Sets [`BlockGeneratorConfig::max_block_records`].
+    pub fn with_max_block_records(mut self, records: usize) -> Self {
+        self.max_block_records = Some(records);
+        self
+    }
+
+    /// Sets [`BlockGeneratorConfig::max_block_bytes`].
+    pub fn with_max_block_bytes(mut self, bytes: u64) -> Self {
+        self.max_block_bytes = Some(bytes);
+        self
     }
 }
 
@@ -132,12 +182,27 @@ struct QueuedBlock<T> {
     records: Vec<T>,
 }
 
+/// The block being filled.
+struct Buffer<T> {
+    records: Vec<T>,
+    /// Estimated serialized bytes of `records`.
+    bytes: u64,
+    /// Estimated serialized bytes of one record, from the last records
+    /// sized (0 until some were): how many more fit under the byte cap.
+    bytes_per_record: u64,
+}
+
+/// Records a fill of unknown record size adds at most before they are
+/// sized: a few, so that a source of huge records cannot overshoot the byte
+/// cap by a whole slice.
+const PROBE_RECORDS: usize = 16;
+
 struct Shared<T> {
     stream_id: StreamId,
     config: BlockGeneratorConfig,
     clock: Arc<dyn Clock>,
     state: AtomicU8,
-    buffer: Mutex<Vec<T>>,
+    buffer: Mutex<Buffer<T>>,
     /// Emptied buffers of pushed blocks, to fill again (their pages are
     /// already mapped: a new buffer of a fast source's block faults in
     /// tens of megabytes, every block).
@@ -170,7 +235,7 @@ impl<T> std::fmt::Debug for BlockGenerator<T> {
     }
 }
 
-impl<T: Send + 'static> BlockGenerator<T> {
+impl<T: Record> BlockGenerator<T> {
     /// Starts a generator for `stream_id` that pushes to `listener`.
     pub fn start(
         stream_id: StreamId,
@@ -199,7 +264,7 @@ impl<T: Send + 'static> BlockGenerator<T> {
             config,
             clock,
             state: AtomicU8::new(ACTIVE),
-            buffer: Mutex::new(Vec::new()),
+            buffer: Mutex::new(Buffer { records: Vec::new(), bytes: 0, bytes_per_record: 0 }),
             spare_buffers: Mutex::new(Vec::new()),
             queue: Mutex::new(Some(tx)),
             cut_seq: AtomicU64::new(0),
@@ -232,8 +297,12 @@ impl<T: Send + 'static> BlockGenerator<T> {
     /// Adds one record to the current block, waiting for the rate limit.
     pub fn add_record(&self, record: T) -> Result<(), ReceiverError> {
         self.admit(1)?;
+        let size = encoded_record_size(&record);
         let mut buffer = self.shared.lock_buffer();
-        buffer.push(record);
+        buffer.bytes_per_record = size;
+        self.shared.make_room(&mut buffer, 1)?;
+        buffer.records.push(record);
+        buffer.bytes += size;
         self.shared.cut_if_full(&mut buffer)
     }
 
@@ -267,20 +336,29 @@ impl<T: Send + 'static> BlockGenerator<T> {
     /// `fill(block, n)` must append exactly `n` records to `block`. It runs
     /// with the block locked (keep it short: the timer waits to cut), once
     /// per slice of at most 100 ms of the rate limit, as
-    /// [`BlockGenerator::add_records`] admits a large batch; the slices add
-    /// up to `count`.
+    /// [`BlockGenerator::add_records`] admits a large batch, and of at most
+    /// what still fits in the block under its caps; the slices add up to
+    /// `count`.
     pub fn add_with(&self, count: usize, mut fill: impl FnMut(&mut Vec<T>, usize)) -> Result<(), ReceiverError> {
         let slice = self.admission_slice();
         let mut left = count;
         while left > 0 {
-            let n = left.min(slice);
-            self.admit(n as u64)?;
+            let admitted = left.min(slice);
+            self.admit(admitted as u64)?;
             let mut buffer = self.shared.lock_buffer();
-            let before = buffer.len();
-            fill(&mut buffer, n);
-            debug_assert_eq!(buffer.len() - before, n, "a fill must append exactly the records it was asked for");
-            self.shared.cut_if_full(&mut buffer)?;
-            left -= n;
+            let mut to_fill = admitted;
+            while to_fill > 0 {
+                let room = self.shared.make_room(&mut buffer, to_fill)?;
+                let n = if buffer.bytes_per_record == 0 { room.min(PROBE_RECORDS) } else { room };
+                let before = buffer.records.len();
+                fill(&mut buffer.records, n);
+                debug_assert_eq!(buffer.records.len() - before, n, "a fill must append exactly the records asked for");
+                let added = estimate_encoded_size(&buffer.records[before..]);
+                buffer.note_added(added, n);
+                self.shared.cut_if_full(&mut buffer)?;
+                to_fill -= n;
+            }
+            left -= admitted;
         }
         Ok(())
     }
@@ -290,16 +368,38 @@ impl<T: Send + 'static> BlockGenerator<T> {
         self.shared.rate.limit().map_or(usize::MAX, |limit| usize::try_from(limit / 10).unwrap_or(1).max(1))
     }
 
-    /// Adds `records` to the current block once the rate limit admits them all.
+    /// Adds `records` to the current block once the rate limit admits them
+    /// all, cutting blocks on the way as the caps require.
     fn add_batch(&self, records: Vec<T>) -> Result<(), ReceiverError> {
         self.admit(records.len() as u64)?;
-        let mut buffer = self.shared.lock_buffer();
-        if buffer.is_empty() && buffer.capacity() < records.len() {
-            *buffer = records;
-        } else {
-            buffer.extend(records);
+        let total = records.len();
+        if total == 0 {
+            return Ok(());
         }
-        self.shared.cut_if_full(&mut buffer)
+        let per_record = estimate_encoded_size(&records).div_ceil(total.max(1) as u64);
+        let mut buffer = self.shared.lock_buffer();
+        buffer.bytes_per_record = per_record;
+        let room = self.shared.make_room(&mut buffer, total)?;
+        if room == total {
+            // All of it fits: the fast path, which may take over the batch's buffer.
+            if buffer.records.is_empty() && buffer.records.capacity() < total {
+                buffer.records = records;
+            } else {
+                buffer.records.extend(records);
+            }
+            buffer.note_added(per_record * total as u64, total);
+            return self.shared.cut_if_full(&mut buffer);
+        }
+        let mut records = records.into_iter();
+        let mut left = total;
+        while left > 0 {
+            let n = self.shared.make_room(&mut buffer, left)?;
+            buffer.records.extend(records.by_ref().take(n));
+            buffer.note_added(per_record * n as u64, n);
+            self.shared.cut_if_full(&mut buffer)?;
+            left -= n;
+        }
+        Ok(())
     }
 
     /// Cuts the current buffer into a block now and waits until every block
@@ -386,6 +486,28 @@ impl<T> Drop for BlockGenerator<T> {
     }
 }
 
+impl<T> Buffer<T> {
+    /// Records that still fit under both caps, at the last size per record.
+    fn room(&self, config: &BlockGeneratorConfig) -> usize {
+        let by_records = config.block_records_cap().saturating_sub(self.records.len());
+        let bytes_left = config.block_bytes_cap().saturating_sub(self.bytes);
+        let by_bytes = match self.bytes_per_record {
+            0 if bytes_left > 0 => usize::MAX,
+            0 => 0,
+            per_record => usize::try_from(bytes_left / per_record).unwrap_or(usize::MAX),
+        };
+        by_records.min(by_bytes)
+    }
+
+    /// Counts `n` records of `bytes` (estimated) just added.
+    fn note_added(&mut self, bytes: u64, n: usize) {
+        self.bytes = self.bytes.saturating_add(bytes);
+        if n > 0 {
+            self.bytes_per_record = bytes.div_ceil(n as u64).max(1);
+        }
+    }
+}
+
 /// What the pusher does next while blocks are in flight.
 enum NextStep<T> {
     /// Start this block.
@@ -416,8 +538,8 @@ fn next_or_oldest_done<T>(queue: &Receiver<QueuedBlock<T>>, oldest: &Pending<()>
     }
 }
 
-impl<T: Send + 'static> Shared<T> {
-    fn lock_buffer(&self) -> MutexGuard<'_, Vec<T>> {
+impl<T: Record> Shared<T> {
+    fn lock_buffer(&self) -> MutexGuard<'_, Buffer<T>> {
         self.buffer.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -425,21 +547,30 @@ impl<T: Send + 'static> Shared<T> {
         self.progress.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn cut_if_full(&self, buffer: &mut Vec<T>) -> Result<(), ReceiverError> {
-        match self.config.max_block_records {
-            Some(max) if buffer.len() >= max => self.cut(buffer),
-            _ => Ok(()),
+    /// How many of `wanted` more records fit in the block under its caps
+    /// (at least one), cutting the block first when not even one does.
+    fn make_room(&self, buffer: &mut Buffer<T>, wanted: usize) -> Result<usize, ReceiverError> {
+        let mut room = buffer.room(&self.config);
+        if room == 0 {
+            self.cut(buffer)?;
+            room = buffer.room(&self.config).max(1);
         }
+        Ok(room.min(wanted))
+    }
+
+    fn cut_if_full(&self, buffer: &mut Buffer<T>) -> Result<(), ReceiverError> {
+        if buffer.room(&self.config) == 0 { self.cut(buffer) } else { Ok(()) }
     }
 
     /// Moves the buffer into a block on the queue. Called with the buffer
     /// locked, so adders wait while the queue is full (backpressure).
-    fn cut(&self, buffer: &mut Vec<T>) -> Result<(), ReceiverError> {
-        if buffer.is_empty() {
+    fn cut(&self, buffer: &mut Buffer<T>) -> Result<(), ReceiverError> {
+        if buffer.records.is_empty() {
             return Ok(());
         }
-        let next = self.next_buffer(buffer);
-        let records = std::mem::replace(buffer, next);
+        let next = self.next_buffer(&buffer.records);
+        let records = std::mem::replace(&mut buffer.records, next);
+        buffer.bytes = 0;
         let block_id = self.ids.next(self.clock.now());
         let seq = self.cut_seq.load(Ordering::Acquire) + 1;
         let queue = self.queue.lock().unwrap_or_else(PoisonError::into_inner).clone();
@@ -457,10 +588,7 @@ impl<T: Send + 'static> Shared<T> {
     /// records as `full` had room for (a block cut early by the timer does
     /// not shrink the next one).
     fn next_buffer(&self, full: &Vec<T>) -> Vec<T> {
-        let wanted = match self.config.max_block_records {
-            Some(max) => full.capacity().min(max).max(full.len()),
-            None => full.len(),
-        };
+        let wanted = full.capacity().min(self.config.block_records_cap()).max(full.len());
         let spare = self.spare_buffers.lock().unwrap_or_else(PoisonError::into_inner).pop();
         let mut next = spare.unwrap_or_default();
         next.reserve(wanted);
@@ -488,7 +616,7 @@ impl<T: Send + 'static> Shared<T> {
         // The last block: whatever was added before the stop.
         let mut buffer = self.lock_buffer();
         if let Err(e) = self.cut(&mut buffer) {
-            warn!(stream = %self.stream_id, error = %e, records = buffer.len(), "last block was not queued");
+            warn!(stream = %self.stream_id, error = %e, records = buffer.records.len(), "last block was not queued");
         }
         // Closing the queue lets the pusher finish once it is drained.
         self.queue.lock().unwrap_or_else(PoisonError::into_inner).take();

@@ -32,7 +32,8 @@ pub struct BlockLocation {
 pub struct BlockManagerConfig {
     /// Bytes of (estimated) block data kept in memory at most.
     pub memory_budget_bytes: u64,
-    /// The RocksDB directory of the disk store; without one, levels that
+    /// The RocksDB directory of the disk store (new, empty, or made by an
+    /// earlier block manager, which is wiped); without one, levels that
     /// need disk are refused.
     pub disk_dir: Option<PathBuf>,
 }
@@ -90,7 +91,9 @@ impl<T> std::fmt::Debug for BlockManager<T> {
 }
 
 impl<T: Record> BlockManager<T> {
-    /// Opens a block manager; an existing disk store at the directory is wiped.
+    /// Opens a block manager. The disk store's directory is created when
+    /// missing; one an earlier block manager made is wiped, and a non-empty
+    /// one it did not make is refused ([`ReceiverError::DiskDirNotOurs`]).
     pub fn open(config: BlockManagerConfig, clock: Arc<dyn Clock>) -> Result<Self, ReceiverError> {
         let disk = config.disk_dir.as_deref().map(DiskStore::open).transpose()?;
         let inner =

@@ -55,6 +55,20 @@ pub enum ReceiverError {
         /// What RocksDB said.
         reason: String,
     },
+    /// The disk store's directory holds files it did not make: it is never
+    /// wiped, so it is refused.
+    #[error(
+        "disk store {path}: the directory holds {entries} file(s) and no {marker} file, so it is not a spill \
+         area spate made; refusing to wipe it: give the block manager a new or empty directory"
+    )]
+    DiskDirNotOurs {
+        /// The directory.
+        path: PathBuf,
+        /// Entries found in it.
+        entries: usize,
+        /// The marker file a spill area carries.
+        marker: &'static str,
+    },
     /// A block's bytes do not encode or decode.
     #[error("block {block_id:?}: {source}")]
     Codec {
@@ -72,6 +86,38 @@ pub enum ReceiverError {
         /// The log's error.
         #[source]
         source: WalError,
+    },
+    /// A block of one record is larger than the receiver write-ahead log's
+    /// largest record: that record can never be stored durably as it is.
+    #[error(
+        "block {block_id} holds one record of {bytes} bytes (serialized), more than the receiver write-ahead log's \
+         largest record of {max} bytes; raise the log's max_record_size (WalOptions::with_max_record_size) above it, \
+         or split such records at the source"
+    )]
+    RecordTooLargeForWal {
+        /// The block of the record.
+        block_id: StreamBlockId,
+        /// Serialized bytes of the block.
+        bytes: u64,
+        /// The log's largest record.
+        max: u64,
+    },
+    /// A block of several records is larger than the receiver write-ahead
+    /// log's largest record.
+    #[error(
+        "block {block_id} ({records} records, {bytes} bytes serialized) is larger than the receiver write-ahead log's \
+         largest record of {max} bytes; lower the block generator's max_block_bytes or max_block_records, or raise \
+         the log's max_record_size (WalOptions::with_max_record_size)"
+    )]
+    BlockTooLargeForWal {
+        /// The block.
+        block_id: StreamBlockId,
+        /// Records in the block.
+        records: u64,
+        /// Serialized bytes of the block.
+        bytes: u64,
+        /// The log's largest record.
+        max: u64,
     },
     /// The write-ahead log did not confirm a block within the timeout.
     #[error("block {block_id} was not confirmed by the write-ahead log within {timeout_ms} ms")]

@@ -181,23 +181,57 @@ fn into_data<T: Record>(
     }
 }
 
-/// Waits for the WAL writer's answer about `block_id`, at most `timeout`.
+/// Longest real-time wait for the WAL writer's answer before the clock is
+/// read again: the store timeout runs on the handler's [`Clock`].
+const TIMEOUT_POLL: std::time::Duration = std::time::Duration::from_millis(5);
+
+/// Waits for the WAL writer's answer about `block_id` (of `num_records`
+/// records) until `deadline` on `clock` (`timeout` after it was submitted).
 fn await_wal(
-    stream_id: StreamId,
-    block_id: StreamBlockId,
+    block: (StreamId, StreamBlockId, u64),
     reply: &Receiver<WalReply>,
+    clock: &dyn Clock,
+    deadline: Time,
     timeout: std::time::Duration,
 ) -> Result<WalRecordHandle, ReceiverError> {
-    match reply.recv_timeout(timeout) {
-        Ok(written) => written.map_err(|source| ReceiverError::Wal { stream_id, source }),
-        Err(crossbeam::channel::RecvTimeoutError::Timeout) => Err(ReceiverError::WalTimeout {
-            block_id,
-            timeout_ms: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
-        }),
-        Err(crossbeam::channel::RecvTimeoutError::Disconnected) => Err(ReceiverError::Runtime {
-            what: format!("receiver WAL writer {stream_id}"),
-            reason: "ended without an answer".into(),
-        }),
+    let (stream_id, block_id, num_records) = block;
+    loop {
+        match reply.recv_timeout(TIMEOUT_POLL) {
+            Ok(written) => return written.map_err(|source| wal_error(stream_id, block_id, num_records, source)),
+            Err(crossbeam::channel::RecvTimeoutError::Timeout) if clock.now() < deadline => {}
+            Err(crossbeam::channel::RecvTimeoutError::Timeout) => {
+                return Err(ReceiverError::WalTimeout {
+                    block_id,
+                    timeout_ms: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
+                });
+            }
+            Err(crossbeam::channel::RecvTimeoutError::Disconnected) => {
+                return Err(ReceiverError::Runtime {
+                    what: format!("receiver WAL writer {stream_id}"),
+                    reason: "ended without an answer".into(),
+                });
+            }
+        }
+    }
+}
+
+/// `start` plus `timeout`, saturating.
+fn deadline_after(start: Time, timeout: std::time::Duration) -> Time {
+    let ms = i64::try_from(timeout.as_millis()).unwrap_or(i64::MAX);
+    Time::from_millis(start.as_millis().saturating_add(ms))
+}
+
+/// The error of a failed WAL write of a block: a block larger than the
+/// log's largest record says what to change.
+fn wal_error(stream_id: StreamId, block_id: StreamBlockId, num_records: u64, source: WalError) -> ReceiverError {
+    match source {
+        WalError::RecordTooLarge { len, max } if num_records <= 1 => {
+            ReceiverError::RecordTooLargeForWal { block_id, bytes: len, max }
+        }
+        WalError::RecordTooLarge { len, max } => {
+            ReceiverError::BlockTooLargeForWal { block_id, records: num_records, bytes: len, max }
+        }
+        source => ReceiverError::Wal { stream_id, source },
     }
 }
 
@@ -251,7 +285,8 @@ impl<T: Record> ReceivedBlockHandler<T> for BlockManagerBasedBlockHandler<T> {
 /// How a [`WriteAheadLogBasedBlockHandler`] waits and cleans.
 #[derive(Clone, Debug)]
 pub struct WalHandlerConfig {
-    /// How long storing a block waits for both stores (real time; Spark's
+    /// How long storing a block waits for both stores, on the handler's
+    /// clock, from when the block was handed to the WAL (Spark's
     /// `spark.streaming.receiver.blockStoreTimeout`, 30 s).
     pub store_timeout: std::time::Duration,
     /// Whether cleaning waits until old segments are deleted.
@@ -387,6 +422,7 @@ impl<T: Record> WriteAheadLogBasedBlockHandler<T> {
     /// manager; the result waits for the WAL.
     fn store_bytes(&self, block_id: StreamBlockId, bytes: Vec<u8>, num_records: u64) -> Pending<BlockStoreResult> {
         let bytes = Arc::new(bytes);
+        let deadline = deadline_after(self.clock.now(), self.config.store_timeout);
         let (reply, answered) = match self.submit(block_id, Arc::clone(&bytes)) {
             Ok(submitted) => submitted,
             Err(e) => return Pending::ready(Err(e)),
@@ -394,8 +430,10 @@ impl<T: Record> WriteAheadLogBasedBlockHandler<T> {
         let put = self.block_manager.put(block_id, BlockData::Bytes(bytes), self.level);
         let (block_manager, stream_id, timeout) =
             (Arc::clone(&self.block_manager), self.stream_id, self.config.store_timeout);
+        let clock = Arc::clone(&self.clock);
         let finish = move || {
-            let written = await_wal(stream_id, block_id, &reply, timeout);
+            let block = (stream_id, block_id, num_records);
+            let written = await_wal(block, &reply, clock.as_ref(), deadline, timeout);
             match (put, written) {
                 (Ok(_), Ok(handle)) => {
                     debug!(block = %block_id, %handle, records = num_records, "block stored with the WAL");

@@ -77,7 +77,9 @@ mod supervisor;
 pub use block::{
     BLOCK_FORMAT_VERSION, BlockData, ReceivedBlock, Record, count_block_records, decode_block, encode_block,
 };
-pub use block_generator::{BlockGenerator, BlockGeneratorConfig, BlockGeneratorListener};
+pub use block_generator::{
+    BlockGenerator, BlockGeneratorConfig, BlockGeneratorListener, DEFAULT_MAX_BLOCK_BYTES, DEFAULT_MAX_BLOCK_RECORDS,
+};
 pub use block_manager::{BlockLocation, BlockManager, BlockManagerConfig};
 pub use error::{BoxError, ReceiverError};
 pub use generator::{

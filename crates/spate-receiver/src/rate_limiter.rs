@@ -76,6 +76,14 @@ impl RateLimiter {
         (wait_until > now).then_some(wait_until)
     }
 
+    /// When the permits reserved so far are used up (a caller waiting for
+    /// its permits included), to the millisecond; `None` before the first
+    /// reservation under a limit.
+    pub fn reserved_until(&self) -> Option<Time> {
+        let next_free = *self.next_free_ms.lock().unwrap_or_else(PoisonError::into_inner);
+        (next_free > f64::MIN).then(|| Time::from_millis(next_free.ceil() as i64))
+    }
+
     /// The clock the limiter reads.
     pub(crate) fn clock(&self) -> &dyn Clock {
         self.clock.as_ref()

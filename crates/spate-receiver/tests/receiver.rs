@@ -426,34 +426,33 @@ fn generator_cutting_every(
     spate_receiver::BlockGenerator::start(StreamId(0), config, clock, listener).unwrap()
 }
 
-/// Records what the block generator's pusher starts and finishes; earlier
-/// blocks take longer to finish.
+/// Starts blocks whose storing finishes only when the test opens their gate
+/// (drops its sender), and notes every start, wait and finish, in the
+/// pusher's order.
 #[derive(Default)]
-struct SlowListener {
+struct StepListener {
     events: Arc<std::sync::Mutex<Vec<String>>>,
-    in_flight: Arc<AtomicU64>,
-    most_in_flight: AtomicU64,
+    gates: std::sync::Mutex<std::collections::BTreeMap<u64, crossbeam::channel::Sender<()>>>,
 }
 
-impl spate_receiver::BlockGeneratorListener<String> for SlowListener {
+impl spate_receiver::BlockGeneratorListener<String> for StepListener {
     fn on_push_block(&self, block_id: spate_core::StreamBlockId, records: Vec<String>) -> Result<(), ReceiverError> {
         self.start_push(block_id, records).wait()
     }
 
     fn start_push(&self, _: spate_core::StreamBlockId, records: Vec<String>) -> spate_receiver::Pending<()> {
-        let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
-        self.most_in_flight.fetch_max(now, Ordering::SeqCst);
-        let first = records[0].clone();
-        self.events.lock().unwrap().push(format!("start {first}"));
-        let index: u64 = first.parse().unwrap();
-        let delay = std::time::Duration::from_millis(50 - 10 * index.min(4));
-        let (events, in_flight) = (Arc::clone(&self.events), Arc::clone(&self.in_flight));
-        spate_receiver::Pending::new(move || {
-            std::thread::sleep(delay);
-            in_flight.fetch_sub(1, Ordering::SeqCst);
-            events.lock().unwrap().push(format!("finish {first}"));
+        let index: u64 = records[0].parse().unwrap();
+        let (gate, opened) = crossbeam::channel::bounded::<()>(0);
+        self.gates.lock().unwrap().insert(index, gate);
+        self.events.lock().unwrap().push(format!("start {index}"));
+        let (done, events) = (opened.clone(), Arc::clone(&self.events));
+        let finish = move || {
+            events.lock().unwrap().push(format!("wait {index}"));
+            let _ = opened.recv(); // until the gate is opened
+            events.lock().unwrap().push(format!("finish {index}"));
             Ok(())
-        })
+        };
+        spate_receiver::Pending::with_done_signal(finish, done)
     }
 
     fn on_error(&self, _: ReceiverError) {}
@@ -461,18 +460,33 @@ impl spate_receiver::BlockGeneratorListener<String> for SlowListener {
 
 #[test]
 fn the_pusher_overlaps_a_few_blocks_and_finishes_them_in_order() {
-    let listener = Arc::new(SlowListener::default());
+    let listener = Arc::new(StepListener::default());
     let generator = generator_cutting_every(1, Arc::clone(&listener) as _);
+    let events = || listener.events.lock().unwrap().clone();
     for i in 0..6 {
         generator.add_record(i.to_string()).unwrap();
     }
+    // No block finishes until its gate opens: the pusher starts three, then
+    // waits for the oldest, and cannot start a fourth meanwhile.
+    eventually("three blocks started and the oldest waited for", || events().len() == 4);
+    assert_eq!(events(), ["start 0", "start 1", "start 2", "wait 0"]);
+    for i in 0..6u64 {
+        eventually(&format!("block {i} started"), || listener.gates.lock().unwrap().contains_key(&i));
+        listener.gates.lock().unwrap().remove(&i);
+        eventually(&format!("block {i} finished"), || events().contains(&format!("finish {i}")));
+    }
     generator.flush().unwrap();
     generator.stop().unwrap();
-    let events = listener.events.lock().unwrap().clone();
+    let events = events();
     let finished: Vec<&str> = events.iter().filter_map(|e| e.strip_prefix("finish ")).collect();
     assert_eq!(finished, ["0", "1", "2", "3", "4", "5"], "{events:?}");
-    let most = listener.most_in_flight.load(Ordering::SeqCst);
-    assert!((2..=3).contains(&most), "{most} blocks in flight at once: {events:?}");
+    let mut in_flight = 0i32;
+    let mut most = 0;
+    for event in &events {
+        in_flight += i32::from(event.starts_with("start ")) - i32::from(event.starts_with("finish "));
+        most = most.max(in_flight);
+    }
+    assert_eq!(most, 3, "{events:?}");
 }
 
 /// Starts blocks whose storing finishes only when the test drops their
@@ -621,9 +635,93 @@ fn large_batch_flows_in_slices(add: Adder) {
         clock.advance(Duration::from_millis(100));
         eventually(&format!("slice {}", step + 1), || pushed() >= 10 * (step + 1));
     }
-    std::thread::sleep(std::time::Duration::from_millis(50));
+    // The adder has reserved the fifth slice (permits up to 495 ms) and
+    // waits for 395 ms on the clock, which stays at 300 ms.
+    let reserved = || generator.rate_limiter().reserved_until();
+    eventually("the fifth slice reserved", || reserved() == Some(Time::from_millis(495)));
     assert_eq!(pushed(), 40, "no slice ahead of its time");
     generator.interrupt_adders();
     assert!(adder.join().unwrap().is_err(), "the interrupted adder reports it");
     generator.stop().unwrap();
+}
+
+/// Notes the records and serialized bytes of every block pushed to it.
+#[derive(Default)]
+struct SizingListener(std::sync::Mutex<Vec<(usize, usize)>>);
+
+impl<T: spate_receiver::Record> spate_receiver::BlockGeneratorListener<T> for SizingListener {
+    fn on_push_block(&self, _: spate_core::StreamBlockId, records: Vec<T>) -> Result<(), ReceiverError> {
+        let bytes = spate_receiver::encode_block(&records).unwrap().len();
+        self.0.lock().unwrap().push((records.len(), bytes));
+        Ok(())
+    }
+
+    fn on_error(&self, _: ReceiverError) {}
+}
+
+/// Runs `add` on a generator of `config` that only its caps (and the end)
+/// cut, and returns each block's records and bytes.
+fn blocks_cut_by_caps<T: spate_receiver::Record>(
+    config: spate_receiver::BlockGeneratorConfig,
+    add: impl FnOnce(&spate_receiver::BlockGenerator<T>),
+) -> Vec<(usize, usize)> {
+    let listener = Arc::new(SizingListener::default());
+    let config = spate_receiver::BlockGeneratorConfig { block_interval: Duration::from_secs(3600), ..config };
+    let clock = Arc::new(ManualClock::new(Time::from_millis(0)));
+    let generator =
+        spate_receiver::BlockGenerator::start(StreamId(0), config, clock, Arc::clone(&listener) as _).unwrap();
+    add(&generator);
+    generator.flush().unwrap();
+    generator.stop().unwrap();
+    listener.0.lock().unwrap().clone()
+}
+
+/// 40 records of 512 KiB: 20 MiB, more than the default byte cap.
+fn big_records() -> Vec<String> {
+    (0..40).map(|i| char::from(b'a' + i as u8 % 26).to_string().repeat(512 << 10)).collect()
+}
+
+#[test]
+fn blocks_are_cut_at_a_default_byte_cap_under_the_wal_record_limit() {
+    let default = spate_receiver::BlockGeneratorConfig::default();
+    assert!(default.block_bytes_cap() < u64::from(spate_wal::DEFAULT_MAX_RECORD_SIZE));
+    let adders: [(&str, Adder); 3] = [
+        ("add_records", |g| g.add_records(big_records())),
+        ("add_record", |g| big_records().into_iter().try_for_each(|r| g.add_record(r))),
+        ("add_with", |g| {
+            let mut records = big_records().into_iter();
+            g.add_with(40, |block, n| block.extend(records.by_ref().take(n)))
+        }),
+    ];
+    for (how, add) in adders {
+        let blocks = blocks_cut_by_caps(spate_receiver::BlockGeneratorConfig::default(), |g| add(g).unwrap());
+        assert_eq!(blocks.iter().map(|(n, _)| n).sum::<usize>(), 40, "{how}");
+        assert!(blocks.len() >= 2, "{how}: {blocks:?}");
+        for (records, bytes) in &blocks {
+            assert!(
+                *bytes as u64 <= spate_receiver::DEFAULT_MAX_BLOCK_BYTES + 64,
+                "{how}: {records} records, {bytes} bytes"
+            );
+        }
+    }
+    // A user may raise the cap.
+    let raised = spate_receiver::BlockGeneratorConfig::default().with_max_block_bytes(64 << 20);
+    let blocks =
+        blocks_cut_by_caps(raised, |g: &spate_receiver::BlockGenerator<String>| g.add_records(big_records()).unwrap());
+    assert_eq!(blocks.iter().map(|(n, _)| *n).collect::<Vec<_>>(), [40]);
+}
+
+#[test]
+fn blocks_are_cut_at_a_default_record_cap() {
+    let count = spate_receiver::DEFAULT_MAX_BLOCK_RECORDS + 10;
+    let blocks = blocks_cut_by_caps(
+        spate_receiver::BlockGeneratorConfig::default(),
+        |g: &spate_receiver::BlockGenerator<u8>| g.add_records(vec![7u8; count]).unwrap(),
+    );
+    let sizes: Vec<usize> = blocks.iter().map(|(n, _)| *n).collect();
+    assert_eq!(sizes, [spate_receiver::DEFAULT_MAX_BLOCK_RECORDS, 10]);
+    let raised = spate_receiver::BlockGeneratorConfig::default().with_max_block_records(count);
+    let blocks =
+        blocks_cut_by_caps(raised, |g: &spate_receiver::BlockGenerator<u8>| g.add_records(vec![7u8; count]).unwrap());
+    assert_eq!(blocks.iter().map(|(n, _)| *n).collect::<Vec<_>>(), [count]);
 }

@@ -227,16 +227,18 @@ fn wal_handler_cleans_blocks_and_segments_before_the_threshold() {
     assert!(after_close.is_err());
 }
 
-/// A WAL whose writes wait until released, or fail, as told.
-#[derive(Default)]
+/// A WAL whose writes say they started, then wait until released, or
+/// fail, as told.
 struct StuckWal {
     release: Mutex<bool>,
     released: std::sync::Condvar,
     fail: bool,
+    entered: crossbeam::channel::Sender<()>,
 }
 
 impl WriteAheadLog for StuckWal {
     fn write(&self, _record: &[u8], _time: Time) -> Result<WalRecordHandle, WalError> {
+        let _ = self.entered.send(());
         if self.fail {
             return Err(WalError::Closed { dir: "stuck".into() });
         }
@@ -260,28 +262,51 @@ impl WriteAheadLog for StuckWal {
     }
 }
 
+/// Generous real time for a thread to answer: a hang fails the test.
+const PATIENCE: std::time::Duration = std::time::Duration::from_secs(60);
+
 #[test]
-fn wal_handler_times_out_or_fails_and_keeps_nothing() {
+fn wal_handler_times_out_on_its_clock_or_fails_and_keeps_nothing() {
     let clock = clock();
+    // An hour: only the handler's (manual) clock can make it pass.
+    let timeout = std::time::Duration::from_secs(3600);
     for fail in [false, true] {
         let bm = Arc::new(BlockManager::open(BlockManagerConfig::in_memory(1 << 20), Arc::new(clock.clone())).unwrap());
-        let wal = Arc::new(StuckWal { fail, ..StuckWal::default() });
-        let config = WalHandlerConfig { store_timeout: std::time::Duration::from_millis(50), wait_for_cleanup: true };
-        let handler = WriteAheadLogBasedBlockHandler::<String>::new(
-            Arc::clone(&bm),
-            wal.clone(),
-            STREAM,
-            StorageLevel::MEMORY_ONLY_SER,
-            config,
-            Arc::new(clock.clone()),
-        )
-        .unwrap();
-        let err = handler.store_block(id(0), ReceivedBlock::Records(words(0, 3))).unwrap_err();
+        let (entered_tx, entered) = crossbeam::channel::unbounded();
+        let wal = Arc::new(StuckWal {
+            release: Mutex::new(false),
+            released: std::sync::Condvar::new(),
+            fail,
+            entered: entered_tx,
+        });
+        let config = WalHandlerConfig { store_timeout: timeout, wait_for_cleanup: true };
+        let handler = Arc::new(
+            WriteAheadLogBasedBlockHandler::<String>::new(
+                Arc::clone(&bm),
+                wal.clone(),
+                STREAM,
+                StorageLevel::MEMORY_ONLY_SER,
+                config,
+                Arc::new(clock.clone()),
+            )
+            .unwrap(),
+        );
+        let (done_tx, done) = crossbeam::channel::bounded(1);
+        {
+            let handler = Arc::clone(&handler);
+            std::thread::spawn(move || done_tx.send(handler.store_block(id(0), ReceivedBlock::Records(words(0, 3)))));
+        }
+        // The block is inside the WAL's write: its deadline is set.
+        entered.recv_timeout(PATIENCE).expect("the WAL write started");
+        if !fail {
+            clock.advance(Duration::from_secs(3600));
+        }
+        let err = done.recv_timeout(PATIENCE).expect("the store returned").unwrap_err();
         if fail {
             assert!(matches!(err, ReceiverError::Wal { .. }), "{err:?}");
         } else {
             assert!(
-                matches!(err, ReceiverError::WalTimeout { block_id, timeout_ms: 50 } if block_id == id(0)),
+                matches!(err, ReceiverError::WalTimeout { block_id, timeout_ms: 3_600_000 } if block_id == id(0)),
                 "{err:?}"
             );
         }
@@ -291,4 +316,85 @@ fn wal_handler_times_out_or_fails_and_keeps_nothing() {
         wal.released.notify_all();
         handler.close().unwrap();
     }
+}
+
+#[test]
+fn a_record_larger_than_the_wal_allows_is_refused_naming_the_limit() {
+    let checkpoint = tempfile::tempdir().unwrap();
+    let clock = clock();
+    let bm = Arc::new(BlockManager::open(BlockManagerConfig::in_memory(64 << 20), Arc::new(clock.clone())).unwrap());
+    let options = WalOptions::default().with_clock(Arc::new(clock.clone())).with_max_record_size(4096);
+    let wal = open_receiver_wal(checkpoint.path(), STREAM, options).unwrap();
+    let handler = WriteAheadLogBasedBlockHandler::new(
+        Arc::clone(&bm),
+        wal,
+        STREAM,
+        StorageLevel::MEMORY_AND_DISK_SER,
+        WalHandlerConfig::default(),
+        Arc::new(clock.clone()),
+    )
+    .unwrap();
+    let err = handler.store_block(id(0), ReceivedBlock::Records(vec!["x".repeat(5000)])).unwrap_err();
+    assert!(matches!(err, ReceiverError::RecordTooLargeForWal { max: 4096, .. }), "{err:?}");
+    let message = err.to_string();
+    assert!(message.contains("4096") && message.contains("max_record_size"), "{message}");
+    let err = handler.store_block(id(1), ReceivedBlock::Records(vec!["y".repeat(1000); 5])).unwrap_err();
+    assert!(matches!(err, ReceiverError::BlockTooLargeForWal { records: 5, max: 4096, .. }), "{err:?}");
+    assert!(err.to_string().contains("max_block_bytes"), "{err}");
+    assert!(bm.is_empty(), "refused blocks are not kept");
+    // The log is not harmed: a block that fits goes on being stored.
+    let stored = handler.store_block(id(2), ReceivedBlock::Records(words(2, 3))).unwrap();
+    assert!(stored.wal_handle.is_some());
+}
+
+/// The permission bits of `path`.
+fn mode(path: &std::path::Path) -> u32 {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(path).unwrap().permissions().mode() & 0o777
+}
+
+#[test]
+fn the_disk_store_refuses_a_directory_it_did_not_make_and_leaves_it_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let theirs = dir.path().join("their-database");
+    std::fs::create_dir(&theirs).unwrap();
+    // Names RocksDB would delete when wiping a database, and a file of their own.
+    std::fs::write(theirs.join("CURRENT"), b"MANIFEST-000001\n").unwrap();
+    std::fs::write(theirs.join("000007.sst"), b"their data").unwrap();
+    std::fs::write(theirs.join("notes.txt"), b"keep me").unwrap();
+    let err =
+        BlockManager::<String>::open(BlockManagerConfig::with_disk(1 << 20, &theirs), Arc::new(clock())).unwrap_err();
+    assert!(matches!(err, ReceiverError::DiskDirNotOurs { entries: 3, .. }), "{err:?}");
+    let message = err.to_string();
+    assert!(message.contains("their-database") && message.contains("refusing to wipe"), "{message}");
+    let mut left: Vec<String> =
+        std::fs::read_dir(&theirs).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    left.sort();
+    assert_eq!(left, ["000007.sst", "CURRENT", "notes.txt"]);
+    assert_eq!(std::fs::read(theirs.join("000007.sst")).unwrap(), b"their data");
+}
+
+#[test]
+fn the_disk_store_directory_is_owner_only_and_only_its_own_is_wiped_on_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let spill = dir.path().join("spill").join("blocks");
+    let open = || BlockManager::<String>::open(BlockManagerConfig::with_disk(1 << 20, &spill), Arc::new(clock()));
+    let bm = open().unwrap();
+    assert_eq!(mode(&spill), 0o700, "a new spill directory is owner-only");
+    bm.put(id(0), BlockData::Records(Arc::new(words(0, 10))), StorageLevel::DISK_ONLY).unwrap();
+    drop(bm);
+    // An earlier run's spill area is wiped and reused, and tightened if it was widened.
+    std::fs::set_permissions(&spill, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let bm = open().unwrap();
+    assert!(bm.get(id(0)).unwrap().is_none(), "the earlier run's blocks are gone");
+    assert_eq!(mode(&spill), 0o700);
+    bm.put(id(1), BlockData::Records(Arc::new(words(1, 10))), StorageLevel::DISK_ONLY).unwrap();
+    assert_eq!(records(bm.get(id(1)).unwrap().unwrap()), words(1, 10));
+    drop(bm);
+    // An existing empty directory is taken, and made owner-only.
+    let empty = dir.path().join("empty");
+    std::fs::create_dir(&empty).unwrap();
+    std::fs::set_permissions(&empty, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    BlockManager::<String>::open(BlockManagerConfig::with_disk(1 << 20, &empty), Arc::new(clock())).unwrap();
+    assert_eq!(mode(&empty), 0o700);
 }
