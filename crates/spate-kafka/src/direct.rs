@@ -102,17 +102,18 @@ pub enum OffsetCommit {
 /// [`DirectKafkaConfig::max_records_per_batch`]: about half a second of what
 /// the direct stream reads on a 2-core machine (1.1 M records/s measured),
 /// so a backlog is worked off in batches that are read well within a 1 s
-/// interval and leave time to process them. With the per-record overhead
-/// counted by the byte cap (about 100 bytes), this many small records also
-/// stay under [`DEFAULT_MAX_BYTES_PER_BATCH`].
+/// interval and leave time to process them. The byte cap counts about 100
+/// bytes a record besides key and value, so this many records with up to
+/// about 30 bytes of key and value also stay under
+/// [`DEFAULT_MAX_BYTES_PER_BATCH`]; larger ones reach the byte cap first.
 pub const DEFAULT_MAX_RECORDS_PER_BATCH: u64 = 500_000;
 
 /// The bytes a batch reads at most unless raised with
 /// [`DirectKafkaConfig::max_bytes_per_batch`]: 64 MiB. A batch's records are
 /// copied by the operators that follow (a flat map, a shuffle, a window's
 /// state), so the input should be a small part of a small machine's memory
-/// (a few GiB); 64 MiB also stays below librdkafka's default fetch buffers
-/// per consumer times a few partitions, so reading does not stall on them.
+/// (a few GiB): at 64 MiB a batch and several copies of it fit in well
+/// under 1 GiB.
 pub const DEFAULT_MAX_BYTES_PER_BATCH: u64 = 64 << 20;
 
 /// The configuration of a [`DirectKafkaStream`].
@@ -716,6 +717,8 @@ mod tests {
         let config = DirectKafkaConfig::subscribe("b", "g", ["t"], Duration::from_millis(1000));
         assert_eq!(config.max_records_per_batch, DEFAULT_MAX_RECORDS_PER_BATCH);
         assert_eq!(config.max_bytes_per_batch, DEFAULT_MAX_BYTES_PER_BATCH);
+        // The documents say a record counts about 100 bytes besides key and value.
+        assert!((64..=128).contains(&crate::record_footprint(0, 0)), "{}", crate::record_footprint(0, 0));
         let start = offsets(&[(0, 0), (1, 0)]);
         let latest = offsets(&[(0, 10_000_000), (1, 30_000_000)]);
         let caps = rate_caps(&start, &latest, None, Some(batch_record_limit(None, None, config.max_records_per_batch)));
