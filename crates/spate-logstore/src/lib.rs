@@ -77,7 +77,7 @@ pub use fault::{FaultMode, FaultPoint, FaultyFileManager};
 pub use file_manager::{
     CheckpointFileManager, DIR_MODE, FILE_MODE, LocalFileManager, LogListing, NO_FENCE, PublishCheck, Tightened,
 };
-pub use lock::{EpochFence, LOCK_FILE, LockHolder, WriterLock, read_lock_holder};
+pub use lock::{EpochFence, LOCK_FILE, LockHolder, WriterLock, decode_lock_file, encode_lock_file, read_lock_holder};
 pub use log::{
     BodyError, Json, LogEntry, MAX_LOG_FILE_BYTES, MetadataLog, decode_entry, encode_entry, parse_batch_file_name,
 };

@@ -72,21 +72,29 @@ fn read_lock_file(path: &Path) -> OnDisk {
     }
 }
 
-/// The lock file's bytes: a `v1` entry, or the bare JSON of older builds.
 fn decode_holder(path: &Path, bytes: &[u8]) -> OnDisk {
-    let decoded = if bytes.first() == Some(&b'{') {
-        serde_json::from_slice(bytes).map_err(|e| e.to_string())
-    } else {
-        decode_entry::<Json<LockHolder>>(path, bytes).map(|json| json.0).map_err(|e| e.to_string())
-    };
-    match decoded {
+    match decode_lock_file(path, bytes) {
         Ok(holder) => OnDisk::Holder(holder),
-        Err(reason) => OnDisk::Unreadable(reason),
+        Err(e) => OnDisk::Unreadable(e.to_string()),
     }
 }
 
-/// The lock file's content for `holder`.
-fn encode_holder(path: &Path, holder: &LockHolder) -> Result<Vec<u8>> {
+/// Decodes the bytes of a lock file: a `v1` entry with its checksum, or the
+/// bare JSON that builds before the version line wrote. `path` names the
+/// file in errors.
+pub fn decode_lock_file(path: &Path, bytes: &[u8]) -> Result<LockHolder> {
+    if bytes.first() == Some(&b'{') {
+        return serde_json::from_slice(bytes).map_err(|e| LogStoreError::Malformed {
+            path: path.to_path_buf(),
+            line: e.line(),
+            reason: e.to_string(),
+        });
+    }
+    decode_entry::<Json<LockHolder>>(path, bytes).map(|json| json.0)
+}
+
+/// The bytes of a lock file naming `holder` (`path` names the file in errors).
+pub fn encode_lock_file(path: &Path, holder: &LockHolder) -> Result<Vec<u8>> {
     encode_entry(&Json(holder.clone())).map_err(|reason| LogStoreError::Encode { path: path.to_path_buf(), reason })
 }
 
@@ -233,7 +241,7 @@ fn next_epoch(dir: &Path, previous: &OnDisk, clock: &dyn Clock) -> Result<u64> {
 }
 
 fn write_holder(file: &File, path: &Path, holder: &LockHolder) -> Result<()> {
-    let bytes = encode_holder(path, holder)?;
+    let bytes = encode_lock_file(path, holder)?;
     file.set_len(0).map_err(|e| LogStoreError::io("truncate lock file", path, e))?;
     file.write_all_at(&bytes, 0).map_err(|e| LogStoreError::io("write lock file", path, e))?;
     file.sync_all().map_err(|e| LogStoreError::io("fsync lock file", path, e))
@@ -309,6 +317,8 @@ mod tests {
         let damaged = std::fs::read_to_string(&path).unwrap().replace(r#""epoch":42"#, r#""epoch":43"#);
         std::fs::write(&path, damaged).unwrap();
         assert_eq!(read_lock_holder(dir.path()), None);
+        let err = decode_lock_file(&path, &std::fs::read(&path).unwrap()).unwrap_err();
+        assert!(matches!(err, LogStoreError::ChecksumMismatch { .. }) && err.to_string().contains("LOCK"), "{err}");
         std::fs::write(&path, b"v2\n{}").unwrap();
         assert_eq!(read_lock_holder(dir.path()), None);
     }
