@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::thread::JoinHandle;
 
 use crossbeam::channel::{Receiver as EventReceiver, Sender, unbounded};
-use spate_core::{BatchId, StreamId, Time, Unfenced, WriterFence};
+use spate_core::{BatchId, StreamId, Time};
 use spate_dstream::{DStream, Data, FedSource, GraphBuilder, InputSource, RestorePolicy};
 use spate_logstore::{Checkpoint, CheckpointOptions, OffsetSeq, Verdict};
 use spate_receiver::{Receiver, Record};
@@ -20,7 +20,7 @@ use tracing::{info, warn};
 use crate::driver::{Engine, Event, InputHooks, QueuedBatch, SharedStatus, StopMode, StopReport, run_timer};
 use crate::error::RuntimeError;
 use crate::failpoints::Failpoints;
-use crate::inputs::{ReceiverInput, ReceiverOptions, ReceiverResume, TypedReceiverInput};
+use crate::inputs::{CheckpointHome, ReceiverInput, ReceiverOptions, ReceiverResume, TypedReceiverInput};
 use crate::progress::{PROGRESS_DIR, ProgressFiles, ProgressListener};
 use crate::rate::RateController;
 use crate::recovery::{RecoveryReport, RestoredOperator};
@@ -233,6 +233,7 @@ impl StreamingContext {
             CheckpointOptions::new().clock(Arc::clone(&settings.clock)).retain_batches(settings.retained_batches);
         let checkpoint = Checkpoint::open_for_write(&dir, options).map_err(|e| log_store_error(&dir, e))?;
         let store = CheckpointStore::new(checkpoint);
+        let fence = store.fence();
         let verdict = store.consistent_verdict()?;
         let (graph, receivers, hooks) = build_pipeline(&settings, true, build)?;
         let clock = Arc::clone(&settings.clock);
@@ -240,7 +241,8 @@ impl StreamingContext {
             (None, Vec::new())
         } else {
             let log_dir = event_log_dir(&dir);
-            let wal = FileWriteAheadLog::open(&log_dir, WalOptions::default().with_clock(Arc::clone(&clock)))
+            let options = WalOptions::default().with_clock(Arc::clone(&clock)).with_fence(Arc::clone(&fence));
+            let wal = FileWriteAheadLog::open(&log_dir, options)
                 .map_err(|e| RuntimeError::Checkpoint { dir: dir.clone(), message: e.to_string() })?;
             let (tracker, report) = ReceivedBlockTracker::recover(Arc::new(wal), log_dir, Arc::clone(&clock))
                 .map_err(|e| RuntimeError::Checkpoint { dir: dir.clone(), message: e.to_string() })?;
@@ -249,7 +251,7 @@ impl StreamingContext {
         };
         let mut engine = new_engine(settings, graph, Some(store), tracker, receivers, hooks)?;
         for receiver in &mut engine.receivers {
-            receiver.open(Some(&dir), &clock)?;
+            receiver.open(Some(CheckpointHome { dir: &dir, fence: &fence }), &clock)?;
         }
         let (report, resume, first_tick) = recover(&mut engine, verdict, unrecoverable)?;
         info!(%report, "checkpoint opened");
@@ -407,11 +409,7 @@ fn new_engine(
     let rate = RateController::new(settings.batch_interval, &settings.backpressure)?;
     let progress_files = match &store {
         Some(store) => {
-            let fence: Arc<dyn WriterFence> = match store.checkpoint().fence() {
-                Some(fence) => fence,
-                None => Arc::new(Unfenced),
-            };
-            Some(ProgressFiles::open(&store.dir().join(PROGRESS_DIR), settings.progress_rotation, fence)?)
+            Some(ProgressFiles::open(&store.dir().join(PROGRESS_DIR), settings.progress_rotation, store.fence())?)
         }
         None => None,
     };

@@ -6,7 +6,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use spate_core::{Clock, Duration, StreamBlockId, StreamId, Time};
+use spate_core::{Clock, Duration, StreamBlockId, StreamId, Time, WriterFence};
 use spate_dstream::{Data, FedSource};
 use spate_receiver::{
     BlockData, BlockGeneratorConfig, BlockInfoSink, BlockManager, BlockManagerBasedBlockHandler, BlockManagerConfig,
@@ -60,6 +60,16 @@ pub struct ReceiverResume {
     pub records_stored: u64,
 }
 
+/// A checkpoint directory as the receivers see it: where their
+/// write-ahead logs live and the writer fence those logs check.
+#[derive(Clone, Copy)]
+pub(crate) struct CheckpointHome<'a> {
+    /// The checkpoint directory.
+    pub(crate) dir: &'a Path,
+    /// This writer's fence.
+    pub(crate) fence: &'a Arc<dyn WriterFence>,
+}
+
 /// A receiver input with its record type erased, as the driver drives it.
 pub(crate) trait ReceiverInput: Send {
     /// The input's name in the graph.
@@ -68,7 +78,9 @@ pub(crate) trait ReceiverInput: Send {
     fn stream_id(&self) -> StreamId;
     /// Opens its block store and, with the WAL on, the receiver WAL (so
     /// recovered blocks can be read before the receiver starts).
-    fn open(&mut self, checkpoint_dir: Option<&Path>, clock: &Arc<dyn Clock>) -> Result<(), RuntimeError>;
+    /// `checkpoint` is the checkpoint directory and the writer fence its
+    /// WAL checks before every change.
+    fn open(&mut self, checkpoint: Option<CheckpointHome<'_>>, clock: &Arc<dyn Clock>) -> Result<(), RuntimeError>;
     /// Starts the receiver, reporting blocks to `tracker`.
     fn start(
         &mut self,
@@ -141,11 +153,11 @@ impl<T: Record + Data, R: Receiver<T>> TypedReceiverInput<T, R> {
         &self,
         blocks: &Arc<BlockManager<T>>,
         level: StorageLevel,
-        checkpoint_dir: Option<&Path>,
+        checkpoint: Option<CheckpointHome<'_>>,
         clock: &Arc<dyn Clock>,
     ) -> Result<HandlerAndLog<T>, RuntimeError> {
-        let dir = match checkpoint_dir {
-            Some(dir) if self.options.write_ahead_log => dir,
+        let (dir, fence) = match checkpoint {
+            Some(home) if self.options.write_ahead_log => (home.dir, home.fence),
             _ => {
                 if self.options.write_ahead_log {
                     warn!(input = %self.name, "receiver write-ahead log requested without a checkpoint directory: off");
@@ -155,7 +167,7 @@ impl<T: Record + Data, R: Receiver<T>> TypedReceiverInput<T, R> {
             }
         };
         let wal_dir = receiver_wal_dir(dir, self.stream_id);
-        let options = receiver_wal_options().with_clock(Arc::clone(clock));
+        let options = receiver_wal_options().with_clock(Arc::clone(clock)).with_fence(Arc::clone(fence));
         let wal: Arc<dyn WriteAheadLog> =
             Arc::new(FileWriteAheadLog::open(&wal_dir, options).map_err(|e| self.receiver_error(e))?);
         let handler = WriteAheadLogBasedBlockHandler::new(
@@ -285,7 +297,7 @@ impl<T: Record + Data, R: Receiver<T>> ReceiverInput for TypedReceiverInput<T, R
         self.stream_id
     }
 
-    fn open(&mut self, checkpoint_dir: Option<&Path>, clock: &Arc<dyn Clock>) -> Result<(), RuntimeError> {
+    fn open(&mut self, checkpoint: Option<CheckpointHome<'_>>, clock: &Arc<dyn Clock>) -> Result<(), RuntimeError> {
         let blocks = Arc::new(
             BlockManager::open(BlockManagerConfig::in_memory(self.options.memory_budget_bytes), Arc::clone(clock))
                 .map_err(|e| self.receiver_error(e))?,
@@ -294,7 +306,7 @@ impl<T: Record + Data, R: Receiver<T>> ReceiverInput for TypedReceiverInput<T, R
         // it, a restart loses unprocessed blocks whatever the level.
         let level =
             if self.options.write_ahead_log { StorageLevel::MEMORY_ONLY_SER } else { StorageLevel::MEMORY_ONLY };
-        let (handler, wal) = self.open_handler(&blocks, level, checkpoint_dir, clock)?;
+        let (handler, wal) = self.open_handler(&blocks, level, checkpoint, clock)?;
         self.stores = Some(Stores { blocks, handler, wal });
         Ok(())
     }

@@ -3,9 +3,10 @@
 //! snapshots `state/<operator>/<N>`, and purging past retention.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
-use spate_core::{BatchId, Time};
+use spate_core::{BatchId, Time, Unfenced, WriterFence};
 use spate_dstream::GraphDescriptor;
 use spate_logstore::{Checkpoint, CommitMetadata, LogStoreError, OffsetSeq, Verdict};
 use tracing::{debug, warn};
@@ -47,6 +48,17 @@ impl CheckpointStore {
 
     pub(crate) fn checkpoint(&self) -> &Checkpoint {
         &self.checkpoint
+    }
+
+    /// This writer's fence, for what is written under the checkpoint
+    /// outside the log store (the WALs, the progress files). A checkpoint
+    /// opened for writing always has one; the unfenced fallback is for a
+    /// read-only one, which writes nothing.
+    pub(crate) fn fence(&self) -> Arc<dyn WriterFence> {
+        match self.checkpoint.fence() {
+            Some(fence) => fence,
+            None => Arc::new(Unfenced),
+        }
     }
 
     /// The recovery verdict, refusing an inconsistent directory.

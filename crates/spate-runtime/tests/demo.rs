@@ -91,3 +91,34 @@ fn immediate_stop_and_restart_lose_and_repeat_nothing() {
     assert!(first < TOTAL);
     assert_eq!(total, TOTAL);
 }
+
+/// The names of the WAL segments (`log-…`) in `dir`.
+fn segments(dir: &Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|name| name.starts_with("log-"))
+        .collect()
+}
+
+#[test]
+fn both_write_ahead_logs_check_the_writer_fence_and_name_segments_with_its_epoch() {
+    let (dir, out) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let clock = ManualClock::new(Time::from_millis(1_000_000));
+    let windows = Arc::new(Mutex::new(Vec::new()));
+    let mut ctx = word_count_context(Some(dir.path()), settings(&clock), &options(out.path(), &windows)).unwrap();
+    let epoch = ctx.recovery().unwrap().writer_epoch;
+    assert_ne!(epoch, 0);
+    ctx.start().unwrap();
+    run_until(&ctx, &clock, out.path(), TOTAL / 4);
+    ctx.stop_handle().stop_gracefully();
+    ctx.await_termination().unwrap();
+    // The receiver's WAL and the tracker's event log were opened with this
+    // writer's fence: each segment it wrote carries its epoch.
+    for log in ["receivedData/0", "receivedBlockMetadata"] {
+        let names = segments(&dir.path().join(log));
+        assert!(!names.is_empty(), "{log}: no segments");
+        let suffix = format!("-e{epoch}");
+        assert!(names.iter().all(|n| n.ends_with(&suffix)), "{log}: {names:?} not all of epoch {epoch}");
+    }
+}
