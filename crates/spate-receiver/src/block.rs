@@ -94,23 +94,47 @@ fn write_varint(value: u64, out: &mut Vec<u8>) {
     }
 }
 
-/// Reads the records of a serialized block, checking its CRC and bounds.
+/// Reads the records of a serialized block: a pure function of the bytes,
+/// for every reader of blocks and for fuzzing.
+///
+/// Checks the frame (magic, checksum, flags, payload bound, no bytes after
+/// it), picks the decoder by the frame's format version (only 1 so far; a
+/// newer or unknown one is an error naming it), and bounds what decoding
+/// may allocate.
 pub fn decode_block<T: Record>(bytes: &[u8]) -> Result<Vec<T>, CoreError> {
+    let payload = open_block(bytes)?;
     // Blocks of inline words (the demo's hot path) are read by hand, without
     // serde's per-record overhead; the result is the same.
     if TypeId::of::<T>() == TypeId::of::<SmallWord>() {
-        let words: Box<dyn Any> = Box::new(decode_small_word_block(bytes)?);
+        let words: Box<dyn Any> = Box::new(decode_small_word_payload(payload)?);
         if let Ok(records) = words.downcast::<Vec<T>>() {
             return Ok(*records);
         }
     }
-    Ok(block_codec().decode::<Vec<T>>(bytes)?.value)
+    block_codec().decode_payload::<Vec<T>>(payload)
 }
 
-/// Reads a block of [`SmallWord`]s: the bincode layout of a sequence of
-/// strings (a varint count, then a varint length and the bytes of each).
-fn decode_small_word_block(bytes: &[u8]) -> Result<Vec<SmallWord>, CoreError> {
-    let payload = block_codec().open(bytes)?.payload;
+/// Checks a serialized block's frame and returns the payload of its format
+/// version, the only one so far: the bincode (standard configuration)
+/// encoding of the records as a sequence.
+fn open_block(bytes: &[u8]) -> Result<&[u8], CoreError> {
+    let raw = block_codec().open(bytes)?;
+    if raw.frame_len != bytes.len() {
+        let trailing = bytes.len() - raw.frame_len;
+        return Err(CoreError::Decode { reason: format!("{trailing} bytes after the block's frame") });
+    }
+    match raw.version {
+        1 => Ok(raw.payload),
+        found => Err(CoreError::Decode {
+            reason: format!("block format {found} is unknown (this build reads formats 1 to {BLOCK_FORMAT_VERSION})"),
+        }),
+    }
+}
+
+/// Reads the payload of a block of [`SmallWord`]s: the bincode layout of a
+/// sequence of strings (a varint count, then a varint length and the bytes
+/// of each).
+fn decode_small_word_payload(payload: &[u8]) -> Result<Vec<SmallWord>, CoreError> {
     let mut reader = VarintReader { rest: payload };
     let count = reader.varint()?;
     // Every word takes at least a byte: a larger count is damage, not a size to allocate.
@@ -173,10 +197,10 @@ impl<'a> VarintReader<'a> {
 /// The number of records in a serialized block, from its checked header
 /// and the sequence length, without decoding the records.
 pub fn count_block_records(bytes: &[u8]) -> Result<u64, CoreError> {
-    let raw = block_codec().open(bytes)?;
-    let truncated = |needed: usize| CoreError::Truncated { needed: needed as u64, available: raw.payload.len() as u64 };
+    let payload = open_block(bytes)?;
+    let truncated = |needed: usize| CoreError::Truncated { needed: needed as u64, available: payload.len() as u64 };
     // bincode's standard configuration writes the length as a varint.
-    let (&tag, rest) = raw.payload.split_first().ok_or(truncated(1))?;
+    let (&tag, rest) = payload.split_first().ok_or(truncated(1))?;
     let wide = |n: usize| rest.get(..n).ok_or(truncated(n + 1));
     match tag {
         0..=250 => Ok(u64::from(tag)),
@@ -347,5 +371,27 @@ mod tests {
         let long: Vec<String> = vec!["a".repeat(1000); 100];
         assert!(estimate_records_size(&long) > estimate_records_size(&short) + 90_000);
         assert_eq!(estimate_records_size::<String>(&[]), 0);
+    }
+
+    #[test]
+    fn a_block_of_a_format_no_spate_wrote_is_refused_naming_it() {
+        // Today's layout under version 0: the version decides, not the shape.
+        let words = vec!["a".to_string(), "b".to_string()];
+        let zero = FrameCodec::new(0).encode(&words).unwrap();
+        let err = decode_block::<String>(&zero).unwrap_err();
+        assert!(err.to_string().contains("block format 0 is unknown"), "{err}");
+        assert!(decode_block::<SmallWord>(&zero).is_err());
+        assert!(count_block_records(&zero).is_err());
+        let newer = FrameCodec::new(BLOCK_FORMAT_VERSION + 1).encode(&words).unwrap();
+        assert!(matches!(decode_block::<String>(&newer), Err(CoreError::NewerVersion { found: 2, .. })));
+    }
+
+    #[test]
+    fn bytes_after_a_blocks_frame_are_refused() {
+        let mut bytes = encode_block(&["a".to_string()]).unwrap();
+        bytes.push(0);
+        assert!(decode_block::<String>(&bytes).is_err());
+        assert!(decode_block::<SmallWord>(&bytes).is_err());
+        assert!(count_block_records(&bytes).is_err());
     }
 }
