@@ -21,6 +21,8 @@ struct Inner {
     closed: bool,
     /// The next write says it started, waits for a release, then panics.
     panicking_write: Option<(Sender<()>, Receiver<()>)>,
+    /// The next write says it started and waits for a release, then writes.
+    held_write: Option<(Sender<()>, Receiver<()>)>,
 }
 
 impl MemoryWal {
@@ -40,6 +42,12 @@ impl MemoryWal {
         self.inner.lock().unwrap().panicking_write = Some((entered, release));
     }
 
+    /// Makes the next write send on `entered` and wait for `release` (or
+    /// its sender's drop) before it writes.
+    pub(crate) fn hold_next_write(&self, entered: Sender<()>, release: Receiver<()>) {
+        self.inner.lock().unwrap().held_write = Some((entered, release));
+    }
+
     /// The live records with their write times.
     pub(crate) fn records(&self) -> Vec<(Time, Vec<u8>)> {
         self.inner.lock().unwrap().records.clone()
@@ -52,7 +60,14 @@ impl MemoryWal {
 
 impl WriteAheadLog for MemoryWal {
     fn write(&self, record: &[u8], time: Time) -> Result<WalRecordHandle, WalError> {
-        let panicking = self.inner.lock().unwrap().panicking_write.take();
+        let (held, panicking) = {
+            let mut inner = self.inner.lock().unwrap();
+            (inner.held_write.take(), inner.panicking_write.take())
+        };
+        if let Some((entered, release)) = held {
+            let _ = entered.send(());
+            let _ = release.recv();
+        }
         if let Some((entered, release)) = panicking {
             let _ = entered.send(());
             let _ = release.recv();

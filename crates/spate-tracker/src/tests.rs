@@ -395,3 +395,62 @@ fn a_panic_while_logging_an_allocation_makes_the_tracker_refuse_changes() {
     let (restarted, _) = restart(wal.records(), &clock);
     assert!(restarted.add_block(block(0, 2, Some(1), true)));
 }
+
+#[test]
+fn a_panic_in_the_group_commit_leader_fails_the_callers_of_its_group() {
+    let clock = ManualClock::new(t(1000));
+    let (wal, tracker) = logged_tracker(&clock);
+    let tracker = Arc::new(tracker);
+    assert!(tracker.add_block(block(0, 1, Some(1), true)));
+    // An allocation holds the log while two additions queue behind it: the
+    // first to come leads their group, the other waits for it.
+    let (entered_tx, entered) = std::sync::mpsc::channel();
+    let (release, release_rx) = std::sync::mpsc::channel();
+    wal.hold_next_write(entered_tx, release_rx);
+    let allocation = {
+        let tracker = tracker.clone();
+        std::thread::spawn(move || tracker.allocate_blocks_to_batch(t(1000)))
+    };
+    entered.recv().unwrap();
+    let (results_tx, results) = std::sync::mpsc::channel();
+    let adders: Vec<_> = [2u64, 3]
+        .into_iter()
+        .map(|id| {
+            let (tracker, results_tx) = (tracker.clone(), results_tx.clone());
+            std::thread::spawn(move || {
+                let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    tracker.try_add_block(block(0, id, Some(1), true))
+                }));
+                let _ = results_tx.send(outcome.map_err(|_| "panicked"));
+            })
+        })
+        .collect();
+    while tracker.queued_additions() < 2 {
+        std::thread::yield_now();
+    }
+    // The group's write panics at once.
+    let (panic_entered, _panic_entered) = std::sync::mpsc::channel();
+    let (panic_release, panic_release_rx) = std::sync::mpsc::channel();
+    drop(panic_release);
+    wal.panic_in_next_write(panic_entered, panic_release_rx);
+    release.send(()).unwrap();
+    allocation.join().unwrap().unwrap();
+    let mut outcomes: Vec<String> = (0..2)
+        .map(|_| {
+            let outcome = results.recv_timeout(std::time::Duration::from_secs(60)).expect("a caller never returned");
+            match outcome {
+                Ok(Ok(())) => "queued".to_string(),
+                Ok(Err(e)) => e.to_string(),
+                Err(panicked) => panicked.to_string(),
+            }
+        })
+        .collect();
+    outcomes.sort();
+    assert_eq!(outcomes.len(), 2);
+    assert!(outcomes[0].contains("not queued: the tracker takes no more changes"), "{outcomes:?}");
+    assert_eq!(outcomes[1], "panicked", "the leader's own panic reaches it");
+    for adder in adders {
+        adder.join().unwrap();
+    }
+    assert!(!tracker.has_unallocated_blocks());
+}
