@@ -21,7 +21,7 @@ use spate_logstore::{OffsetSeq, SourceOffset};
 use spate_tracker::ReceivedBlockTracker;
 use tracing::{info, warn};
 
-use crate::error::RuntimeError;
+use crate::error::{RuntimeError, taken_over};
 use crate::failpoints::{Failpoints, Point};
 use crate::inputs::ReceiverInput;
 use crate::progress::{BatchProgress, PhaseTimes, ProgressFiles, ProgressListener};
@@ -379,7 +379,11 @@ impl Engine {
     fn plan(&mut self, batch: BatchId, time: Time) -> Result<OffsetSeq, RuntimeError> {
         let planning = |reason: String| RuntimeError::Planning { batch, reason };
         if let Some(tracker) = &self.tracker {
-            tracker.allocate_blocks_to_batch(time).map_err(|e| planning(e.to_string()))?;
+            tracker.allocate_blocks_to_batch(time).map_err(|e| match self.store.as_ref() {
+                // A fenced event log means another writer took the checkpoint over.
+                Some(store) => taken_over(store.dir(), &e).unwrap_or_else(|| planning(e.to_string())),
+                None => planning(e.to_string()),
+            })?;
         }
         let replayable: Vec<String> =
             self.graph.inputs().into_iter().filter(|i| i.replayable).map(|i| i.name).collect();

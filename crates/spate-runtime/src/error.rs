@@ -1,7 +1,7 @@
 //! The error type of spate-runtime; every variant names what it was working
 //! on (the file, the batch, the output).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use spate_core::BatchId;
 use spate_logstore::{Inconsistency, LockHolder};
@@ -138,4 +138,22 @@ impl RuntimeError {
     pub(crate) fn io(op: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         RuntimeError::Io { op, path: path.into(), source }
     }
+}
+
+/// [`RuntimeError::TakenOver`] when `error` or one of its causes is a
+/// write-ahead log refusing a change because another writer holds the
+/// checkpoint `dir` now; `None` for any other failure.
+pub(crate) fn taken_over(dir: &Path, error: &(dyn std::error::Error + 'static)) -> Option<RuntimeError> {
+    let mut cause = Some(error);
+    while let Some(e) = cause {
+        // Errors keep a WAL error as such or boxed.
+        let wal = e
+            .downcast_ref::<spate_wal::WalError>()
+            .or_else(|| e.downcast_ref::<Box<spate_wal::WalError>>().map(|boxed| &**boxed));
+        if let Some(fenced @ spate_wal::WalError::Fenced { .. }) = wal {
+            return Some(RuntimeError::TakenOver { dir: dir.to_path_buf(), message: fenced.to_string() });
+        }
+        cause = e.source();
+    }
+    None
 }

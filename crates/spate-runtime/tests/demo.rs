@@ -10,7 +10,7 @@ use std::time::Duration as StdDuration;
 
 use spate_core::{BatchId, Duration, ManualClock, Time};
 use spate_runtime::demo::{DemoOptions, TopWords, demo_settings, verify_output, word_count_context};
-use spate_runtime::{BackpressureSettings, StreamingContext, StreamingSettings};
+use spate_runtime::{BackpressureSettings, RuntimeError, StreamingContext, StreamingSettings};
 
 const TOTAL: u64 = 20_000;
 const SEED: u64 = 42;
@@ -121,4 +121,35 @@ fn both_write_ahead_logs_check_the_writer_fence_and_name_segments_with_its_epoch
         let suffix = format!("-e{epoch}");
         assert!(names.iter().all(|n| n.ends_with(&suffix)), "{log}: {names:?} not all of epoch {epoch}");
     }
+}
+
+/// Sends the id of each batch once its progress was reported (files written).
+struct Reported(crossbeam::channel::Sender<BatchId>);
+
+impl spate_runtime::ProgressListener for Reported {
+    fn on_batch_completed(&self, progress: &spate_runtime::BatchProgress) {
+        let _ = self.0.send(progress.batch_id);
+    }
+}
+
+#[test]
+fn a_receiver_job_whose_checkpoint_is_taken_over_stops_with_its_own_error() {
+    let (dir, out) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let clock = ManualClock::new(Time::from_millis(1_000_000));
+    let windows = Arc::new(Mutex::new(Vec::new()));
+    let mut ctx = word_count_context(Some(dir.path()), settings(&clock), &options(out.path(), &windows)).unwrap();
+    let (tx, reported) = crossbeam::channel::unbounded();
+    ctx.add_progress_listener(Arc::new(Reported(tx)));
+    ctx.start().unwrap();
+    clock.advance(Duration::from_secs(1));
+    assert_eq!(reported.recv_timeout(StdDuration::from_secs(30)).unwrap(), BatchId(0));
+    // Another writer takes the checkpoint over; the next batch's first
+    // write is the tracker's allocation, through its fenced event log.
+    std::fs::remove_file(dir.path().join("LOCK")).unwrap();
+    let _other =
+        spate_logstore::Checkpoint::open_for_write(dir.path(), spate_logstore::CheckpointOptions::new()).unwrap();
+    clock.advance(Duration::from_secs(1));
+    let err = ctx.await_termination().unwrap_err();
+    assert!(matches!(&err, RuntimeError::TakenOver { dir: d, .. } if d == dir.path()), "{err:?}");
+    assert!(!dir.path().join("offsets/1").exists(), "the stale writer logged no batch");
 }
