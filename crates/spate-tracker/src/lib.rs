@@ -13,6 +13,12 @@
 //!   replays the log when it starts;
 //! - idempotent allocation: a batch re-run after recovery gets the blocks it
 //!   had, never new ones;
+//! - no waiting forever: a panic while a change is logged fails every caller
+//!   waiting for that commit and poisons the tracker, which then refuses
+//!   every change ([`TrackerError::Poisoned`]) until a restart replays its log;
+//! - versioned records: each is read by the format version in its frame
+//!   ([`decode_event_record`], a pure function also used for fuzzing), and a
+//!   newer or unknown version is refused by name;
 //! - a [`RecoveryReport`] that names, by stream and record count, recovered
 //!   blocks whose data is gone (they were never in the receiver WAL), rather
 //!   than reading them as empty.
