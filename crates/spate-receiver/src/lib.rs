@@ -7,11 +7,13 @@
 //! - [`ReceiverSupervisor`] runs a receiver on its own thread, restarts it
 //!   with a backoff after an error and stops it cleanly, joining every task;
 //! - [`BlockGenerator`] buffers records, cuts a block every block interval
-//!   (on the [`spate_core::Clock`]), queues blocks in a bounded queue (a slow
-//!   store holds the receiver back) and applies a [`RateLimiter`] that
-//!   backpressure can change while running;
+//!   (on the [`spate_core::Clock`]) or earlier at a cap of records or bytes
+//!   (by default well under the receiver WAL's largest record), queues
+//!   blocks in a bounded queue (a slow store holds the receiver back) and
+//!   applies a [`RateLimiter`] that backpressure can change while running;
 //! - [`BlockManager`] keeps blocks by id in memory within a budget and spills
-//!   memory-and-disk blocks to RocksDB, least recently used first;
+//!   memory-and-disk blocks to RocksDB, least recently used first, in an
+//!   owner-only directory it made itself (it never wipes one it did not make);
 //! - a [`ReceivedBlockHandler`] stores each block: in the block manager
 //!   ([`BlockManagerBasedBlockHandler`]) or, with the write-ahead log on, in
 //!   the block manager and the receiver WAL at once
