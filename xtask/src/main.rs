@@ -7,6 +7,8 @@
 //! - `setup`: installs every system package the build and tests need (idempotent).
 //! - `test`: setup, format check, clippy, then every test of the workspace.
 //! - `bench`: the headline benchmarks, ending with one `BENCH` line a figure.
+//! - `fuzz`: every decoder under libFuzzer for a fixed time; failures are
+//!   kept as regression inputs that `test` replays.
 //! - `demo`: builds and runs `spate demo` with the given arguments. It builds
 //!   the command without its Kafka support and RocksDB spill store (cargo
 //!   features), so it needs no system package and no native code: on a
@@ -19,6 +21,7 @@
 
 mod bench;
 mod env;
+mod fuzz;
 mod kafka;
 mod setup;
 
@@ -36,10 +39,19 @@ struct Command {
 }
 
 const COMMANDS: &[Command] = &[
-    Command { name: "setup", help: "install the system packages the build and tests need", run: |_| setup::ensure(setup::ALL) },
+    Command {
+        name: "setup",
+        help: "install the system packages the build and tests need",
+        run: |_| setup::ensure(setup::ALL),
+    },
     Command { name: "test", help: "setup, fmt --check, clippy -D warnings, every test (starts Kafka)", run: test },
     Command { name: "ci", help: "what .ci/run runs: the same as test", run: test },
     Command { name: "bench", help: "run the headline benchmarks and print one BENCH line a figure", run: bench::run },
+    Command {
+        name: "fuzz",
+        help: "[--seconds S] [TARGET..]: every decoder under libFuzzer (60 s a target)",
+        run: fuzz::run,
+    },
     Command { name: "kafka", help: "start|stop|status the local Apache Kafka broker for tests", run: kafka::run },
     Command { name: "demo", help: "run `spate demo` (release build); arguments are passed on", run: demo },
 ];

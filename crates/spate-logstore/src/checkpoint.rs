@@ -58,14 +58,20 @@ pub fn read_metadata_file(dir: &Path) -> Result<Option<Vec<u8>>> {
 pub(crate) fn read_metadata(files: &dyn CheckpointFileManager, dir: &Path) -> Result<Option<CheckpointMetadata>> {
     let path = dir.join(METADATA_FILE);
     let Some(bytes) = files.read(&path, MAX_METADATA_BYTES)? else { return Ok(None) };
+    decode_metadata(&path, &bytes).map(Some)
+}
+
+/// Decodes the content of a checkpoint's `metadata` file at `path`:
+/// spate's `v1` + JSON (checksum checked), or Spark's bare JSON (`{"id":"…"}`).
+pub fn decode_metadata(path: &Path, bytes: &[u8]) -> Result<CheckpointMetadata> {
     if bytes.first() == Some(&b'{') {
-        return serde_json::from_slice(&bytes).map(Some).map_err(|e| LogStoreError::Malformed {
-            path,
+        return serde_json::from_slice(bytes).map_err(|e| LogStoreError::Malformed {
+            path: path.to_path_buf(),
             line: e.line(),
             reason: e.to_string(),
         });
     }
-    decode_entry::<Json<CheckpointMetadata>>(&path, &bytes).map(|m| Some(m.0))
+    decode_entry::<Json<CheckpointMetadata>>(path, bytes).map(|m| m.0)
 }
 
 /// A random id in the shape of a UUID (v4), from the standard library's

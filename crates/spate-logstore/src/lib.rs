@@ -69,7 +69,7 @@ mod verdict;
 
 pub use checkpoint::{
     COMMITS_DIR, Checkpoint, CheckpointMetadata, CheckpointOptions, DEFAULT_RETAIN_BATCHES, MAX_CHECKPOINT_FILE_BYTES,
-    MAX_METADATA_BYTES, METADATA_FILE, OFFSETS_DIR, read_metadata_file,
+    MAX_METADATA_BYTES, METADATA_FILE, OFFSETS_DIR, decode_metadata, read_metadata_file,
 };
 pub use entries::{CommitLog, CommitMetadata, NO_OFFSET, OffsetLog, OffsetSeq, SourceOffset};
 pub use error::{LogStoreError, Result};
