@@ -437,7 +437,7 @@ impl Engine {
                 records += receiver.feed(time, &blocks)?;
             }
         }
-        records += replayable_records(offsets, &self.graph);
+        records = records.saturating_add(replayable_records(offsets, &self.graph));
         let planned = planned_offsets(offsets, &self.graph);
         let jobs = self
             .graph
@@ -644,17 +644,20 @@ fn replayable_records(offsets: &OffsetSeq, graph: &Graph) -> u64 {
         .into_iter()
         .filter(|input| input.replayable)
         .filter_map(|input| offsets.offset_of(&input.name).flatten().map(range_records))
-        .sum()
+        .fold(0, u64::saturating_add)
 }
 
+/// Records in the offset ranges of one source's `offsets/N` entry, for the
+/// progress report. The numbers come from a file, so the count saturates
+/// instead of overflowing (a damaged range is the source's to refuse).
 fn range_records(value: &Value) -> u64 {
     match value {
         Value::Object(map) => match (map.get("from").and_then(Value::as_u64), map.get("until").and_then(Value::as_u64))
         {
             (Some(from), Some(until)) => until.saturating_sub(from),
-            _ => map.values().map(range_records).sum(),
+            _ => map.values().map(range_records).fold(0, u64::saturating_add),
         },
-        Value::Array(items) => items.iter().map(range_records).sum(),
+        Value::Array(items) => items.iter().map(range_records).fold(0, u64::saturating_add),
         _ => 0,
     }
 }
@@ -698,5 +701,9 @@ mod tests {
         assert_eq!(range_records(&kafka), 11);
         assert_eq!(range_records(&json!([{"from": 1, "until": 4}, {"from": 9, "until": 2}])), 3);
         assert_eq!(range_records(&json!({"position": 42})), 0);
+        // Ranges from a damaged or crafted file: the count saturates, never overflows.
+        let huge = json!({"a": {"0": {"from": 0, "until": u64::MAX}, "1": {"from": 0, "until": u64::MAX}}});
+        assert_eq!(range_records(&huge), u64::MAX);
+        assert_eq!(range_records(&json!([{"from": 0, "until": u64::MAX}, {"from": 0, "until": 1}])), u64::MAX);
     }
 }

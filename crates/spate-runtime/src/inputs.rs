@@ -326,7 +326,8 @@ impl<T: Record + Data, R: Receiver<T>> ReceiverInput for TypedReceiverInput<T, R
         let receiver = factory(resume);
         self.receiver_name = receiver.name();
         let sink: Arc<dyn BlockInfoSink> = Arc::new(FnSink(move |info| {
-            if tracker.add_block(info) { Ok(()) } else { Err("the block tracker could not log the block".into()) }
+            // The tracker's own error says why (a fenced or poisoned event log), so pass it on.
+            tracker.try_add_block(info).map_err(|e| e.into())
         }));
         let mut config = SupervisorConfig::new(self.stream_id);
         config.block_generator = BlockGeneratorConfig {
