@@ -175,3 +175,78 @@ fn a_failed_fdatasync_queues_nothing_and_a_retry_after_restart_is_not_a_duplicat
     assert!(restarted.add_block(block(0, 3)));
     assert_eq!(unallocated_ids(&restarted, 0), vec![1, 2, 3]);
 }
+
+/// What one run of the crash workload had acknowledged when it stopped.
+#[derive(Default)]
+struct Acknowledged {
+    blocks: Vec<u64>,
+    /// Each acknowledged allocation: its time and the blocks it took.
+    batches: Vec<(Time, Vec<u64>)>,
+    finished: bool,
+}
+
+/// Adds 12 blocks and allocates a batch after every 4, stopping at the
+/// first refusal (the simulated crash).
+fn crash_workload(tracker: &ReceivedBlockTracker) -> Acknowledged {
+    let mut acked = Acknowledged::default();
+    for id in 0..12u64 {
+        if !tracker.add_block(block(0, id)) {
+            return acked;
+        }
+        acked.blocks.push(id);
+        if id % 4 == 3 {
+            let time = t(1000 * (1 + i64::try_from(id / 4).unwrap()));
+            if tracker.allocate_blocks_to_batch(time).is_err() {
+                return acked;
+            }
+            acked.batches.push((time, batch_ids(tracker, time, 0)));
+        }
+    }
+    acked.finished = true;
+    acked
+}
+
+#[test]
+fn a_crash_at_any_step_losing_unsynced_data_keeps_every_acknowledged_event() {
+    let clock = ManualClock::new(t(1000));
+    let mut crash_points = 0;
+    for n in 0.. {
+        let dir = tempfile::tempdir().unwrap();
+        let hook = FaultInjection::new();
+        hook.lose_unsynced_data();
+        hook.crash_after_operations(n);
+        let options = WalOptions::default().with_fault_injection(hook.clone());
+        let acked = match ReceivedBlockTracker::open_with(Some(dir.path()), options, Arc::new(clock.clone())) {
+            Ok((tracker, _)) => {
+                let acked = crash_workload(&tracker);
+                // A dead process closes nothing.
+                std::mem::forget(tracker);
+                acked
+            }
+            Err(_) => Acknowledged::default(),
+        };
+        if acked.finished && !hook.crashed() {
+            break;
+        }
+        crash_points += 1;
+        hook.simulate_crash().unwrap();
+
+        let (restarted, _) = open(dir.path(), &clock);
+        let mut seen: Vec<u64> = unallocated_ids(&restarted, 0);
+        for (time, blocks) in &acked.batches {
+            assert_eq!(&batch_ids(&restarted, *time, 0), blocks, "crash after {n} operations: batch at {time}");
+        }
+        for k in 1..=3 {
+            seen.extend(batch_ids(&restarted, t(1000 * k), 0));
+        }
+        let mut unique = seen.clone();
+        unique.sort_unstable();
+        unique.dedup();
+        assert_eq!(unique.len(), seen.len(), "crash after {n} operations: a block is queued twice: {seen:?}");
+        for id in &acked.blocks {
+            assert!(seen.contains(id), "crash after {n} operations: acknowledged block {id} is lost ({seen:?})");
+        }
+        assert!(seen.iter().all(|id| *id < 12), "crash after {n} operations: a block nobody added: {seen:?}");
+    }
+    assert!(crash_points > 10, "the workload crashed at only {crash_points} points");
+}
