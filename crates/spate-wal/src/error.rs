@@ -88,6 +88,25 @@ pub enum WalError {
         /// This writer's epoch.
         ours: u64,
     },
+    /// A segment's header (its first page) is damaged or does not match
+    /// its file name.
+    #[error("bad header in segment {segment}: {reason}")]
+    BadSegmentHeader {
+        /// The segment file.
+        segment: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A segment was written in a newer format than this build reads.
+    #[error("segment {segment} has format version {found}, newer than version {supported} that this build reads")]
+    NewerSegmentVersion {
+        /// The segment file.
+        segment: PathBuf,
+        /// The version its header gives.
+        found: u32,
+        /// The newest version this build reads.
+        supported: u32,
+    },
     /// A seal file (the list of an earlier epoch's segments and their
     /// lengths) is damaged or of an unknown version.
     #[error("bad seal file {path}: {reason}")]
@@ -121,6 +140,12 @@ impl WalError {
             }
             WalError::NewerEpoch { dir, file, found, ours } => {
                 WalError::NewerEpoch { dir: dir.clone(), file: file.clone(), found: *found, ours: *ours }
+            }
+            WalError::BadSegmentHeader { segment, reason } => {
+                WalError::BadSegmentHeader { segment: segment.clone(), reason: reason.clone() }
+            }
+            WalError::NewerSegmentVersion { segment, found, supported } => {
+                WalError::NewerSegmentVersion { segment: segment.clone(), found: *found, supported: *supported }
             }
             WalError::BadSeal { path, reason } => WalError::BadSeal { path: path.clone(), reason: reason.clone() },
         }

@@ -35,6 +35,20 @@
 //! - owner-only files: the directory (and any parent it creates) is 0700,
 //!   every segment, spare and seal 0600; an existing directory or log file
 //!   with wider modes is tightened on open, with a log line saying so;
+//! - a versioned header at the start of every segment: one 4096-byte page
+//!   holding the magic `SPATEWAL`, the format version (1), the writer's
+//!   epoch (the `-e<epoch>` of the name) and a CRC32C of those fields, the
+//!   rest zero; records follow it, page-aligned as direct I/O expects, and
+//!   a record's handle gives its absolute byte offset in the file (so the
+//!   first record of a segment is at 4096). Every reader (by handle, in
+//!   order, recovery and sealing) checks the header: a damaged one, or one
+//!   whose epoch is not the name's, is [`WalError::BadSegmentHeader`]; a
+//!   newer format is [`WalError::NewerSegmentVersion`], naming the file and
+//!   both versions. A segment that does not start with the magic was
+//!   written before segments had a header: its records start at offset 0
+//!   and it is read, and appended to, as before. A last segment that ends
+//!   inside its header (its creation was cut short) is a torn tail;
+//!   anywhere else that is damage;
 //! - a length and two CRC32Cs on every record; reading by handle or in
 //!   order checks them and names the segment and byte offset of any damage;
 //! - group commit: concurrent writers share one append and one `fdatasync`,
@@ -106,6 +120,7 @@ mod error;
 mod faults;
 mod file_log;
 mod files;
+mod header;
 mod log;
 mod options;
 mod reader;

@@ -12,6 +12,7 @@ use spate_core::WalRecordHandle;
 use crate::error::WalError;
 use crate::file_log::Shared;
 use crate::files::FileLayer;
+use crate::header::{RecordsStart, SEGMENT_HEADER_LEN, read_segment_header};
 use crate::options::WalOptions;
 use crate::record::{BadRecord, HEADER_LEN, RecordScanner, Step, decode_header, read_payload};
 use crate::segment::{Segment, parse_segment_name};
@@ -24,9 +25,9 @@ const SCAN_BUFFER: usize = 256 * 1024;
 pub(crate) fn read_record(shared: &Shared, handle: &WalRecordHandle) -> Result<Vec<u8>, WalError> {
     let bad_handle =
         |reason: String| WalError::BadHandle { handle: handle.to_string(), dir: shared.dir.clone(), reason };
-    if parse_segment_name(&handle.segment).is_none() {
+    let Some(id) = parse_segment_name(&handle.segment) else {
         return Err(bad_handle(String::from("not a segment file name of this log")));
-    }
+    };
     let max = u64::from(shared.options.max_record_size);
     let payload_len = match u64::from(handle.length).checked_sub(HEADER_LEN as u64) {
         Some(len) if len <= max => len,
@@ -40,6 +41,14 @@ pub(crate) fn read_record(shared: &Shared, handle: &WalRecordHandle) -> Result<V
         }
         Err(e) => return Err(WalError::Io { op: "open", path, source: e }),
     };
+    let file_len = file.metadata().map_err(WalError::io("stat", &path))?.len();
+    match read_segment_header(&mut file, &path, id.epoch, file_len, shared.options.salvage)? {
+        RecordsStart::At(start) if handle.offset >= start => {}
+        RecordsStart::At(_) => return Err(bad_handle(String::from("inside the segment header"))),
+        RecordsStart::TornHeader => {
+            return Err(bad_handle(String::from("the segment ends inside its header: it holds no records")));
+        }
+    }
     let corrupt =
         |path: &PathBuf, reason: String| WalError::Corrupt { segment: path.clone(), offset: handle.offset, reason };
     let mut header_bytes = [0u8; HEADER_LEN];
@@ -115,9 +124,25 @@ impl AllRecords {
                 continue;
             }
             match self.files.open_read(&segment.path) {
-                Ok(file) => {
+                Ok(mut file) => {
+                    let start = match read_segment_header(&mut file, &segment.path, segment.epoch, len, self.salvage)? {
+                        RecordsStart::At(start) => start,
+                        RecordsStart::TornHeader if self.salvage => {
+                            tracing::warn!(segment = %segment.path.display(), len,
+                                "salvage: skipping a segment that ends inside its header");
+                            continue;
+                        }
+                        RecordsStart::TornHeader => {
+                            let reason = format!(
+                                "the segment ends inside its {SEGMENT_HEADER_LEN}-byte header, and it is not a torn tail"
+                            );
+                            return Err(WalError::Corrupt { segment: segment.path.clone(), offset: 0, reason });
+                        }
+                    };
                     let reader = BufReader::with_capacity(SCAN_BUFFER, file);
-                    self.current = Some((segment, RecordScanner::new(reader, len, self.max_record_size)));
+                    let mut scanner = RecordScanner::new(reader, len, self.max_record_size);
+                    scanner.seek(start);
+                    self.current = Some((segment, scanner));
                     return Ok(true);
                 }
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {
@@ -211,9 +236,18 @@ pub(crate) fn valid_len(
     options: &WalOptions,
 ) -> Result<u64, WalError> {
     let path = &segment.path;
-    let file = files.open_read(path).map_err(WalError::io("open", path))?;
+    let mut file = files.open_read(path).map_err(WalError::io("open", path))?;
+    let start = match read_segment_header(&mut file, path, segment.epoch, len, options.salvage)? {
+        RecordsStart::At(start) => start,
+        RecordsStart::TornHeader => {
+            tracing::warn!(segment = %path.display(), dropped_bytes = len,
+                "the segment ends inside its header: its creation was cut short (no record was acknowledged)");
+            return Ok(0);
+        }
+    };
     let reader = BufReader::with_capacity(SCAN_BUFFER, file);
     let mut scanner = RecordScanner::new(reader, len, options.max_record_size);
+    scanner.seek(start);
     let mut records = 0u64;
     loop {
         let step = scanner.next_step().map_err(WalError::io("read", path))?;

@@ -32,6 +32,7 @@ use spate_core::{Time, WalRecordHandle};
 use crate::error::WalError;
 use crate::file_log::{Shared, lock, write_lock};
 use crate::files::SegmentWriter;
+use crate::header::{SEGMENT_HEADER_LEN, SegmentHeader, encode_segment_header};
 use crate::options::SyncPolicy;
 use crate::record::{HEADER_LEN, MIN_DIRECT, PAGE, ZEROS, encode_frame, header_with_crc, padding_header};
 use crate::segment::{Segment, SegmentId, segment_name};
@@ -132,6 +133,8 @@ enum Piece<'a> {
     Bytes(&'a [u8]),
     /// A padding header and the number of zero bytes after it.
     Padding([u8; HEADER_LEN], usize),
+    /// The fields of a segment header; zeros fill the rest of its page.
+    Header(SegmentHeader),
 }
 
 impl Piece<'_> {
@@ -139,6 +142,7 @@ impl Piece<'_> {
         match self {
             Piece::Bytes(bytes) => bytes.len() as u64,
             Piece::Padding(_, zeros) => (HEADER_LEN + zeros) as u64,
+            Piece::Header(_) => SEGMENT_HEADER_LEN,
         }
     }
 
@@ -146,6 +150,9 @@ impl Piece<'_> {
         match self {
             Piece::Bytes(bytes) => [bytes, &[]],
             Piece::Padding(header, zeros) => [header, ZEROS.get(..*zeros).unwrap_or_default()],
+            Piece::Header(fields) => {
+                [fields, ZEROS.get(..SEGMENT_HEADER_LEN as usize - fields.len()).unwrap_or_default()]
+            }
         }
     }
 }
@@ -579,6 +586,13 @@ impl Shared {
                     self.flush(writer, &mut pending)?;
                     self.seal_active(writer)?;
                     self.start_segment(writer, time)?;
+                    // An empty file (new, recycled, or cut to nothing by
+                    // recovery) starts with the header, in the same append
+                    // as its first records; one with records keeps its
+                    // layout (a segment from before headers stays without).
+                    if writer.active.as_ref().is_some_and(|a| a.len == 0) {
+                        pending.push(Piece::Header(encode_segment_header(self.epoch)));
+                    }
                 }
                 let active = self.ensure_open(writer)?;
                 if self.options.direct_io

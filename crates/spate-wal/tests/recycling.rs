@@ -72,6 +72,9 @@ fn a_cleaned_segment_is_kept_zeroed_and_the_next_segment_starts_in_it() {
     assert_eq!(files_in(dir.path()), vec!["log-1000-2000", "log-2000-3000"], "the spare became the new segment");
     let active = dir.path().join("log-2000-3000");
     assert_eq!(len_of(&active), spare_len, "written over, not extended");
+    let start = std::fs::read(&active).unwrap();
+    assert!(start.starts_with(b"SPATEWAL\x01\0\0\0"), "a recycled segment starts with the segment header");
+    assert_eq!(written[0].1.offset, 4096, "records start after the header page");
     for (record, handle) in &written {
         assert_eq!(&log.read(handle).unwrap(), record);
     }

@@ -22,6 +22,9 @@ fn record(i: usize) -> Vec<u8> {
     bytes
 }
 
+/// Bytes of the header page at the start of every new segment.
+const HEADER_PAGE: u64 = 4096;
+
 fn options() -> WalOptions {
     WalOptions::default().with_rolling_interval(Duration::from_secs(1))
 }
@@ -236,13 +239,19 @@ fn truncation_at_every_offset_of_the_last_segment_keeps_exactly_the_whole_record
         // No fdatasync needed for what this checks; it keeps 300 opens fast.
         let log = FileWriteAheadLog::open(dir.path(), options().with_sync_policy(SyncPolicy::Never)).unwrap();
         let whole = ends.iter().filter(|&&end| end <= cut as u64).count();
-        let kept_len = if whole == 0 { 0 } else { ends[whole - 1] };
+        // A segment cut inside its header page holds nothing; one cut
+        // before its first whole record keeps just the header.
+        let kept_len = match whole {
+            0 if (cut as u64) < HEADER_PAGE => 0,
+            0 => HEADER_PAGE,
+            _ => ends[whole - 1],
+        };
         let expected: Vec<Vec<u8>> = first.iter().chain(&last[..whole]).cloned().collect();
         assert_eq!(read_all(&log), expected, "cut at {cut}");
         assert_eq!(std::fs::metadata(dir.path().join("log-1000-2000")).unwrap().len(), kept_len, "cut at {cut}");
         // New records go after the kept ones and read back.
         let handle = log.write(b"after recovery", Time::from_millis(1_000)).unwrap();
-        assert_eq!(handle.offset, kept_len);
+        assert_eq!(handle.offset, kept_len.max(HEADER_PAGE), "cut at {cut}");
         assert_eq!(log.read(&handle).unwrap(), b"after recovery");
     }
 }
@@ -648,12 +657,13 @@ fn handles_that_point_nowhere_are_refused() {
         bad("log-5-6", 0, 18),
         bad(&handle.segment, 1_000, handle.length),
         bad(&handle.segment, 0, 3),
+        bad(&handle.segment, 0, handle.length), // inside the segment header
     ] {
         assert!(matches!(log.read(&h), Err(WalError::BadHandle { .. })), "{h}");
     }
     // A handle whose length disagrees with the record is damage at that offset.
-    let err = log.read(&bad(&handle.segment, 0, handle.length + 1)).unwrap_err();
-    assert!(matches!(err, WalError::Corrupt { offset: 0, .. }), "{err}");
+    let err = log.read(&bad(&handle.segment, handle.offset, handle.length + 1)).unwrap_err();
+    assert!(matches!(err, WalError::Corrupt { offset, .. } if offset == handle.offset), "{err}");
 }
 
 proptest! {
