@@ -276,7 +276,13 @@ fn wal_record(input: &[u8]) {
 }
 
 fn wal_record_seeds() -> Vec<Vec<u8>> {
-    vec![raw([0u8, 20, 0x40].iter().copied().chain(*b"first\xffsecond record\xff\x00\x01").collect::<Vec<u8>>())]
+    // The offset is past the segment's 4 KiB header page, inside the first record.
+    let offset = (4096u16 + 20).to_be_bytes();
+    vec![raw([offset[0], offset[1], 0x40]
+        .iter()
+        .copied()
+        .chain(*b"first\xffsecond record\xff\x00\x01")
+        .collect::<Vec<u8>>())]
 }
 
 /// Opens the log at `dir` and reads every record; `None` when it does not open.
