@@ -4,24 +4,14 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::path::Path;
 use std::sync::Arc;
 
-use spate_core::{Duration, Time, WriterFence};
+use common::Epoch;
+use spate_core::{Duration, Time};
 use spate_wal::{AppendFault, FaultInjection, FileWriteAheadLog, SyncPolicy, WalError, WalOptions, WriteAheadLog};
-
-#[derive(Debug)]
-struct Epoch(u64);
-
-impl WriterFence for Epoch {
-    fn epoch(&self) -> u64 {
-        self.0
-    }
-
-    fn check(&self) -> Result<(), String> {
-        Ok(())
-    }
-}
 
 fn options(hook: &FaultInjection) -> WalOptions {
     WalOptions::default().with_rolling_interval(Duration::from_secs(1)).with_fault_injection(hook.clone())

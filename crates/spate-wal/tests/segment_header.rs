@@ -5,10 +5,13 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::path::Path;
 use std::sync::Arc;
 
-use spate_core::{Duration, Time, WriterFence};
+use common::Epoch;
+use spate_core::{Duration, Time};
 use spate_wal::{FileWriteAheadLog, WalError, WalOptions, WriteAheadLog};
 
 const HEADER_PAGE: usize = 4096;
@@ -19,18 +22,6 @@ fn options() -> WalOptions {
 
 fn read_all(log: &FileWriteAheadLog) -> Result<Vec<Vec<u8>>, WalError> {
     log.read_all()?.collect()
-}
-
-#[derive(Debug)]
-struct Epoch(u64);
-
-impl WriterFence for Epoch {
-    fn epoch(&self) -> u64 {
-        self.0
-    }
-    fn check(&self) -> Result<(), String> {
-        Ok(())
-    }
 }
 
 /// The header fields a segment of `version` written at `epoch` starts with.
