@@ -42,6 +42,16 @@ fn plant(dir: &Path, relative: &str) {
     fs::write(dir.join(relative), bytes).unwrap();
 }
 
+/// A checkpoint keeping 2 batches, with batches 0 to 3 logged and committed.
+fn four_committed_batches(dir: &Path) -> Checkpoint {
+    let ck = Checkpoint::open_for_write(dir, options().retain_batches(2)).unwrap();
+    for id in 0..4 {
+        ck.offsets().add(BatchId(id), &OffsetSeq::default()).unwrap();
+        ck.commits().add(BatchId(id), &CommitMetadata::default()).unwrap();
+    }
+    ck
+}
+
 fn out_of_range_file(verdict: &Verdict) -> String {
     let Verdict::Inconsistent(inconsistency) = verdict else { panic!("expected an inconsistency, got {verdict:?}") };
     let InconsistencyKind::IdOutOfRange { file } = &inconsistency.kind else {
@@ -114,11 +124,7 @@ fn the_log_never_writes_an_id_without_a_successor() {
 fn purge_refuses_a_stray_commit_at_u64_max_and_deletes_nothing() {
     let root = tempfile::tempdir().unwrap();
     let dir = root.path();
-    let ck = Checkpoint::open_for_write(dir, options().retain_batches(2)).unwrap();
-    for id in 0..4 {
-        ck.offsets().add(BatchId(id), &OffsetSeq::default()).unwrap();
-        ck.commits().add(BatchId(id), &CommitMetadata::default()).unwrap();
-    }
+    let ck = four_committed_batches(dir);
     plant(dir, &format!("commits/{MAX_NAME}"));
     ck.offsets().add(BatchId(4), &OffsetSeq::default()).unwrap();
     let err = ck.commit_batch(BatchId(4), &CommitMetadata::default()).unwrap_err();
@@ -133,11 +139,7 @@ fn purge_refuses_a_stray_commit_at_u64_max_and_deletes_nothing() {
 fn purge_refuses_a_stray_commit_ahead_of_the_offsets_and_deletes_nothing() {
     let root = tempfile::tempdir().unwrap();
     let dir = root.path();
-    let ck = Checkpoint::open_for_write(dir, options().retain_batches(2)).unwrap();
-    for id in 0..4 {
-        ck.offsets().add(BatchId(id), &OffsetSeq::default()).unwrap();
-        ck.commits().add(BatchId(id), &CommitMetadata::default()).unwrap();
-    }
+    let ck = four_committed_batches(dir);
     // A commit far ahead would have purged every batch below 998.
     plant(dir, "commits/999");
     let err = ck.purge_old_batches().unwrap_err();
