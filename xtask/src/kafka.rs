@@ -21,13 +21,14 @@
 //! `SPATE_KAFKA_BROKERS=127.0.0.1:<port>` to them.
 
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use crate::Result;
 use crate::env::cache_dir;
+use crate::process::{free_port, log_tail, nanos, read_trimmed, resident_memory, runs_with, terminate, write};
 
 /// The Apache Kafka release the tests run against (`org.apache.kafka:kafka_2.13`).
 const KAFKA_VERSION: &str = "4.1.1";
@@ -134,8 +135,7 @@ impl Running {
 
     /// Alive and still our broker: a recycled pid running something else is not.
     fn is_alive(&self) -> bool {
-        std::fs::read(format!("/proc/{}/cmdline", self.pid))
-            .is_ok_and(|cmdline| String::from_utf8_lossy(&cmdline).contains("kafka.Kafka"))
+        runs_with(self.pid, "kafka.Kafka")
     }
 
     fn clean_up(&self) {
@@ -180,12 +180,12 @@ fn start() -> Result<Running> {
     running.save()?;
     if let Err(e) = wait_until_ready(&running, &mut child, started) {
         let _ = stop();
-        return Err(format!("{e}\n--- broker log tail ---\n{}", log_tail(&run)));
+        return Err(format!("{e}\n--- broker log tail ---\n{}", log_tail(&run, &["broker.log", "broker.out"])));
     }
     println!(
         "kafka: up in {:.1?} (data folder, JVM start, first Metadata answer), resident memory {}",
         started.elapsed(),
-        rss(pid).map_or_else(|| "unknown".into(), |kib| format!("{} MiB", kib / 1024))
+        resident_memory(pid)
     );
     Ok(running)
 }
@@ -195,18 +195,7 @@ fn stop() -> Result {
         println!("kafka: not running");
         return Ok(());
     };
-    signal(running.pid, "TERM")?;
-    let deadline = Instant::now() + STOP_GRACE;
-    while running.is_alive() && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    if running.is_alive() {
-        eprintln!("kafka: pid {} did not stop within {STOP_GRACE:?}; killing it", running.pid);
-        signal(running.pid, "KILL")?;
-        while running.is_alive() {
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
+    terminate(running.pid, || running.is_alive(), STOP_GRACE, "kafka")?;
     running.clean_up();
     println!("kafka: stopped (pid {}), data removed", running.pid);
     Ok(())
@@ -215,7 +204,7 @@ fn stop() -> Result {
 fn status() -> Result {
     match Running::load()? {
         Some(running) => {
-            let rss = rss(running.pid).map_or_else(|| "unknown".into(), |kib| format!("{} MiB", kib / 1024));
+            let rss = resident_memory(running.pid);
             let answers = metadata_lists_a_broker(&running.bootstrap);
             println!(
                 "kafka: Apache Kafka {KAFKA_VERSION} at {} (pid {}), resident memory {rss}, {}, data in {}",
@@ -452,52 +441,4 @@ fn cluster_id() -> String {
         seed = seed.rotate_right(6).wrapping_mul(0x9e37_79b9_7f4a_7c15_f39c_c060_5ced_c835) ^ 0x5bd1_e995;
     }
     id
-}
-
-fn free_port() -> Result<u16> {
-    let listener = TcpListener::bind("127.0.0.1:0").map_err(|e| format!("no free loopback port: {e}"))?;
-    listener.local_addr().map(|a| a.port()).map_err(|e| format!("no free loopback port: {e}"))
-}
-
-fn signal(pid: u32, name: &str) -> Result {
-    let status = Command::new("kill")
-        .arg(format!("-{name}"))
-        .arg(pid.to_string())
-        .status()
-        .map_err(|e| format!("could not run kill: {e}"))?;
-    if status.success() { Ok(()) } else { Err(format!("kill -{name} {pid} failed ({status})")) }
-}
-
-/// Resident memory in KiB, from /proc.
-fn rss(pid: u32) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
-    line.split_whitespace().nth(1)?.parse().ok()
-}
-
-fn log_tail(run: &Path) -> String {
-    let mut tail = String::new();
-    for name in ["broker.log", "broker.out"] {
-        if let Ok(text) = std::fs::read_to_string(run.join(name)) {
-            let lines: Vec<&str> = text.lines().collect();
-            tail.push_str(&format!("[{name}]\n"));
-            for line in &lines[lines.len().saturating_sub(30)..] {
-                tail.push_str(line);
-                tail.push('\n');
-            }
-        }
-    }
-    tail
-}
-
-fn nanos() -> u128 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos())
-}
-
-fn read_trimmed(path: &Path) -> Result<String> {
-    std::fs::read_to_string(path).map(|s| s.trim().to_string()).map_err(|e| format!("{}: {e}", path.display()))
-}
-
-fn write(path: &Path, text: &str) -> Result {
-    std::fs::write(path, text).map_err(|e| format!("{}: {e}", path.display()))
 }

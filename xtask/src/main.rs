@@ -23,6 +23,7 @@ mod bench;
 mod env;
 mod fuzz;
 mod kafka;
+mod process;
 mod setup;
 
 use std::process::ExitCode;

@@ -1,0 +1,89 @@
+//! What the local test servers (Kafka, S3) share: loopback ports, stopping
+//! a process, its memory, the log tail and the small files of a run folder.
+
+use std::net::TcpListener;
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use crate::Result;
+
+/// A loopback port free right now (the kernel's choice, from its ephemeral range).
+pub(crate) fn free_port() -> Result<u16> {
+    let listener = TcpListener::bind("127.0.0.1:0").map_err(|e| format!("no free loopback port: {e}"))?;
+    listener.local_addr().map(|a| a.port()).map_err(|e| format!("no free loopback port: {e}"))
+}
+
+/// Stops `pid`: SIGTERM, then SIGKILL if `alive` still holds after `grace`.
+/// `what` names the server in the messages.
+pub(crate) fn terminate(pid: u32, alive: impl Fn() -> bool, grace: Duration, what: &str) -> Result {
+    signal(pid, "TERM")?;
+    let deadline = Instant::now() + grace;
+    while alive() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    if alive() {
+        eprintln!("{what}: pid {pid} did not stop within {grace:?}; killing it");
+        signal(pid, "KILL")?;
+        while alive() {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    Ok(())
+}
+
+fn signal(pid: u32, name: &str) -> Result {
+    let status = Command::new("kill")
+        .arg(format!("-{name}"))
+        .arg(pid.to_string())
+        .status()
+        .map_err(|e| format!("could not run kill: {e}"))?;
+    if status.success() { Ok(()) } else { Err(format!("kill -{name} {pid} failed ({status})")) }
+}
+
+/// Whether `pid` runs a command line containing `marker`: a recycled pid
+/// running something else, or a zombie (empty command line), does not.
+pub(crate) fn runs_with(pid: u32, marker: &str) -> bool {
+    std::fs::read(format!("/proc/{pid}/cmdline"))
+        .is_ok_and(|cmdline| String::from_utf8_lossy(&cmdline).contains(marker))
+}
+
+/// Resident memory as text ("123 MiB" or "unknown"), from /proc.
+pub(crate) fn resident_memory(pid: u32) -> String {
+    rss(pid).map_or_else(|| "unknown".into(), |kib| format!("{} MiB", kib / 1024))
+}
+
+/// Resident memory in KiB, from /proc.
+fn rss(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// The last 30 lines of each of the `names` files in `run` that exist.
+pub(crate) fn log_tail(run: &Path, names: &[&str]) -> String {
+    let mut tail = String::new();
+    for name in names {
+        if let Ok(text) = std::fs::read_to_string(run.join(name)) {
+            let lines: Vec<&str> = text.lines().collect();
+            tail.push_str(&format!("[{name}]\n"));
+            for line in &lines[lines.len().saturating_sub(30)..] {
+                tail.push_str(line);
+                tail.push('\n');
+            }
+        }
+    }
+    tail
+}
+
+pub(crate) fn nanos() -> u128 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos())
+}
+
+pub(crate) fn read_trimmed(path: &Path) -> Result<String> {
+    std::fs::read_to_string(path).map(|s| s.trim().to_string()).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+pub(crate) fn write(path: &Path, text: &str) -> Result {
+    std::fs::write(path, text).map_err(|e| format!("{}: {e}", path.display()))
+}
