@@ -3,23 +3,26 @@
 //! Each benchmark prints its own figure and the bound it is measured against
 //! as a line `BENCH <name> <value> <unit> bound=<value> ratio=<r>`. This
 //! command runs them, passes their output through, and repeats those lines
-//! at the end so runs can be compared. It starts the local Kafka broker
-//! (or uses a running one) for the Kafka benchmark.
+//! at the end so runs can be compared. It starts the local Kafka broker and
+//! S3 server (or uses running ones) for the Kafka and S3 benchmarks.
 
 use std::io::{BufRead, BufReader};
 use std::process::Stdio;
 
 use crate::Result;
 use crate::env::cargo;
-use crate::{kafka, setup};
+use crate::{kafka, s3, setup};
 
 pub(crate) fn run(args: &[String]) -> Result {
     setup::ensure(setup::ALL)?;
     // The Kafka benchmark reads from a real broker, as the Kafka tests do.
     let broker = kafka::Broker::start_for_tests()?;
+    // The S3 benchmarks write to a real S3 server, as the S3 tests do.
+    let s3 = s3::S3Server::start_for_tests()?;
     let mut command = cargo(&["bench", "--workspace", "--benches"]);
     command.arg("--").args(args).stdout(Stdio::piped());
     broker.export_to(&mut command);
+    s3.export_to(&mut command);
     println!("==> benchmarks (release build; criterion output follows)");
     let mut child = command.spawn().map_err(|e| format!("could not start cargo bench: {e}"))?;
     let mut summary = Vec::new();

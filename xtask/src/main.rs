@@ -5,10 +5,13 @@
 //! that builds installs what it needs first ([`setup::ensure`]):
 //!
 //! - `setup`: installs every system package the build and tests need (idempotent).
-//! - `test`: setup, format check, clippy, then every test of the workspace.
+//! - `test`: setup, format check, clippy, then every test of the workspace,
+//!   with the local Kafka broker and S3 server running.
 //! - `bench`: the headline benchmarks, ending with one `BENCH` line a figure.
 //! - `fuzz`: every decoder under libFuzzer for a fixed time; failures are
 //!   kept as regression inputs that `test` replays.
+//! - `kafka`, `s3`: start, stop or show the local Kafka broker or S3 server
+//!   of the tests, for running tests by hand.
 //! - `demo`: builds and runs `spate demo` with the given arguments. It builds
 //!   the command without its Kafka support and RocksDB spill store (cargo
 //!   features), so it needs no system package and no native code: on a
@@ -24,6 +27,7 @@ mod env;
 mod fuzz;
 mod kafka;
 mod process;
+mod s3;
 mod setup;
 
 use std::process::ExitCode;
@@ -45,7 +49,11 @@ const COMMANDS: &[Command] = &[
         help: "install the system packages the build and tests need",
         run: |_| setup::ensure(setup::ALL),
     },
-    Command { name: "test", help: "setup, fmt --check, clippy -D warnings, every test (starts Kafka)", run: test },
+    Command {
+        name: "test",
+        help: "setup, fmt --check, clippy -D warnings, every test (starts Kafka and S3)",
+        run: test,
+    },
     Command { name: "ci", help: "what .ci/run runs: the same as test", run: test },
     Command { name: "bench", help: "run the headline benchmarks and print one BENCH line a figure", run: bench::run },
     Command {
@@ -54,6 +62,7 @@ const COMMANDS: &[Command] = &[
         run: fuzz::run,
     },
     Command { name: "kafka", help: "start|stop|status the local Apache Kafka broker for tests", run: kafka::run },
+    Command { name: "s3", help: "start|stop|status the local S3 server (SeaweedFS) for tests", run: s3::run },
     Command { name: "demo", help: "run `spate demo` (release build); arguments are passed on", run: demo },
 ];
 
@@ -92,12 +101,15 @@ fn test(_args: &[String]) -> Result {
     run_step("format check", cargo(&["fmt", "--all", "--check"]))?;
     run_step("clippy", cargo(&["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"]))?;
     let broker = kafka::Broker::start_for_tests()?;
+    let s3 = s3::S3Server::start_for_tests()?;
     let tests = run_step("tests", {
         let mut c = cargo(&["test", "--workspace", "--all-targets"]);
         broker.export_to(&mut c);
+        s3.export_to(&mut c);
         c
     });
     let doctests = run_step("doc tests", cargo(&["test", "--workspace", "--doc"]));
+    drop(s3);
     drop(broker);
     tests?;
     doctests?;

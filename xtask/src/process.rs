@@ -24,10 +24,16 @@ pub(crate) fn terminate(pid: u32, alive: impl Fn() -> bool, grace: Duration, wha
     }
     if alive() {
         eprintln!("{what}: pid {pid} did not stop within {grace:?}; killing it");
-        signal(pid, "KILL")?;
-        while alive() {
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        kill(pid, alive)?;
+    }
+    Ok(())
+}
+
+/// Stops `pid` with SIGKILL and waits until `alive` no longer holds.
+pub(crate) fn kill(pid: u32, alive: impl Fn() -> bool) -> Result {
+    signal(pid, "KILL")?;
+    while alive() {
+        std::thread::sleep(Duration::from_millis(50));
     }
     Ok(())
 }

