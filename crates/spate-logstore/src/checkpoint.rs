@@ -17,8 +17,9 @@ use tracing::{debug, info, warn};
 
 use crate::entries::{CommitLog, CommitMetadata, OffsetLog};
 use crate::error::{LogStoreError, Result};
-use crate::file_manager::{CheckpointFileManager, LocalFileManager, Tightened, parent_of, read_bounded};
-use crate::lock::{EpochFence, LOCK_FILE, LockHolder, WriterLock};
+use crate::file_manager::{CheckpointFileManager, FileVersion, Tightened, parent_of, read_bounded};
+use crate::location::{ObjectStoreSettings, file_manager_for};
+use crate::lock::{EpochFence, LOCK_FILE, LeaseOptions, LockHolder, LockStatus, WriterLock, decode_lock_file};
 use crate::log::{Json, decode_entry, encode_entry};
 use crate::repair::{QUARANTINE_DIR, RepairPlan, apply_repair_fenced, plan_repair};
 use crate::verdict::{Verdict, inspect_with};
@@ -102,7 +103,10 @@ fn new_query_id(now: Time) -> String {
 pub struct CheckpointOptions {
     retain_batches: u64,
     clock: Arc<dyn Clock>,
-    files: Arc<dyn CheckpointFileManager>,
+    /// `None`: chosen by the location (see [`crate::file_manager_for`]).
+    files: Option<Arc<dyn CheckpointFileManager>>,
+    object_store: ObjectStoreSettings,
+    lease: LeaseOptions,
 }
 
 impl Default for CheckpointOptions {
@@ -110,13 +114,16 @@ impl Default for CheckpointOptions {
         CheckpointOptions {
             retain_batches: DEFAULT_RETAIN_BATCHES,
             clock: Arc::new(SystemClock),
-            files: Arc::new(LocalFileManager),
+            files: None,
+            object_store: ObjectStoreSettings::default(),
+            lease: LeaseOptions::default(),
         }
     }
 }
 
 impl CheckpointOptions {
-    /// The defaults: keep 100 batches, system clock, local file system.
+    /// The defaults: keep 100 batches, system clock, the file manager of the
+    /// location (local file system for a path, S3 for `s3://bucket/prefix`).
     pub fn new() -> Self {
         Self::default()
     }
@@ -127,16 +134,37 @@ impl CheckpointOptions {
         self
     }
 
-    /// The clock for lock times and quarantine names.
+    /// The clock for lock times, leases and quarantine names.
     pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
         self.clock = clock;
         self
     }
 
-    /// The file manager (a [`crate::FaultyFileManager`] in crash tests).
+    /// The file manager (a [`crate::FaultyFileManager`] in crash tests),
+    /// instead of the one the location names.
     pub fn file_manager(mut self, files: Arc<dyn CheckpointFileManager>) -> Self {
-        self.files = files;
+        self.files = Some(files);
         self
+    }
+
+    /// How to reach the object store of an `s3://` location.
+    pub fn object_store(mut self, settings: ObjectStoreSettings) -> Self {
+        self.object_store = settings;
+        self
+    }
+
+    /// The writer's lease on an object store.
+    pub fn lease(mut self, lease: LeaseOptions) -> Self {
+        self.lease = lease;
+        self
+    }
+
+    /// The file manager for the checkpoint at `location`.
+    pub fn files_for(&self, location: &Path) -> Result<Arc<dyn CheckpointFileManager>> {
+        match &self.files {
+            Some(files) => Ok(Arc::clone(files)),
+            None => file_manager_for(location, &self.object_store),
+        }
     }
 }
 
@@ -149,6 +177,7 @@ impl CheckpointOptions {
 pub struct Checkpoint {
     dir: PathBuf,
     options: CheckpointOptions,
+    files: Arc<dyn CheckpointFileManager>,
     lock: Option<WriterLock>,
     metadata: Option<CheckpointMetadata>,
     offsets: OffsetLog,
@@ -176,25 +205,25 @@ impl Checkpoint {
     /// [`Checkpoint::verdict`] for that.
     pub fn open_for_write(dir: impl AsRef<Path>, options: CheckpointOptions) -> Result<Checkpoint> {
         let dir = dir.as_ref().to_path_buf();
-        let files = options.files.clone();
+        let files = options.files_for(&dir)?;
         files.mkdirs(&dir)?;
-        let lock = WriterLock::acquire(&dir, options.clock.as_ref())?;
+        let lock = files.acquire_lock(&dir, Arc::clone(&options.clock), &options.lease)?;
         report_tightened(&dir, &files.tighten_permissions(&dir)?);
         for sub in [Path::new(""), Path::new(OFFSETS_DIR), Path::new(COMMITS_DIR)] {
             files.clean_temp_files(&dir.join(sub))?;
         }
         let metadata = Self::ensure_metadata(files.as_ref(), &dir, options.clock.now(), &lock.fence())?;
         let offsets = OffsetLog::open_fenced(files.clone(), dir.join(OFFSETS_DIR), lock.fence())?;
-        let commits = CommitLog::open_fenced(files, dir.join(COMMITS_DIR), lock.fence())?;
+        let commits = CommitLog::open_fenced(files.clone(), dir.join(COMMITS_DIR), lock.fence())?;
         let replaced = Mutex::new(HashSet::new());
-        Ok(Checkpoint { dir, options, lock: Some(lock), metadata, offsets, commits, replaced })
+        Ok(Checkpoint { dir, options, files, lock: Some(lock), metadata, offsets, commits, replaced })
     }
 
     /// Opens the existing checkpoint `dir` without the lock and without
     /// changing anything (for `inspect`); every change is refused.
     pub fn open_read_only(dir: impl AsRef<Path>, options: CheckpointOptions) -> Result<Checkpoint> {
         let dir = dir.as_ref().to_path_buf();
-        let files = options.files.clone();
+        let files = options.files_for(&dir)?;
         if !files.exists(&dir)? {
             let missing = std::io::Error::new(std::io::ErrorKind::NotFound, "no such checkpoint directory");
             return Err(LogStoreError::io("open", dir, missing));
@@ -204,9 +233,9 @@ impl Checkpoint {
             None
         });
         let offsets = OffsetLog::open_read_only(files.clone(), dir.join(OFFSETS_DIR));
-        let commits = CommitLog::open_read_only(files, dir.join(COMMITS_DIR));
+        let commits = CommitLog::open_read_only(files.clone(), dir.join(COMMITS_DIR));
         let replaced = Mutex::new(HashSet::new());
-        Ok(Checkpoint { dir, options, lock: None, metadata, offsets, commits, replaced })
+        Ok(Checkpoint { dir, options, files, lock: None, metadata, offsets, commits, replaced })
     }
 
     fn ensure_metadata(
@@ -250,7 +279,32 @@ impl Checkpoint {
 
     /// The last writer recorded in the lock file, alive or not.
     pub fn last_writer(&self) -> Option<LockHolder> {
-        crate::lock::read_lock_holder(&self.dir)
+        let path = self.dir.join(LOCK_FILE);
+        let bytes = self.files.read(&path, crate::lock::MAX_LOCK_FILE_BYTES).ok()??;
+        decode_lock_file(&path, &bytes).ok()
+    }
+
+    /// Whether a live writer holds the checkpoint (this one included).
+    pub fn lock_status(&self) -> LockStatus {
+        self.files.lock_status(&self.dir, self.options.clock.as_ref())
+    }
+
+    /// Renews this writer's lease now (an object store's lock; nothing to do
+    /// for a local one, whose OS lock needs no renewal). A writer renews in
+    /// the background unless [`LeaseOptions::renew_in_background`] is off.
+    pub fn renew_lease(&self) -> Result<()> {
+        self.lock.as_ref().ok_or_else(|| LogStoreError::ReadOnly { path: self.dir.clone() })?.renew()
+    }
+
+    /// The file manager this checkpoint reads and writes through, for the
+    /// layers that keep files of their own under it (progress).
+    pub fn files(&self) -> &Arc<dyn CheckpointFileManager> {
+        &self.files
+    }
+
+    /// True when the checkpoint lives in an object store.
+    pub fn is_object_store(&self) -> bool {
+        self.files.is_object_store()
     }
 
     /// This writer's epoch; `None` when read-only.
@@ -277,7 +331,7 @@ impl Checkpoint {
 
     /// The recovery verdict (reads only the newest entries).
     pub fn verdict(&self) -> Result<Verdict> {
-        inspect_with(self.options.files.as_ref(), &self.dir)
+        inspect_with(self.files.as_ref(), &self.dir)
     }
 
     /// The repair plan, or `None` when the directory is consistent.
@@ -298,7 +352,7 @@ impl Checkpoint {
             });
         }
         let fence = self.writer_fence()?;
-        apply_repair_fenced(self.options.files.as_ref(), plan, &|| fence.check())
+        apply_repair_fenced(self.files.as_ref(), plan, &|| fence.check())
     }
 
     /// Records that `batch` finished (after all its outputs), then purges
@@ -319,7 +373,7 @@ impl Checkpoint {
     pub fn purge_old_batches(&self) -> Result<Option<BatchId>> {
         self.check_writer()?;
         let Some(last_commit) = self.commits.latest_id()? else { return Ok(None) };
-        if last_commit.next().is_none() || !self.options.files.exists(&self.offsets.path_of(last_commit))? {
+        if last_commit.next().is_none() || !self.files.exists(&self.offsets.path_of(last_commit))? {
             return match self.verdict()? {
                 Verdict::Inconsistent(inconsistency) => Err(LogStoreError::Inconsistent(inconsistency)),
                 _ => Ok(None),
@@ -368,8 +422,8 @@ impl Checkpoint {
         let path = self.path_of(relative)?;
         let fence = self.writer_fence()?;
         fence.check()?;
-        self.options.files.mkdirs(parent_of(&path))?;
-        self.options.files.create_atomic(&path, bytes, &|| fence.check())
+        self.files.mkdirs(parent_of(&path))?;
+        self.files.create_atomic(&path, bytes, &|| fence.check())
     }
 
     /// Writes a file (e.g. `graph`) atomically, replacing its old content.
@@ -393,7 +447,9 @@ impl Checkpoint {
         let path = self.path_of(relative)?;
         let fence = self.writer_fence()?;
         fence.check()?;
-        if let Some(existing) = self.options.files.read(&path, MAX_CHECKPOINT_FILE_BYTES)? {
+        let mut expected = FileVersion::Absent;
+        if let Some((existing, version)) = self.files.read_versioned(&path, MAX_CHECKPOINT_FILE_BYTES)? {
+            expected = version;
             let (found, _) = split_epoch_line(&path, &existing)?;
             match self.check_file_epoch(&path, found, fence.epoch()) {
                 // Writing ours again puts back what the stale writer replaced.
@@ -401,9 +457,21 @@ impl Checkpoint {
                 other => other?,
             }
         }
-        self.options.files.mkdirs(parent_of(&path))?;
+        self.files.mkdirs(parent_of(&path))?;
         let stamped = with_epoch_line(fence.epoch(), bytes);
-        self.options.files.replace_atomic(&path, &stamped, &|| fence.check())?;
+        // On an object store the check of the epoch read and the write are one
+        // conditional put: a newer writer's replace in between makes it fail.
+        match self.files.replace_if_unchanged(&path, &stamped, &expected, &|| fence.check()) {
+            Err(LogStoreError::Changed { path }) => {
+                let on_disk = format!(
+                    "epoch {} still, but {} was replaced by another writer meanwhile",
+                    fence.epoch(),
+                    path.display()
+                );
+                return Err(LogStoreError::StaleEpoch { dir: self.dir.clone(), ours: fence.epoch(), on_disk });
+            }
+            other => other?,
+        };
         self.replaced.lock().unwrap_or_else(PoisonError::into_inner).insert(path);
         // A takeover between the last check and the rename: our bytes may now
         // stand in the new writer's file. Say so; the new writer sees it too.
@@ -417,7 +485,7 @@ impl Checkpoint {
     /// the file itself ([`LogStoreError::Overwritten`]).
     pub fn read_file(&self, relative: impl AsRef<Path>) -> Result<Option<Vec<u8>>> {
         let path = self.path_of(relative)?;
-        let Some(mut bytes) = self.options.files.read(&path, MAX_CHECKPOINT_FILE_BYTES)? else { return Ok(None) };
+        let Some(mut bytes) = self.files.read(&path, MAX_CHECKPOINT_FILE_BYTES)? else { return Ok(None) };
         let (found, body) = split_epoch_line(&path, &bytes)?;
         let line_len = bytes.len() - body.len();
         if let Some(ours) = self.epoch() {
@@ -447,12 +515,12 @@ impl Checkpoint {
     pub fn delete_file(&self, relative: impl AsRef<Path>) -> Result<bool> {
         let path = self.path_of(relative)?;
         self.check_writer()?;
-        self.options.files.delete(&path)
+        self.files.delete(&path)
     }
 
     /// The names in a directory of the checkpoint (unsorted; temp files skipped).
     pub fn list(&self, relative: impl AsRef<Path>) -> Result<Vec<String>> {
-        self.options.files.list(&self.path_of(relative)?)
+        self.files.list(&self.path_of(relative)?)
     }
 }
 
@@ -648,14 +716,14 @@ mod tests {
         std::fs::write(root.path().join("f"), b"x").unwrap();
         std::fs::set_permissions(root.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
         std::fs::set_permissions(root.path().join("f"), std::fs::Permissions::from_mode(0o644)).unwrap();
-        let mut changed = LocalFileManager.tighten_permissions(root.path()).unwrap();
+        let mut changed = crate::LocalFileManager.tighten_permissions(root.path()).unwrap();
         changed.sort_by(|a, b| a.path.cmp(&b.path));
         let expected = [
             Tightened { path: root.path().to_path_buf(), from: 0o755, to: 0o700 },
             Tightened { path: root.path().join("f"), from: 0o644, to: 0o600 },
         ];
         assert_eq!(changed, expected);
-        assert!(LocalFileManager.tighten_permissions(root.path()).unwrap().is_empty());
+        assert!(crate::LocalFileManager.tighten_permissions(root.path()).unwrap().is_empty());
     }
 
     #[test]

@@ -170,6 +170,32 @@ pub enum LogStoreError {
         /// The epoch the file carries.
         found: u64,
     },
+    /// A conditional replace found the file changed since it was read:
+    /// another writer replaced it in between.
+    #[error("{} was changed by another writer since it was read; not replaced", path.display())]
+    Changed {
+        /// The file.
+        path: PathBuf,
+    },
+    /// A request to the object store holding the checkpoint failed.
+    #[error("{op} {}: {message}", path.display())]
+    ObjectStore {
+        /// What was being done ("read", "put-if-absent", "list", …).
+        op: &'static str,
+        /// The object, as a location (`s3://bucket/key`).
+        path: PathBuf,
+        /// The store's error.
+        message: String,
+    },
+    /// The checkpoint location cannot be used (a malformed `s3://` URL, a
+    /// store this build was made without, missing settings).
+    #[error("checkpoint location {location}: {reason}")]
+    Location {
+        /// The location as given.
+        location: String,
+        /// Why it cannot be used.
+        reason: String,
+    },
     /// A fault injected by [`crate::FaultyFileManager`] (tests only).
     #[error("injected {mode:?} at {point:?} writing {}", path.display())]
     InjectedFault {

@@ -22,12 +22,14 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use tracing::warn;
 
 use crate::error::{LogStoreError, Result};
 use crate::file_manager::{self, CheckpointFileManager, Observer, Overwrite, PublishCheck, parent_of};
+use crate::lock::{LeaseOptions, LockStatus, WriterLock};
+use spate_core::Clock;
 
 /// A point in the atomic write protocol where a fault can be injected.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -362,6 +364,25 @@ impl CheckpointFileManager for FaultyFileManager {
     fn clean_temp_files(&self, dir: &Path) -> Result<usize> {
         self.alive()?;
         file_manager::clean_temp_files(dir)
+    }
+
+    fn append(&self, path: &Path, bytes: &[u8], fence: PublishCheck<'_>) -> Result<u64> {
+        self.alive()?;
+        file_manager::append(path, bytes, fence)
+    }
+
+    fn list_files_recursive(&self, dir: &Path) -> Result<Vec<(PathBuf, u64)>> {
+        self.alive()?;
+        file_manager::list_files_recursive(dir)
+    }
+
+    fn acquire_lock(&self, dir: &Path, clock: Arc<dyn Clock>, _lease: &LeaseOptions) -> Result<WriterLock> {
+        self.alive()?;
+        WriterLock::acquire(dir, clock.as_ref())
+    }
+
+    fn lock_status(&self, dir: &Path, _clock: &dyn Clock) -> LockStatus {
+        crate::lock::local_lock_status(dir)
     }
 }
 

@@ -13,13 +13,15 @@ use std::io::{self, Read, Write};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use spate_core::BatchId;
+use spate_core::{BatchId, Clock};
 use tracing::{debug, warn};
 
 use crate::error::{LogStoreError, Result};
 use crate::fault::FaultPoint;
+use crate::lock::{LeaseOptions, LockStatus, WriterLock};
 use crate::log::{BatchName, batch_name};
 
 /// Permission bits of every directory spate creates: owner only, since
@@ -91,6 +93,67 @@ pub trait CheckpointFileManager: Send + Sync + std::fmt::Debug {
     /// Only the writer holding the checkpoint lock may call this, since a
     /// temp file may belong to a write in progress.
     fn clean_temp_files(&self, dir: &Path) -> Result<usize>;
+
+    /// [`CheckpointFileManager::read`] with the version of what was read,
+    /// for [`CheckpointFileManager::replace_if_unchanged`].
+    fn read_versioned(&self, path: &Path, max_len: u64) -> Result<Option<(Vec<u8>, FileVersion)>> {
+        Ok(self.read(path, max_len)?.map(|bytes| (bytes, FileVersion::Unknown)))
+    }
+
+    /// Replaces `path` only while it is still as read with `expected`
+    /// ([`FileVersion::Absent`]: only while there is no such file), failing
+    /// with [`LogStoreError::Changed`] when another writer changed it in
+    /// between. An object store checks this atomically with the write (a
+    /// conditional put); a local file system cannot (two system calls), so
+    /// there it is [`CheckpointFileManager::replace_atomic`] and the caller's
+    /// fence is what protects the file.
+    ///
+    /// Returns the version of what it wrote.
+    fn replace_if_unchanged(
+        &self,
+        path: &Path,
+        bytes: &[u8],
+        expected: &FileVersion,
+        fence: PublishCheck<'_>,
+    ) -> Result<FileVersion> {
+        match expected {
+            FileVersion::Absent => self.create_atomic(path, bytes, fence)?,
+            FileVersion::Tag(_) | FileVersion::Unknown => self.replace_atomic(path, bytes, fence)?,
+        }
+        Ok(FileVersion::Unknown)
+    }
+
+    /// Appends `bytes` to `path` (created owner-only when absent) after
+    /// `fence` passed, and returns the file's length after it. Not synced:
+    /// for advisory records such as progress.
+    fn append(&self, path: &Path, bytes: &[u8], fence: PublishCheck<'_>) -> Result<u64>;
+
+    /// Every file under `dir` with its length in bytes, paths relative to
+    /// `dir`; none when `dir` does not exist.
+    fn list_files_recursive(&self, dir: &Path) -> Result<Vec<(PathBuf, u64)>>;
+
+    /// Takes the writer lock of the checkpoint `dir` (see [`crate::WriterLock`]).
+    fn acquire_lock(&self, dir: &Path, clock: Arc<dyn Clock>, lease: &LeaseOptions) -> Result<WriterLock>;
+
+    /// Whether a live writer holds the lock of `dir`, without changing anything.
+    fn lock_status(&self, dir: &Path, clock: &dyn Clock) -> LockStatus;
+
+    /// True when the checkpoint lives in an object store rather than on a
+    /// local file system (no directories, no permissions, no `fsync`).
+    fn is_object_store(&self) -> bool {
+        false
+    }
+}
+
+/// The version of a file as read, for a conditional replace.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum FileVersion {
+    /// There was no such file.
+    Absent,
+    /// The object store's tag for the content read (an S3 ETag).
+    Tag(String),
+    /// The store keeps no versions (a local file system).
+    Unknown,
 }
 
 /// A path whose permissions [`CheckpointFileManager::tighten_permissions`] narrowed.
@@ -115,7 +178,7 @@ pub struct LogListing {
 }
 
 impl LogListing {
-    fn add(&mut self, name: &[u8]) {
+    pub(crate) fn add(&mut self, name: &[u8]) {
         let Ok(name) = std::str::from_utf8(name) else { return };
         match batch_name(name) {
             BatchName::Id(id) => self.ids.push(id),
@@ -181,6 +244,59 @@ impl CheckpointFileManager for LocalFileManager {
     fn clean_temp_files(&self, dir: &Path) -> Result<usize> {
         clean_temp_files(dir)
     }
+
+    fn append(&self, path: &Path, bytes: &[u8], fence: PublishCheck<'_>) -> Result<u64> {
+        append(path, bytes, fence)
+    }
+
+    fn list_files_recursive(&self, dir: &Path) -> Result<Vec<(PathBuf, u64)>> {
+        list_files_recursive(dir)
+    }
+
+    fn acquire_lock(&self, dir: &Path, clock: Arc<dyn Clock>, _lease: &LeaseOptions) -> Result<WriterLock> {
+        WriterLock::acquire(dir, clock.as_ref())
+    }
+
+    fn lock_status(&self, dir: &Path, _clock: &dyn Clock) -> LockStatus {
+        crate::lock::local_lock_status(dir)
+    }
+}
+
+pub(crate) fn append(path: &Path, bytes: &[u8], fence: PublishCheck<'_>) -> Result<u64> {
+    let mut file = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(FILE_MODE)
+        .open(path)
+        .map_err(|e| LogStoreError::io("open", path, e))?;
+    fence()?;
+    file.write_all(bytes).map_err(|e| LogStoreError::io("append to", path, e))?;
+    Ok(file.metadata().map_err(|e| LogStoreError::io("stat", path, e))?.len())
+}
+
+/// Walks `root` iteratively (without following links): each file with its length.
+pub(crate) fn list_files_recursive(root: &Path) -> Result<Vec<(PathBuf, u64)>> {
+    let mut files = Vec::new();
+    let mut pending = vec![root.to_path_buf()];
+    while let Some(dir) = pending.pop() {
+        let entries = match fs::read_dir(&dir) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(LogStoreError::io("list", &dir, e)),
+        };
+        for entry in entries {
+            let entry = entry.map_err(|e| LogStoreError::io("list", &dir, e))?;
+            let Ok(meta) = entry.metadata() else { continue };
+            let path = entry.path();
+            if meta.is_dir() {
+                pending.push(path);
+            } else if meta.is_file() && !entry.file_name().to_str().is_some_and(is_temp_name) {
+                let relative = path.strip_prefix(root).unwrap_or(&path).to_path_buf();
+                files.push((relative, meta.len()));
+            }
+        }
+    }
+    Ok(files)
 }
 
 /// True for the names of temp files (`.<target>.<pid>.<n>.tmp`), which

@@ -6,7 +6,10 @@
 //!
 //! - [`CheckpointFileManager`]: list, read, put-if-absent atomic create
 //!   (temp file, fsync, writer's fence, link without overwrite, directory
-//!   fsync), delete; [`LocalFileManager`] on the local file system and
+//!   fsync), conditional replace, append, delete, the writer lock;
+//!   [`file_manager_for`] picks one by location: `ObjectStoreFileManager`
+//!   for `s3://bucket/prefix` (feature `s3`: conditional puts, no rename,
+//!   the lock a lease), [`LocalFileManager`] on the local file system and
 //!   [`FaultyFileManager`], which fails (an error, a full disk) or "crashes"
 //!   at every step of a write, with short writes, and with crashes that lose
 //!   what was not synced;
@@ -62,8 +65,12 @@ mod entries;
 mod error;
 mod fault;
 mod file_manager;
+mod lease;
+mod location;
 mod lock;
 mod log;
+#[cfg(feature = "s3")]
+mod object_files;
 mod repair;
 mod verdict;
 
@@ -75,12 +82,19 @@ pub use entries::{CommitLog, CommitMetadata, NO_OFFSET, OffsetLog, OffsetSeq, So
 pub use error::{LogStoreError, Result};
 pub use fault::{FaultMode, FaultPoint, FaultyFileManager};
 pub use file_manager::{
-    CheckpointFileManager, DIR_MODE, FILE_MODE, LocalFileManager, LogListing, NO_FENCE, PublishCheck, Tightened,
+    CheckpointFileManager, DIR_MODE, FILE_MODE, FileVersion, LocalFileManager, LogListing, NO_FENCE, PublishCheck,
+    Tightened,
 };
-pub use lock::{EpochFence, LOCK_FILE, LockHolder, WriterLock, decode_lock_file, encode_lock_file, read_lock_holder};
+pub use location::{ObjectStoreSettings, S3_SCHEME, file_manager_for, is_object_store_location};
+pub use lock::{
+    EpochFence, LOCK_FILE, LeaseOptions, LockHolder, LockStatus, WriterLock, decode_lock_file, encode_lock_file,
+    read_lock_holder,
+};
 pub use log::{
     BodyError, Json, LogEntry, MAX_LOG_FILE_BYTES, MetadataLog, decode_entry, encode_entry, parse_batch_file_name,
 };
+#[cfg(feature = "s3")]
+pub use object_files::ObjectStoreFileManager;
 pub use repair::{QUARANTINE_DIR, REPAIR_NOTE, RepairAction, RepairPlan, apply_repair, plan_repair};
 pub use verdict::{
     CheckpointShape, Inconsistency, InconsistencyKind, RecoveryPoint, Verdict, classify, inspect, inspect_with,

@@ -15,6 +15,10 @@
 //! The lock file is a versioned log entry: a `v1` line, then the holder as
 //! JSON with its checksum (see [`crate::encode_entry`]). Lock files written
 //! before the version line existed (bare JSON) are still read.
+//!
+//! In an object store there is no OS lock: `LOCK` is a lease with an expiry
+//! time, renewed while the writer runs (see [`LeaseOptions`] and the
+//! `lease` module); the fence then checks the lease instead of the file.
 
 use std::fmt;
 use std::fs::{File, OpenOptions, TryLockError};
@@ -24,7 +28,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
-use spate_core::{Clock, Time, WriterFence};
+use spate_core::{Clock, Duration, Time, WriterFence};
 use tracing::{info, warn};
 
 use crate::error::{LogStoreError, Result};
@@ -33,7 +37,7 @@ use crate::log::{Json, decode_entry, encode_entry};
 
 /// The lock file's name in a checkpoint directory.
 pub const LOCK_FILE: &str = "LOCK";
-const MAX_LOCK_FILE_BYTES: u64 = 4096;
+pub(crate) const MAX_LOCK_FILE_BYTES: u64 = 4096;
 
 /// Who holds (or last held) a checkpoint's writer lock.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -57,7 +61,7 @@ impl fmt::Display for LockHolder {
 
 /// What the lock file says now, read by name.
 #[derive(Debug)]
-enum OnDisk {
+pub(crate) enum OnDisk {
     Missing,
     Unreadable(String),
     Holder(LockHolder),
@@ -72,7 +76,7 @@ fn read_lock_file(path: &Path) -> OnDisk {
     }
 }
 
-fn decode_holder(path: &Path, bytes: &[u8]) -> OnDisk {
+pub(crate) fn decode_holder(path: &Path, bytes: &[u8]) -> OnDisk {
     match decode_lock_file(path, bytes) {
         Ok(holder) => OnDisk::Holder(holder),
         Err(e) => OnDisk::Unreadable(e.to_string()),
@@ -113,6 +117,8 @@ pub fn read_lock_holder(dir: &Path) -> Option<LockHolder> {
 pub struct EpochFence {
     dir: PathBuf,
     epoch: u64,
+    /// On an object store: the lease this writer holds, checked instead of a lock file.
+    lease: Option<Arc<crate::lease::LeaseState>>,
 }
 
 impl EpochFence {
@@ -121,8 +127,12 @@ impl EpochFence {
         self.epoch
     }
 
-    /// Ok while the lock file still shows this writer's epoch.
+    /// Ok while the lock file still shows this writer's epoch (on an object
+    /// store: while this writer's lease has not run out nor been taken).
     pub fn check(&self) -> Result<()> {
+        if let Some(lease) = &self.lease {
+            return lease.check();
+        }
         let stale = |on_disk: String| LogStoreError::StaleEpoch { dir: self.dir.clone(), ours: self.epoch, on_disk };
         match read_lock_file(&self.dir.join(LOCK_FILE)) {
             OnDisk::Holder(holder) if holder.epoch == self.epoch => Ok(()),
@@ -146,10 +156,77 @@ impl WriterFence for EpochFence {
 /// The held writer lock of a checkpoint directory. Dropping it releases the lock.
 #[derive(Debug)]
 pub struct WriterLock {
-    // Held only for its OS lock, which lives as long as the open file.
-    _file: File,
+    held: Held,
     holder: LockHolder,
     fence: Arc<EpochFence>,
+}
+
+/// What keeps the lock while the [`WriterLock`] lives.
+#[derive(Debug)]
+enum Held {
+    /// The open lock file: its OS lock lives as long as the file is open.
+    File(#[allow(dead_code)] File),
+    /// The lease object, renewed in the background and released on drop.
+    #[cfg_attr(not(feature = "s3"), allow(dead_code))]
+    Lease(crate::lease::LeaseKeeper),
+}
+
+/// How a writer holds a checkpoint in an object store, where there is no OS
+/// lock: a lease object (`LOCK`) naming it until an expiry time, renewed
+/// with a conditional put while the job runs.
+///
+/// The clock assumption: the clocks of any two machines that run writers
+/// of one checkpoint differ by less than `safety_margin`. A writer stops
+/// writing `safety_margin` before its lease runs out by its own clock; a
+/// new writer takes the lease over only once it has run out by the new
+/// writer's clock.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LeaseOptions {
+    /// How long a lease lasts from its last renewal.
+    pub duration: Duration,
+    /// How often the holder renews it.
+    pub renew_every: Duration,
+    /// How long before the expiry the holder stops writing.
+    pub safety_margin: Duration,
+    /// Renew from a background thread (off in tests that drive the clock
+    /// and call [`crate::Checkpoint::renew_lease`] themselves).
+    pub renew_in_background: bool,
+}
+
+impl Default for LeaseOptions {
+    fn default() -> Self {
+        LeaseOptions {
+            duration: Duration::from_millis(15_000),
+            renew_every: Duration::from_millis(4_000),
+            safety_margin: Duration::from_millis(3_000),
+            renew_in_background: true,
+        }
+    }
+}
+
+/// Whether a live writer holds a checkpoint's lock, as a reader sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LockStatus {
+    /// No lock file: no spate writer ever opened the checkpoint.
+    Never,
+    /// A live writer holds it (the holder as recorded; `None` when unreadable).
+    Held(Option<LockHolder>),
+    /// Nobody holds it; the last writer is shown when recorded.
+    Free(Option<LockHolder>),
+}
+
+/// [`LockStatus`] of a local checkpoint, found by asking for a shared
+/// `flock` (refused while a writer holds its exclusive one) and releasing it
+/// at once: the lock file is not changed.
+pub(crate) fn local_lock_status(dir: &Path) -> LockStatus {
+    let path = dir.join(LOCK_FILE);
+    let Ok(file) = File::open(&path) else { return LockStatus::Never };
+    let recorded = read_lock_holder(dir);
+    match file.try_lock_shared() {
+        Ok(()) => LockStatus::Free(recorded),
+        // Cannot tell (or held): report what the file says, as held, the safe assumption.
+        Err(TryLockError::WouldBlock | TryLockError::Error(_)) => LockStatus::Held(recorded),
+    }
 }
 
 impl WriterLock {
@@ -174,13 +251,31 @@ impl WriterLock {
             Err(TryLockError::Error(e)) => return Err(LogStoreError::io("lock", &path, e)),
         }
         let previous = read_previous(&mut file, &path)?;
-        let epoch = next_epoch(dir, &previous, clock)?;
+        let used = dir.join(crate::checkpoint::METADATA_FILE).exists();
+        let epoch = next_epoch(dir, &previous, used, clock)?;
         let holder = LockHolder { pid: std::process::id(), host: host_name(), since: clock.now(), epoch };
         write_holder(&file, &path, &holder)?;
         fsync_dir(dir)?;
         info!(dir = %dir.display(), %holder, "took the checkpoint writer lock");
-        let fence = Arc::new(EpochFence { dir: dir.to_path_buf(), epoch });
-        Ok(WriterLock { _file: file, holder, fence })
+        let fence = Arc::new(EpochFence { dir: dir.to_path_buf(), epoch, lease: None });
+        Ok(WriterLock { held: Held::File(file), holder, fence })
+    }
+
+    /// A lock held as a lease in an object store (see [`LeaseOptions`]).
+    #[cfg_attr(not(feature = "s3"), allow(dead_code))]
+    pub(crate) fn leased(dir: &Path, keeper: crate::lease::LeaseKeeper) -> WriterLock {
+        let state = keeper.state();
+        let holder = state.holder().clone();
+        let fence = Arc::new(EpochFence { dir: dir.to_path_buf(), epoch: holder.epoch, lease: Some(state) });
+        WriterLock { held: Held::Lease(keeper), holder, fence }
+    }
+
+    /// Renews the lease now (object stores; nothing to do for a local lock).
+    pub fn renew(&self) -> Result<()> {
+        match &self.held {
+            Held::File(_) => Ok(()),
+            Held::Lease(keeper) => keeper.state().renew(),
+        }
     }
 
     /// This writer, as written in the lock file.
@@ -219,7 +314,7 @@ fn read_previous(file: &mut File, path: &Path) -> Result<OnDisk> {
 /// the clock (milliseconds), far above any count of takeovers. A previous
 /// epoch of `u64::MAX` has no successor: the new writer could not be told
 /// apart from the old one, so it is refused.
-fn next_epoch(dir: &Path, previous: &OnDisk, clock: &dyn Clock) -> Result<u64> {
+pub(crate) fn next_epoch(dir: &Path, previous: &OnDisk, used: bool, clock: &dyn Clock) -> Result<u64> {
     match previous {
         OnDisk::Holder(holder) => {
             info!(dir = %dir.display(), previous = %holder, "taking over from a writer that is gone");
@@ -232,7 +327,7 @@ fn next_epoch(dir: &Path, previous: &OnDisk, clock: &dyn Clock) -> Result<u64> {
                 ),
             })
         }
-        OnDisk::Missing if !dir.join(crate::checkpoint::METADATA_FILE).exists() => Ok(1),
+        OnDisk::Missing if !used => Ok(1),
         OnDisk::Missing | OnDisk::Unreadable(_) => {
             warn!(dir = %dir.display(), "lock file empty or unreadable in a used checkpoint; epoch taken from the clock");
             Ok(u64::try_from(clock.now().as_millis()).unwrap_or(1).max(1))
@@ -247,7 +342,7 @@ fn write_holder(file: &File, path: &Path, holder: &LockHolder) -> Result<()> {
     file.sync_all().map_err(|e| LogStoreError::io("fsync lock file", path, e))
 }
 
-fn host_name() -> String {
+pub(crate) fn host_name() -> String {
     let from_kernel = std::fs::read_to_string("/proc/sys/kernel/hostname").ok();
     from_kernel
         .or_else(|| std::env::var("HOSTNAME").ok())

@@ -96,8 +96,32 @@ pub(crate) fn first_line(body: &str) -> Option<&str> {
 
 /// Encodes an entry as the bytes of its file, with its checksum (see the module docs).
 pub fn encode_entry<T: LogEntry>(entry: &T) -> Result<Vec<u8>, String> {
-    let body = entry.encode_body()?;
+    encode_entry_by(entry, None)
+}
+
+/// The key of the field naming the epoch of the writer that wrote an entry.
+const WRITER_EPOCH_KEY: &str = "writerEpoch";
+
+/// [`encode_entry`], naming the writer's epoch in line 2 when it is a JSON
+/// object (readers that do not know the field, Spark's included, ignore it).
+fn encode_entry_by<T: LogEntry>(entry: &T, writer_epoch: Option<u64>) -> Result<Vec<u8>, String> {
+    let mut body = entry.encode_body()?;
+    if let Some(epoch) = writer_epoch {
+        let end = body.find('\n').unwrap_or(body.len());
+        let line = body[..end].trim_end();
+        if line.starts_with('{') && line.ends_with('}') {
+            let comma = if line == "{}" { "" } else { "," };
+            body.insert_str(line.len() - 1, &format!("{comma}\"{WRITER_EPOCH_KEY}\":{epoch}"));
+        }
+    }
     Ok(add_checksum(format!("v{}\n{body}", T::VERSION).into_bytes()))
+}
+
+/// The epoch of the writer that wrote an entry, when it says.
+fn writer_epoch_of(bytes: &[u8]) -> Option<u64> {
+    let (start, end) = second_line(bytes)?;
+    let line: serde_json::Value = serde_json::from_slice(&bytes[start..end]).ok()?;
+    line.get(WRITER_EPOCH_KEY)?.as_u64()
 }
 
 /// Decodes the bytes of a log file; `path` is only used to name the file in
@@ -344,18 +368,44 @@ impl<T: LogEntry> MetadataLog<T> {
         }
         if self.files.exists(&path)? {
             debug!(path = %path.display(), "entry exists; not overwritten");
+            self.check_not_newer(&path)?;
             return Ok(false);
         }
-        let bytes = encode_entry(entry).map_err(|reason| LogStoreError::Encode { path: path.clone(), reason })?;
+        let bytes = encode_entry_by(entry, self.fence().map(|f| f.epoch()))
+            .map_err(|reason| LogStoreError::Encode { path: path.clone(), reason })?;
         match self.files.create_atomic(&path, &bytes, &|| self.check_writable()) {
             Ok(()) => Ok(true),
             Err(LogStoreError::AlreadyExists { .. }) => {
                 // Lost a race with another writer of the same id (Spark calls this a
                 // concurrent update): theirs stands.
                 warn!(path = %path.display(), "another writer added this entry first");
+                self.check_not_newer(&path)?;
                 Ok(false)
             }
             Err(e) => Err(e),
+        }
+    }
+
+    fn fence(&self) -> Option<&Arc<EpochFence>> {
+        match &self.access {
+            Access::Fenced(fence) => Some(fence),
+            Access::Unfenced | Access::ReadOnly => None,
+        }
+    }
+
+    /// Fails with [`LogStoreError::StaleEpoch`] when the entry at `path` was
+    /// written by a newer writer than this one: this writer lost the
+    /// checkpoint (a lease that ran out while it was paused) and must stop.
+    fn check_not_newer(&self, path: &Path) -> Result<()> {
+        let Some(fence) = self.fence() else { return Ok(()) };
+        let Some(bytes) = self.files.read(path, MAX_LOG_FILE_BYTES)? else { return Ok(()) };
+        match writer_epoch_of(&bytes) {
+            Some(theirs) if theirs > fence.epoch() => Err(LogStoreError::StaleEpoch {
+                dir: self.dir.parent().unwrap_or(&self.dir).to_path_buf(),
+                ours: fence.epoch(),
+                on_disk: format!("epoch {theirs}, which wrote {}", path.display()),
+            }),
+            _ => Ok(()),
         }
     }
 

@@ -21,7 +21,8 @@ use spate_core::BatchId;
 use crate::checkpoint::{COMMITS_DIR, METADATA_FILE, OFFSETS_DIR, read_metadata};
 use crate::entries::{CommitMetadata, OffsetSeq};
 use crate::error::{LogStoreError, Result};
-use crate::file_manager::{CheckpointFileManager, LocalFileManager, LogListing};
+use crate::file_manager::{CheckpointFileManager, LogListing};
+use crate::location::{ObjectStoreSettings, file_manager_for};
 use crate::log::{MAX_LOG_FILE_BYTES, decode_entry};
 
 /// Where a consistent checkpoint puts the next run.
@@ -326,9 +327,10 @@ pub(crate) fn files_involved(kind: &InconsistencyKind, shape: &CheckpointShape) 
     }
 }
 
-/// The verdict of the checkpoint directory `dir` on the local file system.
+/// The verdict of the checkpoint at `dir` (a path, or `s3://bucket/prefix`
+/// reached with the AWS environment variables).
 pub fn inspect(dir: &Path) -> Result<Verdict> {
-    inspect_with(&LocalFileManager, dir)
+    inspect_with(file_manager_for(dir, &ObjectStoreSettings::default())?.as_ref(), dir)
 }
 
 /// [`inspect`] through any file manager. Lists `offsets/` and `commits/`

@@ -1,0 +1,326 @@
+//! [`CheckpointFileManager`] on S3 (any S3-compatible store with
+//! conditional writes), through Apache Arrow's `object_store` crate.
+//!
+//! There is no rename and no copy: a put-if-absent is a PUT with
+//! `If-None-Match: *` (`PutMode::Create`), a replace a PUT with `If-Match`
+//! on the ETag read before (`PutMode::Update`), so a write is atomic and a
+//! racing writer loses instead of overwriting. Moving a file (repair's
+//! quarantine) is a read, a put-if-absent under the new name, then a delete.
+//! Directories do not exist: a "directory" is a key prefix, and it exists
+//! when some object is under it. There are no permissions to tighten and no
+//! temp files to clean.
+//!
+//! The store's client is asynchronous; each call runs on a small runtime
+//! owned by the file manager and is waited for, so the checkpoint code stays
+//! synchronous and callable from any thread.
+
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use futures::TryStreamExt;
+use object_store::aws::{AmazonS3Builder, S3ConditionalPut};
+use object_store::path::Path as ObjectPath;
+use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload, UpdateVersion};
+use spate_core::Clock;
+
+use crate::error::{LogStoreError, Result};
+use crate::file_manager::{CheckpointFileManager, FileVersion, LogListing, PublishCheck, Tightened};
+use crate::location::{ObjectStoreSettings, parse_s3_location};
+use crate::lock::{LeaseOptions, LockStatus, WriterLock};
+
+/// The checkpoint file manager of an `s3://bucket/prefix` location.
+#[derive(Clone, Debug)]
+pub struct ObjectStoreFileManager {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    /// The location as given (`s3://bucket/prefix`): paths under it map to keys.
+    root: PathBuf,
+    prefix: Vec<String>,
+    store: Arc<dyn ObjectStore>,
+    runtime: Option<tokio::runtime::Runtime>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // Dropping a runtime blocks; this may run on any thread, including an async one.
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
+        }
+    }
+}
+
+impl ObjectStoreFileManager {
+    /// Connects to the bucket of `location` (`s3://bucket/prefix`) with
+    /// `settings` over the AWS environment variables. Nothing is requested
+    /// until the first operation.
+    pub fn connect(location: &Path, settings: &ObjectStoreSettings) -> Result<Self> {
+        let (bucket, prefix) = parse_s3_location(location)?;
+        let refuse = |reason: String| LogStoreError::Location { location: location.display().to_string(), reason };
+        // The TLS library needs its crypto chosen once per process; a second call finds it chosen.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let mut builder =
+            AmazonS3Builder::from_env().with_bucket_name(bucket).with_conditional_put(S3ConditionalPut::ETagMatch);
+        if let Some(endpoint) = &settings.endpoint {
+            builder = builder.with_endpoint(endpoint);
+        }
+        if let Some(region) = &settings.region {
+            builder = builder.with_region(region);
+        }
+        if let Some(key) = &settings.access_key_id {
+            builder = builder.with_access_key_id(key);
+        }
+        if let Some(secret) = &settings.secret_access_key {
+            builder = builder.with_secret_access_key(secret);
+        }
+        if let Some(allow) = settings.allow_http {
+            builder = builder.with_allow_http(allow);
+        }
+        let store = builder.build().map_err(|e| refuse(e.to_string()))?;
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("spate-object-store")
+            .enable_all()
+            .build()
+            .map_err(|e| refuse(format!("cannot start the object store client: {e}")))?;
+        let prefix = prefix.split('/').filter(|p| !p.is_empty()).map(str::to_string).collect();
+        let root = location.to_path_buf();
+        Ok(ObjectStoreFileManager {
+            inner: Arc::new(Inner { root, prefix, store: Arc::new(store), runtime: Some(runtime) }),
+        })
+    }
+
+    /// The object key of `path`, which must be under the location.
+    fn key(&self, path: &Path) -> Result<ObjectPath> {
+        let relative = path.strip_prefix(&self.inner.root).map_err(|_| LogStoreError::InvalidPath {
+            path: path.to_path_buf(),
+            reason: "is not under the checkpoint's object store location",
+        })?;
+        let parts = relative.iter().map(|part| part.to_string_lossy().into_owned());
+        Ok(ObjectPath::from_iter(self.inner.prefix.iter().cloned().chain(parts)))
+    }
+
+    /// Runs `request` on the client's runtime and waits for it.
+    fn run<T: Send + 'static>(
+        &self,
+        op: &'static str,
+        path: &Path,
+        request: impl Future<Output = object_store::Result<T>> + Send + 'static,
+    ) -> Result<T> {
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        let runtime = self.inner.runtime.as_ref().ok_or_else(|| stopped(op, path))?;
+        runtime.spawn(async move {
+            let _ = tx.send(request.await);
+        });
+        rx.recv().map_err(|_| stopped(op, path))?.map_err(|e| store_error(op, path, e))
+    }
+
+    fn store(&self) -> Arc<dyn ObjectStore> {
+        Arc::clone(&self.inner.store)
+    }
+
+    /// The names directly under the prefix of `dir`: objects and "subdirectories".
+    fn list_names(&self, dir: &Path) -> Result<Vec<String>> {
+        let key = self.key(dir)?;
+        let store = self.store();
+        let listing = self.run("list", dir, async move { store.list_with_delimiter(Some(&key)).await })?;
+        let names = listing.objects.iter().map(|o| &o.location).chain(listing.common_prefixes.iter());
+        Ok(names.filter_map(|p| p.filename().map(str::to_string)).collect())
+    }
+
+    fn put(&self, op: &'static str, path: &Path, bytes: &[u8], mode: PutMode) -> Result<FileVersion> {
+        let key = self.key(path)?;
+        let store = self.store();
+        let payload = PutPayload::from(bytes.to_vec());
+        let options = PutOptions { mode, ..PutOptions::default() };
+        let result = self.run(op, path, async move { store.put_opts(&key, payload, options).await })?;
+        Ok(result.e_tag.map_or(FileVersion::Unknown, FileVersion::Tag))
+    }
+
+    fn head(&self, path: &Path) -> Result<Option<FileVersion>> {
+        let key = self.key(path)?;
+        let store = self.store();
+        match self.run("stat", path, async move { store.head(&key).await }) {
+            Ok(meta) => Ok(Some(meta.e_tag.map_or(FileVersion::Unknown, FileVersion::Tag))),
+            Err(LogStoreError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+fn stopped(op: &'static str, path: &Path) -> LogStoreError {
+    LogStoreError::ObjectStore { op, path: path.to_path_buf(), message: "the object store client has stopped".into() }
+}
+
+/// Maps the store's error: a missing object is `NotFound` (as on a file
+/// system), a refused put-if-absent [`LogStoreError::AlreadyExists`], a
+/// refused conditional replace [`LogStoreError::Changed`].
+fn store_error(op: &'static str, path: &Path, error: object_store::Error) -> LogStoreError {
+    let path = path.to_path_buf();
+    match error {
+        object_store::Error::NotFound { .. } => {
+            LogStoreError::Io { op, path, source: std::io::Error::new(std::io::ErrorKind::NotFound, "no such object") }
+        }
+        object_store::Error::AlreadyExists { .. } => LogStoreError::AlreadyExists { path },
+        object_store::Error::Precondition { .. } => LogStoreError::Changed { path },
+        other => LogStoreError::ObjectStore { op, path, message: other.to_string() },
+    }
+}
+
+fn is_not_found(error: &LogStoreError) -> bool {
+    matches!(error, LogStoreError::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound)
+}
+
+impl CheckpointFileManager for ObjectStoreFileManager {
+    fn list(&self, dir: &Path) -> Result<Vec<String>> {
+        self.list_names(dir)
+    }
+
+    fn read(&self, path: &Path, max_len: u64) -> Result<Option<Vec<u8>>> {
+        Ok(self.read_versioned(path, max_len)?.map(|(bytes, _)| bytes))
+    }
+
+    fn read_versioned(&self, path: &Path, max_len: u64) -> Result<Option<(Vec<u8>, FileVersion)>> {
+        let key = self.key(path)?;
+        let store = self.store();
+        let request = async move {
+            let result = store.get(&key).await?;
+            let (size, tag) = (result.meta.size, result.meta.e_tag.clone());
+            // Refused on its size before its body is read into memory.
+            if size > max_len {
+                return Ok((size, tag, None));
+            }
+            Ok((size, tag, Some(result.bytes().await?)))
+        };
+        match self.run("read", path, request) {
+            Ok((len, _, None)) => Err(LogStoreError::TooLarge { path: path.to_path_buf(), len, limit: max_len }),
+            Ok((_, tag, Some(bytes))) => Ok(Some((bytes.to_vec(), tag.map_or(FileVersion::Unknown, FileVersion::Tag)))),
+            Err(e) if is_not_found(&e) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn create_atomic(&self, path: &Path, bytes: &[u8], fence: PublishCheck<'_>) -> Result<()> {
+        fence()?;
+        self.put("put-if-absent", path, bytes, PutMode::Create).map(|_| ())
+    }
+
+    fn replace_atomic(&self, path: &Path, bytes: &[u8], fence: PublishCheck<'_>) -> Result<()> {
+        let expected = self.head(path)?.unwrap_or(FileVersion::Absent);
+        self.replace_if_unchanged(path, bytes, &expected, fence).map(|_| ())
+    }
+
+    fn replace_if_unchanged(
+        &self,
+        path: &Path,
+        bytes: &[u8],
+        expected: &FileVersion,
+        fence: PublishCheck<'_>,
+    ) -> Result<FileVersion> {
+        let mode = match expected {
+            FileVersion::Absent => PutMode::Create,
+            FileVersion::Tag(tag) => PutMode::Update(UpdateVersion { e_tag: Some(tag.clone()), version: None }),
+            // A store without ETags cannot replace conditionally.
+            FileVersion::Unknown => PutMode::Overwrite,
+        };
+        fence()?;
+        match self.put("conditional put", path, bytes, mode) {
+            // Put-if-absent on a replace: the file appeared since it was read.
+            Err(LogStoreError::AlreadyExists { path }) if *expected == FileVersion::Absent => {
+                Err(LogStoreError::Changed { path })
+            }
+            other => other,
+        }
+    }
+
+    fn rename_no_replace(&self, from: &Path, to: &Path, fence: PublishCheck<'_>) -> Result<()> {
+        let Some(bytes) = self.read(from, crate::checkpoint::MAX_CHECKPOINT_FILE_BYTES)? else {
+            let missing = std::io::Error::new(std::io::ErrorKind::NotFound, "no such object");
+            return Err(LogStoreError::io("move", from, missing));
+        };
+        self.create_atomic(to, &bytes, fence)?;
+        self.delete(from).map(|_| ())
+    }
+
+    fn delete(&self, path: &Path) -> Result<bool> {
+        if self.head(path)?.is_none() {
+            return Ok(false);
+        }
+        let key = self.key(path)?;
+        let store = self.store();
+        self.run("delete", path, async move { store.delete(&key).await })?;
+        Ok(true)
+    }
+
+    fn exists(&self, path: &Path) -> Result<bool> {
+        if self.head(path)?.is_some() {
+            return Ok(true);
+        }
+        // A "directory": some object under the prefix.
+        let key = self.key(path)?;
+        let store = self.store();
+        let first = self.run("list", path, async move { store.list(Some(&key)).try_next().await })?;
+        Ok(first.is_some())
+    }
+
+    fn mkdirs(&self, _dir: &Path) -> Result<()> {
+        Ok(())
+    }
+
+    fn list_log(&self, dir: &Path) -> Result<LogListing> {
+        let mut listing = LogListing::default();
+        for name in self.list_names(dir)? {
+            listing.add(name.as_bytes());
+        }
+        Ok(listing)
+    }
+
+    fn tighten_permissions(&self, _dir: &Path) -> Result<Vec<Tightened>> {
+        Ok(Vec::new())
+    }
+
+    fn clean_temp_files(&self, _dir: &Path) -> Result<usize> {
+        Ok(0)
+    }
+
+    /// A conditional replace of the whole object: an object cannot grow in place.
+    fn append(&self, path: &Path, bytes: &[u8], fence: PublishCheck<'_>) -> Result<u64> {
+        let (mut content, version) = self
+            .read_versioned(path, crate::checkpoint::MAX_CHECKPOINT_FILE_BYTES)?
+            .unwrap_or((Vec::new(), FileVersion::Absent));
+        content.extend_from_slice(bytes);
+        self.replace_if_unchanged(path, &content, &version, fence)?;
+        Ok(content.len() as u64)
+    }
+
+    fn list_files_recursive(&self, dir: &Path) -> Result<Vec<(PathBuf, u64)>> {
+        let key = self.key(dir)?;
+        let store = self.store();
+        let prefix_key = key.clone();
+        let objects =
+            self.run("list", dir, async move { store.list(Some(&prefix_key)).try_collect::<Vec<_>>().await })?;
+        Ok(objects
+            .into_iter()
+            .filter_map(|meta| {
+                let relative: PathBuf =
+                    meta.location.prefix_match(&key)?.map(|part| part.as_ref().to_string()).collect();
+                Some((relative, meta.size))
+            })
+            .collect())
+    }
+
+    fn acquire_lock(&self, dir: &Path, clock: Arc<dyn Clock>, lease: &LeaseOptions) -> Result<WriterLock> {
+        crate::lease::acquire(Arc::new(self.clone()), dir, clock, lease)
+    }
+
+    fn lock_status(&self, dir: &Path, clock: &dyn Clock) -> LockStatus {
+        crate::lease::status(self, dir, clock)
+    }
+
+    fn is_object_store(&self) -> bool {
+        true
+    }
+}

@@ -1,0 +1,189 @@
+//! Checkpoints in S3, against a real S3 server (SeaweedFS, started by
+//! `cargo xtask test`): the logs, verdicts and repair behave as on a local
+//! directory; the writer lock is a lease that a second writer is refused,
+//! an expired one is taken over with a new epoch, and a writer paused past
+//! its lease can no longer write once the new holder has.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use common::s3;
+use spate::core::{BatchId, Duration, ManualClock, Time};
+use spate::logstore::{
+    Checkpoint, CheckpointOptions, CommitMetadata, LeaseOptions, LockStatus, LogStoreError, OffsetSeq, SourceOffset,
+    Verdict,
+};
+
+const START: i64 = 1_700_000_000_000;
+
+fn lease() -> LeaseOptions {
+    LeaseOptions {
+        duration: Duration::from_millis(10_000),
+        renew_every: Duration::from_millis(3_000),
+        safety_margin: Duration::from_millis(2_000),
+        renew_in_background: false,
+    }
+}
+
+fn options(clock: &Arc<ManualClock>) -> CheckpointOptions {
+    CheckpointOptions::new().clock(clock.clone()).object_store(s3::settings()).lease(lease())
+}
+
+fn offsets(n: u64) -> OffsetSeq {
+    OffsetSeq {
+        batch_timestamp: Time::from_millis(START + n as i64 * 1000),
+        sources: vec![SourceOffset::new("events", Some(serde_json::json!({"events": {"0": n * 10}})))],
+        ..OffsetSeq::default()
+    }
+}
+
+fn open(location: &Path, clock: &Arc<ManualClock>) -> Checkpoint {
+    Checkpoint::open_for_write(location, options(clock)).unwrap()
+}
+
+#[test]
+fn logs_and_verdicts_on_s3_behave_as_on_a_local_directory() {
+    let location = s3::fresh_location("verdicts");
+    let clock = Arc::new(ManualClock::new(Time::from_millis(START)));
+    let checkpoint = open(&location, &clock);
+    assert!(checkpoint.is_object_store());
+    assert_eq!(checkpoint.verdict().unwrap(), Verdict::Fresh);
+    assert!(checkpoint.offsets().add(BatchId(0), &offsets(0)).unwrap());
+    assert!(!checkpoint.offsets().add(BatchId(0), &offsets(9)).unwrap(), "put-if-absent never overwrites");
+    assert!(
+        matches!(checkpoint.verdict().unwrap(), Verdict::Rerun { batch: BatchId(0), ref offsets, .. } if *offsets == self::offsets(0))
+    );
+    assert!(checkpoint.commit_batch(BatchId(0), &CommitMetadata::default()).unwrap());
+    assert!(matches!(checkpoint.verdict().unwrap(), Verdict::Resume { next: BatchId(1), .. }));
+
+    // Files of the runtime (graph, state) round-trip, and a replace keeps the newest.
+    checkpoint.replace_file("graph", b"{\"g\":1}").unwrap();
+    checkpoint.replace_file("graph", b"{\"g\":2}").unwrap();
+    assert_eq!(checkpoint.read_file("graph").unwrap().unwrap(), b"{\"g\":2}");
+    checkpoint.write_file("state/counts/0", b"snapshot").unwrap();
+    let again = checkpoint.write_file("state/counts/0", b"other").unwrap_err();
+    assert!(matches!(again, LogStoreError::AlreadyExists { .. }), "{again}");
+    assert_eq!(checkpoint.list("state/counts").unwrap(), vec!["0".to_string()]);
+
+    // The free function reaches the same store through the same settings.
+    let verdict = Checkpoint::open_read_only(&location, options(&clock)).unwrap().verdict().unwrap();
+    assert!(matches!(verdict, Verdict::Resume { next: BatchId(1), .. }));
+    let entry = checkpoint.files().read(&location.join("offsets/0"), 1 << 20).unwrap().unwrap();
+    let text = String::from_utf8(entry).unwrap();
+    assert!(text.contains(&format!("\"writerEpoch\":{}", checkpoint.epoch().unwrap())), "{text}");
+}
+
+#[test]
+fn a_second_writer_is_refused_naming_the_holder_and_a_released_lease_is_taken_at_once() {
+    let location = s3::fresh_location("second-writer");
+    let clock = Arc::new(ManualClock::new(Time::from_millis(START)));
+    let first = open(&location, &clock);
+    assert_eq!(first.epoch(), Some(1));
+    let err = Checkpoint::open_for_write(&location, options(&clock)).unwrap_err();
+    let text = err.to_string();
+    assert!(matches!(err, LogStoreError::Locked { holder: Some(ref h), .. } if h.epoch == 1), "{text}");
+    assert!(text.contains(&format!("pid {}", std::process::id())) && text.contains("s3://"), "{text}");
+    assert!(matches!(first.lock_status(), LockStatus::Held(Some(ref h)) if h.epoch == 1));
+
+    drop(first); // a clean stop releases the lease
+    let reader = Checkpoint::open_read_only(&location, options(&clock)).unwrap();
+    assert!(matches!(reader.lock_status(), LockStatus::Free(Some(ref h)) if h.epoch == 1));
+    let second = open(&location, &clock);
+    assert_eq!(second.epoch(), Some(2));
+}
+
+#[test]
+fn an_expired_lease_is_taken_over_and_the_paused_writer_cannot_write_after_the_new_one() {
+    let location = s3::fresh_location("takeover");
+    // The old writer's clock stands still: it was paused after its last fence check.
+    let old_clock = Arc::new(ManualClock::new(Time::from_millis(START)));
+    let old = open(&location, &old_clock);
+    assert!(old.offsets().add(BatchId(0), &offsets(0)).unwrap());
+    old.replace_file("graph", b"old").unwrap();
+
+    let new_clock = Arc::new(ManualClock::new(Time::from_millis(START)));
+    let refused = Checkpoint::open_for_write(&location, options(&new_clock)).unwrap_err();
+    assert!(matches!(refused, LogStoreError::Locked { .. }), "{refused}");
+    new_clock.advance(Duration::from_millis(10_001));
+    let new = open(&location, &new_clock);
+    assert_eq!(new.epoch(), Some(2));
+    assert!(matches!(new.verdict().unwrap(), Verdict::Rerun { batch: BatchId(0), .. }));
+    assert!(new.commit_batch(BatchId(0), &CommitMetadata::default()).unwrap());
+    assert!(new.offsets().add(BatchId(1), &offsets(1)).unwrap());
+    new.replace_file("graph", b"new").unwrap();
+
+    // The old writer wakes believing its lease still runs: every write it
+    // tries is refused, and says that a newer writer holds the checkpoint.
+    let stale = |e: LogStoreError| assert!(matches!(e, LogStoreError::StaleEpoch { ours: 1, .. }), "{e}");
+    stale(old.commits().add(BatchId(0), &CommitMetadata::default()).unwrap_err());
+    stale(old.offsets().add(BatchId(1), &offsets(5)).unwrap_err());
+    stale(old.replace_file("graph", b"old again").unwrap_err());
+    stale(old.renew_lease().unwrap_err());
+    stale(old.offsets().add(BatchId(2), &offsets(2)).unwrap_err());
+    assert_eq!(new.read_file("graph").unwrap().unwrap(), b"new");
+    assert_eq!(new.offsets().get(BatchId(1)).unwrap(), Some(offsets(1)));
+    drop(old); // a lost lease is not released over the new holder's
+    assert!(matches!(new.lock_status(), LockStatus::Held(Some(ref h)) if h.epoch == 2));
+}
+
+#[test]
+fn a_writer_whose_lease_runs_out_stops_writing_before_anyone_can_take_over() {
+    let location = s3::fresh_location("expiry");
+    let clock = Arc::new(ManualClock::new(Time::from_millis(START)));
+    let writer = open(&location, &clock);
+    clock.advance(Duration::from_millis(7_000));
+    writer.renew_lease().unwrap(); // renewed: runs until START + 17 s
+    clock.advance(Duration::from_millis(7_000));
+    assert!(writer.offsets().add(BatchId(0), &offsets(0)).unwrap());
+    // Within the safety margin of the expiry: no more writes.
+    clock.advance(Duration::from_millis(1_500));
+    let err = writer.offsets().add(BatchId(1), &offsets(1)).unwrap_err();
+    assert!(
+        matches!(err, LogStoreError::StaleEpoch { .. }) && err.to_string().contains("not renewed in time"),
+        "{err}"
+    );
+}
+
+#[test]
+fn repair_on_s3_quarantines_by_copy_and_delete() {
+    let location = s3::fresh_location("repair");
+    let clock = Arc::new(ManualClock::new(Time::from_millis(START)));
+    let checkpoint = open(&location, &clock);
+    assert!(checkpoint.offsets().add(BatchId(0), &offsets(0)).unwrap());
+    assert!(checkpoint.commit_batch(BatchId(0), &CommitMetadata::default()).unwrap());
+    // A damaged commit ahead of the offsets, as a crash of a foreign tool could leave.
+    let stray = location.join("commits/3");
+    checkpoint.files().create_atomic(&stray, b"v1\n{garbage", &|| Ok(())).unwrap();
+    let Verdict::Inconsistent(inconsistency) = checkpoint.verdict().unwrap() else { panic!("expected inconsistent") };
+    let message = inconsistency.to_string();
+    assert!(message.contains("s3://") && message.contains("commits/3"), "{message}");
+    let plan = checkpoint.repair_plan().unwrap().unwrap();
+    checkpoint.apply_repair(&plan).unwrap();
+    assert!(matches!(checkpoint.verdict().unwrap(), Verdict::Resume { next: BatchId(1), .. }));
+    assert!(!checkpoint.files().exists(&stray).unwrap());
+    let mut quarantined = checkpoint.files().list_files_recursive(&location.join("_quarantine")).unwrap();
+    quarantined.sort();
+    let names: Vec<_> =
+        quarantined.iter().map(|(path, _)| path.iter().skip(1).collect::<std::path::PathBuf>()).collect();
+    assert_eq!(names, [Path::new("REPAIR.txt"), Path::new("commits/3")], "{quarantined:?}");
+    assert_eq!(quarantined[1].1, 11, "the moved object keeps its bytes");
+}
+
+#[test]
+fn progress_style_appends_are_conditional_replaces() {
+    let location = s3::fresh_location("append");
+    let clock = Arc::new(ManualClock::new(Time::from_millis(START)));
+    let checkpoint = open(&location, &clock);
+    let path = location.join("progress/progress-000000.jsonl");
+    let files = checkpoint.files();
+    assert_eq!(files.append(&path, b"{\"a\":1}\n", &|| Ok(())).unwrap(), 8);
+    assert_eq!(files.append(&path, b"{\"a\":2}\n", &|| Ok(())).unwrap(), 16);
+    assert_eq!(files.read(&path, 1024).unwrap().unwrap(), b"{\"a\":1}\n{\"a\":2}\n");
+    let fenced = files.append(&path, b"{\"a\":3}\n", &|| checkpoint.renew_lease().and(Err(LogStoreError::Crashed)));
+    assert!(fenced.is_err());
+    assert_eq!(files.read(&path, 1024).unwrap().unwrap().len(), 16, "a failed fence writes nothing");
+}
