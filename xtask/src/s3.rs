@@ -372,7 +372,10 @@ fn server_args(ports: &Ports, data_dir: &Path, config: &Path) -> Vec<String> {
         "-s3.port.iceberg=0".into(),
         "-s3.port.lance=0".into(),
         "-master.telemetry=false".into(),
-        "-volume.max=10".into(),
+        // Volumes as the disk allows, each small: every bucket takes several
+        // at once, and a fixed count ran out after two buckets.
+        "-volume.max=0".into(),
+        "-master.volumeSizeLimitMB=64".into(),
     ]
 }
 
