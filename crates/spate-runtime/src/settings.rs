@@ -1,10 +1,13 @@
 //! How a [`crate::StreamingContext`] runs: batch interval, checkpoint
-//! interval, concurrency, retention, backpressure, progress files, clock.
+//! interval, concurrency, retention, backpressure, progress files, clock,
+//! and where the checkpoint's object store and write-ahead logs are.
 
 use std::fmt;
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use spate_core::{Clock, Duration, SystemClock};
+use spate_logstore::ObjectStoreSettings;
 
 use crate::error::RuntimeError;
 use crate::pid::PidSettings;
@@ -50,6 +53,14 @@ pub struct StreamingSettings {
     pub progress_rotation: ProgressRotation,
     /// The clock batches tick on.
     pub clock: Arc<dyn Clock>,
+    /// How to reach the object store of an `s3://` checkpoint (unset
+    /// settings come from the AWS environment variables).
+    pub object_store: ObjectStoreSettings,
+    /// Where the receiver write-ahead logs and the block tracker's event log
+    /// live; `None`: in the checkpoint directory. Required with an object
+    /// store checkpoint when the pipeline has receivers: those logs are
+    /// appended to many times a second and stay on a local disk.
+    pub wal_dir: Option<PathBuf>,
 }
 
 impl fmt::Debug for StreamingSettings {
@@ -62,6 +73,8 @@ impl fmt::Debug for StreamingSettings {
             .field("backpressure", &self.backpressure)
             .field("progress_rotation", &self.progress_rotation)
             .field("clock", &self.clock)
+            .field("object_store", &self.object_store)
+            .field("wal_dir", &self.wal_dir)
             .finish()
     }
 }
@@ -77,7 +90,22 @@ impl StreamingSettings {
             backpressure: BackpressureSettings::default(),
             progress_rotation: ProgressRotation::default(),
             clock: Arc::new(SystemClock),
+            object_store: ObjectStoreSettings::default(),
+            wal_dir: None,
         }
+    }
+
+    /// Reaches an `s3://` checkpoint with `settings`.
+    pub fn with_object_store(mut self, settings: ObjectStoreSettings) -> Self {
+        self.object_store = settings;
+        self
+    }
+
+    /// Keeps the receiver write-ahead logs and the tracker's event log in
+    /// `dir` (a local directory) instead of the checkpoint directory.
+    pub fn with_wal_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.wal_dir = Some(dir.into());
+        self
     }
 
     /// Runs batches on `clock` (a `ManualClock` in tests).
