@@ -296,6 +296,13 @@ impl Checkpoint {
         self.lock.as_ref().ok_or_else(|| LogStoreError::ReadOnly { path: self.dir.clone() })?.renew()
     }
 
+    /// Renews this writer's lease when a renewal is due by the checkpoint's
+    /// clock (the runtime calls it at every batch); nothing to do for a
+    /// local checkpoint.
+    pub fn renew_lease_if_due(&self) -> Result<()> {
+        self.lock.as_ref().ok_or_else(|| LogStoreError::ReadOnly { path: self.dir.clone() })?.renew_if_due()
+    }
+
     /// The file manager this checkpoint reads and writes through, for the
     /// layers that keep files of their own under it (progress).
     pub fn files(&self) -> &Arc<dyn CheckpointFileManager> {

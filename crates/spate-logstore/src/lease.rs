@@ -110,7 +110,7 @@ pub(crate) fn acquire(
         holder,
         clock,
         options: options.clone(),
-        current: Mutex::new(Current { version, expires: lease.expires, lost: None }),
+        current: Mutex::new(Current { version, renewed: now, expires: lease.expires, lost: None }),
     });
     Ok(WriterLock::leased(dir, LeaseKeeper::start(state)))
 }
@@ -142,6 +142,8 @@ pub(crate) struct LeaseState {
 struct Current {
     /// The version of the lease object as this writer last wrote it.
     version: FileVersion,
+    /// When this writer last wrote it.
+    renewed: Time,
     expires: Time,
     /// Why the lease is gone, once it is.
     lost: Option<String>,
@@ -177,6 +179,18 @@ impl LeaseState {
         Ok(())
     }
 
+    /// [`LeaseState::renew`] once `renew_every` has passed since the last
+    /// renewal by the writer's clock: the driver calls this at each batch,
+    /// so a job renews on the clock it runs on, not only from the
+    /// background thread's wall-clock timer.
+    pub(crate) fn renew_if_due(&self) -> Result<()> {
+        let due = {
+            let current = self.current();
+            self.clock.now() >= current.renewed + self.options.renew_every
+        };
+        if due { self.renew() } else { self.check() }
+    }
+
     /// Extends the lease from now, only if nobody changed the lease object
     /// since this writer last wrote it.
     pub(crate) fn renew(&self) -> Result<()> {
@@ -195,6 +209,7 @@ impl LeaseState {
         match self.files.replace_if_unchanged(&self.path, &bytes, &current.version, NO_FENCE) {
             Ok(version) => {
                 current.version = version;
+                current.renewed = now;
                 current.expires = lease.expires;
                 Ok(())
             }

@@ -278,6 +278,14 @@ impl WriterLock {
         }
     }
 
+    /// Renews the lease when a renewal is due by the writer's clock.
+    pub fn renew_if_due(&self) -> Result<()> {
+        match &self.held {
+            Held::File(_) => Ok(()),
+            Held::Lease(keeper) => keeper.state().renew_if_due(),
+        }
+    }
+
     /// This writer, as written in the lock file.
     pub fn holder(&self) -> &LockHolder {
         &self.holder

@@ -229,18 +229,21 @@ impl StreamingContext {
     {
         settings.validate()?;
         let dir = checkpoint_dir.as_ref().to_path_buf();
-        let options =
-            CheckpointOptions::new().clock(Arc::clone(&settings.clock)).retain_batches(settings.retained_batches);
+        let options = CheckpointOptions::new()
+            .clock(Arc::clone(&settings.clock))
+            .retain_batches(settings.retained_batches)
+            .object_store(settings.object_store.clone());
         let checkpoint = Checkpoint::open_for_write(&dir, options).map_err(|e| log_store_error(&dir, e))?;
         let store = CheckpointStore::new(checkpoint);
         let fence = store.fence();
         let verdict = store.consistent_verdict()?;
         let (graph, receivers, hooks) = build_pipeline(&settings, true, build)?;
         let clock = Arc::clone(&settings.clock);
+        let wal_root = wal_root(&settings, store.checkpoint(), !receivers.is_empty())?;
         let (tracker, unrecoverable) = if receivers.is_empty() {
             (None, Vec::new())
         } else {
-            let log_dir = event_log_dir(&dir);
+            let log_dir = event_log_dir(&wal_root);
             let options = WalOptions::default().with_clock(Arc::clone(&clock)).with_fence(Arc::clone(&fence));
             let wal = FileWriteAheadLog::open(&log_dir, options)
                 .map_err(|e| RuntimeError::Checkpoint { dir: dir.clone(), message: e.to_string() })?;
@@ -251,7 +254,7 @@ impl StreamingContext {
         };
         let mut engine = new_engine(settings, graph, Some(store), tracker, receivers, hooks)?;
         for receiver in &mut engine.receivers {
-            receiver.open(Some(CheckpointHome { dir: &dir, fence: &fence }), &clock)?;
+            receiver.open(Some(CheckpointHome { dir: &wal_root, fence: &fence }), &clock)?;
         }
         let (report, resume, first_tick) = recover(&mut engine, verdict, unrecoverable)?;
         info!(%report, "checkpoint opened");
@@ -398,6 +401,74 @@ where
     Ok((graph, receivers, hooks))
 }
 
+/// Where the receiver write-ahead logs and the tracker's event log live:
+/// the WAL directory when one is set (tied to this checkpoint by its id),
+/// else the checkpoint directory. An object store cannot hold them (they
+/// are appended to many times a second), so a pipeline with receivers on
+/// an `s3://` checkpoint must name a local WAL directory.
+fn wal_root(
+    settings: &StreamingSettings,
+    checkpoint: &Checkpoint,
+    has_receivers: bool,
+) -> Result<PathBuf, RuntimeError> {
+    let Some(wal_dir) = &settings.wal_dir else {
+        if checkpoint.is_object_store() && has_receivers {
+            return Err(RuntimeError::InvalidSetting {
+                setting: "wal_dir".into(),
+                reason: format!(
+                    "the checkpoint {} is in an object store, which cannot hold the receivers' write-ahead logs; \
+                     name a local directory for them (--wal-dir)",
+                    checkpoint.dir().display()
+                ),
+            });
+        }
+        return Ok(checkpoint.dir().to_path_buf());
+    };
+    if let Some(metadata) = checkpoint.metadata() {
+        bind_wal_dir(wal_dir, &metadata.id)?;
+    }
+    Ok(wal_dir.clone())
+}
+
+/// The file in a WAL directory naming the checkpoint its logs belong to.
+const WAL_DIR_CHECKPOINT_FILE: &str = "CHECKPOINT_ID";
+
+/// Ties `wal_dir` to the checkpoint `id`: the logs of one checkpoint must
+/// never be replayed into another.
+fn bind_wal_dir(wal_dir: &Path, id: &str) -> Result<(), RuntimeError> {
+    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(spate_logstore::DIR_MODE)
+        .create(wal_dir)
+        .map_err(|e| RuntimeError::io("create", wal_dir, e))?;
+    let path = wal_dir.join(WAL_DIR_CHECKPOINT_FILE);
+    match std::fs::read_to_string(&path) {
+        Ok(found) if found.trim() == id => Ok(()),
+        Ok(found) => Err(RuntimeError::InvalidSetting {
+            setting: "wal_dir".into(),
+            reason: format!(
+                "{} holds the write-ahead logs of another checkpoint (id {}, this one is {id}); \
+                 give each checkpoint its own WAL directory",
+                wal_dir.display(),
+                found.trim()
+            ),
+        }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let mut file = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(spate_logstore::FILE_MODE)
+                .open(&path)
+                .map_err(|e| RuntimeError::io("create", &path, e))?;
+            std::io::Write::write_all(&mut file, format!("{id}\n").as_bytes())
+                .and_then(|()| file.sync_all())
+                .map_err(|e| RuntimeError::io("write", &path, e))
+        }
+        Err(e) => Err(RuntimeError::io("read", &path, e)),
+    }
+}
+
 fn new_engine(
     settings: StreamingSettings,
     graph: spate_dstream::Graph,
@@ -409,7 +480,13 @@ fn new_engine(
     let rate = RateController::new(settings.batch_interval, &settings.backpressure)?;
     let progress_files = match &store {
         Some(store) => {
-            Some(ProgressFiles::open(&store.dir().join(PROGRESS_DIR), settings.progress_rotation, store.fence())?)
+            let files = Arc::clone(store.checkpoint().files());
+            Some(ProgressFiles::open(
+                files,
+                &store.dir().join(PROGRESS_DIR),
+                settings.progress_rotation,
+                store.fence(),
+            )?)
         }
         None => None,
     };

@@ -60,11 +60,12 @@ pub struct ReceiverResume {
     pub records_stored: u64,
 }
 
-/// A checkpoint directory as the receivers see it: where their
-/// write-ahead logs live and the writer fence those logs check.
+/// A checkpoint as the receivers see it: where their write-ahead logs live
+/// and the writer fence those logs check.
 #[derive(Clone, Copy)]
 pub(crate) struct CheckpointHome<'a> {
-    /// The checkpoint directory.
+    /// The directory of the write-ahead logs: the checkpoint directory, or
+    /// the local WAL directory of a checkpoint in an object store.
     pub(crate) dir: &'a Path,
     /// This writer's fence.
     pub(crate) fence: &'a Arc<dyn WriterFence>,

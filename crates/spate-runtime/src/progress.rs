@@ -4,17 +4,16 @@
 //! (owner-only, each line with the writer's epoch, appended only while the
 //! writer fence holds; [`read_progress`] reads them back).
 
-use std::fs::{self, File, OpenOptions};
-use std::io::Write;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use spate_core::{BatchId, Time, WriterFence};
+use spate_logstore::{CheckpointFileManager, LogStoreError};
 
 use crate::error::RuntimeError;
 use crate::recovery::RecoveryReport;
+use crate::store::log_store_error;
 
 /// Milliseconds spent in each phase of a batch.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -105,10 +104,6 @@ impl Default for ProgressRotation {
     }
 }
 
-/// The mode of `progress/`: owner only, like everything under a checkpoint.
-const DIR_MODE: u32 = 0o700;
-/// The mode of each progress file.
-const FILE_MODE: u32 = 0o600;
 /// A progress file larger than this is not read (rotation keeps them far smaller).
 const MAX_READ_FILE_BYTES: u64 = 64 << 20;
 
@@ -150,26 +145,31 @@ pub struct ProgressHistory {
     pub unreadable_lines: u64,
 }
 
-/// Reads the progress files of the checkpoint `checkpoint_dir`, oldest
+/// Reads the progress files of the checkpoint `checkpoint_dir` through
+/// `files` (its file manager: a local directory or an object store), oldest
 /// first. A line whose epoch is lower than the newest epoch seen before it
 /// came from a writer that had lost the lock when it wrote it, and is
 /// skipped (counted in [`ProgressHistory::stale_lines`]).
-pub fn read_progress(checkpoint_dir: &Path) -> Result<ProgressHistory, RuntimeError> {
+pub fn read_progress(
+    files: &dyn CheckpointFileManager,
+    checkpoint_dir: &Path,
+) -> Result<ProgressHistory, RuntimeError> {
     let dir = checkpoint_dir.join(PROGRESS_DIR);
     let mut history = ProgressHistory::default();
-    if !dir.is_dir() {
-        return Ok(history);
-    }
     let mut newest = 0;
-    for seq in existing_sequence_numbers(&dir)? {
+    for seq in existing_sequence_numbers(files, &dir)? {
         let path = file_path(&dir, seq);
-        let len = fs::metadata(&path).map_err(|e| RuntimeError::io("stat", &path, e))?.len();
-        if len > MAX_READ_FILE_BYTES {
-            tracing::warn!(file = %path.display(), len, "progress file too large to read; skipped");
-            history.unreadable_lines += 1;
-            continue;
-        }
-        let text = fs::read(&path).map_err(|e| RuntimeError::io("read", &path, e))?;
+        let text = match files.read(&path, MAX_READ_FILE_BYTES) {
+            Ok(Some(text)) => text,
+            // Rotated away since the listing.
+            Ok(None) => continue,
+            Err(LogStoreError::TooLarge { len, .. }) => {
+                tracing::warn!(file = %path.display(), len, "progress file too large to read; skipped");
+                history.unreadable_lines += 1;
+                continue;
+            }
+            Err(e) => return Err(log_store_error(checkpoint_dir, e)),
+        };
         for line in text.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
             match serde_json::from_slice::<LineIn>(line) {
                 Ok(line) if line.epoch < newest => history.stale_lines += 1,
@@ -187,18 +187,25 @@ pub fn read_progress(checkpoint_dir: &Path) -> Result<ProgressHistory, RuntimeEr
 /// The directory of the progress files in a checkpoint.
 pub(crate) const PROGRESS_DIR: &str = "progress";
 
+/// The largest progress file in an object store: an object cannot grow in
+/// place, so each append rewrites it, and this bounds what one batch rewrites.
+const MAX_OBJECT_FILE_BYTES: u64 = 256 << 10;
+
 /// Appends progress records as JSON lines to `progress-<seq>.jsonl` files in
-/// one directory, rotating by size and keeping a bounded number of files.
-/// Every line carries the writer's epoch, and the writer fence is checked
-/// before each append, so a writer that lost the checkpoint stops writing;
-/// what it wrote in the instant between the check and the write is
-/// recognised by its lower epoch and skipped by [`read_progress`].
+/// one directory of the checkpoint, through its file manager, rotating by
+/// size and keeping a bounded number of files. Every line carries the
+/// writer's epoch, and the writer fence is checked before each append, so a
+/// writer that lost the checkpoint stops writing; what it wrote in the
+/// instant between the check and the write is recognised by its lower epoch
+/// and skipped by [`read_progress`].
 #[derive(Debug)]
 pub(crate) struct ProgressFiles {
+    files: Arc<dyn CheckpointFileManager>,
     dir: PathBuf,
     rotation: ProgressRotation,
     seq: u64,
-    file: Option<File>,
+    /// True once the file `seq` was started by this writer.
+    started: bool,
     written: u64,
     fence: Arc<dyn WriterFence>,
 }
@@ -206,20 +213,25 @@ pub(crate) struct ProgressFiles {
 impl ProgressFiles {
     /// Opens (creating, owner only) `dir` and continues after the newest file in it.
     pub(crate) fn open(
+        files: Arc<dyn CheckpointFileManager>,
         dir: &Path,
-        rotation: ProgressRotation,
+        mut rotation: ProgressRotation,
         fence: Arc<dyn WriterFence>,
     ) -> Result<Self, RuntimeError> {
-        create_private_dir(dir)?;
-        let existing = existing_sequence_numbers(dir)?;
-        for seq in &existing {
-            tighten(&file_path(dir, *seq), FILE_MODE)?;
+        let checkpoint = checkpoint_of(dir);
+        files.mkdirs(dir).map_err(|e| log_store_error(&checkpoint, e))?;
+        for tightened in files.tighten_permissions(dir).map_err(|e| log_store_error(&checkpoint, e))? {
+            tracing::info!(path = %tightened.path.display(), from = format!("{:o}", tightened.from), to = format!("{:o}", tightened.to), "tightened permissions to owner only");
         }
+        if files.is_object_store() {
+            rotation.max_file_bytes = rotation.max_file_bytes.min(MAX_OBJECT_FILE_BYTES);
+        }
+        let existing = existing_sequence_numbers(files.as_ref(), dir)?;
         let seq = match existing.last() {
             None => 0,
             Some(&last) => last.checked_add(1).ok_or_else(|| last_sequence_error(dir, last))?,
         };
-        Ok(ProgressFiles { dir: dir.to_path_buf(), rotation, seq, file: None, written: 0, fence })
+        Ok(ProgressFiles { files, dir: dir.to_path_buf(), rotation, seq, started: false, written: 0, fence })
     }
 
     /// Appends one record, after checking that this writer still holds the
@@ -229,19 +241,23 @@ impl ProgressFiles {
             RuntimeError::Io { op: "encode progress for", path: self.dir.clone(), source: std::io::Error::other(e) }
         })?;
         line.push(b'\n');
-        self.fence.check().map_err(|message| {
-            // The error names the checkpoint, as the log store's own does.
-            let checkpoint = self.dir.parent().unwrap_or(&self.dir).to_path_buf();
-            RuntimeError::TakenOver { dir: checkpoint, message }
-        })?;
-        if self.file.is_none() || self.written + line.len() as u64 > self.rotation.max_file_bytes {
+        let checkpoint = checkpoint_of(&self.dir);
+        // The error names the checkpoint, as the log store's own does.
+        let taken_over = |message| RuntimeError::TakenOver { dir: checkpoint.clone(), message };
+        self.fence.check().map_err(taken_over)?;
+        if !self.started || self.written + line.len() as u64 > self.rotation.max_file_bytes {
             self.rotate()?;
         }
-        let path = self.current_path();
-        if let Some(file) = self.file.as_mut() {
-            file.write_all(&line).map_err(|e| RuntimeError::io("write", &path, e))?;
-            self.written += line.len() as u64;
-        }
+        let fence = &self.fence;
+        let check = || {
+            fence.check().map_err(|on_disk| LogStoreError::StaleEpoch {
+                dir: checkpoint.clone(),
+                ours: fence.epoch(),
+                on_disk,
+            })
+        };
+        self.written =
+            self.files.append(&self.current_path(), &line, &check).map_err(|e| log_store_error(&checkpoint, e))?;
         Ok(())
     }
 
@@ -250,26 +266,25 @@ impl ProgressFiles {
     }
 
     fn rotate(&mut self) -> Result<(), RuntimeError> {
-        if self.file.take().is_some() {
+        if self.started {
             self.seq = self.seq.checked_add(1).ok_or_else(|| last_sequence_error(&self.dir, self.seq))?;
         }
-        let path = self.current_path();
-        let file = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .mode(FILE_MODE)
-            .open(&path)
-            .map_err(|e| RuntimeError::io("open", &path, e))?;
-        self.written = file.metadata().map_err(|e| RuntimeError::io("stat", &path, e))?.len();
-        self.file = Some(file);
-        let existing = existing_sequence_numbers(&self.dir)?;
-        let excess = existing.len().saturating_sub(self.rotation.max_files.max(1));
+        self.started = true;
+        self.written = 0;
+        let existing = existing_sequence_numbers(self.files.as_ref(), &self.dir)?;
+        // The new file is not there yet: keep room for it.
+        let excess = (existing.len() + 1).saturating_sub(self.rotation.max_files.max(1));
         for old in existing.iter().take(excess) {
             let old_path = file_path(&self.dir, *old);
-            fs::remove_file(&old_path).map_err(|e| RuntimeError::io("remove", &old_path, e))?;
+            self.files.delete(&old_path).map_err(|e| log_store_error(&checkpoint_of(&self.dir), e))?;
         }
         Ok(())
     }
+}
+
+/// The checkpoint a progress directory belongs to.
+fn checkpoint_of(dir: &Path) -> PathBuf {
+    dir.parent().unwrap_or(dir).to_path_buf()
 }
 
 fn file_path(dir: &Path, seq: u64) -> PathBuf {
@@ -286,29 +301,11 @@ fn last_sequence_error(dir: &Path, last: u64) -> RuntimeError {
     }
 }
 
-/// Creates `dir` owner-only, or tightens it when it exists with wider modes.
-fn create_private_dir(dir: &Path) -> Result<(), RuntimeError> {
-    fs::DirBuilder::new().recursive(true).mode(DIR_MODE).create(dir).map_err(|e| RuntimeError::io("create", dir, e))?;
-    tighten(dir, DIR_MODE)
-}
-
-/// Removes group and other permissions from `path` when it has any, and says so.
-fn tighten(path: &Path, mode: u32) -> Result<(), RuntimeError> {
-    let current = fs::metadata(path).map_err(|e| RuntimeError::io("stat", path, e))?.permissions().mode() & 0o777;
-    if current & 0o077 == 0 {
-        return Ok(());
-    }
-    fs::set_permissions(path, fs::Permissions::from_mode(mode)).map_err(|e| RuntimeError::io("chmod", path, e))?;
-    tracing::info!(path = %path.display(), from = format!("{current:o}"), to = format!("{mode:o}"), "tightened permissions to owner only");
-    Ok(())
-}
-
-fn existing_sequence_numbers(dir: &Path) -> Result<Vec<u64>, RuntimeError> {
-    let entries = fs::read_dir(dir).map_err(|e| RuntimeError::io("list", dir, e))?;
-    let mut seqs: Vec<u64> = entries
-        .filter_map(Result::ok)
-        .filter_map(|entry| {
-            let name = entry.file_name().into_string().ok()?;
+fn existing_sequence_numbers(files: &dyn CheckpointFileManager, dir: &Path) -> Result<Vec<u64>, RuntimeError> {
+    let names = files.list(dir).map_err(|e| log_store_error(&checkpoint_of(dir), e))?;
+    let mut seqs: Vec<u64> = names
+        .into_iter()
+        .filter_map(|name| {
             let digits = name.strip_prefix("progress-")?.strip_suffix(".jsonl")?;
             match digits.parse() {
                 Ok(seq) => Some(seq),
@@ -326,6 +323,9 @@ fn existing_sequence_numbers(dir: &Path) -> Result<Vec<u64>, RuntimeError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use spate_logstore::LocalFileManager;
+    use std::fs;
+    use std::os::unix::fs::PermissionsExt;
 
     pub(crate) fn sample(batch: u64) -> BatchProgress {
         BatchProgress {
@@ -371,11 +371,16 @@ mod tests {
     }
 
     fn open(dir: &Path, rotation: ProgressRotation, epoch: u64) -> ProgressFiles {
-        ProgressFiles::open(dir, rotation, fence(epoch)).unwrap()
+        ProgressFiles::open(Arc::new(LocalFileManager), dir, rotation, fence(epoch)).unwrap()
     }
 
     fn batches_of(checkpoint: &Path) -> Vec<(u64, u64)> {
-        read_progress(checkpoint).unwrap().records.iter().map(|r| (r.epoch, r.progress.batch_id.0)).collect()
+        read_progress(&LocalFileManager, checkpoint)
+            .unwrap()
+            .records
+            .iter()
+            .map(|r| (r.epoch, r.progress.batch_id.0))
+            .collect()
     }
 
     #[test]
@@ -388,7 +393,7 @@ mod tests {
             files.append(&sample(batch)).unwrap();
         }
         let progress_dir = dir.path().join(PROGRESS_DIR);
-        let seqs = existing_sequence_numbers(&progress_dir).unwrap();
+        let seqs = existing_sequence_numbers(&LocalFileManager, &progress_dir).unwrap();
         assert_eq!(seqs, vec![2, 3]);
         let newest = fs::read_to_string(file_path(&progress_dir, 3)).unwrap();
         let batches: Vec<u64> =
@@ -410,7 +415,7 @@ mod tests {
         drop(files);
         let mut files = open(&progress_dir, ProgressRotation::default(), 2);
         files.append(&sample(1)).unwrap();
-        assert_eq!(existing_sequence_numbers(&progress_dir).unwrap(), vec![0, 1]);
+        assert_eq!(existing_sequence_numbers(&LocalFileManager, &progress_dir).unwrap(), vec![0, 1]);
         assert_eq!(batches_of(dir.path()), vec![(1, 0), (2, 1)]);
     }
 
@@ -419,14 +424,16 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let progress_dir = dir.path().join(PROGRESS_DIR);
         let fence = fence(3);
-        let mut files = ProgressFiles::open(&progress_dir, ProgressRotation::default(), fence.clone()).unwrap();
+        let mut files =
+            ProgressFiles::open(Arc::new(LocalFileManager), &progress_dir, ProgressRotation::default(), fence.clone())
+                .unwrap();
         files.append(&sample(0)).unwrap();
         let before = fs::read(file_path(&progress_dir, 0)).unwrap();
         fence.held.store(false, std::sync::atomic::Ordering::Release);
         let error = files.append(&sample(1)).unwrap_err();
         assert!(matches!(error, RuntimeError::TakenOver { .. }), "{error}");
         assert_eq!(fs::read(file_path(&progress_dir, 0)).unwrap(), before);
-        assert_eq!(existing_sequence_numbers(&progress_dir).unwrap(), vec![0]);
+        assert_eq!(existing_sequence_numbers(&LocalFileManager, &progress_dir).unwrap(), vec![0]);
     }
 
     #[test]
@@ -441,7 +448,7 @@ mod tests {
             .collect();
         fs::create_dir_all(&progress_dir).unwrap();
         fs::write(file_path(&progress_dir, 0), lines.join("\n") + "\n{\"torn").unwrap();
-        let history = read_progress(dir.path()).unwrap();
+        let history = read_progress(&LocalFileManager, dir.path()).unwrap();
         let read: Vec<(u64, u64)> = history.records.iter().map(|r| (r.epoch, r.progress.batch_id.0)).collect();
         assert_eq!(read, vec![(4, 0), (4, 1), (5, 2), (5, 3)]);
         assert_eq!((history.stale_lines, history.unreadable_lines), (1, 1));
@@ -453,7 +460,8 @@ mod tests {
         let last = dir.path().join(format!("progress-{}.jsonl", u64::MAX));
         fs::write(&last, b"").unwrap();
         fs::write(dir.path().join("progress-99999999999999999999999.jsonl"), b"").unwrap();
-        let error = ProgressFiles::open(dir.path(), ProgressRotation::default(), fence(1)).unwrap_err();
+        let error = ProgressFiles::open(Arc::new(LocalFileManager), dir.path(), ProgressRotation::default(), fence(1))
+            .unwrap_err();
         assert!(error.to_string().contains(&last.display().to_string()), "{error}");
     }
 

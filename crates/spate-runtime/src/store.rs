@@ -66,8 +66,10 @@ impl CheckpointStore {
         self.checkpoint.verdict().and_then(Verdict::into_consistent).map_err(|e| self.error(e))
     }
 
-    /// Writes `offsets/<batch>` durably; refuses to overwrite.
+    /// Writes `offsets/<batch>` durably; refuses to overwrite. First renews
+    /// the writer's lease when one is due (a checkpoint in an object store).
     pub(crate) fn write_offsets(&self, batch: BatchId, offsets: &OffsetSeq) -> Result<(), RuntimeError> {
+        self.checkpoint.renew_lease_if_due().map_err(|e| self.error(e))?;
         let written = self.checkpoint.offsets().add(batch, offsets).map_err(|e| self.error(e))?;
         if written {
             return Ok(());

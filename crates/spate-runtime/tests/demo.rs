@@ -153,3 +153,29 @@ fn a_receiver_job_whose_checkpoint_is_taken_over_stops_with_its_own_error() {
     assert!(matches!(&err, RuntimeError::TakenOver { dir: d, .. } if d == dir.path()), "{err:?}");
     assert!(!dir.path().join("offsets/1").exists(), "the stale writer logged no batch");
 }
+
+#[test]
+fn a_wal_directory_holds_the_logs_and_belongs_to_one_checkpoint() {
+    let (dir, other, wal, out) = (
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+    );
+    let clock = ManualClock::new(Time::from_millis(1_000_000));
+    let windows = Arc::new(Mutex::new(Vec::new()));
+    let with_wal = || settings(&clock).with_wal_dir(wal.path());
+    let mut ctx = word_count_context(Some(dir.path()), with_wal(), &options(out.path(), &windows)).unwrap();
+    ctx.start().unwrap();
+    run_until(&ctx, &clock, out.path(), TOTAL / 4);
+    ctx.stop_handle().stop_gracefully();
+    ctx.await_termination().unwrap();
+    for log in ["receivedData/0", "receivedBlockMetadata"] {
+        assert!(!segments(&wal.path().join(log)).is_empty(), "{log}: no segments in the WAL directory");
+        assert!(!dir.path().join(log).exists(), "{log} is in the checkpoint directory");
+    }
+    // Another checkpoint may not replay these logs.
+    let err = word_count_context(Some(other.path()), with_wal(), &options(out.path(), &windows)).err().unwrap();
+    assert!(matches!(err, RuntimeError::InvalidSetting { ref setting, .. } if setting == "wal_dir"), "{err}");
+    assert!(err.to_string().contains("another checkpoint"), "{err}");
+}
