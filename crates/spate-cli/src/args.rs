@@ -42,7 +42,7 @@ pub enum Command {
     /// Run the word-count pipeline on a Kafka topic, writing to a Kafka topic.
     #[command(after_help = EXIT_CODES_HELP)]
     Run(RunArgs),
-    /// Look at, repair or change a checkpoint directory.
+    /// Look at, repair or change a checkpoint (a directory or s3://bucket/prefix).
     #[command(subcommand, after_help = EXIT_CODES_HELP)]
     Checkpoint(CheckpointCommand),
 }
@@ -54,9 +54,17 @@ pub(crate) const DEFAULT_DEMO_RATE: u64 = 2_000_000;
 /// `spate demo`.
 #[derive(Debug, Clone, Args)]
 pub struct DemoArgs {
-    /// The checkpoint directory (created on first run, resumed afterwards).
-    #[arg(long, value_name = "DIR", default_value = "./spate-demo-checkpoint")]
+    /// The checkpoint: a directory or s3://bucket/prefix (created on first
+    /// run, resumed afterwards). With s3:// the demo also needs --wal-dir.
+    #[arg(long, value_name = "LOCATION", default_value = "./spate-demo-checkpoint")]
     pub checkpoint: PathBuf,
+    /// A local directory for the receiver's write-ahead log and the block
+    /// tracker's event log (default: inside the checkpoint). Required with an
+    /// s3:// checkpoint: these logs are appended to many times a second.
+    /// A lost machine loses what they hold: blocks received but not yet in a
+    /// committed batch.
+    #[arg(long, value_name = "DIR")]
+    pub wal_dir: Option<PathBuf>,
     /// Generated records per second. The default, 2 million a second with
     /// the write-ahead log on, keeps under a quarter of one core busy and
     /// under 100 MB resident on a small machine.
@@ -72,7 +80,9 @@ pub struct DemoArgs {
     #[arg(long, value_name = "K", default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=1000))]
     pub top: u64,
     /// Exactly-once file output: `batch-<N>.json` (a batch's word counts) and
-    /// `window-<N>.json` (a window's top words), each written once. Default: <checkpoint>/output.
+    /// `window-<N>.json` (a window's top words), each written once, to a
+    /// local directory. Default: <checkpoint>/output, or <wal-dir>/output
+    /// with an s3:// checkpoint.
     #[arg(long, value_name = "DIR")]
     pub output: Option<PathBuf>,
     /// Stop gracefully once this batch id has committed (for tests and reproducible runs).
@@ -84,6 +94,9 @@ pub struct DemoArgs {
     /// Print no progress lines (errors and the recovery line still go to stdout/stderr).
     #[arg(long, short)]
     pub quiet: bool,
+    /// How to reach an s3:// checkpoint.
+    #[command(flatten)]
+    pub s3: S3Args,
 }
 
 /// `spate run`.
@@ -106,8 +119,8 @@ pub struct RunArgs {
     /// Write the output with Kafka transactions, committed with the batch: exactly once.
     #[arg(long)]
     pub exactly_once: bool,
-    /// The checkpoint directory.
-    #[arg(long, value_name = "DIR", default_value = "./spate-checkpoint")]
+    /// The checkpoint: a directory or s3://bucket/prefix.
+    #[arg(long, value_name = "LOCATION", default_value = "./spate-checkpoint")]
     pub checkpoint: PathBuf,
     /// Most records read per partition per second (backpressure still applies below it).
     #[arg(long, value_name = "N")]
@@ -142,6 +155,34 @@ pub struct RunArgs {
     /// Print no progress lines.
     #[arg(long, short)]
     pub quiet: bool,
+    /// How to reach an s3:// checkpoint.
+    #[command(flatten)]
+    pub s3: S3Args,
+}
+
+/// The flags that say how to reach an `s3://bucket/prefix` checkpoint,
+/// shared by every command that takes a checkpoint. A flag left out comes
+/// from the usual AWS environment variable; all are ignored for a local
+/// directory.
+#[derive(Debug, Clone, Default, Args)]
+#[command(next_help_heading = "Checkpoints in S3 (each flag left out comes from its AWS_* environment variable)")]
+pub struct S3Args {
+    /// The S3 endpoint, e.g. http://127.0.0.1:8333 (default: AWS_ENDPOINT_URL, else AWS itself).
+    #[arg(long, value_name = "URL")]
+    pub s3_endpoint: Option<String>,
+    /// The region (default: AWS_REGION).
+    #[arg(long, value_name = "REGION")]
+    pub s3_region: Option<String>,
+    /// The access key id (default: AWS_ACCESS_KEY_ID).
+    #[arg(long, value_name = "ID")]
+    pub s3_access_key_id: Option<String>,
+    /// A file holding the secret access key, so it never shows in the
+    /// process list; a trailing newline is ignored (default: AWS_SECRET_ACCESS_KEY).
+    #[arg(long, value_name = "PATH")]
+    pub s3_secret_access_key_file: Option<PathBuf>,
+    /// Allow a plain http:// endpoint (default: AWS_ALLOW_HTTP).
+    #[arg(long)]
+    pub s3_allow_http: bool,
 }
 
 /// `spate checkpoint …`.
@@ -154,25 +195,32 @@ pub enum CheckpointCommand {
     /// offsets, so a Spark job can move to spate without losing or repeating data.
     #[command(after_help = EXIT_CODES_HELP)]
     Inspect {
-        /// The checkpoint directory.
-        #[arg(value_name = "DIR")]
+        /// The checkpoint: a directory or s3://bucket/prefix.
+        #[arg(value_name = "LOCATION")]
         dir: PathBuf,
         /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
+        /// How to reach an s3:// checkpoint.
+        #[command(flatten)]
+        s3: S3Args,
     },
     /// Print the repair plan of an inconsistent checkpoint; --apply carries it out.
     ///
-    /// Files are moved to <DIR>/_quarantine/<time>/, never deleted. The
-    /// writer lock is taken while applying, so a running job refuses it.
+    /// Files are moved to <LOCATION>/_quarantine/<time>/, never deleted (in
+    /// S3: copied there, then deleted from where they were). The writer lock
+    /// is taken while applying, so a running job refuses it.
     #[command(after_help = EXIT_CODES_HELP)]
     Repair {
-        /// The checkpoint directory.
-        #[arg(value_name = "DIR")]
+        /// The checkpoint: a directory or s3://bucket/prefix.
+        #[arg(value_name = "LOCATION")]
         dir: PathBuf,
         /// Carry the plan out (without it nothing changes).
         #[arg(long)]
         apply: bool,
+        /// How to reach an s3:// checkpoint.
+        #[command(flatten)]
+        s3: S3Args,
     },
     /// Write the offsets of one source for the next batch, through the log
     /// store and under the writer lock (refused while a job runs).
@@ -182,8 +230,8 @@ pub enum CheckpointCommand {
     /// offsets without reading the records before them (skip ahead or rewind).
     #[command(after_help = EXIT_CODES_HELP)]
     SetOffsets {
-        /// The checkpoint directory.
-        #[arg(value_name = "DIR")]
+        /// The checkpoint: a directory or s3://bucket/prefix.
+        #[arg(value_name = "LOCATION")]
         dir: PathBuf,
         /// The source's name (as `spate checkpoint inspect` lists it).
         #[arg(long, value_name = "S")]
@@ -194,6 +242,9 @@ pub enum CheckpointCommand {
         /// Also commit the entry: the next run starts at these offsets.
         #[arg(long)]
         commit: bool,
+        /// How to reach an s3:// checkpoint.
+        #[command(flatten)]
+        s3: S3Args,
     },
 }
 

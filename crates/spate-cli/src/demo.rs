@@ -4,17 +4,23 @@
 //! (30 s and 2 s at the default 1 s interval), a progress line a batch, the
 //! top words of each window, and the runtime's exactly-once file output
 //! (`batch-<N>.json`, `window-<N>.json`, default `<checkpoint>/output`).
+//!
+//! With an `s3://bucket/prefix` checkpoint the receiver's write-ahead log
+//! and the block tracker's event log stay on a local disk (`--wal-dir`,
+//! required), and so does the output (default `<wal-dir>/output`).
 
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use spate_core::Duration;
+use spate_logstore::ObjectStoreSettings;
 use spate_runtime::StreamingSettings;
 use spate_runtime::demo::{DemoOptions, TopWords, word_count_context};
 
 use crate::args::DemoArgs;
 use crate::error::CliError;
 use crate::job::{JobControl, Lines, drive, refuse_inconsistent, runtime_error};
+use crate::location::{is_s3, object_store_settings};
 
 const ACTION: &str = "cannot run the demo on checkpoint";
 
@@ -27,6 +33,8 @@ const SLIDE_BATCHES: u64 = 2;
 #[derive(Clone, Debug)]
 struct StreamingDemo {
     checkpoint: PathBuf,
+    object_store: ObjectStoreSettings,
+    wal_dir: Option<PathBuf>,
     output: PathBuf,
     seed: u64,
     rate: u64,
@@ -44,10 +52,21 @@ fn top_words_line(top: &TopWords, window: Duration) -> String {
 }
 
 impl StreamingDemo {
-    fn from_args(args: &DemoArgs) -> Self {
-        StreamingDemo {
+    /// The demo the flags ask for; refuses an `s3://` checkpoint without
+    /// `--wal-dir` before anything is created.
+    fn from_args(args: &DemoArgs) -> Result<Self, CliError> {
+        let in_s3 = is_s3(&args.checkpoint);
+        let output = match (&args.output, &args.wal_dir) {
+            (Some(output), _) => output.clone(),
+            (None, Some(wal_dir)) if in_s3 => wal_dir.join("output"),
+            (None, None) if in_s3 => return Err(missing_wal_dir(args)),
+            (None, _) => args.checkpoint.join("output"),
+        };
+        Ok(StreamingDemo {
             checkpoint: args.checkpoint.clone(),
-            output: args.output.clone().unwrap_or_else(|| args.checkpoint.join("output")),
+            object_store: object_store_settings(&args.s3)?,
+            wal_dir: args.wal_dir.clone(),
+            output,
             seed: args.seed,
             rate: args.rate,
             batch: Duration::from_millis(args.batch_ms),
@@ -55,14 +74,32 @@ impl StreamingDemo {
             seconds: args.seconds,
             until_batch: args.until_batch,
             quiet: args.quiet,
+        })
+    }
+
+    fn settings(&self) -> StreamingSettings {
+        let settings = StreamingSettings::new(self.batch).with_object_store(self.object_store.clone());
+        match &self.wal_dir {
+            Some(dir) => settings.with_wal_dir(dir),
+            None => settings,
         }
     }
 }
 
+/// The demo's receiver appends to its write-ahead log many times a second:
+/// that log stays on a local disk, which an `s3://` checkpoint is not.
+fn missing_wal_dir(args: &DemoArgs) -> CliError {
+    CliError::usage(format!(
+        "--wal-dir DIR is required with the s3:// checkpoint {}: the demo's receiver keeps its write-ahead \
+         log and the block tracker's event log in that local directory",
+        args.checkpoint.display()
+    ))
+}
+
 /// Runs the demo until it is stopped; returns the closing line.
 pub(crate) fn run(args: &DemoArgs) -> Result<String, CliError> {
-    let demo = &StreamingDemo::from_args(args);
-    refuse_inconsistent(&demo.checkpoint, ACTION)?;
+    let demo = &StreamingDemo::from_args(args)?;
+    refuse_inconsistent(&demo.checkpoint, &demo.object_store, ACTION)?;
     let lines = Arc::new(Lines::default());
     let window = demo.batch.times(WINDOW_BATCHES);
     let mut options = DemoOptions::new(demo.seed);
@@ -75,8 +112,7 @@ pub(crate) fn run(args: &DemoArgs) -> Result<String, CliError> {
         let lines = Arc::clone(&lines);
         options.on_top_words = Some(Arc::new(move |top: &TopWords| lines.say(&top_words_line(top, window))));
     }
-    let settings = StreamingSettings::new(demo.batch);
-    let ctx = word_count_context(Some(&demo.checkpoint), settings, &options)
+    let ctx = word_count_context(Some(&demo.checkpoint), demo.settings(), &options)
         .map_err(|e| runtime_error(ACTION, &demo.checkpoint, e))?;
     let control = JobControl {
         checkpoint: demo.checkpoint.clone(),
@@ -99,6 +135,36 @@ pub(crate) fn run(args: &DemoArgs) -> Result<String, CliError> {
 mod tests {
     use super::*;
     use spate_core::{BatchId, Time};
+
+    fn demo_args(extra: &[&str]) -> DemoArgs {
+        let argv = [&["spate", "demo"][..], extra].concat();
+        let cli = <crate::args::Cli as clap::Parser>::try_parse_from(argv).unwrap();
+        let crate::args::Command::Demo(args) = cli.command else { panic!("wrong command") };
+        args
+    }
+
+    #[test]
+    fn an_s3_checkpoint_needs_a_wal_dir_and_puts_the_output_there() {
+        let error = StreamingDemo::from_args(&demo_args(&["--checkpoint", "s3://b/demo"])).unwrap_err();
+        assert_eq!(error.exit_code(), crate::error::ExitCode::Usage);
+        assert!(error.to_string().starts_with("--wal-dir DIR is required with the s3:// checkpoint s3://b/demo"));
+        let demo = StreamingDemo::from_args(&demo_args(&["--checkpoint", "s3://b/demo", "--wal-dir", "/w"])).unwrap();
+        assert_eq!(demo.output, PathBuf::from("/w/output"));
+        assert_eq!(demo.settings().wal_dir, Some(PathBuf::from("/w")));
+        let explicit = ["--checkpoint", "s3://b/demo", "--wal-dir", "/w", "--output", "/o"];
+        assert_eq!(StreamingDemo::from_args(&demo_args(&explicit)).unwrap().output, PathBuf::from("/o"));
+        // A local checkpoint keeps its output inside, with or without --wal-dir.
+        let local = StreamingDemo::from_args(&demo_args(&["--checkpoint", "/ck", "--wal-dir", "/w"])).unwrap();
+        assert_eq!(local.output, PathBuf::from("/ck/output"));
+        assert_eq!(StreamingDemo::from_args(&demo_args(&["--checkpoint", "/ck"])).unwrap().settings().wal_dir, None);
+    }
+
+    #[test]
+    fn the_s3_flags_reach_the_runtime_settings() {
+        let args = demo_args(&["--checkpoint", "s3://b/demo", "--wal-dir", "/w", "--s3-endpoint", "http://h:1"]);
+        let settings = StreamingDemo::from_args(&args).unwrap().settings();
+        assert_eq!(settings.object_store.endpoint.as_deref(), Some("http://h:1"));
+    }
 
     #[test]
     fn the_top_words_line_lists_words_with_counts() {

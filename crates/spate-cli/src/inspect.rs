@@ -1,20 +1,22 @@
 //! `spate checkpoint inspect`: everything a person needs to know about a
-//! checkpoint directory (spate's or Spark Structured Streaming's) without
-//! changing it: the logs, the verdict, the last offsets, the lock, the sizes.
+//! checkpoint (spate's or Spark Structured Streaming's, in a directory or in
+//! `s3://bucket/prefix`) without changing it: the logs, the verdict, the
+//! last offsets, the lock, the sizes. Everything is read through the
+//! checkpoint's file manager, so both kinds of location show the same.
 
-use std::fs::{File, TryLockError};
 use std::path::{Path, PathBuf};
 
 use serde_json::{Value, json};
 use spate_core::{BatchId, Time};
 use spate_logstore::{
-    COMMITS_DIR, Checkpoint, CheckpointOptions, LOCK_FILE, LockHolder, OFFSETS_DIR, OffsetSeq, Verdict,
-    parse_batch_file_name, read_lock_holder, read_metadata_file,
+    COMMITS_DIR, Checkpoint, CheckpointFileManager, LockHolder, LockStatus, MAX_METADATA_BYTES, METADATA_FILE,
+    OFFSETS_DIR, ObjectStoreSettings, OffsetSeq, Verdict, parse_batch_file_name,
 };
 
 use spate_runtime::{ProgressHistory, read_progress};
 
 use crate::error::CliError;
+use crate::location::checkpoint_options;
 
 /// The parts of a checkpoint whose sizes are reported, in this order.
 const PARTS: [&str; 6] = [OFFSETS_DIR, COMMITS_DIR, "state", "receivedData", "receivedBlockMetadata", "progress"];
@@ -28,17 +30,6 @@ pub(crate) enum Format {
     Spate,
     /// Written by Spark Structured Streaming (`metadata` is bare JSON, sources named by position).
     Spark,
-}
-
-/// The writer lock as seen from outside.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum LockState {
-    /// No lock file: no spate writer ever opened the directory.
-    Never,
-    /// A live process holds it (the holder as recorded; `None` when unreadable).
-    Held(Option<LockHolder>),
-    /// Nobody holds it; the last writer is shown when recorded.
-    Free(Option<LockHolder>),
 }
 
 /// File count and bytes of one part of the checkpoint.
@@ -66,16 +57,18 @@ pub(crate) struct Inspection {
     pub(crate) last_batch_error: Option<String>,
     /// The offsets of the last committed batch: where a new run of the query starts reading.
     pub(crate) committed: Option<(BatchId, OffsetSeq)>,
-    pub(crate) lock: LockState,
+    /// The writer lock as seen from outside.
+    pub(crate) lock: LockStatus,
     pub(crate) parts: Vec<PartSize>,
     /// The progress files read back (stale writers' lines skipped), or why they could not be.
     pub(crate) progress: Result<ProgressHistory, String>,
 }
 
 /// Reads everything `inspect` shows; changes nothing.
-pub(crate) fn inspect(dir: &Path) -> Result<Inspection, CliError> {
+pub(crate) fn inspect(dir: &Path, settings: &ObjectStoreSettings) -> Result<Inspection, CliError> {
     let fail = |e| CliError::checkpoint("cannot inspect checkpoint", dir, e);
-    let checkpoint = Checkpoint::open_read_only(dir, CheckpointOptions::new()).map_err(fail)?;
+    let checkpoint = Checkpoint::open_read_only(dir, checkpoint_options(settings)).map_err(fail)?;
+    let files = checkpoint.files().as_ref();
     let verdict = checkpoint.verdict().map_err(fail)?;
     let (last_batch, last_batch_error) = match last_offsets(&checkpoint, &verdict) {
         Ok(last) => (last, None),
@@ -84,11 +77,11 @@ pub(crate) fn inspect(dir: &Path) -> Result<Inspection, CliError> {
     let committed = committed_offsets(&checkpoint, &verdict);
     // One listing gives both the sizes and the ids of the two logs.
     let mut part_names: Vec<&str> = PARTS.to_vec();
-    let format = detect_format(dir);
+    let format = detect_format(files, dir);
     if format == Format::Spark {
         part_names.push(SPARK_SOURCES_DIR);
     }
-    let parts: Vec<PartSize> = part_names.into_iter().map(|name| part_size(dir, name)).collect();
+    let parts: Vec<PartSize> = part_names.into_iter().map(|name| part_size(files, dir, name)).collect();
     let ids_of = |name: &str| parts.iter().find(|p| p.name == name).map(|p| p.batch_ids.clone()).unwrap_or_default();
     let (offsets_ids, commits_ids) = (ids_of(OFFSETS_DIR), ids_of(COMMITS_DIR));
     Ok(Inspection {
@@ -102,9 +95,9 @@ pub(crate) fn inspect(dir: &Path) -> Result<Inspection, CliError> {
         last_batch,
         last_batch_error,
         committed,
-        lock: lock_state(dir),
+        lock: checkpoint.lock_status(),
         parts,
-        progress: read_progress(dir).map_err(|e| e.to_string()),
+        progress: read_progress(files, dir).map_err(|e| e.to_string()),
     })
 }
 
@@ -130,47 +123,31 @@ fn committed_offsets(checkpoint: &Checkpoint, verdict: &Verdict) -> Option<(Batc
     }
 }
 
-fn detect_format(dir: &Path) -> Format {
+fn detect_format(files: &dyn CheckpointFileManager, dir: &Path) -> Format {
     // Bounded: a damaged or hostile `metadata` is not read into memory whole.
-    let metadata_is_bare_json = read_metadata_file(dir)
+    let metadata_is_bare_json = files
+        .read(&dir.join(METADATA_FILE), MAX_METADATA_BYTES)
         .ok()
         .flatten()
         .is_some_and(|bytes| bytes.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'{'));
-    if metadata_is_bare_json || dir.join(SPARK_SOURCES_DIR).is_dir() { Format::Spark } else { Format::Spate }
+    let has_sources = || files.exists(&dir.join(SPARK_SOURCES_DIR)).unwrap_or(false);
+    if metadata_is_bare_json || has_sources() { Format::Spark } else { Format::Spate }
 }
 
-/// Whether a live process holds the lock, found by asking for a shared
-/// `flock` (refused while a writer holds its exclusive one) and releasing it
-/// at once: the lock file is not changed.
-pub(crate) fn lock_state(dir: &Path) -> LockState {
-    let path = dir.join(LOCK_FILE);
-    let Ok(file) = File::open(&path) else { return LockState::Never };
-    let recorded = read_lock_holder(dir);
-    match file.try_lock_shared() {
-        Ok(()) => LockState::Free(recorded),
-        Err(TryLockError::WouldBlock) => LockState::Held(recorded),
-        // Cannot tell: report what the file says, as held, the safe assumption.
-        Err(TryLockError::Error(_)) => LockState::Held(recorded),
-    }
-}
-
-fn part_size(dir: &Path, name: &str) -> PartSize {
+/// The files and bytes under `<dir>/<name>`. A part that cannot be listed is
+/// shown absent: the verdict, read before, reports what matters.
+fn part_size(files: &dyn CheckpointFileManager, dir: &Path, name: &str) -> PartSize {
     let path = dir.join(name);
-    let mut size = PartSize { name: name.to_string(), present: path.is_dir(), ..PartSize::default() };
-    let mut pending = vec![(path, true)];
-    while let Some((next, top_level)) = pending.pop() {
-        let Ok(entries) = std::fs::read_dir(&next) else { continue };
-        for entry in entries.flatten() {
-            let Ok(meta) = entry.metadata() else { continue };
-            if meta.is_dir() {
-                pending.push((entry.path(), false));
-                continue;
-            }
-            size.files += 1;
-            size.bytes += meta.len();
-            if top_level && let Some(id) = entry.file_name().to_str().and_then(parse_batch_file_name) {
-                size.batch_ids.push(id);
-            }
+    let listed = files.list_files_recursive(&path).unwrap_or_default();
+    // An object store has no empty directories: a part is there when something is in it.
+    let present = !listed.is_empty() || files.exists(&path).unwrap_or(false);
+    let mut size = PartSize { name: name.to_string(), present, ..PartSize::default() };
+    for (relative, len) in listed {
+        size.files += 1;
+        size.bytes += len;
+        let top_level = relative.components().count() == 1;
+        if top_level && let Some(id) = relative.to_str().and_then(parse_batch_file_name) {
+            size.batch_ids.push(id);
         }
     }
     size.batch_ids.sort_unstable();
@@ -295,11 +272,11 @@ impl Inspection {
 
     fn lock_text(&self) -> String {
         match &self.lock {
-            LockState::Never => "none (never opened by a spate writer)".to_string(),
-            LockState::Held(Some(holder)) => format!("held by {holder}"),
-            LockState::Held(None) => "held by a live process whose lock file cannot be read".to_string(),
-            LockState::Free(Some(last)) => format!("none (last writer was {last}; not running)"),
-            LockState::Free(None) => "none".to_string(),
+            LockStatus::Never => "none (never opened by a spate writer)".to_string(),
+            LockStatus::Held(Some(holder)) => format!("held by {holder}"),
+            LockStatus::Held(None) => "held by a live process whose lock file cannot be read".to_string(),
+            LockStatus::Free(Some(last)) => format!("none (last writer was {last}; not running)"),
+            LockStatus::Free(None) => "none".to_string(),
         }
     }
 
@@ -369,19 +346,19 @@ fn holder_json(holder: &LockHolder) -> Value {
     json!({"pid": holder.pid, "host": holder.host, "sinceMs": holder.since.as_millis(), "epoch": holder.epoch})
 }
 
-fn lock_json(lock: &LockState) -> Value {
+fn lock_json(lock: &LockStatus) -> Value {
     match lock {
-        LockState::Never => json!({"held": false, "holder": null, "lastWriter": null}),
-        LockState::Held(holder) => {
+        LockStatus::Never => json!({"held": false, "holder": null, "lastWriter": null}),
+        LockStatus::Held(holder) => {
             json!({"held": true, "holder": holder.as_ref().map(holder_json), "lastWriter": null})
         }
-        LockState::Free(last) => json!({"held": false, "holder": null, "lastWriter": last.as_ref().map(holder_json)}),
+        LockStatus::Free(last) => json!({"held": false, "holder": null, "lastWriter": last.as_ref().map(holder_json)}),
     }
 }
 
-/// `spate checkpoint inspect DIR [--json]`.
-pub(crate) fn run(dir: &Path, as_json: bool) -> Result<String, CliError> {
-    let inspection = inspect(dir)?;
+/// `spate checkpoint inspect LOCATION [--json]`.
+pub(crate) fn run(dir: &Path, settings: &ObjectStoreSettings, as_json: bool) -> Result<String, CliError> {
+    let inspection = inspect(dir, settings)?;
     Ok(if as_json {
         // Serialising a `Value` cannot fail; fall back to the compact form anyway.
         serde_json::to_string_pretty(&inspection.to_json()).unwrap_or_else(|_| inspection.to_json().to_string())
@@ -393,7 +370,11 @@ pub(crate) fn run(dir: &Path, as_json: bool) -> Result<String, CliError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use spate_logstore::{CommitMetadata, SourceOffset};
+    use spate_logstore::{CheckpointOptions, CommitMetadata, SourceOffset};
+
+    fn local() -> ObjectStoreSettings {
+        ObjectStoreSettings::default()
+    }
 
     #[test]
     fn sizes_are_human() {
@@ -418,9 +399,9 @@ mod tests {
         writer.offsets().add(BatchId(1), &seq).unwrap();
         let pid = std::process::id();
 
-        let inspection = inspect(&dir).unwrap();
+        let inspection = inspect(&dir, &local()).unwrap();
         assert_eq!(inspection.format, Format::Spate);
-        assert!(matches!(&inspection.lock, LockState::Held(Some(h)) if h.pid == pid));
+        assert!(matches!(&inspection.lock, LockStatus::Held(Some(h)) if h.pid == pid));
         let text = inspection.to_text();
         assert!(text.contains("Verdict: re-run batch 1"), "{text}");
         assert!(text.contains(r#"source words: {"words":120}"#), "{text}");
@@ -432,8 +413,8 @@ mod tests {
         assert_eq!(json["parts"]["state"]["present"], false);
 
         drop(writer);
-        let inspection = inspect(&dir).unwrap();
-        assert!(matches!(&inspection.lock, LockState::Free(Some(h)) if h.pid == pid), "{:?}", inspection.lock);
+        let inspection = inspect(&dir, &local()).unwrap();
+        assert!(matches!(&inspection.lock, LockStatus::Free(Some(h)) if h.pid == pid), "{:?}", inspection.lock);
         assert!(inspection.to_text().contains("not running"));
     }
 
@@ -467,7 +448,7 @@ mod tests {
         // Epoch 2 took over after batch 0; epoch 1 wrote one more line after that.
         let lines = [progress_line(1, 0), progress_line(2, 1), progress_line(1, 5)].join("\n");
         std::fs::write(dir.join("progress/progress-000000.jsonl"), lines + "\n").unwrap();
-        let inspection = inspect(&dir).unwrap();
+        let inspection = inspect(&dir, &local()).unwrap();
         let json = inspection.to_json();
         assert_eq!(json["progress"]["lastBatch"], 1, "{json}");
         assert_eq!(json["progress"]["lastEpoch"], 2, "{json}");
@@ -484,7 +465,7 @@ mod tests {
     fn a_missing_directory_is_an_error_naming_it() {
         let root = tempfile::tempdir().unwrap();
         let missing = root.path().join("nope");
-        let error = run(&missing, false).unwrap_err();
+        let error = run(&missing, &local(), false).unwrap_err();
         assert!(error.to_string().contains("nope"), "{error}");
     }
 }

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use spate_core::{BatchId, Clock, Duration, SystemClock};
-use spate_logstore::{LogStoreError, Verdict};
+use spate_logstore::{LogStoreError, ObjectStoreSettings, Verdict, file_manager_for, inspect_with};
 use spate_runtime::{
     BatchProgress, ProgressListener, RecoveryReport, RuntimeError, StopHandle, StopReport, StreamingContext,
 };
@@ -20,7 +20,7 @@ use crate::signals::{listen, say};
 /// How a job is watched and stopped.
 #[derive(Clone, Debug)]
 pub(crate) struct JobControl {
-    /// The checkpoint directory.
+    /// The checkpoint: a directory or `s3://bucket/prefix`.
     pub(crate) checkpoint: PathBuf,
     /// What the job does, for error messages ("cannot run the demo on checkpoint").
     pub(crate) action: &'static str,
@@ -135,13 +135,20 @@ fn progress_line(p: &BatchProgress) -> String {
     )
 }
 
-/// Refuses an inconsistent directory with the log store's own message (the
-/// files and the repair command) before the runtime takes the lock.
-pub(crate) fn refuse_inconsistent(dir: &Path, action: &'static str) -> Result<(), CliError> {
-    if !dir.is_dir() {
+/// Refuses an inconsistent checkpoint (a directory or `s3://bucket/prefix`)
+/// with the log store's own message (the files and the repair command)
+/// before the runtime takes the lock.
+pub(crate) fn refuse_inconsistent(
+    dir: &Path,
+    settings: &ObjectStoreSettings,
+    action: &'static str,
+) -> Result<(), CliError> {
+    // A location that cannot be reached is for the runtime to report.
+    let Ok(files) = file_manager_for(dir, settings) else { return Ok(()) };
+    if !files.exists(dir).unwrap_or(false) {
         return Ok(());
     }
-    match spate_logstore::inspect(dir) {
+    match inspect_with(files.as_ref(), dir) {
         Ok(Verdict::Inconsistent(inconsistency)) => {
             Err(CliError::checkpoint(action, dir, LogStoreError::Inconsistent(inconsistency)))
         }

@@ -18,12 +18,13 @@ use spate_kafka::{
     DirectKafkaConfig, DirectKafkaStream, KafkaRecord, KafkaSink, OffsetCommit, OffsetRanges, OutputRecord,
     StartingOffsets, TransactionalKafkaSink,
 };
-use spate_logstore::{Checkpoint, CheckpointOptions};
+use spate_logstore::{Checkpoint, ObjectStoreSettings};
 use spate_runtime::{PipelineBuilder, StreamingContext, StreamingSettings};
 
 use crate::args::RunArgs;
 use crate::error::CliError;
 use crate::job::{JobControl, Lines, drive, refuse_inconsistent, runtime_error};
+use crate::location::{checkpoint_options, object_store_settings};
 
 /// The error type the dstream output closures return.
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -49,6 +50,7 @@ struct Pipeline {
     stream: Arc<DirectKafkaStream>,
     sink: Arc<OnceLock<OutputSink>>,
     checkpoint: PathBuf,
+    object_store: ObjectStoreSettings,
     batch: Duration,
     top: usize,
     exactly_once: bool,
@@ -78,8 +80,8 @@ fn words_of(record: &KafkaRecord) -> Vec<String> {
 }
 
 /// The offset ranges batch `id` read, from `offsets/<id>` (durable before any output runs).
-fn logged_ranges(checkpoint: &Path, id: BatchId) -> Result<OffsetRanges, BoxError> {
-    let log = Checkpoint::open_read_only(checkpoint, CheckpointOptions::new())?;
+fn logged_ranges(checkpoint: &Path, settings: &ObjectStoreSettings, id: BatchId) -> Result<OffsetRanges, BoxError> {
+    let log = Checkpoint::open_read_only(checkpoint, checkpoint_options(settings))?;
     let seq = log.offsets().get(id)?.ok_or_else(|| format!("offsets/{id} is missing"))?;
     let json = seq.offset_of(INPUT).flatten().ok_or_else(|| format!("offsets/{id} has no offsets for {INPUT}"))?;
     Ok(OffsetRanges::from_json(&json.to_string())?)
@@ -112,6 +114,7 @@ impl Pipeline {
             )
             .name("window-counts");
         let (sink, checkpoint, top) = (Arc::clone(&self.sink), self.checkpoint.clone(), self.top);
+        let settings = self.object_store.clone();
         windowed
             .foreach_batch(move |batch, info| {
                 let mut words: Vec<(String, u64)> = batch.iter().cloned().collect();
@@ -121,7 +124,8 @@ impl Pipeline {
                 let record = OutputRecord::keyed(info.batch_id.0.to_string(), value.to_string());
                 match sink.get() {
                     Some(OutputSink::Transactional(sink)) => {
-                        sink.write_batch(info.batch_id, &logged_ranges(&checkpoint, info.batch_id)?, [record])?;
+                        let ranges = logged_ranges(&checkpoint, &settings, info.batch_id)?;
+                        sink.write_batch(info.batch_id, &ranges, [record])?;
                     }
                     Some(OutputSink::Idempotent(sink)) => {
                         sink.write([record])?;
@@ -136,13 +140,13 @@ impl Pipeline {
 
 /// Opens the output sink; the transactional id is the checkpoint's query id,
 /// so a restarted job fences its previous incarnation.
-fn open_sink(args: &RunArgs) -> Result<OutputSink, CliError> {
+fn open_sink(args: &RunArgs, settings: &ObjectStoreSettings) -> Result<OutputSink, CliError> {
     if !args.exactly_once {
         return KafkaSink::new(&args.kafka, &args.output_topic)
             .map(OutputSink::Idempotent)
             .map_err(|e| kafka_error("cannot open the output producer", e));
     }
-    let checkpoint = Checkpoint::open_read_only(&args.checkpoint, CheckpointOptions::new())
+    let checkpoint = Checkpoint::open_read_only(&args.checkpoint, checkpoint_options(settings))
         .map_err(|e| CliError::checkpoint(ACTION, &args.checkpoint, e))?;
     let id = checkpoint.metadata().map_or_else(|| args.group.clone(), |m| m.id.clone());
     TransactionalKafkaSink::new(&args.kafka, &args.output_topic, &format!("spate-{id}"), &args.group)
@@ -169,7 +173,8 @@ fn stream_config(args: &RunArgs, batch: Duration) -> Result<DirectKafkaConfig, C
 
 /// Runs the Kafka pipeline until it is stopped; returns the closing line.
 pub(crate) fn run(args: &RunArgs) -> Result<String, CliError> {
-    refuse_inconsistent(&args.checkpoint, ACTION)?;
+    let object_store = object_store_settings(&args.s3)?;
+    refuse_inconsistent(&args.checkpoint, &object_store, ACTION)?;
     let batch = Duration::from_millis(args.batch_ms);
     let config = stream_config(args, batch)?;
     let stream = DirectKafkaStream::new(config).map_err(|e| kafka_error("cannot create the Kafka consumer", e))?;
@@ -177,17 +182,19 @@ pub(crate) fn run(args: &RunArgs) -> Result<String, CliError> {
         stream: Arc::new(stream),
         sink: Arc::new(OnceLock::new()),
         checkpoint: args.checkpoint.clone(),
+        object_store: object_store.clone(),
         batch,
         top: usize::try_from(args.top).unwrap_or(usize::MAX),
         exactly_once: args.exactly_once,
     };
-    let ctx = StreamingContext::get_or_create(&args.checkpoint, StreamingSettings::new(batch), |p| {
+    let settings = StreamingSettings::new(batch).with_object_store(object_store.clone());
+    let ctx = StreamingContext::get_or_create(&args.checkpoint, settings, |p| {
         pipeline.declare(p);
         Ok(())
     })
     .map_err(|e| runtime_error(ACTION, &args.checkpoint, e))?;
     // The context holds the lock now; a second process never gets this far.
-    let _ = pipeline.sink.set(open_sink(args)?);
+    let _ = pipeline.sink.set(open_sink(args, &object_store)?);
     let control = JobControl {
         checkpoint: args.checkpoint.clone(),
         action: ACTION,

@@ -1,9 +1,9 @@
 //! The `spate` command: run the demo or a Kafka pipeline, and inspect,
-//! repair or change a checkpoint directory.
+//! repair or change a checkpoint, in a local directory or in S3.
 //!
 //! It features:
 //!
-//! - `spate demo [--checkpoint DIR] [--rate N] [--seconds S]`: the word-count
+//! - `spate demo [--checkpoint LOCATION] [--wal-dir DIR] [--rate N] [--seconds S]`: the word-count
 //!   job without a broker, on spate-runtime's demo pipeline (the generator
 //!   receiver with its write-ahead log, 1 s batches, 30 s windows sliding
 //!   every 2 s, top words per window, one progress line a batch, exactly-once
@@ -13,12 +13,19 @@
 //!   the same word count on a Kafka topic (spate-kafka's direct stream),
 //!   each window's top words written to a topic, in a Kafka transaction with
 //!   the batch's consumed offsets when `--exactly-once` is given;
-//! - `spate checkpoint inspect DIR [--json]`: logs, verdict, last offsets,
+//! - `spate checkpoint inspect LOCATION [--json]`: logs, verdict, last offsets,
 //!   lock holder and sizes, also of a Spark Structured Streaming checkpoint;
-//! - `spate checkpoint repair DIR [--apply]`: the repair plan, applied under
+//! - `spate checkpoint repair LOCATION [--apply]`: the repair plan, applied under
 //!   the writer lock, moving files to `_quarantine/` and deleting nothing;
-//! - `spate checkpoint set-offsets DIR --source S --json J [--commit]`: a new
+//! - `spate checkpoint set-offsets LOCATION --source S --json J [--commit]`: a new
 //!   offsets entry for the next batch, never an edit of an old one.
+//!
+//! A checkpoint LOCATION is a directory or `s3://bucket/prefix`; the
+//! `--s3-endpoint`, `--s3-region`, `--s3-access-key-id`,
+//! `--s3-secret-access-key-file` and `--s3-allow-http` flags of each command
+//! say how to reach S3, and each one left out comes from its AWS environment
+//! variable. The demo's receiver logs stay on a local disk (`--wal-dir`,
+//! required with `s3://`).
 //!
 //! Errors are printed as one sentence and their causes
 //! (`Error: …` then `  caused by: …` lines). Exit codes:
@@ -57,6 +64,7 @@ mod inspect;
 mod job;
 #[cfg(feature = "kafka")]
 mod kafka;
+mod location;
 mod logging;
 mod repair;
 mod set_offsets;
@@ -66,7 +74,7 @@ use std::ffi::OsString;
 
 use clap::Parser;
 
-pub use args::{CheckpointCommand, Cli, Command, DemoArgs, RunArgs};
+pub use args::{CheckpointCommand, Cli, Command, DemoArgs, RunArgs, S3Args};
 pub use error::{CliError, ExitCode, render_error};
 
 /// What a command printed and how it ended (for commands that finish on their own).
@@ -116,10 +124,21 @@ fn dispatch(command: Command) -> Result<String, CliError> {
         Command::Run(_) => Err(CliError::usage(
             "this spate was built without Kafka: build spate-cli with the `kafka` feature (on by default) for `spate run`",
         )),
-        Command::Checkpoint(CheckpointCommand::Inspect { dir, json }) => inspect::run(&dir, json),
-        Command::Checkpoint(CheckpointCommand::Repair { dir, apply }) => repair::run(&dir, apply),
-        Command::Checkpoint(CheckpointCommand::SetOffsets { dir, source, json, commit }) => {
-            set_offsets::run(&set_offsets::SetOffsets { dir: &dir, source: &source, json: &json, commit })
+        Command::Checkpoint(CheckpointCommand::Inspect { dir, json, s3 }) => {
+            inspect::run(&dir, &location::object_store_settings(&s3)?, json)
+        }
+        Command::Checkpoint(CheckpointCommand::Repair { dir, apply, s3 }) => {
+            repair::run(&dir, &location::object_store_settings(&s3)?, apply)
+        }
+        Command::Checkpoint(CheckpointCommand::SetOffsets { dir, source, json, commit, s3 }) => {
+            let settings = location::object_store_settings(&s3)?;
+            set_offsets::run(&set_offsets::SetOffsets {
+                dir: &dir,
+                settings: &settings,
+                source: &source,
+                json: &json,
+                commit,
+            })
         }
     }
 }

@@ -1,32 +1,35 @@
-//! `spate checkpoint repair DIR [--apply]`: show the repair plan of an
-//! inconsistent checkpoint and, when asked, carry it out under the writer
-//! lock. Files are moved to `_quarantine/`, never deleted.
+//! `spate checkpoint repair LOCATION [--apply]`: show the repair plan of an
+//! inconsistent checkpoint (a directory or `s3://bucket/prefix`) and, when
+//! asked, carry it out under the writer lock. Files are moved to
+//! `_quarantine/` (in S3: copied there, then deleted), never just deleted.
 
 use std::path::Path;
 
-use spate_logstore::{Checkpoint, CheckpointOptions, LogStoreError};
+use spate_logstore::{Checkpoint, LogStoreError, ObjectStoreSettings, file_manager_for};
 
 use crate::error::CliError;
+use crate::location::checkpoint_options;
 
 const ACTION: &str = "cannot repair checkpoint";
 
-/// The directory must exist: opening for write would otherwise create it.
-pub(crate) fn require_dir(dir: &Path, action: &'static str) -> Result<(), CliError> {
-    if dir.is_dir() {
+/// The checkpoint must exist: opening for write would otherwise create it.
+pub(crate) fn require_dir(dir: &Path, settings: &ObjectStoreSettings, action: &'static str) -> Result<(), CliError> {
+    let fail = |e| CliError::checkpoint(action, dir, e);
+    if file_manager_for(dir, settings).map_err(fail)?.exists(dir).map_err(fail)? {
         return Ok(());
     }
     let missing = std::io::Error::new(std::io::ErrorKind::NotFound, "no such checkpoint directory");
-    Err(CliError::checkpoint(action, dir, LogStoreError::Io { op: "open", path: dir.to_path_buf(), source: missing }))
+    Err(fail(LogStoreError::Io { op: "open", path: dir.to_path_buf(), source: missing }))
 }
 
 /// Runs the command and returns what to print.
-pub(crate) fn run(dir: &Path, apply: bool) -> Result<String, CliError> {
-    require_dir(dir, ACTION)?;
+pub(crate) fn run(dir: &Path, settings: &ObjectStoreSettings, apply: bool) -> Result<String, CliError> {
+    require_dir(dir, settings, ACTION)?;
     let fail = |e| CliError::checkpoint(ACTION, dir, e);
     let checkpoint = if apply {
-        Checkpoint::open_for_write(dir, CheckpointOptions::new())
+        Checkpoint::open_for_write(dir, checkpoint_options(settings))
     } else {
-        Checkpoint::open_read_only(dir, CheckpointOptions::new())
+        Checkpoint::open_read_only(dir, checkpoint_options(settings))
     }
     .map_err(fail)?;
     let Some(plan) = checkpoint.repair_plan().map_err(fail)? else {
@@ -50,7 +53,11 @@ mod tests {
     use super::*;
     use crate::error::ExitCode;
     use spate_core::BatchId;
-    use spate_logstore::{CommitMetadata, OffsetSeq, Verdict};
+    use spate_logstore::{CheckpointOptions, CommitMetadata, OffsetSeq, Verdict};
+
+    fn local() -> ObjectStoreSettings {
+        ObjectStoreSettings::default()
+    }
 
     fn commit_ahead(dir: &Path) {
         let ck = Checkpoint::open_for_write(dir, CheckpointOptions::new()).unwrap();
@@ -66,15 +73,15 @@ mod tests {
         let root = tempfile::tempdir().unwrap();
         let dir = root.path().join("ck");
         commit_ahead(&dir);
-        let plan = run(&dir, false).unwrap();
+        let plan = run(&dir, &local(), false).unwrap();
         assert!(plan.contains("commits/3") && plan.contains("Nothing was changed"), "{plan}");
         assert!(dir.join("commits/3").exists());
 
-        let applied = run(&dir, true).unwrap();
+        let applied = run(&dir, &local(), true).unwrap();
         assert!(applied.contains("Applied: 1 file(s)"), "{applied}");
         assert!(!dir.join("commits/3").exists());
         assert!(matches!(spate_logstore::inspect(&dir).unwrap(), Verdict::Resume { next: BatchId(3), .. }));
-        assert!(run(&dir, false).unwrap().contains("nothing to repair"));
+        assert!(run(&dir, &local(), false).unwrap().contains("nothing to repair"));
     }
 
     #[test]
@@ -83,10 +90,10 @@ mod tests {
         let dir = root.path().join("ck");
         commit_ahead(&dir);
         let _writer = Checkpoint::open_for_write(&dir, CheckpointOptions::new()).unwrap();
-        let error = run(&dir, true).unwrap_err();
+        let error = run(&dir, &local(), true).unwrap_err();
         assert_eq!(error.exit_code(), ExitCode::Locked);
         assert!(dir.join("commits/3").exists());
-        assert!(run(&root.path().join("missing"), true).is_err());
+        assert!(run(&root.path().join("missing"), &local(), true).is_err());
         assert!(!root.path().join("missing").exists());
     }
 }

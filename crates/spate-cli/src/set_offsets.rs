@@ -1,14 +1,18 @@
 //! `spate checkpoint set-offsets`: the safe form of hand-editing a Spark
 //! checkpoint's offsets. It writes a new `offsets/<next>` entry through the
-//! log store, under the writer lock, and never changes an existing entry.
+//! log store, under the writer lock, and never changes an existing entry,
+//! in a directory or in `s3://bucket/prefix` alike.
 
 use std::path::Path;
 
 use serde_json::Value;
 use spate_core::{BatchId, Clock, Duration, SystemClock, Time};
-use spate_logstore::{Checkpoint, CheckpointOptions, CommitMetadata, LogStoreError, OffsetSeq, SourceOffset, Verdict};
+use spate_logstore::{
+    Checkpoint, CommitMetadata, LogStoreError, ObjectStoreSettings, OffsetSeq, SourceOffset, Verdict,
+};
 
 use crate::error::CliError;
+use crate::location::checkpoint_options;
 use crate::repair::require_dir;
 
 const ACTION: &str = "cannot set offsets in checkpoint";
@@ -17,6 +21,7 @@ const ACTION: &str = "cannot set offsets in checkpoint";
 #[derive(Debug)]
 pub(crate) struct SetOffsets<'a> {
     pub(crate) dir: &'a Path,
+    pub(crate) settings: &'a ObjectStoreSettings,
     pub(crate) source: &'a str,
     pub(crate) json: &'a str,
     pub(crate) commit: bool,
@@ -80,9 +85,9 @@ fn next_batch_time(last: &OffsetSeq, now: Time) -> Time {
 pub(crate) fn run(request: &SetOffsets<'_>) -> Result<String, CliError> {
     let offset: Value =
         serde_json::from_str(request.json).map_err(|source| CliError::BadJson { flag: "--json", source })?;
-    require_dir(request.dir, ACTION)?;
+    require_dir(request.dir, request.settings, ACTION)?;
     let fail = |e| CliError::checkpoint(ACTION, request.dir, e);
-    let checkpoint = Checkpoint::open_for_write(request.dir, CheckpointOptions::new()).map_err(fail)?;
+    let checkpoint = Checkpoint::open_for_write(request.dir, checkpoint_options(request.settings)).map_err(fail)?;
     let verdict = checkpoint.verdict().map_err(fail)?;
     let previous = match &verdict {
         Verdict::Resume { last_offsets, .. } => last_offsets.offset_of(request.source).flatten().cloned(),
@@ -120,9 +125,18 @@ mod tests {
     use super::*;
     use crate::error::ExitCode;
     use serde_json::json;
+    use spate_logstore::CheckpointOptions;
+
+    const LOCAL: &ObjectStoreSettings = &ObjectStoreSettings {
+        endpoint: None,
+        region: None,
+        access_key_id: None,
+        secret_access_key: None,
+        allow_http: None,
+    };
 
     fn request<'a>(dir: &'a Path, json: &'a str, commit: bool) -> SetOffsets<'a> {
-        SetOffsets { dir, source: "events", json, commit }
+        SetOffsets { dir, settings: LOCAL, source: "events", json, commit }
     }
 
     fn committed_batch(dir: &Path) {
