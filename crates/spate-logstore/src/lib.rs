@@ -70,6 +70,8 @@ mod location;
 mod lock;
 mod log;
 #[cfg(feature = "s3")]
+mod object_faults;
+#[cfg(feature = "s3")]
 mod object_files;
 mod repair;
 mod verdict;
@@ -93,6 +95,8 @@ pub use lock::{
 pub use log::{
     BodyError, Json, LogEntry, MAX_LOG_FILE_BYTES, MetadataLog, decode_entry, encode_entry, parse_batch_file_name,
 };
+#[cfg(feature = "s3")]
+pub use object_faults::{FaultyObjectStore, ObjectFault};
 #[cfg(feature = "s3")]
 pub use object_files::ObjectStoreFileManager;
 pub use repair::{QUARANTINE_DIR, REPAIR_NOTE, RepairAction, RepairPlan, apply_repair, plan_repair};

@@ -80,17 +80,24 @@ impl ObjectStoreFileManager {
             builder = builder.with_allow_http(allow);
         }
         let store = builder.build().map_err(|e| refuse(e.to_string()))?;
+        Self::with_store(location, &prefix, Arc::new(store))
+    }
+
+    /// The file manager of `location` on `store` (the bucket), its keys under
+    /// `prefix`: an in-memory store or a [`crate::FaultyObjectStore`] in tests.
+    pub fn with_store(location: &Path, prefix: &str, store: Arc<dyn ObjectStore>) -> Result<Self> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .thread_name("spate-object-store")
             .enable_all()
             .build()
-            .map_err(|e| refuse(format!("cannot start the object store client: {e}")))?;
+            .map_err(|e| LogStoreError::Location {
+                location: location.display().to_string(),
+                reason: format!("cannot start the object store client: {e}"),
+            })?;
         let prefix = prefix.split('/').filter(|p| !p.is_empty()).map(str::to_string).collect();
         let root = location.to_path_buf();
-        Ok(ObjectStoreFileManager {
-            inner: Arc::new(Inner { root, prefix, store: Arc::new(store), runtime: Some(runtime) }),
-        })
+        Ok(ObjectStoreFileManager { inner: Arc::new(Inner { root, prefix, store, runtime: Some(runtime) }) })
     }
 
     /// The object key of `path`, which must be under the location.

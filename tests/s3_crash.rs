@@ -1,0 +1,121 @@
+//! A checkpoint in an object store, crashed at every write: each request of
+//! a writer's life (lease, entries, state, graph, purge, release) fails in
+//! turn, before the store applies it or after (the answer lost), and the
+//! process "dies" there. A new writer then always finds a consistent
+//! checkpoint: it takes the lease over, and re-runs or resumes with exactly
+//! the logged offsets. In memory (object_store's `InMemory`, which has the
+//! same conditional puts as S3), so it needs no server.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::Path;
+use std::sync::Arc;
+
+use object_store::ObjectStore;
+use object_store::memory::InMemory;
+use spate::core::{BatchId, Duration, ManualClock, Time};
+use spate::logstore::{
+    Checkpoint, CheckpointFileManager, CheckpointOptions, CommitMetadata, FaultyObjectStore, LeaseOptions,
+    LogStoreError, ObjectFault, ObjectStoreFileManager, OffsetSeq, SourceOffset, Verdict,
+};
+
+const LOCATION: &str = "s3://bucket/ck";
+const BATCHES: u64 = 3;
+
+fn offsets(n: u64) -> OffsetSeq {
+    OffsetSeq {
+        batch_timestamp: Time::from_millis(1_000 * n as i64),
+        sources: vec![SourceOffset::new("events", Some(serde_json::json!({"events": {"0": n * 10}})))],
+        ..OffsetSeq::default()
+    }
+}
+
+fn options(files: Arc<dyn CheckpointFileManager>, clock: &Arc<ManualClock>) -> CheckpointOptions {
+    let lease = LeaseOptions { renew_in_background: false, ..LeaseOptions::default() };
+    CheckpointOptions::new().clock(clock.clone()).file_manager(files).lease(lease).retain_batches(1)
+}
+
+fn files_on(store: Arc<dyn ObjectStore>) -> Arc<dyn CheckpointFileManager> {
+    Arc::new(ObjectStoreFileManager::with_store(Path::new(LOCATION), "ck", store).unwrap())
+}
+
+/// A writer's life: the graph, three batches with state, a purge, a new graph.
+fn writer_life(files: Arc<dyn CheckpointFileManager>, clock: &Arc<ManualClock>) -> Result<(), LogStoreError> {
+    let checkpoint = Checkpoint::open_for_write(LOCATION, options(files, clock))?;
+    checkpoint.replace_file("graph", b"g1")?;
+    for n in 0..BATCHES {
+        checkpoint.offsets().add(BatchId(n), &offsets(n))?;
+        checkpoint.write_file(format!("state/op/{n}"), b"state")?;
+        checkpoint.commit_batch(BatchId(n), &CommitMetadata::default())?;
+    }
+    checkpoint.replace_file("graph", b"g2")
+}
+
+/// What a new writer must find after any crash.
+fn check_recovers(memory: &Arc<InMemory>, clock: &Arc<ManualClock>, what: &str) {
+    // Past any lease the dead writer held.
+    clock.advance(Duration::from_millis(60_000));
+    let checkpoint = Checkpoint::open_for_write(LOCATION, options(files_on(memory.clone()), clock))
+        .unwrap_or_else(|e| panic!("{what}: a new writer cannot open: {e}"));
+    let next = match checkpoint.verdict().unwrap() {
+        Verdict::Fresh => BatchId(0),
+        Verdict::Rerun { batch, offsets: logged, .. } => {
+            assert_eq!(logged, offsets(batch.0), "{what}: batch {batch} re-runs with other offsets");
+            assert!(checkpoint.commit_batch(batch, &CommitMetadata::default()).unwrap(), "{what}");
+            batch.next().unwrap()
+        }
+        Verdict::Resume { next, .. } => next,
+        other => panic!("{what}: inconsistent after the crash: {other:?}"),
+    };
+    if let Some(graph) = checkpoint.read_file("graph").unwrap() {
+        assert!(graph == b"g1" || graph == b"g2", "{what}: graph {graph:?}");
+    }
+    // And it carries on.
+    assert!(checkpoint.offsets().add(next, &offsets(next.0)).unwrap(), "{what}");
+    assert!(checkpoint.commit_batch(next, &CommitMetadata::default()).unwrap(), "{what}");
+}
+
+/// The writes of a whole life without faults; the last is the lease's release.
+fn writes_without_faults() -> usize {
+    let clock = Arc::new(ManualClock::new(Time::from_millis(1_700_000_000_000)));
+    let counting = Arc::new(FaultyObjectStore::new(Arc::new(InMemory::new())));
+    writer_life(files_on(counting.clone()), &clock).unwrap();
+    counting.writes()
+}
+
+fn crash_at_every_write(fault: ObjectFault, crash: bool) -> usize {
+    let release = writes_without_faults() - 1;
+    let mut n = 0;
+    loop {
+        let memory = Arc::new(InMemory::new());
+        let clock = Arc::new(ManualClock::new(Time::from_millis(1_700_000_000_000)));
+        let faulty = Arc::new(FaultyObjectStore::fail_write(memory.clone(), n, fault, crash));
+        let result = writer_life(files_on(faulty.clone()), &clock);
+        if !faulty.fired() {
+            result.unwrap();
+            return n; // every write had its turn
+        }
+        let what = format!("{fault:?} at write {n} (crash: {crash})");
+        // Only the release, after the writer's work, is allowed to fail quietly (it is logged).
+        assert!(result.is_err() || n == release, "{what}: the failure went unseen");
+        check_recovers(&memory, &clock, &what);
+        n += 1;
+    }
+}
+
+#[test]
+fn a_checkpoint_crashed_before_any_write_lands_recovers() {
+    let writes = crash_at_every_write(ObjectFault::BeforeApply, true);
+    // Lease, graph, 3 x (offsets, state, commit), purges, graph, release.
+    assert!(writes >= 12, "only {writes} writes: the scenario lost its steps");
+}
+
+#[test]
+fn a_checkpoint_crashed_after_a_write_landed_unacknowledged_recovers() {
+    assert!(crash_at_every_write(ObjectFault::AfterApply, true) >= 12);
+}
+
+#[test]
+fn a_failed_write_that_landed_does_not_stop_the_next_writer() {
+    assert!(crash_at_every_write(ObjectFault::AfterApply, false) >= 12);
+}
