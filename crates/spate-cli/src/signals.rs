@@ -11,7 +11,8 @@
 //! first: the lock is an OS lock on the open lock file, which the kernel
 //! drops only once every thread of the process is gone. So no output job
 //! of the abandoned batch can run after another writer could take the
-//! checkpoint over.
+//! checkpoint over. In S3 the lease is not released either: the next writer
+//! takes over once it has run out, long after this process is gone.
 
 use crate::error::{CliError, ExitCode};
 

@@ -595,6 +595,8 @@ fn a_second_writer_on_s3_exits_4_naming_the_holder_and_writes_nothing() {
     assert!(stderr.starts_with(&format!("Error: cannot run the demo on checkpoint {ck}")), "{stderr}");
     assert!(stderr.contains(&format!("pid {pid}")), "{stderr}");
     assert!(text(&second.stdout).is_empty(), "{}", text(&second.stdout));
+    let in_other_wal: Vec<_> = std::fs::read_dir(other_wal.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert!(in_other_wal.is_empty(), "the refused writer wrote into its WAL directory: {in_other_wal:?}");
 
     let mut set = strings(&["checkpoint", "set-offsets", ck, "--source", "words", "--json", r#"{"position":0}"#]);
     set.extend_from_slice(&s3.flags);
