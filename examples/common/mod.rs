@@ -48,7 +48,8 @@ impl ProgressListener for Committed {
 pub(crate) struct RunOutcome {
     /// What the context said when it stopped.
     pub(crate) stop: StopReport,
-    /// True when `done` said so; false when the time ran out first.
+    /// True when `done` said so (for a batch committed before the stop, or
+    /// while stopping); false when the time ran out first.
     pub(crate) done: bool,
     /// Batches committed in this run.
     pub(crate) batches: u64,
@@ -85,6 +86,11 @@ pub(crate) fn run_until(
     }
     ctx.stop_handle().stop_gracefully();
     let stop = ctx.await_termination()?;
+    // The batches committed while stopping count too.
+    for progress in receiver.try_iter() {
+        batches += 1;
+        finished |= done(&progress);
+    }
     Ok(RunOutcome { stop, done: finished, batches })
 }
 
