@@ -278,6 +278,41 @@ mod tests {
     }
 
     #[test]
+    fn every_command_with_a_checkpoint_takes_an_s3_location_and_the_s3_flags() {
+        let s3 = ["--s3-endpoint", "http://h:1", "--s3-region", "r", "--s3-access-key-id", "id", "--s3-allow-http"];
+        let commands: [&[&str]; 5] = [
+            &["demo", "--checkpoint", "s3://b/p", "--wal-dir", "/w"],
+            &["run", "--kafka", "k:9092", "--topic", "t", "--output-topic", "o", "--checkpoint", "s3://b/p"],
+            &["checkpoint", "inspect", "s3://b/p"],
+            &["checkpoint", "repair", "s3://b/p"],
+            &["checkpoint", "set-offsets", "s3://b/p", "--source", "s", "--json", "1"],
+        ];
+        for command in commands {
+            let argv = [&["spate"][..], command, &s3].concat();
+            let cli = Cli::try_parse_from(&argv).unwrap_or_else(|e| panic!("{argv:?}: {e}"));
+            let (location, flags) = match cli.command {
+                Command::Demo(a) => (a.checkpoint, a.s3),
+                Command::Run(a) => (a.checkpoint, a.s3),
+                Command::Checkpoint(
+                    CheckpointCommand::Inspect { dir, s3, .. }
+                    | CheckpointCommand::Repair { dir, s3, .. }
+                    | CheckpointCommand::SetOffsets { dir, s3, .. },
+                ) => (dir, s3),
+            };
+            assert_eq!(location, PathBuf::from("s3://b/p"), "{argv:?}");
+            assert_eq!(flags.s3_endpoint.as_deref(), Some("http://h:1"), "{argv:?}");
+            assert_eq!((flags.s3_region.as_deref(), flags.s3_access_key_id.as_deref()), (Some("r"), Some("id")));
+            assert!(flags.s3_allow_http && flags.s3_secret_access_key_file.is_none(), "{argv:?}");
+            // The help names the location form.
+            let mut help_argv = argv[..argv.len() - s3.len()].to_vec();
+            help_argv.truncate(if command[0] == "checkpoint" { 3 } else { 2 });
+            help_argv.push("--help");
+            let help = Cli::try_parse_from(&help_argv).unwrap_err().to_string();
+            assert!(help.contains("s3://bucket/prefix") && help.contains("--s3-secret-access-key-file"), "{help}");
+        }
+    }
+
+    #[test]
     fn demo_defaults_and_bounds() {
         let cli = Cli::try_parse_from(["spate", "demo"]).unwrap();
         let Command::Demo(demo) = cli.command else { panic!("wrong command") };
