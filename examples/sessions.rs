@@ -162,7 +162,7 @@ struct ClosedSession {
 
 /// The `map_with_state` function: a click extends the user's session (or
 /// opens one); the timeout call closes it and emits it.
-fn track(user: &String, click: Option<Click>, state: &mut State<Session>) -> Option<ClosedSession> {
+fn track(user: &str, click: Option<Click>, state: &mut State<Session>) -> Option<ClosedSession> {
     match click {
         Some(click) => {
             let mut session = state.get().cloned().unwrap_or(Session {
@@ -178,7 +178,7 @@ fn track(user: &String, click: Option<Click>, state: &mut State<Session>) -> Opt
             None
         }
         None if state.is_timing_out() => state.get().map(|s| ClosedSession {
-            user: user.clone(),
+            user: user.to_string(),
             first_batch: s.first_batch,
             last_batch: s.last_batch,
             clicks: s.clicks,
@@ -208,7 +208,7 @@ fn declare(p: &mut PipelineBuilder, args: &Args, source: &Arc<ClickSource>, shar
     let sessions = p
         .replayable_input("clicks", Arc::clone(source), Some(on_resume), None)
         .map(|click: Click| (click.user.clone(), click))
-        .map_with_state(track, Some(timeout))
+        .map_with_state(|user: &String, click, state: &mut State<Session>| track(user, click, state), Some(timeout))
         .name("sessions");
 
     let (out, quiet) = (Arc::clone(shared), args.quiet);
