@@ -176,6 +176,18 @@ pub(crate) fn produce(brokers: &str, topic: &str, records: &[Produced]) -> Resul
     Ok(())
 }
 
+/// The end (high watermark) of every partition of `topic`.
+pub(crate) fn end_offsets(brokers: &str, topic: &str) -> Result<std::collections::BTreeMap<i32, i64>, Error> {
+    let consumer: BaseConsumer = ClientConfig::new().set("bootstrap.servers", brokers).create()?;
+    let metadata = consumer.fetch_metadata(Some(topic), StdDuration::from_secs(10))?;
+    let mut ends = std::collections::BTreeMap::new();
+    for partition in metadata.topics().iter().filter(|t| t.name() == topic).flat_map(|t| t.partitions()) {
+        let (_, high) = consumer.fetch_watermarks(topic, partition.id(), StdDuration::from_secs(10))?;
+        ends.insert(partition.id(), high);
+    }
+    Ok(ends)
+}
+
 /// One record read back.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct ReadBack {
