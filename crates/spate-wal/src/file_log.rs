@@ -22,6 +22,7 @@ use crate::record::PADDING;
 use crate::segment::Segment;
 use crate::spares::Spares;
 use crate::takeover::{check_fence, open_segments, refuse_later_epochs, restrict_files};
+use crate::telemetry::WalMetrics;
 use crate::writer::{CommitOrder, CommitQueue, Writer};
 
 /// A write-ahead log in a directory of segment files.
@@ -58,6 +59,8 @@ pub(crate) struct Shared {
     pub(crate) order: Mutex<CommitOrder>,
     pub(crate) group_finished: Condvar,
     pub(crate) writer: Mutex<Writer>,
+    /// Appends, bytes and syncs, for `/metrics`.
+    pub(crate) metrics: WalMetrics,
 }
 
 impl FileWriteAheadLog {
@@ -89,6 +92,7 @@ impl FileWriteAheadLog {
         tracing::debug!(dir = %dir.display(), segments = segments.len(), epoch, "opened write-ahead log");
         let writer = Writer::new(options.clock.now());
         let shared = Shared {
+            metrics: WalMetrics::for_dir(&dir),
             dir,
             options,
             epoch,

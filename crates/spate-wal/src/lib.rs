@@ -129,6 +129,7 @@ mod seal;
 mod segment;
 mod spares;
 mod takeover;
+mod telemetry;
 mod writer;
 
 pub use error::WalError;

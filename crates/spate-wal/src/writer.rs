@@ -493,6 +493,9 @@ impl Shared {
         // Checked under the writer lock, right before the bytes are written.
         self.fence(writer, "append")?;
         self.append_requests(writer, batch, handles)?;
+        let (records, bytes) =
+            handles.iter().flatten().fold((0u64, 0u64), |(n, b), handle| (n + 1, b + u64::from(handle.length)));
+        self.metrics.appended(records, bytes);
         writer.groups += 1;
         let sync_due = self.sync_due(writer);
         let mut group = AppendedGroup { seq: writer.groups, sync: None, readable: None };
@@ -526,6 +529,7 @@ impl Shared {
     /// `fdatasync` is reported to one caller only, and the pages it lost
     /// may hold this group's bytes too.
     fn finish_group(&self, group: AppendedGroup, guard: &mut LeaderGuard<'_>) -> Result<(), WalError> {
+        let syncing = std::time::Instant::now();
         let synced = match &group.sync {
             Some((Some(file), path)) => file.sync_data().map_err(|e| (path.clone(), e)),
             // Closed after its last write: reopen just to sync.
@@ -536,6 +540,9 @@ impl Shared {
                 .map_err(|e| (path.clone(), e)),
             None => Ok(()),
         };
+        if group.sync.is_some() && synced.is_ok() {
+            self.metrics.synced(syncing.elapsed());
+        }
         let mut order = self.await_turn(group.seq);
         let result = match (synced, &order.failure) {
             (_, Some(cause)) => Err(WalError::Poisoned { dir: self.dir.clone(), cause: cause.clone() }),
@@ -660,6 +667,7 @@ impl Shared {
             return Ok(());
         }
         let path = active.segment.path.clone();
+        let syncing = std::time::Instant::now();
         let result = match active.file.as_ref() {
             Some(file) => file.sync_data(),
             // Closed after the last batch: reopen just to sync.
@@ -667,6 +675,7 @@ impl Shared {
         };
         match result {
             Ok(()) => {
+                self.metrics.synced(syncing.elapsed());
                 active.segment.extend_synced_len(active.len);
                 writer.last_sync = self.options.clock.now();
                 Ok(())
