@@ -10,13 +10,18 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use spate_core::{Clock, StreamBlockId, Time};
+use spate_core::{Clock, StreamBlockId, StreamId, Time};
 use tracing::debug;
 
 use crate::block::{BlockData, Record};
 use crate::disk_store::DiskStore;
 use crate::error::ReceiverError;
 use crate::storage::StorageLevel;
+
+/// Gauge of `/metrics`: blocks held in memory, per stream.
+pub(crate) const BLOCKS_IN_MEMORY: &str = "spate_blocks_in_memory";
+/// Gauge of `/metrics`: estimated bytes of the blocks held in memory, per stream.
+pub(crate) const BLOCK_BYTES_IN_MEMORY: &str = "spate_block_bytes_in_memory";
 
 /// Where a stored block is now.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -66,6 +71,8 @@ struct Inner<T> {
     memory_used: u64,
     /// Of `memory_used`, the bytes of blocks that may spill to disk.
     spillable_used: u64,
+    /// Blocks and bytes in memory per stream, for the gauges of `/metrics`.
+    per_stream: BTreeMap<StreamId, (u64, u64)>,
 }
 
 /// Blocks by [`StreamBlockId`], at a [`StorageLevel`], within a memory budget.
@@ -96,8 +103,14 @@ impl<T: Record> BlockManager<T> {
     /// one it did not make is refused ([`ReceiverError::DiskDirNotOurs`]).
     pub fn open(config: BlockManagerConfig, clock: Arc<dyn Clock>) -> Result<Self, ReceiverError> {
         let disk = config.disk_dir.as_deref().map(DiskStore::open).transpose()?;
-        let inner =
-            Inner { entries: HashMap::new(), lru: BTreeMap::new(), next_tick: 0, memory_used: 0, spillable_used: 0 };
+        let inner = Inner {
+            entries: HashMap::new(),
+            lru: BTreeMap::new(),
+            next_tick: 0,
+            memory_used: 0,
+            spillable_used: 0,
+            per_stream: BTreeMap::new(),
+        };
         Ok(BlockManager { inner: Mutex::new(inner), disk, budget: config.memory_budget_bytes, clock })
     }
 
@@ -127,6 +140,7 @@ impl<T: Record> BlockManager<T> {
             if level.use_disk() {
                 inner.spillable_used += size;
             }
+            inner.count_memory(block_id.stream_id, size, true);
             entry.memory = Some((data, size));
         } else if level.use_disk() {
             self.disk_for(block_id, level)?.put(block_id, &data.bytes().map_err(codec_err)?)?;
@@ -176,7 +190,7 @@ impl<T: Record> BlockManager<T> {
         let Some(entry) = inner.entries.remove(&block_id) else {
             return Ok(false);
         };
-        inner.forget_memory(&entry);
+        inner.forget_memory(block_id, &entry);
         if entry.on_disk {
             self.disk_for(block_id, entry.level)?.delete(block_id)?;
         }
@@ -263,6 +277,7 @@ impl<T: Record> BlockManager<T> {
         inner.lru.remove(&tick);
         inner.memory_used -= size;
         inner.spillable_used -= size;
+        inner.count_memory(block_id.stream_id, size, false);
         debug!(block = %block_id, bytes = size, "spilled block to disk");
         Ok(())
     }
@@ -295,13 +310,58 @@ impl<T> Inner<T> {
         tick
     }
 
-    fn forget_memory(&mut self, entry: &Entry<T>) {
+    fn forget_memory(&mut self, block_id: StreamBlockId, entry: &Entry<T>) {
         if let Some((_, size)) = &entry.memory {
             self.lru.remove(&entry.lru_tick);
             self.memory_used -= size;
             if entry.level.use_disk() {
                 self.spillable_used -= size;
             }
+            self.count_memory(block_id.stream_id, *size, false);
         }
+    }
+
+    /// A block of `size` bytes of `stream` came into memory (`added`) or
+    /// left it; sets that stream's gauges.
+    fn count_memory(&mut self, stream: StreamId, size: u64, added: bool) {
+        let (blocks, bytes) = self.per_stream.entry(stream).or_default();
+        if added {
+            *blocks += 1;
+            *bytes += size;
+        } else {
+            *blocks = blocks.saturating_sub(1);
+            *bytes = bytes.saturating_sub(size);
+        }
+        let label = stream.0.to_string();
+        metrics::gauge!(BLOCKS_IN_MEMORY, "stream" => label.clone()).set(*blocks as f64);
+        metrics::gauge!(BLOCK_BYTES_IN_MEMORY, "stream" => label).set(*bytes as f64);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use spate_core::ManualClock;
+
+    fn block(stream: u32, unique_id: u64) -> StreamBlockId {
+        StreamBlockId { stream_id: StreamId(stream), unique_id }
+    }
+
+    #[test]
+    fn the_per_stream_gauges_follow_blocks_in_and_out_of_memory() {
+        let clock = ManualClock::new(Time::from_millis(0));
+        let bm: BlockManager<String> =
+            BlockManager::open(BlockManagerConfig::in_memory(1 << 20), Arc::new(clock)).unwrap();
+        let data = |n: usize| BlockData::Bytes(Arc::new(vec![0u8; n]));
+        bm.put(block(0, 1), data(100), StorageLevel::MEMORY_ONLY_SER).unwrap();
+        bm.put(block(0, 2), data(50), StorageLevel::MEMORY_ONLY_SER).unwrap();
+        bm.put(block(1, 1), data(10), StorageLevel::MEMORY_ONLY_SER).unwrap();
+        let counts = |bm: &BlockManager<String>| bm.lock().per_stream.clone();
+        assert_eq!(counts(&bm), BTreeMap::from([(StreamId(0), (2, 150)), (StreamId(1), (1, 10))]));
+        assert!(bm.remove(block(0, 1)).unwrap());
+        assert!(!bm.remove(block(0, 1)).unwrap());
+        assert_eq!(counts(&bm), BTreeMap::from([(StreamId(0), (1, 50)), (StreamId(1), (1, 10))]));
+        bm.remove_older_than(Time::from_millis(1)).unwrap();
+        assert_eq!(counts(&bm), BTreeMap::from([(StreamId(0), (0, 0)), (StreamId(1), (0, 0))]));
     }
 }
