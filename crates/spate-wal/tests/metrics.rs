@@ -14,9 +14,10 @@ fn appends_bytes_and_syncs_are_counted_under_the_logs_directory() {
     let recorder = PrometheusBuilder::new().set_buckets(&[0.001, 1.0]).unwrap().build_recorder();
     let handle = recorder.handle();
     // The log takes its metric handles when it opens.
-    let log = metrics::with_local_recorder(&recorder, || FileWriteAheadLog::open(&log_dir, WalOptions::default()))
-        .unwrap();
-    let handles: Vec<_> = (0..3u8).map(|i| log.write(&vec![i; 100 + usize::from(i)], Time::from_millis(1000)).unwrap()).collect();
+    let log =
+        metrics::with_local_recorder(&recorder, || FileWriteAheadLog::open(&log_dir, WalOptions::default())).unwrap();
+    let handles: Vec<_> =
+        (0..3u8).map(|i| log.write(&vec![i; 100 + usize::from(i)], Time::from_millis(1000)).unwrap()).collect();
     let framed: u64 = handles.iter().map(|h| u64::from(h.length)).sum();
     assert!(framed > 303, "frames carry a header");
     handle.run_upkeep();
