@@ -349,6 +349,7 @@ impl DirectKafkaStream {
             })
             .collect::<Result<_>>()?;
         let (ranges, records) = self.read_within(&wanted, self.config.max_bytes_per_batch)?;
+        record_lag(&ranges, &latest);
         debug!(time = time.as_millis(), records = ranges.count(), wanted = wanted.count(), "planned batch");
         *lock(&self.prefetched) = Some(Prefetched { ranges: ranges.clone(), records });
         let mut position = lock(&self.position);
@@ -385,6 +386,10 @@ impl DirectKafkaStream {
                 .collect();
             tasks.into_iter().map(|(range, task)| join(range, task)).collect::<Result<_>>()
         })?;
+        // Counted here, on the planning thread, as a batch's input.
+        for (range, records) in &read {
+            record_input(range, records);
+        }
         let mut read_ranges: Vec<OffsetRange> = wanted.ranges().iter().filter(|r| r.count() == 0).cloned().collect();
         let mut records = Vec::with_capacity(read.len());
         for (range, partition) in read {
@@ -428,7 +433,9 @@ impl DirectKafkaStream {
     /// Reads one range with a consumer checked out for this call alone.
     pub fn read_range(&self, range: &OffsetRange) -> Result<Vec<KafkaRecord>> {
         let mut consumer = self.pool.checkout(&range.topic_partition())?;
-        consumer.read_range(range)
+        let records = consumer.read_range(range)?;
+        record_input(range, &records);
+        Ok(records)
     }
 
     /// Called when a batch's outputs are done: commits its ends to the
@@ -551,6 +558,33 @@ impl DirectKafkaStream {
 }
 
 type Caps = std::collections::BTreeMap<TopicPartition, i64>;
+
+/// Gauge of `/metrics`: records of a partition not read yet after the batch
+/// just planned (its latest offset less the end of the batch's range).
+pub(crate) const CONSUMER_LAG: &str = "spate_kafka_consumer_lag";
+/// Counter of `/metrics`: records read from a partition.
+pub(crate) const INPUT_RECORDS: &str = "spate_input_records_total";
+/// Counter of `/metrics`: bytes (keys and values) read from a partition.
+pub(crate) const INPUT_BYTES: &str = "spate_input_bytes_total";
+
+/// Sets each planned partition's lag: what is left after `ranges`.
+fn record_lag(ranges: &OffsetRanges, latest: &PartitionOffsets) {
+    for range in ranges.ranges() {
+        let Some(latest) = latest.get(&range.topic_partition()) else { continue };
+        let lag = latest.saturating_sub(range.until).max(0);
+        metrics::gauge!(CONSUMER_LAG, "topic" => range.topic.clone(), "partition" => range.partition.to_string())
+            .set(lag as f64);
+    }
+}
+
+/// Counts the records read for `range` and their keys' and values' bytes.
+fn record_input(range: &OffsetRange, records: &[KafkaRecord]) {
+    let bytes: usize =
+        records.iter().map(|r| r.key.as_ref().map_or(0, Vec::len) + r.value.as_ref().map_or(0, Vec::len)).sum();
+    let labels = [("source", range.topic.clone()), ("partition", range.partition.to_string())];
+    metrics::counter!(INPUT_RECORDS, &labels).increment(records.len() as u64);
+    metrics::counter!(INPUT_BYTES, &labels).increment(bytes as u64);
+}
 
 /// The result of a task reading `range`; a panic becomes an error naming it.
 fn join<T>(range: &OffsetRange, task: std::thread::ScopedJoinHandle<'_, Result<T>>) -> Result<T> {

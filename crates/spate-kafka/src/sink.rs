@@ -225,10 +225,14 @@ impl TransactionalKafkaSink {
             |reason: String| KafkaError::Transaction { batch, transactional_id: self.transactional_id.clone(), reason };
         self.producer.begin_transaction().map_err(|e| fail(format!("begin: {e}")))?;
         let result = self.fill_and_commit(batch, ranges, records);
-        if let Err(e) = &result {
-            warn!(batch = batch.0, error = %e, "aborting the transaction");
-            if let Err(abort) = self.producer.abort_transaction(self.timeout) {
-                warn!(batch = batch.0, error = %abort, "abort failed");
+        match &result {
+            Ok(()) => metrics::counter!(TRANSACTIONS_COMMITTED, "topic" => self.topic.clone()).increment(1),
+            Err(e) => {
+                warn!(batch = batch.0, error = %e, "aborting the transaction");
+                match self.producer.abort_transaction(self.timeout) {
+                    Ok(()) => metrics::counter!(TRANSACTIONS_ABORTED, "topic" => self.topic.clone()).increment(1),
+                    Err(abort) => warn!(batch = batch.0, error = %abort, "abort failed"),
+                }
             }
         }
         result.map(|()| CommitOutcome::Committed).map_err(|e| fail(e.to_string()))
@@ -288,6 +292,11 @@ impl TransactionalKafkaSink {
         })
     }
 }
+
+/// Counter of `/metrics`: output transactions committed, per output topic.
+pub(crate) const TRANSACTIONS_COMMITTED: &str = "spate_kafka_transactions_committed_total";
+/// Counter of `/metrics`: output transactions aborted, per output topic.
+pub(crate) const TRANSACTIONS_ABORTED: &str = "spate_kafka_transactions_aborted_total";
 
 /// The metadata string of the offsets batch `batch` commits: `<transactional id>@<batch id>`.
 fn batch_marker(transactional_id: &str, batch: BatchId) -> String {
