@@ -3,12 +3,14 @@
 
 use std::collections::{BTreeMap, VecDeque};
 use std::fmt;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::thread::JoinHandle;
 
 use crossbeam::channel::{Receiver as EventReceiver, Sender, unbounded};
+use metrics_exporter_prometheus::PrometheusHandle;
 use spate_core::{BatchId, StreamId, Time};
 use spate_dstream::{DStream, Data, FedSource, GraphBuilder, InputSource, RestorePolicy};
 use spate_logstore::{Checkpoint, CheckpointOptions, OffsetSeq, Verdict};
@@ -20,12 +22,15 @@ use tracing::{info, warn};
 use crate::driver::{Engine, Event, InputHooks, QueuedBatch, SharedStatus, StopMode, StopReport, run_timer};
 use crate::error::RuntimeError;
 use crate::failpoints::Failpoints;
+use crate::http::{HttpServer, Routes};
 use crate::inputs::{CheckpointHome, ReceiverInput, ReceiverOptions, ReceiverResume, TypedReceiverInput};
 use crate::progress::{PROGRESS_DIR, ProgressFiles, ProgressListener};
 use crate::rate::RateController;
 use crate::recovery::{RecoveryReport, RestoredOperator};
 use crate::settings::StreamingSettings;
+use crate::status::{CheckpointRow, StatusBoard};
 use crate::store::{CheckpointStore, GraphManifest, log_store_error};
+use crate::telemetry;
 
 /// Missed batch times run after a restart at most; older ones are skipped
 /// (their input is read by the first batch that runs).
@@ -179,6 +184,12 @@ pub struct StreamingContext {
     timer_stop: Arc<AtomicBool>,
     stop_requests: Arc<AtomicUsize>,
     checkpoint_dir: Option<PathBuf>,
+    /// The process's Prometheus recorder, when metrics or the page are served.
+    exporter: Option<PrometheusHandle>,
+    /// The servers of `/metrics` and of the page, once started.
+    servers: Vec<HttpServer>,
+    metrics_addr: Option<SocketAddr>,
+    ui_addr: Option<SocketAddr>,
 }
 
 impl fmt::Debug for StreamingContext {
@@ -200,6 +211,7 @@ impl StreamingContext {
         F: FnOnce(&mut PipelineBuilder) -> BuildResult,
     {
         settings.validate()?;
+        let exporter = exporter_for(&settings)?;
         let (graph, receivers, hooks) = build_pipeline(&settings, false, build)?;
         let clock = Arc::clone(&settings.clock);
         let tracker = (!receivers.is_empty()).then(|| Arc::new(ReceivedBlockTracker::in_memory(Arc::clone(&clock))));
@@ -208,7 +220,7 @@ impl StreamingContext {
             receiver.open(None, &clock)?;
         }
         let first_tick = clock.now().floor(engine.settings.batch_interval) + engine.settings.batch_interval;
-        Ok(Self::from_engine(engine, None, BTreeMap::new(), first_tick, None))
+        Ok(Self::from_engine(engine, None, BTreeMap::new(), first_tick, None, exporter))
     }
 
     /// Builds the pipeline from `build` (the code running now) and, when
@@ -228,6 +240,8 @@ impl StreamingContext {
         F: FnOnce(&mut PipelineBuilder) -> BuildResult,
     {
         settings.validate()?;
+        // Before any log opens: they register their metrics when they open.
+        let exporter = exporter_for(&settings)?;
         let dir = checkpoint_dir.as_ref().to_path_buf();
         let options = CheckpointOptions::new()
             .clock(Arc::clone(&settings.clock))
@@ -258,7 +272,7 @@ impl StreamingContext {
         }
         let (report, resume, first_tick) = recover(&mut engine, verdict, unrecoverable)?;
         info!(%report, "checkpoint opened");
-        Ok(Self::from_engine(engine, Some(report), resume, first_tick, Some(dir)))
+        Ok(Self::from_engine(engine, Some(report), resume, first_tick, Some(dir), exporter))
     }
 
     fn from_engine(
@@ -267,6 +281,7 @@ impl StreamingContext {
         resume: BTreeMap<String, ReceiverResume>,
         first_tick: Time,
         checkpoint_dir: Option<PathBuf>,
+        exporter: Option<PrometheusHandle>,
     ) -> Self {
         let (events_tx, events_rx) = unbounded();
         StreamingContext {
@@ -281,7 +296,58 @@ impl StreamingContext {
             timer_stop: Arc::new(AtomicBool::new(false)),
             stop_requests: Arc::new(AtomicUsize::new(0)),
             checkpoint_dir,
+            exporter,
+            servers: Vec::new(),
+            metrics_addr: None,
+            ui_addr: None,
         }
+    }
+
+    /// Where `/metrics` is served, once started (with the port chosen for port 0).
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics_addr
+    }
+
+    /// Where the web page is served, once started (with the port chosen for port 0).
+    pub fn ui_addr(&self) -> Option<SocketAddr> {
+        self.ui_addr
+    }
+
+    /// Binds and starts the servers of `/metrics` and of the page; one
+    /// server when both have the same address.
+    fn start_servers(&mut self, engine: &Engine) -> Result<(), RuntimeError> {
+        let (metrics, ui) = (engine.settings.metrics_addr, engine.settings.ui_addr);
+        let metrics_routes = || Routes { metrics: self.exporter.clone(), ui: None };
+        let ui_routes =
+            |board: &Arc<StatusBoard>| Routes { metrics: None, ui: Some((Arc::clone(board), self.exporter.clone())) };
+        let mut planned: Vec<(SocketAddr, Routes, bool, bool)> = Vec::new();
+        match (metrics, ui, &engine.board) {
+            (Some(m), Some(u), Some(board)) if m == u => {
+                planned.push((m, Routes { metrics: self.exporter.clone(), ..ui_routes(board) }, true, true));
+            }
+            (m, u, board) => {
+                if let Some(m) = m {
+                    planned.push((m, metrics_routes(), true, false));
+                }
+                if let (Some(u), Some(board)) = (u, board) {
+                    planned.push((u, ui_routes(board), false, true));
+                }
+            }
+        }
+        for (addr, routes, serves_metrics, serves_ui) in planned {
+            let server = HttpServer::start(addr, routes)?;
+            let bound = server.addr();
+            if serves_metrics {
+                info!(url = %format!("http://{bound}/metrics"), "serving metrics");
+                self.metrics_addr = Some(bound);
+            }
+            if serves_ui {
+                info!(url = %format!("http://{bound}/"), "serving the web page");
+                self.ui_addr = Some(bound);
+            }
+            self.servers.push(server);
+        }
+        Ok(())
     }
 
     /// What recovery did (`None` without a checkpoint directory). For a new
@@ -312,7 +378,17 @@ impl StreamingContext {
         let Some(mut engine) = self.engine.take() else {
             return Err(RuntimeError::Lifecycle { what: "already started".into() });
         };
+        if let Err(e) = self.start_servers(&engine) {
+            // Not started: the context can be dropped as it was.
+            self.servers.clear();
+            self.engine = Some(engine);
+            return Err(e);
+        }
+        if let Some(board) = &engine.board {
+            engine.listeners.push(Arc::clone(board) as Arc<dyn ProgressListener>);
+        }
         if let Some(report) = &self.recovery {
+            telemetry::record_recovery(report);
             for listener in &engine.listeners {
                 listener.on_recovery(report);
             }
@@ -385,6 +461,14 @@ impl Drop for StreamingContext {
             }
         }
     }
+}
+
+/// The process's Prometheus recorder when `settings` serve metrics or the page.
+fn exporter_for(settings: &StreamingSettings) -> Result<Option<PrometheusHandle>, RuntimeError> {
+    if settings.metrics_addr.is_none() && settings.ui_addr.is_none() {
+        return Ok(None);
+    }
+    telemetry::exporter().map(Some)
 }
 
 type Built = (spate_dstream::Graph, Vec<Box<dyn ReceiverInput>>, Vec<InputHooks>);
@@ -490,6 +574,15 @@ fn new_engine(
         }
         None => None,
     };
+    let board = settings.ui_addr.map(|_| Arc::new(StatusBoard::new(settings.batch_interval.as_millis())));
+    if let (Some(board), Some(store)) = (&board, &store) {
+        let checkpoint = store.checkpoint();
+        board.set_checkpoint(CheckpointRow {
+            location: store.dir().display().to_string(),
+            lock_holder: checkpoint.writer().cloned(),
+            epoch: checkpoint.epoch(),
+        });
+    }
     Ok(Engine {
         settings,
         graph,
@@ -508,6 +601,7 @@ fn new_engine(
         batch_times: BTreeMap::new(),
         last_state_bytes: 0,
         failpoints: Failpoints::from_env()?,
+        board,
     })
 }
 

@@ -28,7 +28,9 @@ use crate::progress::{BatchProgress, PhaseTimes, ProgressFiles, ProgressListener
 use crate::rate::{BatchTiming, RateController};
 use crate::scheduler::{CommitDecision, CommitOrder, JobOutcome, JobScheduler, NamedJob, OutcomeSink, panic_message};
 use crate::settings::StreamingSettings;
+use crate::status::StatusBoard;
 use crate::store::{CheckpointStore, GraphManifest};
+use crate::telemetry;
 
 /// How to stop.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -162,6 +164,8 @@ pub(crate) struct Engine {
     pub(crate) last_state_bytes: u64,
     /// Test hooks (none unless `SPATE_FAILPOINTS` is set).
     pub(crate) failpoints: Failpoints,
+    /// What the web page shows, when it is served.
+    pub(crate) board: Option<Arc<StatusBoard>>,
 }
 
 /// The driver loop's own bookkeeping.
@@ -342,6 +346,7 @@ impl Engine {
         self.last_time = Some(self.last_time.map_or(time, |last| last.max(time)));
         self.batch_times.insert(batch, time);
         let scheduling_delay_ms = self.settings.clock.now().since(time).as_millis();
+        self.show_batch_started(batch, &offsets, scheduling_delay_ms, recovered);
         let mut phases = PhaseTimes { offsets_logged_ms: elapsed_ms(started), ..PhaseTimes::default() };
         let computing = Instant::now();
         let (jobs, records) = self.compute(batch, &offsets)?;
@@ -373,6 +378,24 @@ impl Engine {
             outputs_started,
         });
         Ok(())
+    }
+
+    /// Tells the web page's board that `batch` started and what its
+    /// replayable inputs read.
+    fn show_batch_started(&self, batch: BatchId, offsets: &OffsetSeq, scheduling_delay_ms: u64, recovered: bool) {
+        let Some(board) = &self.board else { return };
+        board.batch_started(batch, offsets.batch_timestamp, scheduling_delay_ms, recovered);
+        let read: Vec<(String, &Value)> = self
+            .graph
+            .inputs()
+            .into_iter()
+            .filter(|input| input.replayable)
+            .filter_map(|input| {
+                let value = offsets.offset_of(&input.name).flatten()?;
+                Some((input.name, value))
+            })
+            .collect();
+        board.replayable_read(&read);
     }
 
     /// Decides what batch `batch` at `time` reads and describes it for the offsets log.
@@ -434,7 +457,11 @@ impl Engine {
         if let Some(tracker) = &self.tracker {
             for receiver in &self.receivers {
                 let blocks = tracker.get_blocks_of_batch_and_stream(time, receiver.stream_id());
-                records += receiver.feed(time, &blocks)?;
+                let fed = receiver.feed(time, &blocks)?;
+                if let Some(board) = &self.board {
+                    board.receiver_fed(receiver.stream_id().0, receiver.name(), fed);
+                }
+                records += fed;
             }
         }
         records = records.saturating_add(replayable_records(offsets, &self.graph));
@@ -606,6 +633,7 @@ impl Engine {
             scheduling_delay_ms = progress.scheduling_delay_ms,
             "batch committed"
         );
+        telemetry::record_batch(&progress);
         let mut taken_over = None;
         if let Some(files) = &mut self.progress_files {
             match files.append(&progress) {

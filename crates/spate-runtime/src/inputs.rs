@@ -20,6 +20,7 @@ use tracing::warn;
 
 use crate::error::RuntimeError;
 use crate::progress::ReceiverStatus;
+use crate::telemetry;
 
 /// How a receiver input stores what it receives.
 #[derive(Clone, Debug, PartialEq)]
@@ -123,6 +124,9 @@ pub(crate) struct TypedReceiverInput<T, R> {
     supervisor: Option<ReceiverSupervisor<T>>,
     receiver_name: String,
     stopped: bool,
+    /// Records and bytes fed to batches, for `/metrics`.
+    input_records: metrics::Counter,
+    input_bytes: metrics::Counter,
 }
 
 impl<T: Record + Data, R: Receiver<T>> TypedReceiverInput<T, R> {
@@ -133,7 +137,10 @@ impl<T: Record + Data, R: Receiver<T>> TypedReceiverInput<T, R> {
         source: Arc<FedSource<T>>,
         factory: ReceiverFactory<R>,
     ) -> Self {
+        let labels = [("source", name.to_string()), ("partition", stream_id.0.to_string())];
         TypedReceiverInput {
+            input_records: metrics::counter!(telemetry::INPUT_RECORDS, &labels),
+            input_bytes: metrics::counter!(telemetry::INPUT_BYTES, &labels),
             name: name.to_string(),
             stream_id,
             options,
@@ -274,6 +281,18 @@ enum TakenBlock<T> {
     Decoded(Vec<T>),
 }
 
+impl<T> TakenBlock<T> {
+    /// The block's serialized size: its bytes, or its frame in the WAL;
+    /// 0 for a block kept as records (the write-ahead log off).
+    fn serialized_len(&self, block: &TrackedBlock) -> u64 {
+        match self {
+            TakenBlock::Stored(_, BlockData::Bytes(bytes)) => bytes.len() as u64,
+            TakenBlock::Stored(_, BlockData::Records(_)) => 0,
+            TakenBlock::Decoded(_) => block.info().wal_handle().map_or(0, |handle| u64::from(handle.length)),
+        }
+    }
+}
+
 impl<T: Record> TakenBlock<T> {
     /// The block's records; the serialized bytes are dropped here.
     fn decode(self) -> Result<Vec<T>, ReceiverError> {
@@ -345,8 +364,11 @@ impl<T: Record + Data, R: Receiver<T>> ReceiverInput for TypedReceiverInput<T, R
 
     fn feed(&self, time: Time, blocks: &[TrackedBlock]) -> Result<u64, RuntimeError> {
         let taken = blocks.iter().map(|block| self.take_block(block)).collect::<Result<Vec<_>, _>>()?;
+        let bytes: u64 = blocks.iter().zip(&taken).map(|(block, taken)| taken.serialized_len(block)).sum();
         let partitions = self.decode_blocks(taken)?;
         let records = partitions.iter().map(|p| p.len() as u64).sum();
+        self.input_records.increment(records);
+        self.input_bytes.increment(bytes);
         self.source.feed(time, partitions);
         Ok(records)
     }

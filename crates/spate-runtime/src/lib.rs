@@ -31,6 +31,12 @@
 //! - progress: a [`BatchProgress`] per batch to [`ProgressListener`]s, to
 //!   `tracing`, and as JSON lines under `<checkpoint>/progress/` (rotated,
 //!   each line with the writer's epoch, read back by [`read_progress`]);
+//! - watching a job: [`StreamingSettings::with_metrics_addr`] serves
+//!   `/metrics` in the Prometheus text format (every spate crate records
+//!   through the `metrics` facade; the Prometheus recorder is installed
+//!   once per process), and [`StreamingSettings::with_ui_addr`] serves a
+//!   web page of the last batches, live charts, the inputs, the checkpoint
+//!   and the recovery, every asset from the job itself;
 //! - test hooks: the environment variable `SPATE_FAILPOINTS` (off unless
 //!   set) holds the driver at a named point of a batch until a file appears,
 //!   or makes it panic there, so crash and signal tests need no timing;
@@ -82,6 +88,7 @@ pub mod demo;
 mod driver;
 mod error;
 mod failpoints;
+mod http;
 mod inputs;
 mod pid;
 mod progress;
@@ -89,7 +96,9 @@ mod rate;
 mod recovery;
 mod scheduler;
 mod settings;
+mod status;
 mod store;
+mod telemetry;
 
 pub use context::{OffsetsHook, PipelineBuilder, StopHandle, StreamingContext};
 pub use driver::StopReport;

@@ -3,6 +3,7 @@
 //! and where the checkpoint's object store and write-ahead logs are.
 
 use std::fmt;
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -61,6 +62,10 @@ pub struct StreamingSettings {
     /// store checkpoint when the pipeline has receivers: those logs are
     /// appended to many times a second and stay on a local disk.
     pub wal_dir: Option<PathBuf>,
+    /// Where `/metrics` is served (the Prometheus text format); `None`: not served.
+    pub metrics_addr: Option<SocketAddr>,
+    /// Where the web page (`/`) and its `/api/status` are served; `None`: not served.
+    pub ui_addr: Option<SocketAddr>,
 }
 
 impl fmt::Debug for StreamingSettings {
@@ -75,6 +80,8 @@ impl fmt::Debug for StreamingSettings {
             .field("clock", &self.clock)
             .field("object_store", &self.object_store)
             .field("wal_dir", &self.wal_dir)
+            .field("metrics_addr", &self.metrics_addr)
+            .field("ui_addr", &self.ui_addr)
             .finish()
     }
 }
@@ -92,7 +99,33 @@ impl StreamingSettings {
             clock: Arc::new(SystemClock),
             object_store: ObjectStoreSettings::default(),
             wal_dir: None,
+            metrics_addr: None,
+            ui_addr: None,
         }
+    }
+
+    /// Serves `/metrics` at `addr`, in the Prometheus text format: batches,
+    /// batch and scheduling times, input per source and partition,
+    /// backpressure, write-ahead logs, blocks in memory, Kafka lag and
+    /// transactions, the recovery verdict and the lock epoch. Bind
+    /// `127.0.0.1:PORT` to keep it on this machine; port 0 takes a free port
+    /// ([`crate::StreamingContext::metrics_addr`] says which). It installs
+    /// spate's Prometheus recorder as the process's `metrics` recorder (once
+    /// per process, shared by every context), which fails if the program
+    /// installed another one.
+    pub fn with_metrics_addr(mut self, addr: SocketAddr) -> Self {
+        self.metrics_addr = Some(addr);
+        self
+    }
+
+    /// Serves the job's web page at `addr` (`/`, with `/api/status`): the
+    /// last batches as a table and as live charts, the inputs with their
+    /// rates and lag, the checkpoint and this start's recovery. Every asset
+    /// is served by the job itself. The same address as
+    /// [`StreamingSettings::with_metrics_addr`] serves both from one server.
+    pub fn with_ui_addr(mut self, addr: SocketAddr) -> Self {
+        self.ui_addr = Some(addr);
+        self
     }
 
     /// Reaches an `s3://` checkpoint with `settings`.

@@ -1,0 +1,401 @@
+//! The job's small HTTP/1.1 server: `/metrics` (the Prometheus text of
+//! every spate figure), `/` (the web page, one self-contained file with no
+//! external asset) and `/api/status` (the JSON the page polls).
+//!
+//! It is deliberately small: std's sockets, a thread that accepts and one
+//! short-lived thread per connection (at most [`MAX_CONNECTIONS`] at once),
+//! `GET` (and `HEAD`) only, a request head of at most [`MAX_HEAD_BYTES`],
+//! one request per connection (`Connection: close`), 404 for any other
+//! path. It binds where it is told; `127.0.0.1` keeps it on this machine.
+
+use std::collections::BTreeMap;
+use std::io::{self, Read, Write};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use metrics_exporter_prometheus::PrometheusHandle;
+use tracing::{debug, warn};
+
+use crate::error::RuntimeError;
+use crate::status::{StatusBoard, lag_from_metrics};
+use crate::telemetry;
+
+/// The largest request head (request line and headers) read; a longer one is refused.
+pub(crate) const MAX_HEAD_BYTES: usize = 8 << 10;
+/// Connections served at once; more are closed at once.
+pub(crate) const MAX_CONNECTIONS: usize = 32;
+/// How long a connection may take to send its request or read the answer.
+const IO_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long, and how much, a closing connection's leftover input is read.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(1);
+const DRAIN_BYTES: u64 = 1 << 20;
+
+/// The web page: one file, its CSS and JavaScript inline.
+const PAGE: &str = include_str!("ui.html");
+
+/// What a server answers.
+#[derive(Clone, Default)]
+pub(crate) struct Routes {
+    /// `/metrics`, rendered from this recorder.
+    pub(crate) metrics: Option<PrometheusHandle>,
+    /// `/` and `/api/status`, from this board (the lag comes from `metrics` when set).
+    pub(crate) ui: Option<(Arc<StatusBoard>, Option<PrometheusHandle>)>,
+}
+
+/// A running server; dropping it stops it.
+pub(crate) struct HttpServer {
+    addr: SocketAddr,
+    stop: Arc<AtomicBool>,
+    acceptor: Option<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for HttpServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HttpServer").field("addr", &self.addr).finish_non_exhaustive()
+    }
+}
+
+impl HttpServer {
+    /// Binds `addr` (port 0: any free port) and serves `routes` on a thread.
+    pub(crate) fn start(addr: SocketAddr, routes: Routes) -> Result<Self, RuntimeError> {
+        let setting = || "metrics_addr/ui_addr".to_string();
+        let listener = TcpListener::bind(addr).map_err(|e| RuntimeError::InvalidSetting {
+            setting: setting(),
+            reason: format!("cannot listen on {addr}: {e}"),
+        })?;
+        let addr = listener.local_addr().map_err(|e| RuntimeError::io("read the address of", addr.to_string(), e))?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let routes = Arc::new(routes);
+        let stopping = Arc::clone(&stop);
+        let acceptor = std::thread::Builder::new()
+            .name("spate-http".into())
+            .spawn(move || accept_loop(&listener, &routes, &stopping))
+            .map_err(|e| RuntimeError::Lifecycle { what: format!("could not start the HTTP server: {e}") })?;
+        Ok(HttpServer { addr, stop, acceptor: Some(acceptor) })
+    }
+
+    /// The address it listens on (with the port chosen when asked for port 0).
+    pub(crate) fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+}
+
+impl Drop for HttpServer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        // Wake the blocking accept with a connection of our own.
+        let mut wake = self.addr;
+        if wake.ip().is_unspecified() {
+            wake.set_ip(if wake.is_ipv4() { Ipv4Addr::LOCALHOST.into() } else { Ipv6Addr::LOCALHOST.into() });
+        }
+        if TcpStream::connect_timeout(&wake, Duration::from_secs(1)).is_ok()
+            && let Some(acceptor) = self.acceptor.take()
+        {
+            let _ = acceptor.join();
+        }
+    }
+}
+
+fn accept_loop(listener: &TcpListener, routes: &Arc<Routes>, stop: &AtomicBool) {
+    let active = Arc::new(AtomicUsize::new(0));
+    for stream in listener.incoming() {
+        if stop.load(Ordering::Acquire) {
+            return;
+        }
+        let stream = match stream {
+            Ok(stream) => stream,
+            Err(e) => {
+                debug!(error = %e, "accepting an HTTP connection failed");
+                continue;
+            }
+        };
+        if active.fetch_add(1, Ordering::AcqRel) >= MAX_CONNECTIONS {
+            active.fetch_sub(1, Ordering::AcqRel);
+            // Too many at once: closed unanswered.
+            continue;
+        }
+        let (routes, done) = (Arc::clone(routes), Arc::clone(&active));
+        let spawned = std::thread::Builder::new().name("spate-http-conn".into()).spawn(move || {
+            if let Err(e) = serve(stream, &routes) {
+                debug!(error = %e, "an HTTP connection failed");
+            }
+            done.fetch_sub(1, Ordering::AcqRel);
+        });
+        if let Err(e) = spawned {
+            active.fetch_sub(1, Ordering::AcqRel);
+            warn!(error = %e, "could not start a thread for an HTTP connection");
+        }
+    }
+}
+
+/// Answers the one request of a connection.
+fn serve(mut stream: TcpStream, routes: &Routes) -> io::Result<()> {
+    stream.set_read_timeout(Some(IO_TIMEOUT))?;
+    stream.set_write_timeout(Some(IO_TIMEOUT))?;
+    let response = match read_head(&mut stream) {
+        Ok(head) => match parse_request(&head) {
+            Ok(request) => respond(&request, routes),
+            Err(status) => Response::error(status),
+        },
+        Err(HeadError::TooLarge) => Response::error(Status::HeaderTooLarge),
+        Err(HeadError::Closed) => return Ok(()),
+        Err(HeadError::Io(e)) => return Err(e),
+    };
+    stream.write_all(&response.to_bytes())?;
+    stream.flush()?;
+    // Closing with unread bytes (the rest of an oversize head) would reset
+    // the connection and could lose the answer on the way: end the writing
+    // side, then read what the peer still sends, within bounds.
+    stream.shutdown(std::net::Shutdown::Write)?;
+    stream.set_read_timeout(Some(DRAIN_TIMEOUT))?;
+    let _ = io::copy(&mut Read::take(&mut stream, DRAIN_BYTES), &mut io::sink());
+    Ok(())
+}
+
+/// Why no request head could be read.
+#[derive(Debug)]
+pub(crate) enum HeadError {
+    /// Past [`MAX_HEAD_BYTES`] without the blank line that ends a head.
+    TooLarge,
+    /// The peer closed before a whole head.
+    Closed,
+    /// The socket failed (a timeout included).
+    Io(io::Error),
+}
+
+/// Reads up to the blank line ending the request head, refusing a head
+/// longer than [`MAX_HEAD_BYTES`]. A request body (none is expected) is not read.
+pub(crate) fn read_head(reader: &mut impl Read) -> Result<Vec<u8>, HeadError> {
+    let mut head = Vec::with_capacity(1024);
+    let mut buf = [0u8; 1024];
+    loop {
+        let n = match reader.read(&mut buf) {
+            Ok(0) => return Err(HeadError::Closed),
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(HeadError::Io(e)),
+        };
+        head.extend_from_slice(&buf[..n]);
+        if let Some(end) = head.windows(4).position(|w| w == b"\r\n\r\n") {
+            head.truncate(end);
+            return Ok(head);
+        }
+        if head.len() > MAX_HEAD_BYTES {
+            return Err(HeadError::TooLarge);
+        }
+    }
+}
+
+/// A parsed request: the method and the path (without its query).
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Request {
+    pub(crate) method: String,
+    pub(crate) path: String,
+}
+
+/// Parses a request head: `METHOD SP TARGET SP HTTP/1.x`, then headers (ignored).
+pub(crate) fn parse_request(head: &[u8]) -> Result<Request, Status> {
+    let text = std::str::from_utf8(head).map_err(|_| Status::BadRequest)?;
+    let line = text.split("\r\n").next().unwrap_or_default();
+    let mut parts = line.split(' ');
+    let (Some(method), Some(target), Some(version), None) = (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return Err(Status::BadRequest);
+    };
+    if !version.starts_with("HTTP/1.") || method.is_empty() || !target.starts_with('/') {
+        return Err(Status::BadRequest);
+    }
+    let path = target.split(['?', '#']).next().unwrap_or(target);
+    Ok(Request { method: method.to_string(), path: path.to_string() })
+}
+
+/// The statuses this server answers with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Status {
+    Ok,
+    BadRequest,
+    NotFound,
+    MethodNotAllowed,
+    HeaderTooLarge,
+    InternalError,
+}
+
+impl Status {
+    fn line(self) -> &'static str {
+        match self {
+            Status::Ok => "200 OK",
+            Status::BadRequest => "400 Bad Request",
+            Status::NotFound => "404 Not Found",
+            Status::MethodNotAllowed => "405 Method Not Allowed",
+            Status::HeaderTooLarge => "431 Request Header Fields Too Large",
+            Status::InternalError => "500 Internal Server Error",
+        }
+    }
+}
+
+/// A response: status, content type, body; `HEAD` drops the body but keeps its length.
+#[derive(Debug)]
+pub(crate) struct Response {
+    pub(crate) status: Status,
+    pub(crate) content_type: &'static str,
+    pub(crate) body: Vec<u8>,
+    head_only: bool,
+}
+
+impl Response {
+    fn ok(content_type: &'static str, body: impl Into<Vec<u8>>) -> Self {
+        Response { status: Status::Ok, content_type, body: body.into(), head_only: false }
+    }
+
+    fn error(status: Status) -> Self {
+        let body = format!("{}\n", status.line());
+        Response { status, content_type: "text/plain; charset=utf-8", body: body.into_bytes(), head_only: false }
+    }
+
+    pub(crate) fn to_bytes(&self) -> Vec<u8> {
+        let mut out = format!(
+            "HTTP/1.1 {}\r\nContent-Type: {}\r\nContent-Length: {}\r\nCache-Control: no-store\r\n\
+             X-Content-Type-Options: nosniff\r\nConnection: close\r\n",
+            self.status.line(),
+            self.content_type,
+            self.body.len()
+        );
+        if self.status == Status::MethodNotAllowed {
+            out.push_str("Allow: GET, HEAD\r\n");
+        }
+        out.push_str("\r\n");
+        let mut bytes = out.into_bytes();
+        if !self.head_only {
+            bytes.extend_from_slice(&self.body);
+        }
+        bytes
+    }
+}
+
+/// The answer to `request`.
+pub(crate) fn respond(request: &Request, routes: &Routes) -> Response {
+    let head_only = request.method == "HEAD";
+    if request.method != "GET" && !head_only {
+        return Response::error(Status::MethodNotAllowed);
+    }
+    let mut response = match (request.path.as_str(), &routes.metrics, &routes.ui) {
+        ("/metrics", Some(handle), _) => {
+            Response::ok("text/plain; version=0.0.4; charset=utf-8", telemetry::render(handle))
+        }
+        ("/", _, Some(_)) => Response::ok("text/html; charset=utf-8", PAGE),
+        ("/api/status", _, Some((board, handle))) => {
+            let lag = handle.as_ref().map(|h| lag_from_metrics(&telemetry::render(h))).unwrap_or_else(BTreeMap::new);
+            match serde_json::to_vec(&board.snapshot(&lag)) {
+                Ok(json) => Response::ok("application/json", json),
+                Err(e) => {
+                    warn!(error = %e, "encoding the status failed");
+                    Response::error(Status::InternalError)
+                }
+            }
+        }
+        _ => Response::error(Status::NotFound),
+    };
+    response.head_only = head_only;
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use metrics_exporter_prometheus::PrometheusBuilder;
+    use spate_core::{BatchId, Time};
+
+    fn get(addr: SocketAddr, request: &[u8]) -> String {
+        let mut stream = TcpStream::connect(addr).unwrap();
+        stream.write_all(request).unwrap();
+        stream.shutdown(std::net::Shutdown::Write).unwrap();
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer).unwrap();
+        answer
+    }
+
+    #[test]
+    fn request_lines_parse_and_malformed_ones_are_refused() {
+        let request = parse_request(b"GET /api/status?x=1 HTTP/1.1\r\nHost: h").unwrap();
+        assert_eq!(request, Request { method: "GET".into(), path: "/api/status".into() });
+        assert_eq!(parse_request(b"GET / HTTP/1.0").unwrap().path, "/");
+        for bad in
+            [&b"GET /"[..], b"GET / HTTP/1.1 extra", b"GET http://x/ HTTP/1.1", b"GET / SPDY/3", b"\xff / HTTP/1.1"]
+        {
+            assert_eq!(parse_request(bad), Err(Status::BadRequest), "{}", String::from_utf8_lossy(bad));
+        }
+    }
+
+    #[test]
+    fn a_head_is_read_to_its_blank_line_and_an_oversize_one_is_refused() {
+        let mut ok = io::Cursor::new(b"GET / HTTP/1.1\r\nHost: x\r\n\r\nbody".to_vec());
+        assert_eq!(read_head(&mut ok).unwrap(), b"GET / HTTP/1.1\r\nHost: x");
+        let mut endless = io::Cursor::new(vec![b'a'; MAX_HEAD_BYTES + 2048]);
+        assert!(matches!(read_head(&mut endless), Err(HeadError::TooLarge)));
+        let mut cut = io::Cursor::new(b"GET / HTTP/1.1\r\n".to_vec());
+        assert!(matches!(read_head(&mut cut), Err(HeadError::Closed)));
+    }
+
+    #[test]
+    fn only_the_routes_asked_for_are_served_and_other_methods_are_refused() {
+        let metrics_only = Routes { metrics: Some(PrometheusBuilder::new().build_recorder().handle()), ui: None };
+        let get = |path: &str| Request { method: "GET".into(), path: path.into() };
+        assert_eq!(respond(&get("/metrics"), &metrics_only).status, Status::Ok);
+        assert_eq!(respond(&get("/"), &metrics_only).status, Status::NotFound);
+        assert_eq!(respond(&get("/api/status"), &metrics_only).status, Status::NotFound);
+        let board = Arc::new(StatusBoard::new(1000));
+        let ui_only = Routes { metrics: None, ui: Some((board, None)) };
+        assert_eq!(respond(&get("/metrics"), &ui_only).status, Status::NotFound);
+        let page = respond(&get("/"), &ui_only);
+        assert_eq!((page.status, page.content_type), (Status::Ok, "text/html; charset=utf-8"));
+        let post = Request { method: "POST".into(), path: "/".into() };
+        let refused = respond(&post, &ui_only);
+        assert_eq!(refused.status, Status::MethodNotAllowed);
+        assert!(String::from_utf8_lossy(&refused.to_bytes()).contains("Allow: GET, HEAD\r\n"));
+        let head = respond(&Request { method: "HEAD".into(), path: "/".into() }, &ui_only).to_bytes();
+        let head = String::from_utf8(head).unwrap();
+        assert!(head.ends_with("\r\n\r\n") && head.contains(&format!("Content-Length: {}", PAGE.len())), "{head}");
+    }
+
+    #[test]
+    fn the_page_is_self_contained() {
+        for external in ["src=\"http", "href=\"http", "src=\"//", "href=\"//", "@import", "<link"] {
+            assert!(!PAGE.contains(external), "the page loads something from elsewhere: {external}");
+        }
+        assert!(PAGE.contains("/api/status"));
+    }
+
+    #[test]
+    fn a_server_on_port_0_answers_status_404_and_refuses_an_oversize_head() {
+        let board = Arc::new(StatusBoard::new(500));
+        board.batch_started(BatchId(7), Time::from_millis(3500), 2, false);
+        let routes = Routes { metrics: None, ui: Some((Arc::clone(&board), None)) };
+        let server = HttpServer::start("127.0.0.1:0".parse().unwrap(), routes).unwrap();
+        let addr = server.addr();
+        assert_ne!(addr.port(), 0);
+        let status = get(addr, b"GET /api/status HTTP/1.1\r\nHost: x\r\n\r\n");
+        assert!(status.starts_with("HTTP/1.1 200 OK\r\n") && status.contains("Connection: close\r\n"), "{status}");
+        let body = status.split_once("\r\n\r\n").unwrap().1;
+        let json: serde_json::Value = serde_json::from_str(body).unwrap();
+        assert_eq!(json["batch_interval_ms"], 500);
+        assert_eq!(json["batches"][0]["batch_id"], 7);
+        assert_eq!(json["batches"][0]["committed"], false);
+        assert!(get(addr, b"GET /nothing HTTP/1.1\r\n\r\n").starts_with("HTTP/1.1 404 Not Found\r\n"));
+        let mut oversize = b"GET / HTTP/1.1\r\nX-Filler: ".to_vec();
+        oversize.extend(std::iter::repeat_n(b'a', MAX_HEAD_BYTES * 2));
+        oversize.extend_from_slice(b"\r\n\r\n");
+        // The server answers before reading all of it, so writing the rest may fail.
+        let mut stream = TcpStream::connect(addr).unwrap();
+        let _ = stream.write_all(&oversize);
+        let _ = stream.shutdown(std::net::Shutdown::Write);
+        let mut answer = String::new();
+        let _ = stream.read_to_string(&mut answer);
+        assert!(answer.starts_with("HTTP/1.1 431 "), "{answer}");
+        drop(server);
+        assert!(TcpStream::connect(addr).is_err(), "the server still listens after it was dropped");
+    }
+}
