@@ -1,6 +1,7 @@
 //! The command line, declared once with clap's derive: every command, flag,
 //! default and help text of `spate`.
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
@@ -94,6 +95,9 @@ pub struct DemoArgs {
     /// Print no progress lines (errors and the recovery line still go to stdout/stderr).
     #[arg(long, short)]
     pub quiet: bool,
+    /// Serve metrics or the web page while the job runs.
+    #[command(flatten)]
+    pub watch: WatchArgs,
     /// How to reach an s3:// checkpoint.
     #[command(flatten)]
     pub s3: S3Args,
@@ -155,9 +159,40 @@ pub struct RunArgs {
     /// Print no progress lines.
     #[arg(long, short)]
     pub quiet: bool,
+    /// Serve metrics or the web page while the job runs.
+    #[command(flatten)]
+    pub watch: WatchArgs,
     /// How to reach an s3:// checkpoint.
     #[command(flatten)]
     pub s3: S3Args,
+}
+
+/// The flags that serve what a running job shows: `/metrics` and the web
+/// page, each off unless given, each printed as a URL on stderr at start.
+#[derive(Debug, Clone, Default, Args)]
+#[command(next_help_heading = "Watching the job (both off by default; 127.0.0.1 keeps them on this machine)")]
+pub struct WatchArgs {
+    /// Serve Prometheus metrics at http://HOST:PORT/metrics (HOST an IP address, e.g. 127.0.0.1:9464; port 0: any free port).
+    #[arg(long, value_name = "HOST:PORT")]
+    pub metrics_addr: Option<SocketAddr>,
+    /// Serve the job's web page at http://HOST:PORT/ (batches, live charts, inputs, checkpoint, recovery);
+    /// the same address as --metrics-addr serves both.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub ui: Option<SocketAddr>,
+}
+
+impl WatchArgs {
+    /// `settings` with the addresses given.
+    pub(crate) fn apply(&self, settings: spate_runtime::StreamingSettings) -> spate_runtime::StreamingSettings {
+        let settings = match self.metrics_addr {
+            Some(addr) => settings.with_metrics_addr(addr),
+            None => settings,
+        };
+        match self.ui {
+            Some(addr) => settings.with_ui_addr(addr),
+            None => settings,
+        }
+    }
 }
 
 /// The flags that say how to reach an `s3://bucket/prefix` checkpoint,
@@ -310,6 +345,24 @@ mod tests {
             let help = Cli::try_parse_from(&help_argv).unwrap_err().to_string();
             assert!(help.contains("s3://bucket/prefix") && help.contains("--s3-secret-access-key-file"), "{help}");
         }
+    }
+
+    #[test]
+    fn demo_and_run_take_the_watch_flags_both_off_by_default() {
+        let cli =
+            Cli::try_parse_from(["spate", "demo", "--metrics-addr", "127.0.0.1:0", "--ui", "[::1]:8080"]).unwrap();
+        let Command::Demo(demo) = cli.command else { panic!("wrong command") };
+        assert_eq!(demo.watch.metrics_addr, Some("127.0.0.1:0".parse().unwrap()));
+        assert_eq!(demo.watch.ui, Some("[::1]:8080".parse().unwrap()));
+        let settings = demo.watch.apply(spate_runtime::StreamingSettings::new(spate_core::Duration::from_secs(1)));
+        assert_eq!((settings.metrics_addr, settings.ui_addr), (demo.watch.metrics_addr, demo.watch.ui));
+        let run = ["spate", "run", "--kafka", "k:9092", "--topic", "t", "--output-topic", "o", "--ui", "127.0.0.1:1"];
+        let Command::Run(run) = Cli::try_parse_from(run).unwrap().command else { panic!("wrong command") };
+        assert_eq!((run.watch.metrics_addr, run.watch.ui), (None, Some("127.0.0.1:1".parse().unwrap())));
+        let Command::Demo(plain) = Cli::try_parse_from(["spate", "demo"]).unwrap().command else { panic!() };
+        assert_eq!((plain.watch.metrics_addr, plain.watch.ui), (None, None));
+        let error = Cli::try_parse_from(["spate", "demo", "--metrics-addr", "localhost"]).unwrap_err().to_string();
+        assert!(error.contains("--metrics-addr"), "{error}");
     }
 
     #[test]

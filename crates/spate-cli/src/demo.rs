@@ -17,7 +17,7 @@ use spate_logstore::ObjectStoreSettings;
 use spate_runtime::StreamingSettings;
 use spate_runtime::demo::{DemoOptions, TopWords, word_count_context};
 
-use crate::args::DemoArgs;
+use crate::args::{DemoArgs, WatchArgs};
 use crate::error::CliError;
 use crate::job::{JobControl, Lines, drive, refuse_inconsistent, runtime_error};
 use crate::location::{is_s3, object_store_settings};
@@ -43,6 +43,7 @@ struct StreamingDemo {
     seconds: Option<u64>,
     until_batch: Option<u64>,
     quiet: bool,
+    watch: WatchArgs,
 }
 
 fn top_words_line(top: &TopWords, window: Duration) -> String {
@@ -74,11 +75,13 @@ impl StreamingDemo {
             seconds: args.seconds,
             until_batch: args.until_batch,
             quiet: args.quiet,
+            watch: args.watch.clone(),
         })
     }
 
     fn settings(&self) -> StreamingSettings {
-        let settings = StreamingSettings::new(self.batch).with_object_store(self.object_store.clone());
+        let settings =
+            self.watch.apply(StreamingSettings::new(self.batch).with_object_store(self.object_store.clone()));
         match &self.wal_dir {
             Some(dir) => settings.with_wal_dir(dir),
             None => settings,

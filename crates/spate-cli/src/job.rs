@@ -199,6 +199,13 @@ pub(crate) fn drive(
     }
     let fail = |e| runtime_error(control.action, &control.checkpoint, e);
     ctx.start().map_err(fail)?;
+    // On stderr, one line each, so a person (or a test) can open them.
+    if let Some(addr) = ctx.metrics_addr() {
+        say(&format!("metrics: http://{addr}/metrics"));
+    }
+    if let Some(addr) = ctx.ui_addr() {
+        say(&format!("web page: http://{addr}/"));
+    }
     let report = ctx.await_termination().map_err(fail)?;
     if !report.graceful {
         return Err(CliError::Interrupted);

@@ -187,7 +187,7 @@ pub(crate) fn run(args: &RunArgs) -> Result<String, CliError> {
         top: usize::try_from(args.top).unwrap_or(usize::MAX),
         exactly_once: args.exactly_once,
     };
-    let settings = StreamingSettings::new(batch).with_object_store(object_store.clone());
+    let settings = args.watch.apply(StreamingSettings::new(batch).with_object_store(object_store.clone()));
     let ctx = StreamingContext::get_or_create(&args.checkpoint, settings, |p| {
         pipeline.declare(p);
         Ok(())

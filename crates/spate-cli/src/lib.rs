@@ -20,6 +20,11 @@
 //! - `spate checkpoint set-offsets LOCATION --source S --json J [--commit]`: a new
 //!   offsets entry for the next batch, never an edit of an old one.
 //!
+//! `spate demo` and `spate run` serve Prometheus metrics with
+//! `--metrics-addr HOST:PORT` (`/metrics`) and the job's web page with
+//! `--ui HOST:PORT` (`/`), each off unless given; the URLs are printed on
+//! stderr at start.
+//!
 //! A checkpoint LOCATION is a directory or `s3://bucket/prefix`; the
 //! `--s3-endpoint`, `--s3-region`, `--s3-access-key-id`,
 //! `--s3-secret-access-key-file` and `--s3-allow-http` flags of each command
@@ -74,7 +79,7 @@ use std::ffi::OsString;
 
 use clap::Parser;
 
-pub use args::{CheckpointCommand, Cli, Command, DemoArgs, RunArgs, S3Args};
+pub use args::{CheckpointCommand, Cli, Command, DemoArgs, RunArgs, S3Args, WatchArgs};
 pub use error::{CliError, ExitCode, render_error};
 
 /// What a command printed and how it ended (for commands that finish on their own).
