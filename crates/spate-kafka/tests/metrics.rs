@@ -1,9 +1,12 @@
-//! The figures the direct stream records for `/metrics` (through the
-//! `metrics` facade), on librdkafka's in-process mock cluster (no broker
-//! needed): each partition's consumer lag after a planned batch, and the
-//! records and bytes it read.
+//! The figures spate-kafka records for `/metrics` (through the `metrics`
+//! facade): on librdkafka's in-process mock cluster (no broker needed),
+//! each partition's consumer lag after a planned batch and the records and
+//! bytes it read; against the local broker, the output transactions
+//! committed and aborted.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
 
 use std::time::Duration;
 
@@ -11,8 +14,11 @@ use metrics_exporter_prometheus::PrometheusBuilder;
 use rdkafka::config::ClientConfig;
 use rdkafka::mocking::MockCluster;
 use rdkafka::producer::{BaseProducer, BaseRecord, DefaultProducerContext, Producer};
+use spate_core::BatchId;
 use spate_core::{Duration as BatchDuration, Time};
-use spate_kafka::{DirectKafkaConfig, DirectKafkaStream, TopicPartition};
+use spate_kafka::{
+    CommitOutcome, DirectKafkaConfig, DirectKafkaStream, OutputRecord, TopicPartition, TransactionalKafkaSink,
+};
 
 const TOPIC: &str = "metered";
 
@@ -49,4 +55,33 @@ fn a_planned_batch_records_the_lag_left_and_the_records_and_bytes_read() {
     assert!(text.contains(&format!("spate_input_records_total{labels} 30\n")), "{text}");
     // v0..v9 are two bytes, v10..v29 three.
     assert!(text.contains(&format!("spate_input_bytes_total{labels} 80\n")), "{text}");
+}
+
+#[test]
+fn output_transactions_committed_and_aborted_are_counted_per_topic() {
+    let (input, output) = (common::unique("metered-in"), common::unique("metered-out"));
+    common::create_topic(&input, 1);
+    common::create_topic(&output, 1);
+    common::produce(&input, 1, common::values(0..20));
+    let group = common::unique("metered-group");
+    let config = DirectKafkaConfig::subscribe(common::brokers(), group.as_str(), [input.as_str()], common::BATCH)
+        .max_rate_per_partition(100);
+    let stream = DirectKafkaStream::new(config).unwrap();
+    let sink = TransactionalKafkaSink::new(&common::brokers(), output.as_str(), &common::unique("metered-app"), &group)
+        .unwrap();
+    let recorder = PrometheusBuilder::new().build_recorder();
+    let handle = recorder.handle();
+    metrics::with_local_recorder(&recorder, || {
+        let ranges = stream.plan_batch(common::time_of(0), None).unwrap();
+        assert_eq!(ranges.count(), 10);
+        let outcome = sink.write_batch(BatchId(0), &ranges, [OutputRecord::value("fits")]).unwrap();
+        assert_eq!(outcome, CommitOutcome::Committed);
+        // A record over the producer's largest message fails the send: the transaction is aborted.
+        let ranges = stream.plan_batch(common::time_of(1), None).unwrap();
+        assert!(sink.write_batch(BatchId(1), &ranges, [OutputRecord::value(vec![0u8; 2 << 20])]).is_err());
+    });
+    let text = handle.render();
+    let topic = format!("{{topic=\"{output}\"}}");
+    assert!(text.contains(&format!("spate_kafka_transactions_committed_total{topic} 1\n")), "{text}");
+    assert!(text.contains(&format!("spate_kafka_transactions_aborted_total{topic} 1\n")), "{text}");
 }
