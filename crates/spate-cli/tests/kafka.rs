@@ -139,3 +139,90 @@ fn run_counts_a_topic_and_writes_each_window_once_in_a_transaction() {
     assert!(!full.is_empty(), "{records:?}");
     assert!(full.iter().all(|w| **w == expected), "{records:?}");
 }
+
+/// A `GET` with a plain socket; the body of a 200 answer.
+fn http_get(addr: &str, path: &str) -> String {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    write!(stream, "GET {path} HTTP/1.1\r\nHost: {addr}\r\n\r\n").unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).unwrap();
+    let (head, body) = answer.split_once("\r\n\r\n").unwrap();
+    assert!(head.starts_with("HTTP/1.1 200 "), "{head}");
+    body.to_string()
+}
+
+#[test]
+fn run_serves_the_partitions_lag_and_transactions_while_it_reads_a_backlog() {
+    use std::io::BufRead;
+    let (input, output) = (unique("spate-cli-watch-in"), unique("spate-cli-watch-out"));
+    let lines: Vec<String> = (0..400).map(|i| format!("word{} other", i % 7)).collect();
+    produce(&input, &lines);
+    let root = tempfile::tempdir().unwrap();
+    let checkpoint = root.path().join("ck");
+    let brokers = brokers();
+    // 10 records a batch: the backlog lags for many batches.
+    let args = [
+        "run",
+        "--kafka",
+        &brokers,
+        "--topic",
+        &input,
+        "--output-topic",
+        &output,
+        "--exactly-once",
+        "--quiet",
+        "--batch-ms",
+        "200",
+        "--max-rate-per-partition",
+        "50",
+        "--seconds",
+        "900",
+        "--checkpoint",
+        checkpoint.to_str().unwrap(),
+        "--metrics-addr",
+        "127.0.0.1:0",
+        "--ui",
+        "127.0.0.1:0",
+    ];
+    let mut child = Command::new(env!("CARGO_BIN_EXE_spate"))
+        .args(args)
+        .env_remove("RUST_LOG")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = std::io::BufReader::new(child.stderr.take().unwrap());
+    let addr = loop {
+        let mut line = String::new();
+        assert!(stderr.read_line(&mut line).unwrap() > 0, "spate run ended without printing its metrics URL");
+        if let Some(rest) = line.trim().strip_prefix("metrics: http://") {
+            break rest.trim_end_matches("/metrics").to_string();
+        }
+    };
+    let lag_line = format!("spate_kafka_consumer_lag{{topic=\"{input}\",partition=\"0\"}} ");
+    let committed_line = format!("spate_kafka_transactions_committed_total{{topic=\"{output}\"}} ");
+    let deadline = Instant::now() + Duration::from_secs(180);
+    let metrics = loop {
+        let text = http_get(&addr, "/metrics");
+        let value = |prefix: &str| -> Option<f64> {
+            text.lines().find_map(|l| l.strip_prefix(prefix)).map(|v| v.trim().parse().unwrap())
+        };
+        if value(&lag_line).is_some_and(|lag| lag > 0.0) && value(&committed_line).is_some_and(|n| n >= 1.0) {
+            break text;
+        }
+        assert!(Instant::now() < deadline, "no lag or transaction in /metrics:\n{text}");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let records = format!("spate_input_records_total{{source=\"{input}\",partition=\"0\"}} ");
+    assert!(metrics.lines().any(|l| l.starts_with(&records)), "{metrics}");
+    let status: Value = serde_json::from_str(&http_get(&addr, "/api/status")).unwrap();
+    let partition = &status["partitions"][0];
+    assert_eq!(partition["topic"], Value::String(input.clone()), "{status}");
+    assert_eq!(partition["partition"], "0");
+    assert!(partition["lag"].as_f64().is_some(), "no lag on the page's data: {status}");
+    assert!(status["receivers"].as_array().unwrap().is_empty());
+    let pid = child.id().to_string();
+    assert!(Command::new("kill").args(["-INT", &pid]).status().unwrap().success());
+    assert_eq!(child.wait().unwrap().code(), Some(0));
+}
