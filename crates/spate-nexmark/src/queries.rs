@@ -1,0 +1,176 @@
+//! The Nexmark queries that need no event-time window, on spate's DStream
+//! API, as the spec's Flink SQL (`nexmark-flink/src/main/resources/queries`)
+//! defines them.
+//!
+//! - [`q0`], pass-through: every bid's auction, bidder, price, time and extra;
+//! - [`q1`], currency conversion: the same with the price in euros,
+//!   `0.908 * price` as an exact decimal of three places ([`EuroCents`]);
+//! - [`q2`], selection: auction and price of the bids on every 123rd
+//!   auction (`MOD(auction, 123) = 0`).
+//!
+//! Each is a stateless per-record function ([`q0_row`], [`q1_row`],
+//! [`q2_row`]) mapped over the stream, so it runs partition-parallel and
+//! keeps no state.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+use spate_dstream::DStream;
+
+use crate::model::{Bid, Event};
+
+/// The bids of an event stream (the spec's `bid` view).
+pub fn bids(events: &DStream<Event>) -> DStream<Bid> {
+    events.flat_map(Event::into_bid)
+}
+
+/// A row of q0 (and the shape of q1's rows).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Q0Row {
+    /// The auction bid on.
+    pub auction: i64,
+    /// The bidder.
+    pub bidder: i64,
+    /// The price, in cents.
+    pub price: i64,
+    /// The bid's time, in milliseconds.
+    pub date_time: i64,
+    /// The bid's padding.
+    pub extra: String,
+}
+
+/// q0's row for an event: `SELECT auction, bidder, price, dateTime, extra
+/// FROM bid`.
+pub fn q0_row(event: Event) -> Option<Q0Row> {
+    let bid = event.into_bid()?;
+    Some(Q0Row {
+        auction: bid.auction,
+        bidder: bid.bidder,
+        price: bid.price,
+        date_time: bid.date_time,
+        extra: bid.extra,
+    })
+}
+
+/// Query 0, pass-through: what the engine costs with no work per record.
+pub fn q0(events: &DStream<Event>) -> DStream<Q0Row> {
+    events.flat_map(q0_row)
+}
+
+/// A converted price as the spec's `DECIMAL(23, 3)`: euro-cents (the
+/// spec's prices are in cents), kept exactly as thousandths. The product of
+/// a whole number of cents and 0.908 has three decimal places, so nothing
+/// is rounded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct EuroCents {
+    /// The value times 1000.
+    pub thousandths: i64,
+}
+
+impl EuroCents {
+    /// The exchange rate of the spec, in thousandths.
+    pub const RATE_THOUSANDTHS: i64 = 908;
+
+    /// `0.908 * price`, exactly.
+    pub fn from_cents(price: i64) -> EuroCents {
+        EuroCents { thousandths: price.saturating_mul(Self::RATE_THOUSANDTHS) }
+    }
+}
+
+impl fmt::Display for EuroCents {
+    /// As SQL prints a `DECIMAL(_, 3)`: `123.456`, `-0.908`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let sign = if self.thousandths < 0 { "-" } else { "" };
+        let abs = self.thousandths.unsigned_abs();
+        write!(f, "{sign}{}.{:03}", abs / 1000, abs % 1000)
+    }
+}
+
+/// A row of q1.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Q1Row {
+    /// The auction bid on.
+    pub auction: i64,
+    /// The bidder.
+    pub bidder: i64,
+    /// The price converted to euros, in euro-cents.
+    pub price: EuroCents,
+    /// The bid's time, in milliseconds.
+    pub date_time: i64,
+    /// The bid's padding.
+    pub extra: String,
+}
+
+/// q1's row for an event: `SELECT auction, bidder, 0.908 * price AS price,
+/// dateTime, extra FROM bid`.
+pub fn q1_row(event: Event) -> Option<Q1Row> {
+    let bid = event.into_bid()?;
+    Some(Q1Row {
+        auction: bid.auction,
+        bidder: bid.bidder,
+        price: EuroCents::from_cents(bid.price),
+        date_time: bid.date_time,
+        extra: bid.extra,
+    })
+}
+
+/// Query 1, currency conversion: each bid's price from dollars to euros.
+pub fn q1(events: &DStream<Event>) -> DStream<Q1Row> {
+    events.flat_map(q1_row)
+}
+
+/// A row of q2.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Q2Row {
+    /// The auction bid on, a multiple of 123.
+    pub auction: i64,
+    /// The price, in cents.
+    pub price: i64,
+}
+
+/// The spec's q2 keeps the bids on auctions whose id is a multiple of this.
+pub const Q2_AUCTION_MODULUS: i64 = 123;
+
+/// q2's row for an event: `SELECT auction, price FROM bid WHERE
+/// MOD(auction, 123) = 0`.
+pub fn q2_row(event: &Event) -> Option<Q2Row> {
+    let bid = event.as_bid()?;
+    (bid.auction % Q2_AUCTION_MODULUS == 0).then_some(Q2Row { auction: bid.auction, price: bid.price })
+}
+
+/// Query 2, selection: the bids on every 123rd auction.
+pub fn q2(events: &DStream<Event>) -> DStream<Q2Row> {
+    events.flat_map(|event| q2_row(&event))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn euros_are_exact_to_three_places() {
+        // 0.908 * 12345 cents = 11209.260
+        assert_eq!(EuroCents::from_cents(12_345).to_string(), "11209.260");
+        assert_eq!(EuroCents::from_cents(1).to_string(), "0.908");
+        assert_eq!(EuroCents::from_cents(-1).to_string(), "-0.908");
+        assert_eq!(EuroCents::from_cents(0).to_string(), "0.000");
+    }
+
+    #[test]
+    fn q2_selects_multiples_of_123_only() {
+        let bid = |auction| {
+            Event::Bid(Bid {
+                auction,
+                bidder: 1001,
+                price: 5,
+                channel: String::new(),
+                url: String::new(),
+                date_time: 0,
+                extra: String::new(),
+            })
+        };
+        assert_eq!(q2_row(&bid(1107)), Some(Q2Row { auction: 1107, price: 5 }));
+        assert_eq!(q2_row(&bid(1108)), None);
+        assert_eq!(q2_row(&bid(1230)), Some(Q2Row { auction: 1230, price: 5 }));
+    }
+}
