@@ -172,13 +172,23 @@ pub struct RunArgs {
 #[derive(Debug, Clone, Default, Args)]
 #[command(next_help_heading = "Watching the job (both off by default; 127.0.0.1 keeps them on this machine)")]
 pub struct WatchArgs {
-    /// Serve Prometheus metrics at http://HOST:PORT/metrics (HOST an IP address, e.g. 127.0.0.1:9464; port 0: any free port).
-    #[arg(long, value_name = "HOST:PORT")]
+    /// Serve Prometheus metrics at http://HOST:PORT/metrics (HOST an IP address, e.g. 0.0.0.0:9464;
+    /// a bare PORT binds 127.0.0.1; port 0: any free port).
+    #[arg(long, value_name = "[HOST:]PORT", value_parser = listen_addr)]
     pub metrics_addr: Option<SocketAddr>,
-    /// Serve the job's web page at http://HOST:PORT/ (batches, live charts, inputs, checkpoint, recovery);
-    /// the same address as --metrics-addr serves both.
-    #[arg(long, value_name = "HOST:PORT")]
+    /// Serve the job's web page at http://HOST:PORT/ (batches, live charts, inputs, checkpoint, recovery;
+    /// a bare PORT binds 127.0.0.1); the same address as --metrics-addr serves both.
+    #[arg(long, value_name = "[HOST:]PORT", value_parser = listen_addr)]
     pub ui: Option<SocketAddr>,
+}
+
+/// `HOST:PORT` as given, or a bare `PORT` on 127.0.0.1: the job's pages
+/// stay on this machine unless the user names another address.
+fn listen_addr(text: &str) -> Result<SocketAddr, String> {
+    if let Ok(port) = text.parse::<u16>() {
+        return Ok(SocketAddr::from(([127, 0, 0, 1], port)));
+    }
+    text.parse().map_err(|e| format!("{e}: expected PORT or HOST:PORT with HOST an IP address (e.g. 127.0.0.1:9464)"))
 }
 
 impl WatchArgs {
@@ -361,6 +371,11 @@ mod tests {
         assert_eq!((run.watch.metrics_addr, run.watch.ui), (None, Some("127.0.0.1:1".parse().unwrap())));
         let Command::Demo(plain) = Cli::try_parse_from(["spate", "demo"]).unwrap().command else { panic!() };
         assert_eq!((plain.watch.metrics_addr, plain.watch.ui), (None, None));
+        // A bare port stays on this machine.
+        let local = Cli::try_parse_from(["spate", "demo", "--ui", "8080"]).unwrap();
+        let Command::Demo(local) = local.command else { panic!("demo") };
+        assert_eq!(local.watch.ui, Some("127.0.0.1:8080".parse().unwrap()));
+        assert!(Cli::try_parse_from(["spate", "demo", "--ui", "localhost:8080"]).is_err());
         let error = Cli::try_parse_from(["spate", "demo", "--metrics-addr", "localhost"]).unwrap_err().to_string();
         assert!(error.contains("--metrics-addr"), "{error}");
     }
