@@ -1,0 +1,2 @@
+package javax.annotation;
+public @interface Nullable {}
