@@ -43,7 +43,10 @@
 //! Random choices come from SplitMix64 (the algorithm of the spec's
 //! `SplittableRandom`, with the same bounded draws), one stream per event
 //! seeded by the config's seed and the event's id, so the same seed gives
-//! the same events, in any order and after any restart.
+//! the same events, in any order and after any restart. Given the same
+//! random streams, the spec's own Java classes produce the same events:
+//! a test checks every field that does not come from the spec's unseeded
+//! tables (see below) over 100,000 events.
 //!
 //! ```
 //! use spate_nexmark::{Event, EventKind, GeneratorConfig, NexmarkGenerator};
