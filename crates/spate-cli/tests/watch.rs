@@ -206,8 +206,11 @@ fn metrics_are_scraped_twice_during_a_demo_run_and_move_with_the_batches() {
     let first = scrape_until(addr, "a committed batch", |s| value_of(s, "spate_batches_committed_total").is_some());
     let committed = value_of(&first, "spate_batches_committed_total").unwrap();
     assert!(committed >= 1.0);
-    let second = scrape_until(addr, "more committed batches", |s| {
+    // The first batches can be empty while the receiver starts: wait for
+    // more batches and for records to have gone through one of them.
+    let second = scrape_until(addr, "more committed batches with input", |s| {
         value_of(s, "spate_batches_committed_total").is_some_and(|n| n > committed)
+            && with_label(s, "spate_input_records_total", "partition", "0").is_some_and(|i| i.value > 0.0)
     });
     // The figures an operator alerts on are there, with their labels.
     for name in ["spate_wal_appends_total", "spate_wal_syncs_total", "spate_wal_bytes_total"] {
