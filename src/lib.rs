@@ -56,6 +56,7 @@ pub use spate_core as core;
 pub use spate_dstream as dstream;
 pub use spate_kafka as kafka;
 pub use spate_logstore as logstore;
+pub use spate_nexmark as nexmark;
 pub use spate_receiver as receiver;
 pub use spate_runtime as runtime;
 pub use spate_tracker as tracker;
