@@ -31,13 +31,7 @@ pub(crate) fn cache_dir() -> PathBuf {
 ///   fresh clone, as CI makes, reuses the compiled native crates;
 /// - ccache in front of the C/C++ compilers with a fixed cache folder and
 ///   `CCACHE_BASEDIR` at the home folder (where cargo unpacks the native
-///   sources), so the cache hits whatever folder the clone is in;
-/// - clang for C++ when it is installed (setup installs it): RocksDB's C++
-///   is most of a cold build, and clang compiles it at -O0 about a quarter
-///   faster than g++ (20.7 s against 28.1 s for its block-based table
-///   reader here). Only xtask's builds, which have their own target
-///   directory, use it, so a plain `cargo build` never rebuilds RocksDB
-///   for a changed compiler.
+///   sources), so the cache hits whatever folder the clone is in.
 pub(crate) fn cargo(args: &[&str]) -> Command {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let mut c = Command::new(cargo);
@@ -45,9 +39,6 @@ pub(crate) fn cargo(args: &[&str]) -> Command {
     let cache = cache_dir();
     if std::env::var_os("CARGO_TARGET_DIR").is_none() {
         c.env("CARGO_TARGET_DIR", cache.join("target"));
-    }
-    if std::env::var_os("CXX").is_none() && compiler_runs("clang++") {
-        c.env("CXX", "clang++");
     }
     if std::path::Path::new("/usr/lib/ccache").is_dir() {
         let path = std::env::var("PATH").unwrap_or_default();
@@ -67,13 +58,4 @@ pub(crate) fn run_step(name: &str, mut command: Command) -> Result {
     let status = command.status().map_err(|e| format!("{name}: could not start {:?}: {e}", command.get_program()))?;
     println!("<== {name}: {} in {:.1?}", if status.success() { "ok" } else { "FAILED" }, started.elapsed());
     if status.success() { Ok(()) } else { Err(format!("{name} failed ({status})")) }
-}
-
-fn compiler_runs(name: &str) -> bool {
-    std::process::Command::new(name)
-        .arg("--version")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
 }

@@ -30,13 +30,7 @@ pub(crate) const ALL: &[Need] = &[Need::NativeBuild, Need::Broker, Need::S3Serve
 const PACKAGES: &[(&str, Need, &[&str], &str)] = &[
     ("libclang-dev", Need::NativeBuild, &[], "bindgen for RocksDB's C API"),
     ("ccache", Need::NativeBuild, &[], "keeps the C/C++ of RocksDB and librdkafka compiled across clones"),
-    ("g++", Need::NativeBuild, &["g++", "--version"], "the C++ standard library RocksDB builds against"),
-    (
-        "clang",
-        Need::NativeBuild,
-        &["clang++", "--version"],
-        "compiles RocksDB's C++, about a quarter faster than g++ at -O0 (most of a cold build)",
-    ),
+    ("g++", Need::NativeBuild, &["g++", "--version"], "RocksDB's C++"),
     ("make", Need::NativeBuild, &["make", "--version"], "librdkafka's build"),
     ("maven", Need::Broker, &["mvn", "-v"], "fetches Apache Kafka for the broker the Kafka tests use"),
     ("openjdk-17-jre-headless", Need::Broker, &["java", "-version"], "runs the Kafka broker"),
@@ -58,37 +52,6 @@ const PACKAGES: &[(&str, Need, &[&str], &str)] = &[
 
 /// Installs the packages of every need in `needs` that are missing.
 pub(crate) fn ensure(needs: &[Need]) -> Result {
-    install_missing(needs)?;
-    if needs.contains(&Need::NativeBuild) {
-        link_ccache_to_clang()?;
-    }
-    Ok(())
-}
-
-/// ccache stands in front of a compiler through a link of the compiler's
-/// name in `/usr/lib/ccache`; Debian makes those links only for the
-/// compilers present when ccache was installed, so clang installed later
-/// would bypass the cache.
-fn link_ccache_to_clang() -> Result {
-    let links = std::path::Path::new("/usr/lib/ccache");
-    if !links.is_dir() || links.join("clang++").exists() || !runs(&["clang++", "--version"]) {
-        return Ok(());
-    }
-    let sudo: &[&str] = if is_root() { &[] } else { &["sudo", "-n"] };
-    let (program, args) = match sudo.split_first() {
-        Some((s, more)) => (*s, [more, &["update-ccache-symlinks"]].concat()),
-        None => ("update-ccache-symlinks", Vec::new()),
-    };
-    let status = Command::new(program).args(&args).stdout(Stdio::null()).status();
-    match status {
-        Ok(status) if status.success() => Ok(()),
-        other => {
-            Err(format!("update-ccache-symlinks failed ({other:?}): run it as root so ccache caches clang's work"))
-        }
-    }
-}
-
-fn install_missing(needs: &[Need]) -> Result {
     let missing: Vec<_> = PACKAGES
         .iter()
         .filter(|(_, need, _, _)| needs.contains(need))
