@@ -29,6 +29,12 @@ pub(crate) const ALL: &[Need] = &[Need::NativeBuild, Need::Broker, Need::S3Serve
 /// is already there by other means (empty: ask dpkg only), and why each is needed.
 const PACKAGES: &[(&str, Need, &[&str], &str)] = &[
     ("libclang-dev", Need::NativeBuild, &[], "bindgen for RocksDB's C API"),
+    (
+        "librocksdb-dev",
+        Need::NativeBuild,
+        &[],
+        "RocksDB (7.8) to link instead of compiling its C++ in every cold build",
+    ),
     ("ccache", Need::NativeBuild, &[], "keeps the C/C++ of RocksDB and librdkafka compiled across clones"),
     ("g++", Need::NativeBuild, &["g++", "--version"], "RocksDB's C++"),
     ("make", Need::NativeBuild, &["make", "--version"], "librdkafka's build"),
