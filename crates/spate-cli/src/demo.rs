@@ -20,7 +20,7 @@ use spate_runtime::demo::{DemoOptions, TopWords, word_count_context};
 use crate::args::{DemoArgs, WatchArgs};
 use crate::error::CliError;
 use crate::job::{JobControl, Lines, drive, refuse_inconsistent, runtime_error};
-use crate::location::{is_s3, object_store_settings};
+use crate::location::object_store_settings;
 
 const ACTION: &str = "cannot run the demo on checkpoint";
 
@@ -56,7 +56,7 @@ impl StreamingDemo {
     /// The demo the flags ask for; refuses an `s3://` checkpoint without
     /// `--wal-dir` before anything is created.
     fn from_args(args: &DemoArgs) -> Result<Self, CliError> {
-        let in_s3 = is_s3(&args.checkpoint);
+        let in_s3 = spate_logstore::is_object_store_location(&args.checkpoint);
         let output = match (&args.output, &args.wal_dir) {
             (Some(output), _) => output.clone(),
             (None, Some(wal_dir)) if in_s3 => wal_dir.join("output"),

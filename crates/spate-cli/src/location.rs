@@ -4,15 +4,10 @@
 
 use std::path::Path;
 
-use spate_logstore::{CheckpointOptions, ObjectStoreSettings, is_object_store_location};
+use spate_logstore::{CheckpointOptions, ObjectStoreSettings};
 
 use crate::args::S3Args;
 use crate::error::CliError;
-
-/// True when `location` names a checkpoint in an object store (`s3://…`).
-pub(crate) fn is_s3(location: &Path) -> bool {
-    is_object_store_location(location)
-}
 
 /// The object store settings of the flags. The secret comes from a file so
 /// that it never shows in the process list.
