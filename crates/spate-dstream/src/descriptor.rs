@@ -44,6 +44,11 @@ pub struct OperatorDescriptor {
     pub window_ms: Option<u64>,
     /// Slide in milliseconds, for windows.
     pub slide_ms: Option<u64>,
+    /// The windows of an event-time operator (`tumbling 10000 ms`,
+    /// `sliding 10000 ms by 2000 ms`, `session gap 30000 ms`). Absent in
+    /// descriptors written before event time existed, which had none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub event_time: Option<String>,
 }
 
 /// How [`Graph::restore`] treats checkpointed state whose operator is gone.
@@ -102,6 +107,7 @@ fn differences(old: &OperatorDescriptor, new: &OperatorDescriptor, old_ms: u64, 
     let ms = |v: Option<u64>| v.map(|ms| format!("{ms} ms"));
     check("window", &ms(old.window_ms), &ms(new.window_ms));
     check("slide", &ms(old.slide_ms), &ms(new.slide_ms));
+    check("event-time windows", &old.event_time, &new.event_time);
     if new.window_ms.is_some() {
         check("batch interval", &ms(Some(old_ms)), &ms(Some(new_ms)));
     }
@@ -125,6 +131,7 @@ impl Graph {
                 state_type: meta.state.as_ref().map(|s| s.state_type.to_string()),
                 window_ms: meta.window.map(|(window, _)| window.as_millis()),
                 slide_ms: meta.window.map(|(_, slide)| slide.as_millis()),
+                event_time: meta.event_time.clone(),
             })
             .collect();
         GraphDescriptor {

@@ -196,6 +196,14 @@ pub enum GraphProblem {
         /// The name.
         name: String,
     },
+    /// Event-time windows that cannot be computed (an empty window, a
+    /// slide longer than the window).
+    BadEventWindows {
+        /// The windowed operator.
+        operator: String,
+        /// What is wrong.
+        reason: String,
+    },
 }
 
 impl fmt::Display for GraphProblem {
@@ -222,6 +230,7 @@ impl fmt::Display for GraphProblem {
             GraphProblem::BadName { name } => {
                 write!(f, "operator name `{name}` is empty or contains `/`, `\\` or `..`")
             }
+            GraphProblem::BadEventWindows { operator, reason } => write!(f, "`{operator}`: {reason}"),
         }
     }
 }

@@ -281,6 +281,9 @@ fn validate(inner: &BuilderInner, names: &[String], checkpointing: bool) -> Vec<
                 }
             }
         }
+        if let Some(reason) = &meta.event_time_problem {
+            problems.push(GraphProblem::BadEventWindows { operator: name.clone(), reason: reason.clone() });
+        }
         if meta.state.as_ref().is_some_and(|state| state.needs_checkpoint) && !checkpointing {
             problems.push(GraphProblem::NeedsCheckpoint { operator: name.clone(), kind: meta.kind });
         }

@@ -95,6 +95,7 @@
 mod batch;
 mod descriptor;
 mod error;
+pub mod event_time;
 mod graph;
 mod hash;
 mod node;
@@ -109,6 +110,9 @@ mod window;
 pub use batch::{Batch, Data, Key};
 pub use descriptor::{DESCRIPTOR_FORMAT_VERSION, GraphDescriptor, OperatorDescriptor, RestorePolicy, RestoreReport};
 pub use error::{BoxError, DStreamError, GraphProblem};
+pub use event_time::{
+    EventTimeProcessed, EventTimeWindowed, EventWindows, Timed, TimedState, Watermarks, Window, WindowResult,
+};
 pub use graph::{BatchInfo, Graph, GraphBuilder, InputInfo, Job};
 pub use hash::{FxBuildHasher, FxHashMap, FxHasher, fx_hash, partition_of};
 pub use node::PlannedOffsets;

@@ -158,6 +158,11 @@ pub(crate) struct NodeMeta {
     pub(crate) input: bool,
     pub(crate) window: Option<(Duration, Duration)>,
     pub(crate) state: Option<StateMeta>,
+    /// The shape of an event-time operator's windows (what its state
+    /// depends on), recorded in the descriptor.
+    pub(crate) event_time: Option<String>,
+    /// Why its windows cannot be computed, found when it was declared.
+    pub(crate) event_time_problem: Option<String>,
 }
 
 impl NodeMeta {
@@ -172,6 +177,8 @@ impl NodeMeta {
             input: false,
             window: None,
             state: None,
+            event_time: None,
+            event_time_problem: None,
         }
     }
 }

@@ -272,15 +272,6 @@ where
     }
 }
 
-/// A passive node: its slot is filled by the `map_with_state` node before it.
-struct FilledByParent;
-
-impl Node for FilledByParent {
-    fn step(&mut self, _ctx: &StepCtx<'_>) -> Result<Option<Job>, DStreamError> {
-        Ok(None)
-    }
-}
-
 /// The result of [`DStream::map_with_state`]: the mapped records and, on
 /// request, the full state after each batch.
 pub struct MapWithStateStream<K, S, M> {
@@ -309,14 +300,7 @@ impl<K: Key, S: Data, M: Data> MapWithStateStream<K, S, M> {
 
     /// Every key's state after each batch.
     pub fn state_snapshots(&self) -> DStream<(K, S)> {
-        let parent = self.mapped.id;
-        if let Some(meta) = self.mapped.builder.borrow_mut().metas.get_mut(parent) {
-            meta.consumers += 1;
-        }
-        let meta = NodeMeta::new("state_snapshots", vec![parent], self.mapped.slide);
-        let slot = Arc::clone(&self.snapshots);
-        let id = self.mapped.builder.borrow_mut().push(meta, Box::new(FilledByParent));
-        DStream::from_parts(std::rc::Rc::clone(&self.mapped.builder), id, slot, self.mapped.slide)
+        self.mapped.side_output("state_snapshots", &self.snapshots)
     }
 }
 

@@ -9,6 +9,7 @@ use spate_core::Duration;
 
 use crate::batch::{Batch, Data};
 use crate::error::{BoxError, DStreamError};
+use crate::graph::Job;
 use crate::graph::SharedBuilder;
 use crate::node::{BinaryNode, Node, NodeMeta, Slot, StepCtx, UnaryNode};
 
@@ -81,6 +82,18 @@ impl<T: Data> DStream<T> {
         let boxed = node(Arc::clone(&slot));
         let id = self.builder.borrow_mut().push(meta, boxed);
         DStream::from_parts(Rc::clone(&self.builder), id, slot, slide)
+    }
+
+    /// A second output of this stream's operator, which fills `slot` while
+    /// it runs (the state of `map_with_state`, the late records of an
+    /// event-time window): a passive node that reads nothing itself.
+    pub(crate) fn side_output<U: Data>(&self, kind: &'static str, slot: &Arc<Slot<U>>) -> DStream<U> {
+        if let Some(meta) = self.builder.borrow_mut().metas.get_mut(self.id) {
+            meta.consumers += 1;
+        }
+        let meta = NodeMeta::new(kind, vec![self.id], self.slide);
+        let id = self.builder.borrow_mut().push(meta, Box::new(FilledByParent));
+        DStream::from_parts(Rc::clone(&self.builder), id, Arc::clone(slot), self.slide)
     }
 
     /// Adds a node computing `f` of each batch of this stream.
@@ -205,5 +218,14 @@ impl<T: Data> DStream<T> {
     /// A batch holding one record: the number of records in the batch (0 when empty).
     pub fn count(&self) -> DStream<u64> {
         self.unary("count", |batch, _ctx| Ok(Batch::from_vec(vec![batch.len() as u64])))
+    }
+}
+
+/// A passive node: its slot is filled by the operator before it.
+struct FilledByParent;
+
+impl Node for FilledByParent {
+    fn step(&mut self, _ctx: &StepCtx<'_>) -> Result<Option<Job>, DStreamError> {
+        Ok(None)
     }
 }

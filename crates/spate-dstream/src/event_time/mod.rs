@@ -1,0 +1,256 @@
+//! Event time: windows and timers by when things happened, not by the
+//! batch that happened to read them.
+//!
+//! Every record of a keyed stream gets an event time from a function of
+//! its value (a Kafka record's timestamp, a field of the event). Each
+//! partition of the operator's input tracks the largest event time it has
+//! seen; its watermark is that minus the bound on out-of-orderness
+//! ([`Watermarks`]), and the stream's watermark is the minimum over the
+//! partitions, so one lagging partition holds every window back instead of
+//! having its records declared late. A partition without records for the
+//! idle timeout (of batch time) stops counting, so an empty partition does
+//! not stop the stream. The watermark never goes back.
+//!
+//! A batch first assigns its records (checked against the watermark the
+//! batch started with), then advances the watermark with the batch's event
+//! times, then emits: a window `[start, end)` is emitted once, when the
+//! watermark reaches `end` (every record before `end` has arrived), and its
+//! state is kept for the allowed lateness after that. A record behind the
+//! watermark whose window is still kept updates it, and the window is
+//! emitted again with the next [`WindowResult::revision`]; a record whose
+//! windows are all gone goes to the late output, which the program can
+//! read ([`EventTimeWindowed::late`]) and which is otherwise counted and
+//! logged, never dropped silently.
+//!
+//! So, when no record is later than the bound, what is emitted depends
+//! only on the events and not on the batch interval or on how records fall
+//! into batches (a property test checks this, with crashes and restores).
+//! Batch time stays the unit of progress and recovery: the watermarks and
+//! the open windows are operator state, checkpointed with the batch,
+//! matched by operator name on upgrade and restored exactly.
+//!
+//! Partitions are those of the operator's input: the source's partitions
+//! when only per-record operators (`map`, `filter`, …) lie between the
+//! source and the window, as with a Kafka direct stream (one partition per
+//! topic partition) or the Nexmark source.
+
+mod process;
+mod windows;
+
+use serde::{Deserialize, Serialize};
+use spate_core::{Duration, Time};
+
+pub use process::{EventTimeProcessed, Timed, TimedState};
+pub use windows::{EventTimeWindowed, WindowResult};
+
+/// How watermarks follow the event times of each input partition.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Watermarks {
+    out_of_orderness: Duration,
+    idle_timeout: Option<Duration>,
+}
+
+impl Watermarks {
+    /// Records of a partition arrive at most `bound` behind the latest one
+    /// it has delivered: the partition's watermark is its largest event
+    /// time minus `bound`.
+    pub fn bounded_out_of_orderness(bound: Duration) -> Self {
+        Watermarks { out_of_orderness: bound, idle_timeout: None }
+    }
+
+    /// A partition without records for `timeout` of batch time is left out
+    /// of the stream's watermark until it has records again. Without it, a
+    /// partition that never delivers holds the watermark back for ever.
+    pub fn with_idle_timeout(mut self, timeout: Duration) -> Self {
+        self.idle_timeout = Some(timeout);
+        self
+    }
+
+    /// The bound on out-of-orderness.
+    pub fn out_of_orderness(&self) -> Duration {
+        self.out_of_orderness
+    }
+
+    /// The idle timeout, if any.
+    pub fn idle_timeout(&self) -> Option<Duration> {
+        self.idle_timeout
+    }
+}
+
+/// The shape of event-time windows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Shape {
+    /// `[k*slide, k*slide + size)` for every whole `k`.
+    Sliding { size: Duration, slide: Duration },
+    /// Per key, records closer than `gap` to each other, `[first, last + gap)`.
+    Session { gap: Duration },
+}
+
+/// Which event-time windows an aggregation computes, and how long a window
+/// takes late records after the watermark passed its end.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EventWindows {
+    shape: Shape,
+    allowed_lateness: Duration,
+}
+
+impl EventWindows {
+    /// Back-to-back windows of `size`: `[0, size)`, `[size, 2 size)`, …
+    /// (from the epoch).
+    pub fn tumbling(size: Duration) -> Self {
+        Self::sliding(size, size)
+    }
+
+    /// Windows of `size` starting every `slide` (from the epoch); a record
+    /// is in `size / slide` of them.
+    pub fn sliding(size: Duration, slide: Duration) -> Self {
+        EventWindows { shape: Shape::Sliding { size, slide }, allowed_lateness: Duration::ZERO }
+    }
+
+    /// Per key, a window of records each less than `gap` after the one
+    /// before, from the first record to the last plus `gap`.
+    pub fn session(gap: Duration) -> Self {
+        EventWindows { shape: Shape::Session { gap }, allowed_lateness: Duration::ZERO }
+    }
+
+    /// Keeps each window for `lateness` after the watermark passed its end:
+    /// records arriving then update it and it is emitted again.
+    pub fn allowed_lateness(mut self, lateness: Duration) -> Self {
+        self.allowed_lateness = lateness;
+        self
+    }
+
+    /// The windows' shape, which the state kept for them depends on (the
+    /// allowed lateness only decides how long it is kept).
+    fn describe_shape(&self) -> String {
+        match self.shape {
+            Shape::Sliding { size, slide } if size == slide => format!("tumbling {} ms", size.as_millis()),
+            Shape::Sliding { size, slide } => format!("sliding {} ms by {} ms", size.as_millis(), slide.as_millis()),
+            Shape::Session { gap } => format!("session gap {} ms", gap.as_millis()),
+        }
+    }
+
+    /// Why these windows cannot be computed, if they cannot.
+    fn problem(&self) -> Option<String> {
+        match self.shape {
+            Shape::Sliding { size, slide } if size.as_millis() == 0 || slide.as_millis() == 0 => {
+                Some(format!("window size ({size}) and slide ({slide}) must be positive"))
+            }
+            Shape::Sliding { size, slide } if slide > size => Some(format!(
+                "slide ({slide}) is longer than the window ({size}): records between windows would be lost"
+            )),
+            Shape::Session { gap } if gap.as_millis() == 0 => Some("session gap must be positive".to_string()),
+            _ => None,
+        }
+    }
+}
+
+/// A window of event time, `[start, end)`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Window {
+    /// The first instant in the window.
+    pub start: Time,
+    /// The first instant after the window.
+    pub end: Time,
+}
+
+/// One input partition's event-time clock.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+struct PartitionClock {
+    /// The largest event time the partition has delivered.
+    max_event_time: Option<Time>,
+    /// The batch time of its last record (or of the batch it first appeared in).
+    last_active: Time,
+}
+
+/// The watermark of an operator's input: per partition, then the minimum.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct WatermarkTracker {
+    partitions: Vec<PartitionClock>,
+    watermark: Option<Time>,
+}
+
+impl WatermarkTracker {
+    /// The stream's watermark: no record before it is expected any more.
+    pub(crate) fn current(&self) -> Option<Time> {
+        self.watermark
+    }
+
+    /// Takes in the largest event time each input partition delivered in
+    /// the batch at `batch_time` (`None`: no records) and returns the
+    /// watermark after it.
+    pub(crate) fn advance(&mut self, batch_time: Time, seen: &[Option<Time>], strategy: &Watermarks) -> Option<Time> {
+        if self.partitions.len() < seen.len() {
+            let fresh = PartitionClock { max_event_time: None, last_active: batch_time };
+            self.partitions.resize(seen.len(), fresh);
+        }
+        for (clock, max) in self.partitions.iter_mut().zip(seen) {
+            if let Some(max) = *max {
+                clock.max_event_time = Some(clock.max_event_time.map_or(max, |old| old.max(max)));
+                clock.last_active = batch_time;
+            }
+        }
+        let idle =
+            |clock: &PartitionClock| strategy.idle_timeout.is_some_and(|t| batch_time.since(clock.last_active) >= t);
+        let mut active = self.partitions.iter().filter(|clock| !idle(clock)).peekable();
+        if active.peek().is_some() {
+            // A partition that has delivered nothing yet holds the watermark back.
+            let lowest: Option<Time> = active.map(|clock| clock.max_event_time).min().flatten();
+            if let Some(lowest) = lowest {
+                let candidate = lowest - strategy.out_of_orderness;
+                self.watermark = Some(self.watermark.map_or(candidate, |old| old.max(candidate)));
+            }
+        }
+        self.watermark
+    }
+}
+
+/// True when `time` is behind `watermark`.
+fn behind(time: Time, watermark: Option<Time>) -> bool {
+    watermark.is_some_and(|w| time < w)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(ms: i64) -> Time {
+        Time::from_millis(ms)
+    }
+
+    #[test]
+    fn the_watermark_is_the_slowest_partition_minus_the_bound_and_never_goes_back() {
+        let strategy = Watermarks::bounded_out_of_orderness(Duration::from_millis(100));
+        let mut tracker = WatermarkTracker::default();
+        // Partition 1 has delivered nothing: it holds the watermark back.
+        assert_eq!(tracker.advance(t(1000), &[Some(t(5000)), None], &strategy), None);
+        assert_eq!(tracker.advance(t(2000), &[Some(t(6000)), Some(t(4000))], &strategy), Some(t(3900)));
+        // Partition 0 goes back in time: the watermark does not.
+        assert_eq!(tracker.advance(t(3000), &[Some(t(1000)), Some(t(4100))], &strategy), Some(t(4000)));
+        assert_eq!(tracker.current(), Some(t(4000)));
+    }
+
+    #[test]
+    fn an_idle_partition_stops_holding_the_watermark_back_until_it_delivers_again() {
+        let strategy =
+            Watermarks::bounded_out_of_orderness(Duration::ZERO).with_idle_timeout(Duration::from_millis(2000));
+        let mut tracker = WatermarkTracker::default();
+        assert_eq!(tracker.advance(t(1000), &[Some(t(100)), Some(t(50))], &strategy), Some(t(50)));
+        assert_eq!(tracker.advance(t(2000), &[Some(t(200)), None], &strategy), Some(t(50)));
+        // Partition 1 idle for 2 s of batch time: only partition 0 counts.
+        assert_eq!(tracker.advance(t(3000), &[Some(t(300)), None], &strategy), Some(t(300)));
+        // It delivers again and counts again (the watermark stays where it was).
+        assert_eq!(tracker.advance(t(4000), &[Some(t(400)), Some(t(60))], &strategy), Some(t(300)));
+        assert_eq!(tracker.advance(t(5000), &[Some(t(500)), Some(t(450))], &strategy), Some(t(450)));
+    }
+
+    #[test]
+    fn bad_window_shapes_are_named() {
+        assert!(EventWindows::sliding(Duration::from_secs(1), Duration::from_secs(2)).problem().is_some());
+        assert!(EventWindows::tumbling(Duration::ZERO).problem().is_some());
+        assert!(EventWindows::session(Duration::ZERO).problem().is_some());
+        assert!(EventWindows::sliding(Duration::from_secs(10), Duration::from_secs(2)).problem().is_none());
+        let tumbling = EventWindows::tumbling(Duration::from_secs(10)).allowed_lateness(Duration::from_secs(1));
+        assert_eq!(tumbling.describe_shape(), "tumbling 10000 ms");
+    }
+}

@@ -1,0 +1,644 @@
+//! Keyed aggregation over event-time windows: tumbling and sliding windows
+//! kept as panes, session windows kept per key, both with allowed lateness
+//! and a late output.
+//!
+//! Sliding windows of size `L` every `S` are computed from panes of
+//! `gcd(L, S)`: a record is folded into one pane of its key (first in the
+//! partition that read it, so a batch ships one partial aggregate per key
+//! and pane, not its records), and a window is the merge of its panes when
+//! it is emitted. Sessions keep, per key, the open sessions sorted by
+//! start; a record merges every session it overlaps into one.
+
+use std::collections::BTreeMap;
+use std::collections::hash_map::Entry;
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use spate_core::{CoreError, Duration, Time};
+
+use super::{EventWindows, Shape, WatermarkTracker, Watermarks, Window};
+use crate::batch::{Batch, Data, Key};
+use crate::error::DStreamError;
+use crate::graph::Job;
+use crate::hash::{FxHashMap, map_with_capacity, partition_of};
+use crate::node::{Node, NodeMeta, Slot, StateMeta, StatefulNode, StepCtx, state_codec};
+use crate::stream::DStream;
+
+/// One emitted result of an event-time window.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct WindowResult<K, A> {
+    /// The key.
+    pub key: K,
+    /// The window.
+    pub window: Window,
+    /// The aggregate of the key's records in the window.
+    pub value: A,
+    /// 0 when the watermark passed the window's end; 1, 2, … for each
+    /// update by late records within the allowed lateness.
+    pub revision: u32,
+}
+
+/// A session of one key: `[start, end)`, `end` being its last record's time
+/// plus the gap.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+struct Session<A> {
+    start: Time,
+    end: Time,
+    value: A,
+    /// The last revision emitted, `None` before the first.
+    emitted: Option<u32>,
+    /// Changed since it was last emitted.
+    changed: bool,
+}
+
+/// The windows of the keys of one partition of the work.
+struct PartState<K, A> {
+    /// Sliding windows: pane start -> each key's aggregate in the pane.
+    panes: BTreeMap<Time, FxHashMap<K, A>>,
+    /// Sliding windows emitted again after late records: the last revision
+    /// by key and window start.
+    revisions: FxHashMap<(K, Time), u32>,
+    /// Session windows by key, sorted by start, never overlapping.
+    sessions: FxHashMap<K, Vec<Session<A>>>,
+}
+
+impl<K, A> Default for PartState<K, A> {
+    fn default() -> Self {
+        PartState { panes: BTreeMap::new(), revisions: map_with_capacity(0), sessions: map_with_capacity(0) }
+    }
+}
+
+/// What one input partition of a batch contributes.
+struct Assigned<K, V, A> {
+    /// The largest event time among its records.
+    max: Option<Time>,
+    /// Sliding windows: partial aggregates by key and pane.
+    panes: FxHashMap<(K, Time), A>,
+    /// Session windows: the records with their event times.
+    records: Vec<(K, Time, V)>,
+    /// Records whose every window is gone.
+    late: Vec<(K, V)>,
+}
+
+/// The functions and settings of one aggregation.
+struct Aggregation<K, V, A, E, C, F, M> {
+    _types: PhantomData<fn(K, V) -> A>,
+    event_time: E,
+    create: C,
+    add: F,
+    merge: M,
+    windows: EventWindows,
+}
+
+/// What one work partition emits in a batch: results and late records.
+type Emitted<K, V, A> = (Vec<WindowResult<K, A>>, Vec<(K, V)>);
+
+/// The watermark before and after the batch being processed.
+#[derive(Clone, Copy)]
+struct Progress {
+    before: Option<Time>,
+    after: Option<Time>,
+}
+
+fn gcd(a: u64, b: u64) -> u64 {
+    if b == 0 { a } else { gcd(b, a % b) }
+}
+
+impl<K, V, A, E, C, F, M> Aggregation<K, V, A, E, C, F, M> {
+    fn lateness(&self) -> Duration {
+        self.windows.allowed_lateness
+    }
+
+    /// `(size, slide, pane)` of sliding windows.
+    fn sliding(&self) -> Option<(Duration, Duration, Duration)> {
+        match self.windows.shape {
+            Shape::Sliding { size, slide } => {
+                Some((size, slide, Duration::from_millis(gcd(size.as_millis(), slide.as_millis()))))
+            }
+            Shape::Session { .. } => None,
+        }
+    }
+
+    /// The end of the last window holding `time` (sliding windows).
+    fn last_end(time: Time, size: Duration, slide: Duration) -> Time {
+        time.floor(slide) + size
+    }
+
+    /// Starts of the windows holding instant `time`, latest first.
+    fn starts_holding(time: Time, size: Duration, slide: Duration) -> impl Iterator<Item = Time> {
+        let last = time.floor(slide);
+        let count = size.as_millis().div_ceil(slide.as_millis().max(1));
+        (0..count).map(move |i| last - slide.times(i)).filter(move |start| *start + size > time)
+    }
+
+    /// True when a window ending at `end` is gone at `watermark`.
+    fn purged(&self, end: Time, watermark: Option<Time>) -> bool {
+        watermark.is_some_and(|w| end + self.lateness() <= w)
+    }
+}
+
+impl<K, V, A, E, C, F, M> Aggregation<K, V, A, E, C, F, M>
+where
+    K: Key,
+    V: Data,
+    A: Data,
+    E: Fn(&V) -> Time + Send + Sync,
+    C: Fn(V) -> A + Send + Sync,
+    F: Fn(&mut A, V) + Send + Sync,
+    M: Fn(&mut A, &A) + Send + Sync,
+{
+    /// Assigns one input partition's records to windows (map side).
+    fn assign(&self, records: Vec<(K, V)>, watermark: Option<Time>) -> Assigned<K, V, A> {
+        let mut out = Assigned { max: None, panes: map_with_capacity(0), records: Vec::new(), late: Vec::new() };
+        let sliding = self.sliding();
+        for (key, value) in records {
+            let time = (self.event_time)(&value);
+            out.max = Some(out.max.map_or(time, |max| max.max(time)));
+            let Some((size, slide, pane)) = sliding else {
+                out.records.push((key, time, value));
+                continue;
+            };
+            if self.purged(Self::last_end(time, size, slide), watermark) {
+                out.late.push((key, value));
+                continue;
+            }
+            match out.panes.entry((key, time.floor(pane))) {
+                Entry::Occupied(mut slot) => (self.add)(slot.get_mut(), value),
+                Entry::Vacant(slot) => {
+                    slot.insert((self.create)(value));
+                }
+            }
+        }
+        out
+    }
+
+    /// Folds one work partition's share of the batch into its windows and
+    /// returns what is emitted and the records found late.
+    fn fold_and_emit(
+        &self,
+        state: &mut PartState<K, A>,
+        incoming: Vec<Assigned<K, V, A>>,
+        progress: Progress,
+    ) -> Emitted<K, V, A> {
+        match self.sliding() {
+            Some((size, slide, _)) => {
+                let dirty = self.fold_panes(state, incoming, progress.before, size, slide);
+                let mut out = self.emit_updates(state, dirty, size);
+                self.emit_panes(state, progress, size, slide, &mut out);
+                self.purge_panes(state, progress.after, size, slide);
+                (out, Vec::new())
+            }
+            None => {
+                let late = self.fold_sessions(state, incoming, progress.before);
+                (self.emit_sessions(state, progress.after), late)
+            }
+        }
+    }
+
+    /// Merges partial pane aggregates; returns the emitted windows they
+    /// change (key and window start).
+    fn fold_panes(
+        &self,
+        state: &mut PartState<K, A>,
+        incoming: Vec<Assigned<K, V, A>>,
+        before: Option<Time>,
+        size: Duration,
+        slide: Duration,
+    ) -> Vec<(K, Time)> {
+        let mut dirty = Vec::new();
+        for (key, pane, value) in incoming.into_iter().flat_map(|a| a.panes).map(|((k, p), v)| (k, p, v)) {
+            for start in Self::starts_holding(pane, size, slide) {
+                let end = start + size;
+                let emitted = before.is_some_and(|w| end <= w);
+                if emitted && !self.purged(end, before) {
+                    dirty.push((key.clone(), start));
+                }
+            }
+            match state.panes.entry(pane).or_insert_with(|| map_with_capacity(0)).entry(key) {
+                Entry::Occupied(mut slot) => (self.merge)(slot.get_mut(), &value),
+                Entry::Vacant(slot) => {
+                    slot.insert(value);
+                }
+            }
+        }
+        dirty.sort_by_key(|(_, start)| *start);
+        dirty.dedup();
+        dirty
+    }
+
+    /// The aggregate of `key` over the panes of the window at `start`.
+    fn window_value(state: &PartState<K, A>, merge: &M, key: &K, start: Time, size: Duration) -> Option<A> {
+        let mut acc: Option<A> = None;
+        for pane in state.panes.range(start..start + size).map(|(_, keys)| keys) {
+            if let Some(value) = pane.get(key) {
+                match acc.as_mut() {
+                    Some(acc) => merge(acc, value),
+                    None => acc = Some(value.clone()),
+                }
+            }
+        }
+        acc
+    }
+
+    /// Emits again the windows late records changed.
+    fn emit_updates(
+        &self,
+        state: &mut PartState<K, A>,
+        dirty: Vec<(K, Time)>,
+        size: Duration,
+    ) -> Vec<WindowResult<K, A>> {
+        let mut out = Vec::with_capacity(dirty.len());
+        for (key, start) in dirty {
+            let Some(value) = Self::window_value(state, &self.merge, &key, start, size) else { continue };
+            let revision = state.revisions.entry((key.clone(), start)).or_insert(0);
+            *revision += 1;
+            out.push(WindowResult { key, window: Window { start, end: start + size }, value, revision: *revision });
+        }
+        out
+    }
+
+    /// Emits every window whose end the watermark passed in this batch.
+    fn emit_panes(
+        &self,
+        state: &PartState<K, A>,
+        progress: Progress,
+        size: Duration,
+        slide: Duration,
+        out: &mut Vec<WindowResult<K, A>>,
+    ) {
+        let Some(after) = progress.after else { return };
+        let newly_due = |end: Time| end <= after && progress.before.is_none_or(|b| end > b);
+        let mut starts: Vec<Time> = state
+            .panes
+            .keys()
+            .flat_map(|pane| Self::starts_holding(*pane, size, slide))
+            .filter(|start| newly_due(*start + size))
+            .collect();
+        starts.sort_unstable();
+        starts.dedup();
+        for start in starts {
+            let mut window: FxHashMap<K, A> = map_with_capacity(0);
+            for pane in state.panes.range(start..start + size).map(|(_, keys)| keys) {
+                for (key, value) in pane {
+                    match window.get_mut(key) {
+                        Some(acc) => (self.merge)(acc, value),
+                        None => {
+                            window.insert(key.clone(), value.clone());
+                        }
+                    }
+                }
+            }
+            let bounds = Window { start, end: start + size };
+            out.extend(window.into_iter().map(|(key, value)| WindowResult { key, window: bounds, value, revision: 0 }));
+        }
+    }
+
+    /// Drops the panes and revisions of windows past their lateness.
+    fn purge_panes(&self, state: &mut PartState<K, A>, after: Option<Time>, size: Duration, slide: Duration) {
+        state.panes.retain(|pane, _| !self.purged(Self::last_end(*pane, size, slide), after));
+        state.revisions.retain(|(_, start), _| !self.purged(*start + size, after));
+    }
+
+    /// Adds records to their keys' sessions, merging the sessions each one
+    /// bridges; returns the records whose session would already be gone.
+    fn fold_sessions(
+        &self,
+        state: &mut PartState<K, A>,
+        incoming: Vec<Assigned<K, V, A>>,
+        before: Option<Time>,
+    ) -> Vec<(K, V)> {
+        let Shape::Session { gap } = self.windows.shape else { return Vec::new() };
+        let mut late = Vec::new();
+        for (key, time, value) in incoming.into_iter().flat_map(|a| a.records) {
+            let (start, end) = (time, time + gap);
+            let sessions = state.sessions.entry(key.clone()).or_default();
+            let overlapping: Vec<usize> =
+                (0..sessions.len()).filter(|&i| sessions[i].start < end && start < sessions[i].end).collect();
+            if overlapping.is_empty() && self.purged(end, before) {
+                late.push((key, value));
+                continue;
+            }
+            let mut merged = Session { start, end, value: (self.create)(value), emitted: None, changed: true };
+            for index in overlapping.into_iter().rev() {
+                let old = sessions.remove(index);
+                merged.start = merged.start.min(old.start);
+                merged.end = merged.end.max(old.end);
+                merged.emitted = merged.emitted.max(old.emitted);
+                (self.merge)(&mut merged.value, &old.value);
+            }
+            let at = sessions.partition_point(|s| s.start < merged.start);
+            sessions.insert(at, merged);
+        }
+        state.sessions.retain(|_, sessions| !sessions.is_empty());
+        late
+    }
+
+    /// Emits the sessions the watermark has passed (again when changed),
+    /// then drops those past their lateness.
+    fn emit_sessions(&self, state: &mut PartState<K, A>, after: Option<Time>) -> Vec<WindowResult<K, A>> {
+        let mut out = Vec::new();
+        let Some(watermark) = after else { return out };
+        for (key, sessions) in state.sessions.iter_mut() {
+            for session in sessions.iter_mut().filter(|s| s.end <= watermark && s.changed) {
+                let revision = session.emitted.map_or(0, |r| r + 1);
+                session.emitted = Some(revision);
+                session.changed = false;
+                let window = Window { start: session.start, end: session.end };
+                out.push(WindowResult { key: key.clone(), window, value: session.value.clone(), revision });
+            }
+            sessions.retain(|s| !self.purged(s.end, after));
+        }
+        state.sessions.retain(|_, sessions| !sessions.is_empty());
+        out
+    }
+}
+
+/// Moves each input partition's contribution to the work partition of its keys.
+fn shuffle<K: Key, V, A>(assigned: Vec<Assigned<K, V, A>>, partitions: usize) -> Vec<Vec<Assigned<K, V, A>>> {
+    let mut out: Vec<Vec<Assigned<K, V, A>>> = (0..partitions).map(|_| Vec::new()).collect();
+    for part in assigned {
+        let mut split: Vec<Assigned<K, V, A>> = (0..partitions)
+            .map(|_| Assigned { max: None, panes: map_with_capacity(0), records: Vec::new(), late: Vec::new() })
+            .collect();
+        for ((key, pane), value) in part.panes {
+            if let Some(target) = split.get_mut(partition_of(&key, partitions)) {
+                target.panes.insert((key, pane), value);
+            }
+        }
+        for (key, time, value) in part.records {
+            if let Some(target) = split.get_mut(partition_of(&key, partitions)) {
+                target.records.push((key, time, value));
+            }
+        }
+        for (target, bucket) in out.iter_mut().zip(split) {
+            target.push(bucket);
+        }
+    }
+    out
+}
+
+struct EventWindowNode<K, V, A, E, C, F, M> {
+    input: Arc<Slot<(K, V)>>,
+    output: Arc<Slot<WindowResult<K, A>>>,
+    late: Arc<Slot<(K, V)>>,
+    aggregation: Aggregation<K, V, A, E, C, F, M>,
+    watermarks: Watermarks,
+    tracker: WatermarkTracker,
+    parts: Vec<PartState<K, A>>,
+}
+
+impl<K, V, A, E, C, F, M> Node for EventWindowNode<K, V, A, E, C, F, M>
+where
+    K: Key,
+    V: Data,
+    A: Data,
+    E: Fn(&V) -> Time + Send + Sync,
+    C: Fn(V) -> A + Send + Sync,
+    F: Fn(&mut A, V) + Send + Sync,
+    M: Fn(&mut A, &A) + Send + Sync,
+{
+    fn step(&mut self, ctx: &StepCtx<'_>) -> Result<Option<Job>, DStreamError> {
+        if self.parts.len() != ctx.partitions {
+            self.parts = respread(std::mem::take(&mut self.parts), ctx.partitions);
+        }
+        let Some(batch) = ctx.take(&self.input)? else {
+            self.output.put(ctx.time, None);
+            self.late.put(ctx.time, None);
+            return Ok(None);
+        };
+        let before = self.tracker.current();
+        let aggregation = &self.aggregation;
+        let mut assigned = ctx.par(batch.into_partitions(), |records| aggregation.assign(records, before))?;
+        let maxes: Vec<Option<Time>> = assigned.iter().map(|a| a.max).collect();
+        let after = self.tracker.advance(ctx.time, &maxes, &self.watermarks);
+        let mut late: Vec<Vec<(K, V)>> = assigned.iter_mut().map(|a| std::mem::take(&mut a.late)).collect();
+        let progress = Progress { before, after };
+        let work: Vec<_> = self.parts.iter_mut().zip(shuffle(assigned, ctx.partitions)).collect();
+        let out = ctx.par(work, |(state, incoming)| aggregation.fold_and_emit(state, incoming, progress))?;
+        let (results, session_late): (Vec<_>, Vec<_>) = out.into_iter().unzip();
+        late.extend(session_late);
+        report_late(ctx, &late, self.late.readers());
+        self.output.put(ctx.time, Some(Batch::new(results)));
+        self.late.put(ctx.time, Some(Batch::new(late)));
+        Ok(None)
+    }
+
+    fn state(&self) -> Option<&dyn StatefulNode> {
+        Some(self)
+    }
+
+    fn state_mut(&mut self) -> Option<&mut dyn StatefulNode> {
+        Some(self)
+    }
+}
+
+/// Says how many records were late; loudly when nothing reads them.
+pub(super) fn report_late<T>(ctx: &StepCtx<'_>, late: &[Vec<T>], readers: usize) {
+    let count: usize = late.iter().map(Vec::len).sum();
+    if count == 0 {
+        return;
+    }
+    if readers == 0 {
+        tracing::warn!(
+            operator = ctx.operator,
+            time = %ctx.time,
+            late = count,
+            "records behind the watermark whose windows were gone were discarded: read them with .late()"
+        );
+    } else {
+        tracing::debug!(operator = ctx.operator, time = %ctx.time, late = count, "records behind the watermark");
+    }
+}
+
+/// Spreads every key's windows over `partitions` work partitions.
+fn respread<K: Key, A>(parts: Vec<PartState<K, A>>, partitions: usize) -> Vec<PartState<K, A>> {
+    let mut out: Vec<PartState<K, A>> = (0..partitions.max(1)).map(|_| PartState::default()).collect();
+    let count = out.len();
+    for part in parts {
+        for (pane, keys) in part.panes {
+            for (key, value) in keys {
+                if let Some(target) = out.get_mut(partition_of(&key, count)) {
+                    target.panes.entry(pane).or_insert_with(|| map_with_capacity(0)).insert(key, value);
+                }
+            }
+        }
+        for ((key, start), revision) in part.revisions {
+            if let Some(target) = out.get_mut(partition_of(&key, count)) {
+                target.revisions.insert((key, start), revision);
+            }
+        }
+        for (key, sessions) in part.sessions {
+            if let Some(target) = out.get_mut(partition_of(&key, count)) {
+                target.sessions.insert(key, sessions);
+            }
+        }
+    }
+    out
+}
+
+/// The checkpointed form, written from references.
+#[derive(Serialize)]
+struct SnapshotRef<'a, K, A> {
+    tracker: &'a WatermarkTracker,
+    panes: Vec<(Time, &'a K, &'a A)>,
+    revisions: Vec<(&'a K, Time, u32)>,
+    sessions: Vec<(&'a K, &'a [Session<A>])>,
+}
+
+/// The checkpointed form, read back.
+#[derive(Deserialize)]
+struct SnapshotOwned<K, A> {
+    tracker: WatermarkTracker,
+    panes: Vec<(Time, K, A)>,
+    revisions: Vec<(K, Time, u32)>,
+    sessions: Vec<(K, Vec<Session<A>>)>,
+}
+
+impl<K, V, A, E, C, F, M> StatefulNode for EventWindowNode<K, V, A, E, C, F, M>
+where
+    K: Key,
+    V: Data,
+    A: Data,
+    E: Fn(&V) -> Time + Send + Sync,
+    C: Fn(V) -> A + Send + Sync,
+    F: Fn(&mut A, V) + Send + Sync,
+    M: Fn(&mut A, &A) + Send + Sync,
+{
+    fn snapshot(&self) -> Result<Vec<u8>, CoreError> {
+        let panes = self
+            .parts
+            .iter()
+            .flat_map(|p| p.panes.iter())
+            .flat_map(|(pane, keys)| keys.iter().map(move |(k, a)| (*pane, k, a)))
+            .collect();
+        let revisions = self.parts.iter().flat_map(|p| p.revisions.iter()).map(|((k, s), r)| (k, *s, *r)).collect();
+        let sessions =
+            self.parts.iter().flat_map(|p| p.sessions.iter()).map(|(k, sessions)| (k, sessions.as_slice())).collect();
+        state_codec().encode(&SnapshotRef { tracker: &self.tracker, panes, revisions, sessions })
+    }
+
+    fn restore(&mut self, bytes: &[u8], partitions: usize) -> Result<(), CoreError> {
+        let owned: SnapshotOwned<K, A> = state_codec().decode(bytes)?.value;
+        let mut part = PartState::default();
+        for (pane, key, value) in owned.panes {
+            part.panes.entry(pane).or_insert_with(|| map_with_capacity(0)).insert(key, value);
+        }
+        part.revisions.extend(owned.revisions.into_iter().map(|(k, s, r)| ((k, s), r)));
+        part.sessions.extend(owned.sessions);
+        self.tracker = owned.tracker;
+        self.parts = respread(vec![part], partitions);
+        Ok(())
+    }
+}
+
+/// The result of [`DStream::aggregate_by_event_time`]: the emitted windows,
+/// and the records that came too late for any window.
+pub struct EventTimeWindowed<K, V, A> {
+    results: DStream<WindowResult<K, A>>,
+    late: Arc<Slot<(K, V)>>,
+}
+
+impl<K, V, A> std::fmt::Debug for EventTimeWindowed<K, V, A> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EventTimeWindowed").field("results", &self.results).finish_non_exhaustive()
+    }
+}
+
+impl<K: Key, V: Data, A: Data> EventTimeWindowed<K, V, A> {
+    /// Names the windowed operator (its state is matched by this name on restore).
+    pub fn name(mut self, name: &str) -> Self {
+        self.results = self.results.name(name);
+        self
+    }
+
+    /// Each window's result, once the watermark passed its end, and again
+    /// (with a higher revision) for each update within the allowed lateness.
+    pub fn results(&self) -> DStream<WindowResult<K, A>> {
+        self.results.clone()
+    }
+
+    /// The records that arrived after every window they belong to was gone,
+    /// in the batch that read them.
+    pub fn late(&self) -> DStream<(K, V)> {
+        self.results.side_output("late_records", &self.late)
+    }
+}
+
+impl<K: Key, V: Data> DStream<(K, V)> {
+    /// Aggregates each key's values over event-time `windows`: `event_time`
+    /// gives a value's time, `watermarks` how far behind the latest a
+    /// partition's records may arrive; `create` makes an aggregate of a
+    /// first value, `add` adds a value, `merge` adds another aggregate of
+    /// the same key and window. Results must not depend on the order values
+    /// come in (the functions commutative and associative), as with any
+    /// parallel aggregation. See the [module](crate::event_time) for when
+    /// windows are emitted. Keeps state: needs a checkpoint directory.
+    pub fn aggregate_by_event_time<A, E, C, F, M>(
+        &self,
+        event_time: E,
+        watermarks: Watermarks,
+        windows: EventWindows,
+        create: C,
+        add: F,
+        merge: M,
+    ) -> EventTimeWindowed<K, V, A>
+    where
+        A: Data,
+        E: Fn(&V) -> Time + Send + Sync + 'static,
+        C: Fn(V) -> A + Send + Sync + 'static,
+        F: Fn(&mut A, V) + Send + Sync + 'static,
+        M: Fn(&mut A, &A) + Send + Sync + 'static,
+    {
+        let input = self.reader();
+        let mut meta = NodeMeta::new("aggregate_by_event_time", vec![self.id], self.slide);
+        meta.state = Some(StateMeta {
+            key_type: Some(std::any::type_name::<K>()),
+            value_type: std::any::type_name::<V>(),
+            state_type: std::any::type_name::<A>(),
+            needs_checkpoint: true,
+        });
+        meta.event_time = Some(windows.describe_shape());
+        meta.event_time_problem = windows.problem();
+        let late = Slot::new();
+        let node_late = Arc::clone(&late);
+        let aggregation = Aggregation { _types: PhantomData, event_time, create, add, merge, windows };
+        let results = self.add_node(meta, |output| {
+            Box::new(EventWindowNode {
+                input,
+                output,
+                late: node_late,
+                aggregation,
+                watermarks,
+                tracker: WatermarkTracker::default(),
+                parts: Vec::new(),
+            })
+        });
+        EventTimeWindowed { results, late }
+    }
+
+    /// [`DStream::aggregate_by_event_time`] with the values of each key and
+    /// window reduced by an associative, commutative `reduce`.
+    pub fn reduce_by_event_time<E, R>(
+        &self,
+        event_time: E,
+        watermarks: Watermarks,
+        windows: EventWindows,
+        reduce: R,
+    ) -> EventTimeWindowed<K, V, V>
+    where
+        E: Fn(&V) -> Time + Send + Sync + 'static,
+        R: Fn(&V, &V) -> V + Send + Sync + 'static,
+    {
+        let reduce = Arc::new(reduce);
+        let (add, merge) = (Arc::clone(&reduce), reduce);
+        self.aggregate_by_event_time(
+            event_time,
+            watermarks,
+            windows,
+            |value| value,
+            move |acc: &mut V, value: V| *acc = add(acc, &value),
+            move |acc: &mut V, other: &V| *acc = merge(acc, other),
+        )
+    }
+}
