@@ -397,6 +397,9 @@ fn shapes() -> impl Strategy<Value = Shape> {
     ]
 }
 
+/// The batch a checkpoint was taken after, the graph's descriptor and state.
+type Checkpoint = (usize, spate_dstream::GraphDescriptor, Vec<(String, Vec<u8>)>);
+
 /// Runs `batches`, checkpointing after the batches in `checkpoints` and
 /// crashing after those in `crashes`: a crash rebuilds the graph from the
 /// last checkpoint and runs the batches after it again.
@@ -409,7 +412,7 @@ fn run_with_crashes(
     let (results, late) = (Results::default(), Late::default());
     let watermarks = Watermarks::bounded_out_of_orderness(ms(BOUND as u64));
     let mut s = summed(shape.windows(), watermarks, &results, &late);
-    let mut checkpoint: Option<(usize, spate_dstream::GraphDescriptor, Vec<(String, Vec<u8>)>)> = None;
+    let mut checkpoint: Option<Checkpoint> = None;
     let mut crashed = BTreeSet::new();
     let mut index = 0;
     while index < batches.len() {
