@@ -68,6 +68,15 @@ pub struct KafkaRecord {
     pub value: Option<Vec<u8>>,
 }
 
+impl KafkaRecord {
+    /// The record's timestamp as an event time (for event-time windows:
+    /// `|r: &KafkaRecord| r.event_time().unwrap_or(Time::ZERO)`), or `None`
+    /// for a record written without one (message format before Kafka 0.10).
+    pub fn event_time(&self) -> Option<spate_core::Time> {
+        self.timestamp.map(spate_core::Time::from_millis)
+    }
+}
+
 /// Serde for `Arc<str>` without serde's `rc` feature: as a plain string.
 mod shared_str {
     use std::sync::Arc;

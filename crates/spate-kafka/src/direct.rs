@@ -390,11 +390,23 @@ impl DirectKafkaStream {
         for (range, records) in &read {
             record_input(range, records);
         }
-        let mut read_ranges: Vec<OffsetRange> = wanted.ranges().iter().filter(|r| r.count() == 0).cloned().collect();
-        let mut records = Vec::with_capacity(read.len());
-        for (range, partition) in read {
-            read_ranges.push(range);
-            records.push(partition);
+        // One partition of the batch per planned range, in the plan's order,
+        // empty ones included: event-time watermarks are kept per partition.
+        let mut read = read.into_iter();
+        let mut read_ranges = Vec::with_capacity(wanted.ranges().len());
+        let mut records = Vec::with_capacity(wanted.ranges().len());
+        for range in wanted.ranges() {
+            let done = if range.count() > 0 { read.next() } else { None };
+            match done {
+                Some((done, partition)) => {
+                    read_ranges.push(done);
+                    records.push(partition);
+                }
+                None => {
+                    read_ranges.push(range.clone());
+                    records.push(Vec::new());
+                }
+            }
         }
         Ok((OffsetRanges::new(read_ranges), records))
     }
@@ -406,18 +418,25 @@ impl DirectKafkaStream {
         Ok((OffsetRange::new(range.topic.clone(), range.partition, range.from, stop), records))
     }
 
-    /// Returns the records of each non-empty range of `ranges` (one
-    /// partition of the batch each): the ones [`DirectKafkaStream::plan_batch`]
+    /// Returns the records of each range of `ranges` (one partition of the
+    /// batch each, empty for an empty range, so a partition keeps its place
+    /// from batch to batch): the ones [`DirectKafkaStream::plan_batch`]
     /// read for exactly these ranges, or, for other ranges (a re-run after a
     /// restart), read now in full, one task per range, in parallel.
     pub fn read(&self, ranges: &OffsetRanges) -> Result<Vec<Vec<KafkaRecord>>> {
         if let Some(records) = self.take_prefetched(ranges) {
             return Ok(records);
         }
-        let work: Vec<&OffsetRange> = ranges.ranges().iter().filter(|r| r.count() > 0).collect();
         std::thread::scope(|scope| {
-            let tasks: Vec<_> = work.iter().map(|range| (range, scope.spawn(|| self.read_range(range)))).collect();
-            tasks.into_iter().map(|(range, task)| join(range, task)).collect()
+            let tasks: Vec<_> = ranges
+                .ranges()
+                .iter()
+                .map(|range| (range, (range.count() > 0).then(|| scope.spawn(|| self.read_range(range)))))
+                .collect();
+            tasks
+                .into_iter()
+                .map(|(range, task)| task.map_or_else(|| Ok(Vec::new()), |task| join(range, task)))
+                .collect()
         })
     }
 
