@@ -371,3 +371,92 @@ fn a_record_larger_than_the_byte_cap_is_still_read_one_at_a_time() {
     assert_eq!(batches.len(), 3);
     assert_each_once(&batches, &all);
 }
+
+/// Produces one record a timestamp to `partition`, the key `k`.
+fn produce_at(topic: &str, partition: i32, timestamps: impl IntoIterator<Item = i64>) {
+    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+    let producer: BaseProducer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", brokers())
+        .set("enable.idempotence", "true")
+        .create()
+        .unwrap();
+    let mut count = 0;
+    for ts in timestamps {
+        count += 1;
+        let payload = format!("at-{ts}");
+        let record = BaseRecord::<str, String>::to(topic).key("k").payload(&payload).partition(partition).timestamp(ts);
+        producer.send(record).map_err(|(e, _)| e).unwrap();
+        producer.poll(std::time::Duration::ZERO);
+    }
+    producer.flush(std::time::Duration::from_secs(30)).unwrap();
+    // A failed delivery is only reported to a callback: check what landed.
+    let (low, high) = producer.client().fetch_watermarks(topic, partition, std::time::Duration::from_secs(30)).unwrap();
+    assert_eq!(high - low, count, "records on {topic}/{partition}");
+}
+
+#[test]
+fn event_time_windows_follow_the_record_timestamps_with_a_watermark_per_partition() {
+    let topic = unique("event-time");
+    create_topic(&topic, 3);
+    // Partition 0 is 3 s of event time ahead of partition 1; partition 2
+    // stays empty. Times are recent: the broker's retention deletes records
+    // stamped long ago.
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64;
+    let base = (now - 60_000) / 1000 * 1000;
+    let ahead: Vec<i64> = (0..60).map(|i| base + 3_000 + i * 100).collect();
+    let behind: Vec<i64> = (0..60).map(|i| base + i * 100).collect();
+    produce_at(&topic, 0, ahead.clone());
+    produce_at(&topic, 1, behind.clone());
+    let stream = Arc::new(DirectKafkaStream::new(config(&topic, 100)).unwrap());
+
+    // A batch has one partition per topic partition, empty ones included,
+    // so each keeps its place (and its watermark) from batch to batch.
+    let probe = DirectKafkaStream::new(config(&topic, 100)).unwrap();
+    let ranges = probe.plan_batch(time_of(0), None).unwrap();
+    let layout: Vec<usize> = probe.read(&ranges).unwrap().iter().map(Vec::len).collect();
+    assert_eq!(layout, [10, 10, 0]);
+
+    let builder = GraphBuilder::new(BATCH).checkpointing(true);
+    let idle = spate_dstream::Watermarks::bounded_out_of_orderness(spate_core::Duration::ZERO).with_idle_timeout(BATCH);
+    let windowed = builder
+        .input(SOURCE, Arc::clone(&stream))
+        .map(|r: KafkaRecord| ((), r))
+        .aggregate_by_event_time(
+            |r: &KafkaRecord| r.event_time().unwrap(),
+            idle,
+            spate_dstream::EventWindows::tumbling(spate_core::Duration::from_secs(1)),
+            |_| 1u64,
+            |n: &mut u64, _| *n += 1,
+            |n: &mut u64, m: &u64| *n += m,
+        )
+        .name("per-second");
+    let emitted = Arc::new(Mutex::new(Vec::new()));
+    let sink = Arc::clone(&emitted);
+    windowed.results().foreach_batch(move |batch, _| {
+        sink.lock().unwrap().extend(batch.iter().map(|r| (r.window.start.as_millis(), r.value)));
+        Ok(())
+    });
+    let late = Arc::new(Mutex::new(0usize));
+    let late_sink = Arc::clone(&late);
+    windowed.late().foreach_batch(move |batch, _| {
+        *late_sink.lock().unwrap() += batch.len();
+        Ok(())
+    });
+    let mut graph = builder.build().unwrap();
+    for batch in 0..8u64 {
+        graph.run_batch(time_of(batch), BatchId(batch)).unwrap();
+    }
+    // Partition 1 holds the watermark at its last record, 5.9 s after the
+    // base: the windows before base + 5 s
+    // are complete, with both partitions' records in them, and nothing of
+    // the lagging partition was late.
+    let mut expected: BTreeMap<i64, u64> = BTreeMap::new();
+    for ts in ahead.iter().chain(&behind) {
+        *expected.entry(ts / 1000 * 1000).or_default() += 1;
+    }
+    expected.retain(|start, _| start + 1000 <= base + 5_900);
+    let mut got = emitted.lock().unwrap().clone();
+    got.sort();
+    assert_eq!(got, expected.into_iter().collect::<Vec<_>>());
+    assert_eq!(*late.lock().unwrap(), 0);
+}
