@@ -15,6 +15,9 @@
 //! - incremental windows: with an inverse function a slide costs the batches
 //!   that enter and leave; without one, a two-stack queue of panes makes a
 //!   slide cost the same whatever the window's length;
+//! - event time ([`event_time`]): per-partition watermarks, tumbling,
+//!   sliding and session windows with allowed lateness and a late output,
+//!   and keyed timers, with results that do not depend on batching;
 //! - validation when the graph is built (window multiples, checkpointing for
 //!   stateful operators, streams nobody consumes), each error naming its operator;
 //! - checkpoints that hold data, never code: a [`GraphDescriptor`] and each

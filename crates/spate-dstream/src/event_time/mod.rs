@@ -33,6 +33,43 @@
 //! when only per-record operators (`map`, `filter`, …) lie between the
 //! source and the window, as with a Kafka direct stream (one partition per
 //! topic partition) or the Nexmark source.
+//!
+//! ```
+//! use std::sync::{Arc, Mutex};
+//! use spate_core::{BatchId, Duration, Time};
+//! use spate_dstream::{EventWindows, GraphBuilder, QueueSource, Watermarks};
+//!
+//! let builder = GraphBuilder::new(Duration::from_secs(1)).checkpointing(true);
+//! // (page, event time in ms)
+//! let clicks = Arc::new(QueueSource::<(String, i64)>::new());
+//! let per_page = builder
+//!     .input("clicks", Arc::clone(&clicks))
+//!     .aggregate_by_event_time(
+//!         |at: &i64| Time::from_millis(*at),
+//!         Watermarks::bounded_out_of_orderness(Duration::from_millis(500)),
+//!         EventWindows::tumbling(Duration::from_secs(10)),
+//!         |_| 1u64,
+//!         |n: &mut u64, _| *n += 1,
+//!         |n: &mut u64, m: &u64| *n += m,
+//!     )
+//!     .name("clicks-per-page");
+//! let emitted = Arc::new(Mutex::new(Vec::new()));
+//! let sink = Arc::clone(&emitted);
+//! per_page.results().foreach_batch(move |batch, _info| {
+//!     sink.lock().unwrap().extend(batch.iter().map(|r| (r.key.clone(), r.window.start.as_millis(), r.value)));
+//!     Ok(())
+//! });
+//! let mut graph = builder.build()?;
+//!
+//! // Read in this order, in two batches: the click at 9.8 s comes after one at 10.1 s.
+//! clicks.push(vec![("/a".into(), 1_000), ("/a".into(), 10_100)]);
+//! graph.run_batch(Time::from_millis(1_000), BatchId(0))?;
+//! clicks.push(vec![("/a".into(), 9_800), ("/b".into(), 12_000)]);
+//! graph.run_batch(Time::from_millis(2_000), BatchId(1))?;
+//! // The watermark is 12 s - 0.5 s: [0 s, 10 s) is complete, with both of its clicks.
+//! assert_eq!(*emitted.lock().unwrap(), [("/a".to_string(), 0, 2)]);
+//! # Ok::<(), spate_dstream::DStreamError>(())
+//! ```
 
 mod process;
 mod windows;
