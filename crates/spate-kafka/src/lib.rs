@@ -67,6 +67,7 @@
 mod consumer;
 mod direct;
 mod error;
+mod group;
 mod offsets;
 mod receiver;
 mod retry;
@@ -82,10 +83,11 @@ pub use direct::{
     StartingOffsets, TopicSelection,
 };
 pub use error::{KafkaError, Result};
+pub use group::{AssignmentListener, GroupMember, GroupProtocol, GroupSettings};
 pub use offsets::{
     EARLIEST, LATEST, MAX_OFFSETS_JSON_BYTES, OffsetRange, OffsetRanges, PartitionOffsets, TopicPartition,
     partition_offsets_from_json, partition_offsets_from_json_bytes, partition_offsets_to_json,
 };
 pub use receiver::{DEFAULT_MAX_BLOCK_BYTES, KafkaReceiver, KafkaReceiverConfig};
-pub use sink::{KafkaSink, OutputRecord, TransactionalKafkaSink};
+pub use sink::{KafkaSink, MemberTransactions, OutputRecord, TransactionalKafkaSink};
 pub use store::{CommitOutcome, ResultWrites, RocksOffsetStore};

@@ -13,12 +13,12 @@
 //! nothing (whose offsets cannot tell it apart from the next one). Read the
 //! output with `isolation.level=read_committed`.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rdkafka::ClientContext;
 use rdkafka::config::ClientConfig;
-use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerGroupMetadata};
 use rdkafka::error::KafkaError as RdKafkaError;
 use rdkafka::message::DeliveryResult;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer, ProducerContext};
@@ -29,6 +29,7 @@ use tracing::{info, warn};
 
 use crate::direct::to_list;
 use crate::error::{KafkaError, Result, client};
+use crate::group::GroupMember;
 use crate::offsets::OffsetRanges;
 use crate::retry::retry_coordinator;
 use crate::store::CommitOutcome;
@@ -146,35 +147,27 @@ impl KafkaSink {
     }
 }
 
-/// The exactly-once Kafka sink: each batch's records and consumed offsets in
-/// one transaction.
-pub struct TransactionalKafkaSink {
+/// A transactional producer and what its transactions need: shared by the
+/// exactly-once sink of one job and by a group member's tasks.
+struct Transactions {
     producer: BaseProducer<DeliveryErrors>,
-    /// Gives the group's metadata for `send_offsets_to_transaction` and
-    /// reads the group's committed offsets; never reads records.
+    /// Reads the group's committed offsets; never reads records.
     group: BaseConsumer,
-    topic: String,
     transactional_id: String,
     timeout: Duration,
+    /// One transaction at a time on the producer.
+    open: Mutex<()>,
 }
 
-impl std::fmt::Debug for TransactionalKafkaSink {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TransactionalKafkaSink")
-            .field("topic", &self.topic)
-            .field("transactional_id", &self.transactional_id)
-            .finish_non_exhaustive()
-    }
-}
-
-impl TransactionalKafkaSink {
-    /// Opens the sink writing to `topic`, committing offsets for `group_id`.
-    /// Fences any older instance with the same `transactional_id` (one per
-    /// application) and aborts its open transaction.
-    pub fn new(brokers: &str, topic: impl Into<String>, transactional_id: &str, group_id: &str) -> Result<Self> {
+impl Transactions {
+    /// Opens the producer and fences any older instance with the same
+    /// `transactional_id`, aborting its open transaction.
+    fn open(brokers: &str, transactional_id: &str, group_id: &str, transaction_timeout: Duration) -> Result<Self> {
         let timeout = Duration::from_secs(30);
         let mut config = producer_config(brokers);
-        config.set("transactional.id", transactional_id).set("transaction.timeout.ms", "60000");
+        config
+            .set("transactional.id", transactional_id)
+            .set("transaction.timeout.ms", transaction_timeout.as_millis().to_string());
         let producer: BaseProducer<DeliveryErrors> = config
             .create_with_context(DeliveryErrors::default())
             .map_err(client(format!("create the transactional producer {transactional_id}")))?;
@@ -188,14 +181,148 @@ impl TransactionalKafkaSink {
             .set("isolation.level", "read_committed")
             .create()
             .map_err(client(format!("create the group client of {group_id}")))?;
-        info!(transactional_id, group_id, "transactional sink ready");
-        Ok(TransactionalKafkaSink {
+        info!(transactional_id, group_id, "transactional producer ready");
+        Ok(Transactions {
             producer,
             group,
-            topic: topic.into(),
             transactional_id: transactional_id.to_string(),
             timeout,
+            open: Mutex::new(()),
         })
+    }
+
+    /// Writes batch `batch` of the job or task `marker_id`: `records` (each
+    /// to its topic) and the ends of its `ranges`, marked with the batch, in
+    /// one transaction whose offsets commit with `metadata`; or nothing,
+    /// when the group's offsets show the batch committed before. The
+    /// transaction is counted for each topic written and each of `topics`.
+    fn write_batch<'t>(
+        &self,
+        topics: &[&str],
+        marker_id: &str,
+        batch: BatchId,
+        ranges: &OffsetRanges,
+        records: impl IntoIterator<Item = (&'t str, OutputRecord)>,
+        metadata: &ConsumerGroupMetadata,
+    ) -> Result<CommitOutcome> {
+        if ranges.ranges().is_empty() {
+            return Err(KafkaError::Config(format!(
+                "batch {batch} has no offset range: the transaction would not record the batch"
+            )));
+        }
+        let _open = self.open.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if self.already_committed(marker_id, batch, ranges)? {
+            info!(batch = batch.0, marker_id, "batch already committed to Kafka; not written again");
+            return Ok(CommitOutcome::AlreadyCommitted);
+        }
+        let fail =
+            |reason: String| KafkaError::Transaction { batch, transactional_id: self.transactional_id.clone(), reason };
+        self.producer.begin_transaction().map_err(|e| fail(format!("begin: {e}")))?;
+        let mut topics: std::collections::BTreeSet<String> = topics.iter().map(|t| t.to_string()).collect();
+        let result = self.fill_and_commit(marker_id, batch, ranges, records, metadata, &mut topics);
+        match &result {
+            Ok(()) => {
+                for topic in &topics {
+                    metrics::counter!(TRANSACTIONS_COMMITTED, "topic" => topic.clone()).increment(1);
+                }
+            }
+            Err(e) => {
+                warn!(batch = batch.0, error = %e, "aborting the transaction");
+                match self.producer.abort_transaction(self.timeout) {
+                    Ok(()) => {
+                        for topic in &topics {
+                            metrics::counter!(TRANSACTIONS_ABORTED, "topic" => topic.clone()).increment(1);
+                        }
+                    }
+                    Err(abort) => warn!(batch = batch.0, error = %abort, "abort failed"),
+                }
+            }
+        }
+        result.map(|()| CommitOutcome::Committed).map_err(|e| fail(e.to_string()))
+    }
+
+    fn fill_and_commit<'t>(
+        &self,
+        marker_id: &str,
+        batch: BatchId,
+        ranges: &OffsetRanges,
+        records: impl IntoIterator<Item = (&'t str, OutputRecord)>,
+        metadata: &ConsumerGroupMetadata,
+        topics: &mut std::collections::BTreeSet<String>,
+    ) -> Result<()> {
+        for (topic, record) in records {
+            if !topics.contains(topic) {
+                topics.insert(topic.to_string());
+            }
+            send(&self.producer, topic, &record)?;
+        }
+        let offsets = to_list(&ranges.until_offsets())?;
+        let marker = batch_marker(marker_id, batch);
+        for mut element in offsets.elements() {
+            element.set_metadata(&marker);
+        }
+        retry_coordinator("send offsets to the transaction", self.timeout, |left| {
+            self.producer.send_offsets_to_transaction(&offsets, metadata, left)
+        })?;
+        retry_coordinator("commit the transaction", self.timeout, |left| self.producer.commit_transaction(left))?;
+        match self.producer.context().take() {
+            Some(source) => {
+                let topic = topics.iter().next().cloned().unwrap_or_default();
+                Err(KafkaError::Delivery { topic, source })
+            }
+            None => Ok(()),
+        }
+    }
+
+    /// Whether the group's committed offsets say `batch` of `marker_id` committed before.
+    fn already_committed(&self, marker_id: &str, batch: BatchId, ranges: &OffsetRanges) -> Result<bool> {
+        let mut list = TopicPartitionList::new();
+        for range in ranges.ranges() {
+            list.add_partition(&range.topic, range.partition);
+        }
+        let committed = retry_coordinator("read the group's committed offsets", self.timeout, |left| {
+            self.group.committed_offsets(list.clone(), left)
+        })?;
+        let recorded = committed.elements().iter().filter_map(|e| marked_batch(marker_id, e.metadata())).max();
+        let non_empty: Vec<_> = ranges.ranges().iter().filter(|r| r.count() > 0).collect();
+        let offsets_reached = non_empty.iter().all(|range| {
+            committed
+                .find_partition(&range.topic, range.partition)
+                .is_some_and(|e| matches!(e.offset(), Offset::Offset(o) if o >= range.until))
+        });
+        Ok(match recorded {
+            // The offsets must agree too: a batch id reused after the checkpoint was replaced
+            // (numbering restarted) but reading new records is not the recorded batch.
+            Some(recorded) => batch <= recorded && offsets_reached,
+            // No marker of ours (offsets committed by an older version): the offsets alone.
+            None => !non_empty.is_empty() && offsets_reached,
+        })
+    }
+}
+
+/// The exactly-once Kafka sink: each batch's records and consumed offsets in
+/// one transaction.
+pub struct TransactionalKafkaSink {
+    transactions: Transactions,
+    topic: String,
+}
+
+impl std::fmt::Debug for TransactionalKafkaSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TransactionalKafkaSink")
+            .field("topic", &self.topic)
+            .field("transactional_id", &self.transactions.transactional_id)
+            .finish_non_exhaustive()
+    }
+}
+
+impl TransactionalKafkaSink {
+    /// Opens the sink writing to `topic`, committing offsets for `group_id`.
+    /// Fences any older instance with the same `transactional_id` (one per
+    /// application) and aborts its open transaction.
+    pub fn new(brokers: &str, topic: impl Into<String>, transactional_id: &str, group_id: &str) -> Result<Self> {
+        let transactions = Transactions::open(brokers, transactional_id, group_id, Duration::from_secs(60))?;
+        Ok(TransactionalKafkaSink { transactions, topic: topic.into() })
     }
 
     /// Writes batch `batch`: its `records` and the ends of its `ranges` (the
@@ -212,84 +339,69 @@ impl TransactionalKafkaSink {
         ranges: &OffsetRanges,
         records: impl IntoIterator<Item = OutputRecord>,
     ) -> Result<CommitOutcome> {
-        if ranges.ranges().is_empty() {
-            return Err(KafkaError::Config(format!(
-                "batch {batch} has no offset range: the transaction would not record the batch"
-            )));
-        }
-        if self.already_committed(batch, ranges)? {
-            info!(batch = batch.0, "batch already committed to Kafka; not written again");
-            return Ok(CommitOutcome::AlreadyCommitted);
-        }
-        let fail =
-            |reason: String| KafkaError::Transaction { batch, transactional_id: self.transactional_id.clone(), reason };
-        self.producer.begin_transaction().map_err(|e| fail(format!("begin: {e}")))?;
-        let result = self.fill_and_commit(batch, ranges, records);
-        match &result {
-            Ok(()) => metrics::counter!(TRANSACTIONS_COMMITTED, "topic" => self.topic.clone()).increment(1),
-            Err(e) => {
-                warn!(batch = batch.0, error = %e, "aborting the transaction");
-                match self.producer.abort_transaction(self.timeout) {
-                    Ok(()) => metrics::counter!(TRANSACTIONS_ABORTED, "topic" => self.topic.clone()).increment(1),
-                    Err(abort) => warn!(batch = batch.0, error = %abort, "abort failed"),
-                }
-            }
-        }
-        result.map(|()| CommitOutcome::Committed).map_err(|e| fail(e.to_string()))
-    }
-
-    fn fill_and_commit(
-        &self,
-        batch: BatchId,
-        ranges: &OffsetRanges,
-        records: impl IntoIterator<Item = OutputRecord>,
-    ) -> Result<()> {
-        for record in records {
-            send(&self.producer, &self.topic, &record)?;
-        }
-        let metadata = self
+        let t = &self.transactions;
+        let metadata = t
             .group
             .group_metadata()
             .ok_or_else(|| KafkaError::Config("the group client has no group metadata".into()))?;
-        let offsets = to_list(&ranges.until_offsets())?;
-        let marker = batch_marker(&self.transactional_id, batch);
-        for mut element in offsets.elements() {
-            element.set_metadata(&marker);
-        }
-        retry_coordinator("send offsets to the transaction", self.timeout, |left| {
-            self.producer.send_offsets_to_transaction(&offsets, &metadata, left)
-        })?;
-        retry_coordinator("commit the transaction", self.timeout, |left| self.producer.commit_transaction(left))?;
-        match self.producer.context().take() {
-            Some(source) => Err(KafkaError::Delivery { topic: self.topic.clone(), source }),
-            None => Ok(()),
-        }
+        let topic = self.topic.as_str();
+        t.write_batch(&[topic], &t.transactional_id, batch, ranges, records.into_iter().map(|r| (topic, r)), &metadata)
+    }
+}
+
+/// The transactional producer of one group member (KIP-447): every task the
+/// member runs writes its batches through it, each batch one transaction
+/// with the task's consumed offsets committed under the member's current
+/// group metadata. A member the group has dropped (a zombie whose session
+/// ran out) has an old generation, so the broker refuses its offsets and
+/// the transaction aborts: it cannot commit anything. Batches are marked
+/// per task, so a task's new owner recognises batches the old owner
+/// committed.
+pub struct MemberTransactions {
+    transactions: Transactions,
+    member: Arc<GroupMember>,
+}
+
+impl std::fmt::Debug for MemberTransactions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemberTransactions")
+            .field("transactional_id", &self.transactions.transactional_id)
+            .field("group", &self.member.group_id())
+            .finish_non_exhaustive()
+    }
+}
+
+impl MemberTransactions {
+    /// The producer `transactional_id` of `member` (one per member; a
+    /// member started again under the same id fences its earlier
+    /// incarnation). An open transaction of a member that died is aborted
+    /// by the broker after `transaction_timeout`; until then readers with
+    /// `read_committed` wait at it, so keep it short.
+    pub fn new(
+        brokers: &str,
+        transactional_id: &str,
+        member: Arc<GroupMember>,
+        transaction_timeout: Duration,
+    ) -> Result<Self> {
+        let transactions = Transactions::open(brokers, transactional_id, member.group_id(), transaction_timeout)?;
+        Ok(MemberTransactions { transactions, member })
     }
 
-    /// Whether the group's committed offsets say `batch` committed before.
-    fn already_committed(&self, batch: BatchId, ranges: &OffsetRanges) -> Result<bool> {
-        let mut list = TopicPartitionList::new();
-        for range in ranges.ranges() {
-            list.add_partition(&range.topic, range.partition);
-        }
-        let committed = retry_coordinator("read the group's committed offsets", self.timeout, |left| {
-            self.group.committed_offsets(list.clone(), left)
+    /// Writes batch `batch` of `task`: `records` (each to its topic) and
+    /// the ends of `ranges` in one transaction, or nothing when the group's
+    /// offsets show that `task` committed the batch before (under any
+    /// member). Refused when the member is not in the group.
+    pub fn write_batch<'t>(
+        &self,
+        task: &str,
+        batch: BatchId,
+        ranges: &OffsetRanges,
+        records: impl IntoIterator<Item = (&'t str, OutputRecord)>,
+    ) -> Result<CommitOutcome> {
+        let metadata = self.member.group_metadata().ok_or_else(|| {
+            KafkaError::Config(format!("member of {} has no group metadata: not in the group", self.member.group_id()))
         })?;
-        let recorded =
-            committed.elements().iter().filter_map(|e| marked_batch(&self.transactional_id, e.metadata())).max();
-        let non_empty: Vec<_> = ranges.ranges().iter().filter(|r| r.count() > 0).collect();
-        let offsets_reached = non_empty.iter().all(|range| {
-            committed
-                .find_partition(&range.topic, range.partition)
-                .is_some_and(|e| matches!(e.offset(), Offset::Offset(o) if o >= range.until))
-        });
-        Ok(match recorded {
-            // The offsets must agree too: a batch id reused after the checkpoint was replaced
-            // (numbering restarted) but reading new records is not the recorded batch.
-            Some(recorded) => batch <= recorded && offsets_reached,
-            // No marker of ours (offsets committed by an older version): the offsets alone.
-            None => !non_empty.is_empty() && offsets_reached,
-        })
+        self.transactions.write_batch(&[], task, batch, ranges, records, &metadata)
     }
 }
 

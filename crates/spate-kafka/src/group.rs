@@ -1,0 +1,257 @@
+//! Membership of a Kafka consumer group: which partitions this process owns.
+//!
+//! Several processes running one application join one consumer group; the
+//! group protocol spreads the topics' partitions over them and moves them
+//! when a member joins, leaves or dies. The membership consumer reads no
+//! records (every partition it is given is paused at once): it only takes
+//! part in the group, tells an [`AssignmentListener`] what it gained and
+//! lost, and gives the group's metadata (member id and generation) for
+//! transactional offset commits, so the broker refuses a commit from a
+//! member the group has moved on from (KIP-447).
+//!
+//! The protocol is the classic one with cooperative-sticky assignment
+//! (KIP-429: a rebalance moves only the partitions that change owner, and
+//! the others keep running), or the broker-side protocol of KIP-848
+//! (`group.protocol=consumer`), which librdkafka and Kafka 4 support.
+//!
+//! Callbacks run on the membership's own poll thread, one at a time: a
+//! revocation returns only once the listener has let the partitions go,
+//! which holds the rebalance (within `max.poll.interval.ms`) until they
+//! have, so a new owner starts after the old one stopped.
+
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use rdkafka::ClientContext;
+use rdkafka::TopicPartitionList;
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, ConsumerGroupMetadata, Rebalance};
+use tracing::{info, warn};
+
+use crate::error::{KafkaError, Result, client};
+use crate::offsets::TopicPartition;
+
+/// Which group protocol a member speaks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GroupProtocol {
+    /// The classic protocol with cooperative-sticky assignment (KIP-429).
+    CooperativeSticky,
+    /// The broker-side protocol of KIP-848 (`group.protocol=consumer`).
+    Consumer,
+}
+
+/// How a member takes part in its group.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GroupSettings {
+    /// Without a heartbeat for this long, the group drops the member and
+    /// gives its partitions to others (classic protocol; with KIP-848 the
+    /// broker's `group.consumer.session.timeout.ms` applies).
+    pub session_timeout: Duration,
+    /// How often the member sends a heartbeat (classic protocol).
+    pub heartbeat_interval: Duration,
+    /// The protocol.
+    pub protocol: GroupProtocol,
+}
+
+impl Default for GroupSettings {
+    /// Kafka's defaults: a 45 s session, a heartbeat every 3 s.
+    fn default() -> Self {
+        GroupSettings {
+            session_timeout: Duration::from_secs(45),
+            heartbeat_interval: Duration::from_secs(3),
+            protocol: GroupProtocol::CooperativeSticky,
+        }
+    }
+}
+
+/// Told what the group gives and takes away. Both calls run on the
+/// membership's poll thread, in the group's order.
+pub trait AssignmentListener: Send + Sync {
+    /// `partitions` are being taken away: return once they are let go.
+    /// `lost` is true when the group dropped this member (its session ran
+    /// out), so another member may own them already.
+    fn on_revoked(&self, partitions: &[TopicPartition], lost: bool);
+
+    /// `partitions` now belong to this member.
+    fn on_assigned(&self, partitions: &[TopicPartition]);
+}
+
+/// The member's view of its assignment, shared with the poll thread.
+struct MemberContext {
+    listener: Arc<dyn AssignmentListener>,
+    assigned: Mutex<BTreeSet<TopicPartition>>,
+}
+
+impl ClientContext for MemberContext {}
+
+fn partitions_of(list: &TopicPartitionList) -> Vec<TopicPartition> {
+    list.elements().iter().map(|e| TopicPartition::new(e.topic(), e.partition())).collect()
+}
+
+impl ConsumerContext for MemberContext {
+    fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        if let Rebalance::Revoke(list) = rebalance {
+            let partitions = partitions_of(list);
+            let lost = consumer.assignment_lost();
+            info!(partitions = ?partitions, lost, "partitions revoked");
+            self.listener.on_revoked(&partitions, lost);
+            let mut assigned = self.assigned.lock().unwrap_or_else(PoisonError::into_inner);
+            for tp in &partitions {
+                assigned.remove(tp);
+            }
+        }
+    }
+
+    fn post_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        match rebalance {
+            Rebalance::Assign(list) => {
+                // The membership reads nothing: the tasks read with consumers of their own.
+                if let Err(e) = consumer.pause(list) {
+                    warn!(error = %e, "could not pause the membership's partitions");
+                }
+                let partitions = partitions_of(list);
+                info!(partitions = ?partitions, "partitions assigned");
+                self.assigned.lock().unwrap_or_else(PoisonError::into_inner).extend(partitions.iter().cloned());
+                self.listener.on_assigned(&partitions);
+            }
+            Rebalance::Revoke(_) => {}
+            Rebalance::Error(e) => warn!(error = %e, "rebalance failed"),
+        }
+    }
+}
+
+/// One member of a consumer group (see the module docs). Leaving the group
+/// ([`GroupMember::leave`]) revokes its partitions through the listener.
+pub struct GroupMember {
+    consumer: Arc<BaseConsumer<MemberContext>>,
+    group_id: String,
+    stop: Arc<AtomicBool>,
+    poll: Option<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for GroupMember {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GroupMember").field("group_id", &self.group_id).finish_non_exhaustive()
+    }
+}
+
+impl GroupMember {
+    /// Joins `group_id` on `brokers`, subscribed to `topics`; the listener
+    /// hears of every assignment from now on.
+    pub fn join(
+        brokers: &str,
+        group_id: &str,
+        topics: &[String],
+        settings: &GroupSettings,
+        listener: Arc<dyn AssignmentListener>,
+    ) -> Result<Self> {
+        if topics.is_empty() {
+            return Err(KafkaError::Config(format!("group {group_id}: a member needs at least one topic")));
+        }
+        let mut config = ClientConfig::new();
+        config
+            .set("bootstrap.servers", brokers)
+            .set("group.id", group_id)
+            .set("enable.auto.commit", "false")
+            .set("enable.auto.offset.store", "false")
+            .set("auto.offset.reset", "earliest");
+        match settings.protocol {
+            GroupProtocol::CooperativeSticky => {
+                config
+                    .set("partition.assignment.strategy", "cooperative-sticky")
+                    .set("session.timeout.ms", settings.session_timeout.as_millis().to_string())
+                    .set("heartbeat.interval.ms", settings.heartbeat_interval.as_millis().to_string());
+            }
+            GroupProtocol::Consumer => {
+                config.set("group.protocol", "consumer");
+            }
+        }
+        let context = MemberContext { listener, assigned: Mutex::new(BTreeSet::new()) };
+        let consumer: BaseConsumer<MemberContext> = config
+            .create_with_context(context)
+            .map_err(client(format!("create the membership consumer of group {group_id}")))?;
+        let names: Vec<&str> = topics.iter().map(String::as_str).collect();
+        consumer.subscribe(&names).map_err(client(format!("subscribe group {group_id} to {topics:?}")))?;
+        let consumer = Arc::new(consumer);
+        let stop = Arc::new(AtomicBool::new(false));
+        let poll = spawn_poll(Arc::clone(&consumer), Arc::clone(&stop), group_id)?;
+        info!(group_id, topics = ?topics, "joined the group");
+        Ok(GroupMember { consumer, group_id: group_id.to_string(), stop, poll: Some(poll) })
+    }
+
+    /// The group's metadata as this member sees it now (member id,
+    /// generation), for `send_offsets_to_transaction`; `None` before the
+    /// member has joined.
+    pub fn group_metadata(&self) -> Option<ConsumerGroupMetadata> {
+        self.consumer.group_metadata()
+    }
+
+    /// The partitions this member owns now.
+    pub fn assignment(&self) -> BTreeSet<TopicPartition> {
+        self.consumer.context().assigned.lock().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
+    /// The group's id.
+    pub fn group_id(&self) -> &str {
+        &self.group_id
+    }
+
+    /// Leaves the group: every partition is revoked through the listener
+    /// (which lets them go), then the member closes.
+    pub fn leave(mut self) -> Result<()> {
+        self.close()
+    }
+
+    fn close(&mut self) -> Result<()> {
+        let Some(poll) = self.poll.take() else { return Ok(()) };
+        self.stop.store(true, Ordering::Release);
+        let result =
+            poll.join().map_err(|_| KafkaError::Config(format!("group {}: the poll thread panicked", self.group_id)));
+        info!(group_id = %self.group_id, "left the group");
+        result
+    }
+}
+
+impl Drop for GroupMember {
+    fn drop(&mut self) {
+        let _ = self.close();
+    }
+}
+
+/// Polls the membership consumer (heartbeats are librdkafka's, rebalance
+/// callbacks run here) until `stop`, then closes it so the group revokes
+/// its partitions through the listener.
+fn spawn_poll(
+    consumer: Arc<BaseConsumer<MemberContext>>,
+    stop: Arc<AtomicBool>,
+    group: &str,
+) -> Result<JoinHandle<()>> {
+    let name = format!("spate-group-{group}");
+    std::thread::Builder::new()
+        .name(name.chars().take(15).collect())
+        .spawn(move || {
+            while !stop.load(Ordering::Acquire) {
+                poll_once(&consumer);
+            }
+            if let Err(e) = consumer.close_queue() {
+                warn!(error = %e, "closing the membership consumer failed");
+                return;
+            }
+            while !consumer.closed() {
+                poll_once(&consumer);
+            }
+        })
+        .map_err(|e| KafkaError::Config(format!("cannot start the poll thread of group {group}: {e}")))
+}
+
+fn poll_once(consumer: &BaseConsumer<MemberContext>) {
+    match consumer.poll(Duration::from_millis(100)) {
+        // Every assigned partition is paused; a record fetched before the
+        // pause took effect is not this consumer's to read.
+        Some(Ok(_)) | None => {}
+        Some(Err(e)) => warn!(error = %e, "membership poll"),
+    }
+}
