@@ -101,7 +101,9 @@ fn a_members_transaction_commits_a_tasks_batch_once() {
     produce(&input, 2, values(0..10));
     let group = unique("app");
     let owned = Arc::new(Owned::default());
-    let member = Arc::new(GroupMember::join(&brokers(), &group, &[input.clone()], &settings(), owned.clone()).unwrap());
+    let member = Arc::new(
+        GroupMember::join(&brokers(), &group, std::slice::from_ref(&input), &settings(), owned.clone()).unwrap(),
+    );
     owned.wait("the member owns both", |o| o.len() == 2);
     let transactions =
         MemberTransactions::new(&brokers(), &unique("member-tx"), Arc::clone(&member), Duration::from_secs(10))
