@@ -1,6 +1,9 @@
-//! The Nexmark queries that need no event-time window, on spate's DStream
-//! API, as the spec's Flink SQL (`nexmark-flink/src/main/resources/queries`)
-//! defines them.
+//! The Nexmark queries on spate's DStream API, as the spec's Flink SQL
+//! (`nexmark-flink/src/main/resources/queries`) defines them. Each is a
+//! function from the event stream to a stream of rows,
+//! `qN(&DStream<Event>) -> DStream<QNRow>`.
+//!
+//! Per record, stateless, partition-parallel:
 //!
 //! - [`q0`], pass-through: every bid's auction, bidder, price, time and extra;
 //! - [`q1`], currency conversion: the same with the price in euros,
@@ -8,9 +11,17 @@
 //! - [`q2`], selection: auction and price of the bids on every 123rd
 //!   auction (`MOD(auction, 123) = 0`).
 //!
-//! Each is a stateless per-record function ([`q0_row`], [`q1_row`],
-//! [`q2_row`]) mapped over the stream, so it runs partition-parallel and
-//! keeps no state.
+//! Each of these is a per-record function ([`q0_row`], [`q1_row`],
+//! [`q2_row`]) mapped over the stream.
+//!
+//! With keyed state:
+//!
+//! - [`q3`], local item suggestion: sellers in OR, ID or CA and their
+//!   category-10 auctions, an incremental join of persons and auctions,
+//!   each match once, in the batch that brings its second side.
+//!
+//! Every stateful operator has a stable name (`q3-persons-auctions`), under
+//! which its state is checkpointed and restored.
 
 use std::fmt;
 
@@ -18,6 +29,12 @@ use serde::{Deserialize, Serialize};
 use spate_dstream::DStream;
 
 use crate::model::{Bid, Event};
+
+#[cfg(test)]
+mod harness;
+mod local_items;
+
+pub use local_items::{Q3_CATEGORY, Q3_STATES, Q3Row, q3};
 
 /// The bids of an event stream (the spec's `bid` view).
 pub fn bids(events: &DStream<Event>) -> DStream<Bid> {
