@@ -18,23 +18,56 @@
 //!
 //! - [`q3`], local item suggestion: sellers in OR, ID or CA and their
 //!   category-10 auctions, an incremental join of persons and auctions,
-//!   each match once, in the batch that brings its second side.
+//!   each match once, in the batch that brings its second side;
+//! - [`q4`], average price for a category: each auction's highest bid
+//!   between its opening and expiry, final once the watermark passes the
+//!   expiry, averaged per category: after each batch, a row for each
+//!   category with auctions closed in it.
 //!
-//! Every stateful operator has a stable name (`q3-persons-auctions`), under
-//! which its state is checkpointed and restored.
+//! Event time is each event's `date_time`. Watermarks allow
+//! [`OUT_OF_ORDERNESS`] (4 s, the watermark of the spec's table
+//! definitions) within each input partition; the stream's watermark is the
+//! slowest partition's. The generator's events are in time order within a
+//! [`NexmarkSource`](crate::NexmarkSource) partition, shuffled only within
+//! its out-of-order groups, so nothing is late while a group spans less
+//! than that. Every stateful operator has a stable name
+//! (`q3-persons-auctions`, `q4-winning-bids`, …), under which its state is
+//! checkpointed and restored. Records behind the watermark (which these
+//! bounds do not let happen with the generator's events) are left out of
+//! q4, and the log says how many.
 
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
-use spate_dstream::DStream;
+use spate_core::{Duration, Time};
+use spate_dstream::{DStream, Watermarks};
 
 use crate::model::{Bid, Event};
 
+mod category_average;
 #[cfg(test)]
 mod harness;
 mod local_items;
 
+pub use category_average::{Q4Row, q4};
 pub use local_items::{Q3_CATEGORY, Q3_STATES, Q3Row, q3};
+
+/// How far behind the latest event of its input partition an event may
+/// come and still count: 4 s, as the spec's tables declare
+/// (`WATERMARK FOR dateTime AS dateTime - INTERVAL '4' SECOND`).
+pub const OUT_OF_ORDERNESS: Duration = Duration::from_secs(4);
+
+/// The watermarks of the queries over event time: bounded by
+/// [`OUT_OF_ORDERNESS`], without an idle timeout (every partition of the
+/// Nexmark source has events while it runs).
+pub fn watermarks() -> Watermarks {
+    Watermarks::bounded_out_of_orderness(OUT_OF_ORDERNESS)
+}
+
+/// An event's `date_time` as an event time.
+fn event_time(date_time_ms: i64) -> Time {
+    Time::from_millis(date_time_ms)
+}
 
 /// The bids of an event stream (the spec's `bid` view).
 pub fn bids(events: &DStream<Event>) -> DStream<Bid> {

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use spate_core::{BatchId, Duration, Time};
 use spate_dstream::{DStream, Data, GraphBuilder, QueueSource};
 
-use crate::model::{Auction, Event, Person};
+use crate::model::{Auction, Bid, Event, Person};
 
 pub(super) fn person(id: i64, state: &str, date_time: i64) -> Event {
     Event::Person(Person {
@@ -33,6 +33,18 @@ pub(super) fn auction(id: i64, seller: i64, category: i64, date_time: i64, expir
         seller,
         category,
         extra: String::new(),
+    })
+}
+
+pub(super) fn bid(auction: i64, price: i64, date_time: i64) -> Event {
+    Event::Bid(Bid {
+        auction,
+        bidder: 2000 + price,
+        price,
+        channel: String::new(),
+        url: String::new(),
+        date_time,
+        extra: format!("extra-{price}"),
     })
 }
 
