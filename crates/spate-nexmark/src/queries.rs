@@ -28,7 +28,9 @@
 //! batch whose watermark passes its end:
 //!
 //! - [`q5`], hot items: the auctions with the most bids in each window of
-//!   10 s sliding by 2 s.
+//!   10 s sliding by 2 s;
+//! - [`q7`], highest bid: the bids at the highest price of each tumbling
+//!   10 s window.
 //!
 //! Event time is each event's `date_time`. Watermarks allow
 //! [`OUT_OF_ORDERNESS`] (4 s, the watermark of the spec's table
@@ -39,8 +41,8 @@
 //! than that. Every stateful operator has a stable name (`q4-winning-bids`,
 //! `q5-bids-per-auction`, …), under which its state is checkpointed and
 //! restored. Records behind the watermark (which these bounds do not let
-//! happen with the generator's events) are left out of q4 and
-//! q5, and the log says how many.
+//! happen with the generator's events) are left out of q4, q5
+//! and q7, and the log says how many.
 
 use std::fmt;
 
@@ -53,10 +55,12 @@ use crate::model::{Bid, Event};
 mod category_average;
 #[cfg(test)]
 mod harness;
+mod highest_bid;
 mod hot_items;
 mod local_items;
 
 pub use category_average::{Q4Row, q4};
+pub use highest_bid::{Q7_WINDOW, Q7Row, q7};
 pub use hot_items::{Q5_SLIDE, Q5_WINDOW, Q5Row, q5};
 pub use local_items::{Q3_CATEGORY, Q3_STATES, Q3Row, q3};
 
