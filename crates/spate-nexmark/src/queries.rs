@@ -30,7 +30,9 @@
 //! - [`q5`], hot items: the auctions with the most bids in each window of
 //!   10 s sliding by 2 s;
 //! - [`q7`], highest bid: the bids at the highest price of each tumbling
-//!   10 s window.
+//!   10 s window;
+//! - [`q8`], monitor new users: the persons who registered and opened an
+//!   auction in the same tumbling 10 s window.
 //!
 //! Event time is each event's `date_time`. Watermarks allow
 //! [`OUT_OF_ORDERNESS`] (4 s, the watermark of the spec's table
@@ -41,8 +43,8 @@
 //! than that. Every stateful operator has a stable name (`q4-winning-bids`,
 //! `q5-bids-per-auction`, …), under which its state is checkpointed and
 //! restored. Records behind the watermark (which these bounds do not let
-//! happen with the generator's events) are left out of q4, q5
-//! and q7, and the log says how many.
+//! happen with the generator's events) are left out of q4, q5, q7 and q8,
+//! and the log says how many.
 
 use std::fmt;
 
@@ -58,11 +60,13 @@ mod harness;
 mod highest_bid;
 mod hot_items;
 mod local_items;
+mod new_users;
 
 pub use category_average::{Q4Row, q4};
 pub use highest_bid::{Q7_WINDOW, Q7Row, q7};
 pub use hot_items::{Q5_SLIDE, Q5_WINDOW, Q5Row, q5};
 pub use local_items::{Q3_CATEGORY, Q3_STATES, Q3Row, q3};
+pub use new_users::{Q8_WINDOW, Q8Row, q8};
 
 /// How far behind the latest event of its input partition an event may
 /// come and still count: 4 s, as the spec's tables declare
