@@ -1,0 +1,348 @@
+//! A Nexmark query on the benchmark's event generator: persons, auctions
+//! and bids of an online auction, as the `nexmark/nexmark` project makes
+//! them, read as a replayable source.
+//!
+//! What it shows:
+//!
+//! - [`NexmarkSource`]: each batch reads the events due by its time,
+//!   `--rate` events per second of event time, in `--partitions`
+//!   partitions; what a batch read is logged, so a re-run reads the same
+//!   events and a second run on the same `--checkpoint` continues the
+//!   timeline;
+//! - the queries of [`spate::nexmark::queries`], each a function from the
+//!   event stream to a stream of rows: q0-q2 per record, q3 and q4 with
+//!   keyed state, q5, q7 and q8 over event-time windows (each window's rows
+//!   in the batch whose watermark passes its end, 4 s behind the events);
+//! - what it costs: each batch's rows (a sample of them), and at the end
+//!   the events per second of wall time and of processing time.
+//!
+//! ```sh
+//! cargo run --release --example nexmark -- --query q5 --seconds 30
+//! cargo run --release --example nexmark -- --query q4 --events 1000000 --backlog-seconds 100
+//! ```
+//!
+//! `--backlog-seconds S` starts the timeline S seconds in the past: the
+//! first batches catch up on those events (at most ten seconds of them a
+//! batch) as fast as the engine goes. The checkpoint defaults to
+//! `nexmark-checkpoint/<query>`; stateful queries keep their state there.
+
+mod common;
+
+use std::fmt::Debug;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use clap::{Parser, ValueEnum};
+use spate::core::Duration;
+use spate::dstream::{DStream, Data};
+use spate::nexmark::{Event, GeneratorConfig, NexmarkGenerator, NexmarkSource, queries};
+use spate::runtime::{PipelineBuilder, StreamingContext, StreamingSettings};
+
+use common::{Error, run_until};
+
+/// The queries the example runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Query {
+    /// Pass-through.
+    Q0,
+    /// Currency conversion.
+    Q1,
+    /// Selection.
+    Q2,
+    /// Local item suggestion: an incremental join.
+    Q3,
+    /// Average price for a category.
+    Q4,
+    /// Hot items: sliding windows.
+    Q5,
+    /// Highest bid: tumbling windows.
+    Q7,
+    /// Monitor new users: a join within tumbling windows.
+    Q8,
+}
+
+impl Query {
+    fn name(self) -> String {
+        format!("{self:?}").to_lowercase()
+    }
+}
+
+/// Runs one Nexmark query on the generator and prints what it yields.
+#[derive(Clone, Debug, Parser)]
+struct Args {
+    /// The query.
+    #[arg(long, value_enum, default_value = "q5")]
+    query: Query,
+    /// Stop after this many seconds.
+    #[arg(long, default_value_t = 20)]
+    seconds: u64,
+    /// Generate this many events, and stop once they are processed.
+    #[arg(long)]
+    events: Option<u64>,
+    /// Events per second of event time.
+    #[arg(long, default_value_t = 10_000.0)]
+    rate: f64,
+    /// Start the event timeline this many seconds before now.
+    #[arg(long, default_value_t = 0)]
+    backlog_seconds: u64,
+    /// Partitions of the source.
+    #[arg(long, default_value_t = 4)]
+    partitions: usize,
+    /// The batch interval, in milliseconds.
+    #[arg(long, default_value_t = 1000)]
+    batch_ms: u64,
+    /// Rows printed per batch.
+    #[arg(long, default_value_t = 3)]
+    sample: usize,
+    /// The generator's seed.
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+    /// The checkpoint directory (default: `nexmark-checkpoint/<query>`).
+    #[arg(long)]
+    checkpoint: Option<PathBuf>,
+    /// Print nothing per batch.
+    #[arg(long)]
+    quiet: bool,
+    /// Keep every row as JSON in the summary (for the tests).
+    #[arg(skip)]
+    keep_rows: bool,
+}
+
+/// What the pipeline's output reports.
+#[derive(Default)]
+struct Shared {
+    rows: AtomicU64,
+    kept: Mutex<Vec<serde_json::Value>>,
+}
+
+/// Prints a sample of each batch's rows and counts them.
+fn output<T: Data + Debug>(rows: &DStream<T>, args: &Args, shared: &Arc<Shared>) {
+    let (out, sample, quiet, keep) = (Arc::clone(shared), args.sample, args.quiet, args.keep_rows);
+    rows.foreach_batch(move |batch, info| {
+        out.rows.fetch_add(batch.len() as u64, Ordering::Relaxed);
+        if keep {
+            let json: Result<Vec<_>, _> = batch.iter().map(serde_json::to_value).collect();
+            out.kept.lock().unwrap_or_else(PoisonError::into_inner).extend(json?);
+        }
+        if !quiet && !batch.is_empty() {
+            println!("batch {}: {} rows", info.batch_id, batch.len());
+            for row in batch.iter().take(sample) {
+                println!("  {row:?}");
+            }
+        }
+        Ok(())
+    })
+    .name("print-rows");
+}
+
+fn declare(p: &mut PipelineBuilder, args: &Args, source: &Arc<NexmarkSource>, shared: &Arc<Shared>) {
+    let events: DStream<Event> = p.replayable_input("nexmark", Arc::clone(source), Some(source.resume_hook()), None);
+    match args.query {
+        Query::Q0 => output(&queries::q0(&events), args, shared),
+        Query::Q1 => output(&queries::q1(&events), args, shared),
+        Query::Q2 => output(&queries::q2(&events), args, shared),
+        Query::Q3 => output(&queries::q3(&events), args, shared),
+        Query::Q4 => output(&queries::q4(&events), args, shared),
+        Query::Q5 => output(&queries::q5(&events), args, shared),
+        Query::Q7 => output(&queries::q7(&events), args, shared),
+        Query::Q8 => output(&queries::q8(&events), args, shared),
+    }
+}
+
+/// The generator's config: the timeline starts `backlog_seconds` before now.
+fn config(args: &Args) -> Result<GeneratorConfig, Error> {
+    let now = i64::try_from(SystemTime::now().duration_since(UNIX_EPOCH)?.as_millis())?;
+    let backlog = i64::try_from(args.backlog_seconds.saturating_mul(1000))?;
+    let mut config = GeneratorConfig::new(args.seed, now - backlog).with_rate(args.rate);
+    if let Some(events) = args.events {
+        config = config.with_max_events(events);
+    }
+    Ok(config)
+}
+
+/// What a run did.
+#[derive(Debug)]
+struct Summary {
+    /// The generator the run read from (after a resume, on the logged
+    /// timeline), for the tests to compute what the query should give.
+    #[cfg_attr(not(test), allow(dead_code))]
+    generator: NexmarkGenerator,
+    events: u64,
+    rows: u64,
+    batches: u64,
+    elapsed_secs: f64,
+    processing_ms: u64,
+    recovery: String,
+    /// Every row, as JSON, when `keep_rows` is set (by the tests).
+    #[cfg_attr(not(test), allow(dead_code))]
+    kept: Vec<serde_json::Value>,
+}
+
+/// Runs the example and says what it did.
+fn run(args: &Args) -> Result<Summary, Error> {
+    let generator = NexmarkGenerator::new(config(args)?)?;
+    let source = Arc::new(NexmarkSource::new(generator).with_partitions(args.partitions));
+    let shared = Arc::new(Shared::default());
+    let checkpoint =
+        args.checkpoint.clone().unwrap_or_else(|| PathBuf::from("nexmark-checkpoint").join(args.query.name()));
+    let settings = StreamingSettings::new(Duration::from_millis(args.batch_ms));
+    let ctx = StreamingContext::get_or_create(&checkpoint, settings, |p| {
+        declare(p, args, &source, &shared);
+        Ok(())
+    })?;
+    let recovery = ctx.recovery().map(ToString::to_string).unwrap_or_default();
+    let (mut events, mut processing_ms) = (0u64, 0u64);
+    let started = Instant::now();
+    let outcome = run_until(ctx, args.seconds, |progress| {
+        events += progress.input_records;
+        processing_ms += progress.processing_time_ms;
+        // Batches commit in order: an empty one after the source planned
+        // its last event comes after the batch that read it.
+        source.is_exhausted() && progress.input_records == 0
+    })?;
+    let kept = std::mem::take(&mut *shared.kept.lock().unwrap_or_else(PoisonError::into_inner));
+    Ok(Summary {
+        generator: source.generator(),
+        events,
+        rows: shared.rows.load(Ordering::Relaxed),
+        batches: outcome.batches,
+        elapsed_secs: started.elapsed().as_secs_f64(),
+        processing_ms,
+        recovery,
+        kept,
+    })
+}
+
+fn main() -> ExitCode {
+    common::init_logging();
+    let args = Args::parse();
+    match run(&args) {
+        Ok(s) => {
+            let per_second = |events: u64, secs: f64| if secs > 0.0 { events as f64 / secs } else { 0.0 };
+            println!(
+                "{}; {}: {} events in {} batches, {} rows; {:.0} events/s over {:.1} s, {:.0} events per second of \
+                 batch processing",
+                s.recovery,
+                args.query.name(),
+                s.events,
+                s.batches,
+                s.rows,
+                per_second(s.events, s.elapsed_secs),
+                s.elapsed_secs,
+                per_second(s.events, s.processing_ms as f64 / 1000.0),
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("nexmark: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use spate::nexmark::queries::{Q3Row, Q7Row};
+
+    use super::*;
+
+    /// 6,000 events, 30 s of event time all due at once: three batches of
+    /// ten seconds of events each, then an empty one.
+    fn args(query: Query, dir: &std::path::Path) -> Args {
+        Args {
+            query,
+            seconds: 120,
+            events: Some(6000),
+            rate: 200.0,
+            backlog_seconds: 30,
+            partitions: 2,
+            batch_ms: 200,
+            sample: 0,
+            seed: 5,
+            checkpoint: Some(dir.join(query.name())),
+            quiet: true,
+            keep_rows: true,
+        }
+    }
+
+    fn rows<T: serde::de::DeserializeOwned + Ord>(summary: &Summary) -> Vec<T> {
+        let mut rows: Vec<T> = summary.kept.iter().map(|row| serde_json::from_value(row.clone()).unwrap()).collect();
+        rows.sort();
+        rows
+    }
+
+    #[test]
+    fn q3_joins_every_local_seller_with_their_category_10_auctions() {
+        common::init_logging();
+        let dir = tempfile::tempdir().unwrap();
+        let summary = run(&args(Query::Q3, dir.path())).unwrap();
+        assert_eq!(summary.events, 6000, "{summary:?}");
+        assert!(summary.processing_ms > 0 && summary.elapsed_secs > 0.0);
+        let events = summary.generator.events(0..6000);
+        let sellers: BTreeMap<i64, _> = events
+            .iter()
+            .filter_map(|e| if let Event::Person(p) = e { Some((p.id, p)) } else { None })
+            .filter(|(_, p)| ["OR", "ID", "CA"].contains(&p.state.as_str()))
+            .collect();
+        let mut expected: Vec<Q3Row> = events
+            .iter()
+            .filter_map(|e| if let Event::Auction(a) = e { Some(a) } else { None })
+            .filter(|a| a.category == 10)
+            .filter_map(|a| {
+                let p = sellers.get(&a.seller)?;
+                Some(Q3Row { name: p.name.clone(), city: p.city.clone(), state: p.state.clone(), auction: a.id })
+            })
+            .collect();
+        expected.sort();
+        assert!(expected.len() >= 3, "{expected:?}");
+        assert_eq!(summary.rows, expected.len() as u64);
+        assert_eq!(rows::<Q3Row>(&summary), expected);
+    }
+
+    #[test]
+    fn q7_lists_the_highest_bids_of_the_windows_the_watermark_passed() {
+        common::init_logging();
+        let dir = tempfile::tempdir().unwrap();
+        let summary = run(&args(Query::Q7, dir.path())).unwrap();
+        assert_eq!(summary.events, 6000, "{summary:?}");
+        let mut windows: BTreeMap<i64, Vec<Q7Row>> = BTreeMap::new();
+        for event in summary.generator.events(0..6000) {
+            if let Event::Bid(b) = event {
+                let row = Q7Row {
+                    auction: b.auction,
+                    bidder: b.bidder,
+                    price: b.price,
+                    date_time: b.date_time,
+                    extra: b.extra,
+                };
+                windows.entry(b.date_time - b.date_time.rem_euclid(10_000)).or_default().push(row);
+            }
+        }
+        // The watermark ends 4 s behind the first partition of the last
+        // batch (25 s into the timeline): the first two windows or three.
+        let got = rows::<Q7Row>(&summary);
+        let closed: Vec<i64> = windows
+            .keys()
+            .copied()
+            .filter(|start| got.iter().any(|r| r.date_time >= *start && r.date_time < start + 10_000))
+            .collect();
+        assert!(closed.len() >= 2, "{closed:?}");
+        assert_eq!(closed, windows.keys().copied().take(closed.len()).collect::<Vec<_>>(), "not the first windows");
+        let mut expected: Vec<Q7Row> = closed
+            .iter()
+            .flat_map(|start| {
+                let bids = &windows[start];
+                let highest = bids.iter().map(|r| r.price).max().unwrap();
+                bids.iter().filter(move |r| r.price == highest).cloned()
+            })
+            .collect();
+        expected.sort();
+        assert_eq!(got, expected);
+    }
+}
