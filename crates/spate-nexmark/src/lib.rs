@@ -122,6 +122,31 @@
 //! assert!(selected.lock().unwrap().iter().all(|row| row.auction % 123 == 0));
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
+//!
+//! # The queries
+//!
+//! [`queries`] has the spec's queries as functions from the event stream
+//! to a stream of rows (`queries::q5(&events)`), following the Flink SQL
+//! of `nexmark/nexmark`:
+//!
+//! - q0 pass-through, q1 currency conversion, q2 selection: per record;
+//! - q3, local item suggestion: an incremental join of persons and
+//!   auctions in keyed state, each match once, as soon as both sides came;
+//! - q4, average price for a category: each auction's highest bid in its
+//!   lifetime, final when the watermark passes its expiry (keyed state and
+//!   an event-time timer), averaged per category;
+//! - q5, hot items: the auctions with the most bids per event-time window
+//!   of 10 s sliding by 2 s;
+//! - q7, highest bid: the highest bids per tumbling 10 s window;
+//! - q8, monitor new users: persons who registered and opened an auction in
+//!   the same tumbling 10 s window.
+//!
+//! The windowed ones emit a window's rows in the batch whose watermark
+//! (4 s behind the events of the slowest source partition) passes its
+//! end. Their stateful operators are named, so their state is checkpointed
+//! and restored across restarts. Tests check each query against a
+//! reference computed from the generated events in plain Rust (q3 to q8
+//! batch by batch, also across a crash and a restart).
 
 #![deny(clippy::unwrap_used, clippy::expect_used)]
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
