@@ -13,17 +13,30 @@ pub(crate) const PADDING_LENGTH: usize = 1024 * 1024;
 /// probability 1/13 and otherwise a lower-case letter, with leading and
 /// trailing blanks removed (the spec's `nextString`).
 pub(crate) fn next_string(rng: &mut SplitMix, max_length: i32, special: char) -> String {
+    let mut s = String::new();
+    push_string(rng, max_length, special, &mut s);
+    s
+}
+
+/// [`next_string`] appended to `out`, trimmed where it stands, so a field
+/// made of several (an email address) is one allocation.
+pub(crate) fn push_string(rng: &mut SplitMix, max_length: i32, special: char, out: &mut String) {
     let length = MIN_STRING_LENGTH + rng.next_int(max_length - MIN_STRING_LENGTH);
-    let mut s = String::with_capacity(usize::try_from(length).unwrap_or(0));
+    let start = out.len();
+    out.reserve(usize::try_from(length).unwrap_or(0));
     for _ in 0..length {
         if rng.next_int(13) == 0 {
-            s.push(special);
+            out.push(special);
         } else {
-            s.push(letter(rng.next_int(26)));
+            out.push(letter(rng.next_int(26)));
         }
     }
     // Java's trim: every character up to and including the space.
-    s.trim_matches(|c: char| c <= ' ').to_string()
+    let is_blank = |c: char| c <= ' ';
+    let end = start + out.get(start..).unwrap_or_default().trim_end_matches(is_blank).len();
+    out.truncate(end);
+    let kept = out.get(start..).unwrap_or_default().trim_start_matches(is_blank).len();
+    out.drain(start..end - kept);
 }
 
 /// The letter `'a' + offset`; the offset may be negative (see
