@@ -204,19 +204,23 @@ impl InputSource<Event> for NexmarkSource {
             let mut position = lock(&self.position);
             *position = (*position).max(planned.until);
         }
-        let ranges = self.split(planned.from..planned.until);
-        if ranges.len() == 1 || planned.until - planned.from < PARALLEL_THRESHOLD {
-            return Ok(ranges.into_iter().map(|r| generator.events(r)).collect());
+        let mut ranges = self.split(planned.from..planned.until).into_iter();
+        if self.partitions == 1 || planned.until - planned.from < PARALLEL_THRESHOLD {
+            return Ok(ranges.map(|r| generator.events(r)).collect());
         }
+        let Some(first) = ranges.next() else { return Ok(Vec::new()) };
         Ok(std::thread::scope(|scope| {
-            let handles: Vec<_> = ranges
-                .into_iter()
-                .map(|r| {
-                    let generator = &generator;
-                    scope.spawn(move || generator.events(r))
-                })
-                .collect();
-            handles.into_iter().map(|h| h.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))).collect()
+            let generator = &generator;
+            let others: Vec<_> = ranges.map(|r| scope.spawn(move || generator.events(r))).collect();
+            // The calling thread would only wait: it makes the first
+            // partition, which saves a thread's start and exit (and the
+            // flush of its allocator cache) a batch.
+            let mut partitions = Vec::with_capacity(self.partitions);
+            partitions.push(generator.events(first));
+            for handle in others {
+                partitions.push(handle.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)));
+            }
+            partitions
         }))
     }
 }
