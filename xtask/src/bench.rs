@@ -5,25 +5,49 @@
 //! command runs them, passes their output through, and repeats those lines
 //! at the end so runs can be compared. It starts the local Kafka broker and
 //! S3 server (or uses running ones) for the Kafka and S3 benchmarks.
+//!
+//! `cargo xtask bench nexmark [ARGS]` runs only the Nexmark benchmark
+//! (`spate-nexmark`'s `nexmark` bench: each query's events per CPU-second,
+//! checkpoints on and off, beside Flink's published figures), with `ARGS`
+//! passed to it (`--events N`, query names). It needs neither server.
 
 use std::io::{BufRead, BufReader};
-use std::process::Stdio;
+use std::process::{Command, Stdio};
 
 use crate::Result;
 use crate::env::cargo;
 use crate::{kafka, s3, setup};
 
 pub(crate) fn run(args: &[String]) -> Result {
+    if args.first().is_some_and(|a| a == "nexmark") {
+        return nexmark(&args[1..]);
+    }
     setup::ensure(setup::ALL)?;
     // The Kafka benchmark reads from a real broker, as the Kafka tests do.
     let broker = kafka::Broker::start_for_tests()?;
     // The S3 benchmarks write to a real S3 server, as the S3 tests do.
     let s3 = s3::S3Server::start_for_tests()?;
     let mut command = cargo(&["bench", "--workspace", "--benches"]);
-    command.arg("--").args(args).stdout(Stdio::piped());
+    command.arg("--").args(args);
     broker.export_to(&mut command);
     s3.export_to(&mut command);
     println!("==> benchmarks (release build; criterion output follows)");
+    run_and_summarise(command)
+}
+
+/// The Nexmark benchmark alone. Its build is spate-nexmark and the engine
+/// without native code, so no system package, broker or S3 server is needed.
+fn nexmark(args: &[String]) -> Result {
+    let mut command = cargo(&["bench", "--package", "spate-nexmark", "--bench", "nexmark"]);
+    // `cargo xtask bench nexmark -- q1` and `cargo xtask bench nexmark q1` mean the same.
+    command.arg("--").args(args.strip_prefix(&["--".to_string()]).unwrap_or(args));
+    println!("==> nexmark benchmark (release build)");
+    run_and_summarise(command)
+}
+
+/// Runs `command`, passing its output through, then repeats its `BENCH` lines.
+fn run_and_summarise(mut command: Command) -> Result {
+    command.stdout(Stdio::piped());
     let mut child = command.spawn().map_err(|e| format!("could not start cargo bench: {e}"))?;
     let mut summary = Vec::new();
     if let Some(out) = child.stdout.take() {
