@@ -377,6 +377,12 @@ fn print_table(runs: &[Run]) {
 
 fn main() {
     let options = Options::parse();
+    // Under `cargo xtask bench FILTER` every benchmark gets the filter;
+    // say so when it names none of these queries.
+    for name in options.only.iter().filter(|name| !QUERIES.iter().any(|q| q.name == name.as_str())) {
+        let known: Vec<&str> = QUERIES.iter().map(|q| q.name).collect();
+        println!("nexmark: no query named {name} (there are {})", known.join(", "));
+    }
     println!(
         "nexmark: {} events a run, {} a batch, state snapshots every {BATCHES_PER_CHECKPOINT} batches, {} partitions, \
          {} cores",
