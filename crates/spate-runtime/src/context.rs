@@ -243,10 +243,13 @@ impl StreamingContext {
         // Before any log opens: they register their metrics when they open.
         let exporter = exporter_for(&settings)?;
         let dir = checkpoint_dir.as_ref().to_path_buf();
-        let options = CheckpointOptions::new()
+        let mut options = CheckpointOptions::new()
             .clock(Arc::clone(&settings.clock))
             .retain_batches(settings.retained_batches)
             .object_store(settings.object_store.clone());
+        if let Some(lease) = settings.lease.clone() {
+            options = options.lease(lease);
+        }
         let checkpoint = Checkpoint::open_for_write(&dir, options).map_err(|e| log_store_error(&dir, e))?;
         let store = CheckpointStore::new(checkpoint);
         let fence = store.fence();

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use spate_core::{Clock, Duration, SystemClock};
-use spate_logstore::ObjectStoreSettings;
+use spate_logstore::{LeaseOptions, ObjectStoreSettings};
 
 use crate::error::RuntimeError;
 use crate::pid::PidSettings;
@@ -66,6 +66,10 @@ pub struct StreamingSettings {
     pub metrics_addr: Option<SocketAddr>,
     /// Where the web page (`/`) and its `/api/status` are served; `None`: not served.
     pub ui_addr: Option<SocketAddr>,
+    /// The writer lease of an object-store checkpoint; `None`: the log
+    /// store's default (15 s, renewed every 4 s). A member of an
+    /// application shortens it so a dead member's partitions move soon.
+    pub lease: Option<LeaseOptions>,
 }
 
 impl fmt::Debug for StreamingSettings {
@@ -82,6 +86,7 @@ impl fmt::Debug for StreamingSettings {
             .field("wal_dir", &self.wal_dir)
             .field("metrics_addr", &self.metrics_addr)
             .field("ui_addr", &self.ui_addr)
+            .field("lease", &self.lease)
             .finish()
     }
 }
@@ -101,7 +106,14 @@ impl StreamingSettings {
             wal_dir: None,
             metrics_addr: None,
             ui_addr: None,
+            lease: None,
         }
+    }
+
+    /// Uses `lease` as the writer lease of an object-store checkpoint.
+    pub fn with_lease(mut self, lease: LeaseOptions) -> Self {
+        self.lease = Some(lease);
+        self
     }
 
     /// Serves `/metrics` at `addr`, in the Prometheus text format: batches,
