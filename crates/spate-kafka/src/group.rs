@@ -129,7 +129,7 @@ pub struct GroupMember {
     consumer: Arc<BaseConsumer<MemberContext>>,
     group_id: String,
     stop: Arc<AtomicBool>,
-    poll: Option<JoinHandle<()>>,
+    poll: Mutex<Option<JoinHandle<()>>>,
 }
 
 impl std::fmt::Debug for GroupMember {
@@ -179,7 +179,7 @@ impl GroupMember {
         let stop = Arc::new(AtomicBool::new(false));
         let poll = spawn_poll(Arc::clone(&consumer), Arc::clone(&stop), group_id)?;
         info!(group_id, topics = ?topics, "joined the group");
-        Ok(GroupMember { consumer, group_id: group_id.to_string(), stop, poll: Some(poll) })
+        Ok(GroupMember { consumer, group_id: group_id.to_string(), stop, poll: Mutex::new(Some(poll)) })
     }
 
     /// The group's metadata as this member sees it now (member id,
@@ -200,13 +200,9 @@ impl GroupMember {
     }
 
     /// Leaves the group: every partition is revoked through the listener
-    /// (which lets them go), then the member closes.
-    pub fn leave(mut self) -> Result<()> {
-        self.close()
-    }
-
-    fn close(&mut self) -> Result<()> {
-        let Some(poll) = self.poll.take() else { return Ok(()) };
+    /// (which lets them go), then the member closes. Leaving again does nothing.
+    pub fn leave(&self) -> Result<()> {
+        let Some(poll) = self.poll.lock().unwrap_or_else(PoisonError::into_inner).take() else { return Ok(()) };
         self.stop.store(true, Ordering::Release);
         let result =
             poll.join().map_err(|_| KafkaError::Config(format!("group {}: the poll thread panicked", self.group_id)));
@@ -217,7 +213,7 @@ impl GroupMember {
 
 impl Drop for GroupMember {
     fn drop(&mut self) {
-        let _ = self.close();
+        let _ = self.leave();
     }
 }
 

@@ -73,6 +73,7 @@ mod receiver;
 mod retry;
 mod sink;
 mod store;
+mod topics;
 
 pub use consumer::{
     CheckedOutConsumer, ConsumerPool, ConsumerSettings, DataLossPolicy, KafkaRecord, PartitionConsumer,
@@ -91,3 +92,4 @@ pub use offsets::{
 pub use receiver::{DEFAULT_MAX_BLOCK_BYTES, KafkaReceiver, KafkaReceiverConfig};
 pub use sink::{KafkaSink, MemberTransactions, OutputRecord, TransactionalKafkaSink};
 pub use store::{CommitOutcome, ResultWrites, RocksOffsetStore};
+pub use topics::{ensure_topic, partition_count};

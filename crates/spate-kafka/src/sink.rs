@@ -21,7 +21,7 @@ use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerGroupMetadata};
 use rdkafka::error::KafkaError as RdKafkaError;
 use rdkafka::message::DeliveryResult;
-use rdkafka::producer::{BaseProducer, BaseRecord, Producer, ProducerContext};
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer, ProducerContext, ThreadedProducer};
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{Offset, TopicPartitionList};
 use spate_core::BatchId;
@@ -43,17 +43,31 @@ pub struct OutputRecord {
     pub value: Vec<u8>,
     /// The partition, when the writer picks it.
     pub partition: Option<i32>,
+    /// The record's timestamp (ms since the epoch); `None`: the time it is sent.
+    pub timestamp: Option<i64>,
 }
 
 impl OutputRecord {
     /// A record with `value` and no key.
     pub fn value(value: impl Into<Vec<u8>>) -> Self {
-        OutputRecord { key: None, value: value.into(), partition: None }
+        OutputRecord { key: None, value: value.into(), partition: None, timestamp: None }
+    }
+
+    /// The same record, to `partition`.
+    pub fn to_partition(mut self, partition: i32) -> Self {
+        self.partition = Some(partition);
+        self
+    }
+
+    /// The same record, stamped `timestamp` (ms since the epoch).
+    pub fn at(mut self, timestamp: i64) -> Self {
+        self.timestamp = Some(timestamp);
+        self
     }
 
     /// A record with `key` and `value`.
     pub fn keyed(key: impl Into<Vec<u8>>, value: impl Into<Vec<u8>>) -> Self {
-        OutputRecord { key: Some(key.into()), value: value.into(), partition: None }
+        OutputRecord { key: Some(key.into()), value: value.into(), partition: None, timestamp: None }
     }
 }
 
@@ -88,20 +102,41 @@ fn producer_config(brokers: &str) -> ClientConfig {
     config
 }
 
+/// The librdkafka record of `record` for `topic`.
+fn base_record<'a>(topic: &'a str, record: &'a OutputRecord) -> BaseRecord<'a, Vec<u8>, Vec<u8>> {
+    let mut base = BaseRecord::to(topic).payload(&record.value);
+    if let Some(key) = &record.key {
+        base = base.key(key);
+    }
+    if let Some(partition) = record.partition {
+        base = base.partition(partition);
+    }
+    if let Some(timestamp) = record.timestamp {
+        base = base.timestamp(timestamp);
+    }
+    base
+}
+
 /// Sends one record, waiting for queue room when librdkafka's queue is full.
 fn send(producer: &BaseProducer<DeliveryErrors>, topic: &str, record: &OutputRecord) -> Result<()> {
     loop {
-        let mut base = BaseRecord::to(topic).payload(&record.value);
-        if let Some(key) = &record.key {
-            base = base.key(key);
-        }
-        if let Some(partition) = record.partition {
-            base = base.partition(partition);
-        }
-        match producer.send(base) {
+        match producer.send(base_record(topic, record)) {
             Ok(()) => return Ok(()),
             Err((RdKafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => {
                 producer.poll(Duration::from_millis(50));
+            }
+            Err((source, _)) => return Err(KafkaError::Delivery { topic: topic.to_string(), source }),
+        }
+    }
+}
+
+/// [`send`] on a producer whose delivery reports a thread of its own serves.
+fn send_threaded(producer: &ThreadedProducer<DeliveryErrors>, topic: &str, record: &OutputRecord) -> Result<()> {
+    loop {
+        match producer.send(base_record(topic, record)) {
+            Ok(()) => return Ok(()),
+            Err((RdKafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => {
+                std::thread::sleep(Duration::from_millis(20));
             }
             Err((source, _)) => return Err(KafkaError::Delivery { topic: topic.to_string(), source }),
         }
@@ -150,7 +185,9 @@ impl KafkaSink {
 /// A transactional producer and what its transactions need: shared by the
 /// exactly-once sink of one job and by a group member's tasks.
 struct Transactions {
-    producer: BaseProducer<DeliveryErrors>,
+    /// Threaded: an abort waits for the delivery reports of what was sent,
+    /// which its own thread serves.
+    producer: ThreadedProducer<DeliveryErrors>,
     /// Reads the group's committed offsets; never reads records.
     group: BaseConsumer,
     transactional_id: String,
@@ -168,7 +205,7 @@ impl Transactions {
         config
             .set("transactional.id", transactional_id)
             .set("transaction.timeout.ms", transaction_timeout.as_millis().to_string());
-        let producer: BaseProducer<DeliveryErrors> = config
+        let producer: ThreadedProducer<DeliveryErrors> = config
             .create_with_context(DeliveryErrors::default())
             .map_err(client(format!("create the transactional producer {transactional_id}")))?;
         producer
@@ -203,7 +240,7 @@ impl Transactions {
         batch: BatchId,
         ranges: &OffsetRanges,
         records: impl IntoIterator<Item = (&'t str, OutputRecord)>,
-        metadata: &ConsumerGroupMetadata,
+        metadata: &dyn Fn() -> Result<ConsumerGroupMetadata>,
     ) -> Result<CommitOutcome> {
         if ranges.ranges().is_empty() {
             return Err(KafkaError::Config(format!(
@@ -215,46 +252,71 @@ impl Transactions {
             info!(batch = batch.0, marker_id, "batch already committed to Kafka; not written again");
             return Ok(CommitOutcome::AlreadyCommitted);
         }
-        let fail =
-            |reason: String| KafkaError::Transaction { batch, transactional_id: self.transactional_id.clone(), reason };
-        self.producer.begin_transaction().map_err(|e| fail(format!("begin: {e}")))?;
+        let records: Vec<(&str, OutputRecord)> = records.into_iter().collect();
         let mut topics: std::collections::BTreeSet<String> = topics.iter().map(|t| t.to_string()).collect();
-        let result = self.fill_and_commit(marker_id, batch, ranges, records, metadata, &mut topics);
-        match &result {
-            Ok(()) => {
-                for topic in &topics {
-                    metrics::counter!(TRANSACTIONS_COMMITTED, "topic" => topic.clone()).increment(1);
-                }
-            }
-            Err(e) => {
-                warn!(batch = batch.0, error = %e, "aborting the transaction");
-                match self.producer.abort_transaction(self.timeout) {
-                    Ok(()) => {
-                        for topic in &topics {
-                            metrics::counter!(TRANSACTIONS_ABORTED, "topic" => topic.clone()).increment(1);
-                        }
+        topics.extend(records.iter().map(|(topic, _)| topic.to_string()));
+        let mut attempt = 1;
+        loop {
+            let result = metadata().and_then(|metadata| self.attempt(marker_id, batch, ranges, &records, &metadata));
+            match result {
+                Ok(()) => {
+                    for topic in &topics {
+                        metrics::counter!(TRANSACTIONS_COMMITTED, "topic" => topic.clone()).increment(1);
                     }
-                    Err(abort) => warn!(batch = batch.0, error = %abort, "abort failed"),
+                    return Ok(CommitOutcome::Committed);
+                }
+                Err(e) => {
+                    for topic in &topics {
+                        metrics::counter!(TRANSACTIONS_ABORTED, "topic" => topic.clone()).increment(1);
+                    }
+                    if is_generation_error(&e) && attempt < GENERATION_ATTEMPTS {
+                        // A rebalance moved the group on while the batch ran:
+                        // the member's next generation may commit it.
+                        warn!(batch = batch.0, attempt, error = %e, "the group's generation changed; trying the transaction again");
+                        std::thread::sleep(GENERATION_PAUSE);
+                        attempt += 1;
+                        continue;
+                    }
+                    return Err(KafkaError::Transaction {
+                        batch,
+                        transactional_id: self.transactional_id.clone(),
+                        reason: e.to_string(),
+                    });
                 }
             }
         }
-        result.map(|()| CommitOutcome::Committed).map_err(|e| fail(e.to_string()))
     }
 
-    fn fill_and_commit<'t>(
+    /// One transaction: begin, fill, commit; aborted when any step fails.
+    fn attempt(
         &self,
         marker_id: &str,
         batch: BatchId,
         ranges: &OffsetRanges,
-        records: impl IntoIterator<Item = (&'t str, OutputRecord)>,
+        records: &[(&str, OutputRecord)],
         metadata: &ConsumerGroupMetadata,
-        topics: &mut std::collections::BTreeSet<String>,
+    ) -> Result<()> {
+        self.producer.begin_transaction().map_err(client("begin the transaction"))?;
+        let result = self.fill_and_commit(marker_id, batch, ranges, records, metadata);
+        if let Err(e) = &result {
+            warn!(batch = batch.0, error = %e, "aborting the transaction");
+            if let Err(abort) = self.producer.abort_transaction(self.timeout) {
+                warn!(batch = batch.0, error = %abort, "abort failed");
+            }
+        }
+        result
+    }
+
+    fn fill_and_commit(
+        &self,
+        marker_id: &str,
+        batch: BatchId,
+        ranges: &OffsetRanges,
+        records: &[(&str, OutputRecord)],
+        metadata: &ConsumerGroupMetadata,
     ) -> Result<()> {
         for (topic, record) in records {
-            if !topics.contains(topic) {
-                topics.insert(topic.to_string());
-            }
-            send(&self.producer, topic, &record)?;
+            send_threaded(&self.producer, topic, record)?;
         }
         let offsets = to_list(&ranges.until_offsets())?;
         let marker = batch_marker(marker_id, batch);
@@ -267,7 +329,7 @@ impl Transactions {
         retry_coordinator("commit the transaction", self.timeout, |left| self.producer.commit_transaction(left))?;
         match self.producer.context().take() {
             Some(source) => {
-                let topic = topics.iter().next().cloned().unwrap_or_default();
+                let topic = records.first().map(|(topic, _)| topic.to_string()).unwrap_or_default();
                 Err(KafkaError::Delivery { topic, source })
             }
             None => Ok(()),
@@ -340,10 +402,9 @@ impl TransactionalKafkaSink {
         records: impl IntoIterator<Item = OutputRecord>,
     ) -> Result<CommitOutcome> {
         let t = &self.transactions;
-        let metadata = t
-            .group
-            .group_metadata()
-            .ok_or_else(|| KafkaError::Config("the group client has no group metadata".into()))?;
+        let metadata = || {
+            t.group.group_metadata().ok_or_else(|| KafkaError::Config("the group client has no group metadata".into()))
+        };
         let topic = self.topic.as_str();
         t.write_batch(&[topic], &t.transactional_id, batch, ranges, records.into_iter().map(|r| (topic, r)), &metadata)
     }
@@ -398,11 +459,41 @@ impl MemberTransactions {
         ranges: &OffsetRanges,
         records: impl IntoIterator<Item = (&'t str, OutputRecord)>,
     ) -> Result<CommitOutcome> {
-        let metadata = self.member.group_metadata().ok_or_else(|| {
-            KafkaError::Config(format!("member of {} has no group metadata: not in the group", self.member.group_id()))
-        })?;
+        let metadata = || {
+            self.member.group_metadata().ok_or_else(|| {
+                KafkaError::Config(format!(
+                    "member of {} has no group metadata: not in the group",
+                    self.member.group_id()
+                ))
+            })
+        };
         self.transactions.write_batch(&[], task, batch, ranges, records, &metadata)
     }
+}
+
+/// How often a transaction is tried when the group's generation moved on.
+const GENERATION_ATTEMPTS: u32 = 8;
+/// The pause between those tries (a rebalance takes a moment to settle).
+const GENERATION_PAUSE: Duration = Duration::from_millis(500);
+
+/// True when the broker refused the offsets for the member's generation:
+/// a rebalance under way or just finished (or a member dropped from the
+/// group, which keeps failing).
+fn is_generation_error(error: &KafkaError) -> bool {
+    let KafkaError::Client { source, .. } = error else { return false };
+    let code = match source {
+        RdKafkaError::Transaction(e) => Some(e.code()),
+        other => other.rdkafka_error_code(),
+    };
+    matches!(
+        code,
+        Some(
+            RDKafkaErrorCode::IllegalGeneration
+                | RDKafkaErrorCode::RebalanceInProgress
+                | RDKafkaErrorCode::UnknownMemberId
+                | RDKafkaErrorCode::FencedInstanceId
+        )
+    )
 }
 
 /// Counter of `/metrics`: output transactions committed, per output topic.
