@@ -1,0 +1,64 @@
+//! The application crate's errors.
+
+use std::path::PathBuf;
+
+use thiserror::Error;
+
+/// What can go wrong starting or running a member of an application.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum AppError {
+    /// The topology or the settings are inconsistent.
+    #[error("application {app}: {reason}")]
+    Invalid {
+        /// The application.
+        app: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A Kafka operation failed.
+    #[error("application {app}: {what}: {source}")]
+    Kafka {
+        /// The application.
+        app: String,
+        /// What was being done.
+        what: String,
+        /// The cause.
+        #[source]
+        source: Box<spate_kafka::KafkaError>,
+    },
+    /// A task's streaming context failed to open or run.
+    #[error("task {task} of application {app} (checkpoint {checkpoint}): {source}")]
+    Task {
+        /// The application.
+        app: String,
+        /// The task (`<topic>-<partition>`).
+        task: String,
+        /// The task's checkpoint.
+        checkpoint: PathBuf,
+        /// The cause.
+        #[source]
+        source: Box<spate_runtime::RuntimeError>,
+    },
+    /// A record of an internal topic could not be decoded.
+    #[error("record {offset} of internal topic {topic}/{partition}: {reason}")]
+    BadInternalRecord {
+        /// The topic.
+        topic: String,
+        /// The partition.
+        partition: i32,
+        /// The record's offset.
+        offset: i64,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The application's checkpoint location could not be read.
+    #[error("application checkpoint {location}: {source}")]
+    Location {
+        /// The location.
+        location: PathBuf,
+        /// The cause.
+        #[source]
+        source: Box<spate_logstore::LogStoreError>,
+    },
+}

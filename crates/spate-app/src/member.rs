@@ -1,0 +1,348 @@
+//! One member of an application: joins the application's consumer group
+//! and runs a task for every partition the group gives it.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::time::Duration as StdDuration;
+
+use spate_core::Duration;
+use spate_dstream::BoxError;
+use spate_kafka::{
+    AssignmentListener, GroupMember, GroupSettings, MemberTransactions, StartingOffsets, TopicPartition, ensure_topic,
+    partition_count,
+};
+use spate_logstore::{LeaseOptions, ObjectStoreSettings, is_object_store_location};
+use spate_runtime::{BatchProgress, StreamingSettings};
+use tracing::{info, warn};
+
+use crate::error::AppError;
+use crate::task::{RunningTask, StopKind};
+use crate::topology::{InternalTopic, Stage, StageInput, TaskId, Topology};
+
+/// How a member runs.
+#[derive(Clone, Debug)]
+pub struct MemberSettings {
+    /// The Kafka brokers.
+    pub brokers: String,
+    /// The application's checkpoint location, shared by every member: a
+    /// directory (members on one machine) or `s3://bucket/prefix`. Each
+    /// task's checkpoint is `<location>/tasks/<topic>-<partition>`.
+    pub location: PathBuf,
+    /// How to reach an `s3://` location.
+    pub object_store: ObjectStoreSettings,
+    /// The batch interval of every task.
+    pub batch_interval: Duration,
+    /// Session timeout, heartbeat and protocol of the group membership.
+    pub group: GroupSettings,
+    /// The broker aborts an open transaction of a member that died after
+    /// this long; readers of internal topics wait at it until then.
+    pub transaction_timeout: StdDuration,
+    /// This member's name, unique in the application and the same across
+    /// its restarts (its transactional id is `<application>-<member id>`,
+    /// so a restarted member fences its earlier incarnation).
+    pub member_id: String,
+    /// Where a task with no checkpoint yet starts reading.
+    pub starting_offsets: StartingOffsets,
+    /// At most this many records a second per partition.
+    pub max_rate_per_partition: Option<u64>,
+    /// How often each task checkpoints its operator state.
+    pub checkpoint_interval: Option<Duration>,
+}
+
+impl MemberSettings {
+    /// Settings for a member named `member_id` on `brokers`, with its
+    /// application's checkpoints at `location`.
+    pub fn new(brokers: &str, location: impl Into<PathBuf>, batch_interval: Duration, member_id: &str) -> Self {
+        MemberSettings {
+            brokers: brokers.to_string(),
+            location: location.into(),
+            object_store: ObjectStoreSettings::default(),
+            batch_interval,
+            group: GroupSettings::default(),
+            transaction_timeout: StdDuration::from_secs(10),
+            member_id: member_id.to_string(),
+            starting_offsets: StartingOffsets::Earliest,
+            max_rate_per_partition: None,
+            checkpoint_interval: None,
+        }
+    }
+}
+
+/// What happens to a member and its tasks, for its listener.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub enum MemberEvent {
+    /// The group gave the member these tasks.
+    Assigned {
+        /// The tasks.
+        tasks: Vec<TaskId>,
+    },
+    /// The group took these tasks away (`lost`: the member had been
+    /// dropped from the group, another may own them already).
+    Revoked {
+        /// The tasks.
+        tasks: Vec<TaskId>,
+        /// Whether they were lost rather than handed over.
+        lost: bool,
+    },
+    /// A task opened its checkpoint and recovered.
+    TaskStarted {
+        /// The task.
+        task: TaskId,
+        /// What it recovered, as the runtime says it.
+        recovery: String,
+    },
+    /// A task stopped and released its checkpoint.
+    TaskStopped {
+        /// The task.
+        task: TaskId,
+    },
+    /// A task failed; it is started again while the member owns it.
+    TaskFailed {
+        /// The task.
+        task: TaskId,
+        /// The error.
+        error: String,
+    },
+    /// A task committed a batch.
+    Batch {
+        /// The task.
+        task: TaskId,
+        /// The batch's progress report.
+        progress: BatchProgress,
+    },
+}
+
+/// Told of every [`MemberEvent`]; called from the member's threads, so it should return quickly.
+pub type MemberListener = Arc<dyn Fn(&MemberEvent) + Send + Sync>;
+
+/// What a member's tasks share.
+pub(crate) struct MemberShared {
+    pub(crate) app: String,
+    pub(crate) settings: MemberSettings,
+    pub(crate) internal: BTreeMap<String, InternalTopic>,
+    transactions: Mutex<Option<Arc<MemberTransactions>>>,
+    transactions_ready: Condvar,
+    listener: Option<MemberListener>,
+}
+
+impl MemberShared {
+    pub(crate) fn report(&self, event: MemberEvent) {
+        if let Some(listener) = &self.listener {
+            listener(&event);
+        }
+    }
+
+    /// The member's producer, once it is open (a task assigned in the
+    /// member's first rebalance may ask before).
+    pub(crate) fn transactions(&self) -> Result<Arc<MemberTransactions>, BoxError> {
+        let guard = self.transactions.lock().unwrap_or_else(PoisonError::into_inner);
+        let (guard, _) = self
+            .transactions_ready
+            .wait_timeout_while(guard, StdDuration::from_secs(60), |t| t.is_none())
+            .unwrap_or_else(PoisonError::into_inner);
+        guard.clone().ok_or_else(|| "the member's transactional producer is not open".into())
+    }
+
+    fn set_transactions(&self, transactions: Option<Arc<MemberTransactions>>) {
+        *self.transactions.lock().unwrap_or_else(PoisonError::into_inner) = transactions;
+        self.transactions_ready.notify_all();
+    }
+
+    /// The settings of each task's streaming context.
+    pub(crate) fn streaming_settings(&self) -> StreamingSettings {
+        let settings = &self.settings;
+        let mut streaming =
+            StreamingSettings::new(settings.batch_interval).with_object_store(settings.object_store.clone());
+        if let Some(interval) = settings.checkpoint_interval {
+            streaming = streaming.with_checkpoint_interval(interval);
+        }
+        if is_object_store_location(&settings.location) {
+            streaming = streaming.with_lease(task_lease(settings.group.session_timeout));
+        }
+        streaming
+    }
+}
+
+/// A task's lease in an object store: as long as the group's session, so
+/// a dead member's tasks can move as soon as the group has noticed.
+fn task_lease(session: StdDuration) -> LeaseOptions {
+    let ms = u64::try_from(session.as_millis()).unwrap_or(u64::MAX).max(3_000);
+    LeaseOptions {
+        duration: Duration::from_millis(ms),
+        renew_every: Duration::from_millis(ms / 4),
+        safety_margin: Duration::from_millis(ms / 5),
+        renew_in_background: true,
+    }
+}
+
+/// The member's tasks, started and stopped as the group decides.
+struct Tasks {
+    shared: Arc<MemberShared>,
+    stages: BTreeMap<String, Stage>,
+    running: Mutex<BTreeMap<TopicPartition, RunningTask>>,
+}
+
+impl Tasks {
+    fn task_of(&self, tp: &TopicPartition) -> Option<(TaskId, Stage)> {
+        let stage = self.stages.get(&tp.topic)?;
+        Some((TaskId { stage: stage.name.clone(), topic: tp.topic.clone(), partition: tp.partition }, stage.clone()))
+    }
+
+    fn owned(&self) -> Vec<TaskId> {
+        self.running.lock().unwrap_or_else(PoisonError::into_inner).values().map(|t| t.id.clone()).collect()
+    }
+}
+
+impl AssignmentListener for Tasks {
+    fn on_revoked(&self, partitions: &[TopicPartition], lost: bool) {
+        let stopping: Vec<RunningTask> = {
+            let mut running = self.running.lock().unwrap_or_else(PoisonError::into_inner);
+            partitions.iter().filter_map(|tp| running.remove(tp)).collect()
+        };
+        let kind = if lost { StopKind::Now } else { StopKind::Graceful };
+        for task in &stopping {
+            task.request_stop(kind);
+        }
+        let tasks: Vec<TaskId> = stopping.iter().map(|t| t.id.clone()).collect();
+        // The group waits for this: the next owner starts after these stopped.
+        for task in stopping {
+            task.join();
+        }
+        self.shared.report(MemberEvent::Revoked { tasks, lost });
+    }
+
+    fn on_assigned(&self, partitions: &[TopicPartition]) {
+        let mut started = Vec::new();
+        let mut running = self.running.lock().unwrap_or_else(PoisonError::into_inner);
+        for tp in partitions {
+            let Some((id, stage)) = self.task_of(tp) else {
+                warn!(partition = %tp, "assigned a partition no stage reads");
+                continue;
+            };
+            match RunningTask::start(id.clone(), stage, Arc::clone(&self.shared)) {
+                Ok(task) => {
+                    running.insert(tp.clone(), task);
+                    started.push(id);
+                }
+                Err(error) => warn!(task = %id, %error, "cannot start the task"),
+            }
+        }
+        drop(running);
+        self.shared.report(MemberEvent::Assigned { tasks: started });
+    }
+}
+
+/// One member of an application (see the crate docs). Leave the group with
+/// [`Member::leave`]: each task finishes its batch, commits and lets its
+/// partition go to the members that stay.
+pub struct Member {
+    shared: Arc<MemberShared>,
+    tasks: Arc<Tasks>,
+    group: Arc<GroupMember>,
+}
+
+impl std::fmt::Debug for Member {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Member")
+            .field("app", &self.shared.app)
+            .field("member_id", &self.shared.settings.member_id)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Member {
+    /// Creates the application's internal topics (when missing), joins its
+    /// consumer group and opens the member's transactional producer; tasks
+    /// start as the group assigns partitions.
+    pub fn start(
+        topology: Topology,
+        settings: MemberSettings,
+        listener: Option<MemberListener>,
+    ) -> Result<Self, AppError> {
+        let app = topology.app.clone();
+        let problems = topology.problems();
+        if !problems.is_empty() {
+            return Err(AppError::Invalid { app, reason: problems.join("; ") });
+        }
+        let kafka = |what: String| {
+            let app = app.clone();
+            move |source| AppError::Kafka { app, what, source: Box::new(source) }
+        };
+        let internal = internal_topics(&topology, &settings.brokers)?;
+        for topic in internal.values() {
+            ensure_topic(&settings.brokers, &topic.name, topic.partitions)
+                .map_err(kafka(format!("create the internal topic {}", topic.name)))?;
+        }
+        let stages: BTreeMap<String, Stage> =
+            topology.stages.iter().map(|stage| (topology.input_topic(stage), stage.clone())).collect();
+        let topics: Vec<String> = stages.keys().cloned().collect();
+        let shared = Arc::new(MemberShared {
+            app: app.clone(),
+            settings,
+            internal,
+            transactions: Mutex::new(None),
+            transactions_ready: Condvar::new(),
+            listener,
+        });
+        let tasks = Arc::new(Tasks { shared: Arc::clone(&shared), stages, running: Mutex::new(BTreeMap::new()) });
+        let s = &shared.settings;
+        let group = GroupMember::join(&s.brokers, &app, &topics, &s.group, Arc::clone(&tasks) as _)
+            .map_err(kafka(format!("join the group {app}")))?;
+        let group = Arc::new(group);
+        let transactional_id = format!("{app}-{}", s.member_id);
+        let transactions =
+            MemberTransactions::new(&s.brokers, &transactional_id, Arc::clone(&group), s.transaction_timeout)
+                .map_err(kafka(format!("open the transactional producer {transactional_id}")))?;
+        shared.set_transactions(Some(Arc::new(transactions)));
+        info!(app = %app, member = %s.member_id, topics = ?topics, "member started");
+        Ok(Member { shared, tasks, group })
+    }
+
+    /// The tasks this member runs now.
+    pub fn tasks(&self) -> Vec<TaskId> {
+        self.tasks.owned()
+    }
+
+    /// The member's name.
+    pub fn member_id(&self) -> &str {
+        &self.shared.settings.member_id
+    }
+
+    /// Leaves the group: every task finishes its batch in flight, commits it
+    /// and releases its checkpoint, then the partitions go to the others.
+    pub fn leave(self) -> Result<(), AppError> {
+        let result = self.group.leave().map_err(|source| AppError::Kafka {
+            app: self.shared.app.clone(),
+            what: "leave the group".to_string(),
+            source: Box::new(source),
+        });
+        self.shared.set_transactions(None);
+        result
+    }
+}
+
+/// Each operator's internal topic, with its partition count: the
+/// application's input's for a repartition, one for a single stage.
+fn internal_topics(topology: &Topology, brokers: &str) -> Result<BTreeMap<String, InternalTopic>, AppError> {
+    let mut input_partitions = None;
+    let mut out = BTreeMap::new();
+    for stage in &topology.stages {
+        let (operator, partitions) = match &stage.input {
+            StageInput::Topic(topic) => {
+                let count = partition_count(brokers, topic).map_err(|source| AppError::Kafka {
+                    app: topology.app.clone(),
+                    what: format!("look up the input topic {topic}"),
+                    source: Box::new(source),
+                })?;
+                input_partitions.get_or_insert(count);
+                continue;
+            }
+            StageInput::Repartition(operator) => (operator, input_partitions.unwrap_or(1)),
+            StageInput::Single(operator) => (operator, 1),
+        };
+        out.insert(operator.clone(), InternalTopic { name: topology.internal_topic(operator), partitions });
+    }
+    Ok(out)
+}

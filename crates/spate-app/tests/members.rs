@@ -1,0 +1,212 @@
+//! Members of one application against the local broker: a word count
+//! whose words are repartitioned by key, counted per event-time window,
+//! gives exactly the counts of the input while members leave and join.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration as StdDuration, Instant, SystemTime, UNIX_EPOCH};
+
+use rdkafka::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::Message;
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use spate_app::{Emit, Member, MemberSettings, Topology, decode_repartitioned};
+use spate_core::{Duration, Time};
+use spate_dstream::{EventWindows, Watermarks};
+use spate_kafka::{GroupSettings, KafkaRecord};
+
+fn brokers() -> String {
+    std::env::var("SPATE_KAFKA_BROKERS").unwrap_or_else(|_| {
+        panic!(
+            "SPATE_KAFKA_BROKERS is not set: start a broker with `cargo xtask kafka start` (or run `cargo xtask test`)"
+        )
+    })
+}
+
+fn unique(prefix: &str) -> String {
+    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos();
+    format!("{prefix}-{}-{nanos}", std::process::id())
+}
+
+const WINDOW_MS: i64 = 10_000;
+
+/// The lines: `(partition, timestamp, text)`, 60 s of event time from `base`.
+fn lines(base: i64) -> Vec<(i32, i64, String)> {
+    let words = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa", "lambda"];
+    (0..1_200i64)
+        .map(|i| {
+            let text: Vec<&str> = (0..3).map(|j| words[((i * 7 + j * 3 + i / 5) % 11) as usize]).collect();
+            ((i % 4) as i32, base + i * 50, text.join(" "))
+        })
+        .collect()
+}
+
+fn produce(topic: &str, lines: &[(i32, i64, String)]) {
+    let producer: BaseProducer =
+        ClientConfig::new().set("bootstrap.servers", brokers()).set("enable.idempotence", "true").create().unwrap();
+    for (partition, ts, text) in lines {
+        let record = BaseRecord::<(), String>::to(topic).payload(text).partition(*partition).timestamp(*ts);
+        producer.send(record).map_err(|(e, _)| e).unwrap();
+        producer.poll(StdDuration::ZERO);
+    }
+    producer.flush(StdDuration::from_secs(30)).unwrap();
+}
+
+/// The count of each (word, window start) over windows that end by `until`.
+fn reference(lines: &[(i32, i64, String)], until: i64) -> BTreeMap<(String, i64), u64> {
+    let mut counts = BTreeMap::new();
+    for (_, ts, text) in lines {
+        for word in text.split_whitespace() {
+            let start = ts.div_euclid(WINDOW_MS) * WINDOW_MS;
+            if start + WINDOW_MS <= until {
+                *counts.entry((word.to_string(), start)).or_default() += 1;
+            }
+        }
+    }
+    counts
+}
+
+fn topology(app: &str, input: &str, output: &str) -> Topology {
+    let output = output.to_string();
+    Topology::new(app)
+        .stage_from_topic("split", input, |task| {
+            let words = task.records().flat_map(|r: KafkaRecord| {
+                let ts = r.timestamp.unwrap_or_default();
+                let text = String::from_utf8_lossy(r.value.as_deref().unwrap_or_default()).into_owned();
+                text.split_whitespace().map(|w| (w.to_string(), (ts, 1u64))).collect::<Vec<_>>()
+            });
+            task.repartition_by_key("words", &words, |(ts, _)| Some(Time::from_millis(*ts)))
+        })
+        .stage_from_repartition("count", "words", move |task| {
+            let output = output.clone();
+            let counted = task
+                .records()
+                .flat_map(|r| decode_repartitioned::<String, (i64, u64)>(&r).ok())
+                .aggregate_by_event_time(
+                    |(ts, _): &(i64, u64)| Time::from_millis(*ts),
+                    Watermarks::bounded_out_of_orderness(Duration::from_secs(2)),
+                    EventWindows::tumbling(Duration::from_millis(WINDOW_MS as u64))
+                        .allowed_lateness(Duration::from_secs(600)),
+                    |(_, n)| n,
+                    |acc: &mut u64, (_, n)| *acc += n,
+                    |acc: &mut u64, other: &u64| *acc += other,
+                )
+                .name("counts");
+            Ok(counted.results().map(move |r| {
+                let key = format!("{}@{}", r.key, r.window.start.as_millis());
+                Emit::to_topic(&output, Some(key.into_bytes()), format!("{},{}", r.value, r.revision).into_bytes())
+            }))
+        })
+}
+
+fn settings(dir: &std::path::Path, member: &str) -> MemberSettings {
+    let mut s = MemberSettings::new(&brokers(), dir, Duration::from_millis(200), member);
+    s.group = GroupSettings {
+        session_timeout: StdDuration::from_secs(6),
+        heartbeat_interval: StdDuration::from_secs(1),
+        ..GroupSettings::default()
+    };
+    s.max_rate_per_partition = Some(500);
+    s
+}
+
+/// Every committed record of `topic`: `(key, value)`, in offset order per partition.
+struct Committed {
+    consumer: BaseConsumer,
+    seen: Vec<(String, String)>,
+}
+
+impl Committed {
+    fn new(topic: &str) -> Self {
+        let consumer: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", brokers())
+            .set("group.id", unique("reader"))
+            .set("isolation.level", "read_committed")
+            .set("auto.offset.reset", "earliest")
+            .set("enable.auto.commit", "false")
+            .create()
+            .unwrap();
+        consumer.subscribe(&[topic]).unwrap();
+        Committed { consumer, seen: Vec::new() }
+    }
+
+    fn poll(&mut self) {
+        while let Some(message) = self.consumer.poll(StdDuration::from_millis(200)) {
+            let m = message.unwrap();
+            let key = String::from_utf8_lossy(m.key().unwrap_or_default()).into_owned();
+            let value = String::from_utf8_lossy(m.payload().unwrap_or_default()).into_owned();
+            self.seen.push((key, value));
+        }
+    }
+
+    /// The last revision of each window's count.
+    fn latest(&self) -> BTreeMap<(String, i64), u64> {
+        let mut best: BTreeMap<(String, i64), (u32, u64)> = BTreeMap::new();
+        for (key, value) in &self.seen {
+            let (word, start) = key.rsplit_once('@').unwrap();
+            let (count, revision) = value.split_once(',').unwrap();
+            let (count, revision): (u64, u32) = (count.parse().unwrap(), revision.parse().unwrap());
+            let entry = best.entry((word.to_string(), start.parse().unwrap())).or_insert((revision, count));
+            if revision >= entry.0 {
+                *entry = (revision, count);
+            }
+        }
+        best.into_iter().map(|(k, (_, count))| (k, count)).collect()
+    }
+
+    /// Each (window, revision) written once: no batch committed twice.
+    fn assert_no_repeats(&self) {
+        let mut once = BTreeSet::new();
+        for (key, value) in &self.seen {
+            let revision = value.split_once(',').unwrap().1;
+            assert!(once.insert((key.clone(), revision.to_string())), "{key} revision {revision} written twice");
+        }
+    }
+
+    /// Polls until the counts of `expected`'s windows equal it (failing after two minutes).
+    fn wait_for(&mut self, expected: &BTreeMap<(String, i64), u64>) {
+        let deadline = Instant::now() + StdDuration::from_secs(120);
+        loop {
+            self.poll();
+            let latest = self.latest();
+            let got: BTreeMap<_, _> =
+                latest.iter().filter(|(k, _)| expected.contains_key(k)).map(|(k, v)| (k.clone(), *v)).collect();
+            if &got == expected {
+                return;
+            }
+            assert!(Instant::now() < deadline, "counts after two minutes: {got:?}\nexpected {expected:?}");
+        }
+    }
+}
+
+#[test]
+fn members_that_leave_and_join_count_every_word_exactly_once() {
+    let _ = tracing_subscriber::fmt().with_test_writer().with_env_filter("info,rdkafka=warn").try_init();
+    let (input, output, app) = (unique("lines"), unique("counts"), unique("wordcount"));
+    spate_kafka::ensure_topic(&brokers(), &input, 4).unwrap();
+    spate_kafka::ensure_topic(&brokers(), &output, 1).unwrap();
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as i64;
+    let base = (now - 120_000) / WINDOW_MS * WINDOW_MS;
+    let lines = lines(base);
+    produce(&input, &lines);
+    let expected = reference(&lines, base + 40_000);
+    let dir = tempfile::tempdir().unwrap();
+    let mut committed = Committed::new(&output);
+
+    let a = Member::start(topology(&app, &input, &output), settings(dir.path(), "a"), None).unwrap();
+    let b = Member::start(topology(&app, &input, &output), settings(dir.path(), "b"), None).unwrap();
+    // Wait for the first counts, then let a go and bring c in.
+    let deadline = Instant::now() + StdDuration::from_secs(60);
+    while committed.seen.is_empty() {
+        committed.poll();
+        assert!(Instant::now() < deadline, "no count was committed");
+    }
+    a.leave().unwrap();
+    let c = Member::start(topology(&app, &input, &output), settings(dir.path(), "c"), None).unwrap();
+    committed.wait_for(&expected);
+    committed.assert_no_repeats();
+    assert!(!b.tasks().is_empty() || !c.tasks().is_empty());
+    b.leave().unwrap();
+    c.leave().unwrap();
+}
