@@ -42,7 +42,7 @@ pub enum Command {
     Demo(DemoArgs),
     /// Run the word-count pipeline on a Kafka topic, writing to a Kafka topic.
     #[command(after_help = EXIT_CODES_HELP)]
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Look at, repair or change a checkpoint (a directory or s3://bucket/prefix).
     #[command(subcommand, after_help = EXIT_CODES_HELP)]
     Checkpoint(CheckpointCommand),
@@ -165,6 +165,81 @@ pub struct RunArgs {
     /// How to reach an s3:// checkpoint.
     #[command(flatten)]
     pub s3: S3Args,
+    /// Running one application on several processes.
+    #[command(flatten)]
+    pub app: AppArgs,
+}
+
+/// The flags of `spate run --app`: one member of an application whose
+/// members share the topic's partitions through a Kafka consumer group.
+#[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "One application on several processes or machines (--app)")]
+pub struct AppArgs {
+    /// Run as a member of application NAME: every process started with the same NAME, --kafka and
+    /// --checkpoint (a directory on one machine, s3://bucket/prefix across machines) shares the
+    /// topic's partitions through the consumer group NAME, exactly once (--exactly-once and --group
+    /// do not apply). Counts go to --output-topic per event-time window, each window's top words to
+    /// --top-topic.
+    #[arg(long, value_name = "NAME")]
+    pub app: Option<String>,
+    /// This member's name, unique in the application and the same when it is restarted (default:
+    /// HOST-PID).
+    #[arg(long, value_name = "ID")]
+    pub member_id: Option<String>,
+    /// The group drops a member without a heartbeat for this long and moves its partitions.
+    #[arg(long, value_name = "MS", default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1000..=3_600_000))]
+    pub session_timeout_ms: u64,
+    /// How often a member sends its heartbeat (less than a third of the session timeout).
+    #[arg(long, value_name = "MS", default_value_t = 1_000, value_parser = clap::value_parser!(u64).range(100..=3_600_000))]
+    pub heartbeat_interval_ms: u64,
+    /// The group protocol: `classic` (cooperative-sticky assignment, KIP-429) or `consumer` (the
+    /// broker-side protocol of KIP-848; session and heartbeat are then the broker's settings).
+    #[arg(long, value_name = "P", default_value = "classic", value_parser = ["classic", "consumer"])]
+    pub group_protocol: String,
+    /// The broker aborts an open transaction of a member that died after this long; until then the
+    /// next stage waits at it.
+    #[arg(long, value_name = "MS", default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1000..=900_000))]
+    pub transaction_timeout_ms: u64,
+    /// The event-time window of the counts, on the records' timestamps.
+    #[arg(long, value_name = "MS", default_value_t = 30_000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub window_ms: u64,
+    /// How often a window starts.
+    #[arg(long, value_name = "MS", default_value_t = 2_000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub slide_ms: u64,
+    /// How far behind the latest record of its partition a record may arrive.
+    #[arg(long, value_name = "MS", default_value_t = 5_000)]
+    pub out_of_orderness_ms: u64,
+    /// How long after its end a window still takes late records (and is written again).
+    #[arg(long, value_name = "MS", default_value_t = 60_000)]
+    pub allowed_lateness_ms: u64,
+    /// Where each window's top words go (default: OUTPUT_TOPIC-top).
+    #[arg(long, value_name = "T3")]
+    pub top_topic: Option<String>,
+}
+
+#[cfg(feature = "kafka")]
+impl AppArgs {
+    /// The topic of the windows' top words.
+    pub(crate) fn top_topic(&self, output_topic: &str) -> String {
+        self.top_topic.clone().unwrap_or_else(|| format!("{output_topic}-top"))
+    }
+
+    /// Refuses values that do not fit together, naming the flags.
+    pub(crate) fn validate(&self) -> Result<(), crate::error::CliError> {
+        if self.heartbeat_interval_ms.saturating_mul(3) > self.session_timeout_ms {
+            return Err(crate::error::CliError::usage(format!(
+                "--heartbeat-interval-ms {} must be at most a third of --session-timeout-ms {}",
+                self.heartbeat_interval_ms, self.session_timeout_ms
+            )));
+        }
+        if self.slide_ms > self.window_ms {
+            return Err(crate::error::CliError::usage(format!(
+                "--slide-ms {} is longer than --window-ms {}: records between windows would not be counted",
+                self.slide_ms, self.window_ms
+            )));
+        }
+        Ok(())
+    }
 }
 
 /// The flags that serve what a running job shows: `/metrics` and the web

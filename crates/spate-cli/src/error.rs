@@ -53,6 +53,14 @@ pub enum CliError {
         #[source]
         source: serde_json::Error,
     },
+    /// A member of an application failed to start, run or leave.
+    #[cfg(feature = "kafka")]
+    #[error("the application member failed")]
+    App {
+        /// The cause.
+        #[source]
+        source: Box<spate_app::AppError>,
+    },
     /// An operation on a checkpoint directory failed.
     #[error("{action} {}", dir.display())]
     Checkpoint {
@@ -137,6 +145,12 @@ impl CliError {
             CliError::Io { .. } => ExitCode::Runtime,
             #[cfg(feature = "kafka")]
             CliError::Kafka { .. } => ExitCode::Runtime,
+            #[cfg(feature = "kafka")]
+            CliError::App { source } => match source.as_ref() {
+                spate_app::AppError::Invalid { .. } => ExitCode::Usage,
+                spate_app::AppError::Task { source, .. } => runtime_exit_code(source),
+                _ => ExitCode::Runtime,
+            },
             CliError::Interrupted => ExitCode::Interrupted,
         }
     }

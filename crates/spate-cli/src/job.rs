@@ -123,7 +123,7 @@ fn recovery_line(report: &RecoveryReport) -> String {
 }
 
 /// One batch: id, input records, rate, processing time, scheduling delay.
-fn progress_line(p: &BatchProgress) -> String {
+pub(crate) fn progress_line(p: &BatchProgress) -> String {
     format!(
         "batch {:>6} | {:>7} records | {:>9.1} rec/s | processing {:>4} ms | scheduling delay {:>5} ms{}",
         p.batch_id.0,

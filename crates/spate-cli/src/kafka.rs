@@ -60,7 +60,7 @@ fn kafka_error(what: &'static str, source: spate_kafka::KafkaError) -> CliError 
     CliError::Kafka { what, source: Box::new(source) }
 }
 
-fn starting_offsets(spec: &str) -> Result<StartingOffsets, CliError> {
+pub(crate) fn starting_offsets(spec: &str) -> Result<StartingOffsets, CliError> {
     match spec {
         "earliest" => Ok(StartingOffsets::Earliest),
         "latest" => Ok(StartingOffsets::Latest),
@@ -71,7 +71,7 @@ fn starting_offsets(spec: &str) -> Result<StartingOffsets, CliError> {
 }
 
 /// The words of a record's value (UTF-8, split on whitespace).
-fn words_of(record: &KafkaRecord) -> Vec<String> {
+pub(crate) fn words_of(record: &KafkaRecord) -> Vec<String> {
     record
         .value
         .as_deref()
@@ -173,6 +173,9 @@ fn stream_config(args: &RunArgs, batch: Duration) -> Result<DirectKafkaConfig, C
 
 /// Runs the Kafka pipeline until it is stopped; returns the closing line.
 pub(crate) fn run(args: &RunArgs) -> Result<String, CliError> {
+    if let Some(name) = &args.app.app {
+        return crate::app::run(args, &args.app, name);
+    }
     let object_store = object_store_settings(&args.s3)?;
     refuse_inconsistent(&args.checkpoint, &object_store, ACTION)?;
     let batch = Duration::from_millis(args.batch_ms);
@@ -232,7 +235,7 @@ mod tests {
         argv.extend_from_slice(extra);
         let cli = <crate::args::Cli as clap::Parser>::try_parse_from(argv).unwrap();
         let crate::args::Command::Run(args) = cli.command else { panic!("wrong command") };
-        args
+        *args
     }
 
     #[test]

@@ -62,6 +62,8 @@
 #![deny(clippy::unwrap_used, clippy::expect_used)]
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
 
+#[cfg(feature = "kafka")]
+mod app;
 mod args;
 mod demo;
 mod error;
