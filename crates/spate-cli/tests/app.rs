@@ -1,0 +1,246 @@
+//! `spate run --app` against a real broker: several member processes share
+//! one application. Members are killed with SIGKILL, started, and stopped
+//! gracefully while they run; the counts they commit (read with
+//! `read_committed`) equal a reference computed from the input, none lost
+//! or counted twice, and each window's top words follow. Needs a broker:
+//! `cargo xtask test` starts one, or `cargo xtask kafka start` then
+//! `SPATE_KAFKA_BROKERS=127.0.0.1:<port> cargo test -p spate-cli --test app`.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::Message;
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use serde_json::Value;
+
+fn brokers() -> String {
+    match std::env::var("SPATE_KAFKA_BROKERS") {
+        Ok(b) if !b.trim().is_empty() => b,
+        _ => panic!(
+            "this test needs a Kafka broker: run through `cargo xtask test` or set SPATE_KAFKA_BROKERS \
+             (e.g. after `cargo xtask kafka start`)"
+        ),
+    }
+}
+
+fn unique(prefix: &str) -> String {
+    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos();
+    format!("{prefix}-{}-{nanos}", std::process::id())
+}
+
+fn create_topics(topics: &[(&str, i32)]) {
+    let admin: AdminClient<DefaultClientContext> =
+        ClientConfig::new().set("bootstrap.servers", brokers()).create().unwrap();
+    let new: Vec<NewTopic<'_>> =
+        topics.iter().map(|(name, partitions)| NewTopic::new(name, *partitions, TopicReplication::Fixed(1))).collect();
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    for result in runtime.block_on(admin.create_topics(&new, &AdminOptions::new())).unwrap() {
+        result.unwrap();
+    }
+}
+
+const WINDOW_MS: i64 = 10_000;
+const PARTITIONS: i32 = 6;
+const WORDS: [&str; 13] =
+    ["ant", "bee", "cat", "dog", "eel", "fox", "gnu", "hen", "ibis", "jay", "kiwi", "lynx", "mole"];
+
+/// `(partition, timestamp, line)`: 90 s of event time from `base`, words
+/// spread over the partitions in no order of theirs.
+fn lines(base: i64) -> Vec<(i32, i64, String)> {
+    (0..1_800i64)
+        .map(|i| {
+            let line: Vec<&str> = (0..4).map(|j| WORDS[((i * 31 + j * 17 + i * i / 7) % 13) as usize]).collect();
+            (((i * 5 + i / 3) % i64::from(PARTITIONS)) as i32, base + i * 50, line.join(" "))
+        })
+        .collect()
+}
+
+fn produce(topic: &str, lines: &[(i32, i64, String)]) {
+    let producer: BaseProducer =
+        ClientConfig::new().set("bootstrap.servers", brokers()).set("enable.idempotence", "true").create().unwrap();
+    for (partition, ts, line) in lines {
+        let record = BaseRecord::<(), String>::to(topic).payload(line).partition(*partition).timestamp(*ts);
+        producer.send(record).map_err(|(e, _)| e).unwrap();
+        producer.poll(Duration::ZERO);
+    }
+    producer.flush(Duration::from_secs(30)).unwrap();
+}
+
+/// Each (word, window start)'s count, for windows ending by `until`.
+fn reference(lines: &[(i32, i64, String)], until: i64) -> BTreeMap<(String, i64), u64> {
+    let mut counts = BTreeMap::new();
+    for (_, ts, line) in lines {
+        let start = ts.div_euclid(WINDOW_MS) * WINDOW_MS;
+        if start + WINDOW_MS <= until {
+            for word in line.split_whitespace() {
+                *counts.entry((word.to_string(), start)).or_default() += 1;
+            }
+        }
+    }
+    counts
+}
+
+/// The committed records of a topic, read as they come.
+struct Committed {
+    consumer: BaseConsumer,
+    values: Vec<Value>,
+}
+
+impl Committed {
+    fn new(topic: &str) -> Self {
+        let consumer: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", brokers())
+            .set("group.id", unique("reader"))
+            .set("isolation.level", "read_committed")
+            .set("auto.offset.reset", "earliest")
+            .set("enable.auto.commit", "false")
+            .create()
+            .unwrap();
+        consumer.subscribe(&[topic]).unwrap();
+        Committed { consumer, values: Vec::new() }
+    }
+
+    fn poll(&mut self) {
+        while let Some(message) = self.consumer.poll(Duration::from_millis(100)) {
+            let payload = message.unwrap().payload().unwrap_or_default().to_vec();
+            self.values.push(serde_json::from_slice(&payload).unwrap());
+        }
+    }
+
+    /// The latest revision of each window count.
+    fn counts(&self) -> BTreeMap<(String, i64), u64> {
+        let mut latest: BTreeMap<(String, i64), (u64, u64)> = BTreeMap::new();
+        for v in &self.values {
+            let key = (v["word"].as_str().unwrap().to_string(), v["windowStart"].as_i64().unwrap());
+            let (revision, count) = (v["revision"].as_u64().unwrap(), v["count"].as_u64().unwrap());
+            let entry = latest.entry(key).or_insert((revision, count));
+            if revision >= entry.0 {
+                *entry = (revision, count);
+            }
+        }
+        latest.into_iter().map(|(k, (_, count))| (k, count)).collect()
+    }
+}
+
+/// One `spate run --app` process.
+fn member(app: &str, input: &str, output: &str, checkpoint: &Path, id: &str) -> Child {
+    let brokers = brokers();
+    let args = [
+        "run",
+        "--app",
+        app,
+        "--member-id",
+        id,
+        "--kafka",
+        &brokers,
+        "--topic",
+        input,
+        "--output-topic",
+        output,
+        "--checkpoint",
+        checkpoint.to_str().unwrap(),
+        "--batch-ms",
+        "200",
+        "--session-timeout-ms",
+        "6000",
+        "--heartbeat-interval-ms",
+        "1000",
+        "--max-rate-per-partition",
+        "150",
+        "--window-ms",
+        "10000",
+        "--slide-ms",
+        "10000",
+        "--out-of-orderness-ms",
+        "2000",
+        "--allowed-lateness-ms",
+        "600000",
+        "--transaction-timeout-ms",
+        "5000",
+        "--top",
+        "3",
+    ];
+    Command::new(env!("CARGO_BIN_EXE_spate")).args(args).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap()
+}
+
+/// Polls until `done` holds of what was committed, failing after `limit`.
+fn wait_until(committed: &mut Committed, limit: Duration, what: &str, done: impl Fn(&Committed) -> bool) {
+    let deadline = Instant::now() + limit;
+    while !done(committed) {
+        assert!(
+            Instant::now() < deadline,
+            "{what}: not reached in {limit:?}; committed {} records",
+            committed.values.len()
+        );
+        committed.poll();
+    }
+}
+
+fn stop_gracefully(mut child: Child) {
+    let pid = child.id().to_string();
+    assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+    assert_eq!(child.wait().unwrap().code(), Some(0), "a graceful stop exits 0");
+}
+
+#[test]
+fn members_killed_started_and_stopped_mid_run_commit_each_count_exactly_once() {
+    let (input, output, app) = (unique("app-in"), unique("app-out"), unique("app"));
+    let top_topic = format!("{output}-top");
+    create_topics(&[(&input, PARTITIONS), (&output, 1), (&top_topic, 1)]);
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as i64;
+    let base = (now - 300_000) / WINDOW_MS * WINDOW_MS;
+    let lines = lines(base);
+    produce(&input, &lines);
+    // The last 30 s of input keep every internal partition's watermark
+    // past the compared windows.
+    let expected = reference(&lines, base + 60_000);
+    let dir = tempfile::tempdir().unwrap();
+    let mut counts = Committed::new(&output);
+
+    let m1 = member(&app, &input, &output, dir.path(), "m1");
+    let mut m2 = member(&app, &input, &output, dir.path(), "m2");
+    let m3 = member(&app, &input, &output, dir.path(), "m3");
+    wait_until(&mut counts, Duration::from_secs(90), "first counts", |c| !c.values.is_empty());
+    m2.kill().unwrap();
+    m2.wait().unwrap();
+    let m4 = member(&app, &input, &output, dir.path(), "m4");
+    let seen = counts.values.len();
+    wait_until(&mut counts, Duration::from_secs(90), "counts after the kill", |c| c.values.len() > seen + 5);
+    stop_gracefully(m1);
+    wait_until(&mut counts, Duration::from_secs(180), "every count", |c| {
+        let got = c.counts();
+        expected.iter().all(|(k, v)| got.get(k) == Some(v))
+    });
+    // Nothing written twice: each (word, window, revision) once.
+    let mut once = BTreeSet::new();
+    for v in &counts.values {
+        let key = (v["word"].to_string(), v["windowStart"].as_i64(), v["revision"].as_u64());
+        assert!(once.insert(key.clone()), "written twice: {key:?}");
+    }
+    // The one-owner stage: each compared window's last top words are the reference's.
+    let mut tops = Committed::new(&top_topic);
+    let windows: BTreeSet<i64> = expected.keys().map(|(_, start)| *start).collect();
+    let top_of = |start: i64| {
+        let mut words: Vec<(String, u64)> =
+            expected.iter().filter(|((_, s), _)| *s == start).map(|((w, _), n)| (w.clone(), *n)).collect();
+        words.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        words.truncate(3);
+        serde_json::to_value(&words).unwrap()
+    };
+    wait_until(&mut tops, Duration::from_secs(60), "every window's top words", |t| {
+        windows.iter().all(|start| {
+            t.values.iter().rev().find(|v| v["windowStart"].as_i64() == Some(*start)).map(|v| &v["top"])
+                == Some(&top_of(*start))
+        })
+    });
+    stop_gracefully(m3);
+    stop_gracefully(m4);
+}
