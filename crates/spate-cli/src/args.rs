@@ -313,6 +313,11 @@ pub enum CheckpointCommand {
     ///
     /// It also reads a Spark Structured Streaming checkpoint and prints its
     /// offsets, so a Spark job can move to spate without losing or repeating data.
+    ///
+    /// On an application's location (`spate run --app`: it holds tasks/ and no
+    /// metadata of its own) it shows the application: a row per task (last
+    /// committed batch, last offsets batch, verdict, lock holder) and the members
+    /// (pid@host, from the task locks) with the tasks each holds or last held.
     #[command(after_help = EXIT_CODES_HELP)]
     Inspect {
         /// The checkpoint: a directory or s3://bucket/prefix.

@@ -15,6 +15,8 @@
 //!   the batch's consumed offsets when `--exactly-once` is given;
 //! - `spate checkpoint inspect LOCATION [--json]`: logs, verdict, last offsets,
 //!   lock holder and sizes, also of a Spark Structured Streaming checkpoint;
+//!   on an application's location (`spate run --app`), a row per task and
+//!   the members that hold or last held them;
 //! - `spate checkpoint repair LOCATION [--apply]`: the repair plan, applied under
 //!   the writer lock, moving files to `_quarantine/` and deleting nothing;
 //! - `spate checkpoint set-offsets LOCATION --source S --json J [--commit]`: a new

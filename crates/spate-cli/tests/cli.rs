@@ -572,3 +572,75 @@ fn seconds_stops_the_demo_gracefully_and_releases_the_lock() {
     assert_eq!(state["lock"]["held"], false);
     assert_eq!(state["verdict"]["kind"], "resume");
 }
+
+/// A task checkpoint of an application under `<app>/tasks/<name>`: batches
+/// `0..planned` logged (the one source read up to `(id + 1) * 100`), those
+/// in `committed` committed; returned open, holding its lock.
+fn app_task(app: &Path, name: &str, planned: u64, committed: &[u64]) -> spate_logstore::Checkpoint {
+    use spate_logstore::{Checkpoint, CheckpointOptions, CommitMetadata, OffsetSeq, SourceOffset};
+    let writer = Checkpoint::open_for_write(app.join("tasks").join(name), CheckpointOptions::new()).unwrap();
+    for id in 0..planned {
+        let range = serde_json::json!({"lines": {"0": {"from": id * 100, "until": (id + 1) * 100}}});
+        let seq = OffsetSeq {
+            batch_timestamp: spate_core::Time::from_millis(1_700_000_000_000 + 1000 * id as i64),
+            sources: vec![SourceOffset::new("kafka", Some(range))],
+            ..OffsetSeq::default()
+        };
+        writer.offsets().add(spate_core::BatchId(id), &seq).unwrap();
+    }
+    for &id in committed {
+        writer.commits().add(spate_core::BatchId(id), &CommitMetadata::default()).unwrap();
+    }
+    writer
+}
+
+#[test]
+fn an_applications_location_is_inspected_as_its_tasks_and_members() {
+    let root = tempfile::tempdir().unwrap();
+    let app = root.path().join("wordcount");
+    // lines-0 is held by this process (batch 2 in flight); lines-1 was let go by another member.
+    let _held = app_task(&app, "lines-0", 3, &[0, 1]);
+    drop(app_task(&app, "lines-1", 5, &[0, 1, 2, 3, 4]));
+    let lock = app.join("tasks/lines-1/LOCK");
+    let other = spate_logstore::LockHolder {
+        pid: 4242,
+        host: "host-b".to_string(),
+        since: spate_core::Time::from_millis(1_700_000_000_000),
+        epoch: 2,
+    };
+    std::fs::write(&lock, spate_logstore::encode_lock_file(&lock, &other).unwrap()).unwrap();
+    let before = snapshot(&app);
+
+    let output = spate(&["checkpoint", "inspect", path_str(&app)]);
+    let stdout = text(&output.stdout);
+    assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
+    assert!(stdout.starts_with(&format!("Application {} (2 task(s) under tasks/", app.display())), "{stdout}");
+    let row = |name: &str| {
+        let line = stdout.lines().find(|l| l.split_whitespace().next() == Some(name));
+        line.unwrap_or_else(|| panic!("no row for {name}: {stdout}")).split_whitespace().collect::<Vec<_>>().join(" ")
+    };
+    let pid = std::process::id();
+    assert!(row("lines-0").starts_with("lines-0 1 2 200 re-run 2 held by "), "{stdout}");
+    assert!(row("lines-0").contains(&format!("held by {pid}@")), "{stdout}");
+    assert_eq!(row("lines-1"), "lines-1 4 4 500 resume at 5 free, last 4242@host-b (epoch 2)", "{stdout}");
+    assert!(stdout.contains("  4242@host-b (not running): last held lines-1 (epoch 2)"), "{stdout}");
+    assert!(stdout.contains(&format!("  {pid}@")) && stdout.contains("(running): holds lines-0 (epoch 1)"), "{stdout}");
+
+    let json = inspect_json(&app);
+    let tasks = json["application"]["tasks"].as_array().unwrap();
+    let names: Vec<&str> = tasks.iter().map(|t| t["task"].as_str().unwrap()).collect();
+    assert_eq!(names, ["lines-0", "lines-1"]);
+    assert_eq!(tasks[0]["verdict"]["kind"], "rerun");
+    assert_eq!(tasks[0]["lastCommit"], 1);
+    assert_eq!(tasks[0]["lock"]["held"], true);
+    assert_eq!(tasks[0]["owner"]["pid"], pid);
+    assert_eq!(tasks[1]["verdict"]["next"], 5);
+    assert_eq!(tasks[1]["committedBatch"]["sources"][0]["offset"]["lines"]["0"]["until"], 500);
+    let members = json["application"]["members"].as_array().unwrap();
+    assert_eq!(members.len(), 2, "{members:?}");
+    let b = members.iter().find(|m| m["host"] == "host-b").unwrap();
+    assert_eq!((b["pid"].as_u64(), b["running"].as_bool()), (Some(4242), Some(false)));
+    assert_eq!(b["lastHeld"], serde_json::json!([{"task": "lines-1", "epoch": 2}]));
+
+    assert_eq!(snapshot(&app), before, "inspect changed the application's location");
+}
