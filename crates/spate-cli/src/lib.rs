@@ -20,7 +20,9 @@
 //! - `spate checkpoint repair LOCATION [--apply]`: the repair plan, applied under
 //!   the writer lock, moving files to `_quarantine/` and deleting nothing;
 //! - `spate checkpoint set-offsets LOCATION --source S --json J [--commit]`: a new
-//!   offsets entry for the next batch, never an edit of an old one.
+//!   offsets entry for the next batch, never an edit of an old one. Both
+//!   refuse an application's location (exit code 2), naming a task's
+//!   checkpoint to give instead.
 //!
 //! `spate demo` and `spate run` serve Prometheus metrics with
 //! `--metrics-addr HOST:PORT` (`/metrics`) and the job's web page with

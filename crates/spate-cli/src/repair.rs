@@ -8,18 +8,40 @@ use std::path::Path;
 use spate_logstore::{Checkpoint, LogStoreError, ObjectStoreSettings, file_manager_for};
 
 use crate::error::CliError;
+use crate::inspect::{TASKS_DIR, is_application};
 use crate::location::checkpoint_options;
 
 const ACTION: &str = "cannot repair checkpoint";
 
 /// The checkpoint must exist: opening for write would otherwise create it.
+/// An application's location is refused too: it is not a checkpoint but
+/// holds one per task, and writing to it would make it look like one.
 pub(crate) fn require_dir(dir: &Path, settings: &ObjectStoreSettings, action: &'static str) -> Result<(), CliError> {
+    if is_application(dir, settings) {
+        return Err(CliError::usage(format!(
+            "{action} {}: it is the location of an application, which holds one checkpoint per task under \
+             {TASKS_DIR}/; name the task's checkpoint instead, e.g. {} (`spate checkpoint inspect {}` lists them)",
+            dir.display(),
+            example_task(dir, settings),
+            dir.display()
+        )));
+    }
     let fail = |e| CliError::checkpoint(action, dir, e);
     if file_manager_for(dir, settings).map_err(fail)?.exists(dir).map_err(fail)? {
         return Ok(());
     }
     let missing = std::io::Error::new(std::io::ErrorKind::NotFound, "no such checkpoint directory");
     Err(fail(LogStoreError::Io { op: "open", path: dir.to_path_buf(), source: missing }))
+}
+
+/// The path of the application's first task, or a pattern when it has none.
+fn example_task(dir: &Path, settings: &ObjectStoreSettings) -> String {
+    let tasks = dir.join(TASKS_DIR);
+    let first = file_manager_for(dir, settings).ok().and_then(|files| files.list(&tasks).ok()).and_then(|mut names| {
+        names.sort();
+        names.into_iter().next()
+    });
+    tasks.join(first.as_deref().unwrap_or("<topic>-<partition>")).display().to_string()
 }
 
 /// Runs the command and returns what to print.
@@ -82,6 +104,40 @@ mod tests {
         assert!(!dir.join("commits/3").exists());
         assert!(matches!(spate_logstore::inspect(&dir).unwrap(), Verdict::Resume { next: BatchId(3), .. }));
         assert!(run(&dir, &local(), false).unwrap().contains("nothing to repair"));
+    }
+
+    #[test]
+    fn an_application_location_is_refused_naming_a_task_and_left_as_it_was() {
+        let root = tempfile::tempdir().unwrap();
+        let app = root.path().join("app");
+        commit_ahead(&app.join(TASKS_DIR).join("lines-0"));
+        let task = app.join("tasks/lines-0");
+        let settings = local();
+        let set = |commit| crate::set_offsets::SetOffsets {
+            dir: &app,
+            settings: &settings,
+            source: "kafka",
+            json: "1",
+            commit,
+        };
+        let errors = [
+            run(&app, &local(), false).unwrap_err(),
+            run(&app, &local(), true).unwrap_err(),
+            crate::set_offsets::run(&set(false)).unwrap_err(),
+            crate::set_offsets::run(&set(true)).unwrap_err(),
+        ];
+        for error in errors {
+            assert_eq!(error.exit_code(), ExitCode::Usage, "{error}");
+            let text = error.to_string();
+            assert!(text.contains("location of an application"), "{text}");
+            assert!(text.contains(&format!("e.g. {}", task.display())), "{text}");
+        }
+        let mut names: Vec<String> =
+            std::fs::read_dir(&app).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+        names.sort();
+        assert_eq!(names, ["tasks"], "nothing is written at the application's location");
+        // The task itself is repaired as any checkpoint.
+        assert!(run(&task, &local(), true).unwrap().contains("Applied: 1 file(s)"));
     }
 
     #[test]

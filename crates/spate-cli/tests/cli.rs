@@ -595,7 +595,7 @@ fn app_task(app: &Path, name: &str, planned: u64, committed: &[u64]) -> spate_lo
 }
 
 #[test]
-fn an_applications_location_is_inspected_as_its_tasks_and_members() {
+fn an_applications_location_is_inspected_as_its_tasks_and_members_and_not_repaired() {
     let root = tempfile::tempdir().unwrap();
     let app = root.path().join("wordcount");
     // lines-0 is held by this process (batch 2 in flight); lines-1 was let go by another member.
@@ -642,5 +642,17 @@ fn an_applications_location_is_inspected_as_its_tasks_and_members() {
     assert_eq!((b["pid"].as_u64(), b["running"].as_bool()), (Some(4242), Some(false)));
     assert_eq!(b["lastHeld"], serde_json::json!([{"task": "lines-1", "epoch": 2}]));
 
-    assert_eq!(snapshot(&app), before, "inspect changed the application's location");
+    // Repair and set-offsets are for one task's checkpoint: they name one and change nothing.
+    let location = path_str(&app);
+    for args in [
+        &["checkpoint", "repair", location, "--apply"][..],
+        &["checkpoint", "set-offsets", location, "--source", "kafka", "--json", "1", "--commit"],
+    ] {
+        let refused = spate(args);
+        let stderr = text(&refused.stderr);
+        assert_eq!(refused.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains("is the location of an application"), "{stderr}");
+        assert!(stderr.contains(&format!("e.g. {}", app.join("tasks/lines-0").display())), "{stderr}");
+    }
+    assert_eq!(snapshot(&app), before, "inspect, repair or set-offsets changed the application's location");
 }
