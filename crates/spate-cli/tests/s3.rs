@@ -4,7 +4,9 @@
 //! Without a server every test here fails, saying so; none passes vacuously.
 //!
 //! `inspect`, `repair` and `set-offsets` run one script on a local directory
-//! and on `s3://`, and must print the same and exit with the same codes. The
+//! and on `s3://`, and must print the same and exit with the same codes; so
+//! must inspect on an application's location (`tasks/` of task checkpoints)
+//! and repair and set-offsets refusing it. The
 //! demo runs on `s3://` with its receiver's logs in `--wal-dir`, resumes,
 //! refuses to start without `--wal-dir`, and a second writer is refused
 //! naming the holder. The child processes get no `AWS_*` variables: the
@@ -616,4 +618,93 @@ fn a_second_writer_on_s3_exits_4_naming_the_holder_and_writes_nothing() {
     assert_eq!(state["verdict"]["kind"], "resume", "{state}");
     assert!(state["commits"]["last"].as_u64().unwrap() >= batch, "{state}");
     verify_output(&wal.path().join("output"), SEED).unwrap();
+}
+
+/// An application's location as `spate run --app` leaves it: `lines-0`
+/// held by this process with batch 2 in flight, `lines-1` let go after
+/// batch 3 committed. Returns the writer that holds `lines-0`.
+fn application(s3: &S3, location: &Path) -> Checkpoint {
+    let task = |name: &str, planned: u64, committed: u64| {
+        let writer = Checkpoint::open_for_write(location.join("tasks").join(name), options_for(s3)).unwrap();
+        for id in 0..planned {
+            assert!(writer.offsets().add(BatchId(id), &offsets(id)).unwrap());
+        }
+        for id in 0..committed {
+            assert!(writer.commits().add(BatchId(id), &CommitMetadata::default()).unwrap());
+        }
+        writer
+    };
+    drop(task("lines-1", 4, 4));
+    task("lines-0", 3, 2)
+}
+
+/// `--json` of an application with the times its lock files record left out.
+fn masked_application(mut json: Value) -> Value {
+    for task in json["application"]["tasks"].as_array_mut().unwrap() {
+        for who in ["holder", "lastWriter"] {
+            if task["lock"][who].is_object() {
+                task["lock"][who]["sinceMs"] = Value::Null;
+            }
+        }
+    }
+    json
+}
+
+#[test]
+fn an_application_on_s3_is_inspected_and_refused_by_repair_as_in_a_directory() {
+    let s3 = s3();
+    let root = tempfile::tempdir().unwrap();
+    let run_on = |location: &Path| {
+        let _held = application(&s3, location);
+        let at = location.to_str().unwrap();
+        let mut runs = Vec::new();
+        for args in [
+            &["checkpoint", "inspect", at][..],
+            &["checkpoint", "inspect", at, "--json"],
+            &["checkpoint", "repair", at, "--apply"],
+            &["checkpoint", "set-offsets", at, "--source", "events", "--json", "1"],
+        ] {
+            let mut argv = strings(args);
+            argv.extend_from_slice(flags_for(&s3, location));
+            let output = spate(&argv);
+            let stdout = match serde_json::from_slice::<Value>(&output.stdout) {
+                Ok(json) => serde_json::to_string_pretty(&masked_application(json)).unwrap(),
+                Err(_) => text(&output.stdout),
+            };
+            let clean = |s: &str| s.replace(at, "<location>");
+            runs.push((output.status.code(), clean(&stdout), clean(&text(&output.stderr))));
+        }
+        (runs, layout(&s3, location))
+    };
+    let (local, local_layout) = run_on(&root.path().join("app"));
+    let location = s3.fresh_location("application");
+    let (remote, remote_layout) = run_on(&location);
+
+    let codes: Vec<Option<i32>> = local.iter().map(|r| r.0).collect();
+    assert_eq!(codes, [Some(0), Some(0), Some(2), Some(2)], "{local:#?}");
+    let (inspected, json) = (&local[0].1, &local[1].1);
+    let pid = std::process::id();
+    assert!(inspected.starts_with("Application <location> (2 task(s) under tasks/"), "{inspected}");
+    let row = |name: &str| {
+        let line = inspected.lines().find(|l| l.split_whitespace().next() == Some(name)).unwrap();
+        line.split_whitespace().collect::<Vec<_>>().join(" ")
+    };
+    assert!(row("lines-0").starts_with(&format!("lines-0 1 2 - re-run 2 held by {pid}@")), "{inspected}");
+    assert!(row("lines-1").starts_with(&format!("lines-1 3 3 - resume at 4 free, last {pid}@")), "{inspected}");
+    assert!(inspected.contains("(running): holds lines-0 (epoch 1); last held lines-1 (epoch 1)"), "{inspected}");
+    let json: Value = serde_json::from_str(json).unwrap();
+    assert_eq!(json["application"]["tasks"][0]["lock"]["held"], true, "{json}");
+    assert_eq!(json["application"]["tasks"][1]["committedBatch"]["id"], 3, "{json}");
+    assert_eq!(json["application"]["members"][0]["pid"], pid, "{json}");
+    assert!(local[2].2.contains("is the location of an application"), "{:?}", local[2]);
+    assert!(local[3].2.contains("e.g. <location>/tasks/lines-0"), "{:?}", local[3]);
+
+    for (what, (l, r)) in
+        ["inspect", "inspect --json", "repair --apply", "set-offsets"].iter().zip(local.iter().zip(&remote))
+    {
+        assert_eq!(l, r, "{what} differs between a directory and S3");
+    }
+    // Nothing was written at the location itself: only the tasks' files are there.
+    assert!(local_layout.iter().all(|p| p.starts_with("tasks/")), "{local_layout:?}");
+    assert_eq!(local_layout, remote_layout, "the layouts differ");
 }
