@@ -622,15 +622,12 @@ impl Application {
             lines.push("  none recorded".to_string());
         }
         for member in &self.members {
-            let mut parts = Vec::new();
-            if !member.holds.is_empty() {
-                parts.push(format!("holds {}", task_names(&member.holds)));
-            }
+            let holds = if member.holds.is_empty() { "none".to_string() } else { task_names(&member.holds) };
+            let mut line = format!("  {}@{}: holds {holds}", member.pid, member.host);
             if !member.last_held.is_empty() {
-                parts.push(format!("last held {}", task_names(&member.last_held)));
+                line.push_str(&format!("; last held {}", task_names(&member.last_held)));
             }
-            let running = if member.holds.is_empty() { "not running" } else { "running" };
-            lines.push(format!("  {}@{} ({running}): {}", member.pid, member.host, parts.join("; ")));
+            lines.push(line);
         }
         if let Some(problem) =
             self.tasks.iter().find(|t| t.state.as_ref().map_or(true, |s| matches!(s.verdict, Verdict::Inconsistent(_))))
@@ -659,12 +656,15 @@ impl Application {
     ///              "committedBatch": {"id": 12, "sources": [{"name": "kafka", "offset": …}]},
     ///              "lock": {"held": true, "holder": {"pid", "host", "sinceMs", "epoch"}, "lastWriter": null},
     ///              "owner": {"pid", "host", "epoch", "holds": true}, "error": null}, …],
-    ///   "members": [{"pid": 4242, "host": "host-a", "running": true,
+    ///   "members": [{"pid": 4242, "host": "host-a", "holding": true,
     ///                "holds": [{"task": "lines-0", "epoch": 3}], "lastHeld": [{"task": "lines-1", "epoch": 2}]}, …]}}
     /// ```
     ///
     /// A task that cannot be read has `"error"` set and its other fields null;
-    /// `owner` is whoever its lock file names, holding it now or not.
+    /// `owner` is whoever its lock file names, holding it now or not. A
+    /// member is `holding` while it holds at least one task's lock: a live
+    /// process on a local disk, an unexpired lease in S3 (a member that died
+    /// is shown holding until its leases run out).
     pub(crate) fn to_json(&self) -> Value {
         let tasks: Vec<Value> = self
             .tasks
@@ -709,7 +709,7 @@ impl Application {
                 json!({
                     "pid": m.pid,
                     "host": m.host,
-                    "running": !m.holds.is_empty(),
+                    "holding": !m.holds.is_empty(),
                     "holds": listed(&m.holds),
                     "lastHeld": listed(&m.last_held),
                 })
@@ -895,14 +895,9 @@ mod tests {
         assert_eq!(cells("lines-2")[..5], ["lines-2", "1", "0", "-", "INCONSISTENT"], "{text}");
         assert_eq!(cells("app-words-0")[..5], ["app-words-0", "-", "-", "-", "fresh"], "{text}");
         assert!(text.starts_with(&format!("Application {} (4 task(s) under tasks/", app.display())), "{text}");
+        assert!(text.contains("  4242@host-b: holds none; last held lines-2 (epoch 2), lines-10 (epoch 3)"), "{text}");
         assert!(
-            text.contains("  4242@host-b (not running): last held lines-2 (epoch 2), lines-10 (epoch 3)"),
-            "{text}"
-        );
-        assert!(
-            text.contains(&format!(
-                "  {pid}@{host} (running): holds lines-0 (epoch 1); last held app-words-0 (epoch 1)"
-            )),
+            text.contains(&format!("  {pid}@{host}: holds lines-0 (epoch 1); last held app-words-0 (epoch 1)")),
             "{text}"
         );
         let lines2 = app.join("tasks/lines-2");
@@ -929,7 +924,7 @@ mod tests {
         assert_eq!(tasks[3]["owner"], json!({"pid": 4242, "host": "host-b", "epoch": 3, "holds": false}));
         let members = json["application"]["members"].as_array().unwrap();
         let other = members.iter().find(|m| m["pid"] == 4242).unwrap();
-        assert_eq!(other["running"], false);
+        assert_eq!(other["holding"], false);
         assert_eq!(other["lastHeld"], json!([{"task": "lines-2", "epoch": 2}, {"task": "lines-10", "epoch": 3}]));
         // The text form too goes through `run`.
         assert_eq!(run(&app, &local(), false).unwrap(), text);

@@ -623,8 +623,8 @@ fn an_applications_location_is_inspected_as_its_tasks_and_members_and_not_repair
     assert!(row("lines-0").starts_with("lines-0 1 2 200 re-run 2 held by "), "{stdout}");
     assert!(row("lines-0").contains(&format!("held by {pid}@")), "{stdout}");
     assert_eq!(row("lines-1"), "lines-1 4 4 500 resume at 5 free, last 4242@host-b (epoch 2)", "{stdout}");
-    assert!(stdout.contains("  4242@host-b (not running): last held lines-1 (epoch 2)"), "{stdout}");
-    assert!(stdout.contains(&format!("  {pid}@")) && stdout.contains("(running): holds lines-0 (epoch 1)"), "{stdout}");
+    assert!(stdout.contains("  4242@host-b: holds none; last held lines-1 (epoch 2)"), "{stdout}");
+    assert!(stdout.contains(&format!("  {pid}@")) && stdout.contains(": holds lines-0 (epoch 1)\n"), "{stdout}");
 
     let json = inspect_json(&app);
     let tasks = json["application"]["tasks"].as_array().unwrap();
@@ -639,7 +639,7 @@ fn an_applications_location_is_inspected_as_its_tasks_and_members_and_not_repair
     let members = json["application"]["members"].as_array().unwrap();
     assert_eq!(members.len(), 2, "{members:?}");
     let b = members.iter().find(|m| m["host"] == "host-b").unwrap();
-    assert_eq!((b["pid"].as_u64(), b["running"].as_bool()), (Some(4242), Some(false)));
+    assert_eq!((b["pid"].as_u64(), b["holding"].as_bool()), (Some(4242), Some(false)));
     assert_eq!(b["lastHeld"], serde_json::json!([{"task": "lines-1", "epoch": 2}]));
 
     // Repair and set-offsets are for one task's checkpoint: they name one and change nothing.
