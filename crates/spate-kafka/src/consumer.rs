@@ -28,6 +28,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
+/// How long one poll waits before the consumer's position is looked at:
+/// a range that ends in transaction markers is done once the position
+/// passes its end, though no record arrives.
+const POLL_SLICE: Duration = Duration::from_millis(100);
+
 use rdkafka::Message;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -206,6 +211,17 @@ impl PartitionConsumer {
         Ok(())
     }
 
+    /// Where the consumer stands in its partition: past the last record it
+    /// handed out and past any markers and aborted records after it.
+    fn position(&self) -> Option<i64> {
+        let list = self.consumer.position().ok()?;
+        let element = list.find_partition(&self.partition.topic, self.partition.partition)?;
+        match element.offset() {
+            Offset::Offset(offset) => Some(offset),
+            _ => None,
+        }
+    }
+
     fn earliest_offset(&self) -> Result<i64> {
         let (low, _) = self
             .consumer
@@ -270,8 +286,18 @@ impl PartitionConsumer {
         if self.next_offset != Some(wanted) {
             self.seek(wanted)?;
         }
+        let mut waited = Duration::ZERO;
         while wanted < range.until {
-            match self.consumer.poll(self.settings.poll_timeout) {
+            match self.consumer.poll(POLL_SLICE) {
+                None if self.position().is_some_and(|p| p >= range.until) => {
+                    // What is left of the range is no record for the
+                    // application: transaction markers, records of aborted
+                    // transactions (read_committed), which the consumer
+                    // steps over without handing them out.
+                    self.next_offset = None;
+                    return Ok(range.until);
+                }
+                None if waited < self.settings.poll_timeout => waited += POLL_SLICE,
                 None => {
                     self.next_offset = None;
                     return Err(KafkaError::PollTimeout {

@@ -460,3 +460,33 @@ fn event_time_windows_follow_the_record_timestamps_with_a_watermark_per_partitio
     assert_eq!(got, expected.into_iter().collect::<Vec<_>>());
     assert_eq!(*late.lock().unwrap(), 0);
 }
+
+#[test]
+fn a_range_ending_in_a_transaction_marker_is_read_without_waiting_for_a_later_record() {
+    let (topic, output) = (unique("txn-in"), unique("txn-out"));
+    create_topic(&topic, 1);
+    create_topic(&output, 1);
+    produce(&topic, 1, values(0..1));
+    // Three records and a commit marker after them: the partition's end is
+    // one past the marker, which a read_committed consumer never hands out.
+    let sink = spate_kafka::TransactionalKafkaSink::new(&brokers(), &output, &unique("txn"), &unique("group")).unwrap();
+    let ranges = OffsetRanges::new(vec![OffsetRange::new(topic.clone(), 0, 0, 1)]);
+    let records = (0..3).map(|i| spate_kafka::OutputRecord::value(format!("in-txn-{i}")));
+    sink.write_batch(BatchId(0), &ranges, records).unwrap();
+    let config = DirectKafkaConfig::subscribe(brokers(), unique("group"), [output.clone()], BATCH)
+        .consumer_property("isolation.level", "read_committed")
+        .poll_timeout(std::time::Duration::from_secs(5));
+    let stream = DirectKafkaStream::new(config).unwrap();
+    let planned = stream.plan_batch(time_of(0), None).unwrap();
+    assert_eq!(planned.ranges()[0].until, 4, "three records and the marker");
+    let read: Vec<String> = stream.read(&planned).unwrap().iter().flatten().map(value).collect();
+    assert_eq!(read, ["in-txn-0", "in-txn-1", "in-txn-2"]);
+    // Read again from the log (a re-run): the same records, the marker passed over.
+    let again = DirectKafkaStream::new(
+        DirectKafkaConfig::subscribe(brokers(), unique("group"), [output.clone()], BATCH)
+            .consumer_property("isolation.level", "read_committed")
+            .poll_timeout(std::time::Duration::from_secs(5)),
+    )
+    .unwrap();
+    assert_eq!(again.read(&planned).unwrap().iter().flatten().count(), 3);
+}
