@@ -288,7 +288,9 @@ impl Member {
         });
         let tasks = Arc::new(Tasks { shared: Arc::clone(&shared), stages, running: Mutex::new(BTreeMap::new()) });
         let s = &shared.settings;
-        let group = GroupMember::join(&s.brokers, &app, &topics, &s.group, Arc::clone(&tasks) as _)
+        let mut group_settings = s.group.clone();
+        group_settings.client_id.get_or_insert_with(|| s.member_id.clone());
+        let group = GroupMember::join(&s.brokers, &app, &topics, &group_settings, Arc::clone(&tasks) as _)
             .map_err(kafka(format!("join the group {app}")))?;
         let group = Arc::new(group);
         let transactional_id = format!("{app}-{}", s.member_id);

@@ -176,6 +176,7 @@ fn member_settings(args: &RunArgs, app: &AppArgs) -> Result<MemberSettings, CliE
         } else {
             GroupProtocol::CooperativeSticky
         },
+        client_id: None,
     };
     settings.transaction_timeout = StdDuration::from_millis(app.transaction_timeout_ms);
     settings.starting_offsets = starting_offsets(&args.starting_offsets)?;

@@ -20,7 +20,7 @@
 //! have, so a new owner starts after the old one stopped.
 
 use std::collections::BTreeSet;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -54,6 +54,9 @@ pub struct GroupSettings {
     pub heartbeat_interval: Duration,
     /// The protocol.
     pub protocol: GroupProtocol,
+    /// The member's `client.id`, which the broker shows in the group's
+    /// member list (`None`: librdkafka's default).
+    pub client_id: Option<String>,
 }
 
 impl Default for GroupSettings {
@@ -63,6 +66,7 @@ impl Default for GroupSettings {
             session_timeout: Duration::from_secs(45),
             heartbeat_interval: Duration::from_secs(3),
             protocol: GroupProtocol::CooperativeSticky,
+            client_id: None,
         }
     }
 }
@@ -83,6 +87,20 @@ pub trait AssignmentListener: Send + Sync {
 struct MemberContext {
     listener: Arc<dyn AssignmentListener>,
     assigned: Mutex<BTreeSet<TopicPartition>>,
+    /// How many times the group dropped this member (its partitions lost).
+    dropped: AtomicU64,
+    /// The group metadata of the member's last rebalance, `None` once the
+    /// group dropped it. Kept here rather than read from the consumer when
+    /// a transaction commits: librdkafka resets a dropped member's id and
+    /// generation (to none) before the application hears of the loss, and
+    /// offsets sent with no generation are not checked at all.
+    metadata: Mutex<Option<Arc<ConsumerGroupMetadata>>>,
+}
+
+impl MemberContext {
+    fn set_metadata(&self, metadata: Option<ConsumerGroupMetadata>) {
+        *self.metadata.lock().unwrap_or_else(PoisonError::into_inner) = metadata.map(Arc::new);
+    }
 }
 
 impl ClientContext for MemberContext {}
@@ -96,6 +114,12 @@ impl ConsumerContext for MemberContext {
         if let Rebalance::Revoke(list) = rebalance {
             let partitions = partitions_of(list);
             let lost = consumer.assignment_lost();
+            if lost {
+                // Before the listener runs: a transaction in flight must not
+                // be tried again under the member's next identity.
+                self.set_metadata(None);
+                self.dropped.fetch_add(1, Ordering::AcqRel);
+            }
             info!(partitions = ?partitions, lost, "partitions revoked");
             self.listener.on_revoked(&partitions, lost);
             let mut assigned = self.assigned.lock().unwrap_or_else(PoisonError::into_inner);
@@ -106,6 +130,10 @@ impl ConsumerContext for MemberContext {
     }
 
     fn post_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        if !matches!(rebalance, Rebalance::Error(_)) {
+            // The generation this rebalance gave the member.
+            self.set_metadata(consumer.group_metadata());
+        }
         match rebalance {
             Rebalance::Assign(list) => {
                 // The membership reads nothing: the tasks read with consumers of their own.
@@ -158,6 +186,9 @@ impl GroupMember {
             .set("enable.auto.commit", "false")
             .set("enable.auto.offset.store", "false")
             .set("auto.offset.reset", "earliest");
+        if let Some(client_id) = &settings.client_id {
+            config.set("client.id", client_id);
+        }
         match settings.protocol {
             GroupProtocol::CooperativeSticky => {
                 config
@@ -169,7 +200,12 @@ impl GroupMember {
                 config.set("group.protocol", "consumer");
             }
         }
-        let context = MemberContext { listener, assigned: Mutex::new(BTreeSet::new()) };
+        let context = MemberContext {
+            listener,
+            assigned: Mutex::new(BTreeSet::new()),
+            dropped: AtomicU64::new(0),
+            metadata: Mutex::new(None),
+        };
         let consumer: BaseConsumer<MemberContext> = config
             .create_with_context(context)
             .map_err(client(format!("create the membership consumer of group {group_id}")))?;
@@ -182,16 +218,22 @@ impl GroupMember {
         Ok(GroupMember { consumer, group_id: group_id.to_string(), stop, poll: Mutex::new(Some(poll)) })
     }
 
-    /// The group's metadata as this member sees it now (member id,
-    /// generation), for `send_offsets_to_transaction`; `None` before the
-    /// member has joined.
-    pub fn group_metadata(&self) -> Option<ConsumerGroupMetadata> {
-        self.consumer.group_metadata()
+    /// The group's metadata (member id, generation) of the member's last
+    /// rebalance, for `send_offsets_to_transaction`; `None` before the
+    /// member joined and once the group dropped it.
+    pub fn group_metadata(&self) -> Option<Arc<ConsumerGroupMetadata>> {
+        self.consumer.context().metadata.lock().unwrap_or_else(PoisonError::into_inner).clone()
     }
 
     /// The partitions this member owns now.
     pub fn assignment(&self) -> BTreeSet<TopicPartition> {
         self.consumer.context().assigned.lock().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
+    /// How many times the group has dropped this member so far (its session
+    /// ran out and its partitions were lost); it rejoins as a new member.
+    pub fn times_dropped(&self) -> u64 {
+        self.consumer.context().dropped.load(Ordering::Acquire)
     }
 
     /// The group's id.

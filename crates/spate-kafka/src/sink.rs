@@ -182,6 +182,15 @@ impl KafkaSink {
     }
 }
 
+/// Where a transaction's offsets commit: the group metadata to commit
+/// them under, read again for each try, and whether a try refused for a
+/// moved-on generation may be made again.
+#[derive(Clone, Copy)]
+struct Generation<'a> {
+    metadata: &'a dyn Fn() -> Result<Arc<ConsumerGroupMetadata>>,
+    may_retry: &'a dyn Fn() -> bool,
+}
+
 /// A transactional producer and what its transactions need: shared by the
 /// exactly-once sink of one job and by a group member's tasks.
 struct Transactions {
@@ -240,7 +249,7 @@ impl Transactions {
         batch: BatchId,
         ranges: &OffsetRanges,
         records: impl IntoIterator<Item = (&'t str, OutputRecord)>,
-        metadata: &dyn Fn() -> Result<ConsumerGroupMetadata>,
+        group: Generation<'_>,
     ) -> Result<CommitOutcome> {
         if ranges.ranges().is_empty() {
             return Err(KafkaError::Config(format!(
@@ -248,42 +257,44 @@ impl Transactions {
             )));
         }
         let _open = self.open.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if self.already_committed(marker_id, batch, ranges)? {
-            info!(batch = batch.0, marker_id, "batch already committed to Kafka; not written again");
-            return Ok(CommitOutcome::AlreadyCommitted);
-        }
         let records: Vec<(&str, OutputRecord)> = records.into_iter().collect();
         let mut topics: std::collections::BTreeSet<String> = topics.iter().map(|t| t.to_string()).collect();
         topics.extend(records.iter().map(|(topic, _)| topic.to_string()));
         let mut attempt = 1;
         loop {
-            let result = metadata().and_then(|metadata| self.attempt(marker_id, batch, ranges, &records, &metadata));
-            match result {
+            // Each try asks again: the task's next owner may have committed it meanwhile.
+            if self.already_committed(marker_id, batch, ranges)? {
+                info!(batch = batch.0, marker_id, "batch already committed to Kafka; not written again");
+                return Ok(CommitOutcome::AlreadyCommitted);
+            }
+            let result =
+                (group.metadata)().and_then(|metadata| self.attempt(marker_id, batch, ranges, &records, &metadata));
+            let error = match result {
                 Ok(()) => {
                     for topic in &topics {
                         metrics::counter!(TRANSACTIONS_COMMITTED, "topic" => topic.clone()).increment(1);
                     }
                     return Ok(CommitOutcome::Committed);
                 }
-                Err(e) => {
-                    for topic in &topics {
-                        metrics::counter!(TRANSACTIONS_ABORTED, "topic" => topic.clone()).increment(1);
-                    }
-                    if is_generation_error(&e) && attempt < GENERATION_ATTEMPTS {
-                        // A rebalance moved the group on while the batch ran:
-                        // the member's next generation may commit it.
-                        warn!(batch = batch.0, attempt, error = %e, "the group's generation changed; trying the transaction again");
-                        std::thread::sleep(GENERATION_PAUSE);
-                        attempt += 1;
-                        continue;
-                    }
-                    return Err(KafkaError::Transaction {
-                        batch,
-                        transactional_id: self.transactional_id.clone(),
-                        reason: e.to_string(),
-                    });
-                }
+                Err(e) => e,
+            };
+            for topic in &topics {
+                metrics::counter!(TRANSACTIONS_ABORTED, "topic" => topic.clone()).increment(1);
             }
+            if is_rebalance_error(&error) && attempt < GENERATION_ATTEMPTS && (group.may_retry)() {
+                // A rebalance moved the group on while the batch ran, and the
+                // member still owns the batch's partitions: its next
+                // generation may commit it.
+                warn!(batch = batch.0, attempt, error = %error, "the group's generation changed; trying the transaction again");
+                std::thread::sleep(GENERATION_PAUSE);
+                attempt += 1;
+                continue;
+            }
+            return Err(KafkaError::Transaction {
+                batch,
+                transactional_id: self.transactional_id.clone(),
+                reason: error.to_string(),
+            });
         }
     }
 
@@ -403,10 +414,22 @@ impl TransactionalKafkaSink {
     ) -> Result<CommitOutcome> {
         let t = &self.transactions;
         let metadata = || {
-            t.group.group_metadata().ok_or_else(|| KafkaError::Config("the group client has no group metadata".into()))
+            t.group
+                .group_metadata()
+                .map(Arc::new)
+                .ok_or_else(|| KafkaError::Config("the group client has no group metadata".into()))
         };
         let topic = self.topic.as_str();
-        t.write_batch(&[topic], &t.transactional_id, batch, ranges, records.into_iter().map(|r| (topic, r)), &metadata)
+        let records = records.into_iter().map(|r| (topic, r));
+        // A job's sink is in no group generation: nothing to try again for.
+        t.write_batch(
+            &[topic],
+            &t.transactional_id,
+            batch,
+            ranges,
+            records,
+            Generation { metadata: &metadata, may_retry: &|| false },
+        )
     }
 }
 
@@ -467,7 +490,23 @@ impl MemberTransactions {
                 ))
             })
         };
-        self.transactions.write_batch(&[], task, batch, ranges, records, &metadata)
+        // Tried again only as the same member (not dropped since) that still
+        // owns every partition of the batch: never as a member the group
+        // dropped and let back in, whose partitions may have moved on.
+        let dropped = self.member.times_dropped();
+        let owns = || {
+            let owned = self.member.assignment();
+            self.member.times_dropped() == dropped
+                && ranges.ranges().iter().all(|r| owned.contains(&r.topic_partition()))
+        };
+        self.transactions.write_batch(
+            &[],
+            task,
+            batch,
+            ranges,
+            records,
+            Generation { metadata: &metadata, may_retry: &owns },
+        )
     }
 }
 
@@ -476,24 +515,16 @@ const GENERATION_ATTEMPTS: u32 = 8;
 /// The pause between those tries (a rebalance takes a moment to settle).
 const GENERATION_PAUSE: Duration = Duration::from_millis(500);
 
-/// True when the broker refused the offsets for the member's generation:
-/// a rebalance under way or just finished (or a member dropped from the
-/// group, which keeps failing).
-fn is_generation_error(error: &KafkaError) -> bool {
+/// True when the broker refused the offsets because a rebalance is under
+/// way or just moved the generation on. (A member the group dropped gets
+/// `UNKNOWN_MEMBER_ID`: never tried again.)
+fn is_rebalance_error(error: &KafkaError) -> bool {
     let KafkaError::Client { source, .. } = error else { return false };
     let code = match source {
         RdKafkaError::Transaction(e) => Some(e.code()),
         other => other.rdkafka_error_code(),
     };
-    matches!(
-        code,
-        Some(
-            RDKafkaErrorCode::IllegalGeneration
-                | RDKafkaErrorCode::RebalanceInProgress
-                | RDKafkaErrorCode::UnknownMemberId
-                | RDKafkaErrorCode::FencedInstanceId
-        )
-    )
+    matches!(code, Some(RDKafkaErrorCode::IllegalGeneration | RDKafkaErrorCode::RebalanceInProgress))
 }
 
 /// Counter of `/metrics`: output transactions committed, per output topic.
