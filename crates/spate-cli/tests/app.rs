@@ -244,3 +244,121 @@ fn members_killed_started_and_stopped_mid_run_commit_each_count_exactly_once() {
     stop_gracefully(m3);
     stop_gracefully(m4);
 }
+
+/// The client ids (member ids) of the members of `group` the broker knows now.
+fn group_members(group: &str) -> Vec<String> {
+    let consumer: BaseConsumer = ClientConfig::new().set("bootstrap.servers", brokers()).create().unwrap();
+    let list = consumer.fetch_group_list(Some(group), Duration::from_secs(10)).unwrap();
+    let found = list.groups().iter().find(|g| g.name() == group && g.state() == "Stable");
+    found.map(|g| g.members().iter().map(|m| m.client_id().to_string()).collect()).unwrap_or_default()
+}
+
+/// The `writerEpoch` of a checkpoint log entry's text.
+fn writer_epoch(entry: &str) -> Option<u64> {
+    let line: Value = serde_json::from_str(entry.lines().nth(1)?).ok()?;
+    line["writerEpoch"].as_u64()
+}
+
+fn signal(child: &Child, name: &str) {
+    assert!(Command::new("kill").args([name, &child.id().to_string()]).status().unwrap().success());
+}
+
+#[test]
+fn a_member_paused_past_its_session_timeout_commits_nothing_when_it_resumes() {
+    let (input, output, app) = (unique("zombie-in"), unique("zombie-out"), unique("zombie"));
+    create_topics(&[(&input, 2), (&output, 1), (&format!("{output}-top"), 1)]);
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as i64;
+    let base = (now - 300_000) / WINDOW_MS * WINDOW_MS;
+    let lines: Vec<(i32, i64, String)> = lines(base).into_iter().map(|(p, ts, l)| (p % 2, ts, l)).collect();
+    produce(&input, &lines);
+    let dir = tempfile::tempdir().unwrap();
+    let held = tempfile::tempdir().unwrap();
+
+    // m1 alone owns every task; each holds batch 3 before its outputs.
+    let mut m1 = {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_spate"));
+        let brokers = brokers();
+        command.args([
+            "run",
+            "--app",
+            &app,
+            "--member-id",
+            "m1",
+            "--kafka",
+            &brokers,
+            "--topic",
+            &input,
+            "--output-topic",
+            &output,
+            "--checkpoint",
+            dir.path().to_str().unwrap(),
+            "--batch-ms",
+            "200",
+            "--session-timeout-ms",
+            "6000",
+            "--heartbeat-interval-ms",
+            "1000",
+            "--max-rate-per-partition",
+            "150",
+            "--window-ms",
+            "10000",
+            "--slide-ms",
+            "10000",
+            "--allowed-lateness-ms",
+            "600000",
+            "--transaction-timeout-ms",
+            "5000",
+        ]);
+        command.env("SPATE_FAILPOINTS", "hold-before-outputs").env("SPATE_FAILPOINT_DIR", held.path());
+        command.env("SPATE_FAILPOINT_BATCH", "3").stdout(Stdio::null()).stderr(Stdio::null());
+        command.spawn().unwrap()
+    };
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while !held.path().join("held").exists() {
+        assert!(Instant::now() < deadline, "m1 never held a batch");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    signal(&m1, "-STOP");
+    // m2 joins; the group drops m1 once its session runs out.
+    let m2 = member(&app, &input, &output, dir.path(), "m2");
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while group_members(&app) != ["m2"] {
+        assert!(Instant::now() < deadline, "the group did not drop the paused member");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    std::fs::write(held.path().join("release"), b"").unwrap();
+    signal(&m1, "-CONT");
+
+    // Every count arrives once, and no batch at or after the held one was
+    // committed by m1's epoch (1) in any task's checkpoint.
+    let mut counts = Committed::new(&output);
+    let expected = reference(&lines, base + 60_000);
+    wait_until(&mut counts, Duration::from_secs(180), "every count", |c| {
+        let got = c.counts();
+        expected.iter().all(|(k, v)| got.get(k) == Some(v))
+    });
+    let mut once = BTreeSet::new();
+    for v in &counts.values {
+        let key = (v["word"].to_string(), v["windowStart"].as_i64(), v["revision"].as_u64());
+        assert!(once.insert(key.clone()), "written twice: {key:?}");
+    }
+    let mut checked = 0;
+    for task in std::fs::read_dir(dir.path().join("tasks")).unwrap() {
+        let commits = task.unwrap().path().join("commits");
+        for entry in std::fs::read_dir(&commits).unwrap() {
+            let path = entry.unwrap().path();
+            let batch: u64 = path.file_name().unwrap().to_str().unwrap().parse().unwrap();
+            // Old entries are purged while the members run.
+            let Ok(text) = std::fs::read_to_string(&path) else { continue };
+            let epoch = writer_epoch(&text).unwrap_or_else(|| panic!("{} names no writer epoch", path.display()));
+            if batch >= 3 {
+                assert!(epoch >= 2, "{} was committed by the paused member (epoch {epoch})", path.display());
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked > 0, "no task committed past the held batch");
+    signal(&m1, "-TERM");
+    assert_eq!(m1.wait().unwrap().code(), Some(0));
+    stop_gracefully(m2);
+}
