@@ -117,3 +117,23 @@ fn a_members_transaction_commits_a_tasks_batch_once() {
     assert_eq!(again, CommitOutcome::AlreadyCommitted);
     assert_eq!(read_committed(&output, 1), ["five"]);
 }
+
+#[test]
+fn members_of_the_broker_side_protocol_split_the_partitions_too() {
+    let topic = unique("group-848");
+    create_topic(&topic, 4);
+    let group = unique("app-848");
+    let settings = GroupSettings { protocol: spate_kafka::GroupProtocol::Consumer, ..settings() };
+    let (a, b) = (Arc::new(Owned::default()), Arc::new(Owned::default()));
+    let topics = [topic.clone()];
+    let member_a = GroupMember::join(&brokers(), &group, &topics, &settings, a.clone()).unwrap();
+    a.wait("a owns all four", |owned| owned.len() == 4);
+    assert!(member_a.group_metadata().is_some(), "a member has the group's metadata once assigned");
+    let member_b = GroupMember::join(&brokers(), &group, &topics, &settings, b.clone()).unwrap();
+    let owned_b = b.wait("b owns two", |owned| owned.len() == 2);
+    let owned_a = a.wait("a keeps two", |owned| owned.len() == 2);
+    assert!(owned_a.is_disjoint(&owned_b));
+    member_b.leave().unwrap();
+    a.wait("a owns all four again", |owned| owned.len() == 4);
+    drop(member_a);
+}
