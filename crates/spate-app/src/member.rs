@@ -46,6 +46,12 @@ pub struct MemberSettings {
     pub starting_offsets: StartingOffsets,
     /// At most this many records a second per partition.
     pub max_rate_per_partition: Option<u64>,
+    /// At most this many records a task's batch reads (default: the Kafka
+    /// stream's, 500,000).
+    pub max_records_per_batch: Option<u64>,
+    /// At most this many bytes a task's batch reads (default: the Kafka
+    /// stream's, 64 MiB).
+    pub max_bytes_per_batch: Option<u64>,
     /// How often each task checkpoints its operator state.
     pub checkpoint_interval: Option<Duration>,
 }
@@ -64,6 +70,8 @@ impl MemberSettings {
             member_id: member_id.to_string(),
             starting_offsets: StartingOffsets::Earliest,
             max_rate_per_partition: None,
+            max_records_per_batch: None,
+            max_bytes_per_batch: None,
             checkpoint_interval: None,
         }
     }

@@ -275,6 +275,12 @@ impl Supervisor {
         if let Some(rate) = settings.max_rate_per_partition {
             config = config.max_rate_per_partition(rate);
         }
+        if let Some(records) = settings.max_records_per_batch {
+            config = config.max_records_per_batch(records);
+        }
+        if let Some(bytes) = settings.max_bytes_per_batch {
+            config = config.max_bytes_per_batch(bytes);
+        }
         DirectKafkaStream::new(config).map_err(|source| AppError::Kafka {
             app: self.shared.app.clone(),
             what: format!("open the stream of task {}", self.id),

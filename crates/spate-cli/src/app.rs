@@ -181,6 +181,8 @@ fn member_settings(args: &RunArgs, app: &AppArgs) -> Result<MemberSettings, CliE
     settings.transaction_timeout = StdDuration::from_millis(app.transaction_timeout_ms);
     settings.starting_offsets = starting_offsets(&args.starting_offsets)?;
     settings.max_rate_per_partition = args.max_rate_per_partition;
+    settings.max_records_per_batch = args.max_records_per_batch;
+    settings.max_bytes_per_batch = args.max_bytes_per_batch;
     Ok(settings)
 }
 
@@ -193,6 +195,13 @@ fn default_member_id() -> String {
 /// Runs one member until a signal or `--seconds`, then leaves the group.
 pub(crate) fn run(args: &RunArgs, app: &AppArgs, name: &str) -> Result<String, CliError> {
     app.validate()?;
+    if args.watch.metrics_addr.is_some() || args.watch.ui.is_some() {
+        // Each task is a streaming context of its own; one address cannot
+        // serve them all yet, and ignoring the flag would hide that.
+        return Err(CliError::usage(
+            "--metrics-addr and --ui are not served by a member of an application (--app):              watch it with `spate checkpoint inspect <location>` and its progress lines",
+        ));
+    }
     let settings = member_settings(args, app)?;
     let member_id = settings.member_id.clone();
     let printer = Arc::new(MemberLines {
