@@ -5,6 +5,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
 use std::time::{Duration as StdDuration, Instant, SystemTime, UNIX_EPOCH};
 
 use rdkafka::ClientConfig;
@@ -15,6 +16,7 @@ use spate_app::{Emit, Member, MemberSettings, Topology, decode_repartitioned};
 use spate_core::{Duration, Time};
 use spate_dstream::{EventWindows, Watermarks};
 use spate_kafka::{GroupSettings, KafkaRecord};
+use spate_logstore::ObjectStoreSettings;
 
 fn brokers() -> String {
     std::env::var("SPATE_KAFKA_BROKERS").unwrap_or_else(|_| {
@@ -100,8 +102,9 @@ fn topology(app: &str, input: &str, output: &str) -> Topology {
         })
 }
 
-fn settings(dir: &std::path::Path, member: &str) -> MemberSettings {
-    let mut s = MemberSettings::new(&brokers(), dir, Duration::from_millis(200), member);
+fn settings(location: &Path, object_store: &ObjectStoreSettings, member: &str) -> MemberSettings {
+    let mut s = MemberSettings::new(&brokers(), location, Duration::from_millis(200), member);
+    s.object_store = object_store.clone();
     s.group = GroupSettings {
         session_timeout: StdDuration::from_secs(6),
         heartbeat_interval: StdDuration::from_secs(1),
@@ -182,6 +185,33 @@ impl Committed {
 
 #[test]
 fn members_that_leave_and_join_count_every_word_exactly_once() {
+    let dir = tempfile::tempdir().unwrap();
+    leave_and_join(dir.path(), &ObjectStoreSettings::default());
+}
+
+#[test]
+fn members_on_an_s3_location_hand_their_tasks_over_through_the_leases() {
+    let endpoint = std::env::var("SPATE_TEST_S3_ENDPOINT").unwrap_or_else(|_| {
+        panic!(
+            "SPATE_TEST_S3_ENDPOINT is not set: this test needs an S3 server. Run it with `cargo xtask test`, \
+             or start one with `cargo xtask s3 start` and export what it prints"
+        )
+    });
+    let var = |name: &str, default: &str| std::env::var(name).unwrap_or_else(|_| default.to_string());
+    let settings = ObjectStoreSettings {
+        endpoint: Some(endpoint),
+        region: Some(var("AWS_REGION", "us-east-1")),
+        access_key_id: Some(var("AWS_ACCESS_KEY_ID", "spate-test")),
+        secret_access_key: Some(var("AWS_SECRET_ACCESS_KEY", "spate-test-secret")),
+        allow_http: Some(true),
+    };
+    let bucket = var("SPATE_TEST_S3_BUCKET", "spate-test");
+    let location = PathBuf::from(format!("s3://{bucket}/tests/{}", unique("members")));
+    leave_and_join(&location, &settings);
+}
+
+/// Two members count; one leaves and a third joins while they run.
+fn leave_and_join(location: &Path, object_store: &ObjectStoreSettings) {
     let _ = tracing_subscriber::fmt().with_test_writer().with_env_filter("info,rdkafka=warn").try_init();
     let (input, output, app) = (unique("lines"), unique("counts"), unique("wordcount"));
     spate_kafka::ensure_topic(&brokers(), &input, 4).unwrap();
@@ -191,11 +221,11 @@ fn members_that_leave_and_join_count_every_word_exactly_once() {
     let lines = lines(base);
     produce(&input, &lines);
     let expected = reference(&lines, base + 40_000);
-    let dir = tempfile::tempdir().unwrap();
     let mut committed = Committed::new(&output);
-
-    let a = Member::start(topology(&app, &input, &output), settings(dir.path(), "a"), None).unwrap();
-    let b = Member::start(topology(&app, &input, &output), settings(dir.path(), "b"), None).unwrap();
+    let start = |member: &str| {
+        Member::start(topology(&app, &input, &output), settings(location, object_store, member), None).unwrap()
+    };
+    let (a, b) = (start("a"), start("b"));
     // Wait for the first counts, then let a go and bring c in.
     let deadline = Instant::now() + StdDuration::from_secs(60);
     while committed.seen.is_empty() {
@@ -203,7 +233,7 @@ fn members_that_leave_and_join_count_every_word_exactly_once() {
         assert!(Instant::now() < deadline, "no count was committed");
     }
     a.leave().unwrap();
-    let c = Member::start(topology(&app, &input, &output), settings(dir.path(), "c"), None).unwrap();
+    let c = start("c");
     committed.wait_for(&expected);
     committed.assert_no_repeats();
     assert!(!b.tasks().is_empty() || !c.tasks().is_empty());
