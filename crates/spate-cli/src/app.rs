@@ -19,15 +19,22 @@
 //!
 //! Every batch of every task is one Kafka transaction with its offsets, so
 //! the output read with `read_committed` holds each count once.
+//!
+//! The hidden `--without-repartition` is a benchmark knob: `split` counts
+//! its own partition's words (one stage `split-count`, no `NAME-words`), so
+//! each count is of one input partition only. The app benchmark runs both
+//! to measure the repartition hop's cost.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::Duration as StdDuration;
 
 use serde_json::json;
-use spate_app::{Emit, Member, MemberEvent, MemberSettings, TaskId, Topology, decode_repartitioned};
+use spate_app::{
+    AppError, Emit, Member, MemberEvent, MemberSettings, TaskBuilder, TaskId, Topology, decode_repartitioned,
+};
 use spate_core::{Duration, Time};
-use spate_dstream::{EventWindows, State, Watermarks};
+use spate_dstream::{DStream, EventWindows, State, Watermarks};
 use spate_kafka::{GroupProtocol, GroupSettings, KafkaRecord};
 
 use crate::args::{AppArgs, RunArgs};
@@ -48,60 +55,89 @@ fn stamped_words(record: &KafkaRecord) -> Vec<(String, (i64, u64))> {
 }
 
 fn topology(args: &RunArgs, app: &AppArgs, name: &str) -> Topology {
-    let (output, top_topic) = (args.output_topic.clone(), app.top_topic(&args.output_topic));
+    let top_topic = app.top_topic(&args.output_topic);
     let windows = EventWindows::sliding(Duration::from_millis(app.window_ms), Duration::from_millis(app.slide_ms))
         .allowed_lateness(Duration::from_millis(app.allowed_lateness_ms));
     let watermarks = Watermarks::bounded_out_of_orderness(Duration::from_millis(app.out_of_orderness_ms));
+    let counts = WindowCounts { output: args.output_topic.clone(), windows, watermarks };
     let (top, keep) = (usize::try_from(args.top).unwrap_or(usize::MAX), app.window_ms + app.allowed_lateness_ms);
-    Topology::new(name)
-        .stage_from_topic("split", &args.topic, |task| {
+    let topology = if app.without_repartition {
+        // The benchmark's variant: no hop, each input partition counted alone.
+        Topology::new(name).stage_from_topic("split-count", &args.topic, move |task| {
             let words = task.records().flat_map(|r: KafkaRecord| stamped_words(&r));
-            task.repartition_by_key("words", &words, |(ts, _)| Some(Time::from_millis(*ts)))
+            counts.declare(task, &words)
         })
-        .stage_from_repartition("count", "words", move |task| {
-            let counts = task
-                .records()
-                .flat_map(|r| decode_repartitioned::<String, (i64, u64)>(&r).ok())
-                .aggregate_by_event_time(
-                    |(ts, _): &(i64, u64)| Time::from_millis(*ts),
-                    watermarks,
-                    windows,
-                    |(_, n)| n,
-                    |acc: &mut u64, (_, n)| *acc += n,
-                    |acc: &mut u64, other: &u64| *acc += other,
-                )
-                .name("window-counts")
-                .results();
-            let output = output.clone();
-            let written = counts.map(move |r| {
-                let (start, end) = (r.window.start.as_millis(), r.window.end.as_millis());
-                let value = json!({"word": r.key, "windowStart": start, "windowEnd": end, "count": r.value, "revision": r.revision});
-                Emit::to_topic(&output, Some(format!("{}@{start}", r.key).into_bytes()), value.to_string().into_bytes())
-            });
-            let to_top = counts.map(|r| (r.window.start.as_millis(), (r.key, r.window.end.as_millis(), r.value, r.revision)));
-            Ok(written.union(&task.repartition_by_key("windows", &to_top, |_| None)?))
-        })
-        .single_stage("top", "windows", move |task| {
-            let top_topic = top_topic.clone();
-            let tops = task
-                .records()
-                .flat_map(|r| decode_repartitioned::<i64, WindowCount>(&r).ok())
-                .map_with_state(
-                    move |start: &i64, count: Option<WindowCount>, state: &mut State<WindowTop>| {
-                        update_top(*start, count, state, top)
-                    },
-                    Some(Duration::from_millis(keep.saturating_mul(2))),
-                )
-                .name("window-top")
-                .mapped()
-                .flat_map(|changed| changed)
-                // The last change of each window in the batch.
-                .reduce_by_key(|a, b| if a.0 >= b.0 { a.clone() } else { b.clone() });
-            Ok(tops.map(move |(start, (_, end, words))| {
-                let value = json!({"windowStart": start, "windowEnd": end, "top": words});
-                Emit::to_topic(&top_topic, Some(start.to_string().into_bytes()), value.to_string().into_bytes())
-            }))
-        })
+    } else {
+        Topology::new(name)
+            .stage_from_topic("split", &args.topic, |task| {
+                let words = task.records().flat_map(|r: KafkaRecord| stamped_words(&r));
+                task.repartition_by_key("words", &words, |(ts, _)| Some(Time::from_millis(*ts)))
+            })
+            .stage_from_repartition("count", "words", move |task| {
+                let words = task.records().flat_map(|r| decode_repartitioned::<String, (i64, u64)>(&r).ok());
+                counts.declare(task, &words)
+            })
+    };
+    topology.single_stage("top", "windows", move |task| {
+        let top_topic = top_topic.clone();
+        let tops = task
+            .records()
+            .flat_map(|r| decode_repartitioned::<i64, WindowCount>(&r).ok())
+            .map_with_state(
+                move |start: &i64, count: Option<WindowCount>, state: &mut State<WindowTop>| {
+                    update_top(*start, count, state, top)
+                },
+                Some(Duration::from_millis(keep.saturating_mul(2))),
+            )
+            .name("window-top")
+            .mapped()
+            .flat_map(|changed| changed)
+            // The last change of each window in the batch.
+            .reduce_by_key(|a, b| if a.0 >= b.0 { a.clone() } else { b.clone() });
+        Ok(tops.map(move |(start, (_, end, words))| {
+            let value = json!({"windowStart": start, "windowEnd": end, "top": words});
+            Emit::to_topic(&top_topic, Some(start.to_string().into_bytes()), value.to_string().into_bytes())
+        }))
+    })
+}
+
+/// The `count` stage: each word counted over event-time windows, each
+/// window's count to the output topic and on to `top`.
+#[derive(Clone)]
+struct WindowCounts {
+    output: String,
+    windows: EventWindows,
+    watermarks: Watermarks,
+}
+
+impl WindowCounts {
+    /// Declares the counts of `words` (word, (timestamp, 1)) in `task`.
+    fn declare(
+        &self,
+        task: &mut TaskBuilder<'_>,
+        words: &DStream<(String, (i64, u64))>,
+    ) -> Result<DStream<Emit>, AppError> {
+        let counts = words
+            .aggregate_by_event_time(
+                |(ts, _): &(i64, u64)| Time::from_millis(*ts),
+                self.watermarks,
+                self.windows,
+                |(_, n)| n,
+                |acc: &mut u64, (_, n)| *acc += n,
+                |acc: &mut u64, other: &u64| *acc += other,
+            )
+            .name("window-counts")
+            .results();
+        let output = self.output.clone();
+        let written = counts.map(move |r| {
+            let (start, end) = (r.window.start.as_millis(), r.window.end.as_millis());
+            let value = json!({"word": r.key, "windowStart": start, "windowEnd": end, "count": r.value, "revision": r.revision});
+            Emit::to_topic(&output, Some(format!("{}@{start}", r.key).into_bytes()), value.to_string().into_bytes())
+        });
+        let to_top =
+            counts.map(|r| (r.window.start.as_millis(), (r.key, r.window.end.as_millis(), r.value, r.revision)));
+        Ok(written.union(&task.repartition_by_key("windows", &to_top, |_| None)?))
+    }
 }
 
 /// The `top` stage's state of one window: each word's latest count (by
@@ -243,4 +279,27 @@ fn wait_for_stop(seconds: Option<u64>) -> Result<(), CliError> {
         stopped = stop.1.wait_timeout(stopped, wait).unwrap_or_else(PoisonError::into_inner).0;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::args::{Cli, Command};
+    use clap::Parser;
+
+    fn topology_of(flags: &[&str]) -> String {
+        let argv =
+            [&["spate", "run", "--kafka", "k:9092", "--topic", "lines", "--output-topic", "o"][..], flags].concat();
+        let Command::Run(run) = Cli::try_parse_from(argv).unwrap().command else { panic!("not run") };
+        format!("{:?}", topology(&run, &run.app, "wc"))
+    }
+
+    #[test]
+    fn without_repartition_counts_in_the_split_stage_and_keeps_top() {
+        let usual = topology_of(&["--app", "wc"]);
+        assert!(usual.contains("\"split\"") && usual.contains("Repartition(\"words\")"), "{usual}");
+        let one_stage = topology_of(&["--app", "wc", "--without-repartition"]);
+        assert!(one_stage.contains("\"split-count\"") && !one_stage.contains("words"), "{one_stage}");
+        assert!(one_stage.contains("Single(\"windows\")"), "{one_stage}");
+    }
 }

@@ -215,6 +215,12 @@ pub struct AppArgs {
     /// Where each window's top words go (default: OUTPUT_TOPIC-top).
     #[arg(long, value_name = "T3")]
     pub top_topic: Option<String>,
+    /// A benchmark knob, hidden: count each input partition's words in the
+    /// split stage itself, with no repartition through NAME-words. The
+    /// counts are then per input partition, not per word across them; the
+    /// app benchmark compares the two to measure what the hop costs.
+    #[arg(long, hide = true)]
+    pub without_repartition: bool,
 }
 
 #[cfg(feature = "kafka")]
