@@ -108,6 +108,7 @@ fn run(
     setup: Setup,
     out: &Recorded,
     batches: std::ops::Range<u64>,
+    stop: Stop,
 ) -> Option<RecoveryReport> {
     let source = setup.source();
     let settings = StreamingSettings::new(Duration::from_secs(1)).with_clock(Arc::new(clock.clone()));
@@ -122,9 +123,20 @@ fn run(
         clock.advance(Duration::from_secs(1));
         assert!(ctx.await_committed(BatchId(batch), WAIT), "batch {batch}: {:?}", ctx.failure());
     }
-    ctx.stop_handle().stop_gracefully();
+    match stop {
+        Stop::Graceful => ctx.stop_handle().stop_gracefully(),
+        Stop::Now => ctx.stop_handle().stop_now(),
+    }
     ctx.await_termination().unwrap();
     recovery
+}
+
+/// How a run ends: a graceful stop also snapshots the state of its last
+/// batch; an immediate one leaves the last snapshot where the interval put it.
+#[derive(Clone, Copy)]
+enum Stop {
+    Graceful,
+    Now,
 }
 
 const IN_ORDER: Setup = Setup { seed: 7, partitions: 3, out_of_order_group: 1 };
@@ -135,7 +147,7 @@ fn uninterrupted() -> &'static Recorded {
     RUN.get_or_init(|| {
         let dir = tempfile::tempdir().unwrap();
         let out = Recorded::default();
-        run(dir.path(), &ManualClock::new(Time::from_millis(START)), IN_ORDER, &out, 0..BATCHES);
+        run(dir.path(), &ManualClock::new(Time::from_millis(START)), IN_ORDER, &out, 0..BATCHES, Stop::Graceful);
         out
     })
 }
@@ -427,20 +439,23 @@ fn out_of_order_events_a_crash_and_a_restart_still_give_exactly_the_reference() 
     let dir = tempfile::tempdir().unwrap();
     let clock = ManualClock::new(Time::from_millis(START));
     let out = Recorded::default();
-    run(dir.path(), &clock, setup, &out, 0..15);
+    run(dir.path(), &clock, setup, &out, 0..15, Stop::Now);
     // A crash after batch 14's outputs, before its commit: the next run
     // restores the state of batch 9 (the last snapshot), recomputes 10 to
     // 13 from the log without their outputs, and runs 14 again.
     std::fs::remove_file(dir.path().join("commits/14")).unwrap();
     let before: Vec<Q5Row> = out.q5.lock().unwrap().get(&14).cloned().unwrap_or_default();
-    let recovery = run(dir.path(), &clock, setup, &out, 14..27).unwrap();
+    let recovery = run(dir.path(), &clock, setup, &out, 14..27, Stop::Graceful).unwrap();
     assert_eq!(recovery.rerun_batch, Some(BatchId(14)));
     assert_eq!(recovery.replayed_for_state, (10..14).map(BatchId).collect::<Vec<_>>());
     assert_restored(&recovery, BatchId(9));
     assert_eq!(out.q5.lock().unwrap().get(&14).cloned().unwrap_or_default(), before, "the re-run batch differs");
-    // A clean stop and restart from the snapshot of batch 19.
-    let recovery = run(dir.path(), &clock, setup, &out, 27..BATCHES).unwrap();
-    assert_restored(&recovery, BatchId(19));
+    // A clean stop, which snapshots its last committed batch, and a restart from it.
+    let recovery = run(dir.path(), &clock, setup, &out, 27..BATCHES, Stop::Graceful).unwrap();
+    let last = recovery.last_committed.unwrap();
+    assert!(last >= BatchId(26), "{recovery}");
+    assert_restored(&recovery, last);
+    assert!(recovery.replayed_for_state.is_empty(), "{recovery}");
 
     let events = delivered(&out, setup);
     check("q3", &out.q3, q3_reference(&events), 100);

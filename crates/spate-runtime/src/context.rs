@@ -668,6 +668,7 @@ fn recover(
         replayed_for_state: Vec::new(),
         unrecoverable_blocks,
     };
+    refuse_state_past_commit(&dir, manifest.as_ref(), logged.committed)?;
     restore_state(engine, manifest.as_ref(), &mut report)?;
     replay_committed(engine, logged.committed, &mut report)?;
     let resume = resume_positions(engine, logged.last.as_ref());
@@ -687,6 +688,28 @@ fn recover(
         store.write_manifest(&GraphManifest { descriptor, state_batch: None, state_batch_time: None })?;
     }
     Ok((report, resume, first_tick))
+}
+
+/// A state snapshot is taken after its batch's commit, so one newer than the
+/// last commit means `commits/` lost an entry (removed by hand): restoring it
+/// and re-running the batch would count the batch twice.
+fn refuse_state_past_commit(
+    dir: &std::path::Path,
+    manifest: Option<&GraphManifest>,
+    committed: Option<BatchId>,
+) -> Result<(), RuntimeError> {
+    let Some(state) = manifest.and_then(|m| m.state_batch) else { return Ok(()) };
+    if committed.is_some_and(|c| state <= c) {
+        return Ok(());
+    }
+    let last = committed.map_or_else(|| "none".to_string(), |c| c.to_string());
+    Err(RuntimeError::Checkpoint {
+        dir: dir.to_path_buf(),
+        message: format!(
+            "the operator state is a snapshot of batch {state}, but the last commit is {last}: commits/{state} \
+             is missing although the batch committed; put it back, or remove the state snapshot from `graph`"
+        ),
+    })
 }
 
 /// Restores operator state from the snapshot the manifest names.

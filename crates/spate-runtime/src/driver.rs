@@ -175,6 +175,8 @@ struct Loop {
     in_flight: Option<InFlight>,
     stopping: bool,
     committed: u64,
+    /// The last batch this run committed, with its time.
+    last_commit: Option<(BatchId, Time)>,
     report: OutcomeSink,
 }
 
@@ -201,8 +203,15 @@ impl Engine {
             // The driver may be gone after a stop; nobody waits then.
             let _ = tx.send(Event::JobDone(outcome));
         });
-        let mut lp =
-            Loop { scheduler, order: CommitOrder::default(), in_flight: None, stopping: false, committed: 0, report };
+        let mut lp = Loop {
+            scheduler,
+            order: CommitOrder::default(),
+            in_flight: None,
+            stopping: false,
+            committed: 0,
+            last_commit: None,
+            report,
+        };
         // A panic anywhere on the driver (user code in a transformation or a
         // listener, the engine itself) ends the run like any failure: the
         // batch in flight stays uncommitted and re-runs at the next start.
@@ -257,6 +266,7 @@ impl Engine {
             }
             if lp.stopping && lp.in_flight.is_none() && self.queue.is_empty() {
                 info!("graceful stop: every received record processed and committed");
+                self.snapshot_at_stop(lp)?;
                 return Ok(true);
             }
             let Ok(event) = events.recv() else { return Ok(false) };
@@ -283,6 +293,17 @@ impl Engine {
                 Event::Stop(StopMode::Graceful) => {}
             }
         }
+    }
+
+    /// Snapshots the state of the last batch this run committed, unless it
+    /// has a snapshot already: the next start (or, in an application, the
+    /// task's next owner) then restores it and replays nothing.
+    fn snapshot_at_stop(&mut self, lp: &Loop) -> Result<(), RuntimeError> {
+        let Some((batch, time)) = lp.last_commit else { return Ok(()) };
+        if self.state_batch.is_some_and(|(snapshot, _)| snapshot == batch) {
+            return Ok(());
+        }
+        self.checkpoint_state_if_due(batch, time, true).map(drop)
     }
 
     /// Stops the receivers (they push their last blocks) and queues one more
@@ -496,7 +517,8 @@ impl Engine {
         flight.phases.commit_ms = elapsed_ms(committing);
         self.failpoints.reach(Point::Committed, batch);
         let checkpointing = Instant::now();
-        let checkpointed = self.checkpoint_state_if_due(batch, flight.time)?;
+        let checkpointed = self.checkpoint_state_if_due(batch, flight.time, false)?;
+        lp.last_commit = Some((batch, flight.time));
         flight.phases.state_checkpoint_ms = if checkpointed { elapsed_ms(checkpointing) } else { 0 };
         lp.committed += 1;
         status.update(|s| s.last_committed = Some(batch));
@@ -505,9 +527,10 @@ impl Engine {
     }
 
     /// Snapshots every stateful operator when the batch time is a multiple
-    /// of the checkpoint interval: state files first, then the manifest.
-    fn checkpoint_state_if_due(&mut self, batch: BatchId, time: Time) -> Result<bool, RuntimeError> {
-        let due = time.is_multiple_of(self.settings.effective_checkpoint_interval());
+    /// of the checkpoint interval, or when `stopping`: state files first,
+    /// then the manifest.
+    fn checkpoint_state_if_due(&mut self, batch: BatchId, time: Time, stopping: bool) -> Result<bool, RuntimeError> {
+        let due = stopping || time.is_multiple_of(self.settings.effective_checkpoint_interval());
         let Some(store) = &self.store else { return Ok(false) };
         if !due || !self.has_stateful_operators() {
             return Ok(false);

@@ -346,8 +346,9 @@ fn upgraded_graph_with_an_added_output_resumes_named_state() {
     let dir = tempfile::tempdir().unwrap();
     let clock = ManualClock::new(Time::from_millis(START));
     let totals = Arc::new(Mutex::new(Vec::new()));
-    // Checkpoint state every other batch, so the restart also rebuilds state
-    // by recomputing the batch after the snapshot.
+    // Checkpoint state every other batch and stop at once (no snapshot of
+    // the last batch), so the restart also rebuilds state by recomputing
+    // the batch after the snapshot.
     let settings = || settings(&clock).with_checkpoint_interval(Duration::from_secs(2));
     let mut ctx = StreamingContext::get_or_create(dir.path(), settings(), |p| {
         totals_pipeline(p, &Numbers::new(4), &totals, None);
@@ -358,7 +359,8 @@ fn upgraded_graph_with_an_added_output_resumes_named_state() {
     for batch in 0..3 {
         tick(&clock, &ctx, batch);
     }
-    stop(ctx);
+    ctx.stop_handle().stop_now();
+    ctx.await_termination().unwrap();
 
     let audit = SeenLog::default();
     let mut ctx = StreamingContext::get_or_create(dir.path(), settings(), |p| {
@@ -368,6 +370,7 @@ fn upgraded_graph_with_an_added_output_resumes_named_state() {
     .unwrap();
     let report = ctx.recovery().unwrap().clone();
     assert_eq!(report.restored_operators.iter().map(|o| o.name.as_str()).collect::<Vec<_>>(), vec!["totals"]);
+    assert_eq!(report.replayed_for_state, [BatchId(2)]);
     assert_eq!(report.resumed_at, BatchId(3));
     ctx.start().unwrap();
     tick(&clock, &ctx, 3);
@@ -645,4 +648,55 @@ fn asking_twice_for_a_graceful_stop_is_still_graceful() {
     assert!(report.graceful, "{report:?}");
     assert_eq!(report.last_committed, Some(BatchId(0)));
     assert!(dir.path().join("commits/0").exists());
+}
+
+#[test]
+fn a_graceful_stop_snapshots_the_state_of_its_last_batch_so_a_restart_replays_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(Time::from_millis(START));
+    let totals = Arc::new(Mutex::new(Vec::new()));
+    // Snapshots every 10 batches: none would fall on batch 2 by the interval.
+    let settings = || settings(&clock).with_checkpoint_interval(Duration::from_secs(10));
+    let mut ctx = StreamingContext::get_or_create(dir.path(), settings(), |p| {
+        totals_pipeline(p, &Numbers::new(4), &totals, None);
+        Ok(())
+    })
+    .unwrap();
+    ctx.start().unwrap();
+    for batch in 0..3 {
+        tick(&clock, &ctx, batch);
+    }
+    stop(ctx);
+    let ctx = StreamingContext::get_or_create(dir.path(), settings(), |p| {
+        totals_pipeline(p, &Numbers::new(4), &totals, None);
+        Ok(())
+    })
+    .unwrap();
+    let report = ctx.recovery().unwrap().clone();
+    let restored: Vec<(&str, BatchId)> =
+        report.restored_operators.iter().map(|o| (o.name.as_str(), o.snapshot_batch)).collect();
+    assert_eq!(restored, [("totals", BatchId(2))]);
+    assert!(report.replayed_for_state.is_empty(), "replayed {:?}", report.replayed_for_state);
+    assert_eq!(report.resumed_at, BatchId(3));
+}
+
+#[test]
+fn a_state_snapshot_newer_than_the_last_commit_is_refused_rather_than_counted_twice() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(Time::from_millis(START));
+    let totals = Arc::new(Mutex::new(Vec::new()));
+    let build = |p: &mut spate_runtime::PipelineBuilder| {
+        totals_pipeline(p, &Numbers::new(4), &totals, None);
+        Ok(())
+    };
+    let mut ctx = StreamingContext::get_or_create(dir.path(), settings(&clock), build).unwrap();
+    ctx.start().unwrap();
+    for batch in 0..3 {
+        tick(&clock, &ctx, batch);
+    }
+    // The graceful stop snapshots batch 2; then its commit goes missing.
+    stop(ctx);
+    std::fs::remove_file(dir.path().join("commits/2")).unwrap();
+    let err = StreamingContext::get_or_create(dir.path(), settings(&clock), build).err().unwrap();
+    assert!(err.to_string().contains("snapshot of batch 2, but the last commit is 1"), "{err}");
 }
