@@ -130,8 +130,44 @@ impl Committed {
     }
 }
 
+/// A member process, killed with SIGKILL if the test ends (or fails) before
+/// it was stopped, so a failed run leaves no process behind.
+struct Running(Option<Child>);
+
+impl Running {
+    fn signal(&self, name: &str) {
+        let pid = self.0.as_ref().map(|c| c.id().to_string()).unwrap_or_default();
+        assert!(Command::new("kill").args([name, &pid]).status().unwrap().success());
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut child) = self.0.take() {
+            child.kill().unwrap();
+            child.wait().unwrap();
+        }
+    }
+
+    /// SIGTERM, then the exit code, which must be 0.
+    fn stop_gracefully(mut self) {
+        self.signal("-TERM");
+        let code = self.0.take().map(|mut c| c.wait().unwrap().code());
+        assert_eq!(code, Some(Some(0)), "a graceful stop exits 0");
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.0.take() {
+            // SIGCONT first: a stopped process cannot act on the kill otherwise.
+            let _ = Command::new("kill").args(["-CONT", &child.id().to_string()]).status();
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
 /// One `spate run --app` process.
-fn member(app: &str, input: &str, output: &str, checkpoint: &Path, id: &str) -> Child {
+fn member(app: &str, input: &str, output: &str, checkpoint: &Path, id: &str) -> Running {
     let brokers = brokers();
     let args = [
         "run",
@@ -168,7 +204,14 @@ fn member(app: &str, input: &str, output: &str, checkpoint: &Path, id: &str) -> 
         "--top",
         "3",
     ];
-    Command::new(env!("CARGO_BIN_EXE_spate")).args(args).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap()
+    Running(Some(
+        Command::new(env!("CARGO_BIN_EXE_spate"))
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    ))
 }
 
 /// Polls until `done` holds of what was committed, failing after `limit`.
@@ -182,12 +225,6 @@ fn wait_until(committed: &mut Committed, limit: Duration, what: &str, done: impl
         );
         committed.poll();
     }
-}
-
-fn stop_gracefully(mut child: Child) {
-    let pid = child.id().to_string();
-    assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
-    assert_eq!(child.wait().unwrap().code(), Some(0), "a graceful stop exits 0");
 }
 
 #[test]
@@ -209,12 +246,11 @@ fn members_killed_started_and_stopped_mid_run_commit_each_count_exactly_once() {
     let mut m2 = member(&app, &input, &output, dir.path(), "m2");
     let m3 = member(&app, &input, &output, dir.path(), "m3");
     wait_until(&mut counts, Duration::from_secs(90), "first counts", |c| !c.values.is_empty());
-    m2.kill().unwrap();
-    m2.wait().unwrap();
+    m2.kill();
     let m4 = member(&app, &input, &output, dir.path(), "m4");
     let seen = counts.values.len();
     wait_until(&mut counts, Duration::from_secs(90), "counts after the kill", |c| c.values.len() > seen + 5);
-    stop_gracefully(m1);
+    m1.stop_gracefully();
     wait_until(&mut counts, Duration::from_secs(180), "every count", |c| {
         let got = c.counts();
         expected.iter().all(|(k, v)| got.get(k) == Some(v))
@@ -241,8 +277,8 @@ fn members_killed_started_and_stopped_mid_run_commit_each_count_exactly_once() {
                 == Some(&top_of(*start))
         })
     });
-    stop_gracefully(m3);
-    stop_gracefully(m4);
+    m3.stop_gracefully();
+    m4.stop_gracefully();
 }
 
 /// The client ids (member ids) of the members of `group` the broker knows now.
@@ -259,10 +295,6 @@ fn writer_epoch(entry: &str) -> Option<u64> {
     line["writerEpoch"].as_u64()
 }
 
-fn signal(child: &Child, name: &str) {
-    assert!(Command::new("kill").args([name, &child.id().to_string()]).status().unwrap().success());
-}
-
 #[test]
 fn a_member_paused_past_its_session_timeout_commits_nothing_when_it_resumes() {
     let (input, output, app) = (unique("zombie-in"), unique("zombie-out"), unique("zombie"));
@@ -275,7 +307,7 @@ fn a_member_paused_past_its_session_timeout_commits_nothing_when_it_resumes() {
     let held = tempfile::tempdir().unwrap();
 
     // m1 alone owns every task; each holds batch 3 before its outputs.
-    let mut m1 = {
+    let m1 = Running(Some({
         let mut command = Command::new(env!("CARGO_BIN_EXE_spate"));
         let brokers = brokers();
         command.args([
@@ -312,13 +344,13 @@ fn a_member_paused_past_its_session_timeout_commits_nothing_when_it_resumes() {
         command.env("SPATE_FAILPOINTS", "hold-before-outputs").env("SPATE_FAILPOINT_DIR", held.path());
         command.env("SPATE_FAILPOINT_BATCH", "3").stdout(Stdio::null()).stderr(Stdio::null());
         command.spawn().unwrap()
-    };
+    }));
     let deadline = Instant::now() + Duration::from_secs(90);
     while !held.path().join("held").exists() {
         assert!(Instant::now() < deadline, "m1 never held a batch");
         std::thread::sleep(Duration::from_millis(20));
     }
-    signal(&m1, "-STOP");
+    m1.signal("-STOP");
     // m2 joins; the group drops m1 once its session runs out.
     let m2 = member(&app, &input, &output, dir.path(), "m2");
     let deadline = Instant::now() + Duration::from_secs(90);
@@ -327,7 +359,7 @@ fn a_member_paused_past_its_session_timeout_commits_nothing_when_it_resumes() {
         std::thread::sleep(Duration::from_millis(200));
     }
     std::fs::write(held.path().join("release"), b"").unwrap();
-    signal(&m1, "-CONT");
+    m1.signal("-CONT");
 
     // Every count arrives once, and no batch at or after the held one was
     // committed by m1's epoch (1) in any task's checkpoint.
@@ -358,7 +390,6 @@ fn a_member_paused_past_its_session_timeout_commits_nothing_when_it_resumes() {
         }
     }
     assert!(checked > 0, "no task committed past the held batch");
-    signal(&m1, "-TERM");
-    assert_eq!(m1.wait().unwrap().code(), Some(0));
-    stop_gracefully(m2);
+    m1.stop_gracefully();
+    m2.stop_gracefully();
 }
