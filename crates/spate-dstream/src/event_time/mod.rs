@@ -74,8 +74,14 @@
 mod process;
 mod windows;
 
+use std::sync::Arc;
+
 use serde::{Deserialize, Serialize};
 use spate_core::{Duration, Time};
+
+use crate::batch::{Data, Key};
+use crate::node::Slot;
+use crate::stream::DStream;
 
 pub use process::{EventTimeProcessed, Timed, TimedState};
 pub use windows::{EventTimeWindowed, WindowResult};
@@ -189,6 +195,42 @@ pub struct Window {
     pub start: Time,
     /// The first instant after the window.
     pub end: Time,
+}
+
+/// What an event-time operator produces, and the records it set aside as
+/// late, which only [`WithLate::late`] reads (and which are otherwise
+/// counted in a warning).
+pub struct WithLate<K, V, T> {
+    output: DStream<T>,
+    late: Arc<Slot<(K, V)>>,
+}
+
+impl<K, V, T> std::fmt::Debug for WithLate<K, V, T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WithLate").field("output", &self.output).finish_non_exhaustive()
+    }
+}
+
+impl<K: Key, V: Data, T: Data> WithLate<K, V, T> {
+    pub(crate) fn new(output: DStream<T>, late: Arc<Slot<(K, V)>>) -> Self {
+        WithLate { output, late }
+    }
+
+    /// Names the operator (its state is matched by this name on restore).
+    pub fn name(mut self, name: &str) -> Self {
+        self.output = self.output.name(name);
+        self
+    }
+
+    /// What the operator emitted.
+    pub fn output(&self) -> DStream<T> {
+        self.output.clone()
+    }
+
+    /// The records set aside as late, in the batch that read them.
+    pub fn late(&self) -> DStream<(K, V)> {
+        self.output.side_output("late_records", &self.late)
+    }
 }
 
 /// One input partition's event-time clock.

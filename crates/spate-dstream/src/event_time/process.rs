@@ -13,7 +13,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 use spate_core::{CoreError, Time};
 
-use super::{WatermarkTracker, Watermarks, behind};
+use super::{WatermarkTracker, Watermarks, WithLate, behind};
 use crate::batch::{Batch, Data, Key};
 use crate::error::DStreamError;
 use crate::graph::Job;
@@ -301,35 +301,9 @@ where
 }
 
 /// The result of [`DStream::process_by_event_time`]: what the function
-/// emitted, and the records behind the watermark.
-pub struct EventTimeProcessed<K, V, M> {
-    output: DStream<M>,
-    late: Arc<Slot<(K, V)>>,
-}
-
-impl<K, V, M> std::fmt::Debug for EventTimeProcessed<K, V, M> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("EventTimeProcessed").field("output", &self.output).finish_non_exhaustive()
-    }
-}
-
-impl<K: Key, V: Data, M: Data> EventTimeProcessed<K, V, M> {
-    /// Names the operator (its state is matched by this name on restore).
-    pub fn name(mut self, name: &str) -> Self {
-        self.output = self.output.name(name);
-        self
-    }
-
-    /// What the function emitted.
-    pub fn output(&self) -> DStream<M> {
-        self.output.clone()
-    }
-
-    /// The records whose event time was behind the watermark when they came.
-    pub fn late(&self) -> DStream<(K, V)> {
-        self.output.side_output("late_records", &self.late)
-    }
-}
+/// emitted ([`WithLate::output`]) and the records behind the watermark
+/// ([`WithLate::late`]).
+pub type EventTimeProcessed<K, V, M> = WithLate<K, V, M>;
 
 impl<K: Key, V: Data> DStream<(K, V)> {
     /// Calls `func(key, what, state, out)` for every record of a key, in the
@@ -373,6 +347,6 @@ impl<K: Key, V: Data> DStream<(K, V)> {
                 parts: Vec::new(),
             })
         });
-        EventTimeProcessed { output, late }
+        WithLate::new(output, late)
     }
 }

@@ -17,7 +17,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 use spate_core::{CoreError, Duration, Time};
 
-use super::{EventWindows, Shape, WatermarkTracker, Watermarks, Window};
+use super::{EventWindows, Shape, WatermarkTracker, Watermarks, Window, WithLate};
 use crate::batch::{Batch, Data, Key};
 use crate::error::DStreamError;
 use crate::graph::Job;
@@ -532,36 +532,16 @@ where
     }
 }
 
-/// The result of [`DStream::aggregate_by_event_time`]: the emitted windows,
-/// and the records that came too late for any window.
-pub struct EventTimeWindowed<K, V, A> {
-    results: DStream<WindowResult<K, A>>,
-    late: Arc<Slot<(K, V)>>,
-}
-
-impl<K, V, A> std::fmt::Debug for EventTimeWindowed<K, V, A> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("EventTimeWindowed").field("results", &self.results).finish_non_exhaustive()
-    }
-}
+/// The result of [`DStream::aggregate_by_event_time`]: the emitted windows
+/// ([`WithLate::results`]) and the records that came too late for any
+/// window ([`WithLate::late`]).
+pub type EventTimeWindowed<K, V, A> = WithLate<K, V, WindowResult<K, A>>;
 
 impl<K: Key, V: Data, A: Data> EventTimeWindowed<K, V, A> {
-    /// Names the windowed operator (its state is matched by this name on restore).
-    pub fn name(mut self, name: &str) -> Self {
-        self.results = self.results.name(name);
-        self
-    }
-
     /// Each window's result, once the watermark passed its end, and again
     /// (with a higher revision) for each update within the allowed lateness.
     pub fn results(&self) -> DStream<WindowResult<K, A>> {
-        self.results.clone()
-    }
-
-    /// The records that arrived after every window they belong to was gone,
-    /// in the batch that read them.
-    pub fn late(&self) -> DStream<(K, V)> {
-        self.results.side_output("late_records", &self.late)
+        self.output()
     }
 }
 
@@ -603,7 +583,7 @@ impl<K: Key, V: Data> DStream<(K, V)> {
         let late = Slot::new();
         let node_late = Arc::clone(&late);
         let aggregation = Aggregation { _types: PhantomData, event_time, create, add, merge, windows };
-        let results = self.add_node(meta, |output| {
+        let output = self.add_node(meta, |output| {
             Box::new(EventWindowNode {
                 input,
                 output,
@@ -614,7 +594,7 @@ impl<K: Key, V: Data> DStream<(K, V)> {
                 parts: Vec::new(),
             })
         });
-        EventTimeWindowed { results, late }
+        WithLate::new(output, late)
     }
 
     /// [`DStream::aggregate_by_event_time`] with the values of each key and
