@@ -46,8 +46,9 @@ pub struct OperatorDescriptor {
     pub slide_ms: Option<u64>,
     /// The windows of an event-time operator (`tumbling 10000 ms`,
     /// `sliding 10000 ms by 2000 ms`, `session gap 30000 ms`). Absent in
-    /// descriptors written before event time existed, which had none.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// descriptors written before event time existed, which had none (read
+    /// as `None` from JSON; always written, so binary encodings round-trip).
+    #[serde(default)]
     pub event_time: Option<String>,
 }
 
@@ -225,5 +226,20 @@ impl Graph {
             "restored graph state"
         );
         Ok(report)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_descriptor_written_before_event_time_existed_still_reads() {
+        let json = r#"{"format_version":1,"batch_interval_ms":1000,"operators":[{"name":"counts",
+            "kind":"reduce_by_key_and_window_inv","parents":["words"],"stateful":true,"key_type":"String",
+            "value_type":"u64","state_type":"u64","window_ms":30000,"slide_ms":2000}]}"#;
+        let descriptor: GraphDescriptor = serde_json::from_str(json).unwrap();
+        assert_eq!(descriptor.operators[0].event_time, None);
+        assert_eq!(descriptor.operators[0].window_ms, Some(30_000));
     }
 }
