@@ -13,7 +13,7 @@ use spate_kafka::{
     partition_count,
 };
 use spate_logstore::{LeaseOptions, ObjectStoreSettings, is_object_store_location};
-use spate_runtime::{BatchProgress, StreamingSettings};
+use spate_runtime::{BackpressureSettings, BatchProgress, StreamingSettings};
 use tracing::{info, warn};
 
 use crate::error::AppError;
@@ -160,17 +160,29 @@ impl MemberShared {
 
     /// The settings of each task's streaming context.
     pub(crate) fn streaming_settings(&self) -> StreamingSettings {
-        let settings = &self.settings;
-        let mut streaming =
-            StreamingSettings::new(settings.batch_interval).with_object_store(settings.object_store.clone());
-        if let Some(interval) = settings.checkpoint_interval {
-            streaming = streaming.with_checkpoint_interval(interval);
-        }
-        if is_object_store_location(&settings.location) {
-            streaming = streaming.with_lease(task_lease(settings.group.session_timeout));
-        }
-        streaming
+        task_settings(&self.settings)
     }
+}
+
+/// The settings of a task's streaming context under `settings`.
+///
+/// Backpressure is off: a task's batch time is mostly its wait for the
+/// member's one producer, whose transactions the member's tasks take in
+/// turn, so the rate estimator would read the whole member's load as the
+/// task's own and hold it at its floor (100 records a second) for as long
+/// as the scheduling delay of a backlog's first batches lasted. Each
+/// task's batch stays within the stream's records and bytes caps.
+fn task_settings(settings: &MemberSettings) -> StreamingSettings {
+    let mut streaming = StreamingSettings::new(settings.batch_interval)
+        .with_object_store(settings.object_store.clone())
+        .with_backpressure(BackpressureSettings { enabled: false, ..BackpressureSettings::default() });
+    if let Some(interval) = settings.checkpoint_interval {
+        streaming = streaming.with_checkpoint_interval(interval);
+    }
+    if is_object_store_location(&settings.location) {
+        streaming = streaming.with_lease(task_lease(settings.group.session_timeout));
+    }
+    streaming
 }
 
 /// A task's lease in an object store: as long as the group's session, so
@@ -355,4 +367,19 @@ fn internal_topics(topology: &Topology, brokers: &str) -> Result<BTreeMap<String
         out.insert(operator.clone(), InternalTopic { name: topology.internal_topic(operator), partitions });
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tasks_run_without_backpressure_on_a_directory_and_in_s3() {
+        for location in ["/var/lib/app", "s3://bucket/app"] {
+            let settings = MemberSettings::new("127.0.0.1:9092", location, Duration::from_secs(1), "m1");
+            let streaming = task_settings(&settings);
+            assert!(!streaming.backpressure.enabled, "{location}");
+            assert_eq!(streaming.batch_interval, Duration::from_secs(1));
+        }
+    }
 }
