@@ -256,19 +256,24 @@ impl Transactions {
                 "batch {batch} has no offset range: the transaction would not record the batch"
             )));
         }
-        let _open = self.open.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let records: Vec<(&str, OutputRecord)> = records.into_iter().collect();
         let mut topics: std::collections::BTreeSet<String> = topics.iter().map(|t| t.to_string()).collect();
         topics.extend(records.iter().map(|(topic, _)| topic.to_string()));
         let mut attempt = 1;
         loop {
             // Each try asks again: the task's next owner may have committed it meanwhile.
+            // Asked before taking the producer: the answer waits while another
+            // producer's transaction holds offsets of these partitions (a dead
+            // member's, until the broker aborts it), and the other batches of
+            // this producer need not wait with it.
             if self.already_committed(marker_id, batch, ranges)? {
                 info!(batch = batch.0, marker_id, "batch already committed to Kafka; not written again");
                 return Ok(CommitOutcome::AlreadyCommitted);
             }
-            let result =
-                (group.metadata)().and_then(|metadata| self.attempt(marker_id, batch, ranges, &records, &metadata));
+            let result = {
+                let _open = self.open.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                (group.metadata)().and_then(|metadata| self.attempt(marker_id, batch, ranges, &records, &metadata))
+            };
             let error = match result {
                 Ok(()) => {
                     for topic in &topics {

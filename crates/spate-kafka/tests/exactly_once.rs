@@ -311,3 +311,62 @@ fn the_transactional_kafka_sink_recognises_a_committed_empty_batch_after_a_crash
     expected.sort();
     assert_eq!(written, expected, "every output exactly once in the committed output");
 }
+
+/// A producer that dies with `offsets` sent to its open transaction for
+/// `group`, as a killed group member's last batch: the broker holds them
+/// pending until it aborts the transaction after `timeout_ms`. Returned so
+/// it is not dropped before the test ends.
+fn die_with_offsets_in_a_transaction(
+    group: &str,
+    offsets: &rdkafka::TopicPartitionList,
+    timeout_ms: u64,
+) -> rdkafka::producer::BaseProducer {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::producer::{BaseProducer, Producer};
+    let timeout = std::time::Duration::from_secs(30);
+    let producer: BaseProducer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", brokers())
+        .set("transactional.id", unique("txn-dead"))
+        .set("transaction.timeout.ms", timeout_ms.to_string())
+        .create()
+        .unwrap();
+    producer.init_transactions(timeout).unwrap();
+    producer.begin_transaction().unwrap();
+    let consumer: BaseConsumer =
+        rdkafka::ClientConfig::new().set("bootstrap.servers", brokers()).set("group.id", group).create().unwrap();
+    producer.send_offsets_to_transaction(offsets, &consumer.group_metadata().unwrap(), timeout).unwrap();
+    producer
+}
+
+#[test]
+fn a_batch_waiting_for_a_dead_producers_pending_offsets_holds_up_no_other_batch_of_the_sink() {
+    let input = unique("txn-pending-in");
+    let output = unique("txn-pending-out");
+    create_topic(&input, 2);
+    create_topic(&output, 1);
+    produce(&input, 2, values(0..20));
+    let group = unique("txn-pending-group");
+    let mut pending = rdkafka::TopicPartitionList::new();
+    pending.add_partition_offset(&input, 0, rdkafka::Offset::Offset(10)).unwrap();
+    let _dead = die_with_offsets_in_a_transaction(&group, &pending, 5_000);
+    let sink =
+        Arc::new(TransactionalKafkaSink::new(&brokers(), output.as_str(), &unique("txn-pending-app"), &group).unwrap());
+    let ranges = |partition| OffsetRanges::new(vec![spate_kafka::OffsetRange::new(input.clone(), partition, 0, 10)]);
+    // Partition 0's batch asks whether it committed before: the answer waits
+    // until the broker aborts the dead producer's transaction.
+    let waiting = {
+        let (sink, ranges) = (Arc::clone(&sink), ranges(0));
+        std::thread::spawn(move || sink.write_batch(BatchId(0), &ranges, [OutputRecord::value("p0")]).unwrap())
+    };
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    // Partition 1's batch has no pending offsets: it commits meanwhile.
+    assert_eq!(
+        sink.write_batch(BatchId(1), &ranges(1), [OutputRecord::value("p1")]).unwrap(),
+        CommitOutcome::Committed
+    );
+    assert!(!waiting.is_finished(), "partition 0's batch commits only once the dead transaction is aborted");
+    assert_eq!(waiting.join().unwrap(), CommitOutcome::Committed);
+    let mut written = read_committed(&output, 1);
+    written.sort();
+    assert_eq!(written, ["p0", "p1"]);
+}
