@@ -43,6 +43,9 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 use std::fmt;
+
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
