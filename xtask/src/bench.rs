@@ -10,6 +10,12 @@
 //! (`spate-nexmark`'s `nexmark` bench: each query's events per CPU-second,
 //! checkpoints on and off, beside Flink's published figures), with `ARGS`
 //! passed to it (`--events N`, query names). It needs neither server.
+//!
+//! `cargo xtask bench app [ARGS]` runs only the application benchmark
+//! (`spate-cli`'s `app` bench: `spate run --app` on 1, 2 and 3 member
+//! processes, the repartition hop's cost, the pause after a member is
+//! killed), with `ARGS` passed to it (`--lines N`, `throughput`, `hop`,
+//! `rebalance`). It starts the Kafka broker (or uses the running one).
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
@@ -21,6 +27,9 @@ use crate::{kafka, s3, setup};
 pub(crate) fn run(args: &[String]) -> Result {
     if args.first().is_some_and(|a| a == "nexmark") {
         return nexmark(&args[1..]);
+    }
+    if args.first().is_some_and(|a| a == "app") {
+        return app(&args[1..]);
     }
     setup::ensure(setup::ALL)?;
     // The Kafka benchmark reads from a real broker, as the Kafka tests do.
@@ -42,6 +51,19 @@ fn nexmark(args: &[String]) -> Result {
     // `cargo xtask bench nexmark -- q1` and `cargo xtask bench nexmark q1` mean the same.
     command.arg("--").args(args.strip_prefix(&["--".to_string()]).unwrap_or(args));
     println!("==> nexmark benchmark (release build)");
+    run_and_summarise(command)
+}
+
+/// The application benchmark alone: member processes of `spate run --app`
+/// against the broker, started here unless one is running.
+fn app(args: &[String]) -> Result {
+    setup::ensure(setup::ALL)?;
+    let broker = kafka::Broker::start_for_tests()?;
+    let mut command = cargo(&["bench", "--package", "spate-cli", "--bench", "app"]);
+    // `cargo xtask bench app -- rebalance` and `cargo xtask bench app rebalance` mean the same.
+    command.arg("--").args(args.strip_prefix(&["--".to_string()]).unwrap_or(args));
+    broker.export_to(&mut command);
+    println!("==> app benchmark (release build)");
     run_and_summarise(command)
 }
 
