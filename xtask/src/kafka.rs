@@ -290,6 +290,10 @@ share.coordinator.state.topic.replication.factor=1
 share.coordinator.state.topic.min.isr=1
 group.initial.rebalance.delay.ms=0
 log.retention.check.interval.ms=1000
+# A dead member's open transaction is aborted within a second of its
+# timeout (the default checks every 10 s), so its partitions' new owner
+# waits for it about as long as the group takes to move them.
+transaction.abort.timed.out.transaction.cleanup.interval.ms=1000
 ",
         data_dir.display()
     )
