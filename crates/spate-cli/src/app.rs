@@ -214,7 +214,7 @@ fn member_settings(args: &RunArgs, app: &AppArgs) -> Result<MemberSettings, CliE
         },
         client_id: None,
     };
-    settings.transaction_timeout = StdDuration::from_millis(app.transaction_timeout_ms);
+    settings.transaction_timeout = StdDuration::from_millis(app.transaction_timeout_ms());
     settings.starting_offsets = starting_offsets(&args.starting_offsets)?;
     settings.max_rate_per_partition = args.max_rate_per_partition;
     settings.max_records_per_batch = args.max_records_per_batch;
@@ -236,6 +236,14 @@ pub(crate) fn run(args: &RunArgs, app: &AppArgs, name: &str) -> Result<String, C
         // serve them all yet, and ignoring the flag would hide that.
         return Err(CliError::usage(
             "--metrics-addr and --ui are not served by a member of an application (--app):              watch it with `spate checkpoint inspect <location>` and its progress lines",
+        ));
+    }
+    if app.transaction_timeout_ms() > app.session_timeout_ms && app.group_protocol == "classic" {
+        say(&format!(
+            "warning: --transaction-timeout-ms {} is longer than --session-timeout-ms {}: the partitions of a member \
+             that dies with a transaction open wait for the broker to abort it, past the moment the group moves them",
+            app.transaction_timeout_ms(),
+            app.session_timeout_ms
         ));
     }
     let settings = member_settings(args, app)?;
@@ -292,6 +300,21 @@ mod tests {
             [&["spate", "run", "--kafka", "k:9092", "--topic", "lines", "--output-topic", "o"][..], flags].concat();
         let Command::Run(run) = Cli::try_parse_from(argv).unwrap().command else { panic!("not run") };
         format!("{:?}", topology(&run, &run.app, "wc"))
+    }
+
+    fn app_args_of(flags: &[&str]) -> AppArgs {
+        let argv =
+            [&["spate", "run", "--kafka", "k:9092", "--topic", "lines", "--output-topic", "o"][..], flags].concat();
+        let Command::Run(run) = Cli::try_parse_from(argv).unwrap().command else { panic!("not run") };
+        run.app
+    }
+
+    #[test]
+    fn the_transaction_timeout_follows_the_session_unless_given() {
+        let follows = app_args_of(&["--app", "wc", "--session-timeout-ms", "6000"]);
+        assert_eq!(follows.transaction_timeout_ms(), 6000);
+        let given = app_args_of(&["--app", "wc", "--session-timeout-ms", "6000", "--transaction-timeout-ms", "20000"]);
+        assert_eq!(given.transaction_timeout_ms(), 20000);
     }
 
     #[test]

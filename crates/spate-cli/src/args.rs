@@ -197,9 +197,10 @@ pub struct AppArgs {
     #[arg(long, value_name = "P", default_value = "classic", value_parser = ["classic", "consumer"])]
     pub group_protocol: String,
     /// The broker aborts an open transaction of a member that died after this long; until then the
-    /// next stage waits at it.
-    #[arg(long, value_name = "MS", default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1000..=900_000))]
-    pub transaction_timeout_ms: u64,
+    /// partitions it wrote offsets of wait for it under their new owner (default: the session
+    /// timeout, so the wait ends about when the group moves them).
+    #[arg(long, value_name = "MS", value_parser = clap::value_parser!(u64).range(1000..=900_000))]
+    pub transaction_timeout_ms: Option<u64>,
     /// The event-time window of the counts, on the records' timestamps.
     #[arg(long, value_name = "MS", default_value_t = 30_000, value_parser = clap::value_parser!(u64).range(1..))]
     pub window_ms: u64,
@@ -225,6 +226,11 @@ pub struct AppArgs {
 
 #[cfg(feature = "kafka")]
 impl AppArgs {
+    /// The transaction timeout in force: the flag, or the session timeout.
+    pub(crate) fn transaction_timeout_ms(&self) -> u64 {
+        self.transaction_timeout_ms.unwrap_or(self.session_timeout_ms)
+    }
+
     /// The topic of the windows' top words.
     pub(crate) fn top_topic(&self, output_topic: &str) -> String {
         self.top_topic.clone().unwrap_or_else(|| format!("{output_topic}-top"))
