@@ -16,7 +16,8 @@
 //!   2 s (the target: within 2 s of the group noticing).
 //!
 //! Every run is a new application (its own consumer group, internal topics
-//! and checkpoints) of members started with `--batch-ms 500`, a heartbeat of
+//! and checkpoints) of members started with `--batch-ms 500` (1000, the
+//! command's default, in the rebalance runs), a heartbeat of
 //! 1 s, 10 s event-time windows and the command's default caps per batch.
 //!
 //! Throughput: the members start on an empty input topic of 6 partitions;
@@ -32,15 +33,18 @@
 //!
 //! Rebalance pause: three members start on an empty topic; once they own
 //! their tasks, a producer thread writes 3,000 lines a second stamped with
-//! the current time, and once no partition is more than two seconds of input
-//! behind, the member with the most input partitions is killed with SIGKILL.
+//! the current time, and after ten seconds of it, once no partition of any
+//! stage is more than two seconds of input behind five checks in a row, the
+//! member with the most input partitions is killed with SIGKILL.
 //! The survivors' progress lines (`[<topic>-<partition>] batch …`, printed
 //! once the batch committed) say when each of its tasks committed its first
 //! batch under its new owner. Also printed: when the killed member's
 //! partitions had no offsets pending in a transaction of its any more (a new
 //! owner's first transaction waits for that: the broker aborts the dead
-//! member's open transaction after `--transaction-timeout-ms`, checking for
-//! such transactions every 10 s by default).
+//! member's open transaction after `--transaction-timeout-ms`, by default the
+//! session timeout, checking for such transactions every second on the broker
+//! `cargo xtask kafka start` runs, every 10 s on a broker left at its
+//! defaults).
 //!
 //! Needs the broker in `SPATE_KAFKA_BROKERS` (`cargo xtask bench app`
 //! starts one). Without `--bench` (as `cargo test --all-targets` runs it) the
@@ -74,14 +78,18 @@ const VOCABULARY: usize = 200;
 /// The backlog's lines are spread over this much event time.
 const EVENT_SPAN_MS: i64 = 120_000;
 const WINDOW_MS: &str = "10000";
+/// The batches of the throughput runs.
 const BATCH_MS: &str = "500";
+/// The batches of the rebalance runs: the command's default. With 500 ms
+/// batches the fifteen tasks of three members and the broker, each batch a
+/// transaction, fill this machine's two cores and the count tasks fall
+/// behind before any member is killed, so a pause would measure their
+/// backlog, not the rebalance.
+const REBALANCE_BATCH_MS: &str = "1000";
 /// The heartbeat of every run.
 const HEARTBEAT_MS: u64 = 1_000;
 /// The session of the throughput runs (no member dies in them).
 const THROUGHPUT_SESSION_MS: u64 = 10_000;
-/// The broker aborts a dead member's open transaction after this long
-/// (the CLI's default).
-const TRANSACTION_TIMEOUT_MS: &str = "10000";
 /// The live input of the rebalance runs, lines a second over all partitions.
 const LIVE_RATE: u64 = 3_000;
 const PARTS: [&str; 3] = ["throughput", "hop", "rebalance"];
@@ -363,6 +371,7 @@ struct Run<'a> {
     quiet: bool,
     without_repartition: bool,
     allowed_lateness_ms: &'a str,
+    batch_ms: &'a str,
 }
 
 impl Run<'_> {
@@ -384,13 +393,11 @@ impl Run<'_> {
             "--checkpoint",
             self.checkpoint.to_str().unwrap(),
             "--batch-ms",
-            BATCH_MS,
+            self.batch_ms,
             "--session-timeout-ms",
             &session,
             "--heartbeat-interval-ms",
             &heartbeat,
-            "--transaction-timeout-ms",
-            TRANSACTION_TIMEOUT_MS,
             "--window-ms",
             WINDOW_MS,
             "--slide-ms",
@@ -560,6 +567,7 @@ fn throughput(output: &str, lines: u64, members: usize, without_repartition: boo
         // Past the backlog's span: what split tasks send on in their own
         // order is all counted, none discarded as late.
         allowed_lateness_ms: "600000",
+        batch_ms: BATCH_MS,
     };
     let topics = run.topics();
     let tasks: usize = topics.iter().map(|(_, n)| *n as usize).sum();
@@ -671,6 +679,7 @@ fn rebalance_pause(output: &str, members: usize, session_ms: u64) -> Pause {
         without_repartition: false,
         // The command's default.
         allowed_lateness_ms: "60000",
+        batch_ms: REBALANCE_BATCH_MS,
     };
     let tasks: usize = run.topics().iter().map(|(_, n)| *n as usize).sum();
     let mut processes: Vec<MemberProcess> = (1..=members).map(|i| run.start_member(&format!("m{i}"))).collect();
@@ -723,10 +732,17 @@ fn rebalance_pause(output: &str, members: usize, session_ms: u64) -> Pause {
     Pause { session_ms, pause_ms, tasks, stable_ms, lag_at_kill }
 }
 
-/// Waits until, twice in a row a second apart, no partition of the run's
-/// topics is more than two seconds of the live input behind (words count
-/// eight to a line), after at least three seconds of input; returns the
-/// records not yet committed then.
+/// Live input before a member is killed: the members' first batches open
+/// their stores and fill their windows, and a member killed in them leaves
+/// a backlog its partitions' new owner must first work off.
+const WARM_UP: Duration = Duration::from_secs(10);
+/// Checks in a row, a second apart, that must find every stage caught up.
+const STEADY_CHECKS: u32 = 5;
+
+/// Waits until, [`STEADY_CHECKS`] times in a row a second apart, no
+/// partition of the run's topics is more than two seconds of the live input
+/// behind (words count eight to a line), after at least [`WARM_UP`] of
+/// input; returns the records not yet committed then.
 fn caught_up(offsets: &Offsets, members: &mut [MemberProcess]) -> i64 {
     let per_partition = (LIVE_RATE / PARTITIONS as u64) as i64;
     let started = Instant::now();
@@ -744,7 +760,7 @@ fn caught_up(offsets: &Offsets, members: &mut [MemberProcess]) -> i64 {
             *lag > 2 * per_partition * words
         });
         in_a_row = if behind { 0 } else { in_a_row + 1 };
-        if in_a_row >= 2 && started.elapsed() >= Duration::from_secs(3) {
+        if in_a_row >= STEADY_CHECKS && started.elapsed() >= WARM_UP {
             return lag.iter().map(|(_, l)| l).sum();
         }
         assert!(started.elapsed() < Duration::from_secs(90), "the members did not catch up with the input: {lag:?}");
@@ -830,7 +846,7 @@ fn main() {
     let output = unique("bench-app-out");
     create_topics(&[(&output, 1), (&format!("{output}-top"), 1)]);
     println!(
-        "app: {} cores; broker {brokers}; batches of {BATCH_MS} ms, {WINDOW_MS} ms event-time windows, heartbeat \
+        "app: {} cores; broker {brokers}; batches of {BATCH_MS} ms ({REBALANCE_BATCH_MS} ms in the rebalance runs), {WINDOW_MS} ms event-time windows, heartbeat \
          {HEARTBEAT_MS} ms",
         cores()
     );
@@ -861,7 +877,7 @@ fn main() {
             let detail: Vec<String> =
                 pause.tasks.iter().map(|(t, g, b)| format!("{t} given +{g:.0} ms, first batch +{b:.0} ms")).collect();
             println!(
-                "app: session {session} ms, transaction timeout {TRANSACTION_TIMEOUT_MS} ms, {members} members, one \
+                "app: session {session} ms, transaction timeout {session} ms, {members} members, one \
                  killed ({} records behind): {}; its partitions' offsets stable +{:.0} ms",
                 pause.lag_at_kill,
                 detail.join("; "),
