@@ -135,7 +135,11 @@ impl FrameCodec {
         self.encode_framed(out, |out| write_payload(out).map(Some))
     }
 
-    fn encode_framed(
+    /// [`Self::encode_with`] for a writer that may return the CRC32C of the
+    /// payload it appended (`Some`, as [`Self::encode_with_crc`] takes it) or
+    /// leave it to the codec (`None`): for callers generic over writers of
+    /// both kinds.
+    pub fn encode_framed(
         &self,
         out: &mut Vec<u8>,
         write_payload: impl FnOnce(&mut Vec<u8>) -> Result<Option<u32>, CoreError>,
