@@ -73,6 +73,9 @@ pub struct KafkaRecord {
     pub value: Option<Vec<u8>>,
 }
 
+/// Through a receiver's blocks and write-ahead log by serde.
+impl spate_receiver::Record for KafkaRecord {}
+
 impl KafkaRecord {
     /// The record's timestamp as an event time (for event-time windows:
     /// `|r: &KafkaRecord| r.event_time().unwrap_or(Time::ZERO)`), or `None`

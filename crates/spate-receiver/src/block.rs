@@ -5,93 +5,19 @@
 //! same bytes go to the block manager, to its disk store and to the receiver
 //! write-ahead log, so a block is serialized once, in one pass.
 
-use std::any::{Any, TypeId};
 use std::sync::Arc;
 
 use serde::Serialize;
-use serde::de::DeserializeOwned;
-use spate_core::{CoreError, FrameCodec};
+use spate_core::CoreError;
 
-use crate::generator::SmallWord;
+use crate::codec::{BLOCK_FORMAT_VERSION, Record, block_codec};
 
-/// What a record must be to travel through receivers, blocks and logs.
-///
-/// Implemented for every type with these bounds; it only names them once.
-pub trait Record: Serialize + DeserializeOwned + Send + Sync + Clone + 'static {}
-
-impl<T: Serialize + DeserializeOwned + Send + Sync + Clone + 'static> Record for T {}
-
-/// The format version of serialized blocks this build writes.
-pub const BLOCK_FORMAT_VERSION: u16 = 1;
-
-/// The codec of serialized blocks: blocks may be large (a block interval of
-/// a fast source), but decoding is still bounded.
-pub(crate) const fn block_codec() -> FrameCodec {
-    FrameCodec::new(BLOCK_FORMAT_VERSION).with_max_payload(1 << 30).with_max_decoded(4 << 30)
-}
-
-/// Serializes `records` as one block, in one pass.
+/// Serializes `records` as one block, in one pass (the records' own
+/// [`Record::write_block_payload`]).
 pub fn encode_block<T: Record>(records: &[T]) -> Result<Vec<u8>, CoreError> {
     let mut out = Vec::with_capacity(64 + records.len() * 12);
-    // Blocks of inline words (the demo's hot path) are written by hand, in
-    // the layout serde would give them, without its per-record overhead.
-    if TypeId::of::<T>() == TypeId::of::<SmallWord>() {
-        block_codec().encode_with_crc(&mut out, |payload| write_small_word_block(records, payload))?;
-    } else {
-        block_codec().encode_into(records, &mut out)?;
-    }
+    block_codec().encode_framed(&mut out, |payload| T::write_block_payload(records, payload))?;
     Ok(out)
-}
-
-/// Appends the bincode layout of a sequence of strings: a varint count,
-/// then a varint length and the bytes of each word.
-fn write_small_word_block<T: 'static>(records: &[T], out: &mut Vec<u8>) -> Result<u32, CoreError> {
-    // Words are gathered in a stack buffer and appended a few thousand
-    // bytes at a time: written straight into `out`, every byte store could
-    // alias its length, which the compiler would then reload per word. The
-    // payload's checksum is taken chunk by chunk, while each is in cache.
-    const CHUNK: usize = 4096;
-    let mut chunk = [0u8; CHUNK];
-    let mut used = 0;
-    let payload_start = out.len();
-    write_varint(records.len() as u64, out);
-    let mut crc = crc32c::crc32c(&out[payload_start..]);
-    for record in records {
-        let Some(word) = (record as &dyn Any).downcast_ref::<SmallWord>() else {
-            return Err(CoreError::Encode { reason: "a block of words holds a record that is not a word".into() });
-        };
-        let (cell, len) = word.encoded_cell();
-        if used + cell.len() > CHUNK {
-            crc = crc32c::crc32c_append(crc, &chunk[..used]);
-            out.extend_from_slice(&chunk[..used]);
-            used = 0;
-        }
-        // The whole cell is copied (a fixed size); only `len` bytes count.
-        chunk[used..used + cell.len()].copy_from_slice(&cell);
-        used += len;
-    }
-    crc = crc32c::crc32c_append(crc, &chunk[..used]);
-    out.extend_from_slice(&chunk[..used]);
-    Ok(crc)
-}
-
-/// Appends bincode's standard varint of `value`.
-fn write_varint(value: u64, out: &mut Vec<u8>) {
-    match value {
-        0..=250 => out.push(value as u8),
-        251..=0xffff => {
-            out.push(251);
-            out.extend_from_slice(&(value as u16).to_le_bytes());
-        }
-        0x1_0000..=0xffff_ffff => {
-            out.push(252);
-            out.extend_from_slice(&(value as u32).to_le_bytes());
-        }
-        _ => {
-            out.push(253);
-            out.extend_from_slice(&value.to_le_bytes());
-        }
-    }
 }
 
 /// Reads the records of a serialized block: a pure function of the bytes,
@@ -102,16 +28,7 @@ fn write_varint(value: u64, out: &mut Vec<u8>) {
 /// newer or unknown one is an error naming it), and bounds what decoding
 /// may allocate.
 pub fn decode_block<T: Record>(bytes: &[u8]) -> Result<Vec<T>, CoreError> {
-    let payload = open_block(bytes)?;
-    // Blocks of inline words (the demo's hot path) are read by hand, without
-    // serde's per-record overhead; the result is the same.
-    if TypeId::of::<T>() == TypeId::of::<SmallWord>() {
-        let words: Box<dyn Any> = Box::new(decode_small_word_payload(payload)?);
-        if let Ok(records) = words.downcast::<Vec<T>>() {
-            return Ok(*records);
-        }
-    }
-    block_codec().decode_payload::<Vec<T>>(payload)
+    T::read_block_payload(open_block(bytes)?)
 }
 
 /// Checks a serialized block's frame and returns the payload of its format
@@ -128,69 +45,6 @@ fn open_block(bytes: &[u8]) -> Result<&[u8], CoreError> {
         found => Err(CoreError::Decode {
             reason: format!("block format {found} is unknown (this build reads formats 1 to {BLOCK_FORMAT_VERSION})"),
         }),
-    }
-}
-
-/// Reads the payload of a block of [`SmallWord`]s: the bincode layout of a
-/// sequence of strings (a varint count, then a varint length and the bytes
-/// of each).
-fn decode_small_word_payload(payload: &[u8]) -> Result<Vec<SmallWord>, CoreError> {
-    let mut reader = VarintReader { rest: payload };
-    let count = reader.varint()?;
-    // Every word takes at least a byte: a larger count is damage, not a size to allocate.
-    if count > payload.len() as u64 {
-        return Err(CoreError::Decode { reason: format!("block declares {count} words in {} bytes", payload.len()) });
-    }
-    let mut words = Vec::with_capacity(count as usize);
-    for index in 0..count {
-        let len = reader.varint()?;
-        // A whole window when the payload has one: a fixed-size copy stays in
-        // registers, where a copy of the word's own length goes through memory.
-        let window = reader.rest.first_chunk::<{ SmallWord::CAPACITY }>().copied();
-        let word = reader.take(len)?;
-        let parsed = match window {
-            Some(window) => SmallWord::from_utf8_window(&window, word.len()),
-            None => SmallWord::from_utf8_bytes(word),
-        };
-        words.push(parsed.ok_or_else(|| CoreError::Decode {
-            reason: format!("word {index} is not UTF-8 of at most {} bytes (length {len})", SmallWord::CAPACITY),
-        })?);
-    }
-    if !reader.rest.is_empty() {
-        return Err(CoreError::Decode { reason: format!("{} trailing bytes after the value", reader.rest.len()) });
-    }
-    Ok(words)
-}
-
-/// Reads bincode's standard varints and byte runs off a payload.
-struct VarintReader<'a> {
-    rest: &'a [u8],
-}
-
-impl<'a> VarintReader<'a> {
-    fn take(&mut self, len: u64) -> Result<&'a [u8], CoreError> {
-        let truncated = || CoreError::Truncated { needed: len, available: self.rest.len() as u64 };
-        let (taken, rest) =
-            usize::try_from(len).ok().and_then(|n| self.rest.split_at_checked(n)).ok_or_else(truncated)?;
-        self.rest = rest;
-        Ok(taken)
-    }
-
-    fn fixed<const N: usize>(&mut self) -> Result<[u8; N], CoreError> {
-        let mut out = [0u8; N];
-        out.copy_from_slice(self.take(N as u64)?);
-        Ok(out)
-    }
-
-    fn varint(&mut self) -> Result<u64, CoreError> {
-        let [tag] = self.fixed::<1>()?;
-        match tag {
-            0..=250 => Ok(u64::from(tag)),
-            251 => Ok(u64::from(u16::from_le_bytes(self.fixed()?))),
-            252 => Ok(u64::from(u32::from_le_bytes(self.fixed()?))),
-            253 => Ok(u64::from_le_bytes(self.fixed()?)),
-            _ => Err(CoreError::Decode { reason: format!("invalid varint tag {tag}") }),
-        }
     }
 }
 
@@ -318,6 +172,7 @@ pub(crate) fn estimate_records_size<T: Record>(records: &[T]) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use spate_core::FrameCodec;
 
     #[test]
     fn round_trip_and_count() {
@@ -326,32 +181,6 @@ mod tests {
             let bytes = encode_block(&records).unwrap();
             assert_eq!(count_block_records(&bytes).unwrap(), n as u64);
             assert_eq!(decode_block::<String>(&bytes).unwrap(), records);
-        }
-    }
-
-    #[test]
-    fn word_blocks_written_by_hand_equal_serde_string_blocks() {
-        for n in [0usize, 1, 250, 251, 65_535, 65_536] {
-            let words: Vec<String> = (0..n).map(|i| "w".repeat(i % 24)).collect();
-            let small: Vec<SmallWord> = words.iter().map(|w| SmallWord::new(w).unwrap()).collect();
-            let bytes = encode_block(&small).unwrap();
-            assert_eq!(bytes, encode_block(&words).unwrap(), "{n} words");
-            assert_eq!(decode_block::<SmallWord>(&bytes).unwrap(), small);
-        }
-    }
-
-    #[test]
-    fn varints_written_by_hand_equal_bincodes() {
-        let codec = block_codec();
-        for value in [0u64, 250, 251, 0xffff, 0x1_0000, 0xffff_ffff, 0x1_0000_0000, u64::MAX] {
-            let mut by_hand = Vec::new();
-            codec
-                .encode_with(&mut by_hand, |out| {
-                    write_varint(value, out);
-                    Ok(())
-                })
-                .unwrap();
-            assert_eq!(by_hand, codec.encode(&value).unwrap(), "{value}");
         }
     }
 
@@ -380,7 +209,7 @@ mod tests {
         let zero = FrameCodec::new(0).encode(&words).unwrap();
         let err = decode_block::<String>(&zero).unwrap_err();
         assert!(err.to_string().contains("block format 0 is unknown"), "{err}");
-        assert!(decode_block::<SmallWord>(&zero).is_err());
+        assert!(decode_block::<crate::SmallWord>(&zero).is_err());
         assert!(count_block_records(&zero).is_err());
         let newer = FrameCodec::new(BLOCK_FORMAT_VERSION + 1).encode(&words).unwrap();
         assert!(matches!(decode_block::<String>(&newer), Err(CoreError::NewerVersion { found: 2, .. })));
@@ -391,7 +220,7 @@ mod tests {
         let mut bytes = encode_block(&["a".to_string()]).unwrap();
         bytes.push(0);
         assert!(decode_block::<String>(&bytes).is_err());
-        assert!(decode_block::<SmallWord>(&bytes).is_err());
+        assert!(decode_block::<crate::SmallWord>(&bytes).is_err());
         assert!(count_block_records(&bytes).is_err());
     }
 }

@@ -21,7 +21,8 @@ use crossbeam::channel::{Receiver, Sender};
 use spate_core::{Clock, Duration, StreamBlockId, StreamId, Time};
 use tracing::{debug, warn};
 
-use crate::block::{Record, encoded_record_size, estimate_encoded_size};
+use crate::block::{encoded_record_size, estimate_encoded_size};
+use crate::codec::Record;
 use crate::error::ReceiverError;
 use crate::handler::Pending;
 use crate::rate_limiter::RateLimiter;

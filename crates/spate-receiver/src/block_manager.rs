@@ -13,7 +13,8 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use spate_core::{Clock, StreamBlockId, StreamId, Time};
 use tracing::debug;
 
-use crate::block::{BlockData, Record};
+use crate::block::BlockData;
+use crate::codec::Record;
 use crate::disk_store::DiskStore;
 use crate::error::ReceiverError;
 use crate::storage::StorageLevel;

@@ -16,7 +16,7 @@ use async_trait::async_trait;
 use serde::de::{self, Visitor};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use crate::block::Record;
+use crate::codec::Record;
 
 use crate::error::ReceiverError;
 use crate::rate_limiter::RateLimiter;
@@ -457,6 +457,8 @@ mod tests {
     #[derive(Clone, serde::Deserialize)]
     struct RawBytes(Vec<u8>);
 
+    impl crate::Record for RawBytes {}
+
     impl Serialize for RawBytes {
         fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
             serializer.serialize_bytes(&self.0)
@@ -499,12 +501,12 @@ mod tests {
         );
         // A payload with bytes after the sequence is refused, as serde decoding refuses it.
         let mut trailing = Vec::new();
-        crate::block::block_codec().encode_into(&(vec!["a".to_string()], 7u8), &mut trailing).unwrap();
+        crate::codec::block_codec().encode_into(&(vec!["a".to_string()], 7u8), &mut trailing).unwrap();
         assert!(crate::block::decode_block::<SmallWord>(&trailing).is_err());
         assert!(crate::block::decode_block::<String>(&trailing).is_err());
         // A payload cut inside a word is refused.
         let mut cut = Vec::new();
-        crate::block::block_codec().encode_into(&(3u8, 5u8, *b"ab"), &mut cut).unwrap();
+        crate::codec::block_codec().encode_into(&(3u8, 5u8, *b"ab"), &mut cut).unwrap();
         assert!(crate::block::decode_block::<SmallWord>(&cut).is_err());
     }
 

@@ -16,8 +16,9 @@ use spate_core::{BlockStoreResult, Clock, FrameCodec, StreamBlockId, StreamId, T
 use spate_wal::{FileWriteAheadLog, WalError, WalOptions, WriteAheadLog};
 use tracing::{debug, warn};
 
-use crate::block::{BlockData, ReceivedBlock, Record, count_block_records, decode_block, encode_block};
+use crate::block::{BlockData, ReceivedBlock, count_block_records, decode_block, encode_block};
 use crate::block_manager::BlockManager;
+use crate::codec::Record;
 use crate::error::ReceiverError;
 use crate::storage::StorageLevel;
 

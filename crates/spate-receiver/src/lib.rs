@@ -66,6 +66,7 @@
 mod block;
 mod block_generator;
 mod block_manager;
+mod codec;
 mod disk_store;
 mod error;
 mod generator;
@@ -76,13 +77,12 @@ mod socket;
 mod storage;
 mod supervisor;
 
-pub use block::{
-    BLOCK_FORMAT_VERSION, BlockData, ReceivedBlock, Record, count_block_records, decode_block, encode_block,
-};
+pub use block::{BlockData, ReceivedBlock, count_block_records, decode_block, encode_block};
 pub use block_generator::{
     BlockGenerator, BlockGeneratorConfig, BlockGeneratorListener, DEFAULT_MAX_BLOCK_BYTES, DEFAULT_MAX_BLOCK_RECORDS,
 };
 pub use block_manager::{BlockLocation, BlockManager, BlockManagerConfig};
+pub use codec::{BLOCK_FORMAT_VERSION, Record};
 pub use error::{BoxError, ReceiverError};
 pub use generator::{
     GeneratorConfig, GeneratorProgress, GeneratorReceiver, SmallWord, VOCABULARY, WordGenerator, WordRecord, splitmix64,

@@ -16,8 +16,9 @@ use async_trait::async_trait;
 use spate_core::{Clock, Duration, ReceivedBlockInfo, StreamId, Time};
 use tracing::{error, info, warn};
 
-use crate::block::{ReceivedBlock, Record};
+use crate::block::ReceivedBlock;
 use crate::block_generator::{BlockGenerator, BlockGeneratorConfig, BlockGeneratorListener, BlockIdAllocator};
+use crate::codec::Record;
 use crate::error::{BoxError, ReceiverError};
 use crate::handler::{Pending, ReceivedBlockHandler};
 use crate::signal::StopSignal;
