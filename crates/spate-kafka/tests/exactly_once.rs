@@ -348,7 +348,10 @@ fn a_batch_waiting_for_a_dead_producers_pending_offsets_holds_up_no_other_batch_
     let group = unique("txn-pending-group");
     let mut pending = rdkafka::TopicPartitionList::new();
     pending.add_partition_offset(&input, 0, rdkafka::Offset::Offset(10)).unwrap();
-    let _dead = die_with_offsets_in_a_transaction(&group, &pending, 5_000);
+    // Long enough that partition 1's batch commits, even on a loaded
+    // machine, well before the broker aborts the dead transaction (the
+    // test broker looks for timed-out ones every second).
+    let _dead = die_with_offsets_in_a_transaction(&group, &pending, 10_000);
     let sink =
         Arc::new(TransactionalKafkaSink::new(&brokers(), output.as_str(), &unique("txn-pending-app"), &group).unwrap());
     let ranges = |partition| OffsetRanges::new(vec![spate_kafka::OffsetRange::new(input.clone(), partition, 0, 10)]);
