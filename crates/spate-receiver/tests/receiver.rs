@@ -504,9 +504,11 @@ impl spate_receiver::BlockGeneratorListener<String> for GatedListener {
 
     fn start_push(&self, _: spate_core::StreamBlockId, records: Vec<String>) -> spate_receiver::Pending<()> {
         let first = records[0].clone();
-        self.events.lock().unwrap().push(format!("start {first}"));
         let (gate, done) = crossbeam::channel::bounded::<()>(0);
+        // The gate is in place before the start is noted: a test that sees
+        // the start and drops the gates must drop this one too.
         self.gates.lock().unwrap().push(gate);
+        self.events.lock().unwrap().push(format!("start {first}"));
         let (opened, events) = (done.clone(), Arc::clone(&self.events));
         let finish = move || {
             let _ = opened.recv(); // until the gate is dropped
