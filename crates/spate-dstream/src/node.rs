@@ -26,9 +26,12 @@ pub(crate) fn state_codec() -> FrameCodec {
 
 /// Carries one node's batch for the current batch time to its consumers.
 ///
-/// The last consumer to take the batch gets it by value; earlier ones get a
-/// copy. A node that produces nothing at a time (a window between slides)
-/// puts `None`.
+/// The batch is shared, not copied: every consumer takes a reference to the
+/// same batch, and the slot lets go of it when the last one has. A consumer
+/// that reads (an output) keeps the reference; one that needs the records
+/// by value gets them without a copy when it holds the last reference (see
+/// [`StepCtx::take_owned`]). A node that produces nothing at a time (a
+/// window between slides) puts `None`.
 pub(crate) struct Slot<T> {
     inner: Mutex<SlotInner<T>>,
 }
@@ -37,7 +40,7 @@ struct SlotInner<T> {
     readers: usize,
     left: usize,
     time: Option<Time>,
-    value: Option<Batch<T>>,
+    value: Option<Arc<Batch<T>>>,
 }
 
 impl<T: Clone> Slot<T> {
@@ -64,11 +67,11 @@ impl<T: Clone> Slot<T> {
         let mut inner = self.lock();
         inner.left = inner.readers;
         inner.time = Some(time);
-        inner.value = if inner.readers == 0 { None } else { value };
+        inner.value = if inner.readers == 0 { None } else { value.map(Arc::new) };
     }
 
     /// Takes the result for `time`: `Ok(None)` when the node produced nothing then.
-    pub(crate) fn take(&self, time: Time) -> Result<Option<Batch<T>>, String> {
+    pub(crate) fn take(&self, time: Time) -> Result<Option<Arc<Batch<T>>>, String> {
         let mut inner = self.lock();
         if inner.time != Some(time) || inner.left == 0 {
             return Err(format!(
@@ -77,7 +80,7 @@ impl<T: Clone> Slot<T> {
             ));
         }
         inner.left -= 1;
-        Ok(if inner.left == 0 { inner.value.take() } else { inner.value.clone() })
+        Ok(if inner.left == 0 { inner.value.take() } else { inner.value.as_ref().map(Arc::clone) })
     }
 }
 
@@ -105,9 +108,17 @@ impl StepCtx<'_> {
         })
     }
 
-    /// Takes the parent's batch, turning bookkeeping errors into [`DStreamError::Internal`].
-    pub(crate) fn take<T: Clone>(&self, slot: &Slot<T>) -> Result<Option<Batch<T>>, DStreamError> {
+    /// Takes a reference to the parent's batch, turning bookkeeping errors
+    /// into [`DStreamError::Internal`].
+    pub(crate) fn take<T: Clone>(&self, slot: &Slot<T>) -> Result<Option<Arc<Batch<T>>>, DStreamError> {
         slot.take(self.time).map_err(|reason| DStreamError::Internal { operator: self.operator.to_string(), reason })
+    }
+
+    /// Takes the parent's batch by value: without a copy when no other
+    /// consumer still holds it (the usual case, a stream read once), copied
+    /// otherwise.
+    pub(crate) fn take_owned<T: Clone>(&self, slot: &Slot<T>) -> Result<Option<Batch<T>>, DStreamError> {
+        Ok(self.take(slot)?.map(Arc::unwrap_or_clone))
     }
 }
 
@@ -197,7 +208,7 @@ where
     F: FnMut(Batch<T>, &StepCtx<'_>) -> Result<Batch<U>, DStreamError> + Send,
 {
     fn step(&mut self, ctx: &StepCtx<'_>) -> Result<Option<Job>, DStreamError> {
-        let result = match ctx.take(&self.input)? {
+        let result = match ctx.take_owned(&self.input)? {
             Some(batch) => Some((self.f)(batch, ctx)?),
             None => None,
         };
@@ -222,8 +233,8 @@ where
     F: FnMut(Batch<A>, Batch<B>, &StepCtx<'_>) -> Result<Batch<U>, DStreamError> + Send,
 {
     fn step(&mut self, ctx: &StepCtx<'_>) -> Result<Option<Job>, DStreamError> {
-        let left = ctx.take(&self.left)?;
-        let right = ctx.take(&self.right)?;
+        let left = ctx.take_owned(&self.left)?;
+        let right = ctx.take_owned(&self.right)?;
         let result = match (left, right) {
             (Some(a), Some(b)) => Some((self.f)(a, b, ctx)?),
             (Some(a), None) => Some((self.f)(a, Batch::default(), ctx)?),

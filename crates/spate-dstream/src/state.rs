@@ -61,7 +61,7 @@ where
 {
     fn step(&mut self, ctx: &StepCtx<'_>) -> Result<Option<Job>, DStreamError> {
         respread(&mut self.parts, ctx.partitions);
-        let Some(batch) = ctx.take(&self.input)? else {
+        let Some(batch) = ctx.take_owned(&self.input)? else {
             self.output.put(ctx.time, None);
             return Ok(None);
         };
@@ -195,7 +195,7 @@ where
 {
     fn step(&mut self, ctx: &StepCtx<'_>) -> Result<Option<Job>, DStreamError> {
         respread(&mut self.parts, ctx.partitions);
-        let Some(batch) = ctx.take(&self.input)? else {
+        let Some(batch) = ctx.take_owned(&self.input)? else {
             self.output.put(ctx.time, None);
             self.snapshots.put(ctx.time, None);
             return Ok(None);

@@ -76,7 +76,7 @@ struct WindowNode<T> {
 
 impl<T: Data> Node for WindowNode<T> {
     fn step(&mut self, ctx: &StepCtx<'_>) -> Result<Option<Job>, DStreamError> {
-        if let Some(batch) = ctx.take(&self.input)? {
+        if let Some(batch) = ctx.take_owned(&self.input)? {
             self.retained.push_back((ctx.time, batch.into_partitions()));
         }
         let cutoff = ctx.time - self.length;
@@ -272,7 +272,7 @@ where
     P: Fn(&K, &V) -> bool + Send + Sync,
 {
     fn step(&mut self, ctx: &StepCtx<'_>) -> Result<Option<Job>, DStreamError> {
-        if let Some(batch) = ctx.take(&self.input)? {
+        if let Some(batch) = ctx.take_owned(&self.input)? {
             self.ingest(ctx, batch)?;
         }
         let result = if is_slide_time(ctx.time, self.slide) { Some(self.slide_to(ctx)?) } else { None };
@@ -530,7 +530,7 @@ where
             let owned: PaneSnapshot<K, V> = state_codec().decode(&bytes).map_err(|e| internal(ctx, &e))?.value;
             self.install(owned, ctx.partitions);
         }
-        let batches: Vec<FxHashMap<K, V>> = match ctx.take(&self.input)? {
+        let batches: Vec<FxHashMap<K, V>> = match ctx.take_owned(&self.input)? {
             Some(batch) => reduce_partitioned(ctx, batch.into_partitions(), ctx.partitions, &self.reduce)?,
             None => (0..ctx.partitions).map(|_| map_with_capacity(0)).collect(),
         };

@@ -156,6 +156,33 @@ fn a_stream_read_twice_gives_both_readers_every_record() {
 }
 
 #[test]
+fn the_outputs_of_one_stream_share_its_batch_rather_than_copy_it() {
+    let b = builder();
+    let fed = Arc::new(FedSource::new());
+    let source = b.input("receiver", Arc::clone(&fed));
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    for name in ["first", "second", "third"] {
+        let seen = Arc::clone(&seen);
+        source
+            .foreach_batch(move |batch, _| {
+                seen.lock().unwrap().push(batch.partitions()[0].as_ptr() as usize);
+                Ok(())
+            })
+            .name(name);
+    }
+    let mut graph = b.build().unwrap();
+    fed.feed(t(1), vec![vec![1u8, 2, 3]]);
+    // The jobs are all generated before any runs, so every one holds the
+    // batch at once: a copy would show as a second address.
+    for job in graph.generate_jobs(t(1), BatchId(0), &Default::default()).unwrap() {
+        job.run().unwrap();
+    }
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), 3);
+    assert!(seen.iter().all(|address| *address == seen[0]), "{seen:?}");
+}
+
+#[test]
 fn outputs_get_batch_time_and_id_and_jobs_come_one_per_output() {
     let b = builder();
     let fed = Arc::new(FedSource::new());

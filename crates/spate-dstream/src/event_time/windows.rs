@@ -402,7 +402,7 @@ where
         if self.parts.len() != ctx.partitions {
             self.parts = respread(std::mem::take(&mut self.parts), ctx.partitions);
         }
-        let Some(batch) = ctx.take(&self.input)? else {
+        let Some(batch) = ctx.take_owned(&self.input)? else {
             self.output.put(ctx.time, None);
             self.late.put(ctx.time, None);
             return Ok(None);
