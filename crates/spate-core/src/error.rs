@@ -35,6 +35,17 @@ pub enum CoreError {
         /// The flags field as written.
         flags: u16,
     },
+    /// More bytes than a whole [`MemoryBudget`](crate::MemoryBudget) were
+    /// asked for at once: they could never fit, however long one waited.
+    #[error(
+        "{needed} bytes were asked of a memory budget of {limit} bytes: raise --max-memory or make the unit smaller"
+    )]
+    OverMemoryBudget {
+        /// The bytes asked for.
+        needed: u64,
+        /// The budget's limit.
+        limit: u64,
+    },
     /// The declared payload is larger than the configured bound.
     #[error("record of {declared} bytes exceeds the limit of {limit} bytes")]
     TooLarge {
