@@ -1,6 +1,11 @@
 //! The block manager: received blocks by id, in memory within a budget and
 //! on a RocksDB disk store.
 //!
+//! The budget may be shared with the other inputs of the process (see
+//! [`MemoryBudget`]): a memory-only block that does not fit waits until a
+//! batch has read enough blocks out, which holds the receiver back at the
+//! engine's pace (backpressure) instead of failing it or growing memory.
+//!
 //! It is the process-local part of Spark's `BlockManager` that receivers
 //! use. The disk store is a spill area for this process only: it is wiped
 //! when opened, because after a crash blocks come back from the receiver
@@ -10,7 +15,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use spate_core::{Clock, StreamBlockId, StreamId, Time};
+use spate_core::{Clock, MemoryBudget, Reservation, StreamBlockId, StreamId, Time};
 use tracing::debug;
 
 use crate::block::BlockData;
@@ -36,8 +41,12 @@ pub struct BlockLocation {
 /// How a [`BlockManager`] is set up.
 #[derive(Clone, Debug)]
 pub struct BlockManagerConfig {
-    /// Bytes of (estimated) block data kept in memory at most.
+    /// Bytes of (estimated) block data kept in memory at most, when no
+    /// shared budget is given.
     pub memory_budget_bytes: u64,
+    /// A budget shared with other holders of records (the other inputs of
+    /// the process); it takes the place of `memory_budget_bytes`.
+    pub shared_budget: Option<Arc<MemoryBudget>>,
     /// The RocksDB directory of the disk store (new, empty, or made by an
     /// earlier block manager, which is wiped); without one, levels that
     /// need disk are refused.
@@ -47,12 +56,18 @@ pub struct BlockManagerConfig {
 impl BlockManagerConfig {
     /// Memory only, with `memory_budget_bytes`.
     pub fn in_memory(memory_budget_bytes: u64) -> Self {
-        BlockManagerConfig { memory_budget_bytes, disk_dir: None }
+        BlockManagerConfig { memory_budget_bytes, shared_budget: None, disk_dir: None }
     }
 
     /// Memory within `memory_budget_bytes` and a disk store in `disk_dir`.
     pub fn with_disk(memory_budget_bytes: u64, disk_dir: impl Into<PathBuf>) -> Self {
-        BlockManagerConfig { memory_budget_bytes, disk_dir: Some(disk_dir.into()) }
+        BlockManagerConfig { memory_budget_bytes, shared_budget: None, disk_dir: Some(disk_dir.into()) }
+    }
+
+    /// Draws on `budget`, shared with other holders, instead of a budget of its own.
+    pub fn sharing(mut self, budget: Arc<MemoryBudget>) -> Self {
+        self.shared_budget = Some(budget);
+        self
     }
 }
 
@@ -79,20 +94,21 @@ struct Inner<T> {
 /// Blocks by [`StreamBlockId`], at a [`StorageLevel`], within a memory budget.
 ///
 /// When memory is short, memory-and-disk blocks spill to the disk store,
-/// least recently used first; a memory-only block that does not fit is
+/// least recently used first; a memory-only block that does not fit waits
+/// for room (see the module doc), and one larger than the whole budget is
 /// refused with [`ReceiverError::MemoryBudgetExceeded`] (dropping it
 /// silently would lose received data).
 pub struct BlockManager<T> {
     inner: Mutex<Inner<T>>,
     disk: Option<DiskStore>,
-    budget: u64,
+    budget: Arc<MemoryBudget>,
     clock: Arc<dyn Clock>,
 }
 
 impl<T> std::fmt::Debug for BlockManager<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("BlockManager")
-            .field("budget", &self.budget)
+            .field("budget", &self.budget.limit())
             .field("disk", &self.disk.as_ref().map(DiskStore::path))
             .finish_non_exhaustive()
     }
@@ -112,7 +128,8 @@ impl<T: Record> BlockManager<T> {
             spillable_used: 0,
             per_stream: BTreeMap::new(),
         };
-        Ok(BlockManager { inner: Mutex::new(inner), disk, budget: config.memory_budget_bytes, clock })
+        let budget = config.shared_budget.unwrap_or_else(|| Arc::new(MemoryBudget::new(config.memory_budget_bytes)));
+        Ok(BlockManager { inner: Mutex::new(inner), disk, budget, clock })
     }
 
     /// Stores `data` as `block_id` at `level` and says where it went.
@@ -130,12 +147,21 @@ impl<T: Record> BlockManager<T> {
             _ => data,
         };
         let size = data.estimated_size();
+        if self.lock().entries.contains_key(&block_id) {
+            return Err(ReceiverError::DuplicateBlock { block_id });
+        }
+        // Waiting for room happens outside the lock: the batch that reads
+        // blocks out (and so makes room) needs it.
+        let reserved = level.use_memory() && self.reserve(block_id, size, level)?;
         let mut inner = self.lock();
         if inner.entries.contains_key(&block_id) {
+            if reserved {
+                self.budget.release(size);
+            }
             return Err(ReceiverError::DuplicateBlock { block_id });
         }
         let mut entry = Entry { level, stored_at: self.clock.now(), memory: None, on_disk: false, lru_tick: 0 };
-        if level.use_memory() && self.make_room(&mut inner, size)? {
+        if reserved {
             entry.lru_tick = inner.touch(block_id, None);
             inner.memory_used += size;
             if level.use_disk() {
@@ -147,12 +173,7 @@ impl<T: Record> BlockManager<T> {
             self.disk_for(block_id, level)?.put(block_id, &data.bytes().map_err(codec_err)?)?;
             entry.on_disk = true;
         } else {
-            return Err(ReceiverError::MemoryBudgetExceeded {
-                block_id,
-                needed: size,
-                used: inner.memory_used,
-                budget: self.budget,
-            });
+            return Err(self.over_budget(block_id, size, inner.memory_used));
         }
         let location = entry.location();
         inner.entries.insert(block_id, entry);
@@ -191,7 +212,9 @@ impl<T: Record> BlockManager<T> {
         let Some(entry) = inner.entries.remove(&block_id) else {
             return Ok(false);
         };
-        inner.forget_memory(block_id, &entry);
+        let freed = inner.forget_memory(block_id, &entry);
+        drop(inner);
+        self.budget.release(freed);
         if entry.on_disk {
             self.disk_for(block_id, entry.level)?.delete(block_id)?;
         }
@@ -221,9 +244,9 @@ impl<T: Record> BlockManager<T> {
         self.lock().memory_used
     }
 
-    /// The memory budget in bytes.
+    /// The memory budget in bytes (the shared budget's, when it shares one).
     pub fn memory_budget(&self) -> u64 {
-        self.budget
+        self.budget.limit()
     }
 
     /// Number of stored blocks.
@@ -236,25 +259,48 @@ impl<T: Record> BlockManager<T> {
         self.len() == 0
     }
 
-    /// Spills least recently used memory-and-disk blocks until `size` more
-    /// bytes fit; false (having spilled nothing) when they cannot.
-    fn make_room(&self, inner: &mut Inner<T>, size: u64) -> Result<bool, ReceiverError> {
-        let pinned = inner.memory_used - inner.spillable_used;
-        if size > self.budget
-            || pinned + size > self.budget
-            || (self.disk.is_none() && inner.memory_used + size > self.budget)
-        {
+    /// Reserves `size` bytes of the budget for a block kept in memory:
+    /// true once reserved; false when a block that may go to disk does not
+    /// fit even after spilling. A memory-only block waits for room instead.
+    fn reserve(&self, block_id: StreamBlockId, size: u64, level: StorageLevel) -> Result<bool, ReceiverError> {
+        if self.budget.try_reserve(size) {
+            return Ok(true);
+        }
+        if level.use_disk() {
+            return self.spill_until_reserved(size);
+        }
+        match self.budget.reserve(size) {
+            Ok(Reservation::Waited) => {
+                debug!(block = %block_id, bytes = size, "block waited for room in the memory budget");
+                Ok(true)
+            }
+            Ok(Reservation::Immediate) => Ok(true),
+            Err(_) => Err(self.over_budget(block_id, size, self.memory_used())),
+        }
+    }
+
+    /// Spills least recently used memory-and-disk blocks until `size` bytes
+    /// can be reserved; false when none is left to spill.
+    fn spill_until_reserved(&self, size: u64) -> Result<bool, ReceiverError> {
+        if size > self.budget.limit() || self.disk.is_none() {
             return Ok(false);
         }
-        while inner.memory_used + size > self.budget {
+        let mut inner = self.lock();
+        loop {
+            if self.budget.try_reserve(size) {
+                return Ok(true);
+            }
             let victim =
                 inner.lru.values().copied().find(|id| inner.entries.get(id).is_some_and(|e| e.level.use_disk()));
             let Some(victim) = victim else {
                 return Ok(false);
             };
-            self.spill(inner, victim)?;
+            self.spill(&mut inner, victim)?;
         }
-        Ok(true)
+    }
+
+    fn over_budget(&self, block_id: StreamBlockId, needed: u64, used: u64) -> ReceiverError {
+        ReceiverError::MemoryBudgetExceeded { block_id, needed, used, budget: self.budget.limit() }
     }
 
     fn spill(&self, inner: &mut Inner<T>, block_id: StreamBlockId) -> Result<(), ReceiverError> {
@@ -278,6 +324,7 @@ impl<T: Record> BlockManager<T> {
         inner.lru.remove(&tick);
         inner.memory_used -= size;
         inner.spillable_used -= size;
+        self.budget.release(size);
         inner.count_memory(block_id.stream_id, size, false);
         debug!(block = %block_id, bytes = size, "spilled block to disk");
         Ok(())
@@ -290,6 +337,14 @@ impl<T: Record> BlockManager<T> {
     fn lock(&self) -> MutexGuard<'_, Inner<T>> {
         // Every update of `Inner` completes before anything can panic.
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl<T> Drop for BlockManager<T> {
+    fn drop(&mut self) {
+        // A shared budget outlives this manager: what it held is free again.
+        let inner = self.inner.get_mut().unwrap_or_else(PoisonError::into_inner);
+        self.budget.release(inner.memory_used);
     }
 }
 
@@ -311,15 +366,16 @@ impl<T> Inner<T> {
         tick
     }
 
-    fn forget_memory(&mut self, block_id: StreamBlockId, entry: &Entry<T>) {
-        if let Some((_, size)) = &entry.memory {
-            self.lru.remove(&entry.lru_tick);
-            self.memory_used -= size;
-            if entry.level.use_disk() {
-                self.spillable_used -= size;
-            }
-            self.count_memory(block_id.stream_id, *size, false);
+    /// Forgets the memory `entry` held and returns its bytes (0 for a block on disk only).
+    fn forget_memory(&mut self, block_id: StreamBlockId, entry: &Entry<T>) -> u64 {
+        let Some((_, size)) = &entry.memory else { return 0 };
+        self.lru.remove(&entry.lru_tick);
+        self.memory_used -= size;
+        if entry.level.use_disk() {
+            self.spillable_used -= size;
         }
+        self.count_memory(block_id.stream_id, *size, false);
+        *size
     }
 
     /// A block of `size` bytes of `stream` came into memory (`added`) or

@@ -5,7 +5,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use spate_core::{Clock, Duration, ManualClock, StreamBlockId, StreamId, Time, WalRecordHandle};
+use spate_core::{Clock, Duration, ManualClock, MemoryBudget, StreamBlockId, StreamId, Time, WalRecordHandle};
 use spate_receiver::{
     BlockData, BlockManager, BlockManagerBasedBlockHandler, BlockManagerConfig, ReceivedBlock, ReceivedBlockHandler,
     ReceiverError, StorageLevel, WalHandlerConfig, WriteAheadLogBasedBlockHandler, encode_block, open_receiver_wal,
@@ -66,19 +66,22 @@ fn memory_and_disk_blocks_spill_least_recently_used_first_and_read_back() {
 }
 
 #[test]
-fn memory_only_block_that_does_not_fit_is_refused_clearly() {
+fn a_memory_only_block_larger_than_the_whole_budget_is_refused_clearly() {
     let budget = block_bytes() * 2;
     let bm = BlockManager::<String>::open(BlockManagerConfig::in_memory(budget), Arc::new(clock())).unwrap();
     bm.put(id(0), BlockData::Records(Arc::new(words(0, 100))), StorageLevel::MEMORY_ONLY_SER).unwrap();
-    bm.put(id(1), BlockData::Records(Arc::new(words(1, 100))), StorageLevel::MEMORY_ONLY_SER).unwrap();
-    let err = bm.put(id(2), BlockData::Records(Arc::new(words(2, 100))), StorageLevel::MEMORY_ONLY_SER).unwrap_err();
+    let err = bm.put(id(2), BlockData::Records(Arc::new(words(2, 300))), StorageLevel::MEMORY_ONLY_SER).unwrap_err();
     assert!(matches!(err, ReceiverError::MemoryBudgetExceeded { block_id, .. } if block_id == id(2)), "{err:?}");
     let message = err.to_string();
     assert!(message.contains("input-3-2") && message.contains("memory budget"), "{message}");
-    // The blocks already there are untouched; the refused one is absent.
+    // The block already there is untouched; the refused one is absent.
     assert_eq!(records(bm.get(id(0)).unwrap().unwrap()), words(0, 100));
     assert!(bm.get(id(2)).unwrap().is_none());
-    // Memory-only blocks are never spilled to make room for others either.
+}
+
+#[test]
+fn memory_only_blocks_are_never_spilled_to_make_room_for_a_block_that_may_go_to_disk() {
+    let budget = block_bytes() * 2;
     let dir = tempfile::tempdir().unwrap();
     let with_disk =
         BlockManager::<String>::open(BlockManagerConfig::with_disk(budget, dir.path()), Arc::new(clock())).unwrap();
@@ -87,6 +90,80 @@ fn memory_only_block_that_does_not_fit_is_refused_clearly() {
     let loc = with_disk.put(id(2), BlockData::Records(Arc::new(words(2, 100))), StorageLevel::MEMORY_AND_DISK).unwrap();
     assert!(loc.on_disk && !loc.in_memory);
     assert!(with_disk.location(id(0)).unwrap().in_memory);
+}
+
+/// Spins (yielding) until `cond` holds: no sleep orders anything here.
+fn eventually(what: &str, cond: impl Fn() -> bool) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !cond() {
+        assert!(std::time::Instant::now() < deadline, "never happened: {what}");
+        std::thread::yield_now();
+    }
+}
+
+#[test]
+fn a_memory_only_block_that_does_not_fit_waits_until_a_block_is_read_out() {
+    let budget = Arc::new(MemoryBudget::new(block_bytes() * 2));
+    let config = BlockManagerConfig::in_memory(0).sharing(Arc::clone(&budget));
+    let bm = Arc::new(BlockManager::<String>::open(config, Arc::new(clock())).unwrap());
+    for b in 0..2 {
+        bm.put(id(b), BlockData::Records(Arc::new(words(b, 100))), StorageLevel::MEMORY_ONLY_SER).unwrap();
+    }
+    let third = {
+        let bm = Arc::clone(&bm);
+        std::thread::spawn(move || {
+            bm.put(id(2), BlockData::Records(Arc::new(words(2, 100))), StorageLevel::MEMORY_ONLY_SER)
+        })
+    };
+    eventually("the third block waits for room", || budget.waiting() == 1);
+    assert!(bm.location(id(2)).is_none(), "a waiting block is not stored yet");
+    // A batch reads block 0 out: its room goes to the waiting block.
+    assert!(bm.remove(id(0)).unwrap());
+    assert!(third.join().unwrap().unwrap().in_memory);
+    assert_eq!(records(bm.get(id(2)).unwrap().unwrap()), words(2, 100));
+    assert_eq!(budget.used(), bm.memory_used());
+    assert_eq!(budget.waits(), 1);
+}
+
+#[test]
+fn block_managers_sharing_a_budget_hold_each_other_back_and_give_it_back_when_dropped() {
+    let budget = Arc::new(MemoryBudget::new(block_bytes() * 2));
+    let open = || {
+        let config = BlockManagerConfig::in_memory(0).sharing(Arc::clone(&budget));
+        Arc::new(BlockManager::<String>::open(config, Arc::new(clock())).unwrap())
+    };
+    let (first, second) = (open(), open());
+    for b in 0..2 {
+        first.put(id(b), BlockData::Records(Arc::new(words(b, 100))), StorageLevel::MEMORY_ONLY_SER).unwrap();
+    }
+    let waiting = {
+        let second = Arc::clone(&second);
+        std::thread::spawn(move || {
+            second.put(id(9), BlockData::Records(Arc::new(words(9, 100))), StorageLevel::MEMORY_ONLY_SER)
+        })
+    };
+    eventually("the other manager's block waits", || budget.waiting() == 1);
+    drop(first);
+    assert!(waiting.join().unwrap().unwrap().in_memory);
+    assert_eq!(budget.used(), second.memory_used());
+}
+
+#[test]
+fn once_the_budget_stops_waiting_a_stopping_receivers_last_blocks_are_kept() {
+    let budget = Arc::new(MemoryBudget::new(block_bytes()));
+    let config = BlockManagerConfig::in_memory(0).sharing(Arc::clone(&budget));
+    let bm = Arc::new(BlockManager::<String>::open(config, Arc::new(clock())).unwrap());
+    bm.put(id(0), BlockData::Records(Arc::new(words(0, 100))), StorageLevel::MEMORY_ONLY_SER).unwrap();
+    let last = {
+        let bm = Arc::clone(&bm);
+        std::thread::spawn(move || {
+            bm.put(id(1), BlockData::Records(Arc::new(words(1, 100))), StorageLevel::MEMORY_ONLY_SER)
+        })
+    };
+    eventually("the last block waits", || budget.waiting() == 1);
+    budget.stop_waiting();
+    assert!(last.join().unwrap().unwrap().in_memory);
+    assert_eq!(records(bm.get(id(1)).unwrap().unwrap()), words(1, 100));
 }
 
 #[test]
