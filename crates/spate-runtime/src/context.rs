@@ -11,7 +11,7 @@ use std::thread::JoinHandle;
 
 use crossbeam::channel::{Receiver as EventReceiver, Sender, unbounded};
 use metrics_exporter_prometheus::PrometheusHandle;
-use spate_core::{BatchId, StreamId, Time};
+use spate_core::{BatchId, MemoryBudget, StreamId, Time};
 use spate_dstream::{DStream, Data, FedSource, GraphBuilder, InputSource, RestorePolicy};
 use spate_logstore::{Checkpoint, CheckpointOptions, OffsetSeq, Verdict};
 use spate_receiver::{Receiver, Record};
@@ -217,7 +217,7 @@ impl StreamingContext {
         let tracker = (!receivers.is_empty()).then(|| Arc::new(ReceivedBlockTracker::in_memory(Arc::clone(&clock))));
         let mut engine = new_engine(settings, graph, None, tracker, receivers, hooks)?;
         for receiver in &mut engine.receivers {
-            receiver.open(None, &clock)?;
+            receiver.open(None, &clock, &engine.memory)?;
         }
         let first_tick = clock.now().floor(engine.settings.batch_interval) + engine.settings.batch_interval;
         Ok(Self::from_engine(engine, None, BTreeMap::new(), first_tick, None, exporter))
@@ -271,7 +271,7 @@ impl StreamingContext {
         };
         let mut engine = new_engine(settings, graph, Some(store), tracker, receivers, hooks)?;
         for receiver in &mut engine.receivers {
-            receiver.open(Some(CheckpointHome { dir: &wal_root, fence: &fence }), &clock)?;
+            receiver.open(Some(CheckpointHome { dir: &wal_root, fence: &fence }), &clock, &engine.memory)?;
         }
         let (report, resume, first_tick) = recover(&mut engine, verdict, unrecoverable)?;
         info!(%report, "checkpoint opened");
@@ -459,6 +459,7 @@ impl Drop for StreamingContext {
             let _ = driver.join();
         }
         if let Some(mut engine) = self.engine.take() {
+            engine.memory.stop_waiting();
             for receiver in &mut engine.receivers {
                 let _ = receiver.stop();
             }
@@ -565,6 +566,7 @@ fn new_engine(
     hooks: Vec<InputHooks>,
 ) -> Result<Engine, RuntimeError> {
     let rate = RateController::new(settings.batch_interval, &settings.backpressure)?;
+    let max_memory = settings.max_memory_bytes;
     let progress_files = match &store {
         Some(store) => {
             let files = Arc::clone(store.checkpoint().files());
@@ -605,6 +607,7 @@ fn new_engine(
         last_state_bytes: 0,
         failpoints: Failpoints::from_env()?,
         board,
+        memory: Arc::new(MemoryBudget::new(max_memory)),
     })
 }
 

@@ -15,7 +15,7 @@ use std::time::Instant;
 
 use crossbeam::channel::{Receiver, Sender};
 use serde_json::{Value, json};
-use spate_core::{BatchId, Clock, Duration, Time};
+use spate_core::{BatchId, Clock, Duration, MemoryBudget, Time};
 use spate_dstream::{Graph, PlannedOffsets};
 use spate_logstore::{OffsetSeq, SourceOffset};
 use spate_tracker::ReceivedBlockTracker;
@@ -166,6 +166,8 @@ pub(crate) struct Engine {
     pub(crate) failpoints: Failpoints,
     /// What the web page shows, when it is served.
     pub(crate) board: Option<Arc<StatusBoard>>,
+    /// The budget the receivers' blocks share.
+    pub(crate) memory: Arc<MemoryBudget>,
 }
 
 /// The driver loop's own bookkeeping.
@@ -321,6 +323,9 @@ impl Engine {
     }
 
     fn stop_receivers(&mut self) -> Result<(), RuntimeError> {
+        // No batch runs while the receivers stop, so none would make room
+        // for a block waiting on the budget: their last blocks go over it.
+        self.memory.stop_waiting();
         let mut first_error = None;
         for receiver in &mut self.receivers {
             if let Err(e) = receiver.stop() {
@@ -657,6 +662,7 @@ impl Engine {
             "batch committed"
         );
         telemetry::record_batch(&progress);
+        telemetry::record_memory(&self.memory);
         let mut taken_over = None;
         if let Some(files) = &mut self.progress_files {
             match files.append(&progress) {

@@ -6,13 +6,13 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use spate_core::{Clock, Duration, StreamBlockId, StreamId, Time, WriterFence};
+use spate_core::{Clock, Duration, MemoryBudget, StreamBlockId, StreamId, Time, WriterFence};
 use spate_dstream::{Data, FedSource};
 use spate_receiver::{
     BlockData, BlockGeneratorConfig, BlockInfoSink, BlockManager, BlockManagerBasedBlockHandler, BlockManagerConfig,
-    FnSink, ReceivedBlockHandler, Receiver, ReceiverError, ReceiverState, ReceiverSupervisor, Record, StorageLevel,
-    SupervisorConfig, WalHandlerConfig, WriteAheadLogBasedBlockHandler, read_block_from_wal, receiver_wal_dir,
-    receiver_wal_options,
+    DEFAULT_MAX_BLOCK_BYTES, FnSink, ReceivedBlockHandler, Receiver, ReceiverError, ReceiverState, ReceiverSupervisor,
+    Record, StorageLevel, SupervisorConfig, WalHandlerConfig, WriteAheadLogBasedBlockHandler, read_block_from_wal,
+    receiver_wal_dir, receiver_wal_options,
 };
 use spate_tracker::{BlockLocation, ReceivedBlockTracker, TrackedBlock};
 use spate_wal::{FileWriteAheadLog, WriteAheadLog};
@@ -31,8 +31,6 @@ pub struct ReceiverOptions {
     pub write_ahead_log: bool,
     /// A block is cut every interval.
     pub block_interval: Duration,
-    /// Bytes of blocks kept in memory at most.
-    pub memory_budget_bytes: u64,
     /// The highest rate the receiver may store at, records per second;
     /// backpressure sets lower rates.
     pub max_rate: Option<u64>,
@@ -45,7 +43,6 @@ impl Default for ReceiverOptions {
         ReceiverOptions {
             write_ahead_log: true,
             block_interval: Duration::from_millis(200),
-            memory_budget_bytes: 512 << 20,
             max_rate: None,
             max_block_records: None,
         }
@@ -82,7 +79,13 @@ pub(crate) trait ReceiverInput: Send {
     /// recovered blocks can be read before the receiver starts).
     /// `checkpoint` is the checkpoint directory and the writer fence its
     /// WAL checks before every change.
-    fn open(&mut self, checkpoint: Option<CheckpointHome<'_>>, clock: &Arc<dyn Clock>) -> Result<(), RuntimeError>;
+    /// Its blocks draw on `memory`, the budget every input shares.
+    fn open(
+        &mut self,
+        checkpoint: Option<CheckpointHome<'_>>,
+        clock: &Arc<dyn Clock>,
+        memory: &Arc<MemoryBudget>,
+    ) -> Result<(), RuntimeError>;
     /// Starts the receiver, reporting blocks to `tracker`.
     fn start(
         &mut self,
@@ -124,6 +127,9 @@ pub(crate) struct TypedReceiverInput<T, R> {
     supervisor: Option<ReceiverSupervisor<T>>,
     receiver_name: String,
     stopped: bool,
+    /// The largest block, in bytes: a part of the shared memory budget, so
+    /// no single block can be larger than the budget and never fit.
+    max_block_bytes: u64,
     /// Records and bytes fed to batches, for `/metrics`.
     input_records: metrics::Counter,
     input_bytes: metrics::Counter,
@@ -150,6 +156,7 @@ impl<T: Record + Data, R: Receiver<T>> TypedReceiverInput<T, R> {
             supervisor: None,
             receiver_name: name.to_string(),
             stopped: false,
+            max_block_bytes: DEFAULT_MAX_BLOCK_BYTES,
         }
     }
 
@@ -317,11 +324,17 @@ impl<T: Record + Data, R: Receiver<T>> ReceiverInput for TypedReceiverInput<T, R
         self.stream_id
     }
 
-    fn open(&mut self, checkpoint: Option<CheckpointHome<'_>>, clock: &Arc<dyn Clock>) -> Result<(), RuntimeError> {
-        let blocks = Arc::new(
-            BlockManager::open(BlockManagerConfig::in_memory(self.options.memory_budget_bytes), Arc::clone(clock))
-                .map_err(|e| self.receiver_error(e))?,
-        );
+    fn open(
+        &mut self,
+        checkpoint: Option<CheckpointHome<'_>>,
+        clock: &Arc<dyn Clock>,
+        memory: &Arc<MemoryBudget>,
+    ) -> Result<(), RuntimeError> {
+        let config = BlockManagerConfig::in_memory(memory.limit()).sharing(Arc::clone(memory));
+        // An eighth: a block's size in memory may be several times its
+        // serialized size, which is what the cap estimates.
+        self.max_block_bytes = DEFAULT_MAX_BLOCK_BYTES.min(memory.limit() / 8).max(1);
+        let blocks = Arc::new(BlockManager::open(config, Arc::clone(clock)).map_err(|e| self.receiver_error(e))?);
         // Memory only: with the WAL on, the log is the durable copy; without
         // it, a restart loses unprocessed blocks whatever the level.
         let level =
@@ -354,6 +367,7 @@ impl<T: Record + Data, R: Receiver<T>> ReceiverInput for TypedReceiverInput<T, R
             block_interval: self.options.block_interval,
             max_rate: self.options.max_rate,
             max_block_records: self.options.max_block_records,
+            max_block_bytes: Some(self.max_block_bytes),
             ..BlockGeneratorConfig::default()
         };
         let supervisor =

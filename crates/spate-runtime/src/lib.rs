@@ -110,4 +110,4 @@ pub use progress::{
     read_progress,
 };
 pub use recovery::{RecoveryReport, RestoredOperator};
-pub use settings::{BackpressureSettings, StreamingSettings, default_checkpoint_interval};
+pub use settings::{BackpressureSettings, DEFAULT_MAX_MEMORY_BYTES, StreamingSettings, default_checkpoint_interval};

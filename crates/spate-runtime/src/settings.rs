@@ -50,6 +50,12 @@ pub struct StreamingSettings {
     pub retained_batches: u64,
     /// Backpressure.
     pub backpressure: BackpressureSettings,
+    /// Bytes of received records not yet processed that the inputs may
+    /// hold together (the blocks of every receiver); a receiver that would
+    /// pass it waits until a batch has read blocks out, so a source faster
+    /// than the engine is slowed rather than filling memory. The default,
+    /// [`DEFAULT_MAX_MEMORY_BYTES`], fits a small machine.
+    pub max_memory_bytes: u64,
     /// Size and count of the files under `progress/`.
     pub progress_rotation: ProgressRotation,
     /// The clock batches tick on.
@@ -80,6 +86,7 @@ impl fmt::Debug for StreamingSettings {
             .field("concurrent_jobs", &self.concurrent_jobs)
             .field("retained_batches", &self.retained_batches)
             .field("backpressure", &self.backpressure)
+            .field("max_memory_bytes", &self.max_memory_bytes)
             .field("progress_rotation", &self.progress_rotation)
             .field("clock", &self.clock)
             .field("object_store", &self.object_store)
@@ -100,6 +107,7 @@ impl StreamingSettings {
             concurrent_jobs: 1,
             retained_batches: 100,
             backpressure: BackpressureSettings::default(),
+            max_memory_bytes: DEFAULT_MAX_MEMORY_BYTES,
             progress_rotation: ProgressRotation::default(),
             clock: Arc::new(SystemClock),
             object_store: ObjectStoreSettings::default(),
@@ -211,6 +219,9 @@ impl StreamingSettings {
         if self.concurrent_jobs == 0 {
             return invalid("concurrent_jobs", "must be at least 1".into());
         }
+        if self.max_memory_bytes == 0 {
+            return invalid("max_memory_bytes", "must be positive".into());
+        }
         if let Some(rate) = self.backpressure.initial_rate.filter(|r| r.is_nan() || *r <= 0.0) {
             return invalid("backpressure.initial_rate", format!("{rate} is not positive"));
         }
@@ -223,6 +234,11 @@ impl StreamingSettings {
         self.effective_checkpoint_interval().div_duration(self.batch_interval).max(1)
     }
 }
+
+/// The memory budget of [`StreamingSettings::max_memory_bytes`] unless set:
+/// 256 MiB of received blocks, which with the batch being processed and the
+/// engine's own memory keeps a job well inside a machine of 1 GiB.
+pub const DEFAULT_MAX_MEMORY_BYTES: u64 = 256 << 20;
 
 /// The smallest multiple of `batch_interval` that is at least 10 seconds.
 pub fn default_checkpoint_interval(batch_interval: Duration) -> Duration {

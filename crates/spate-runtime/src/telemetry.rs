@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
-use spate_core::BatchId;
+use spate_core::{BatchId, MemoryBudget};
 
 use crate::error::RuntimeError;
 use crate::progress::BatchProgress;
@@ -36,6 +36,12 @@ pub(crate) const CHECKPOINT_EPOCH: &str = "spate_checkpoint_epoch";
 pub(crate) const INPUT_RECORDS: &str = "spate_input_records_total";
 /// Bytes read, per source and partition.
 pub(crate) const INPUT_BYTES: &str = "spate_input_bytes_total";
+/// Bytes of the shared memory budget the receivers' blocks hold.
+pub(crate) const MEMORY_BUDGET_USED: &str = "spate_memory_budget_used_bytes";
+/// The shared memory budget's limit (`--max-memory`), bytes.
+pub(crate) const MEMORY_BUDGET_LIMIT: &str = "spate_memory_budget_limit_bytes";
+/// Blocks that had to wait for room in the memory budget (backpressure).
+pub(crate) const MEMORY_BUDGET_WAITS: &str = "spate_memory_budget_waits_total";
 /// Per partition, records not read yet (spate-kafka records it).
 pub(crate) const KAFKA_CONSUMER_LAG: &str = "spate_kafka_consumer_lag";
 
@@ -111,6 +117,9 @@ fn describe() {
         "spate_block_bytes_in_memory",
         "Estimated bytes of the received blocks held in memory, per stream."
     );
+    describe_gauge!(MEMORY_BUDGET_USED, "Bytes of the memory budget (--max-memory) the received blocks hold.");
+    describe_gauge!(MEMORY_BUDGET_LIMIT, "The memory budget (--max-memory), bytes.");
+    describe_counter!(MEMORY_BUDGET_WAITS, "Blocks that waited for room in the memory budget (backpressure).");
     describe_gauge!(KAFKA_CONSUMER_LAG, "Records of a Kafka partition not read yet after the last planned batch.");
     describe_counter!("spate_kafka_transactions_committed_total", "Output transactions committed, per topic.");
     describe_counter!("spate_kafka_transactions_aborted_total", "Output transactions aborted, per topic.");
@@ -125,6 +134,13 @@ pub(crate) fn record_batch(progress: &BatchProgress) {
     if let Some(rate) = progress.rate_limit {
         gauge!(BACKPRESSURE_RATE).set(rate);
     }
+}
+
+/// Records how much of the memory budget is held and how often it held a receiver back.
+pub(crate) fn record_memory(budget: &MemoryBudget) {
+    gauge!(MEMORY_BUDGET_USED).set(budget.used() as f64);
+    gauge!(MEMORY_BUDGET_LIMIT).set(budget.limit() as f64);
+    counter!(MEMORY_BUDGET_WAITS).absolute(budget.waits());
 }
 
 /// The verdicts of [`RECOVERY_VERDICT`].

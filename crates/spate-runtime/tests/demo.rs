@@ -92,6 +92,27 @@ fn immediate_stop_and_restart_lose_and_repeat_nothing() {
     assert_eq!(total, TOTAL);
 }
 
+#[test]
+fn a_source_faster_than_the_memory_budget_is_held_back_and_loses_nothing() {
+    const WORDS: u64 = 1_000_000;
+    let (dir, out) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let clock = ManualClock::new(Time::from_millis(1_000_000));
+    let windows = Arc::new(Mutex::new(Vec::new()));
+    // The generator hands over every word at once, as fast as it can; its
+    // blocks (about 8 bytes a word with the WAL on) need several times
+    // the budget. Before there was a budget to wait on, the receiver failed
+    // here on the block manager's limit.
+    let options = DemoOptions { total_records: Some(WORDS), ..options(out.path(), &windows) };
+    let mut settings = settings(&clock);
+    settings.max_memory_bytes = 2 << 20;
+    let mut ctx = word_count_context(Some(dir.path()), settings, &options).unwrap();
+    ctx.start().unwrap();
+    assert_eq!(run_until(&ctx, &clock, out.path(), WORDS), WORDS);
+    ctx.stop_handle().stop_gracefully();
+    assert!(ctx.await_termination().unwrap().graceful);
+    assert_eq!(verify_output(out.path(), SEED).unwrap().records, WORDS);
+}
+
 /// The names of the WAL segments (`log-…`) in `dir`.
 fn segments(dir: &Path) -> Vec<String> {
     std::fs::read_dir(dir)
