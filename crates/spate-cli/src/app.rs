@@ -218,7 +218,7 @@ fn member_settings(args: &RunArgs, app: &AppArgs) -> Result<MemberSettings, CliE
     settings.starting_offsets = starting_offsets(&args.starting_offsets)?;
     settings.max_rate_per_partition = args.max_rate_per_partition;
     settings.max_records_per_batch = args.max_records_per_batch;
-    settings.max_bytes_per_batch = args.max_bytes_per_batch;
+    settings.max_bytes_per_batch = Some(crate::kafka::batch_bytes(&args.memory, args.max_bytes_per_batch)?);
     Ok(settings)
 }
 

@@ -68,8 +68,10 @@ pub struct DemoArgs {
     pub wal_dir: Option<PathBuf>,
     /// Generated records per second. The default, 2 million a second with
     /// the write-ahead log on, keeps under a quarter of one core busy and
-    /// under 100 MB resident on a small machine.
-    #[arg(long, value_name = "N", default_value_t = DEFAULT_DEMO_RATE, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
+    /// under 100 MB resident on a small machine. A rate higher than the
+    /// engine keeps up with is held back by --max-memory: the generator
+    /// waits for each batch to make room.
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_DEMO_RATE, value_parser = clap::value_parser!(u64).range(1..))]
     pub rate: u64,
     /// Stop gracefully after this many seconds (default: run until Ctrl-C or SIGTERM).
     #[arg(long, value_name = "S")]
@@ -98,6 +100,9 @@ pub struct DemoArgs {
     /// Serve metrics or the web page while the job runs.
     #[command(flatten)]
     pub watch: WatchArgs,
+    /// The memory the received records may take.
+    #[command(flatten)]
+    pub memory: MemoryArgs,
     /// How to reach an s3:// checkpoint.
     #[command(flatten)]
     pub s3: S3Args,
@@ -134,7 +139,8 @@ pub struct RunArgs {
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     pub max_records_per_batch: Option<u64>,
     /// Most bytes one batch reads: keys, values and about 100 bytes a record
-    /// (default 67108864, 64 MiB). A partition always reads at least one
+    /// (default 67108864, 64 MiB, or a quarter of --max-memory when that is
+    /// less; at most --max-memory). A partition always reads at least one
     /// record, so a larger record still goes through.
     #[arg(long, value_name = "BYTES", value_parser = clap::value_parser!(u64).range(1..))]
     pub max_bytes_per_batch: Option<u64>,
@@ -162,6 +168,9 @@ pub struct RunArgs {
     /// Serve metrics or the web page while the job runs.
     #[command(flatten)]
     pub watch: WatchArgs,
+    /// The memory the records read may take.
+    #[command(flatten)]
+    pub memory: MemoryArgs,
     /// How to reach an s3:// checkpoint.
     #[command(flatten)]
     pub s3: S3Args,
@@ -267,6 +276,45 @@ pub struct WatchArgs {
     /// a bare PORT binds 127.0.0.1); the same address as --metrics-addr serves both.
     #[arg(long, value_name = "[HOST:]PORT", value_parser = listen_addr)]
     pub ui: Option<SocketAddr>,
+}
+
+/// The memory budget of a job's inputs.
+#[derive(Debug, Clone, Args)]
+pub struct MemoryArgs {
+    /// Bytes the records received or read but not yet processed may take (e.g. 256M, 1G; K, M and
+    /// G are powers of 1024). A receiver that would pass it waits until a batch has read its
+    /// blocks (backpressure); a Kafka batch reads at most a quarter of it unless
+    /// --max-bytes-per-batch says otherwise.
+    #[arg(long, value_name = "SIZE", default_value = "256M", value_parser = parse_size)]
+    pub max_memory: u64,
+}
+
+impl MemoryArgs {
+    /// `settings` with the memory budget given.
+    pub(crate) fn apply(&self, mut settings: spate_runtime::StreamingSettings) -> spate_runtime::StreamingSettings {
+        settings.max_memory_bytes = self.max_memory;
+        settings
+    }
+}
+
+/// `268435456`, `256M`, `256MiB`, `1G`: bytes, with K, M and G powers of 1024.
+fn parse_size(text: &str) -> Result<u64, String> {
+    let trimmed = text.trim();
+    let digits = trimmed.find(|c: char| !c.is_ascii_digit()).unwrap_or(trimmed.len());
+    let (number, unit) = trimmed.split_at(digits);
+    let number: u64 = number.parse().map_err(|_| format!("{text:?} is not a size: expected e.g. 256M or 1G"))?;
+    let shift = match unit.trim().to_ascii_uppercase().as_str() {
+        "" | "B" => 0,
+        "K" | "KB" | "KIB" => 10,
+        "M" | "MB" | "MIB" => 20,
+        "G" | "GB" | "GIB" => 30,
+        other => return Err(format!("unknown unit {other:?} in {text:?}: use K, M or G")),
+    };
+    let bytes = number.checked_mul(1 << shift).ok_or_else(|| format!("{text:?} is too large"))?;
+    if bytes == 0 {
+        return Err("the memory budget must be positive".into());
+    }
+    Ok(bytes)
 }
 
 /// `HOST:PORT` as given, or a bare `PORT` on 127.0.0.1: the job's pages
@@ -480,5 +528,26 @@ mod tests {
         assert_eq!((demo.rate, demo.batch_ms, demo.seconds), (DEFAULT_DEMO_RATE, 1000, None));
         assert!(Cli::try_parse_from(["spate", "demo", "--rate", "0"]).is_err());
         assert!(Cli::try_parse_from(["spate", "run", "--topic", "t"]).is_err());
+        // Any rate the machine can do: the memory budget holds back what it cannot.
+        let fast = Cli::try_parse_from(["spate", "demo", "--rate", "50000000"]).unwrap();
+        let Command::Demo(fast) = fast.command else { panic!("wrong command") };
+        assert_eq!(fast.rate, 50_000_000);
+    }
+
+    #[test]
+    fn the_memory_budget_takes_sizes_in_binary_units() {
+        let Command::Demo(demo) = Cli::try_parse_from(["spate", "demo"]).unwrap().command else { panic!() };
+        assert_eq!(demo.memory.max_memory, spate_runtime::DEFAULT_MAX_MEMORY_BYTES);
+        for (text, bytes) in [("1G", 1u64 << 30), ("64MiB", 64 << 20), ("512k", 512 << 10), ("1000", 1000)] {
+            let cli = Cli::try_parse_from(["spate", "demo", "--max-memory", text]).unwrap();
+            let Command::Demo(demo) = cli.command else { panic!() };
+            assert_eq!(demo.memory.max_memory, bytes, "{text}");
+            let settings = demo.memory.apply(spate_runtime::StreamingSettings::new(spate_core::Duration::from_secs(1)));
+            assert_eq!(settings.max_memory_bytes, bytes);
+        }
+        for bad in ["0", "12X", "M", "99999999999G"] {
+            let error = Cli::try_parse_from(["spate", "demo", "--max-memory", bad]).unwrap_err().to_string();
+            assert!(error.contains("--max-memory"), "{bad}: {error}");
+        }
     }
 }

@@ -17,7 +17,7 @@ use spate_logstore::ObjectStoreSettings;
 use spate_runtime::StreamingSettings;
 use spate_runtime::demo::{DemoOptions, TopWords, word_count_context};
 
-use crate::args::{DemoArgs, WatchArgs};
+use crate::args::{DemoArgs, MemoryArgs, WatchArgs};
 use crate::error::CliError;
 use crate::job::{JobControl, Lines, drive, refuse_inconsistent, runtime_error};
 use crate::location::object_store_settings;
@@ -44,6 +44,7 @@ struct StreamingDemo {
     until_batch: Option<u64>,
     quiet: bool,
     watch: WatchArgs,
+    memory: MemoryArgs,
 }
 
 fn top_words_line(top: &TopWords, window: Duration) -> String {
@@ -76,12 +77,14 @@ impl StreamingDemo {
             until_batch: args.until_batch,
             quiet: args.quiet,
             watch: args.watch.clone(),
+            memory: args.memory.clone(),
         })
     }
 
     fn settings(&self) -> StreamingSettings {
-        let settings =
-            self.watch.apply(StreamingSettings::new(self.batch).with_object_store(self.object_store.clone()));
+        let settings = self
+            .memory
+            .apply(self.watch.apply(StreamingSettings::new(self.batch).with_object_store(self.object_store.clone())));
         match &self.wal_dir {
             Some(dir) => settings.with_wal_dir(dir),
             None => settings,

@@ -21,7 +21,7 @@ use spate_kafka::{
 use spate_logstore::{Checkpoint, ObjectStoreSettings};
 use spate_runtime::{PipelineBuilder, StreamingContext, StreamingSettings};
 
-use crate::args::RunArgs;
+use crate::args::{MemoryArgs, RunArgs};
 use crate::error::CliError;
 use crate::job::{JobControl, Lines, drive, refuse_inconsistent, runtime_error};
 use crate::location::{checkpoint_options, object_store_settings};
@@ -154,6 +154,21 @@ fn open_sink(args: &RunArgs, settings: &ObjectStoreSettings) -> Result<OutputSin
         .map_err(|e| kafka_error("cannot open the transactional output producer", e))
 }
 
+/// The bytes one Kafka batch reads at most: `explicit` when given (it may
+/// not pass the memory budget), else a quarter of the budget up to the
+/// direct stream's default, so a batch and the copies its operators make
+/// stay within the budget.
+pub(crate) fn batch_bytes(memory: &MemoryArgs, explicit: Option<u64>) -> Result<u64, CliError> {
+    match explicit {
+        Some(bytes) if bytes > memory.max_memory => Err(CliError::usage(format!(
+            "--max-bytes-per-batch {bytes} is more than --max-memory {}: one batch must fit in the budget",
+            memory.max_memory
+        ))),
+        Some(bytes) => Ok(bytes),
+        None => Ok(spate_kafka::DEFAULT_MAX_BYTES_PER_BATCH.min(memory.max_memory / 4).max(1)),
+    }
+}
+
 /// The direct stream's configuration from the command line.
 fn stream_config(args: &RunArgs, batch: Duration) -> Result<DirectKafkaConfig, CliError> {
     let mut config = DirectKafkaConfig::subscribe(&args.kafka, &args.group, [args.topic.clone()], batch)
@@ -165,10 +180,7 @@ fn stream_config(args: &RunArgs, batch: Duration) -> Result<DirectKafkaConfig, C
     if let Some(records) = args.max_records_per_batch {
         config = config.max_records_per_batch(records);
     }
-    if let Some(bytes) = args.max_bytes_per_batch {
-        config = config.max_bytes_per_batch(bytes);
-    }
-    Ok(config)
+    Ok(config.max_bytes_per_batch(batch_bytes(&args.memory, args.max_bytes_per_batch)?))
 }
 
 /// Runs the Kafka pipeline until it is stopped; returns the closing line.
@@ -190,7 +202,8 @@ pub(crate) fn run(args: &RunArgs) -> Result<String, CliError> {
         top: usize::try_from(args.top).unwrap_or(usize::MAX),
         exactly_once: args.exactly_once,
     };
-    let settings = args.watch.apply(StreamingSettings::new(batch).with_object_store(object_store.clone()));
+    let settings =
+        args.memory.apply(args.watch.apply(StreamingSettings::new(batch).with_object_store(object_store.clone())));
     let ctx = StreamingContext::get_or_create(&args.checkpoint, settings, |p| {
         pipeline.declare(p);
         Ok(())
@@ -239,12 +252,32 @@ mod tests {
     }
 
     #[test]
+    fn a_batch_reads_a_quarter_of_the_memory_budget_at_most_unless_told() {
+        let memory = MemoryArgs { max_memory: 64 << 20 };
+        assert_eq!(batch_bytes(&memory, None).unwrap(), 16 << 20);
+        let large = MemoryArgs { max_memory: 4 << 30 };
+        assert_eq!(batch_bytes(&large, None).unwrap(), spate_kafka::DEFAULT_MAX_BYTES_PER_BATCH);
+        assert_eq!(batch_bytes(&memory, Some(1 << 20)).unwrap(), 1 << 20);
+        let error = batch_bytes(&memory, Some(1 << 30)).unwrap_err().to_string();
+        assert!(error.contains("--max-bytes-per-batch") && error.contains("--max-memory"), "{error}");
+        let config = stream_config(&run_args(&["--max-memory", "64M"]), Duration::from_millis(1000)).unwrap();
+        assert_eq!(config.max_bytes_per_batch, 16 << 20);
+    }
+
+    #[test]
     fn every_batch_is_capped_by_default_and_the_caps_can_be_raised() {
         let batch = Duration::from_millis(1000);
         let config = stream_config(&run_args(&[]), batch).unwrap();
         assert_eq!(config.max_records_per_batch, spate_kafka::DEFAULT_MAX_RECORDS_PER_BATCH);
         assert_eq!(config.max_bytes_per_batch, spate_kafka::DEFAULT_MAX_BYTES_PER_BATCH);
-        let raised = run_args(&["--max-records-per-batch", "2000000", "--max-bytes-per-batch", "1073741824"]);
+        let raised = run_args(&[
+            "--max-records-per-batch",
+            "2000000",
+            "--max-bytes-per-batch",
+            "1073741824",
+            "--max-memory",
+            "4G",
+        ]);
         let config = stream_config(&raised, batch).unwrap();
         assert_eq!((config.max_records_per_batch, config.max_bytes_per_batch), (2_000_000, 1 << 30));
         // The help text states the defaults.
