@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use spate_core::{BatchId, Duration, Time};
 
+use crate::arrival::ArrivalStage;
 use crate::batch::Data;
 use crate::error::{BoxError, DStreamError, GraphProblem};
 use crate::node::{Node, NodeMeta, PlannedOffsets, Slot, StepCtx};
@@ -86,6 +87,13 @@ struct InputNode<T> {
 }
 
 impl<T: Data> Node for InputNode<T> {
+    fn offer_arrival_stage(&mut self, stage: Box<dyn std::any::Any>) -> bool {
+        match stage.downcast::<ArrivalStage<T>>() {
+            Ok(stage) => self.source.set_arrival_stage(*stage),
+            Err(_) => false,
+        }
+    }
+
     fn step(&mut self, ctx: &StepCtx<'_>) -> Result<Option<Job>, DStreamError> {
         let planned = ctx.planned.get(ctx.operator).map(String::as_str);
         if self.source.is_replayable() && planned.is_none() {
@@ -215,6 +223,8 @@ impl GraphBuilder {
                 );
             }
         }
+        let mut inner = inner;
+        fuse_arrival_stages(&mut inner, &names);
         let pool = self.workers.map_or_else(Pool::for_machine, Pool::new);
         let inputs = inner
             .planners
@@ -237,6 +247,27 @@ impl GraphBuilder {
 impl fmt::Debug for GraphBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("GraphBuilder").field("checkpointing", &self.checkpointing).finish_non_exhaustive()
+    }
+}
+
+/// Hands the function of each input's only consumer, when that consumer is
+/// partition-local, to the input's source to run on blocks as they arrive
+/// (see [`crate::arrival`]); sources that do not take one keep computing it
+/// at the batch boundary.
+fn fuse_arrival_stages(inner: &mut BuilderInner, names: &[String]) {
+    let inputs: Vec<usize> = (0..inner.metas.len()).filter(|&i| inner.metas[i].input).collect();
+    for input in inputs {
+        let readers: Vec<usize> =
+            inner.metas.iter().enumerate().filter(|(_, m)| m.parents.contains(&input)).map(|(i, _)| i).collect();
+        let (&[consumer], 1) = (readers.as_slice(), inner.metas[input].consumers) else { continue };
+        if !inner.metas[consumer].partition_local {
+            continue;
+        }
+        let Some(name) = names.get(consumer) else { continue };
+        let Some((stage, delivered)) = inner.nodes[consumer].arrival_stage(name) else { continue };
+        if inner.nodes[input].offer_arrival_stage(stage) {
+            inner.nodes[consumer].take_delivered(delivered);
+        }
     }
 }
 

@@ -95,6 +95,7 @@
 #![deny(clippy::unwrap_used, clippy::expect_used)]
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
 
+mod arrival;
 mod batch;
 mod descriptor;
 mod error;
@@ -110,6 +111,7 @@ mod state;
 mod stream;
 mod window;
 
+pub use arrival::{ArrivalStage, ProcessedBlock};
 pub use batch::{Batch, Data, Key};
 pub use descriptor::{DESCRIPTOR_FORMAT_VERSION, GraphDescriptor, OperatorDescriptor, RestorePolicy, RestoreReport};
 pub use error::{BoxError, DStreamError, GraphProblem};

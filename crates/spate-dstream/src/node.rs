@@ -1,11 +1,13 @@
 //! The pieces every operator is made of: the slot that carries a node's
 //! batch to its consumers, the context a node runs in, and the node traits.
 
+use std::any::Any;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use spate_core::{BatchId, CoreError, Duration, FrameCodec, Time};
 
+use crate::arrival::{ArrivalStage, Delivered};
 use crate::batch::Batch;
 use crate::error::DStreamError;
 use crate::graph::Job;
@@ -137,6 +139,25 @@ pub(crate) trait Node: Send {
     fn state_mut(&mut self) -> Option<&mut dyn StatefulNode> {
         None
     }
+
+    /// A partition-local operator's function as an [`ArrivalStage`] of its
+    /// input's record type (boxed), and where its results will be delivered.
+    fn arrival_stage(&self, operator: &str) -> Option<(Box<dyn Any>, Arc<Delivered>)> {
+        let _ = operator;
+        None
+    }
+
+    /// From now on, takes the processed blocks delivered to `delivered`.
+    fn take_delivered(&mut self, delivered: Arc<Delivered>) {
+        let _ = delivered;
+    }
+
+    /// An input: passes `stage` (an [`ArrivalStage`] of its record type) to
+    /// its source; false when the source runs no stage on arrival.
+    fn offer_arrival_stage(&mut self, stage: Box<dyn Any>) -> bool {
+        let _ = stage;
+        false
+    }
 }
 
 /// An operator that keeps state across batches.
@@ -167,6 +188,9 @@ pub(crate) struct NodeMeta {
     pub(crate) slide: Duration,
     pub(crate) is_output: bool,
     pub(crate) input: bool,
+    /// A `map`, `filter`, `flat_map` or `map_partitions`: each output
+    /// partition is a function of one input partition.
+    pub(crate) partition_local: bool,
     pub(crate) window: Option<(Duration, Duration)>,
     pub(crate) state: Option<StateMeta>,
     /// The shape of an event-time operator's windows (what its state
@@ -186,6 +210,7 @@ impl NodeMeta {
             slide,
             is_output: false,
             input: false,
+            partition_local: false,
             window: None,
             state: None,
             event_time: None,
@@ -214,6 +239,53 @@ where
         };
         self.output.put(ctx.time, result);
         Ok(None)
+    }
+}
+
+/// A partition-local operator: each output partition is `f` of one input
+/// partition. Fused with a fed input (see [`crate::arrival`]), it takes the
+/// partitions the runtime computed as blocks arrived before its own.
+pub(crate) struct PartitionNode<T, U> {
+    pub(crate) input: Arc<Slot<T>>,
+    pub(crate) output: Arc<Slot<U>>,
+    pub(crate) f: Arc<dyn Fn(Vec<T>) -> Vec<U> + Send + Sync>,
+    pub(crate) delivered: Option<Arc<Delivered>>,
+}
+
+impl<T, U> Node for PartitionNode<T, U>
+where
+    T: Clone + Send + Sync + 'static,
+    U: Clone + Send + Sync + 'static,
+{
+    fn step(&mut self, ctx: &StepCtx<'_>) -> Result<Option<Job>, DStreamError> {
+        let Some(batch) = ctx.take_owned(&self.input)? else {
+            self.output.put(ctx.time, None);
+            return Ok(None);
+        };
+        let mut parts = Vec::new();
+        if let Some(delivered) = &self.delivered {
+            for part in delivered.take(ctx.time) {
+                let part = part.downcast::<Vec<U>>().map_err(|_| DStreamError::Internal {
+                    operator: ctx.operator.to_string(),
+                    reason: "a processed block of another record type was delivered".into(),
+                })?;
+                parts.push(*part);
+            }
+        }
+        let f = &*self.f;
+        parts.extend(ctx.par(batch.into_partitions(), f)?);
+        self.output.put(ctx.time, Some(Batch::new(parts)));
+        Ok(None)
+    }
+
+    fn arrival_stage(&self, operator: &str) -> Option<(Box<dyn Any>, Arc<Delivered>)> {
+        let delivered = Arc::new(Delivered::default());
+        let stage = ArrivalStage::new(operator, Arc::clone(&self.f), Arc::clone(&delivered));
+        Some((Box::new(stage), delivered))
+    }
+
+    fn take_delivered(&mut self, delivered: Arc<Delivered>) {
+        self.delivered = Some(delivered);
     }
 }
 

@@ -13,6 +13,7 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use spate_core::Time;
 
+use crate::arrival::ArrivalStage;
 use crate::error::BoxError;
 
 /// A source of batches for one input stream.
@@ -35,6 +36,15 @@ pub trait InputSource<T>: Send + Sync {
     /// [`InputSource::plan`] returned for this time (or the logged copy of
     /// it when the batch is re-run after a crash).
     fn compute(&self, time: Time, planned: Option<&str>) -> Result<Vec<Vec<T>>, BoxError>;
+
+    /// Offered, when the graph is built, the function of the operator that
+    /// reads this input, to run on its records as they arrive (see
+    /// [`ArrivalStage`]); true when the source keeps it and will deliver
+    /// that operator's results. Most sources decline.
+    fn set_arrival_stage(&self, stage: ArrivalStage<T>) -> bool {
+        let _ = stage;
+        false
+    }
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -93,14 +103,19 @@ impl<T: Send> InputSource<T> for QueueSource<T> {
 /// allocated to it). A batch time nobody fed is empty; records fed for a
 /// time that already ran are dropped with a warning. Not replayable: after
 /// a crash the runtime feeds the same records again from its own log.
+///
+/// It takes the [`ArrivalStage`] the graph offers: whoever feeds it may run
+/// [`FedSource::arrival_stage`] on each block as it arrives and deliver the
+/// results instead of feeding the records.
 #[derive(Debug)]
 pub struct FedSource<T> {
     batches: Mutex<BTreeMap<Time, Vec<Vec<T>>>>,
+    stage: Mutex<Option<ArrivalStage<T>>>,
 }
 
 impl<T> Default for FedSource<T> {
     fn default() -> Self {
-        FedSource { batches: Mutex::new(BTreeMap::new()) }
+        FedSource { batches: Mutex::new(BTreeMap::new()), stage: Mutex::new(None) }
     }
 }
 
@@ -119,6 +134,12 @@ impl<T> FedSource<T> {
     pub fn pending_times(&self) -> Vec<Time> {
         lock(&self.batches).keys().copied().collect()
     }
+
+    /// The stage to run on each block as it arrives, when the graph built
+    /// on this source handed it one.
+    pub fn arrival_stage(&self) -> Option<ArrivalStage<T>> {
+        lock(&self.stage).clone()
+    }
 }
 
 impl<T: Send> InputSource<T> for FedSource<T> {
@@ -132,6 +153,11 @@ impl<T: Send> InputSource<T> for FedSource<T> {
             tracing::warn!(stale_time = %stale, batch_time = %time, records, "records fed for a batch that already ran were dropped");
         }
         Ok(batches.remove(&time).unwrap_or_default())
+    }
+
+    fn set_arrival_stage(&self, stage: ArrivalStage<T>) -> bool {
+        *lock(&self.stage) = Some(stage);
+        true
     }
 }
 

@@ -11,7 +11,7 @@ use crate::batch::{Batch, Data};
 use crate::error::{BoxError, DStreamError};
 use crate::graph::Job;
 use crate::graph::SharedBuilder;
-use crate::node::{BinaryNode, Node, NodeMeta, Slot, StepCtx, UnaryNode};
+use crate::node::{BinaryNode, Node, NodeMeta, PartitionNode, Slot, StepCtx, UnaryNode};
 
 /// A stream of batches in a graph being built. Cheap to clone; every
 /// transformation adds an operator to the graph and returns its stream.
@@ -118,11 +118,16 @@ impl<T: Data> DStream<T> {
     }
 
     /// Applies `f` to each partition, in parallel, keeping the partitioning.
+    /// Right after a fed input, `f` runs on each block as it arrives (see
+    /// [`crate::arrival`]).
     pub(crate) fn per_partition<U: Data, F>(&self, kind: &'static str, f: F) -> DStream<U>
     where
         F: Fn(Vec<T>) -> Vec<U> + Send + Sync + 'static,
     {
-        self.unary(kind, move |batch, ctx| Ok(Batch::new(ctx.par(batch.into_partitions(), &f)?)))
+        let input = self.reader();
+        let mut meta = NodeMeta::new(kind, vec![self.id], self.slide);
+        meta.partition_local = true;
+        self.add_node(meta, |output| Box::new(PartitionNode { input, output, f: Arc::new(f), delivered: None }))
     }
 
     /// Applies `f` to every record.

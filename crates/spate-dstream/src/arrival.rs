@@ -1,0 +1,166 @@
+//! The part of a fed input's work that runs on each block as it arrives,
+//! while the batch interval is still open.
+//!
+//! When the only consumer of a [`FedSource`](crate::FedSource) input is a
+//! partition-local operator (`map`, `filter`, `flat_map`,
+//! `map_partitions`), the built graph hands that operator's function to the
+//! source as an [`ArrivalStage`]. The runtime runs it on each received block
+//! as the block comes in and keeps only its result ([`ProcessedBlock`]); at
+//! the batch boundary it hands the results of exactly the blocks allocated
+//! to the batch back with [`ArrivalStage::deliver`], and the operator takes
+//! them in place of computing them. The result is the same as computing the
+//! whole batch at its end: a block is one partition either way, and the
+//! operator's function sees the same records in the same order. What
+//! changes is when the work happens, and that a block whose operator shrinks
+//! it (a count per word, a filter) is held as that result rather than as
+//! its records until the batch ends.
+//!
+//! A stream read by more than one operator, or whose consumer needs the
+//! whole batch (a shuffle, a window, `transform`), is computed at the batch
+//! boundary as before.
+
+use std::any::Any;
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use spate_core::Time;
+
+/// One block's result of an [`ArrivalStage`], waiting for its batch.
+pub struct ProcessedBlock {
+    part: Box<dyn Any + Send>,
+    records_in: usize,
+    estimated_bytes: u64,
+}
+
+impl ProcessedBlock {
+    /// Records of the block it was computed from.
+    pub fn records_in(&self) -> usize {
+        self.records_in
+    }
+
+    /// The result's size in memory as far as its records' own size goes
+    /// (what they point to, a string's bytes, is not counted).
+    pub fn estimated_bytes(&self) -> u64 {
+        self.estimated_bytes
+    }
+}
+
+impl fmt::Debug for ProcessedBlock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ProcessedBlock")
+            .field("records_in", &self.records_in)
+            .field("estimated_bytes", &self.estimated_bytes)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Processed blocks by batch time, between the runtime that delivers them
+/// and the operator that takes them.
+#[derive(Default)]
+pub(crate) struct Delivered {
+    by_time: Mutex<BTreeMap<Time, Vec<Box<dyn Any + Send>>>>,
+}
+
+impl Delivered {
+    fn lock(&self) -> MutexGuard<'_, BTreeMap<Time, Vec<Box<dyn Any + Send>>>> {
+        self.by_time.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The parts delivered for `time`, in delivery order; parts of earlier
+    /// times (a batch that never ran) are dropped with a warning.
+    pub(crate) fn take(&self, time: Time) -> Vec<Box<dyn Any + Send>> {
+        let mut by_time = self.lock();
+        let later = by_time.split_off(&time);
+        for (stale, parts) in std::mem::replace(&mut *by_time, later) {
+            tracing::warn!(stale_time = %stale, batch_time = %time, blocks = parts.len(), "processed blocks delivered for a batch that already ran were dropped");
+        }
+        by_time.remove(&time).unwrap_or_default()
+    }
+}
+
+type StageFn<T> = dyn Fn(Vec<T>) -> (Box<dyn Any + Send>, u64) + Send + Sync;
+
+/// The function of the operator that follows a fed input, to run on each of
+/// its blocks as the block arrives (see the module doc).
+pub struct ArrivalStage<T> {
+    operator: Arc<str>,
+    run: Arc<StageFn<T>>,
+    delivered: Arc<Delivered>,
+}
+
+impl<T> Clone for ArrivalStage<T> {
+    fn clone(&self) -> Self {
+        ArrivalStage {
+            operator: Arc::clone(&self.operator),
+            run: Arc::clone(&self.run),
+            delivered: Arc::clone(&self.delivered),
+        }
+    }
+}
+
+impl<T> fmt::Debug for ArrivalStage<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ArrivalStage").field("operator", &self.operator).finish_non_exhaustive()
+    }
+}
+
+impl<T> ArrivalStage<T> {
+    /// A stage running `f`, an operator's function over one partition, for
+    /// the operator named `operator`.
+    pub(crate) fn new<U, F>(operator: &str, f: Arc<F>, delivered: Arc<Delivered>) -> Self
+    where
+        U: Send + 'static,
+        F: Fn(Vec<T>) -> Vec<U> + Send + Sync + ?Sized + 'static,
+    {
+        let run = move |records: Vec<T>| {
+            let out = f(records);
+            let bytes = (out.len() * std::mem::size_of::<U>()) as u64;
+            (Box::new(out) as Box<dyn Any + Send>, bytes)
+        };
+        ArrivalStage { operator: operator.into(), run: Arc::new(run), delivered }
+    }
+
+    /// The operator whose function this is.
+    pub fn operator(&self) -> &str {
+        &self.operator
+    }
+
+    /// Runs the operator's function on one block's records. It runs user
+    /// code: a panic in it comes out of here.
+    pub fn process(&self, records: Vec<T>) -> ProcessedBlock {
+        let records_in = records.len();
+        let (part, estimated_bytes) = (self.run)(records);
+        ProcessedBlock { part, records_in, estimated_bytes }
+    }
+
+    /// Hands the processed blocks of batch `time` to the operator, in block
+    /// order (the order of the blocks allocated to the batch).
+    pub fn deliver(&self, time: Time, blocks: Vec<ProcessedBlock>) {
+        self.delivered.lock().entry(time).or_default().extend(blocks.into_iter().map(|b| b.part));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn delivered_parts_come_out_for_their_time_once_and_stale_ones_are_dropped() {
+        let delivered = Arc::new(Delivered::default());
+        let stage = ArrivalStage::new(
+            "double",
+            Arc::new(|v: Vec<u32>| v.into_iter().map(|x| x * 2).collect::<Vec<_>>()),
+            Arc::clone(&delivered),
+        );
+        let block = stage.process(vec![1, 2, 3]);
+        assert_eq!((block.records_in(), block.estimated_bytes()), (3, 12));
+        stage.deliver(Time::from_millis(1000), vec![block]);
+        stage.deliver(Time::from_millis(2000), vec![stage.process(vec![5])]);
+        let parts = delivered.take(Time::from_millis(2000));
+        assert_eq!(parts.len(), 1);
+        assert_eq!(parts[0].downcast_ref::<Vec<u32>>(), Some(&vec![10]));
+        assert!(delivered.take(Time::from_millis(1000)).is_empty(), "time 1000 was dropped as stale");
+        assert!(delivered.take(Time::from_millis(2000)).is_empty(), "taken once");
+    }
+}

@@ -1,0 +1,106 @@
+//! Blocks processed as they arrive give the same results as the whole batch
+//! computed at its end, for random records, block boundaries and mixes of
+//! processed and raw blocks, through a per-batch count and a window.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use common::{Collected, INTERVAL, collect, run, sorted_at, t};
+use proptest::prelude::*;
+use spate_core::Duration;
+use spate_dstream::{DStream, FedSource, GraphBuilder, InputSource, QueueSource};
+
+/// One batch: its records cut into blocks, and for each block whether it
+/// was processed on arrival (true) or handed over raw at the batch end.
+type Blocks = Vec<(Vec<u16>, bool)>;
+
+fn batches() -> impl Strategy<Value = Vec<Blocks>> {
+    let block = (prop::collection::vec(0u16..30, 0..40), any::<bool>());
+    prop::collection::vec(prop::collection::vec(block, 0..6), 1..8)
+}
+
+/// Word counts by batch time.
+type Counts = Collected<(u16, u64)>;
+
+/// The job: each partition's words counted (the demo's shape), summed per
+/// batch and over a 3-batch window.
+fn job(words: &DStream<u16>) -> (Counts, Counts) {
+    let counted = words.map_partitions(|part| {
+        let mut counts: BTreeMap<u16, u64> = BTreeMap::new();
+        for word in part {
+            *counts.entry(word).or_default() += 1;
+        }
+        counts.into_iter().collect::<Vec<_>>()
+    });
+    let per_batch = counted.reduce_by_key(|a, b| a + b);
+    let windowed = per_batch.reduce_by_key_and_window(|a, b| a + b, Duration::from_secs(3), INTERVAL);
+    (collect(&per_batch), collect(&windowed))
+}
+
+fn builder() -> GraphBuilder {
+    GraphBuilder::new(INTERVAL).partitions(3).workers(2)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    #[test]
+    fn blocks_processed_on_arrival_give_the_whole_batch_result(input in batches()) {
+        let fed = Arc::new(FedSource::new());
+        let b = builder();
+        let (per_batch, windowed) = job(&b.input("words", Arc::clone(&fed)));
+        let mut pipelined = b.build().unwrap();
+        let stage = fed.arrival_stage().expect("the graph hands the counting to the fed source");
+        prop_assert_eq!(stage.operator(), "map_partitions-1");
+
+        let queue = Arc::new(QueueSource::new());
+        let b = builder();
+        let (reference_batch, reference_window) = job(&b.input("words", Arc::clone(&queue)));
+        let mut whole = b.build().unwrap();
+        prop_assert!(!queue.set_arrival_stage(stage.clone()), "a queue computes at the batch end");
+
+        for (index, blocks) in input.iter().enumerate() {
+            let time = t(index as i64 + 1);
+            let processed = blocks.iter().filter(|(_, early)| *early).map(|(records, _)| stage.process(records.clone()));
+            stage.deliver(time, processed.collect());
+            fed.feed(time, blocks.iter().filter(|(_, early)| !*early).map(|(records, _)| records.clone()).collect());
+            queue.push_partitions(blocks.iter().map(|(records, _)| records.clone()).collect());
+        }
+        let batches = 1..=input.len() as i64;
+        run(&mut pipelined, batches.clone());
+        run(&mut whole, batches.clone());
+        for batch in batches {
+            prop_assert_eq!(sorted_at(&per_batch, t(batch)), sorted_at(&reference_batch, t(batch)));
+            prop_assert_eq!(sorted_at(&windowed, t(batch)), sorted_at(&reference_window, t(batch)));
+        }
+        // The results are the counts themselves, not only equal to each other.
+        let last = input.len() as i64;
+        let mut expected: BTreeMap<u16, u64> = BTreeMap::new();
+        for (records, _) in &input[input.len() - 1] {
+            for word in records {
+                *expected.entry(*word).or_default() += 1;
+            }
+        }
+        prop_assert_eq!(sorted_at(&per_batch, t(last)).unwrap_or_default(), expected.into_iter().collect::<Vec<_>>());
+    }
+}
+
+#[test]
+fn an_input_read_by_two_operators_or_a_whole_batch_one_is_computed_at_the_batch_end() {
+    let fed = Arc::new(FedSource::<u16>::new());
+    let b = builder();
+    let words = b.input("words", Arc::clone(&fed));
+    collect(&words.map(|w| w + 1));
+    collect(&words.filter(|w| *w > 3));
+    b.build().unwrap();
+    assert!(fed.arrival_stage().is_none(), "two readers: the batch is computed once and shared");
+
+    let fed = Arc::new(FedSource::<u16>::new());
+    let b = builder();
+    collect(&b.input("words", Arc::clone(&fed)).repartition(2));
+    b.build().unwrap();
+    assert!(fed.arrival_stage().is_none(), "a repartition needs the whole batch");
+}
