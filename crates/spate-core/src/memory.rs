@@ -98,6 +98,13 @@ impl MemoryBudget {
         Ok(if waited { Reservation::Waited } else { Reservation::Immediate })
     }
 
+    /// Counts `bytes` that are held already (a result computed before its
+    /// size was known), past the limit if need be: they do not wait, but
+    /// the reservations after them do until they are released.
+    pub fn charge(&self, bytes: u64) {
+        self.lock().used += bytes;
+    }
+
     /// Gives back `bytes` reserved before, waking the callers waiting for room.
     pub fn release(&self, bytes: u64) {
         let mut state = self.lock();
@@ -143,6 +150,16 @@ mod tests {
         budget.release(30);
         assert_eq!(budget.used(), 70);
         assert!(budget.try_reserve(30));
+    }
+
+    #[test]
+    fn charged_bytes_count_past_the_limit_and_hold_later_reservations_back() {
+        let budget = MemoryBudget::new(100);
+        budget.charge(150);
+        assert_eq!(budget.used(), 150);
+        assert!(!budget.try_reserve(1));
+        budget.release(150);
+        assert!(budget.try_reserve(100));
     }
 
     #[test]
