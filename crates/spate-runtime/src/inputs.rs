@@ -6,8 +6,11 @@
 use std::path::Path;
 use std::sync::Arc;
 
+use std::thread::JoinHandle;
+
+use crossbeam::channel::Sender;
 use spate_core::{Clock, Duration, MemoryBudget, StreamBlockId, StreamId, Time, WriterFence};
-use spate_dstream::{Data, FedSource};
+use spate_dstream::{Data, FedSource, ProcessedBlock};
 use spate_receiver::{
     BlockData, BlockGeneratorConfig, BlockInfoSink, BlockManager, BlockManagerBasedBlockHandler, BlockManagerConfig,
     DEFAULT_MAX_BLOCK_BYTES, FnSink, ReceivedBlockHandler, Receiver, ReceiverError, ReceiverState, ReceiverSupervisor,
@@ -18,6 +21,7 @@ use spate_tracker::{BlockLocation, ReceivedBlockTracker, TrackedBlock};
 use spate_wal::{FileWriteAheadLog, WriteAheadLog};
 use tracing::warn;
 
+use crate::arrivals::{Arrivals, Found};
 use crate::error::RuntimeError;
 use crate::progress::ReceiverStatus;
 use crate::telemetry;
@@ -130,6 +134,10 @@ pub(crate) struct TypedReceiverInput<T, R> {
     /// The largest block, in bytes: a part of the shared memory budget, so
     /// no single block can be larger than the budget and never fit.
     max_block_bytes: u64,
+    /// The input's first operator, run on each block as it arrives.
+    arrivals: Option<Arc<Arrivals<T>>>,
+    /// The thread running it, and how to tell it a block arrived (`None`: stop).
+    arrival_thread: Option<(Sender<Option<StreamBlockId>>, JoinHandle<()>)>,
     /// Records and bytes fed to batches, for `/metrics`.
     input_records: metrics::Counter,
     input_bytes: metrics::Counter,
@@ -157,6 +165,8 @@ impl<T: Record + Data, R: Receiver<T>> TypedReceiverInput<T, R> {
             receiver_name: name.to_string(),
             stopped: false,
             max_block_bytes: DEFAULT_MAX_BLOCK_BYTES,
+            arrivals: None,
+            arrival_thread: None,
         }
     }
 
@@ -280,6 +290,42 @@ impl<T: Record + Data, R: Receiver<T>> TypedReceiverInput<T, R> {
     }
 }
 
+impl<T: Record + Data, R: Receiver<T>> TypedReceiverInput<T, R> {
+    /// Hands batch `time` the results of its blocks' first operator: each
+    /// block's as processed on arrival, or processed now (blocks that came
+    /// in as the interval ended, or back from the WAL after a restart).
+    fn feed_processed(&self, time: Time, blocks: &[TrackedBlock], arrivals: &Arrivals<T>) -> Result<u64, RuntimeError> {
+        let mut processed: Vec<Option<ProcessedBlock>> = Vec::with_capacity(blocks.len());
+        let mut unprocessed = Vec::new();
+        let mut bytes = 0;
+        for (index, block) in blocks.iter().enumerate() {
+            match arrivals.take(block.block_id()) {
+                Found::Processed(result) => {
+                    let arrived = result.map_err(|e| self.receiver_error(e))?;
+                    bytes += arrived.bytes_in;
+                    processed.push(Some(arrived.block));
+                }
+                Found::Unprocessed => {
+                    let taken = self.take_block(block)?;
+                    bytes += taken.serialized_len(block);
+                    unprocessed.push((index, taken));
+                    processed.push(None);
+                }
+            }
+        }
+        let (indices, taken): (Vec<usize>, Vec<TakenBlock<T>>) = unprocessed.into_iter().unzip();
+        for (index, records) in indices.into_iter().zip(self.decode_blocks(taken)?) {
+            processed[index] = Some(arrivals.process(records).map_err(|e| self.receiver_error(e))?);
+        }
+        let processed: Vec<ProcessedBlock> = processed.into_iter().flatten().collect();
+        let records = processed.iter().map(|block| block.records_in() as u64).sum();
+        self.input_records.increment(records);
+        self.input_bytes.increment(bytes);
+        arrivals.stage().deliver(time, processed);
+        Ok(records)
+    }
+}
+
 /// A block taken out of its store for a batch.
 enum TakenBlock<T> {
     /// As the block manager kept it (records or serialized bytes).
@@ -334,6 +380,7 @@ impl<T: Record + Data, R: Receiver<T>> ReceiverInput for TypedReceiverInput<T, R
         // An eighth: a block's size in memory may be several times its
         // serialized size, which is what the cap estimates.
         self.max_block_bytes = DEFAULT_MAX_BLOCK_BYTES.min(memory.limit() / 8).max(1);
+        self.arrivals = self.source.arrival_stage().map(|stage| Arrivals::new(stage, Arc::clone(memory)));
         let blocks = Arc::new(BlockManager::open(config, Arc::clone(clock)).map_err(|e| self.receiver_error(e))?);
         // Memory only: with the WAL on, the log is the durable copy; without
         // it, a restart loses unprocessed blocks whatever the level.
@@ -358,9 +405,31 @@ impl<T: Record + Data, R: Receiver<T>> ReceiverInput for TypedReceiverInput<T, R
         let handler = Arc::clone(&stores.handler);
         let receiver = factory(resume);
         self.receiver_name = receiver.name();
-        let sink: Arc<dyn BlockInfoSink> = Arc::new(FnSink(move |info| {
+        if let Some(arrivals) = &self.arrivals {
+            let thread =
+                arrivals.spawn(format!("arrive-{}", self.stream_id.0), Arc::clone(&stores.blocks)).map_err(|e| {
+                    self.receiver_error(format!("could not start the thread processing arrived blocks: {e}"))
+                })?;
+            self.arrival_thread = Some(thread);
+        }
+        let arrivals = self.arrivals.clone();
+        let arrived = self.arrival_thread.as_ref().map(|(tx, _)| tx.clone());
+        let sink: Arc<dyn BlockInfoSink> = Arc::new(FnSink(move |info: spate_core::ReceivedBlockInfo| {
+            let block_id = info.block_id();
+            // Known before the tracker can allocate it, so its batch finds it.
+            if let Some(arrivals) = &arrivals {
+                arrivals.expect(block_id);
+            }
             // The tracker's own error says why (a fenced or poisoned event log), so pass it on.
-            tracker.try_add_block(info).map_err(|e| e.into())
+            let added = tracker.try_add_block(info);
+            match (&added, &arrivals, &arrived) {
+                (Ok(()), _, Some(arrived)) => {
+                    let _ = arrived.send(Some(block_id));
+                }
+                (Err(_), Some(arrivals), _) => arrivals.forget(block_id),
+                _ => {}
+            }
+            added.map_err(|e| e.into())
         }));
         let mut config = SupervisorConfig::new(self.stream_id);
         config.block_generator = BlockGeneratorConfig {
@@ -377,6 +446,9 @@ impl<T: Record + Data, R: Receiver<T>> ReceiverInput for TypedReceiverInput<T, R
     }
 
     fn feed(&self, time: Time, blocks: &[TrackedBlock]) -> Result<u64, RuntimeError> {
+        if let Some(arrivals) = &self.arrivals {
+            return self.feed_processed(time, blocks, arrivals);
+        }
         let taken = blocks.iter().map(|block| self.take_block(block)).collect::<Result<Vec<_>, _>>()?;
         let bytes: u64 = blocks.iter().zip(&taken).map(|(block, taken)| taken.serialized_len(block)).sum();
         let partitions = self.decode_blocks(taken)?;
@@ -417,13 +489,22 @@ impl<T: Record + Data, R: Receiver<T>> ReceiverInput for TypedReceiverInput<T, R
         if std::mem::replace(&mut self.stopped, true) {
             return Ok(());
         }
-        match self.supervisor.take() {
+        let stopped = match self.supervisor.take() {
             Some(supervisor) => supervisor.stop().map_err(|e| self.receiver_error(e)),
             // Never started: the handler (and its WAL) is still ours to close.
             None => match &self.stores {
                 Some(stores) => stores.handler.close().map_err(|e| self.receiver_error(e)),
                 None => Ok(()),
             },
+        };
+        // The receiver pushed its last block: the thread finishes the
+        // blocks sent to it before it ends.
+        if let Some((arrived, thread)) = self.arrival_thread.take() {
+            let _ = arrived.send(None);
+            if thread.join().is_err() {
+                warn!(input = %self.name, "the thread processing arrived blocks panicked");
+            }
         }
+        stopped
     }
 }

@@ -83,6 +83,7 @@
 #![deny(clippy::unwrap_used, clippy::expect_used)]
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
 
+mod arrivals;
 mod context;
 pub mod demo;
 mod driver;

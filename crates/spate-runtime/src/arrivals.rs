@@ -1,0 +1,183 @@
+//! Runs a receiver input's [`ArrivalStage`] on each block as soon as it is
+//! stored, on a thread of the input's own, so the records flow through the
+//! input's first operator while the batch interval is still open.
+//!
+//! A block is processed once, either here or at the batch boundary, and
+//! its result is the same either way. The block's state says which:
+//! `Pending` from before the block is reported to the tracker (so the batch
+//! it is allocated to always finds it), `InProgress` while the thread works
+//! on it (the batch waits), `Done` with the result (the batch takes it). A
+//! batch that finds a block still `Pending` takes it away and processes it
+//! itself; the thread then skips it. Once processed, the block's records
+//! leave the block manager (the write-ahead log keeps them for a restart)
+//! and its result is charged to the memory budget until its batch takes
+//! it. When the budget is more than half used, blocks wait encoded for
+//! their batch instead, so an operator that grows its input (a `map` to
+//! pairs) cannot fill memory ahead of the batch.
+
+use std::collections::HashMap;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::thread::JoinHandle;
+
+use crossbeam::channel::{Receiver, Sender};
+use spate_core::{MemoryBudget, StreamBlockId};
+use spate_dstream::{ArrivalStage, ProcessedBlock};
+use spate_receiver::{BlockData, BlockManager, Record};
+use tracing::warn;
+
+/// One block's result, processed on arrival.
+pub(crate) struct Arrived {
+    pub(crate) block: ProcessedBlock,
+    /// The block's serialized bytes (0 when it was kept as records).
+    pub(crate) bytes_in: u64,
+}
+
+enum State {
+    Pending,
+    InProgress,
+    Done(Result<Arrived, String>),
+}
+
+/// What a batch found for one block.
+pub(crate) enum Found {
+    /// Processed on arrival (or failed there).
+    Processed(Result<Arrived, String>),
+    /// Not processed yet: the batch processes it itself.
+    Unprocessed,
+}
+
+/// The blocks of one input between their arrival and their batch.
+pub(crate) struct Arrivals<T> {
+    stage: ArrivalStage<T>,
+    states: Mutex<HashMap<StreamBlockId, State>>,
+    changed: Condvar,
+    memory: Arc<MemoryBudget>,
+}
+
+impl<T: Record + Send + 'static> Arrivals<T> {
+    pub(crate) fn new(stage: ArrivalStage<T>, memory: Arc<MemoryBudget>) -> Arc<Self> {
+        Arc::new(Arrivals { stage, states: Mutex::new(HashMap::new()), changed: Condvar::new(), memory })
+    }
+
+    /// The stage this input runs.
+    pub(crate) fn stage(&self) -> &ArrivalStage<T> {
+        &self.stage
+    }
+
+    /// Notes a block about to be reported to the tracker.
+    pub(crate) fn expect(&self, block_id: StreamBlockId) {
+        self.lock().insert(block_id, State::Pending);
+    }
+
+    /// Forgets a block the tracker refused.
+    pub(crate) fn forget(&self, block_id: StreamBlockId) {
+        self.lock().remove(&block_id);
+    }
+
+    /// What there is for `block_id`, waiting while it is being processed.
+    /// The block is this batch's from now on: the thread leaves it alone.
+    pub(crate) fn take(&self, block_id: StreamBlockId) -> Found {
+        let mut states = self.lock();
+        loop {
+            match states.remove(&block_id) {
+                Some(State::InProgress) => {
+                    states.insert(block_id, State::InProgress);
+                    states = self.changed.wait(states).unwrap_or_else(PoisonError::into_inner);
+                }
+                Some(State::Done(result)) => {
+                    if let Ok(arrived) = &result {
+                        self.memory.release(arrived.block.estimated_bytes());
+                    }
+                    return Found::Processed(result);
+                }
+                Some(State::Pending) | None => return Found::Unprocessed,
+            }
+        }
+    }
+
+    /// Runs the stage on `records`, turning a panic of the operator's
+    /// function into an error that names the operator.
+    pub(crate) fn process(&self, records: Vec<T>) -> Result<ProcessedBlock, String> {
+        catch_unwind(AssertUnwindSafe(|| self.stage.process(records))).map_err(|panic| {
+            let message = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a panic without a message".into());
+            format!("operator {} panicked on a block: {message}", self.stage.operator())
+        })
+    }
+
+    /// Starts the thread that processes the blocks sent to the returned
+    /// sender, in the order sent, until it is sent `None`.
+    pub(crate) fn spawn(
+        self: &Arc<Self>,
+        name: String,
+        blocks: Arc<BlockManager<T>>,
+    ) -> std::io::Result<(Sender<Option<StreamBlockId>>, JoinHandle<()>)> {
+        let (tx, rx) = crossbeam::channel::unbounded();
+        let arrivals = Arc::clone(self);
+        let handle = std::thread::Builder::new().name(name).spawn(move || arrivals.run(&rx, &blocks))?;
+        Ok((tx, handle))
+    }
+
+    fn run(&self, arrived: &Receiver<Option<StreamBlockId>>, blocks: &BlockManager<T>) {
+        for block_id in arrived.iter().map_while(|sent| sent) {
+            if !self.start(block_id) {
+                continue;
+            }
+            let result = self.process_stored(block_id, blocks);
+            if let Ok(Some(arrived)) = &result {
+                self.memory.charge(arrived.block.estimated_bytes());
+            }
+            let mut states = self.lock();
+            match result {
+                Ok(Some(arrived)) => states.insert(block_id, State::Done(Ok(arrived))),
+                // Not in the block manager (read back from the WAL by its batch).
+                Ok(None) => states.remove(&block_id),
+                Err(e) => states.insert(block_id, State::Done(Err(e))),
+            };
+            drop(states);
+            self.changed.notify_all();
+        }
+    }
+
+    /// Marks a pending block in progress; false when its batch took it or
+    /// memory is short (it then waits for its batch, encoded).
+    fn start(&self, block_id: StreamBlockId) -> bool {
+        let mut states = self.lock();
+        if !matches!(states.get(&block_id), Some(State::Pending)) {
+            return false;
+        }
+        if self.memory.used() > self.memory.limit() / 2 {
+            return false;
+        }
+        states.insert(block_id, State::InProgress);
+        true
+    }
+
+    fn process_stored(&self, block_id: StreamBlockId, blocks: &BlockManager<T>) -> Result<Option<Arrived>, String> {
+        let Some(data) = blocks.get(block_id).map_err(|e| e.to_string())? else {
+            return Ok(None);
+        };
+        let bytes_in = match &data {
+            BlockData::Bytes(bytes) => bytes.len() as u64,
+            BlockData::Records(_) => 0,
+        };
+        let records = data.records().map_err(|e| format!("block {block_id}: {e}"))?;
+        drop(data);
+        let records = Arc::try_unwrap(records).unwrap_or_else(|shared| (*shared).clone());
+        let block = self.process(records)?;
+        // Its records are in the result now (and in the WAL for a restart).
+        if let Err(e) = blocks.remove(block_id) {
+            warn!(block = %block_id, error = %e, "could not drop a processed block from the block manager");
+        }
+        Ok(Some(Arrived { block, bytes_in }))
+    }
+
+    fn lock(&self) -> MutexGuard<'_, HashMap<StreamBlockId, State>> {
+        // Every update of the map completes before anything can panic.
+        self.states.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
