@@ -11,12 +11,15 @@
 //! itself; the thread then skips it. Once processed, the block's records
 //! leave the block manager (the write-ahead log keeps them for a restart)
 //! and its result is charged to the memory budget until its batch takes
-//! it. When the budget is more than half used, blocks wait encoded for
-//! their batch instead, so an operator that grows its input (a `map` to
-//! pairs) cannot fill memory ahead of the batch.
+//! it. Once results waiting for their batch hold more than half the
+//! budget, blocks wait encoded for their batch instead, so an operator
+//! that grows its input (a `map` to pairs) cannot fill memory ahead of the
+//! batch; a source faster than the thread fills the budget with encoded
+//! blocks, and the receiver waits for room, as without the stage.
 
 use std::collections::HashMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 
@@ -53,11 +56,14 @@ pub(crate) struct Arrivals<T> {
     states: Mutex<HashMap<StreamBlockId, State>>,
     changed: Condvar,
     memory: Arc<MemoryBudget>,
+    /// Bytes of results waiting for their batch (charged to `memory`).
+    held: AtomicU64,
 }
 
 impl<T: Record + Send + 'static> Arrivals<T> {
     pub(crate) fn new(stage: ArrivalStage<T>, memory: Arc<MemoryBudget>) -> Arc<Self> {
-        Arc::new(Arrivals { stage, states: Mutex::new(HashMap::new()), changed: Condvar::new(), memory })
+        let held = AtomicU64::new(0);
+        Arc::new(Arrivals { stage, states: Mutex::new(HashMap::new()), changed: Condvar::new(), memory, held })
     }
 
     /// The stage this input runs.
@@ -87,6 +93,7 @@ impl<T: Record + Send + 'static> Arrivals<T> {
                 }
                 Some(State::Done(result)) => {
                     if let Ok(arrived) = &result {
+                        self.held.fetch_sub(arrived.block.estimated_bytes(), Ordering::Relaxed);
                         self.memory.release(arrived.block.estimated_bytes());
                     }
                     return Found::Processed(result);
@@ -129,6 +136,7 @@ impl<T: Record + Send + 'static> Arrivals<T> {
             }
             let result = self.process_stored(block_id, blocks);
             if let Ok(Some(arrived)) = &result {
+                self.held.fetch_add(arrived.block.estimated_bytes(), Ordering::Relaxed);
                 self.memory.charge(arrived.block.estimated_bytes());
             }
             let mut states = self.lock();
@@ -144,13 +152,14 @@ impl<T: Record + Send + 'static> Arrivals<T> {
     }
 
     /// Marks a pending block in progress; false when its batch took it or
-    /// memory is short (it then waits for its batch, encoded).
+    /// the results waiting hold half the budget (it then waits for its
+    /// batch, encoded).
     fn start(&self, block_id: StreamBlockId) -> bool {
         let mut states = self.lock();
         if !matches!(states.get(&block_id), Some(State::Pending)) {
             return false;
         }
-        if self.memory.used() > self.memory.limit() / 2 {
+        if self.held.load(Ordering::Relaxed) > self.memory.limit() / 2 {
             return false;
         }
         states.insert(block_id, State::InProgress);

@@ -251,9 +251,19 @@ impl<T: Record + Data, R: Receiver<T>> TypedReceiverInput<T, R> {
     /// to one thread per core; each block's bytes are freed as soon as it is
     /// decoded, so a batch is never held both serialized and decoded.
     fn decode_blocks(&self, taken: Vec<TakenBlock<T>>) -> Result<Vec<Vec<T>>, RuntimeError> {
+        self.per_block_in_parallel(taken, |block| block.decode().map_err(|e| e.to_string()))
+    }
+
+    /// `each` of every block of `taken`, in block order, on up to one thread
+    /// per core; a thread finishes one block before it decodes the next.
+    fn per_block_in_parallel<O: Send>(
+        &self,
+        taken: Vec<TakenBlock<T>>,
+        each: impl Fn(TakenBlock<T>) -> Result<O, String> + Sync,
+    ) -> Result<Vec<O>, RuntimeError> {
         let threads = std::thread::available_parallelism().map_or(1, usize::from).min(taken.len());
         if threads <= 1 {
-            return taken.into_iter().map(|block| block.decode().map_err(|e| self.receiver_error(e))).collect();
+            return taken.into_iter().map(|block| each(block).map_err(|e| self.receiver_error(e))).collect();
         }
         let per_thread = taken.len().div_ceil(threads);
         let mut chunks = Vec::with_capacity(threads);
@@ -263,13 +273,14 @@ impl<T: Record + Data, R: Receiver<T>> TypedReceiverInput<T, R> {
             chunks.push(rest);
             rest = tail;
         }
+        let each = &each;
         let decoded = std::thread::scope(|scope| {
             let workers: Vec<_> = chunks
                 .into_iter()
                 .map(|chunk| {
                     std::thread::Builder::new()
                         .name(format!("decode-{}", self.stream_id.0))
-                        .spawn_scoped(scope, move || chunk.into_iter().map(TakenBlock::decode).collect::<Vec<_>>())
+                        .spawn_scoped(scope, move || chunk.into_iter().map(each).collect::<Vec<_>>())
                 })
                 .collect();
             workers
@@ -314,8 +325,12 @@ impl<T: Record + Data, R: Receiver<T>> TypedReceiverInput<T, R> {
             }
         }
         let (indices, taken): (Vec<usize>, Vec<TakenBlock<T>>) = unprocessed.into_iter().unzip();
-        for (index, records) in indices.into_iter().zip(self.decode_blocks(taken)?) {
-            processed[index] = Some(arrivals.process(records).map_err(|e| self.receiver_error(e))?);
+        // Each block is decoded and processed before the next is decoded:
+        // a batch of many blocks (a backlog, a restart) is never held decoded.
+        let now =
+            self.per_block_in_parallel(taken, |block| arrivals.process(block.decode().map_err(|e| e.to_string())?))?;
+        for (index, block) in indices.into_iter().zip(now) {
+            processed[index] = Some(block);
         }
         let processed: Vec<ProcessedBlock> = processed.into_iter().flatten().collect();
         let records = processed.iter().map(|block| block.records_in() as u64).sum();
