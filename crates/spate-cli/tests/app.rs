@@ -131,17 +131,29 @@ impl Committed {
 }
 
 /// A member process, killed with SIGKILL if the test ends (or fails) before
-/// it was stopped, so a failed run leaves no process behind.
-struct Running(Option<Child>);
+/// it was stopped, so a failed run leaves no process behind. Its log (info
+/// and above) goes to a file, printed when the test fails.
+struct Running {
+    child: Option<Child>,
+    id: String,
+    log: tempfile::NamedTempFile,
+}
 
 impl Running {
+    /// Starts `command` as member `id`, its stderr to the member's log.
+    fn spawn(mut command: Command, id: &str) -> Running {
+        let log = tempfile::NamedTempFile::new().unwrap();
+        command.arg("-v").env_remove("RUST_LOG").stdout(Stdio::null()).stderr(log.reopen().unwrap());
+        Running { child: Some(command.spawn().unwrap()), id: id.to_string(), log }
+    }
+
     fn signal(&self, name: &str) {
-        let pid = self.0.as_ref().map(|c| c.id().to_string()).unwrap_or_default();
+        let pid = self.child.as_ref().map(|c| c.id().to_string()).unwrap_or_default();
         assert!(Command::new("kill").args([name, &pid]).status().unwrap().success());
     }
 
     fn kill(&mut self) {
-        if let Some(mut child) = self.0.take() {
+        if let Some(mut child) = self.child.take() {
             child.kill().unwrap();
             child.wait().unwrap();
         }
@@ -150,18 +162,30 @@ impl Running {
     /// SIGTERM, then the exit code, which must be 0.
     fn stop_gracefully(mut self) {
         self.signal("-TERM");
-        let code = self.0.take().map(|mut c| c.wait().unwrap().code());
+        let code = self.child.take().map(|mut c| c.wait().unwrap().code());
         assert_eq!(code, Some(Some(0)), "a graceful stop exits 0");
     }
 }
 
 impl Drop for Running {
     fn drop(&mut self) {
-        if let Some(mut child) = self.0.take() {
+        if let Some(mut child) = self.child.take() {
             // SIGCONT first: a stopped process cannot act on the kill otherwise.
             let _ = Command::new("kill").args(["-CONT", &child.id().to_string()]).status();
             let _ = child.kill();
             let _ = child.wait();
+        }
+        if std::thread::panicking() {
+            let text = std::fs::read_to_string(self.log.path()).unwrap_or_default();
+            let lines: Vec<&str> = text.lines().collect();
+            let tail = &lines[lines.len().saturating_sub(80)..];
+            eprintln!(
+                "---- member {} log, last {} of {} lines ----\n{}",
+                self.id,
+                tail.len(),
+                lines.len(),
+                tail.join("\n")
+            );
         }
     }
 }
@@ -204,14 +228,9 @@ fn member(app: &str, input: &str, output: &str, checkpoint: &Path, id: &str) -> 
         "--top",
         "3",
     ];
-    Running(Some(
-        Command::new(env!("CARGO_BIN_EXE_spate"))
-            .args(args)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    ))
+    let mut command = Command::new(env!("CARGO_BIN_EXE_spate"));
+    command.args(args);
+    Running::spawn(command, id)
 }
 
 /// Polls until `done` holds of what was committed, failing after `limit`.
@@ -307,7 +326,7 @@ fn a_member_paused_past_its_session_timeout_commits_nothing_when_it_resumes() {
     let held = tempfile::tempdir().unwrap();
 
     // m1 alone owns every task; each holds batch 3 before its outputs.
-    let m1 = Running(Some({
+    let m1 = {
         let mut command = Command::new(env!("CARGO_BIN_EXE_spate"));
         let brokers = brokers();
         command.args([
@@ -342,9 +361,9 @@ fn a_member_paused_past_its_session_timeout_commits_nothing_when_it_resumes() {
             "5000",
         ]);
         command.env("SPATE_FAILPOINTS", "hold-before-outputs").env("SPATE_FAILPOINT_DIR", held.path());
-        command.env("SPATE_FAILPOINT_BATCH", "3").stdout(Stdio::null()).stderr(Stdio::null());
-        command.spawn().unwrap()
-    }));
+        command.env("SPATE_FAILPOINT_BATCH", "3");
+        Running::spawn(command, "m1")
+    };
     let deadline = Instant::now() + Duration::from_secs(90);
     while !held.path().join("held").exists() {
         assert!(Instant::now() < deadline, "m1 never held a batch");

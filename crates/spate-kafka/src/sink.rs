@@ -194,32 +194,45 @@ struct Generation<'a> {
 /// A transactional producer and what its transactions need: shared by the
 /// exactly-once sink of one job and by a group member's tasks.
 struct Transactions {
-    /// Threaded: an abort waits for the delivery reports of what was sent,
-    /// which its own thread serves.
-    producer: ThreadedProducer<DeliveryErrors>,
+    /// The producer, taken for one transaction at a time. Threaded: an
+    /// abort waits for the delivery reports of what was sent, which its own
+    /// thread serves. Replaced when it reports a fatal error.
+    producer: Mutex<ThreadedProducer<DeliveryErrors>>,
     /// Reads the group's committed offsets; never reads records.
     group: BaseConsumer,
+    brokers: String,
     transactional_id: String,
+    transaction_timeout: Duration,
     timeout: Duration,
-    /// One transaction at a time on the producer.
-    open: Mutex<()>,
+    /// Whether a producer with a fatal error is opened again (see [`Transactions::reopen_if_fatal`]).
+    reopens: Reopen,
+}
+
+/// What a transactional producer with a fatal error becomes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Reopen {
+    /// It stays failed: one job's producer, whose fence means a newer
+    /// instance of the job, or a transaction that outlived its timeout; the
+    /// job stops, and is started again with a new producer.
+    Never,
+    /// It is opened again: a group member's, which the group's generation
+    /// (checked by the broker on each transaction's offsets, KIP-447)
+    /// fences when the member is a zombie, not the transactional id.
+    WhenFatal,
 }
 
 impl Transactions {
     /// Opens the producer and fences any older instance with the same
     /// `transactional_id`, aborting its open transaction.
-    fn open(brokers: &str, transactional_id: &str, group_id: &str, transaction_timeout: Duration) -> Result<Self> {
+    fn open(
+        brokers: &str,
+        transactional_id: &str,
+        group_id: &str,
+        transaction_timeout: Duration,
+        reopens: Reopen,
+    ) -> Result<Self> {
         let timeout = Duration::from_secs(30);
-        let mut config = producer_config(brokers);
-        config
-            .set("transactional.id", transactional_id)
-            .set("transaction.timeout.ms", transaction_timeout.as_millis().to_string());
-        let producer: ThreadedProducer<DeliveryErrors> = config
-            .create_with_context(DeliveryErrors::default())
-            .map_err(client(format!("create the transactional producer {transactional_id}")))?;
-        producer
-            .init_transactions(timeout)
-            .map_err(client(format!("init transactions of {transactional_id} (fences older instances)")))?;
+        let producer = open_producer(brokers, transactional_id, transaction_timeout, timeout)?;
         let group: BaseConsumer = ClientConfig::new()
             .set("bootstrap.servers", brokers)
             .set("group.id", group_id)
@@ -229,12 +242,33 @@ impl Transactions {
             .map_err(client(format!("create the group client of {group_id}")))?;
         info!(transactional_id, group_id, "transactional producer ready");
         Ok(Transactions {
-            producer,
+            producer: Mutex::new(producer),
             group,
+            brokers: brokers.to_string(),
             transactional_id: transactional_id.to_string(),
+            transaction_timeout,
             timeout,
-            open: Mutex::new(()),
+            reopens,
         })
+    }
+
+    /// Opens `producer` again when it reports a fatal error, which no later
+    /// call clears, and the producer is one that reopens. The usual one:
+    /// the producer was fenced because its open transaction outlived the
+    /// transaction timeout (the process was paused or starved) and the
+    /// broker aborted it and moved the producer's epoch on. The batch of
+    /// that transaction was not committed, and the checkpoint lease and the
+    /// group's generation still decide who may commit it; a member's
+    /// producer left fenced would fail every batch of its tasks after it.
+    fn reopen_if_fatal(&self, producer: &mut ThreadedProducer<DeliveryErrors>) -> Result<()> {
+        if self.reopens == Reopen::Never {
+            return Ok(());
+        }
+        let Some((code, reason)) = producer.client().fatal_error() else { return Ok(()) };
+        warn!(transactional_id = %self.transactional_id, ?code, reason, "the transactional producer hit a fatal error; opening it again");
+        *producer = open_producer(&self.brokers, &self.transactional_id, self.transaction_timeout, self.timeout)?;
+        metrics::counter!(PRODUCERS_REOPENED).increment(1);
+        Ok(())
     }
 
     /// Writes batch `batch` of the job or task `marker_id`: `records` (each
@@ -271,8 +305,13 @@ impl Transactions {
                 return Ok(CommitOutcome::AlreadyCommitted);
             }
             let result = {
-                let _open = self.open.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-                (group.metadata)().and_then(|metadata| self.attempt(marker_id, batch, ranges, &records, &metadata))
+                let mut producer = self.producer.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                let result = (group.metadata)()
+                    .and_then(|metadata| self.attempt(&producer, marker_id, batch, ranges, &records, &metadata));
+                if result.is_err() {
+                    self.reopen_if_fatal(&mut producer)?;
+                }
+                result
             };
             let error = match result {
                 Ok(()) => {
@@ -306,17 +345,18 @@ impl Transactions {
     /// One transaction: begin, fill, commit; aborted when any step fails.
     fn attempt(
         &self,
+        producer: &ThreadedProducer<DeliveryErrors>,
         marker_id: &str,
         batch: BatchId,
         ranges: &OffsetRanges,
         records: &[(&str, OutputRecord)],
         metadata: &ConsumerGroupMetadata,
     ) -> Result<()> {
-        self.producer.begin_transaction().map_err(client("begin the transaction"))?;
-        let result = self.fill_and_commit(marker_id, batch, ranges, records, metadata);
+        producer.begin_transaction().map_err(client("begin the transaction"))?;
+        let result = self.fill_and_commit(producer, marker_id, batch, ranges, records, metadata);
         if let Err(e) = &result {
             warn!(batch = batch.0, error = %e, "aborting the transaction");
-            if let Err(abort) = self.producer.abort_transaction(self.timeout) {
+            if let Err(abort) = producer.abort_transaction(self.timeout) {
                 warn!(batch = batch.0, error = %abort, "abort failed");
             }
         }
@@ -325,6 +365,7 @@ impl Transactions {
 
     fn fill_and_commit(
         &self,
+        producer: &ThreadedProducer<DeliveryErrors>,
         marker_id: &str,
         batch: BatchId,
         ranges: &OffsetRanges,
@@ -332,7 +373,7 @@ impl Transactions {
         metadata: &ConsumerGroupMetadata,
     ) -> Result<()> {
         for (topic, record) in records {
-            send_threaded(&self.producer, topic, record)?;
+            send_threaded(producer, topic, record)?;
         }
         let offsets = to_list(&ranges.until_offsets())?;
         let marker = batch_marker(marker_id, batch);
@@ -340,10 +381,10 @@ impl Transactions {
             element.set_metadata(&marker);
         }
         retry_coordinator("send offsets to the transaction", self.timeout, |left| {
-            self.producer.send_offsets_to_transaction(&offsets, metadata, left)
+            producer.send_offsets_to_transaction(&offsets, metadata, left)
         })?;
-        retry_coordinator("commit the transaction", self.timeout, |left| self.producer.commit_transaction(left))?;
-        match self.producer.context().take() {
+        retry_coordinator("commit the transaction", self.timeout, |left| producer.commit_transaction(left))?;
+        match producer.context().take() {
             Some(source) => {
                 let topic = records.first().map(|(topic, _)| topic.to_string()).unwrap_or_default();
                 Err(KafkaError::Delivery { topic, source })
@@ -399,7 +440,8 @@ impl TransactionalKafkaSink {
     /// Fences any older instance with the same `transactional_id` (one per
     /// application) and aborts its open transaction.
     pub fn new(brokers: &str, topic: impl Into<String>, transactional_id: &str, group_id: &str) -> Result<Self> {
-        let transactions = Transactions::open(brokers, transactional_id, group_id, Duration::from_secs(60))?;
+        let transactions =
+            Transactions::open(brokers, transactional_id, group_id, Duration::from_secs(60), Reopen::Never)?;
         Ok(TransactionalKafkaSink { transactions, topic: topic.into() })
     }
 
@@ -465,14 +507,17 @@ impl MemberTransactions {
     /// member started again under the same id fences its earlier
     /// incarnation). An open transaction of a member that died is aborted
     /// by the broker after `transaction_timeout`; until then readers with
-    /// `read_committed` wait at it, so keep it short.
+    /// `read_committed` wait at it, so keep it short. A transaction that
+    /// outlives it (the process paused or starved) fences the producer;
+    /// the batch fails and the producer is opened again for the next.
     pub fn new(
         brokers: &str,
         transactional_id: &str,
         member: Arc<GroupMember>,
         transaction_timeout: Duration,
     ) -> Result<Self> {
-        let transactions = Transactions::open(brokers, transactional_id, member.group_id(), transaction_timeout)?;
+        let transactions =
+            Transactions::open(brokers, transactional_id, member.group_id(), transaction_timeout, Reopen::WhenFatal)?;
         Ok(MemberTransactions { transactions, member })
     }
 
@@ -515,6 +560,28 @@ impl MemberTransactions {
     }
 }
 
+/// A transactional producer for `transactional_id`, its transactions
+/// initialised: any older instance with the id is fenced and its open
+/// transaction aborted.
+fn open_producer(
+    brokers: &str,
+    transactional_id: &str,
+    transaction_timeout: Duration,
+    timeout: Duration,
+) -> Result<ThreadedProducer<DeliveryErrors>> {
+    let mut config = producer_config(brokers);
+    config
+        .set("transactional.id", transactional_id)
+        .set("transaction.timeout.ms", transaction_timeout.as_millis().to_string());
+    let producer: ThreadedProducer<DeliveryErrors> = config
+        .create_with_context(DeliveryErrors::default())
+        .map_err(client(format!("create the transactional producer {transactional_id}")))?;
+    producer
+        .init_transactions(timeout)
+        .map_err(client(format!("init transactions of {transactional_id} (fences older instances)")))?;
+    Ok(producer)
+}
+
 /// How often a transaction is tried when the group's generation moved on.
 const GENERATION_ATTEMPTS: u32 = 8;
 /// The pause between those tries (a rebalance takes a moment to settle).
@@ -536,6 +603,8 @@ fn is_rebalance_error(error: &KafkaError) -> bool {
 pub(crate) const TRANSACTIONS_COMMITTED: &str = "spate_kafka_transactions_committed_total";
 /// Counter of `/metrics`: output transactions aborted, per output topic.
 pub(crate) const TRANSACTIONS_ABORTED: &str = "spate_kafka_transactions_aborted_total";
+/// Counter of `/metrics`: transactional producers opened again after a fatal error.
+pub(crate) const PRODUCERS_REOPENED: &str = "spate_kafka_transactional_producers_reopened_total";
 
 /// The metadata string of the offsets batch `batch` commits: `<transactional id>@<batch id>`.
 fn batch_marker(transactional_id: &str, batch: BatchId) -> String {

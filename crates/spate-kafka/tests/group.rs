@@ -1,7 +1,8 @@
 //! Group membership against the local broker: two members split a topic's
 //! partitions with cooperative-sticky assignment, a member leaving hands
 //! its partitions to the other after letting them go, and a member's
-//! transactions commit its tasks' batches once.
+//! transactions commit its tasks' batches once, a fenced producer opened
+//! again.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -115,6 +116,42 @@ fn a_members_transaction_commits_a_tasks_batch_once() {
     // A re-run of the batch, by this member or by the task's next owner.
     let again = transactions.write_batch("task-0", BatchId(0), &ranges, [record()]).unwrap();
     assert_eq!(again, CommitOutcome::AlreadyCommitted);
+    assert_eq!(read_committed(&output, 1), ["five"]);
+}
+
+#[test]
+fn a_members_fenced_producer_fails_its_batch_and_is_opened_again_for_the_next() {
+    let input = unique("fenced-in");
+    let output = unique("fenced-out");
+    create_topic(&input, 1);
+    create_topic(&output, 1);
+    produce(&input, 1, values(0..10));
+    let group = unique("app");
+    let owned = Arc::new(Owned::default());
+    let member = Arc::new(
+        GroupMember::join(&brokers(), &group, std::slice::from_ref(&input), &settings(), owned.clone()).unwrap(),
+    );
+    owned.wait("the member owns the partition", |o| o.len() == 1);
+    let transactional_id = unique("member-tx");
+    let transactions =
+        MemberTransactions::new(&brokers(), &transactional_id, Arc::clone(&member), Duration::from_secs(10)).unwrap();
+    // The broker moves the producer's epoch on, as it does when a
+    // transaction outlives its timeout while the process is paused.
+    {
+        use rdkafka::producer::{BaseProducer, Producer};
+        let bump: BaseProducer = rdkafka::ClientConfig::new()
+            .set("bootstrap.servers", brokers())
+            .set("transactional.id", &transactional_id)
+            .create()
+            .unwrap();
+        bump.init_transactions(Duration::from_secs(30)).unwrap();
+    }
+    let ranges = OffsetRanges::new(vec![OffsetRange::new(input.clone(), 0, 0, 5)]);
+    let record = || (output.as_str(), OutputRecord::value("five"));
+    let fenced = transactions.write_batch("task-0", BatchId(0), &ranges, [record()]);
+    assert!(fenced.is_err(), "a fenced producer commits nothing: {fenced:?}");
+    let again = transactions.write_batch("task-0", BatchId(0), &ranges, [record()]).unwrap();
+    assert_eq!(again, CommitOutcome::Committed, "the batch's re-run goes through the producer opened again");
     assert_eq!(read_committed(&output, 1), ["five"]);
 }
 

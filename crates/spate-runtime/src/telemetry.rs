@@ -123,6 +123,10 @@ fn describe() {
     describe_gauge!(KAFKA_CONSUMER_LAG, "Records of a Kafka partition not read yet after the last planned batch.");
     describe_counter!("spate_kafka_transactions_committed_total", "Output transactions committed, per topic.");
     describe_counter!("spate_kafka_transactions_aborted_total", "Output transactions aborted, per topic.");
+    describe_counter!(
+        "spate_kafka_transactional_producers_reopened_total",
+        "Transactional producers opened again after a fatal error (fenced when a transaction outlived its timeout)."
+    );
 }
 
 /// Records a committed batch.
