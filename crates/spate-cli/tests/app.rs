@@ -398,8 +398,9 @@ fn a_member_paused_past_its_session_timeout_commits_nothing_when_it_resumes() {
         let commits = task.unwrap().path().join("commits");
         for entry in std::fs::read_dir(&commits).unwrap() {
             let path = entry.unwrap().path();
-            let batch: u64 = path.file_name().unwrap().to_str().unwrap().parse().unwrap();
-            // Old entries are purged while the members run.
+            // A name that is no batch id is a write under way (its
+            // temporary file); old entries are purged while the members run.
+            let Ok(batch) = path.file_name().unwrap().to_str().unwrap().parse::<u64>() else { continue };
             let Ok(text) = std::fs::read_to_string(&path) else { continue };
             let epoch = writer_epoch(&text).unwrap_or_else(|| panic!("{} names no writer epoch", path.display()));
             if batch >= 3 {
