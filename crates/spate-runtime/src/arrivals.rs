@@ -22,6 +22,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use crossbeam::channel::{Receiver, Sender};
 use spate_core::{MemoryBudget, StreamBlockId};
@@ -34,6 +35,9 @@ pub(crate) struct Arrived {
     pub(crate) block: ProcessedBlock,
     /// The block's serialized bytes (0 when it was kept as records).
     pub(crate) bytes_in: u64,
+    /// How long decoding and processing it took: its batch's work done
+    /// ahead, which backpressure counts with the batch's own.
+    pub(crate) work: Duration,
 }
 
 enum State {
@@ -174,15 +178,17 @@ impl<T: Record + Send + 'static> Arrivals<T> {
             BlockData::Bytes(bytes) => bytes.len() as u64,
             BlockData::Records(_) => 0,
         };
+        let started = Instant::now();
         let records = data.records().map_err(|e| format!("block {block_id}: {e}"))?;
         drop(data);
         let records = Arc::try_unwrap(records).unwrap_or_else(|shared| (*shared).clone());
         let block = self.process(records)?;
+        let work = started.elapsed();
         // Its records are in the result now (and in the WAL for a restart).
         if let Err(e) = blocks.remove(block_id) {
             warn!(block = %block_id, error = %e, "could not drop a processed block from the block manager");
         }
-        Ok(Some(Arrived { block, bytes_in }))
+        Ok(Some(Arrived { block, bytes_in, work }))
     }
 
     fn lock(&self) -> MutexGuard<'_, HashMap<StreamBlockId, State>> {

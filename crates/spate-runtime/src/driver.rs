@@ -23,7 +23,7 @@ use tracing::{info, warn};
 
 use crate::error::{RuntimeError, taken_over};
 use crate::failpoints::{Failpoints, Point};
-use crate::inputs::ReceiverInput;
+use crate::inputs::{Fed, ReceiverInput};
 use crate::progress::{BatchProgress, PhaseTimes, ProgressFiles, ProgressListener};
 use crate::rate::{BatchTiming, RateController};
 use crate::scheduler::{CommitDecision, CommitOrder, JobOutcome, JobScheduler, NamedJob, OutcomeSink, panic_message};
@@ -126,6 +126,8 @@ struct InFlight {
     scheduling_delay_ms: u64,
     phases: PhaseTimes,
     records: u64,
+    /// Work on the batch's records done as they arrived, before the batch.
+    ahead: std::time::Duration,
     outputs_started: Instant,
 }
 
@@ -375,7 +377,7 @@ impl Engine {
         self.show_batch_started(batch, &offsets, scheduling_delay_ms, recovered);
         let mut phases = PhaseTimes { offsets_logged_ms: elapsed_ms(started), ..PhaseTimes::default() };
         let computing = Instant::now();
-        let (jobs, records) = self.compute(batch, &offsets)?;
+        let (jobs, Fed { records, ahead }) = self.compute(batch, &offsets)?;
         phases.jobs_ms = elapsed_ms(computing);
         let mut jobs: Vec<NamedJob> = jobs
             .into_iter()
@@ -401,6 +403,7 @@ impl Engine {
             scheduling_delay_ms,
             phases,
             records,
+            ahead,
             outputs_started,
         });
         Ok(())
@@ -477,26 +480,28 @@ impl Engine {
     }
 
     /// Feeds the receiver inputs and computes the batch through the graph.
-    fn compute(&mut self, batch: BatchId, offsets: &OffsetSeq) -> Result<(Vec<spate_dstream::Job>, u64), RuntimeError> {
+    /// Returns the batch's jobs, its records and the work done on them ahead.
+    fn compute(&mut self, batch: BatchId, offsets: &OffsetSeq) -> Result<(Vec<spate_dstream::Job>, Fed), RuntimeError> {
         let time = offsets.batch_timestamp;
-        let mut records = 0;
+        let mut total = Fed::default();
         if let Some(tracker) = &self.tracker {
             for receiver in &self.receivers {
                 let blocks = tracker.get_blocks_of_batch_and_stream(time, receiver.stream_id());
                 let fed = receiver.feed(time, &blocks)?;
                 if let Some(board) = &self.board {
-                    board.receiver_fed(receiver.stream_id().0, receiver.name(), fed);
+                    board.receiver_fed(receiver.stream_id().0, receiver.name(), fed.records);
                 }
-                records += fed;
+                total.records += fed.records;
+                total.ahead += fed.ahead;
             }
         }
-        records = records.saturating_add(replayable_records(offsets, &self.graph));
+        let records = total.records.saturating_add(replayable_records(offsets, &self.graph));
         let planned = planned_offsets(offsets, &self.graph);
         let jobs = self
             .graph
             .generate_jobs(time, batch, &planned)
             .map_err(|e| RuntimeError::Planning { batch, reason: e.to_string() })?;
-        Ok((jobs, records))
+        Ok((jobs, Fed { records, ahead: total.ahead }))
     }
 
     /// Recomputes a committed batch without running its outputs, to bring
@@ -575,7 +580,10 @@ impl Engine {
         let timing = BatchTiming {
             completed_at_ms: self.settings.clock.now().as_millis(),
             records: flight.records,
-            processing_ms: elapsed_ms(flight.started),
+            // The work done as the records arrived counts too: without it a
+            // batch whose records were processed ahead looks nearly free,
+            // and the rate climbs until the memory budget holds the source.
+            processing_ms: elapsed_ms(flight.started).saturating_add(flight.ahead.as_millis() as u64),
             scheduling_delay_ms: flight.scheduling_delay_ms,
         };
         if let Some(rate) = self.rate.on_batch_completed(timing) {

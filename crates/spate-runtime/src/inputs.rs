@@ -74,6 +74,16 @@ pub(crate) struct CheckpointHome<'a> {
 }
 
 /// A receiver input with its record type erased, as the driver drives it.
+/// What feeding a batch's blocks to the graph gave.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Fed {
+    /// The records the blocks held.
+    pub(crate) records: u64,
+    /// The time the input's arrival stage spent on them before the batch
+    /// began (zero without one).
+    pub(crate) ahead: std::time::Duration,
+}
+
 pub(crate) trait ReceiverInput: Send {
     /// The input's name in the graph.
     fn name(&self) -> &str;
@@ -98,8 +108,8 @@ pub(crate) trait ReceiverInput: Send {
         clock: Arc<dyn Clock>,
     ) -> Result<(), RuntimeError>;
     /// Hands the records of `blocks` to the graph for batch `time`; returns
-    /// how many records they held.
-    fn feed(&self, time: Time, blocks: &[TrackedBlock]) -> Result<u64, RuntimeError>;
+    /// how many records they held and the work done on them as they arrived.
+    fn feed(&self, time: Time, blocks: &[TrackedBlock]) -> Result<Fed, RuntimeError>;
     /// Sets the backpressure rate limit.
     fn set_rate_limit(&self, records_per_sec: Option<u64>);
     /// Its status for progress reports.
@@ -305,15 +315,16 @@ impl<T: Record + Data, R: Receiver<T>> TypedReceiverInput<T, R> {
     /// Hands batch `time` the results of its blocks' first operator: each
     /// block's as processed on arrival, or processed now (blocks that came
     /// in as the interval ended, or back from the WAL after a restart).
-    fn feed_processed(&self, time: Time, blocks: &[TrackedBlock], arrivals: &Arrivals<T>) -> Result<u64, RuntimeError> {
+    fn feed_processed(&self, time: Time, blocks: &[TrackedBlock], arrivals: &Arrivals<T>) -> Result<Fed, RuntimeError> {
         let mut processed: Vec<Option<ProcessedBlock>> = Vec::with_capacity(blocks.len());
         let mut unprocessed = Vec::new();
-        let mut bytes = 0;
+        let (mut bytes, mut ahead) = (0, std::time::Duration::ZERO);
         for (index, block) in blocks.iter().enumerate() {
             match arrivals.take(block.block_id()) {
                 Found::Processed(result) => {
                     let arrived = result.map_err(|e| self.receiver_error(e))?;
                     bytes += arrived.bytes_in;
+                    ahead += arrived.work;
                     processed.push(Some(arrived.block));
                 }
                 Found::Unprocessed => {
@@ -337,7 +348,7 @@ impl<T: Record + Data, R: Receiver<T>> TypedReceiverInput<T, R> {
         self.input_records.increment(records);
         self.input_bytes.increment(bytes);
         arrivals.stage().deliver(time, processed);
-        Ok(records)
+        Ok(Fed { records, ahead })
     }
 }
 
@@ -460,7 +471,7 @@ impl<T: Record + Data, R: Receiver<T>> ReceiverInput for TypedReceiverInput<T, R
         Ok(())
     }
 
-    fn feed(&self, time: Time, blocks: &[TrackedBlock]) -> Result<u64, RuntimeError> {
+    fn feed(&self, time: Time, blocks: &[TrackedBlock]) -> Result<Fed, RuntimeError> {
         if let Some(arrivals) = &self.arrivals {
             return self.feed_processed(time, blocks, arrivals);
         }
@@ -471,7 +482,7 @@ impl<T: Record + Data, R: Receiver<T>> ReceiverInput for TypedReceiverInput<T, R
         self.input_records.increment(records);
         self.input_bytes.increment(bytes);
         self.source.feed(time, partitions);
-        Ok(records)
+        Ok(Fed { records, ahead: std::time::Duration::ZERO })
     }
 
     fn set_rate_limit(&self, records_per_sec: Option<u64>) {
