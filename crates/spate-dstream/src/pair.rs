@@ -189,6 +189,10 @@ impl<K: Key, V: Data> DStream<(K, V)> {
     }
 
     /// Gathers each key's values of the batch.
+    ///
+    /// Holds every value of the batch at once (one `Vec` a key), gathered
+    /// at the batch boundary; prefer `reduce_by_key` or `combine_by_key`,
+    /// which keep one combined value a key.
     pub fn group_by_key(&self) -> DStream<(K, Vec<V>)> {
         self.combine_by_key(|v| vec![v], |acc: &mut Vec<V>, v| acc.push(v), |acc: &mut Vec<V>, more| acc.extend(more))
             .rename_kind("group_by_key")
@@ -196,6 +200,11 @@ impl<K: Key, V: Data> DStream<(K, V)> {
 
     /// Pairs every value of a key in this batch with every value of the same
     /// key in `other`'s batch.
+    ///
+    /// Needs both whole batches: its inputs are gathered, decoded, at the batch
+    /// boundary (not processed as blocks arrive), so its memory grows with
+    /// the batch's records. Put partition-local operators (`filter`,
+    /// `map`, `flat_map`) before it to shrink what it gathers.
     pub fn join<W: Data>(&self, other: &DStream<(K, W)>) -> DStream<(K, (V, W))> {
         self.binary("join", other, |left, right, ctx| {
             join_batches(ctx, left, right, |key, value, matches, out| {

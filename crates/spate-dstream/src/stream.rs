@@ -184,6 +184,11 @@ impl<T: Data> DStream<T> {
     }
 
     /// Applies any function to each whole batch; it also gets the batch time.
+    ///
+    /// Needs the whole batch: its input is gathered, decoded, at the batch
+    /// boundary (not processed as blocks arrive), so its memory grows with
+    /// the batch's records. Put partition-local operators (`filter`,
+    /// `map`, `flat_map`) before it to shrink what it gathers.
     pub fn transform<U: Data, F>(&self, f: F) -> DStream<U>
     where
         F: Fn(Batch<T>, spate_core::Time) -> Result<Batch<U>, BoxError> + Send + 'static,
@@ -199,6 +204,11 @@ impl<T: Data> DStream<T> {
 
     /// Applies any function to each pair of batches of this stream and
     /// `other` at the same time (both must have the same slide duration).
+    ///
+    /// Needs the whole batch: its input is gathered, decoded, at the batch
+    /// boundary (not processed as blocks arrive), so its memory grows with
+    /// the batch's records. Put partition-local operators (`filter`,
+    /// `map`, `flat_map`) before it to shrink what it gathers.
     pub fn transform_with<B: Data, U: Data, F>(&self, other: &DStream<B>, f: F) -> DStream<U>
     where
         F: Fn(Batch<T>, Batch<B>, spate_core::Time) -> Result<Batch<U>, BoxError> + Send + 'static,
