@@ -46,7 +46,9 @@ struct Run {
 fn main() {
     let bench = std::env::args().any(|a| a == "--bench");
     if !bench {
-        let run = demo(100, 1_000_000, 3);
+        // No warm-up to skip: a short run in a debug build only shows that
+        // the figures are measured.
+        let run = demo(100, 1_000_000, 3, 0);
         assert!(run.peak_mb > 0.0 && run.median_mb > 0.0, "no memory sampled");
         assert!(run.words_per_sec > 0.0, "the demo committed no words");
         println!("demo_memory: measuring works (run with --bench for the figures)");
@@ -55,7 +57,7 @@ fn main() {
     println!("demo_memory: `spate demo --rate 20000000`, WAL on, default --max-memory; each run a new checkpoint");
     for &(interval, quoted) in QUOTED_RSS {
         let seconds = (interval * 6 / 1000).max(20);
-        let run = demo(interval, 20_000_000, seconds);
+        let run = demo(interval, 20_000_000, seconds, WARM_UP_MS);
         let name = label(interval);
         println!(
             "demo_memory: {name} batches, {seconds} s: {:.1} M words/s sustained, RSS peak {:.1} MB, median {:.1} MB \
@@ -67,7 +69,7 @@ fn main() {
         figure(&format!("demo_rss_peak_{name}"), run.peak_mb, "MB", TARGET_RSS_MB);
         figure(&format!("demo_rss_median_{name}"), run.median_mb, "MB", TARGET_RSS_MB);
     }
-    let run = demo(1_000, 10_000_000, 30);
+    let run = demo(1_000, 10_000_000, 30, WARM_UP_MS);
     let mut latencies = run.end_to_commit_ms.clone();
     latencies.sort_unstable();
     let median = latencies.get(latencies.len() / 2).copied().unwrap_or(0) as f64;
@@ -90,8 +92,13 @@ fn figure(name: &str, value: f64, unit: &str, bound: f64) {
     println!("BENCH {name} {value:.1} {unit} bound={bound:.0} ratio={:.3}", value / bound);
 }
 
-/// Runs the demo for `seconds` at `rate` words a second and `interval_ms` batches.
-fn demo(interval_ms: u64, rate: u64, seconds: u64) -> Run {
+/// The first five seconds (at least one batch) start the receiver and
+/// ramp the rate up: not counted.
+const WARM_UP_MS: u64 = 5_000;
+
+/// Runs the demo for `seconds` at `rate` words a second and `interval_ms`
+/// batches; the figures leave out the batches of the first `warm_up_ms`.
+fn demo(interval_ms: u64, rate: u64, seconds: u64, warm_up_ms: u64) -> Run {
     let dir = tempfile::tempdir().unwrap();
     let checkpoint = dir.path().join("checkpoint");
     let mut child = Command::new(env!("CARGO_BIN_EXE_spate"))
@@ -108,9 +115,7 @@ fn demo(interval_ms: u64, rate: u64, seconds: u64) -> Run {
     let output = child.wait_with_output().unwrap();
     assert!(output.status.success(), "spate demo failed: {}", String::from_utf8_lossy(&output.stderr));
     let batches = progress(&checkpoint);
-    // The first five seconds (at least one batch) start the receiver and
-    // ramp the rate up.
-    let warm_up = (5_000 / interval_ms).max(1) as usize;
+    let warm_up = warm_up_ms.div_ceil(interval_ms) as usize;
     let steady: Vec<&(u64, u64)> = batches.iter().skip(warm_up).collect();
     let words: u64 = steady.iter().map(|(records, _)| records).sum();
     let span = steady.len() as f64 * interval_ms as f64 / 1000.0;
