@@ -116,7 +116,9 @@ fn demo(interval_ms: u64, rate: u64, seconds: u64, warm_up_ms: u64) -> Run {
     assert!(output.status.success(), "spate demo failed: {}", String::from_utf8_lossy(&output.stderr));
     let batches = progress(&checkpoint);
     let warm_up = warm_up_ms.div_ceil(interval_ms) as usize;
-    let steady: Vec<&(u64, u64)> = batches.iter().skip(warm_up).collect();
+    // The last batch is the graceful stop's, cut short: not a whole interval.
+    let measured = batches.len().saturating_sub(1);
+    let steady: Vec<&(u64, u64)> = batches.iter().take(measured).skip(warm_up).collect();
     let words: u64 = steady.iter().map(|(records, _)| records).sum();
     let span = steady.len() as f64 * interval_ms as f64 / 1000.0;
     Run {
