@@ -12,6 +12,8 @@
 //!   with a clear [`CoreError`] and never allocates past a configured bound;
 //! - the [`WriterFence`] that storage layers below the log store check
 //!   before each change, with the writer's epoch to stamp into what they write;
+//! - records read in place ([`InPlace`], [`Views`]): borrowed views of
+//!   an encoded block's records, without an allocation per record;
 //! - the [`MemoryBudget`] the inputs of a process share, which makes a
 //!   source that outruns the engine wait instead of filling memory;
 //! - the block descriptions that pass from receivers to the tracker
@@ -42,6 +44,7 @@ mod error;
 mod fence;
 mod frame;
 mod ids;
+mod in_place;
 mod memory;
 mod time;
 
@@ -51,5 +54,6 @@ pub use error::CoreError;
 pub use fence::{Unfenced, WriterFence};
 pub use frame::{FRAME_HEADER_LEN, FRAME_MAGIC, Frame, FrameCodec, RawFrame};
 pub use ids::{BatchId, StreamBlockId, StreamId};
+pub use in_place::{InPlace, PayloadReader, Views, varint_len, write_varint};
 pub use memory::{MemoryBudget, Reservation};
 pub use time::{Duration, Time};
