@@ -24,7 +24,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use spate_core::Time;
+use spate_core::{CoreError, PayloadReader, Time};
 
 /// One block's result of an [`ArrivalStage`], waiting for its batch.
 pub struct ProcessedBlock {
@@ -81,11 +81,20 @@ impl Delivered {
 
 type StageFn<T> = dyn Fn(Vec<T>) -> (Box<dyn Any + Send>, u64) + Send + Sync;
 
+/// An operator's function over one partition's records read in place off
+/// an encoded payload (see [`spate_core::Views`]).
+pub(crate) type PayloadFn<U> = dyn Fn(&[u8]) -> Result<Vec<U>, CoreError> + Send + Sync;
+
+type PayloadStageFn = dyn Fn(&[u8]) -> Result<(Box<dyn Any + Send>, u64, usize), CoreError> + Send + Sync;
+
 /// The function of the operator that follows a fed input, to run on each of
 /// its blocks as the block arrives (see the module doc).
 pub struct ArrivalStage<T> {
     operator: Arc<str>,
     run: Arc<StageFn<T>>,
+    /// The same function reading the records in place, when the operator
+    /// has one (`map_partitions_in_place`).
+    run_payload: Option<Arc<PayloadStageFn>>,
     delivered: Arc<Delivered>,
 }
 
@@ -94,6 +103,7 @@ impl<T> Clone for ArrivalStage<T> {
         ArrivalStage {
             operator: Arc::clone(&self.operator),
             run: Arc::clone(&self.run),
+            run_payload: self.run_payload.clone(),
             delivered: Arc::clone(&self.delivered),
         }
     }
@@ -108,17 +118,25 @@ impl<T> fmt::Debug for ArrivalStage<T> {
 impl<T> ArrivalStage<T> {
     /// A stage running `f`, an operator's function over one partition, for
     /// the operator named `operator`.
-    pub(crate) fn new<U, F>(operator: &str, f: Arc<F>, delivered: Arc<Delivered>) -> Self
+    pub(crate) fn new<U, F>(
+        operator: &str,
+        f: Arc<F>,
+        in_place: Option<Arc<PayloadFn<U>>>,
+        delivered: Arc<Delivered>,
+    ) -> Self
     where
         U: Send + 'static,
         F: Fn(Vec<T>) -> Vec<U> + Send + Sync + ?Sized + 'static,
     {
-        let run = move |records: Vec<T>| {
-            let out = f(records);
-            let bytes = (out.len() * std::mem::size_of::<U>()) as u64;
-            (Box::new(out) as Box<dyn Any + Send>, bytes)
-        };
-        ArrivalStage { operator: operator.into(), run: Arc::new(run), delivered }
+        let run = move |records: Vec<T>| result_part(f(records));
+        let run_payload = in_place.map(|g| {
+            Arc::new(move |payload: &[u8]| {
+                let records_in = PayloadReader::new(payload).varint()? as usize;
+                let (part, bytes) = result_part(g(payload)?);
+                Ok((part, bytes, records_in))
+            }) as Arc<PayloadStageFn>
+        });
+        ArrivalStage { operator: operator.into(), run: Arc::new(run), run_payload, delivered }
     }
 
     /// The operator whose function this is.
@@ -134,11 +152,38 @@ impl<T> ArrivalStage<T> {
         ProcessedBlock { part, records_in, estimated_bytes }
     }
 
+    /// Whether the operator reads records in place: then
+    /// [`ArrivalStage::process_payload`] takes a block's encoded payload
+    /// and no record is decoded.
+    pub fn reads_in_place(&self) -> bool {
+        self.run_payload.is_some()
+    }
+
+    /// Runs the operator's function on the records of one block's encoded
+    /// payload (bincode's layout of the sequence), read in place; `None`
+    /// when the operator does not read in place
+    /// ([`ArrivalStage::reads_in_place`]). A payload whose records do not
+    /// read is an error. It runs user code: a panic in it comes out of here.
+    pub fn process_payload(&self, payload: &[u8]) -> Option<Result<ProcessedBlock, CoreError>> {
+        let run = self.run_payload.as_ref()?;
+        Some(run(payload).map(|(part, estimated_bytes, records_in)| ProcessedBlock {
+            part,
+            records_in,
+            estimated_bytes,
+        }))
+    }
+
     /// Hands the processed blocks of batch `time` to the operator, in block
     /// order (the order of the blocks allocated to the batch).
     pub fn deliver(&self, time: Time, blocks: Vec<ProcessedBlock>) {
         self.delivered.lock().entry(time).or_default().extend(blocks.into_iter().map(|b| b.part));
     }
+}
+
+/// A partition's result as a delivered part, with its estimated size.
+fn result_part<U: Send + 'static>(out: Vec<U>) -> (Box<dyn Any + Send>, u64) {
+    let bytes = (out.len() * std::mem::size_of::<U>()) as u64;
+    (Box::new(out), bytes)
 }
 
 #[cfg(test)]
@@ -151,6 +196,7 @@ mod tests {
         let stage = ArrivalStage::new(
             "double",
             Arc::new(|v: Vec<u32>| v.into_iter().map(|x| x * 2).collect::<Vec<_>>()),
+            None,
             Arc::clone(&delivered),
         );
         let block = stage.process(vec![1, 2, 3]);

@@ -123,6 +123,7 @@ pub use hash::{FxBuildHasher, FxHashMap, FxHasher, fx_hash, partition_of};
 pub use node::PlannedOffsets;
 pub use output::Output;
 pub use source::{FedSource, InputSource, QueueSource};
+pub use spate_core::{InPlace, Views};
 pub use state::{MapWithStateStream, State};
 pub use stream::DStream;
 

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use spate_core::{BatchId, CoreError, Duration, FrameCodec, Time};
 
-use crate::arrival::{ArrivalStage, Delivered};
+use crate::arrival::{ArrivalStage, Delivered, PayloadFn};
 use crate::batch::Batch;
 use crate::error::DStreamError;
 use crate::graph::Job;
@@ -249,6 +249,9 @@ pub(crate) struct PartitionNode<T, U> {
     pub(crate) input: Arc<Slot<T>>,
     pub(crate) output: Arc<Slot<U>>,
     pub(crate) f: Arc<dyn Fn(Vec<T>) -> Vec<U> + Send + Sync>,
+    /// `f` reading the records in place off an encoded block, when the
+    /// operator has that form.
+    pub(crate) in_place: Option<Arc<PayloadFn<U>>>,
     pub(crate) delivered: Option<Arc<Delivered>>,
 }
 
@@ -280,7 +283,7 @@ where
 
     fn arrival_stage(&self, operator: &str) -> Option<(Box<dyn Any>, Arc<Delivered>)> {
         let delivered = Arc::new(Delivered::default());
-        let stage = ArrivalStage::new(operator, Arc::clone(&self.f), Arc::clone(&delivered));
+        let stage = ArrivalStage::new(operator, Arc::clone(&self.f), self.in_place.clone(), Arc::clone(&delivered));
         Some((Box::new(stage), delivered))
     }
 

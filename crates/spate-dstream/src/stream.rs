@@ -5,8 +5,11 @@ use std::fmt;
 use std::rc::Rc;
 use std::sync::Arc;
 
-use spate_core::Duration;
+use std::cell::Cell;
 
+use spate_core::{Duration, InPlace, Views};
+
+use crate::arrival::PayloadFn;
 use crate::batch::{Batch, Data};
 use crate::error::{BoxError, DStreamError};
 use crate::graph::Job;
@@ -124,10 +127,26 @@ impl<T: Data> DStream<T> {
     where
         F: Fn(Vec<T>) -> Vec<U> + Send + Sync + 'static,
     {
+        self.per_partition_with(kind, f, None)
+    }
+
+    /// [`DStream::per_partition`], with `in_place`: `f` over the records
+    /// of an encoded block, read in place, for the blocks that arrive so.
+    fn per_partition_with<U: Data, F>(
+        &self,
+        kind: &'static str,
+        f: F,
+        in_place: Option<Arc<PayloadFn<U>>>,
+    ) -> DStream<U>
+    where
+        F: Fn(Vec<T>) -> Vec<U> + Send + Sync + 'static,
+    {
         let input = self.reader();
         let mut meta = NodeMeta::new(kind, vec![self.id], self.slide);
         meta.partition_local = true;
-        self.add_node(meta, |output| Box::new(PartitionNode { input, output, f: Arc::new(f), delivered: None }))
+        self.add_node(meta, |output| {
+            Box::new(PartitionNode { input, output, f: Arc::new(f), in_place, delivered: None })
+        })
     }
 
     /// Applies `f` to every record.
@@ -172,6 +191,53 @@ impl<T: Data> DStream<T> {
         F: Fn(Vec<T>) -> Vec<U> + Send + Sync + 'static,
     {
         self.per_partition("map_partitions", f)
+    }
+
+    /// Applies `f` to each whole partition, whose records it reads in place:
+    /// as views (`&str` for a stream of `String`s) rather than as owned
+    /// records. Right after a received input, `f` reads each block straight
+    /// from its encoded bytes as the block arrives: no record is decoded into
+    /// an allocation of its own, and `f` copies only what it keeps (a word
+    /// the first time it counts it). Elsewhere `f` reads views of the
+    /// decoded records; the result is the same.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use spate_dstream::{FxHashMap, GraphBuilder, QueueSource, Views};
+    ///
+    /// let graph = GraphBuilder::new(spate_core::Duration::from_secs(1));
+    /// let words = graph.input("words", Arc::new(QueueSource::<String>::new()));
+    /// let counts = words.map_partitions_in_place(|words: Views<'_, String>| {
+    ///     let mut counts: FxHashMap<String, u64> = FxHashMap::default();
+    ///     for word in words {
+    ///         match counts.get_mut(word) {
+    ///             Some(n) => *n += 1,
+    ///             None => {
+    ///                 counts.insert(word.to_owned(), 1);
+    ///             }
+    ///         }
+    ///     }
+    ///     counts.into_iter().collect::<Vec<_>>()
+    /// });
+    /// # let _ = counts;
+    /// ```
+    pub fn map_partitions_in_place<U: Data, F>(&self, f: F) -> DStream<U>
+    where
+        T: InPlace,
+        F: Fn(Views<'_, T>) -> Vec<U> + Send + Sync + 'static,
+    {
+        let f = Arc::new(f);
+        let on_payload = Arc::clone(&f);
+        let in_place = move |payload: &[u8]| {
+            let failure = Cell::new(None);
+            let out = on_payload(Views::of_payload(payload, &failure)?);
+            failure.take().map_or(Ok(out), Err)
+        };
+        self.per_partition_with(
+            "map_partitions_in_place",
+            move |part: Vec<T>| f(Views::of_records(&part)),
+            Some(Arc::new(in_place)),
+        )
     }
 
     /// The records of this stream and `other`, batch by batch (both must

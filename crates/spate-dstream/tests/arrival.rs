@@ -1,6 +1,7 @@
 //! Blocks processed as they arrive give the same results as the whole batch
 //! computed at its end, for random records, block boundaries and mixes of
-//! processed and raw blocks, through a per-batch count and a window.
+//! processed and raw blocks, through a per-batch count and a window; and
+//! so do blocks read in place from their encoded bytes.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -11,7 +12,7 @@ use std::sync::Arc;
 use common::{Collected, INTERVAL, collect, run, sorted_at, t};
 use proptest::prelude::*;
 use spate_core::Duration;
-use spate_dstream::{DStream, FedSource, GraphBuilder, InputSource, QueueSource};
+use spate_dstream::{DStream, FedSource, GraphBuilder, InPlace, InputSource, QueueSource, Views};
 
 /// One batch: its records cut into blocks, and for each block whether it
 /// was processed on arrival (true) or handed over raw at the batch end.
@@ -23,7 +24,7 @@ fn batches() -> impl Strategy<Value = Vec<Blocks>> {
 }
 
 /// Word counts by batch time.
-type Counts = Collected<(u16, u64)>;
+type Counts<K = u16> = Collected<(K, u64)>;
 
 /// The job: each partition's words counted (the demo's shape), summed per
 /// batch and over a 3-batch window.
@@ -86,6 +87,133 @@ proptest! {
         }
         prop_assert_eq!(sorted_at(&per_batch, t(last)).unwrap_or_default(), expected.into_iter().collect::<Vec<_>>());
     }
+}
+
+/// How a block of `String` words reaches the batch: read in place from its
+/// encoded bytes on arrival, processed from decoded records on arrival, or
+/// handed over raw at the batch end.
+#[derive(Debug, Clone, Copy)]
+enum Arrival {
+    Encoded,
+    Decoded,
+    Raw,
+}
+
+type StringBlocks = Vec<(Vec<String>, Arrival)>;
+
+fn string_batches() -> impl Strategy<Value = Vec<StringBlocks>> {
+    let word = (0u16..30, 0usize..5).prop_map(|(n, pad)| format!("w{n}{}", "é".repeat(pad)));
+    let arrival = prop_oneof![Just(Arrival::Encoded), Just(Arrival::Decoded), Just(Arrival::Raw)];
+    let block = (prop::collection::vec(word, 0..40), arrival);
+    prop::collection::vec(prop::collection::vec(block, 0..6), 1..6)
+}
+
+/// A block's records in the receiver's encoded form: a varint count, then
+/// each record as [`InPlace::write_view`] writes it.
+fn encoded(records: &[String]) -> Vec<u8> {
+    let mut out = Vec::new();
+    spate_core::write_varint(records.len() as u64, &mut out);
+    for record in records {
+        String::write_view(record, &mut out);
+    }
+    out
+}
+
+/// [`job`]'s per-batch count, its partitions counted over views.
+fn count_in_place(words: &DStream<String>) -> Counts<String> {
+    let counted = words.map_partitions_in_place(|part: Views<'_, String>| {
+        let mut counts: BTreeMap<String, u64> = BTreeMap::new();
+        for word in part {
+            match counts.get_mut(word) {
+                Some(n) => *n += 1,
+                None => {
+                    counts.insert(word.to_owned(), 1);
+                }
+            }
+        }
+        counts.into_iter().collect::<Vec<_>>()
+    });
+    collect(&counted.reduce_by_key(|a, b| a + b))
+}
+
+/// The reference: the same count over owned records.
+fn count_whole(words: &DStream<String>) -> Counts<String> {
+    let counted = words.map_partitions(|part| {
+        let mut counts: BTreeMap<String, u64> = BTreeMap::new();
+        for word in part {
+            *counts.entry(word).or_default() += 1;
+        }
+        counts.into_iter().collect::<Vec<_>>()
+    });
+    collect(&counted.reduce_by_key(|a, b| a + b))
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    #[test]
+    fn blocks_read_in_place_give_the_whole_batch_result(input in string_batches()) {
+        let fed = Arc::new(FedSource::new());
+        let b = builder();
+        let counts = count_in_place(&b.input("words", Arc::clone(&fed)));
+        let mut pipelined = b.build().unwrap();
+        let stage = fed.arrival_stage().expect("the graph hands the counting to the fed source");
+        prop_assert!(stage.reads_in_place());
+
+        let queue = Arc::new(QueueSource::new());
+        let b = builder();
+        let reference = count_whole(&b.input("words", Arc::clone(&queue)));
+        let mut whole = b.build().unwrap();
+
+        for (index, blocks) in input.iter().enumerate() {
+            let time = t(index as i64 + 1);
+            let mut processed = Vec::new();
+            let mut raw = Vec::new();
+            for (records, arrival) in blocks {
+                match arrival {
+                    Arrival::Encoded => {
+                        let block = stage.process_payload(&encoded(records)).expect("reads in place");
+                        let block = block.unwrap();
+                        prop_assert_eq!(block.records_in(), records.len());
+                        processed.push(block);
+                    }
+                    Arrival::Decoded => processed.push(stage.process(records.clone())),
+                    Arrival::Raw => raw.push(records.clone()),
+                }
+            }
+            stage.deliver(time, processed);
+            fed.feed(time, raw);
+            queue.push_partitions(blocks.iter().map(|(records, _)| records.clone()).collect());
+        }
+        let batches = 1..=input.len() as i64;
+        run(&mut pipelined, batches.clone());
+        run(&mut whole, batches.clone());
+        for batch in batches {
+            let expected = sorted_at(&reference, t(batch));
+            prop_assert_eq!(sorted_at(&counts, t(batch)), expected);
+        }
+    }
+}
+
+#[test]
+fn a_payload_whose_records_do_not_read_is_an_error_not_a_short_block() {
+    let fed = Arc::new(FedSource::<String>::new());
+    let b = builder();
+    count_in_place(&b.input("words", Arc::clone(&fed)));
+    b.build().unwrap();
+    let stage = fed.arrival_stage().unwrap();
+    let words: Vec<String> = ["one", "two", "three"].map(String::from).to_vec();
+    let whole = encoded(&words);
+    assert_eq!(stage.process_payload(&whole).unwrap().unwrap().records_in(), 3);
+    let cut_short = &whole[..whole.len() - 2];
+    assert!(stage.process_payload(cut_short).unwrap().is_err(), "a record cut short");
+    let mut not_utf8 = whole.clone();
+    let last = not_utf8.len() - 1;
+    not_utf8[last] = 0xff;
+    assert!(stage.process_payload(&not_utf8).unwrap().is_err(), "a string that is not UTF-8");
+    let mut trailing = whole;
+    trailing.push(0);
+    assert!(stage.process_payload(&trailing).unwrap().is_err(), "bytes after the last record");
 }
 
 #[test]
