@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 use serde::Serialize;
-use spate_core::CoreError;
+use spate_core::{CoreError, write_varint};
 
 use crate::codec::{BLOCK_FORMAT_VERSION, Record, block_codec};
 
@@ -17,6 +17,19 @@ use crate::codec::{BLOCK_FORMAT_VERSION, Record, block_codec};
 pub fn encode_block<T: Record>(records: &[T]) -> Result<Vec<u8>, CoreError> {
     let mut out = Vec::with_capacity(64 + records.len() * 12);
     block_codec().encode_framed(&mut out, |payload| T::write_block_payload(records, payload))?;
+    Ok(out)
+}
+
+/// Serializes a block of `count` records already encoded one after the
+/// other in `encoded` (each in the records' layout, as
+/// [`InPlace::write_view`](spate_core::InPlace::write_view) writes them).
+pub(crate) fn frame_encoded_records(count: u64, encoded: &[u8]) -> Result<Vec<u8>, CoreError> {
+    let mut out = Vec::with_capacity(64 + encoded.len());
+    block_codec().encode_framed(&mut out, |payload| {
+        write_varint(count, payload);
+        payload.extend_from_slice(encoded);
+        Ok(None)
+    })?;
     Ok(out)
 }
 
@@ -33,7 +46,12 @@ pub fn decode_block<T: Record>(bytes: &[u8]) -> Result<Vec<T>, CoreError> {
 
 /// Checks a serialized block's frame and returns the payload of its format
 /// version, the only one so far: the bincode (standard configuration)
-/// encoding of the records as a sequence.
+/// encoding of the records as a sequence, which
+/// [`Views::of_payload`](spate_core::Views::of_payload) reads in place.
+pub fn block_payload(bytes: &[u8]) -> Result<&[u8], CoreError> {
+    open_block(bytes)
+}
+
 fn open_block(bytes: &[u8]) -> Result<&[u8], CoreError> {
     let raw = block_codec().open(bytes)?;
     if raw.frame_len != bytes.len() {
@@ -209,7 +227,7 @@ mod tests {
         let zero = FrameCodec::new(0).encode(&words).unwrap();
         let err = decode_block::<String>(&zero).unwrap_err();
         assert!(err.to_string().contains("block format 0 is unknown"), "{err}");
-        assert!(decode_block::<crate::SmallWord>(&zero).is_err());
+        assert!(block_payload(&zero).is_err());
         assert!(count_block_records(&zero).is_err());
         let newer = FrameCodec::new(BLOCK_FORMAT_VERSION + 1).encode(&words).unwrap();
         assert!(matches!(decode_block::<String>(&newer), Err(CoreError::NewerVersion { found: 2, .. })));
@@ -220,7 +238,7 @@ mod tests {
         let mut bytes = encode_block(&["a".to_string()]).unwrap();
         bytes.push(0);
         assert!(decode_block::<String>(&bytes).is_err());
-        assert!(decode_block::<crate::SmallWord>(&bytes).is_err());
+        assert!(block_payload(&bytes).is_err());
         assert!(count_block_records(&bytes).is_err());
     }
 }

@@ -13,15 +13,16 @@
 //! source cannot make a block that memory or the WAL cannot take.
 
 use std::collections::VecDeque;
+use std::marker::PhantomData;
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 
 use crossbeam::channel::{Receiver, Sender};
-use spate_core::{Clock, Duration, StreamBlockId, StreamId, Time};
+use spate_core::{Clock, Duration, InPlace, StreamBlockId, StreamId, Time};
 use tracing::{debug, warn};
 
-use crate::block::{encoded_record_size, estimate_encoded_size};
+use crate::block::{decode_block, encoded_record_size, estimate_encoded_size, frame_encoded_records};
 use crate::codec::Record;
 use crate::error::ReceiverError;
 use crate::handler::Pending;
@@ -107,6 +108,20 @@ pub trait BlockGeneratorListener<T>: Send + Sync + 'static {
     /// Stores the block; returns once it is stored (durably, when the WAL is on).
     fn on_push_block(&self, block_id: StreamBlockId, records: Vec<T>) -> Result<(), ReceiverError>;
 
+    /// Starts pushing a block the generator serialized itself (records
+    /// added in place, [`BlockGenerator::add_in_place_with`]), as
+    /// [`BlockGeneratorListener::start_push`] does. By default the block is
+    /// decoded and pushed as records.
+    fn start_push_serialized(&self, block_id: StreamBlockId, bytes: Vec<u8>) -> Pending<()>
+    where
+        T: Record,
+    {
+        match decode_block(&bytes) {
+            Ok(records) => self.start_push(block_id, records),
+            Err(source) => Pending::ready(Err(ReceiverError::Codec { block_id: Some(block_id), source })),
+        }
+    }
+
     /// Starts pushing the block; it is pushed once the result's
     /// [`Pending::wait`] returned `Ok`. The pusher starts the next queued
     /// blocks (a few) before it waits for this one, so serializing them
@@ -180,12 +195,23 @@ struct InFlight {
 struct QueuedBlock<T> {
     seq: u64,
     block_id: StreamBlockId,
-    records: Vec<T>,
+    block: CutBlock<T>,
 }
 
-/// The block being filled.
+/// A block as it was cut.
+enum CutBlock<T> {
+    Records(Vec<T>),
+    /// Records added in place, serialized.
+    Serialized(Vec<u8>),
+}
+
+/// The block being filled: records, or records added in place (encoded);
+/// never both, so that the order of records is kept.
 struct Buffer<T> {
     records: Vec<T>,
+    /// Records added in place, one after the other in their layout.
+    encoded: Vec<u8>,
+    encoded_records: usize,
     /// Estimated serialized bytes of `records`.
     bytes: u64,
     /// Estimated serialized bytes of one record, from the last records
@@ -265,7 +291,13 @@ impl<T: Record> BlockGenerator<T> {
             config,
             clock,
             state: AtomicU8::new(ACTIVE),
-            buffer: Mutex::new(Buffer { records: Vec::new(), bytes: 0, bytes_per_record: 0 }),
+            buffer: Mutex::new(Buffer {
+                records: Vec::new(),
+                encoded: Vec::new(),
+                encoded_records: 0,
+                bytes: 0,
+                bytes_per_record: 0,
+            }),
             spare_buffers: Mutex::new(Vec::new()),
             queue: Mutex::new(Some(tx)),
             cut_seq: AtomicU64::new(0),
@@ -300,6 +332,7 @@ impl<T: Record> BlockGenerator<T> {
         self.admit(1)?;
         let size = encoded_record_size(&record);
         let mut buffer = self.shared.lock_buffer();
+        self.shared.cut_if_encoded(&mut buffer)?;
         buffer.bytes_per_record = size;
         self.shared.make_room(&mut buffer, 1)?;
         buffer.records.push(record);
@@ -347,6 +380,7 @@ impl<T: Record> BlockGenerator<T> {
             let admitted = left.min(slice);
             self.admit(admitted as u64)?;
             let mut buffer = self.shared.lock_buffer();
+            self.shared.cut_if_encoded(&mut buffer)?;
             let mut to_fill = admitted;
             while to_fill > 0 {
                 let room = self.shared.make_room(&mut buffer, to_fill)?;
@@ -355,6 +389,54 @@ impl<T: Record> BlockGenerator<T> {
                 fill(&mut buffer.records, n);
                 debug_assert_eq!(buffer.records.len() - before, n, "a fill must append exactly the records asked for");
                 let added = estimate_encoded_size(&buffer.records[before..]);
+                buffer.note_added(added, n);
+                self.shared.cut_if_full(&mut buffer)?;
+                to_fill -= n;
+            }
+            left -= admitted;
+        }
+        Ok(())
+    }
+
+    /// Adds `count` records that `fill` writes in place, encoded, into the
+    /// current block, waiting for the rate limit: a source that has its
+    /// records as views (a `&str` of a `String` record, read off a socket)
+    /// adds them without making a record, and the block is serialized as
+    /// it fills, so cutting it has nothing left to encode.
+    ///
+    /// `fill(block, n)` must push exactly `n` records with
+    /// [`BlockWriter::push`]; it runs as [`BlockGenerator::add_with`]'s
+    /// `fill` does (block locked, in slices).
+    pub fn add_in_place_with(
+        &self,
+        count: usize,
+        mut fill: impl FnMut(&mut BlockWriter<'_, T>, usize),
+    ) -> Result<(), ReceiverError>
+    where
+        T: InPlace,
+    {
+        let slice = self.admission_slice();
+        let mut left = count;
+        while left > 0 {
+            let admitted = left.min(slice);
+            self.admit(admitted as u64)?;
+            let mut buffer = self.shared.lock_buffer();
+            if !buffer.records.is_empty() {
+                self.shared.cut(&mut buffer)?;
+            }
+            let mut to_fill = admitted;
+            while to_fill > 0 {
+                let room = self.shared.make_room(&mut buffer, to_fill)?;
+                let n = if buffer.bytes_per_record == 0 { room.min(PROBE_RECORDS) } else { room };
+                let before = (buffer.encoded.len(), buffer.encoded_records);
+                let Buffer { encoded, encoded_records, .. } = &mut *buffer;
+                fill(&mut BlockWriter { encoded, records: encoded_records, record: PhantomData }, n);
+                debug_assert_eq!(
+                    buffer.encoded_records - before.1,
+                    n,
+                    "a fill must push exactly the records asked for"
+                );
+                let added = (buffer.encoded.len() - before.0) as u64;
                 buffer.note_added(added, n);
                 self.shared.cut_if_full(&mut buffer)?;
                 to_fill -= n;
@@ -379,6 +461,7 @@ impl<T: Record> BlockGenerator<T> {
         }
         let per_record = estimate_encoded_size(&records).div_ceil(total.max(1) as u64);
         let mut buffer = self.shared.lock_buffer();
+        self.shared.cut_if_encoded(&mut buffer)?;
         buffer.bytes_per_record = per_record;
         let room = self.shared.make_room(&mut buffer, total)?;
         if room == total {
@@ -487,10 +570,31 @@ impl<T> Drop for BlockGenerator<T> {
     }
 }
 
+/// Writes records in place into the block being filled
+/// ([`BlockGenerator::add_in_place_with`]).
+pub struct BlockWriter<'a, T> {
+    encoded: &'a mut Vec<u8>,
+    records: &'a mut usize,
+    record: PhantomData<fn(T)>,
+}
+
+impl<T: InPlace> BlockWriter<'_, T> {
+    /// Adds the record `view` is a view of.
+    pub fn push(&mut self, view: &T::View) {
+        T::write_view(view, self.encoded);
+        *self.records += 1;
+    }
+}
+
 impl<T> Buffer<T> {
+    /// Records in the block so far.
+    fn len(&self) -> usize {
+        self.records.len() + self.encoded_records
+    }
+
     /// Records that still fit under both caps, at the last size per record.
     fn room(&self, config: &BlockGeneratorConfig) -> usize {
-        let by_records = config.block_records_cap().saturating_sub(self.records.len());
+        let by_records = config.block_records_cap().saturating_sub(self.len());
         let bytes_left = config.block_bytes_cap().saturating_sub(self.bytes);
         let by_bytes = match self.bytes_per_record {
             0 if bytes_left > 0 => usize::MAX,
@@ -563,19 +667,34 @@ impl<T: Record> Shared<T> {
         if buffer.room(&self.config) == 0 { self.cut(buffer) } else { Ok(()) }
     }
 
+    /// Cuts the block when it holds records added in place, before records
+    /// are added as they are (the block keeps one form).
+    fn cut_if_encoded(&self, buffer: &mut Buffer<T>) -> Result<(), ReceiverError> {
+        if buffer.encoded_records > 0 { self.cut(buffer) } else { Ok(()) }
+    }
+
     /// Moves the buffer into a block on the queue. Called with the buffer
     /// locked, so adders wait while the queue is full (backpressure).
     fn cut(&self, buffer: &mut Buffer<T>) -> Result<(), ReceiverError> {
-        if buffer.records.is_empty() {
+        if buffer.len() == 0 {
             return Ok(());
         }
-        let next = self.next_buffer(&buffer.records);
-        let records = std::mem::replace(&mut buffer.records, next);
-        buffer.bytes = 0;
         let block_id = self.ids.next(self.clock.now());
+        let block = if buffer.records.is_empty() {
+            // Serialized here, a copy of bytes already encoded; the buffer
+            // is kept for the next block.
+            let count = std::mem::take(&mut buffer.encoded_records) as u64;
+            let framed = frame_encoded_records(count, &buffer.encoded);
+            buffer.encoded.clear();
+            CutBlock::Serialized(framed.map_err(|source| ReceiverError::Codec { block_id: Some(block_id), source })?)
+        } else {
+            let next = self.next_buffer(&buffer.records);
+            CutBlock::Records(std::mem::replace(&mut buffer.records, next))
+        };
+        buffer.bytes = 0;
         let seq = self.cut_seq.load(Ordering::Acquire) + 1;
         let queue = self.queue.lock().unwrap_or_else(PoisonError::into_inner).clone();
-        let sent = queue.map(|q| q.send(QueuedBlock { seq, block_id, records }));
+        let sent = queue.map(|q| q.send(QueuedBlock { seq, block_id, block }));
         match sent {
             Some(Ok(())) => {
                 self.cut_seq.store(seq, Ordering::Release);
@@ -649,16 +768,22 @@ impl<T: Record> Shared<T> {
             } else {
                 queue.recv().ok()
             };
-            let Some(QueuedBlock { seq, block_id, records }) = next else {
+            let Some(QueuedBlock { seq, block_id, block }) = next else {
                 while let Some(block) = in_flight.pop_front() {
                     self.finish_push(Some(block), listener);
                 }
                 return;
             };
-            let (started, spent) = listener.start_push_reusing(block_id, records);
-            if let Some(buffer) = spent {
-                self.give_back(buffer);
-            }
+            let started = match block {
+                CutBlock::Records(records) => {
+                    let (started, spent) = listener.start_push_reusing(block_id, records);
+                    if let Some(buffer) = spent {
+                        self.give_back(buffer);
+                    }
+                    started
+                }
+                CutBlock::Serialized(bytes) => listener.start_push_serialized(block_id, bytes),
+            };
             in_flight.push_back(InFlight { seq, block_id, pending: started });
         }
     }

@@ -6,22 +6,15 @@
 //! (scaled to the vocabulary), so any stretch of the sequence can be
 //! recomputed on its own with [`WordGenerator::words`].
 
-use std::fmt;
-use std::hash::{Hash, Hasher};
-use std::marker::PhantomData;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use async_trait::async_trait;
-use serde::de::{self, Visitor};
-use serde::{Deserialize, Deserializer, Serialize, Serializer};
-
-use crate::codec::Record;
-
+use crate::block_generator::BlockWriter;
 use crate::error::ReceiverError;
 use crate::rate_limiter::RateLimiter;
 use crate::storage::StorageLevel;
 use crate::supervisor::{Receiver, ReceiverContext};
+use async_trait::async_trait;
 
 /// The default vocabulary of the generator.
 pub const VOCABULARY: &[&str] = &[
@@ -83,193 +76,18 @@ impl WordGenerator {
         self.vocabulary.get(self.slot_at(index)).map_or("", String::as_str)
     }
 
-    /// Appends words `start..start + count` to `out`, as records of type `W`.
-    pub fn fill<W: WordRecord>(&self, start: u64, count: usize, out: &mut Vec<W>) {
-        out.reserve(count);
-        let indices = start..start + count as u64;
-        if self.vocabulary.len() > count {
-            out.extend(indices.map(|i| W::from_word(self.word_at(i))));
-            return;
+    /// Writes words `start..start + count` in place into a block: each
+    /// word is copied from the vocabulary into the block's bytes, and no
+    /// `String` is made.
+    pub fn write_in_place(&self, start: u64, count: usize, block: &mut BlockWriter<'_, String>) {
+        for index in start..start + count as u64 {
+            block.push(self.word_at(index));
         }
-        // Each vocabulary word converted once, then cloned per record (a
-        // copy for an inline word) instead of converted per record.
-        let records: Vec<W> = self.vocabulary.iter().map(|word| W::from_word(word)).collect();
-        // `slot_at` is below the vocabulary's length by construction; indexing
-        // (rather than an `Option` per word) lets each record be copied
-        // straight into place.
-        out.extend(indices.map(|i| records[self.slot_at(i)].clone()));
     }
 
     /// Words `start..start + count`: the reference input of tests.
     pub fn words(&self, start: u64, count: usize) -> Vec<String> {
-        let mut out = Vec::with_capacity(count);
-        self.fill(start, count, &mut out);
-        out
-    }
-}
-
-/// A record type the generator can produce from a word.
-pub trait WordRecord: Record {
-    /// The record for `word`.
-    fn from_word(word: &str) -> Self;
-}
-
-impl WordRecord for String {
-    fn from_word(word: &str) -> Self {
-        word.to_string()
-    }
-}
-
-/// A short string kept inline (up to [`SmallWord::CAPACITY`] bytes): a word
-/// record without a heap allocation, for sources whose records are small.
-///
-/// It serializes exactly as a `String` does, so blocks of `SmallWord`s
-/// decode as blocks of `String`s and the other way round.
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub struct SmallWord {
-    len: u8,
-    bytes: [u8; SmallWord::CAPACITY],
-}
-
-impl SmallWord {
-    /// The most bytes a `SmallWord` holds.
-    pub const CAPACITY: usize = 23;
-
-    /// The word, or `None` when it is longer than [`SmallWord::CAPACITY`] bytes.
-    pub fn new(word: &str) -> Option<Self> {
-        let mut bytes = [0u8; Self::CAPACITY];
-        bytes.get_mut(..word.len())?.copy_from_slice(word.as_bytes());
-        Some(SmallWord { len: word.len() as u8, bytes })
-    }
-
-    /// The word of UTF-8 `bytes`, or `None` when they are longer than
-    /// [`SmallWord::CAPACITY`] or not UTF-8.
-    pub(crate) fn from_utf8_bytes(bytes: &[u8]) -> Option<Self> {
-        let mut inline = [0u8; Self::CAPACITY];
-        let target = inline.get_mut(..bytes.len())?;
-        // Words are mostly ASCII: a cheaper check than full UTF-8 validation.
-        if !bytes.is_ascii() && std::str::from_utf8(bytes).is_err() {
-            return None;
-        }
-        target.copy_from_slice(bytes);
-        Some(SmallWord { len: bytes.len() as u8, bytes: inline })
-    }
-
-    /// The word of the first `len` bytes of `window` (the rest is ignored),
-    /// or `None` when they are not UTF-8 or `len` exceeds the capacity.
-    #[inline]
-    pub(crate) fn from_utf8_window(window: &[u8; Self::CAPACITY], len: usize) -> Option<Self> {
-        let word = window.get(..len)?;
-        if !word.is_ascii() && std::str::from_utf8(word).is_err() {
-            return None;
-        }
-        let mut bytes = *window;
-        // Bytes past the word are zero (equal words compare and hash alike).
-        for (index, byte) in bytes.iter_mut().enumerate() {
-            if index >= len {
-                *byte = 0;
-            }
-        }
-        Some(SmallWord { len: len as u8, bytes })
-    }
-
-    /// The bincode encoding of the word (its length as a one-byte varint,
-    /// then its bytes) at the start of a fixed-size cell, and how much of the
-    /// cell it takes: a block writer copies whole cells, which stay in
-    /// registers, and keeps only the used part.
-    #[inline]
-    pub(crate) fn encoded_cell(&self) -> ([u8; 1 + Self::CAPACITY], usize) {
-        let mut cell = [0u8; 1 + Self::CAPACITY];
-        // The capacity is below 251, so the length is its own varint.
-        cell[0] = self.len;
-        cell[1..].copy_from_slice(&self.bytes);
-        (cell, 1 + usize::from(self.len))
-    }
-
-    /// The word.
-    pub fn as_str(&self) -> &str {
-        // Built only from a `&str` (whole, or cut at a char boundary), so it is UTF-8.
-        std::str::from_utf8(self.bytes.get(..usize::from(self.len)).unwrap_or_default()).unwrap_or_default()
-    }
-}
-
-impl Hash for SmallWord {
-    /// Three whole words (the length and the bytes) rather than a length
-    /// prefix and a byte slice: fewer, wider hasher steps. The bytes past
-    /// the length are always zero, so equal words hash alike.
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        let mut words = [0u8; 1 + Self::CAPACITY];
-        words[0] = self.len;
-        words[1..].copy_from_slice(&self.bytes);
-        for chunk in words.chunks_exact(8) {
-            let mut word = [0u8; 8];
-            word.copy_from_slice(chunk);
-            state.write_u64(u64::from_le_bytes(word));
-        }
-    }
-}
-
-impl WordRecord for SmallWord {
-    /// The word, cut at a character boundary when it is longer than the capacity.
-    fn from_word(word: &str) -> Self {
-        let mut end = word.len().min(Self::CAPACITY);
-        while !word.is_char_boundary(end) {
-            end -= 1;
-        }
-        SmallWord::new(word.get(..end).unwrap_or_default()).unwrap_or(SmallWord { len: 0, bytes: [0; Self::CAPACITY] })
-    }
-}
-
-impl fmt::Debug for SmallWord {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Debug::fmt(self.as_str(), f)
-    }
-}
-
-impl fmt::Display for SmallWord {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl Serialize for SmallWord {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        if serializer.is_human_readable() {
-            serializer.serialize_str(self.as_str())
-        } else {
-            // Binary formats (bincode) write a str as its length and bytes,
-            // exactly as they write bytes: the same encoding, without
-            // re-checking UTF-8 on the hot path.
-            serializer.serialize_bytes(self.bytes.get(..usize::from(self.len)).unwrap_or_default())
-        }
-    }
-}
-
-impl<'de> Deserialize<'de> for SmallWord {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct SmallWordVisitor;
-        impl Visitor<'_> for SmallWordVisitor {
-            type Value = SmallWord;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                write!(f, "a string of at most {} bytes", SmallWord::CAPACITY)
-            }
-            fn visit_str<E: de::Error>(self, v: &str) -> Result<SmallWord, E> {
-                SmallWord::new(v).ok_or_else(|| E::invalid_length(v.len(), &self))
-            }
-            fn visit_bytes<E: de::Error>(self, v: &[u8]) -> Result<SmallWord, E> {
-                if v.len() > SmallWord::CAPACITY {
-                    return Err(E::invalid_length(v.len(), &self));
-                }
-                SmallWord::from_utf8_bytes(v).ok_or_else(|| E::invalid_value(de::Unexpected::Bytes(v), &self))
-            }
-        }
-        if deserializer.is_human_readable() {
-            return deserializer.deserialize_str(SmallWordVisitor);
-        }
-        // Binary formats encode a str as its length and bytes, the same as
-        // bytes: reading it as bytes skips their UTF-8 check, done above
-        // with an ASCII fast path.
-        deserializer.deserialize_bytes(SmallWordVisitor)
+        (start..start + count as u64).map(|index| self.word_at(index).to_owned()).collect()
     }
 }
 
@@ -324,17 +142,16 @@ impl GeneratorProgress {
     }
 }
 
-/// Produces the words of a [`WordGenerator`] at a rate, as records of type
-/// `W` (`String` by default, or [`SmallWord`]); a reliable receiver: its
+/// Produces the words of a [`WordGenerator`] at a rate, as `String`
+/// records written in place into their blocks; a reliable receiver: its
 /// acknowledged position only moves after a flush returned.
 #[derive(Debug)]
-pub struct GeneratorReceiver<W = String> {
+pub struct GeneratorReceiver {
     config: GeneratorConfig,
     progress: Arc<GeneratorProgress>,
-    record: PhantomData<fn() -> W>,
 }
 
-impl<W: WordRecord> GeneratorReceiver<W> {
+impl GeneratorReceiver {
     /// A receiver starting at word 0.
     pub fn new(config: GeneratorConfig) -> Self {
         Self::resuming_at(config, 0)
@@ -343,7 +160,7 @@ impl<W: WordRecord> GeneratorReceiver<W> {
     /// A receiver starting at word `start` (an acknowledged position).
     pub fn resuming_at(config: GeneratorConfig, start: u64) -> Self {
         let progress = GeneratorProgress { produced: AtomicU64::new(start), acknowledged: AtomicU64::new(start) };
-        GeneratorReceiver { config, progress: Arc::new(progress), record: PhantomData }
+        GeneratorReceiver { config, progress: Arc::new(progress) }
     }
 
     /// Its progress, to read while it runs.
@@ -351,7 +168,7 @@ impl<W: WordRecord> GeneratorReceiver<W> {
         Arc::clone(&self.progress)
     }
 
-    fn acknowledge(&self, ctx: &ReceiverContext<W>) -> Result<(), ReceiverError> {
+    fn acknowledge(&self, ctx: &ReceiverContext<String>) -> Result<(), ReceiverError> {
         ctx.flush()?;
         self.progress.acknowledged.store(self.progress.produced(), Ordering::Release);
         Ok(())
@@ -359,7 +176,7 @@ impl<W: WordRecord> GeneratorReceiver<W> {
 }
 
 #[async_trait]
-impl<W: WordRecord> Receiver<W> for GeneratorReceiver<W> {
+impl Receiver<String> for GeneratorReceiver {
     fn name(&self) -> String {
         format!("generator(seed={})", self.config.generator.seed())
     }
@@ -368,7 +185,7 @@ impl<W: WordRecord> Receiver<W> for GeneratorReceiver<W> {
         self.config.storage_level
     }
 
-    async fn run(&mut self, ctx: ReceiverContext<W>) -> Result<(), ReceiverError> {
+    async fn run(&mut self, ctx: ReceiverContext<String>) -> Result<(), ReceiverError> {
         let limiter = self.config.records_per_sec.map(|rate| RateLimiter::new(ctx.clock(), Some(rate)));
         let batch_size = self.config.batch_size.max(1) as u64;
         let mut unflushed = 0u64;
@@ -385,10 +202,11 @@ impl<W: WordRecord> Receiver<W> for GeneratorReceiver<W> {
             {
                 return Ok(());
             }
-            // Words are generated straight into the block: no batch to copy.
+            // Words are written straight into the block's bytes: no batch to
+            // copy, no `String` per word, nothing to encode when it is cut.
             let mut next = produced;
-            ctx.store_with(n as usize, |block, count| {
-                self.config.generator.fill(next, count, block);
+            ctx.store_in_place_with(n as usize, |block, count| {
+                self.config.generator.write_in_place(next, count, block);
                 next += count as u64;
             })?;
             self.progress.produced.store(produced + n, Ordering::Release);
@@ -424,90 +242,10 @@ mod tests {
     }
 
     #[test]
-    fn inline_words_fill_the_same_sequence_and_count_like_strings() {
-        let generator = WordGenerator::new(9);
-        let (mut small, mut strings): (Vec<SmallWord>, Vec<String>) = (Vec::new(), Vec::new());
-        // Longer than the vocabulary (words converted once) and shorter (per word).
-        generator.fill(100, 5000, &mut small);
-        generator.fill(5100, 7, &mut small);
-        generator.fill(100, 5007, &mut strings);
-        assert_eq!(small.iter().map(SmallWord::as_str).collect::<Vec<_>>(), strings);
-        let mut by_small: std::collections::HashMap<SmallWord, u64> = std::collections::HashMap::new();
-        let mut by_string: std::collections::HashMap<&str, u64> = std::collections::HashMap::new();
-        for (word, text) in small.iter().zip(&strings) {
-            *by_small.entry(*word).or_default() += 1;
-            *by_string.entry(text.as_str()).or_default() += 1;
-        }
-        assert_eq!(by_small.len(), by_string.len());
-        assert!(by_small.iter().all(|(word, n)| by_string.get(word.as_str()) == Some(n)));
-    }
-
-    #[test]
     fn empty_vocabulary_is_refused() {
         assert!(WordGenerator::with_vocabulary(1, Vec::new()).is_err());
         let one = WordGenerator::with_vocabulary(1, vec!["only".into()]).unwrap();
         assert_eq!(one.words(0, 3), vec!["only", "only", "only"]);
-    }
-
-    /// Bytes that serialize as a byte string (length and bytes, like a str).
-    fn serde_bytes_of(bytes: &[u8]) -> RawBytes {
-        RawBytes(bytes.to_vec())
-    }
-
-    #[derive(Clone, serde::Deserialize)]
-    struct RawBytes(Vec<u8>);
-
-    impl crate::Record for RawBytes {}
-
-    impl Serialize for RawBytes {
-        fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-            serializer.serialize_bytes(&self.0)
-        }
-    }
-
-    #[test]
-    fn small_words_serialize_as_strings() {
-        let words = WordGenerator::new(3).words(0, 100);
-        let mut small: Vec<SmallWord> = Vec::new();
-        WordGenerator::new(3).fill(0, 100, &mut small);
-        let bytes = crate::block::encode_block(&small).unwrap();
-        assert_eq!(bytes, crate::block::encode_block(&words).unwrap());
-        assert_eq!(crate::block::decode_block::<SmallWord>(&bytes).unwrap(), small);
-        assert_eq!(small[7].as_str(), words[7]);
-        let long = "é".repeat(20);
-        assert!(SmallWord::new(&long).is_none());
-        assert_eq!(SmallWord::from_word(&long).as_str(), "é".repeat(11));
-        let too_long = crate::block::encode_block(&[long]).unwrap();
-        assert!(crate::block::decode_block::<SmallWord>(&too_long).is_err());
-        // Multi-byte words decode; bytes that are not UTF-8 are refused.
-        let accented = crate::block::encode_block(&["fluß".to_string()]).unwrap();
-        assert_eq!(crate::block::decode_block::<SmallWord>(&accented).unwrap()[0].as_str(), "fluß");
-        let not_utf8 = crate::block::encode_block(&[serde_bytes_of(&[0x66, 0xff])]).unwrap();
-        assert!(crate::block::decode_block::<SmallWord>(&not_utf8).is_err());
-    }
-
-    #[test]
-    fn small_word_blocks_decode_like_string_blocks() {
-        // A count above 65 535 (a four-byte varint); a word past the capacity is refused.
-        let words =
-            WordGenerator::with_vocabulary(5, vec!["a".into(), "ünïcode".into(), String::new(), "x".repeat(23)])
-                .unwrap()
-                .words(0, 70_000);
-        let bytes = crate::block::encode_block(&words).unwrap();
-        let small = crate::block::decode_block::<SmallWord>(&bytes).unwrap();
-        assert_eq!(small.iter().map(SmallWord::as_str).collect::<Vec<_>>(), words);
-        assert!(
-            crate::block::decode_block::<SmallWord>(&crate::block::encode_block(&["y".repeat(300)]).unwrap()).is_err()
-        );
-        // A payload with bytes after the sequence is refused, as serde decoding refuses it.
-        let mut trailing = Vec::new();
-        crate::codec::block_codec().encode_into(&(vec!["a".to_string()], 7u8), &mut trailing).unwrap();
-        assert!(crate::block::decode_block::<SmallWord>(&trailing).is_err());
-        assert!(crate::block::decode_block::<String>(&trailing).is_err());
-        // A payload cut inside a word is refused.
-        let mut cut = Vec::new();
-        crate::codec::block_codec().encode_into(&(3u8, 5u8, *b"ab"), &mut cut).unwrap();
-        assert!(crate::block::decode_block::<SmallWord>(&cut).is_err());
     }
 
     #[test]

@@ -77,16 +77,15 @@ mod socket;
 mod storage;
 mod supervisor;
 
-pub use block::{BlockData, ReceivedBlock, count_block_records, decode_block, encode_block};
+pub use block::{BlockData, ReceivedBlock, block_payload, count_block_records, decode_block, encode_block};
 pub use block_generator::{
-    BlockGenerator, BlockGeneratorConfig, BlockGeneratorListener, DEFAULT_MAX_BLOCK_BYTES, DEFAULT_MAX_BLOCK_RECORDS,
+    BlockGenerator, BlockGeneratorConfig, BlockGeneratorListener, BlockWriter, DEFAULT_MAX_BLOCK_BYTES,
+    DEFAULT_MAX_BLOCK_RECORDS,
 };
 pub use block_manager::{BlockLocation, BlockManager, BlockManagerConfig};
 pub use codec::{BLOCK_FORMAT_VERSION, Record};
 pub use error::{BoxError, ReceiverError};
-pub use generator::{
-    GeneratorConfig, GeneratorProgress, GeneratorReceiver, SmallWord, VOCABULARY, WordGenerator, WordRecord, splitmix64,
-};
+pub use generator::{GeneratorConfig, GeneratorProgress, GeneratorReceiver, VOCABULARY, WordGenerator, splitmix64};
 pub use handler::{
     BlockManagerBasedBlockHandler, Pending, RECEIVER_WAL_SPARES, ReceivedBlockHandler, WalHandlerConfig,
     WriteAheadLogBasedBlockHandler, open_receiver_wal, read_block_from_wal, receiver_wal_dir, receiver_wal_options,

@@ -13,11 +13,13 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 
 use async_trait::async_trait;
-use spate_core::{Clock, Duration, ReceivedBlockInfo, StreamId, Time};
+use spate_core::{Clock, Duration, InPlace, ReceivedBlockInfo, StreamId, Time};
 use tracing::{error, info, warn};
 
 use crate::block::ReceivedBlock;
-use crate::block_generator::{BlockGenerator, BlockGeneratorConfig, BlockGeneratorListener, BlockIdAllocator};
+use crate::block_generator::{
+    BlockGenerator, BlockGeneratorConfig, BlockGeneratorListener, BlockIdAllocator, BlockWriter,
+};
 use crate::codec::Record;
 use crate::error::{BoxError, ReceiverError};
 use crate::handler::{Pending, ReceivedBlockHandler};
@@ -181,6 +183,12 @@ impl<T: Record> BlockGeneratorListener<T> for BlockPusher<T> {
         (pending.then(move |stored| report(sink.as_ref(), stream_id, stored?, None).map(drop)), spent)
     }
 
+    fn start_push_serialized(&self, block_id: spate_core::StreamBlockId, bytes: Vec<u8>) -> Pending<()> {
+        let pending = self.handler.start_store(block_id, ReceivedBlock::Serialized(bytes));
+        let (sink, stream_id) = (Arc::clone(&self.sink), self.stream_id);
+        pending.then(move |stored| report(sink.as_ref(), stream_id, stored?, None).map(drop))
+    }
+
     fn on_error(&self, error: ReceiverError) {
         self.supervisor.record_error(format!("pushing a block: {error}"));
     }
@@ -278,8 +286,26 @@ impl<T: Record> ReceiverContext<T> {
         self.shared.generator.add_with(count, fill)
     }
 
+    /// Adds `count` records that `fill(block, n)` writes in place, as views
+    /// ([`BlockWriter::push`]: a `&str` for a `String` record), straight
+    /// into the current block's serialized form (rate-limited): no record
+    /// is made and none is encoded later. As with
+    /// [`ReceiverContext::store_with`], `fill` runs with the block locked,
+    /// once per slice, and must push exactly the `n` records it is asked
+    /// for. Not durable when it returns: see [`ReceiverContext::flush`].
+    pub fn store_in_place_with(
+        &self,
+        count: usize,
+        fill: impl FnMut(&mut BlockWriter<'_, T>, usize),
+    ) -> Result<(), ReceiverError>
+    where
+        T: InPlace,
+    {
+        self.shared.generator.add_in_place_with(count, fill)
+    }
+
     /// Cuts the current block and waits until every record stored so far
-    /// through `store`/`store_many`/`store_with` is stored (durably, with the WAL on).
+    /// through `store`/`store_many`/`store_with`/`store_in_place_with` is stored (durably, with the WAL on).
     /// Acknowledge the source after this returns.
     pub fn flush(&self) -> Result<(), ReceiverError> {
         self.shared.generator.flush()

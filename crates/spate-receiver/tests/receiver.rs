@@ -687,12 +687,17 @@ fn big_records() -> Vec<String> {
 fn blocks_are_cut_at_a_default_byte_cap_under_the_wal_record_limit() {
     let default = spate_receiver::BlockGeneratorConfig::default();
     assert!(default.block_bytes_cap() < u64::from(spate_wal::DEFAULT_MAX_RECORD_SIZE));
-    let adders: [(&str, Adder); 3] = [
+    let adders: [(&str, Adder); 4] = [
         ("add_records", |g| g.add_records(big_records())),
         ("add_record", |g| big_records().into_iter().try_for_each(|r| g.add_record(r))),
         ("add_with", |g| {
             let mut records = big_records().into_iter();
             g.add_with(40, |block, n| block.extend(records.by_ref().take(n)))
+        }),
+        ("add_in_place_with", |g| {
+            let records = big_records();
+            let mut next = records.iter();
+            g.add_in_place_with(40, |block, n| next.by_ref().take(n).for_each(|r| block.push(r)))
         }),
     ];
     for (how, add) in adders {
@@ -726,4 +731,91 @@ fn blocks_are_cut_at_a_default_record_cap() {
     let blocks =
         blocks_cut_by_caps(raised, |g: &spate_receiver::BlockGenerator<u8>| g.add_records(vec![7u8; count]).unwrap());
     assert_eq!(blocks.iter().map(|(n, _)| *n).collect::<Vec<_>>(), [count]);
+}
+
+/// Keeps every block pushed to it, as records, in the order pushed.
+#[derive(Default)]
+struct KeepingListener(std::sync::Mutex<Vec<Vec<String>>>);
+
+impl spate_receiver::BlockGeneratorListener<String> for KeepingListener {
+    fn on_push_block(&self, _: spate_core::StreamBlockId, records: Vec<String>) -> Result<(), ReceiverError> {
+        self.0.lock().unwrap().push(records);
+        Ok(())
+    }
+
+    fn on_error(&self, _: ReceiverError) {}
+}
+
+/// Keeps the bytes of every block the generator serialized itself.
+#[derive(Default)]
+struct SerializedListener(std::sync::Mutex<Vec<Vec<u8>>>);
+
+impl spate_receiver::BlockGeneratorListener<String> for SerializedListener {
+    fn on_push_block(&self, _: spate_core::StreamBlockId, _: Vec<String>) -> Result<(), ReceiverError> {
+        panic!("records added in place arrive serialized")
+    }
+
+    fn start_push_serialized(&self, _: spate_core::StreamBlockId, bytes: Vec<u8>) -> spate_receiver::Pending<()> {
+        self.0.lock().unwrap().push(bytes);
+        spate_receiver::Pending::ready(Ok(()))
+    }
+
+    fn on_error(&self, _: ReceiverError) {}
+}
+
+fn generator_cut_by<L: spate_receiver::BlockGeneratorListener<String>>(
+    listener: &Arc<L>,
+    max_block_records: usize,
+) -> spate_receiver::BlockGenerator<String> {
+    let config = spate_receiver::BlockGeneratorConfig {
+        block_interval: Duration::from_secs(3600),
+        max_block_records: Some(max_block_records),
+        ..Default::default()
+    };
+    let clock = Arc::new(ManualClock::new(Time::from_millis(0)));
+    spate_receiver::BlockGenerator::start(StreamId(0), config, clock, Arc::clone(listener) as _).unwrap()
+}
+
+#[test]
+fn records_added_in_place_are_blocks_in_the_wal_form_of_the_same_records() {
+    let words: Vec<String> = (0..25).map(|i| format!("word-{i}-{}", "x".repeat(i % 7))).collect();
+    let listener = Arc::new(SerializedListener::default());
+    let generator = generator_cut_by(&listener, 10);
+    let mut next = words.iter();
+    generator.add_in_place_with(words.len(), |block, n| next.by_ref().take(n).for_each(|w| block.push(w))).unwrap();
+    generator.flush().unwrap();
+    generator.stop().unwrap();
+    let blocks = listener.0.lock().unwrap().clone();
+    let expected: Vec<Vec<u8>> = words.chunks(10).map(|c| spate_receiver::encode_block(c).unwrap()).collect();
+    assert_eq!(blocks, expected);
+}
+
+#[test]
+fn records_added_in_place_and_whole_keep_their_order() {
+    let listener = Arc::new(KeepingListener::default());
+    let generator = generator_cut_by(&listener, 4);
+    let word = |i: usize| format!("w{i}");
+    let mut expected = Vec::new();
+    let mut i = 0;
+    for round in 0..6 {
+        // Alternate the ways of adding, with slices of different sizes, so
+        // that each kind of add meets a block the other kind started.
+        let n = 1 + round % 4;
+        let batch: Vec<String> = (i..i + n).map(word).collect();
+        match round % 3 {
+            0 => generator.add_records(batch.clone()).unwrap(),
+            1 => batch.iter().cloned().try_for_each(|w| generator.add_record(w)).unwrap(),
+            _ => {
+                let mut next = batch.iter();
+                generator.add_in_place_with(n, |block, k| next.by_ref().take(k).for_each(|w| block.push(w))).unwrap()
+            }
+        }
+        expected.extend(batch);
+        i += n;
+    }
+    generator.flush().unwrap();
+    generator.stop().unwrap();
+    let blocks = listener.0.lock().unwrap().clone();
+    assert!(blocks.iter().all(|b| !b.is_empty() && b.len() <= 4), "{blocks:?}");
+    assert_eq!(blocks.concat(), expected);
 }

@@ -25,9 +25,9 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crossbeam::channel::{Receiver, Sender};
-use spate_core::{MemoryBudget, StreamBlockId};
+use spate_core::{CoreError, MemoryBudget, StreamBlockId};
 use spate_dstream::{ArrivalStage, ProcessedBlock};
-use spate_receiver::{BlockData, BlockManager, Record};
+use spate_receiver::{BlockData, BlockManager, Record, block_payload};
 use tracing::warn;
 
 /// One block's result, processed on arrival.
@@ -110,13 +110,42 @@ impl<T: Record + Send + 'static> Arrivals<T> {
     /// Runs the stage on `records`, turning a panic of the operator's
     /// function into an error that names the operator.
     pub(crate) fn process(&self, records: Vec<T>) -> Result<ProcessedBlock, String> {
-        catch_unwind(AssertUnwindSafe(|| self.stage.process(records))).map_err(|panic| {
+        self.guarded(|| Ok(self.stage.process(records)))
+    }
+
+    /// Runs the stage on a stored block: on its encoded payload, read in
+    /// place, when the block is serialized and the operator reads in place
+    /// (no record is decoded), on its decoded records otherwise.
+    pub(crate) fn process_stored_data(
+        &self,
+        block_id: StreamBlockId,
+        data: BlockData<T>,
+    ) -> Result<ProcessedBlock, String> {
+        let failed = |e: CoreError| format!("block {block_id}: {e}");
+        if let BlockData::Bytes(bytes) = &data
+            && self.stage.reads_in_place()
+        {
+            let payload = block_payload(bytes).map_err(failed)?;
+            let in_place = self.guarded(|| self.stage.process_payload(payload).transpose().map_err(failed))?;
+            if let Some(block) = in_place {
+                return Ok(block);
+            }
+        }
+        let records = data.records().map_err(failed)?;
+        drop(data);
+        self.process(Arc::try_unwrap(records).unwrap_or_else(|shared| (*shared).clone()))
+    }
+
+    /// Runs `run`, turning a panic of the operator's function into an
+    /// error that names the operator.
+    fn guarded<R>(&self, run: impl FnOnce() -> Result<R, String>) -> Result<R, String> {
+        catch_unwind(AssertUnwindSafe(run)).unwrap_or_else(|panic| {
             let message = panic
                 .downcast_ref::<&str>()
                 .map(|s| s.to_string())
                 .or_else(|| panic.downcast_ref::<String>().cloned())
                 .unwrap_or_else(|| "a panic without a message".into());
-            format!("operator {} panicked on a block: {message}", self.stage.operator())
+            Err(format!("operator {} panicked on a block: {message}", self.stage.operator()))
         })
     }
 
@@ -179,10 +208,7 @@ impl<T: Record + Send + 'static> Arrivals<T> {
             BlockData::Records(_) => 0,
         };
         let started = Instant::now();
-        let records = data.records().map_err(|e| format!("block {block_id}: {e}"))?;
-        drop(data);
-        let records = Arc::try_unwrap(records).unwrap_or_else(|shared| (*shared).clone());
-        let block = self.process(records)?;
+        let block = self.process_stored_data(block_id, data)?;
         let work = started.elapsed();
         // Its records are in the result now (and in the WAL for a restart).
         if let Err(e) = blocks.remove(block_id) {

@@ -13,8 +13,8 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use spate_core::{BatchId, Duration, Time};
-use spate_dstream::FxHashMap;
-use spate_receiver::{GeneratorConfig, GeneratorReceiver, SmallWord, WordGenerator};
+use spate_dstream::{FxHashMap, Views};
+use spate_receiver::{GeneratorConfig, GeneratorReceiver, WordGenerator};
 
 use crate::context::{PipelineBuilder, StreamingContext};
 use crate::error::RuntimeError;
@@ -123,16 +123,15 @@ pub fn word_count_pipeline(p: &mut PipelineBuilder, options: &DemoOptions) -> Re
     // Large hand-overs to the block generator (fewer round trips per word);
     // at a set rate no more than about 10 ms of words, so the flow stays smooth.
     generator.batch_size = options.rate.map_or(16 * 1024, |rate| (rate / 100).clamp(1024, 16 * 1024) as usize);
-    // Inline words (no allocation per word); they encode byte for byte like
-    // `String`, so the WAL and the state checkpoints hold plain strings.
     let words = p.receiver_stream("words", receiver_options, move |resume| {
-        GeneratorReceiver::<SmallWord>::resuming_at(generator, resume.records_stored)
+        GeneratorReceiver::resuming_at(generator, resume.records_stored)
     });
-    // Counted once per batch, each partition into its few distinct words
-    // first (no `(word, 1)` copy of the batch); the window sums the per-batch
-    // counts (the same result, since the sum is associative), so it handles
-    // a few keys per batch instead of every word.
-    let per_batch = words.map_partitions(count_words).reduce_by_key(|a, b| a + b).name("batch-counts");
+    // Counted once per batch, each block into its few distinct words first,
+    // read in place as it arrives (no `String` per word, no `(word, 1)` copy
+    // of the batch); the window sums the per-batch counts (the same result,
+    // since the sum is associative), so it handles a few keys per batch
+    // instead of every word.
+    let per_batch = words.map_partitions_in_place(count_words).reduce_by_key(|a, b| a + b).name("batch-counts");
     let output_dir = options.output_dir.clone();
     per_batch
         .foreach_batch(move |batch, info| {
@@ -157,9 +156,9 @@ pub fn word_count_pipeline(p: &mut PipelineBuilder, options: &DemoOptions) -> Re
     let (top_n, callback, output_dir) = (options.top_n, options.on_top_words.clone(), options.output_dir.clone());
     windowed
         .foreach_batch(move |batch, info| {
-            let mut words: Vec<(SmallWord, u64)> = batch.iter().copied().collect();
-            words.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.as_str().cmp(b.0.as_str())));
-            let words = words.into_iter().take(top_n).map(|(word, n)| (word.to_string(), n)).collect();
+            let mut words: Vec<(String, u64)> = batch.iter().cloned().collect();
+            words.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+            words.truncate(top_n);
             let top = TopWords { batch_id: info.batch_id, batch_time: info.time, words };
             if let Some(callback) = &callback {
                 callback(&top);
@@ -173,11 +172,17 @@ pub fn word_count_pipeline(p: &mut PipelineBuilder, options: &DemoOptions) -> Re
     Ok(())
 }
 
-/// Counts the words of one partition: one hash-map probe per word.
-fn count_words(words: Vec<SmallWord>) -> Vec<(SmallWord, u64)> {
-    let mut counts: FxHashMap<SmallWord, u64> = FxHashMap::default();
+/// Counts the words of one partition: one hash-map probe per word, and a
+/// copy of a word only the first time the partition has it.
+fn count_words(words: Views<'_, String>) -> Vec<(String, u64)> {
+    let mut counts: FxHashMap<String, u64> = FxHashMap::default();
     for word in words {
-        *counts.entry(word).or_default() += 1;
+        match counts.get_mut(word) {
+            Some(count) => *count += 1,
+            None => {
+                counts.insert(word.to_owned(), 1);
+            }
+        }
     }
     counts.into_iter().collect()
 }

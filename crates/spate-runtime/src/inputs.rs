@@ -338,8 +338,10 @@ impl<T: Record + Data, R: Receiver<T>> TypedReceiverInput<T, R> {
         let (indices, taken): (Vec<usize>, Vec<TakenBlock<T>>) = unprocessed.into_iter().unzip();
         // Each block is decoded and processed before the next is decoded:
         // a batch of many blocks (a backlog, a restart) is never held decoded.
-        let now =
-            self.per_block_in_parallel(taken, |block| arrivals.process(block.decode().map_err(|e| e.to_string())?))?;
+        let now = self.per_block_in_parallel(taken, |block| match block {
+            TakenBlock::Stored(block_id, data) => arrivals.process_stored_data(block_id, data),
+            TakenBlock::Decoded(records) => arrivals.process(records),
+        })?;
         for (index, block) in indices.into_iter().zip(now) {
             processed[index] = Some(block);
         }

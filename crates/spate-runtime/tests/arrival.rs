@@ -41,7 +41,7 @@ where
         let mut generator = GeneratorConfig::new(3);
         generator.total_records = Some(WORDS);
         let words = p.receiver_stream("words", options, move |resume| {
-            GeneratorReceiver::<String>::resuming_at(generator, resume.records_stored)
+            GeneratorReceiver::resuming_at(generator, resume.records_stored)
         });
         words.map_partitions(first).name("sizes").foreach_batch(move |batch, _| {
             totals.lock().unwrap().push(batch.iter().sum());
