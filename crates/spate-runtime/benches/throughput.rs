@@ -1,5 +1,6 @@
 //! The demo end to end at steady state, write-ahead log on (fdatasync on
-//! every block): generator receiver, windowed word count with an inverse,
+//! every block): generator receiver of String words, each block counted
+//! in place as it arrives, windowed word count with an inverse,
 //! backpressure on. Prints the records per second sustained and the peak
 //! resident set size. Spark Streaming holds about 1.0 M records/s with
 //! 1-2 GB of RSS on 2 cores; the targets are >= 20 M records/s and <= 200 MB.
@@ -20,6 +21,10 @@ use spate_runtime::{
 
 const TARGET_RECORDS_PER_SEC: f64 = 20_000_000.0;
 const TARGET_RSS_MB: f64 = 200.0;
+/// The windowed word count measured on this machine with the inline word
+/// type the demo used to have (issue 17's figure); String words, which the
+/// demo uses now, are to be within 1.5x of it.
+const INLINE_WORDS_QUOTED: f64 = 57_800_000.0;
 
 fn is_bench() -> bool {
     std::env::args().any(|a| a == "--bench")
@@ -148,10 +153,13 @@ fn bench_end_to_end(c: &mut Criterion) {
         (Duration::from_millis(200), StdDuration::from_millis(1500), 1)
     };
     let throughput = steady_state_throughput(interval, run, warm_up);
+    let within = INLINE_WORDS_QUOTED / 1.5;
     println!(
-        "BENCH runtime_demo_throughput {:.0} records/s bound={TARGET_RECORDS_PER_SEC:.0} ratio={:.3}",
+        "BENCH runtime_demo_throughput {:.0} records/s bound={TARGET_RECORDS_PER_SEC:.0} ratio={:.3} \
+         inline_words_quoted={INLINE_WORDS_QUOTED:.0} within_1.5x={within:.0} ratio_1.5x={:.2}",
         throughput.per_second,
-        throughput.per_second / TARGET_RECORDS_PER_SEC
+        throughput.per_second / TARGET_RECORDS_PER_SEC,
+        throughput.per_second / within
     );
     // The machine is shared: per CPU second is the figure other load does not
     // skew. The target, 20 M/s on 2 cores, is 10 M per CPU second.

@@ -1,6 +1,7 @@
 //! Runs a receiver input's [`ArrivalStage`] on each block as soon as it is
-//! stored, on a thread of the input's own, so the records flow through the
-//! input's first operator while the batch interval is still open.
+//! stored, on a few threads of the input's own (one a processor), so the
+//! records flow through the input's first operator while the batch
+//! interval is still open.
 //!
 //! A block is processed once, either here or at the batch boundary, and
 //! its result is the same either way. The block's state says which:
@@ -149,17 +150,31 @@ impl<T: Record + Send + 'static> Arrivals<T> {
         })
     }
 
-    /// Starts the thread that processes the blocks sent to the returned
-    /// sender, in the order sent, until it is sent `None`.
+    /// Starts `threads` threads that process the blocks sent to the
+    /// returned sender, taken in the order sent, until each is sent `None`
+    /// ([`ArrivalThreads::stop`]). Blocks are independent and each batch
+    /// takes its results in block order, so any thread may take any block.
     pub(crate) fn spawn(
         self: &Arc<Self>,
-        name: String,
-        blocks: Arc<BlockManager<T>>,
-    ) -> std::io::Result<(Sender<Option<StreamBlockId>>, JoinHandle<()>)> {
+        name: &str,
+        threads: usize,
+        blocks: &Arc<BlockManager<T>>,
+    ) -> std::io::Result<ArrivalThreads> {
         let (tx, rx) = crossbeam::channel::unbounded();
-        let arrivals = Arc::clone(self);
-        let handle = std::thread::Builder::new().name(name).spawn(move || arrivals.run(&rx, &blocks))?;
-        Ok((tx, handle))
+        let mut handles = Vec::with_capacity(threads);
+        for index in 0..threads.max(1) {
+            let (arrivals, blocks, rx) = (Arc::clone(self), Arc::clone(blocks), rx.clone());
+            let spawned =
+                std::thread::Builder::new().name(format!("{name}-{index}")).spawn(move || arrivals.run(&rx, &blocks));
+            match spawned {
+                Ok(handle) => handles.push(handle),
+                Err(e) => {
+                    ArrivalThreads { sender: tx, handles }.stop();
+                    return Err(e);
+                }
+            }
+        }
+        Ok(ArrivalThreads { sender: tx, handles })
     }
 
     fn run(&self, arrived: &Receiver<Option<StreamBlockId>>, blocks: &BlockManager<T>) {
@@ -220,5 +235,33 @@ impl<T: Record + Send + 'static> Arrivals<T> {
     fn lock(&self) -> MutexGuard<'_, HashMap<StreamBlockId, State>> {
         // Every update of the map completes before anything can panic.
         self.states.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// The threads processing an input's blocks as they arrive.
+pub(crate) struct ArrivalThreads {
+    sender: Sender<Option<StreamBlockId>>,
+    handles: Vec<JoinHandle<()>>,
+}
+
+impl ArrivalThreads {
+    /// Where stored blocks are sent to be processed.
+    pub(crate) fn sender(&self) -> Sender<Option<StreamBlockId>> {
+        self.sender.clone()
+    }
+
+    /// How many threads share the work: their summed work on a batch's
+    /// blocks took about this many times less wall time.
+    pub(crate) fn threads(&self) -> usize {
+        self.handles.len()
+    }
+
+    /// Lets the threads finish the blocks sent so far, then ends them.
+    /// Returns false when one of them panicked.
+    pub(crate) fn stop(self) -> bool {
+        for _ in &self.handles {
+            let _ = self.sender.send(None);
+        }
+        self.handles.into_iter().map(JoinHandle::join).fold(true, |ok, joined| ok & joined.is_ok())
     }
 }

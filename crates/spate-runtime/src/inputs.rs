@@ -6,9 +6,6 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use std::thread::JoinHandle;
-
-use crossbeam::channel::Sender;
 use spate_core::{Clock, Duration, MemoryBudget, StreamBlockId, StreamId, Time, WriterFence};
 use spate_dstream::{Data, FedSource, ProcessedBlock};
 use spate_receiver::{
@@ -21,7 +18,7 @@ use spate_tracker::{BlockLocation, ReceivedBlockTracker, TrackedBlock};
 use spate_wal::{FileWriteAheadLog, WriteAheadLog};
 use tracing::warn;
 
-use crate::arrivals::{Arrivals, Found};
+use crate::arrivals::{ArrivalThreads, Arrivals, Found};
 use crate::error::RuntimeError;
 use crate::progress::ReceiverStatus;
 use crate::telemetry;
@@ -147,7 +144,7 @@ pub(crate) struct TypedReceiverInput<T, R> {
     /// The input's first operator, run on each block as it arrives.
     arrivals: Option<Arc<Arrivals<T>>>,
     /// The thread running it, and how to tell it a block arrived (`None`: stop).
-    arrival_thread: Option<(Sender<Option<StreamBlockId>>, JoinHandle<()>)>,
+    arrival_threads: Option<ArrivalThreads>,
     /// Records and bytes fed to batches, for `/metrics`.
     input_records: metrics::Counter,
     input_bytes: metrics::Counter,
@@ -176,8 +173,15 @@ impl<T: Record + Data, R: Receiver<T>> TypedReceiverInput<T, R> {
             stopped: false,
             max_block_bytes: DEFAULT_MAX_BLOCK_BYTES,
             arrivals: None,
-            arrival_thread: None,
+            arrival_threads: None,
         }
+    }
+
+    /// The threads sharing the work on arrived blocks: a batch's blocks
+    /// were processed this many at a time, so the wall time of the work
+    /// done on them ahead is their summed work divided by it.
+    fn arrival_parallelism(&self) -> u32 {
+        self.arrival_threads.as_ref().map_or(1, |t| u32::try_from(t.threads()).unwrap_or(u32::MAX).max(1))
     }
 
     fn receiver_error(&self, reason: impl ToString) -> RuntimeError {
@@ -324,7 +328,7 @@ impl<T: Record + Data, R: Receiver<T>> TypedReceiverInput<T, R> {
                 Found::Processed(result) => {
                     let arrived = result.map_err(|e| self.receiver_error(e))?;
                     bytes += arrived.bytes_in;
-                    ahead += arrived.work;
+                    ahead += arrived.work / self.arrival_parallelism();
                     processed.push(Some(arrived.block));
                 }
                 Found::Unprocessed => {
@@ -434,14 +438,15 @@ impl<T: Record + Data, R: Receiver<T>> ReceiverInput for TypedReceiverInput<T, R
         let receiver = factory(resume);
         self.receiver_name = receiver.name();
         if let Some(arrivals) = &self.arrivals {
-            let thread =
-                arrivals.spawn(format!("arrive-{}", self.stream_id.0), Arc::clone(&stores.blocks)).map_err(|e| {
-                    self.receiver_error(format!("could not start the thread processing arrived blocks: {e}"))
-                })?;
-            self.arrival_thread = Some(thread);
+            let name = format!("arrive-{}", self.stream_id.0);
+            let threads = std::thread::available_parallelism().map_or(1, usize::from);
+            let started = arrivals.spawn(&name, threads, &stores.blocks).map_err(|e| {
+                self.receiver_error(format!("could not start the threads processing arrived blocks: {e}"))
+            })?;
+            self.arrival_threads = Some(started);
         }
         let arrivals = self.arrivals.clone();
-        let arrived = self.arrival_thread.as_ref().map(|(tx, _)| tx.clone());
+        let arrived = self.arrival_threads.as_ref().map(ArrivalThreads::sender);
         let sink: Arc<dyn BlockInfoSink> = Arc::new(FnSink(move |info: spate_core::ReceivedBlockInfo| {
             let block_id = info.block_id();
             // Known before the tracker can allocate it, so its batch finds it.
@@ -525,13 +530,12 @@ impl<T: Record + Data, R: Receiver<T>> ReceiverInput for TypedReceiverInput<T, R
                 None => Ok(()),
             },
         };
-        // The receiver pushed its last block: the thread finishes the
-        // blocks sent to it before it ends.
-        if let Some((arrived, thread)) = self.arrival_thread.take() {
-            let _ = arrived.send(None);
-            if thread.join().is_err() {
-                warn!(input = %self.name, "the thread processing arrived blocks panicked");
-            }
+        // The receiver pushed its last block: the threads finish the
+        // blocks sent to them before they end.
+        if let Some(threads) = self.arrival_threads.take()
+            && !threads.stop()
+        {
+            warn!(input = %self.name, "a thread processing arrived blocks panicked");
         }
         stopped
     }
