@@ -374,28 +374,16 @@ impl<T: Record> BlockGenerator<T> {
     /// what still fits in the block under its caps; the slices add up to
     /// `count`.
     pub fn add_with(&self, count: usize, mut fill: impl FnMut(&mut Vec<T>, usize)) -> Result<(), ReceiverError> {
-        let slice = self.admission_slice();
-        let mut left = count;
-        while left > 0 {
-            let admitted = left.min(slice);
-            self.admit(admitted as u64)?;
-            let mut buffer = self.shared.lock_buffer();
-            self.shared.cut_if_encoded(&mut buffer)?;
-            let mut to_fill = admitted;
-            while to_fill > 0 {
-                let room = self.shared.make_room(&mut buffer, to_fill)?;
-                let n = if buffer.bytes_per_record == 0 { room.min(PROBE_RECORDS) } else { room };
+        self.add_in_slices(
+            count,
+            |shared, buffer| shared.cut_if_encoded(buffer),
+            |buffer, n| {
                 let before = buffer.records.len();
                 fill(&mut buffer.records, n);
                 debug_assert_eq!(buffer.records.len() - before, n, "a fill must append exactly the records asked for");
-                let added = estimate_encoded_size(&buffer.records[before..]);
-                buffer.note_added(added, n);
-                self.shared.cut_if_full(&mut buffer)?;
-                to_fill -= n;
-            }
-            left -= admitted;
-        }
-        Ok(())
+                estimate_encoded_size(&buffer.records[before..])
+            },
+        )
     }
 
     /// Adds `count` records that `fill` writes in place, encoded, into the
@@ -415,28 +403,41 @@ impl<T: Record> BlockGenerator<T> {
     where
         T: InPlace,
     {
+        let cut_records = |shared: &Shared<T>, buffer: &mut Buffer<T>| match buffer.records.is_empty() {
+            true => Ok(()),
+            false => shared.cut(buffer),
+        };
+        self.add_in_slices(count, cut_records, |buffer, n| {
+            let before = (buffer.encoded.len(), buffer.encoded_records);
+            let Buffer { encoded, encoded_records, .. } = buffer;
+            fill(&mut BlockWriter { encoded, records: encoded_records, record: PhantomData }, n);
+            debug_assert_eq!(buffer.encoded_records - before.1, n, "a fill must push exactly the records asked for");
+            (buffer.encoded.len() - before.0) as u64
+        })
+    }
+
+    /// Admits `count` records in slices of the rate limit and, with the
+    /// block locked, has `fill(buffer, n)` add them, each time as many as
+    /// fit in the current block, returning the bytes they take; `start`
+    /// first cuts a block of the other form (records or encoded).
+    fn add_in_slices(
+        &self,
+        count: usize,
+        start: impl Fn(&Shared<T>, &mut Buffer<T>) -> Result<(), ReceiverError>,
+        mut fill: impl FnMut(&mut Buffer<T>, usize) -> u64,
+    ) -> Result<(), ReceiverError> {
         let slice = self.admission_slice();
         let mut left = count;
         while left > 0 {
             let admitted = left.min(slice);
             self.admit(admitted as u64)?;
             let mut buffer = self.shared.lock_buffer();
-            if !buffer.records.is_empty() {
-                self.shared.cut(&mut buffer)?;
-            }
+            start(&self.shared, &mut buffer)?;
             let mut to_fill = admitted;
             while to_fill > 0 {
                 let room = self.shared.make_room(&mut buffer, to_fill)?;
                 let n = if buffer.bytes_per_record == 0 { room.min(PROBE_RECORDS) } else { room };
-                let before = (buffer.encoded.len(), buffer.encoded_records);
-                let Buffer { encoded, encoded_records, .. } = &mut *buffer;
-                fill(&mut BlockWriter { encoded, records: encoded_records, record: PhantomData }, n);
-                debug_assert_eq!(
-                    buffer.encoded_records - before.1,
-                    n,
-                    "a fill must push exactly the records asked for"
-                );
-                let added = (buffer.encoded.len() - before.0) as u64;
+                let added = fill(&mut buffer, n);
                 buffer.note_added(added, n);
                 self.shared.cut_if_full(&mut buffer)?;
                 to_fill -= n;
