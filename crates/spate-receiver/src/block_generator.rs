@@ -403,11 +403,7 @@ impl<T: Record> BlockGenerator<T> {
     where
         T: InPlace,
     {
-        let cut_records = |shared: &Shared<T>, buffer: &mut Buffer<T>| match buffer.records.is_empty() {
-            true => Ok(()),
-            false => shared.cut(buffer),
-        };
-        self.add_in_slices(count, cut_records, |buffer, n| {
+        self.add_in_slices(count, Shared::cut_if_records, |buffer, n| {
             let before = (buffer.encoded.len(), buffer.encoded_records);
             let Buffer { encoded, encoded_records, .. } = buffer;
             fill(&mut BlockWriter { encoded, records: encoded_records, record: PhantomData }, n);
@@ -672,6 +668,12 @@ impl<T: Record> Shared<T> {
     /// are added as they are (the block keeps one form).
     fn cut_if_encoded(&self, buffer: &mut Buffer<T>) -> Result<(), ReceiverError> {
         if buffer.encoded_records > 0 { self.cut(buffer) } else { Ok(()) }
+    }
+
+    /// Cuts a block of records before records are added encoded: a block
+    /// holds one form or the other.
+    fn cut_if_records(&self, buffer: &mut Buffer<T>) -> Result<(), ReceiverError> {
+        if buffer.records.is_empty() { Ok(()) } else { self.cut(buffer) }
     }
 
     /// Moves the buffer into a block on the queue. Called with the buffer
