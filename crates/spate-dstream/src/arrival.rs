@@ -4,7 +4,12 @@
 //! When the only consumer of a [`FedSource`](crate::FedSource) input is a
 //! partition-local operator (`map`, `filter`, `flat_map`,
 //! `map_partitions`), the built graph hands that operator's function to the
-//! source as an [`ArrivalStage`]. The runtime runs it on each received block
+//! source as an [`ArrivalStage`], followed by the operators after it that
+//! are partition-local too and each the only reader of the one before (a
+//! chain such as `filter` then `map` then `map_partitions`): the whole
+//! chain runs on each block, and its last operator takes the results. A
+//! Kafka stream takes the longest chain that works record by record
+//! ([`ArrivalStage::is_record_wise`]). The runtime runs it on each received block
 //! as the block comes in and keeps only its result ([`ProcessedBlock`]); at
 //! the batch boundary it hands the results of exactly the blocks allocated
 //! to the batch back with [`ArrivalStage::deliver`], and the operator takes
@@ -87,6 +92,47 @@ pub(crate) type PayloadFn<U> = dyn Fn(&[u8]) -> Result<Vec<U>, CoreError> + Send
 
 type PayloadStageFn = dyn Fn(&[u8]) -> Result<(Box<dyn Any + Send>, u64, usize), CoreError> + Send + Sync;
 
+type JoinFn = dyn Fn(Vec<Box<dyn Any + Send>>) -> Box<dyn Any + Send> + Send + Sync;
+
+type StepFn = dyn Fn(Box<dyn Any + Send>) -> (Box<dyn Any + Send>, u64) + Send + Sync;
+
+/// A later operator of an arrival chain: its function over the result of
+/// the operator before it, type-erased (see [`ArrivalStage::then`]).
+#[derive(Clone)]
+pub(crate) struct ArrivalStep {
+    operator: Arc<str>,
+    run: Arc<StepFn>,
+    join: Arc<JoinFn>,
+    record_wise: bool,
+    /// Where the chain's results go when this step ends it.
+    pub(crate) delivered: Arc<Delivered>,
+}
+
+impl ArrivalStep {
+    /// The step running `f`, the function over one partition of the
+    /// operator named `operator`.
+    pub(crate) fn new<T, U, F>(operator: &str, f: Arc<F>, record_wise: bool, delivered: Arc<Delivered>) -> Self
+    where
+        T: Send + 'static,
+        U: Send + 'static,
+        F: Fn(Vec<T>) -> Vec<U> + Send + Sync + ?Sized + 'static,
+    {
+        let run = move |part: Box<dyn Any + Send>| match part.downcast::<Vec<T>>() {
+            Ok(records) => result_part(f(*records)),
+            // Not in a built graph (each step takes what the one before
+            // gives); the operator taking the part reports the mismatch.
+            Err(other) => (other, 0),
+        };
+        ArrivalStep {
+            operator: operator.into(),
+            run: Arc::new(run),
+            join: Arc::new(concatenate::<U>),
+            record_wise,
+            delivered,
+        }
+    }
+}
+
 /// The function of the operator that follows a fed input, to run on each of
 /// its blocks as the block arrives (see the module doc).
 pub struct ArrivalStage<T> {
@@ -95,6 +141,9 @@ pub struct ArrivalStage<T> {
     /// The same function reading the records in place, when the operator
     /// has one (`map_partitions_in_place`).
     run_payload: Option<Arc<PayloadStageFn>>,
+    /// Concatenates results, for a record-wise operator.
+    join: Arc<JoinFn>,
+    record_wise: bool,
     delivered: Arc<Delivered>,
 }
 
@@ -104,6 +153,8 @@ impl<T> Clone for ArrivalStage<T> {
             operator: Arc::clone(&self.operator),
             run: Arc::clone(&self.run),
             run_payload: self.run_payload.clone(),
+            join: Arc::clone(&self.join),
+            record_wise: self.record_wise,
             delivered: Arc::clone(&self.delivered),
         }
     }
@@ -111,17 +162,23 @@ impl<T> Clone for ArrivalStage<T> {
 
 impl<T> fmt::Debug for ArrivalStage<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ArrivalStage").field("operator", &self.operator).finish_non_exhaustive()
+        f.debug_struct("ArrivalStage")
+            .field("operator", &self.operator)
+            .field("record_wise", &self.record_wise)
+            .finish_non_exhaustive()
     }
 }
 
 impl<T> ArrivalStage<T> {
     /// A stage running `f`, an operator's function over one partition, for
-    /// the operator named `operator`.
+    /// the operator named `operator`; `record_wise` when `f` of a partition
+    /// is the concatenation of `f` of its pieces (see
+    /// [`ArrivalStage::is_record_wise`]).
     pub(crate) fn new<U, F>(
         operator: &str,
         f: Arc<F>,
         in_place: Option<Arc<PayloadFn<U>>>,
+        record_wise: bool,
         delivered: Arc<Delivered>,
     ) -> Self
     where
@@ -136,10 +193,44 @@ impl<T> ArrivalStage<T> {
                 Ok((part, bytes, records_in))
             }) as Arc<PayloadStageFn>
         });
-        ArrivalStage { operator: operator.into(), run: Arc::new(run), run_payload, delivered }
+        ArrivalStage {
+            operator: operator.into(),
+            run: Arc::new(run),
+            run_payload,
+            join: Arc::new(concatenate::<U>),
+            record_wise,
+            delivered,
+        }
     }
 
-    /// The operator whose function this is.
+    /// This stage followed by `step`: the chain of operators runs on each
+    /// block as it arrives, and its results go to `step`'s operator. The
+    /// chain is record-wise when every operator of it is.
+    pub(crate) fn then(&self, step: &ArrivalStep) -> Self
+    where
+        T: 'static,
+    {
+        let (first, next) = (Arc::clone(&self.run), Arc::clone(&step.run));
+        let run = move |records: Vec<T>| next(first(records).0);
+        let run_payload = self.run_payload.as_ref().map(|first| {
+            let (first, next) = (Arc::clone(first), Arc::clone(&step.run));
+            Arc::new(move |payload: &[u8]| {
+                let (part, _, records_in) = first(payload)?;
+                let (part, bytes) = next(part);
+                Ok((part, bytes, records_in))
+            }) as Arc<PayloadStageFn>
+        });
+        ArrivalStage {
+            operator: format!("{} > {}", self.operator, step.operator).into(),
+            run: Arc::new(run),
+            run_payload,
+            join: Arc::clone(&step.join),
+            record_wise: self.record_wise && step.record_wise,
+            delivered: Arc::clone(&step.delivered),
+        }
+    }
+
+    /// The operator whose function this is (`a > b` for a chain).
     pub fn operator(&self) -> &str {
         &self.operator
     }
@@ -173,11 +264,43 @@ impl<T> ArrivalStage<T> {
         }))
     }
 
+    /// Whether the operator works record by record (`map`, `flat_map`,
+    /// `filter`): then its result over a partition is the concatenation of
+    /// its results over consecutive pieces of it, and a source may process a
+    /// partition in chunks and [`ArrivalStage::join`] them into the one
+    /// partition it would have computed whole. A `map_partitions` function
+    /// sees the partition as a whole and is not record-wise.
+    pub fn is_record_wise(&self) -> bool {
+        self.record_wise
+    }
+
+    /// One processed block of `blocks`, in order: their results
+    /// concatenated. For a record-wise stage, joining the results of
+    /// consecutive chunks of a partition gives the result of the whole
+    /// partition; for any other, it is only their concatenation.
+    pub fn join(&self, blocks: Vec<ProcessedBlock>) -> ProcessedBlock {
+        let records_in = blocks.iter().map(|b| b.records_in).sum();
+        let estimated_bytes = blocks.iter().map(|b| b.estimated_bytes).sum();
+        let part = (self.join)(blocks.into_iter().map(|b| b.part).collect());
+        ProcessedBlock { part, records_in, estimated_bytes }
+    }
+
     /// Hands the processed blocks of batch `time` to the operator, in block
     /// order (the order of the blocks allocated to the batch).
     pub fn deliver(&self, time: Time, blocks: Vec<ProcessedBlock>) {
         self.delivered.lock().entry(time).or_default().extend(blocks.into_iter().map(|b| b.part));
     }
+}
+
+/// The results in `parts` (each a `Vec<U>`, as [`result_part`] makes
+/// them) as one, in order.
+fn concatenate<U: Send + 'static>(parts: Vec<Box<dyn Any + Send>>) -> Box<dyn Any + Send> {
+    let mut parts = parts.into_iter().filter_map(|part| part.downcast::<Vec<U>>().ok());
+    let mut all = parts.next().map(|first| *first).unwrap_or_default();
+    for part in parts {
+        all.extend(*part);
+    }
+    Box::new(all)
 }
 
 /// A partition's result as a delivered part, with its estimated size.
@@ -197,6 +320,7 @@ mod tests {
             "double",
             Arc::new(|v: Vec<u32>| v.into_iter().map(|x| x * 2).collect::<Vec<_>>()),
             None,
+            true,
             Arc::clone(&delivered),
         );
         let block = stage.process(vec![1, 2, 3]);
@@ -208,5 +332,61 @@ mod tests {
         assert_eq!(parts[0].downcast_ref::<Vec<u32>>(), Some(&vec![10]));
         assert!(delivered.take(Time::from_millis(1000)).is_empty(), "time 1000 was dropped as stale");
         assert!(delivered.take(Time::from_millis(2000)).is_empty(), "taken once");
+    }
+
+    #[test]
+    fn joined_chunks_of_a_record_wise_stage_equal_the_whole_partition_processed() {
+        let delivered = Arc::new(Delivered::default());
+        let evens_doubled = |v: Vec<u32>| v.into_iter().filter(|x| x % 2 == 0).map(|x| x * 2).collect::<Vec<_>>();
+        let stage = ArrivalStage::new("evens", Arc::new(evens_doubled), None, true, Arc::clone(&delivered));
+        assert!(stage.is_record_wise());
+        let records: Vec<u32> = (0..50).collect();
+        for cuts in [vec![], vec![0], vec![1, 7, 7, 30], vec![49, 50]] {
+            let mut chunks = Vec::new();
+            let mut from = 0;
+            for cut in cuts.into_iter().chain([records.len()]) {
+                chunks.push(stage.process(records[from..cut].to_vec()));
+                from = cut;
+            }
+            let joined = stage.join(chunks);
+            assert_eq!(joined.records_in(), 50);
+            assert_eq!(joined.estimated_bytes(), 25 * 4);
+            stage.deliver(Time::ZERO, vec![joined]);
+            let parts = delivered.take(Time::ZERO);
+            assert_eq!(parts[0].downcast_ref::<Vec<u32>>(), Some(&evens_doubled(records.clone())));
+        }
+        assert_eq!(stage.join(Vec::new()).records_in(), 0, "no chunks join into an empty block");
+    }
+
+    #[test]
+    fn a_chain_runs_each_operator_in_turn_and_delivers_to_the_last() {
+        let first = Arc::new(Delivered::default());
+        let last = Arc::new(Delivered::default());
+        let stage = ArrivalStage::new(
+            "split",
+            Arc::new(|v: Vec<u32>| v.into_iter().flat_map(|x| [x, x + 100]).collect::<Vec<_>>()),
+            None,
+            true,
+            Arc::clone(&first),
+        );
+        let to_text = ArrivalStep::new(
+            "text",
+            Arc::new(|v: Vec<u32>| v.into_iter().map(|x| x.to_string()).collect::<Vec<_>>()),
+            true,
+            Arc::clone(&last),
+        );
+        let whole = ArrivalStep::new("whole", Arc::new(|v: Vec<String>| vec![v.concat()]), false, Arc::clone(&last));
+        let chain = stage.then(&to_text);
+        assert_eq!((chain.operator(), chain.is_record_wise()), ("split > text", true));
+        let block = chain.process(vec![1, 2]);
+        assert_eq!(block.records_in(), 2);
+        chain.deliver(Time::ZERO, vec![block]);
+        let parts = last.take(Time::ZERO);
+        assert_eq!(
+            parts[0].downcast_ref::<Vec<String>>(),
+            Some(&vec!["1".into(), "101".into(), "2".into(), "102".into()])
+        );
+        assert!(first.take(Time::ZERO).is_empty(), "the chain delivers to its last operator only");
+        assert!(!chain.then(&whole).is_record_wise(), "a whole-partition operator ends the record-wise chain");
     }
 }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use spate_core::{BatchId, Duration, Time};
 
-use crate::arrival::ArrivalStage;
+use crate::arrival::{ArrivalStage, ArrivalStep};
 use crate::batch::Data;
 use crate::error::{BoxError, DStreamError, GraphProblem};
 use crate::node::{Node, NodeMeta, PlannedOffsets, Slot, StepCtx};
@@ -87,11 +87,14 @@ struct InputNode<T> {
 }
 
 impl<T: Data> Node for InputNode<T> {
-    fn offer_arrival_stage(&mut self, stage: Box<dyn std::any::Any>) -> bool {
-        match stage.downcast::<ArrivalStage<T>>() {
-            Ok(stage) => self.source.set_arrival_stage(*stage),
-            Err(_) => false,
-        }
+    fn offer_arrival_stage(&mut self, stage: Box<dyn std::any::Any>, steps: &[ArrivalStep]) -> Option<usize> {
+        let stage = stage.downcast::<ArrivalStage<T>>().ok()?;
+        // The longest chain the source takes: a Kafka stream takes only a
+        // record-wise one.
+        (0..=steps.len()).rev().find(|&taken| {
+            let chain = steps[..taken].iter().fold((*stage).clone(), |chain, step| chain.then(step));
+            self.source.set_arrival_stage(chain)
+        })
     }
 
     fn step(&mut self, ctx: &StepCtx<'_>) -> Result<Option<Job>, DStreamError> {
@@ -252,23 +255,39 @@ impl fmt::Debug for GraphBuilder {
 
 /// Hands the function of each input's only consumer, when that consumer is
 /// partition-local, to the input's source to run on blocks as they arrive
-/// (see [`crate::arrival`]); sources that do not take one keep computing it
-/// at the batch boundary.
+/// (see [`crate::arrival`]), followed by the chain of partition-local
+/// operators each reading the one before as its only reader; sources that
+/// do not take one keep computing them at the batch boundary.
 fn fuse_arrival_stages(inner: &mut BuilderInner, names: &[String]) {
     let inputs: Vec<usize> = (0..inner.metas.len()).filter(|&i| inner.metas[i].input).collect();
     for input in inputs {
-        let readers: Vec<usize> =
-            inner.metas.iter().enumerate().filter(|(_, m)| m.parents.contains(&input)).map(|(i, _)| i).collect();
-        let (&[consumer], 1) = (readers.as_slice(), inner.metas[input].consumers) else { continue };
-        if !inner.metas[consumer].partition_local {
-            continue;
-        }
+        let Some(consumer) = partition_local_reader(inner, input) else { continue };
         let Some(name) = names.get(consumer) else { continue };
         let Some((stage, delivered)) = inner.nodes[consumer].arrival_stage(name) else { continue };
-        if inner.nodes[input].offer_arrival_stage(stage) {
-            inner.nodes[consumer].take_delivered(delivered);
+        let mut chain: Vec<(usize, ArrivalStep)> = Vec::new();
+        let mut last = consumer;
+        while let Some(next) = partition_local_reader(inner, last) {
+            let Some(step) = names.get(next).and_then(|name| inner.nodes[next].arrival_step(name)) else { break };
+            chain.push((next, step));
+            last = next;
+        }
+        let steps: Vec<ArrivalStep> = chain.iter().map(|(_, step)| step.clone()).collect();
+        match inner.nodes[input].offer_arrival_stage(stage, &steps) {
+            Some(0) => inner.nodes[consumer].take_delivered(delivered),
+            Some(taken) => {
+                let (node, step) = &chain[taken - 1];
+                inner.nodes[*node].take_delivered(Arc::clone(&step.delivered));
+            }
+            None => {}
         }
     }
+}
+
+/// The only reader of `node`, when it has one and it is partition-local.
+fn partition_local_reader(inner: &BuilderInner, node: usize) -> Option<usize> {
+    let mut readers = inner.metas.iter().enumerate().filter(|(_, m)| m.parents.contains(&node)).map(|(i, _)| i);
+    let (reader, None) = (readers.next()?, readers.next()) else { return None };
+    (inner.metas[node].consumers == 1 && inner.metas[reader].partition_local).then_some(reader)
 }
 
 /// Explicit names, or `<kind>-<position>` for nodes without one.

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use spate_core::{BatchId, CoreError, Duration, FrameCodec, Time};
 
-use crate::arrival::{ArrivalStage, Delivered, PayloadFn};
+use crate::arrival::{ArrivalStage, ArrivalStep, Delivered, PayloadFn};
 use crate::batch::Batch;
 use crate::error::DStreamError;
 use crate::graph::Job;
@@ -147,16 +147,25 @@ pub(crate) trait Node: Send {
         None
     }
 
+    /// A partition-local operator's function as a later step of an arrival
+    /// chain (see [`ArrivalStage::then`]).
+    fn arrival_step(&self, operator: &str) -> Option<ArrivalStep> {
+        let _ = operator;
+        None
+    }
+
     /// From now on, takes the processed blocks delivered to `delivered`.
     fn take_delivered(&mut self, delivered: Arc<Delivered>) {
         let _ = delivered;
     }
 
-    /// An input: passes `stage` (an [`ArrivalStage`] of its record type) to
-    /// its source; false when the source runs no stage on arrival.
-    fn offer_arrival_stage(&mut self, stage: Box<dyn Any>) -> bool {
-        let _ = stage;
-        false
+    /// An input: passes `stage` (an [`ArrivalStage`] of its record type)
+    /// followed by as many of `steps` as its source takes, longest chain
+    /// first, to the source; how many steps it took, `None` when it runs
+    /// no stage on arrival.
+    fn offer_arrival_stage(&mut self, stage: Box<dyn Any>, steps: &[ArrivalStep]) -> Option<usize> {
+        let _ = (stage, steps);
+        None
     }
 }
 
@@ -252,6 +261,8 @@ pub(crate) struct PartitionNode<T, U> {
     /// `f` reading the records in place off an encoded block, when the
     /// operator has that form.
     pub(crate) in_place: Option<Arc<PayloadFn<U>>>,
+    /// `f` works record by record (see [`ArrivalStage::is_record_wise`]).
+    pub(crate) record_wise: bool,
     pub(crate) delivered: Option<Arc<Delivered>>,
 }
 
@@ -283,8 +294,19 @@ where
 
     fn arrival_stage(&self, operator: &str) -> Option<(Box<dyn Any>, Arc<Delivered>)> {
         let delivered = Arc::new(Delivered::default());
-        let stage = ArrivalStage::new(operator, Arc::clone(&self.f), self.in_place.clone(), Arc::clone(&delivered));
+        let stage = ArrivalStage::new(
+            operator,
+            Arc::clone(&self.f),
+            self.in_place.clone(),
+            self.record_wise,
+            Arc::clone(&delivered),
+        );
         Some((Box::new(stage), delivered))
+    }
+
+    fn arrival_step(&self, operator: &str) -> Option<ArrivalStep> {
+        let delivered = Arc::new(Delivered::default());
+        Some(ArrivalStep::new(operator, Arc::clone(&self.f), self.record_wise, delivered))
     }
 
     fn take_delivered(&mut self, delivered: Arc<Delivered>) {

@@ -201,9 +201,11 @@ impl<K: Key, V: Data> DStream<(K, V)> {
     /// Pairs every value of a key in this batch with every value of the same
     /// key in `other`'s batch.
     ///
-    /// Needs both whole batches: its inputs are gathered, decoded, at the batch
-    /// boundary (not processed as blocks arrive), so its memory grows with
-    /// the batch's records. Put partition-local operators (`filter`,
+    /// Needs both whole batches: its inputs are gathered at the batch
+    /// boundary and decoded then (not processed as blocks arrive). Until
+    /// then a received input's blocks wait encoded and, beyond the memory
+    /// budget (`--max-memory`), spill to a RocksDB store on disk; the
+    /// decoded batches are in memory, so that grows with the batch's records. Put partition-local operators (`filter`,
     /// `map`, `flat_map`) before it to shrink what it gathers.
     pub fn join<W: Data>(&self, other: &DStream<(K, W)>) -> DStream<(K, (V, W))> {
         self.binary("join", other, |left, right, ctx| {

@@ -144,8 +144,11 @@ impl<T: Data> DStream<T> {
         let input = self.reader();
         let mut meta = NodeMeta::new(kind, vec![self.id], self.slide);
         meta.partition_local = true;
+        // The operators whose result over a partition is the concatenation
+        // of their results over its pieces: a source may run them on chunks.
+        let record_wise = matches!(kind, "map" | "flat_map" | "filter" | "map_values");
         self.add_node(meta, |output| {
-            Box::new(PartitionNode { input, output, f: Arc::new(f), in_place, delivered: None })
+            Box::new(PartitionNode { input, output, f: Arc::new(f), in_place, record_wise, delivered: None })
         })
     }
 
@@ -251,9 +254,11 @@ impl<T: Data> DStream<T> {
 
     /// Applies any function to each whole batch; it also gets the batch time.
     ///
-    /// Needs the whole batch: its input is gathered, decoded, at the batch
-    /// boundary (not processed as blocks arrive), so its memory grows with
-    /// the batch's records. Put partition-local operators (`filter`,
+    /// Needs the whole batch: its input is gathered at the batch boundary
+    /// and decoded then (not processed as blocks arrive). Until then a
+    /// received input's blocks wait encoded and, beyond the memory budget
+    /// (`--max-memory`), spill to a RocksDB store on disk; the decoded
+    /// batch is in memory, so that grows with the batch's records. Put partition-local operators (`filter`,
     /// `map`, `flat_map`) before it to shrink what it gathers.
     pub fn transform<U: Data, F>(&self, f: F) -> DStream<U>
     where
@@ -271,9 +276,11 @@ impl<T: Data> DStream<T> {
     /// Applies any function to each pair of batches of this stream and
     /// `other` at the same time (both must have the same slide duration).
     ///
-    /// Needs the whole batch: its input is gathered, decoded, at the batch
-    /// boundary (not processed as blocks arrive), so its memory grows with
-    /// the batch's records. Put partition-local operators (`filter`,
+    /// Needs the whole batch: its input is gathered at the batch boundary
+    /// and decoded then (not processed as blocks arrive). Until then a
+    /// received input's blocks wait encoded and, beyond the memory budget
+    /// (`--max-memory`), spill to a RocksDB store on disk; the decoded
+    /// batch is in memory, so that grows with the batch's records. Put partition-local operators (`filter`,
     /// `map`, `flat_map`) before it to shrink what it gathers.
     pub fn transform_with<B: Data, U: Data, F>(&self, other: &DStream<B>, f: F) -> DStream<U>
     where

@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 use common::{Collected, INTERVAL, collect, run, sorted_at, t};
 use proptest::prelude::*;
+use proptest::test_runner::TestCaseError;
 use spate_core::Duration;
 use spate_dstream::{DStream, FedSource, GraphBuilder, InPlace, InputSource, QueueSource, Views};
 
@@ -45,38 +46,57 @@ fn builder() -> GraphBuilder {
     GraphBuilder::new(INTERVAL).partitions(3).workers(2)
 }
 
+/// The job of [`job`] behind a chain of record-wise operators: the whole
+/// chain runs on arrival.
+fn chained_job(words: &DStream<u16>) -> (Counts, Counts) {
+    job(&words.filter(|w| w % 5 != 0).map(|w| w / 2).flat_map(|w| [w, w + 7]))
+}
+
+/// Runs `job` over `input` once with blocks processed on arrival (by the
+/// stage named `operator`) or handed over raw as `input` says, once over
+/// whole batches, and compares the results; returns the pipelined
+/// per-batch counts.
+fn check_pipelined(
+    input: &[Blocks],
+    job: fn(&DStream<u16>) -> (Counts, Counts),
+    operator: &str,
+) -> Result<Counts, TestCaseError> {
+    let fed = Arc::new(FedSource::new());
+    let b = builder();
+    let (per_batch, windowed) = job(&b.input("words", Arc::clone(&fed)));
+    let mut pipelined = b.build().unwrap();
+    let stage = fed.arrival_stage().expect("the graph hands the counting to the fed source");
+    prop_assert_eq!(stage.operator(), operator);
+
+    let queue = Arc::new(QueueSource::new());
+    let b = builder();
+    let (reference_batch, reference_window) = job(&b.input("words", Arc::clone(&queue)));
+    let mut whole = b.build().unwrap();
+    prop_assert!(!queue.set_arrival_stage(stage.clone()), "a queue computes at the batch end");
+
+    for (index, blocks) in input.iter().enumerate() {
+        let time = t(index as i64 + 1);
+        let processed = blocks.iter().filter(|(_, early)| *early).map(|(records, _)| stage.process(records.clone()));
+        stage.deliver(time, processed.collect());
+        fed.feed(time, blocks.iter().filter(|(_, early)| !*early).map(|(records, _)| records.clone()).collect());
+        queue.push_partitions(blocks.iter().map(|(records, _)| records.clone()).collect());
+    }
+    let batches = 1..=input.len() as i64;
+    run(&mut pipelined, batches.clone());
+    run(&mut whole, batches.clone());
+    for batch in batches {
+        prop_assert_eq!(sorted_at(&per_batch, t(batch)), sorted_at(&reference_batch, t(batch)));
+        prop_assert_eq!(sorted_at(&windowed, t(batch)), sorted_at(&reference_window, t(batch)));
+    }
+    Ok(per_batch)
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(48))]
 
     #[test]
     fn blocks_processed_on_arrival_give_the_whole_batch_result(input in batches()) {
-        let fed = Arc::new(FedSource::new());
-        let b = builder();
-        let (per_batch, windowed) = job(&b.input("words", Arc::clone(&fed)));
-        let mut pipelined = b.build().unwrap();
-        let stage = fed.arrival_stage().expect("the graph hands the counting to the fed source");
-        prop_assert_eq!(stage.operator(), "map_partitions-1");
-
-        let queue = Arc::new(QueueSource::new());
-        let b = builder();
-        let (reference_batch, reference_window) = job(&b.input("words", Arc::clone(&queue)));
-        let mut whole = b.build().unwrap();
-        prop_assert!(!queue.set_arrival_stage(stage.clone()), "a queue computes at the batch end");
-
-        for (index, blocks) in input.iter().enumerate() {
-            let time = t(index as i64 + 1);
-            let processed = blocks.iter().filter(|(_, early)| *early).map(|(records, _)| stage.process(records.clone()));
-            stage.deliver(time, processed.collect());
-            fed.feed(time, blocks.iter().filter(|(_, early)| !*early).map(|(records, _)| records.clone()).collect());
-            queue.push_partitions(blocks.iter().map(|(records, _)| records.clone()).collect());
-        }
-        let batches = 1..=input.len() as i64;
-        run(&mut pipelined, batches.clone());
-        run(&mut whole, batches.clone());
-        for batch in batches {
-            prop_assert_eq!(sorted_at(&per_batch, t(batch)), sorted_at(&reference_batch, t(batch)));
-            prop_assert_eq!(sorted_at(&windowed, t(batch)), sorted_at(&reference_window, t(batch)));
-        }
+        let per_batch = check_pipelined(&input, job, "map_partitions-1")?;
         // The results are the counts themselves, not only equal to each other.
         let last = input.len() as i64;
         let mut expected: BTreeMap<u16, u64> = BTreeMap::new();
@@ -86,6 +106,11 @@ proptest! {
             }
         }
         prop_assert_eq!(sorted_at(&per_batch, t(last)).unwrap_or_default(), expected.into_iter().collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn a_chain_of_partition_local_operators_runs_on_arrival_and_gives_the_whole_batch_result(input in batches()) {
+        check_pipelined(&input, chained_job, "filter-1 > map-2 > flat_map-3 > map_partitions-4")?;
     }
 }
 
