@@ -17,7 +17,7 @@ use std::thread::JoinHandle;
 use std::time::Duration as StdDuration;
 
 use spate_core::Time;
-use spate_dstream::{BoxError, InputSource};
+use spate_dstream::{ArrivalStage, BoxError, InputSource};
 use spate_kafka::{DirectKafkaConfig, DirectKafkaStream, KafkaRecord, OffsetCommit, OffsetRanges, TopicPartition};
 use spate_runtime::{
     BatchProgress, OffsetsHook, PipelineBuilder, ProgressListener, RuntimeError, StopHandle, StreamingContext,
@@ -62,6 +62,10 @@ impl InputSource<KafkaRecord> for OnePartition {
             }
         }
         self.stream.compute(time, planned)
+    }
+
+    fn set_arrival_stage(&self, stage: ArrivalStage<KafkaRecord>) -> bool {
+        self.stream.set_arrival_stage(stage)
     }
 }
 

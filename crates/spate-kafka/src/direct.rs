@@ -41,17 +41,19 @@
 //! a version without caps) can be larger.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::Duration as StdDuration;
 
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::{Offset, TopicPartitionList};
 use spate_core::{Duration, Time};
-use tracing::{debug, info};
+use spate_dstream::{ArrivalStage, ProcessedBlock};
+use tracing::{debug, info, warn};
 
 use crate::consumer::{ConsumerPool, ConsumerSettings, DataLossPolicy, KafkaRecord};
 use crate::error::{KafkaError, Result, client};
 use crate::offsets::{EARLIEST, LATEST, OffsetRange, OffsetRanges, PartitionOffsets, TopicPartition};
+use crate::read_ahead::{Ahead, Limits, ReadAhead};
 use crate::retry::retry_coordinator;
 use crate::store::RocksOffsetStore;
 
@@ -222,9 +224,24 @@ impl DirectKafkaConfig {
 
 /// A Kafka source that plans offset ranges per batch and reads them with
 /// exclusively owned consumers.
+///
+/// # Reading ahead
+///
+/// When the stream's only reader in the graph is a record-wise operator
+/// (`map`, `flat_map`, `filter`, `map_values`), the stream reads each batch
+/// while its interval is still open: a thread reads what the broker has in
+/// chunks of at most 65,536 records, within the batch's caps, runs the
+/// operator on each chunk and keeps only its result. The plan at the
+/// boundary reads what is left, and its ranges start where the batch
+/// starts, so `offsets/N` covers the records read ahead too and a re-run
+/// reads them again. Nothing read ahead is visible before the batch is
+/// planned, logged and computed; the batch's result is the one the
+/// operator gives over each whole partition. Whatever reads the stream
+/// otherwise (`map_partitions`, a window, two operators) is computed at
+/// the boundary as before.
 pub struct DirectKafkaStream {
     config: DirectKafkaConfig,
-    pool: ConsumerPool,
+    pool: Arc<ConsumerPool>,
     /// Metadata, watermarks and group commits only; records go through the pool.
     admin: Mutex<BaseConsumer>,
     /// Where the next batch starts; `None` until resolved from the starting offsets.
@@ -233,12 +250,22 @@ pub struct DirectKafkaStream {
     rate_limit: AtomicU64,
     /// The records the last plan read, until the batch asks for them.
     prefetched: Mutex<Option<Prefetched>>,
+    /// Reads the next batch during its interval, when the graph handed the
+    /// stream a record-wise operator (see [`crate::read_ahead`]).
+    read_ahead: OnceLock<ReadAhead>,
 }
 
-/// The records read while planning a batch, with the ranges they cover.
+/// What was read while planning a batch, with the ranges it covers.
 struct Prefetched {
     ranges: OffsetRanges,
-    records: Vec<Vec<KafkaRecord>>,
+    read: Read,
+}
+
+/// A batch read before its compute: its records, or, when the stream reads
+/// ahead, the operator's result over each partition.
+enum Read {
+    Records(Vec<Vec<KafkaRecord>>),
+    Processed(Vec<ProcessedBlock>),
 }
 
 impl std::fmt::Debug for DirectKafkaStream {
@@ -251,7 +278,7 @@ impl std::fmt::Debug for DirectKafkaStream {
     }
 }
 
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
@@ -267,12 +294,13 @@ impl DirectKafkaStream {
         let admin: BaseConsumer =
             config.consumer.client_config().create().map_err(client("create the metadata consumer"))?;
         Ok(DirectKafkaStream {
-            pool: ConsumerPool::new(config.consumer.clone()),
+            pool: Arc::new(ConsumerPool::new(config.consumer.clone())),
             config,
             admin: Mutex::new(admin),
             position: Mutex::new(None),
             rate_limit: AtomicU64::new(0),
             prefetched: Mutex::new(None),
+            read_ahead: OnceLock::new(),
         })
     }
 
@@ -317,7 +345,30 @@ impl DirectKafkaStream {
         let mut next = position.take().unwrap_or_default();
         next.extend(ranges.until_offsets());
         *position = Some(next);
+        drop(position);
+        self.forget_read_ahead();
         Ok(())
+    }
+
+    /// Whether the stream reads each batch during its interval (the graph
+    /// handed it a record-wise operator; see *Reading ahead* on [`DirectKafkaStream`]).
+    pub fn reads_ahead(&self) -> bool {
+        self.read_ahead.get().is_some()
+    }
+
+    /// Waits until at least `records` records are read ahead for the next
+    /// batch, or `timeout` passed; returns how many are (0 when the stream
+    /// does not read ahead). For tests and tools that need the read-ahead
+    /// to have happened before they go on.
+    pub fn wait_for_read_ahead(&self, records: u64, timeout: StdDuration) -> u64 {
+        self.read_ahead.get().map_or(0, |r| r.wait_for_records(records, timeout))
+    }
+
+    /// Drops what was read ahead: the position moved otherwise.
+    fn forget_read_ahead(&self) {
+        if let Some(read_ahead) = self.read_ahead.get() {
+            read_ahead.progress().forget();
+        }
     }
 
     /// Plans the batch at `time`: one range per partition from the current
@@ -326,9 +377,13 @@ impl DirectKafkaStream {
     /// configured bytes per batch (see the module documentation) and moves
     /// the position to the ends of what was read, which it returns. The
     /// records wait for [`DirectKafkaStream::read`] of the returned ranges.
+    /// When the stream reads ahead, the ranges start with what was read
+    /// during the interval and the caps count it.
     pub fn plan_batch(&self, time: Time, max_records: Option<u64>) -> Result<OffsetRanges> {
         // The previous batch's records, if nobody took them, go before reading more.
         drop(lock(&self.prefetched).take());
+        // Held throughout: the read-ahead does not read while a batch is planned.
+        let mut progress = self.read_ahead.get().map(ReadAhead::progress);
         let mut start = self.position()?;
         let partitions = self.partitions()?;
         let latest = self.latest_offsets(&partitions)?;
@@ -340,82 +395,56 @@ impl DirectKafkaStream {
                 start.insert(tp.clone(), earliest);
             }
         }
-        let caps = self.caps(&start, &latest, max_records);
-        let wanted: OffsetRanges = partitions
-            .iter()
-            .map(|tp| {
-                let from = start.get(tp).copied().unwrap_or(0);
-                plan_range(tp, from, latest.get(tp).copied().unwrap_or(from), caps.get(tp).copied())
-            })
-            .collect::<Result<_>>()?;
-        let (ranges, records) = self.read_within(&wanted, self.config.max_bytes_per_batch)?;
+        let ahead = progress.as_mut().map(|p| p.take(&start)).unwrap_or_default();
+        let limits = self.limits(max_records);
+        let rest = plan_rest(&partitions, &start, &latest, limits, &ahead)?;
+        let (rest, records) = read_within(&self.pool, &rest, limits.bytes.saturating_sub(ahead.bytes))?;
+        let ranges = OffsetRanges::new(
+            rest.ranges()
+                .iter()
+                .map(|r| {
+                    let from = start.get(&r.topic_partition()).copied().unwrap_or(r.from);
+                    OffsetRange::new(r.topic.clone(), r.partition, from, r.until)
+                })
+                .collect(),
+        );
         record_lag(&ranges, &latest);
-        debug!(time = time.as_millis(), records = ranges.count(), wanted = wanted.count(), "planned batch");
-        *lock(&self.prefetched) = Some(Prefetched { ranges: ranges.clone(), records });
+        debug!(time = time.as_millis(), records = ranges.count(), read_ahead = ahead.total_records(), "planned batch");
+        let read = match self.read_ahead.get() {
+            Some(read_ahead) => processed(read_ahead, &ranges, ahead, records),
+            None => Some(Read::Records(records)),
+        };
+        if let Some(read) = read {
+            *lock(&self.prefetched) = Some(Prefetched { ranges: ranges.clone(), read });
+        }
         let mut position = lock(&self.position);
         let mut next = position.take().unwrap_or_default();
         next.extend(ranges.until_offsets());
-        *position = Some(next);
+        *position = Some(next.clone());
+        drop(position);
+        if let Some(progress) = progress.as_mut() {
+            progress.restart(next, limits);
+        }
+        drop(progress);
+        if let Some(read_ahead) = self.read_ahead.get() {
+            read_ahead.wake();
+        }
         Ok(ranges)
     }
 
-    /// The per-partition caps for this batch (absent: no cap).
-    fn caps(&self, start: &PartitionOffsets, latest: &PartitionOffsets, max_records: Option<u64>) -> Caps {
+    /// The caps of a batch planned now.
+    fn limits(&self, max_records: Option<u64>) -> Limits {
         let secs = self.config.batch_interval.as_secs_f64();
         let backpressure = match self.rate_limit.load(Ordering::Relaxed) {
             0 => None,
             rate => Some(((rate as f64) * secs).ceil() as u64),
         };
         let per_partition = self.config.max_rate_per_partition.map(|r| ((r as f64) * secs).ceil().max(1.0) as u64);
-        let batch_limit = batch_record_limit(backpressure, max_records, self.config.max_records_per_batch);
-        rate_caps(start, latest, per_partition, Some(batch_limit))
-    }
-
-    /// Reads `wanted`, each non-empty range in its own task, stopping each
-    /// before the record that would take it past its share of `max_bytes`.
-    /// Returns the ranges actually read (empty ones unchanged) and their
-    /// records, in the shape [`DirectKafkaStream::read`] gives.
-    fn read_within(&self, wanted: &OffsetRanges, max_bytes: u64) -> Result<(OffsetRanges, Vec<Vec<KafkaRecord>>)> {
-        let work: Vec<&OffsetRange> = wanted.ranges().iter().filter(|r| r.count() > 0).collect();
-        let shares = byte_shares(&work.iter().map(|r| r.count()).collect::<Vec<_>>(), max_bytes);
-        let read: Vec<(OffsetRange, Vec<KafkaRecord>)> = std::thread::scope(|scope| {
-            let tasks: Vec<_> = work
-                .iter()
-                .zip(&shares)
-                .map(|(range, share)| (range, scope.spawn(|| self.read_range_within(range, *share))))
-                .collect();
-            tasks.into_iter().map(|(range, task)| join(range, task)).collect::<Result<_>>()
-        })?;
-        // Counted here, on the planning thread, as a batch's input.
-        for (range, records) in &read {
-            record_input(range, records);
+        Limits {
+            records: batch_record_limit(backpressure, max_records, self.config.max_records_per_batch),
+            per_partition,
+            bytes: self.config.max_bytes_per_batch,
         }
-        // One partition of the batch per planned range, in the plan's order,
-        // empty ones included: event-time watermarks are kept per partition.
-        let mut read = read.into_iter();
-        let mut read_ranges = Vec::with_capacity(wanted.ranges().len());
-        let mut records = Vec::with_capacity(wanted.ranges().len());
-        for range in wanted.ranges() {
-            let done = if range.count() > 0 { read.next() } else { None };
-            match done {
-                Some((done, partition)) => {
-                    read_ranges.push(done);
-                    records.push(partition);
-                }
-                None => {
-                    read_ranges.push(range.clone());
-                    records.push(Vec::new());
-                }
-            }
-        }
-        Ok((OffsetRanges::new(read_ranges), records))
-    }
-
-    /// Reads `range` from its start within `max_bytes`; returns the part read.
-    fn read_range_within(&self, range: &OffsetRange, max_bytes: u64) -> Result<(OffsetRange, Vec<KafkaRecord>)> {
-        let mut consumer = self.pool.checkout(&range.topic_partition())?;
-        let (records, stop) = consumer.read_range_within(range, max_bytes)?;
-        Ok((OffsetRange::new(range.topic.clone(), range.partition, range.from, stop), records))
     }
 
     /// Returns the records of each range of `ranges` (one partition of the
@@ -424,7 +453,7 @@ impl DirectKafkaStream {
     /// read for exactly these ranges, or, for other ranges (a re-run after a
     /// restart), read now in full, one task per range, in parallel.
     pub fn read(&self, ranges: &OffsetRanges) -> Result<Vec<Vec<KafkaRecord>>> {
-        if let Some(records) = self.take_prefetched(ranges) {
+        if let Some(Read::Records(records)) = self.take_prefetched(ranges) {
             return Ok(records);
         }
         std::thread::scope(|scope| {
@@ -440,11 +469,11 @@ impl DirectKafkaStream {
         })
     }
 
-    /// The records planned for exactly `ranges`, if they are still waiting.
-    fn take_prefetched(&self, ranges: &OffsetRanges) -> Option<Vec<Vec<KafkaRecord>>> {
+    /// What was read while planning exactly `ranges`, if it is still waiting.
+    fn take_prefetched(&self, ranges: &OffsetRanges) -> Option<Read> {
         let mut prefetched = lock(&self.prefetched);
         if prefetched.as_ref().is_some_and(|p| p.ranges == *ranges) {
-            return prefetched.take().map(|p| p.records);
+            return prefetched.take().map(|p| p.read);
         }
         None
     }
@@ -576,6 +605,61 @@ impl DirectKafkaStream {
     }
 }
 
+/// Reads `wanted`, each non-empty range in its own task, stopping each
+/// before the record that would take it past its share of `max_bytes`.
+/// Returns the ranges actually read (empty ones unchanged) and their
+/// records, in the shape [`DirectKafkaStream::read`] gives.
+pub(crate) fn read_within(
+    pool: &ConsumerPool,
+    wanted: &OffsetRanges,
+    max_bytes: u64,
+) -> Result<(OffsetRanges, Vec<Vec<KafkaRecord>>)> {
+    let work: Vec<&OffsetRange> = wanted.ranges().iter().filter(|r| r.count() > 0).collect();
+    let shares = byte_shares(&work.iter().map(|r| r.count()).collect::<Vec<_>>(), max_bytes);
+    let read: Vec<(OffsetRange, Vec<KafkaRecord>)> = std::thread::scope(|scope| {
+        let tasks: Vec<_> = work
+            .iter()
+            .zip(&shares)
+            .map(|(range, share)| (range, scope.spawn(|| read_range_within(pool, range, *share))))
+            .collect();
+        tasks.into_iter().map(|(range, task)| join(range, task)).collect::<Result<_>>()
+    })?;
+    // Counted here, on the planning thread, as a batch's input.
+    for (range, records) in &read {
+        record_input(range, records);
+    }
+    // One partition of the batch per planned range, in the plan's order,
+    // empty ones included: event-time watermarks are kept per partition.
+    let mut read = read.into_iter();
+    let mut read_ranges = Vec::with_capacity(wanted.ranges().len());
+    let mut records = Vec::with_capacity(wanted.ranges().len());
+    for range in wanted.ranges() {
+        let done = if range.count() > 0 { read.next() } else { None };
+        match done {
+            Some((done, partition)) => {
+                read_ranges.push(done);
+                records.push(partition);
+            }
+            None => {
+                read_ranges.push(range.clone());
+                records.push(Vec::new());
+            }
+        }
+    }
+    Ok((OffsetRanges::new(read_ranges), records))
+}
+
+/// Reads `range` from its start within `max_bytes`; returns the part read.
+fn read_range_within(
+    pool: &ConsumerPool,
+    range: &OffsetRange,
+    max_bytes: u64,
+) -> Result<(OffsetRange, Vec<KafkaRecord>)> {
+    let mut consumer = pool.checkout(&range.topic_partition())?;
+    let (records, stop) = consumer.read_range_within(range, max_bytes)?;
+    Ok((OffsetRange::new(range.topic.clone(), range.partition, range.from, stop), records))
+}
+
 type Caps = std::collections::BTreeMap<TopicPartition, i64>;
 
 /// Gauge of `/metrics`: records of a partition not read yet after the batch
@@ -656,7 +740,7 @@ fn min_of(a: Option<u64>, b: Option<u64>) -> Option<u64> {
 /// Spark's `maxMessagesPerPartition`: each partition gets at most
 /// `per_partition` records, and the batch limit is shared out in proportion
 /// to each partition's lag (at least one record for a partition that lags).
-fn rate_caps(
+pub(crate) fn rate_caps(
     start: &PartitionOffsets,
     latest: &PartitionOffsets,
     per_partition: Option<u64>,
@@ -703,7 +787,7 @@ impl spate_dstream::InputSource<KafkaRecord> for DirectKafkaStream {
         Ok(Some(self.plan_batch(time, max_records)?.to_json()))
     }
 
-    fn compute(&self, _time: Time, planned: Option<&str>) -> Result<Vec<Vec<KafkaRecord>>, spate_dstream::BoxError> {
+    fn compute(&self, time: Time, planned: Option<&str>) -> Result<Vec<Vec<KafkaRecord>>, spate_dstream::BoxError> {
         let Some(planned) = planned else {
             return Err(Box::new(KafkaError::Config("a Kafka batch needs its planned offset ranges".into())));
         };
@@ -716,8 +800,90 @@ impl spate_dstream::InputSource<KafkaRecord> for DirectKafkaStream {
             *entry = (*entry).max(until);
         }
         drop(position);
-        Ok(self.read(&ranges)?)
+        match (self.take_prefetched(&ranges), self.read_ahead.get()) {
+            (Some(Read::Records(records)), _) => Ok(records),
+            (Some(Read::Processed(blocks)), Some(read_ahead)) => {
+                // Every partition is the operator's result already.
+                read_ahead.stage().deliver(time, blocks);
+                Ok(Vec::new())
+            }
+            _ => {
+                // Other ranges (a re-run): read in full, computed at the
+                // boundary; reading ahead resumes after the next plan.
+                self.forget_read_ahead();
+                Ok(self.read(&ranges)?)
+            }
+        }
     }
+
+    /// Taken when the stream's only reader is a record-wise operator
+    /// (`map`, `flat_map`, `filter`): the stream then reads each batch
+    /// during its interval and runs the operator on it chunk by chunk (see
+    /// *Reading ahead* on [`DirectKafkaStream`]). Other operators (`map_partitions` sees a
+    /// partition whole) are computed at the boundary.
+    fn set_arrival_stage(&self, stage: ArrivalStage<KafkaRecord>) -> bool {
+        if !stage.is_record_wise() || self.read_ahead.get().is_some() {
+            return false;
+        }
+        match ReadAhead::start(&self.config, Arc::clone(&self.pool), stage) {
+            Ok(read_ahead) => self.read_ahead.set(read_ahead).is_ok(),
+            Err(error) => {
+                warn!(%error, "cannot read ahead; batches are read at their boundary");
+                false
+            }
+        }
+    }
+}
+
+/// The rest of a batch to read after what was read `ahead`: each
+/// partition from where the read-ahead stopped (or the batch's start) to
+/// its latest offset, within what is left of the batch's caps.
+fn plan_rest(
+    partitions: &[TopicPartition],
+    start: &PartitionOffsets,
+    latest: &PartitionOffsets,
+    limits: Limits,
+    ahead: &Ahead,
+) -> Result<OffsetRanges> {
+    let rest_start: PartitionOffsets = partitions
+        .iter()
+        .map(|tp| (tp.clone(), ahead.next.get(tp).or_else(|| start.get(tp)).copied().unwrap_or(0)))
+        .collect();
+    // No bytes left: nothing more (a range always reads its first record).
+    let records_left =
+        if limits.bytes > ahead.bytes { limits.records.saturating_sub(ahead.total_records()) } else { 0 };
+    let shares = rate_caps(&rest_start, latest, None, Some(records_left));
+    partitions
+        .iter()
+        .map(|tp| {
+            let from = rest_start.get(tp).copied().unwrap_or(0);
+            let own_left = limits.per_partition.map(|p| p.saturating_sub(ahead.records.get(tp).copied().unwrap_or(0)));
+            let share = shares.get(tp).map(|c| u64::try_from(*c).unwrap_or(0));
+            let cap = min_of(share, own_left).map(|c| i64::try_from(c).unwrap_or(i64::MAX));
+            plan_range(tp, from, latest.get(tp).copied().unwrap_or(from), cap)
+        })
+        .collect()
+}
+
+/// Each partition of a batch read ahead as the operator's result: what was
+/// read during the interval joined with the rest, read at the boundary,
+/// processed now. `None` when the operator panicked: the batch is then
+/// read again and computed at its boundary.
+fn processed(
+    read_ahead: &ReadAhead,
+    ranges: &OffsetRanges,
+    mut ahead: Ahead,
+    rest: Vec<Vec<KafkaRecord>>,
+) -> Option<Read> {
+    let mut blocks = Vec::with_capacity(ranges.ranges().len());
+    for (range, records) in ranges.ranges().iter().zip(rest) {
+        let mut chunks = ahead.chunks.remove(&range.topic_partition()).unwrap_or_default();
+        if !records.is_empty() {
+            chunks.push(read_ahead.process(records)?);
+        }
+        blocks.push(read_ahead.stage().join(chunks));
+    }
+    Some(Read::Processed(blocks))
 }
 
 #[cfg(test)]

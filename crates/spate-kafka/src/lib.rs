@@ -69,6 +69,7 @@ mod direct;
 mod error;
 mod group;
 mod offsets;
+mod read_ahead;
 mod receiver;
 mod retry;
 mod sink;

@@ -1,0 +1,178 @@
+//! Reading a batch during its interval, against the local broker: the
+//! records read ahead are processed then, the batch's ranges cover them,
+//! the result is the whole-batch result, a re-run from the logged offsets
+//! gives it again, and the batch's caps hold.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration as StdDuration;
+
+use common::{BATCH, SOURCE, brokers, create_topic, produce, time_of, unique, value, values};
+use spate_core::BatchId;
+use spate_dstream::{Graph, GraphBuilder};
+use spate_kafka::{DirectKafkaConfig, DirectKafkaStream, KafkaRecord, OffsetRanges};
+
+/// A guard against a hang, never an expected duration: the read-ahead is
+/// waited for by the records it has read.
+const PATIENCE: StdDuration = StdDuration::from_secs(120);
+
+type Row = (i32, i64, String);
+
+/// Batches as the graph's output saw them: per batch, its partitions.
+type Seen = Arc<Mutex<BTreeMap<u64, Vec<Vec<Row>>>>>;
+
+fn config(topic: &str) -> DirectKafkaConfig {
+    DirectKafkaConfig::subscribe(brokers(), unique("group"), [topic], BATCH)
+        .max_records_per_batch(1_000_000)
+        .poll_timeout(StdDuration::from_secs(20))
+}
+
+/// The record-wise operator under test: drops a tenth of the records and
+/// keeps where the rest came from.
+fn operator(record: KafkaRecord) -> Option<Row> {
+    let v = value(&record);
+    (!v.ends_with('7')).then_some((record.partition, record.offset, v))
+}
+
+/// A graph reading `stream` through [`operator`] into `seen`.
+fn graph(stream: &Arc<DirectKafkaStream>, seen: &Seen) -> Graph {
+    let builder = GraphBuilder::new(BATCH);
+    let sink = Arc::clone(seen);
+    builder.input(SOURCE, Arc::clone(stream)).flat_map(operator).foreach_batch(move |batch, info| {
+        sink.lock().unwrap().insert(info.batch_id.0, batch.partitions().to_vec());
+        Ok(())
+    });
+    builder.build().unwrap()
+}
+
+/// Runs batch `batch` of `graph` from `planned` (the offset log's entry).
+fn run(graph: &mut Graph, batch: u64, planned: &BTreeMap<String, String>) {
+    for job in graph.generate_jobs(time_of(batch), BatchId(batch), planned).unwrap() {
+        job.run().unwrap();
+    }
+}
+
+/// What [`operator`] gives over each whole partition of `ranges`, read now.
+fn whole_batch(ranges: &OffsetRanges, topic: &str) -> Vec<Vec<Row>> {
+    let reader = DirectKafkaStream::new(config(topic)).unwrap();
+    reader.read(ranges).unwrap().into_iter().map(|part| part.into_iter().filter_map(operator).collect()).collect()
+}
+
+#[test]
+fn records_read_during_the_interval_give_the_whole_batch_result_and_a_rerun_gives_it_again() {
+    let topic = unique("read-ahead");
+    create_topic(&topic, 3);
+    produce(&topic, 3, values(0..900));
+    let stream = Arc::new(DirectKafkaStream::new(config(&topic)).unwrap());
+    let seen: Seen = Arc::default();
+    let mut pipelined = graph(&stream, &seen);
+    assert!(stream.reads_ahead(), "a flat_map right after the input reads ahead");
+
+    let mut logged = Vec::new();
+    for batch in 0..3u64 {
+        let planned = pipelined.plan(time_of(batch), &BTreeMap::new()).unwrap();
+        run(&mut pipelined, batch, &planned);
+        logged.push(planned);
+        // During the next interval: records arrive and are read and
+        // processed before the interval ends; a few more arrive late.
+        produce(&topic, 3, values(900 * (batch as u32 + 1)..900 * (batch as u32 + 2)));
+        assert_eq!(stream.wait_for_read_ahead(900, PATIENCE), 900, "read while the interval is open");
+        produce(&topic, 3, values(10_000 + 30 * batch as u32..10_030 + 30 * batch as u32));
+    }
+    let planned = pipelined.plan(time_of(3), &BTreeMap::new()).unwrap();
+    run(&mut pipelined, 3, &planned);
+    logged.push(planned);
+
+    let mut previous_ends = None;
+    let seen = seen.lock().unwrap().clone();
+    for (batch, planned) in logged.iter().enumerate() {
+        let ranges = OffsetRanges::from_json(&planned[SOURCE]).unwrap();
+        let expected_records = if batch == 0 { 900 } else { 930 };
+        assert_eq!(ranges.count(), expected_records, "batch {batch}: what was read ahead and the rest");
+        if let Some(ends) = previous_ends.replace(ranges.until_offsets()) {
+            assert_eq!(ranges.from_offsets(), ends, "batch {batch} starts where the one before ended");
+        }
+        // One partition per topic partition, each the operator's result
+        // over the whole partition.
+        assert_eq!(seen[&(batch as u64)], whole_batch(&ranges, &topic), "batch {batch}");
+    }
+
+    // A restart re-runs each batch from its logged offsets, computed at the
+    // boundary: the same result.
+    let again: Seen = Arc::default();
+    let restarted = Arc::new(DirectKafkaStream::new(config(&topic)).unwrap());
+    let mut rerun = graph(&restarted, &again);
+    for (batch, planned) in logged.iter().enumerate() {
+        run(&mut rerun, batch as u64, planned);
+    }
+    assert_eq!(*again.lock().unwrap(), seen);
+}
+
+#[test]
+fn reading_ahead_stays_within_the_batch_caps_and_reads_every_record_once() {
+    let topic = unique("read-ahead-caps");
+    create_topic(&topic, 2);
+    let stream = Arc::new(
+        DirectKafkaStream::new(config(&topic).max_records_per_batch(500).max_rate_per_partition(3_000)).unwrap(),
+    );
+    // 3,000 records a second a partition at 100 ms batches: 300 a batch.
+    let seen: Seen = Arc::default();
+    let mut pipelined = graph(&stream, &seen);
+    let planned = pipelined.plan(time_of(0), &BTreeMap::new()).unwrap();
+    run(&mut pipelined, 0, &planned);
+    assert_eq!(OffsetRanges::from_json(&planned[SOURCE]).unwrap().count(), 0);
+
+    produce(&topic, 2, values(0..2_000));
+    assert_eq!(stream.wait_for_read_ahead(500, PATIENCE), 500, "the batch cap holds while reading ahead");
+    let mut read = 0;
+    let mut batch = 1;
+    while read < 2_000 {
+        let planned = pipelined.plan(time_of(batch), &BTreeMap::new()).unwrap();
+        let ranges = OffsetRanges::from_json(&planned[SOURCE]).unwrap();
+        assert!(ranges.count() <= 500, "batch {batch}: {}", ranges.count());
+        assert!(ranges.ranges().iter().all(|r| r.count() <= 300), "batch {batch}: {ranges:?}");
+        run(&mut pipelined, batch, &planned);
+        read += ranges.count();
+        batch += 1;
+    }
+    assert_eq!(read, 2_000);
+    let mut kept: Vec<String> = seen.lock().unwrap().values().flatten().flatten().map(|r| r.2.clone()).collect();
+    kept.sort();
+    let mut expected: Vec<String> = values(0..2_000).into_iter().filter(|v| !v.ends_with('7')).collect();
+    expected.sort();
+    assert_eq!(kept, expected, "every record once, none repeated");
+}
+
+#[test]
+fn an_operator_panicking_on_records_read_ahead_fails_its_batch_at_the_boundary() {
+    let topic = unique("read-ahead-panic");
+    create_topic(&topic, 2);
+    let stream = Arc::new(DirectKafkaStream::new(config(&topic)).unwrap());
+    let builder = GraphBuilder::new(BATCH);
+    let poison = values(150..151).remove(0);
+    builder
+        .input(SOURCE, Arc::clone(&stream))
+        .map(move |r: KafkaRecord| {
+            let v = value(&r);
+            assert_ne!(v, poison, "the operator refuses this record");
+            v
+        })
+        .name("refuses")
+        .foreach_batch(|_, _| Ok(()));
+    let mut graph = builder.build().unwrap();
+    let planned = graph.plan(time_of(0), &BTreeMap::new()).unwrap();
+    run(&mut graph, 0, &planned);
+
+    produce(&topic, 2, values(0..300));
+    // The read-ahead stops at the panic (it waits no longer for records).
+    let read_ahead = stream.wait_for_read_ahead(300, PATIENCE);
+    assert!(read_ahead < 300, "{read_ahead}");
+    let planned = graph.plan(time_of(1), &BTreeMap::new()).unwrap();
+    assert_eq!(OffsetRanges::from_json(&planned[SOURCE]).unwrap().count(), 300, "the whole batch is planned");
+    let error = graph.generate_jobs(time_of(1), BatchId(1), &planned).map(|_| ()).unwrap_err();
+    assert!(error.to_string().contains("refuses"), "the batch fails naming the operator: {error}");
+}
