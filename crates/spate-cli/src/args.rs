@@ -287,12 +287,19 @@ pub struct MemoryArgs {
     /// --max-bytes-per-batch says otherwise.
     #[arg(long, value_name = "SIZE", default_value = "256M", value_parser = parse_size)]
     pub max_memory: u64,
+
+    /// Where the received blocks of an input read by a whole-batch operator spill beyond
+    /// --max-memory (a folder per input, removed when it stops) [default: the system's temporary
+    /// folder].
+    #[arg(long, value_name = "DIR")]
+    pub spill_dir: Option<std::path::PathBuf>,
 }
 
 impl MemoryArgs {
     /// `settings` with the memory budget given.
     pub(crate) fn apply(&self, mut settings: spate_runtime::StreamingSettings) -> spate_runtime::StreamingSettings {
         settings.max_memory_bytes = self.max_memory;
+        settings.spill_dir = self.spill_dir.clone();
         settings
     }
 }

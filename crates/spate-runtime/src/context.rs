@@ -216,8 +216,9 @@ impl StreamingContext {
         let clock = Arc::clone(&settings.clock);
         let tracker = (!receivers.is_empty()).then(|| Arc::new(ReceivedBlockTracker::in_memory(Arc::clone(&clock))));
         let mut engine = new_engine(settings, graph, None, tracker, receivers, hooks)?;
+        let spill_base = engine.settings.spill_base();
         for receiver in &mut engine.receivers {
-            receiver.open(None, &clock, &engine.memory)?;
+            receiver.open(None, &clock, &engine.memory, &spill_base)?;
         }
         let first_tick = clock.now().floor(engine.settings.batch_interval) + engine.settings.batch_interval;
         Ok(Self::from_engine(engine, None, BTreeMap::new(), first_tick, None, exporter))
@@ -270,8 +271,10 @@ impl StreamingContext {
             (Some(Arc::new(tracker)), lost)
         };
         let mut engine = new_engine(settings, graph, Some(store), tracker, receivers, hooks)?;
+        let spill_base = engine.settings.spill_base();
         for receiver in &mut engine.receivers {
-            receiver.open(Some(CheckpointHome { dir: &wal_root, fence: &fence }), &clock, &engine.memory)?;
+            let home = CheckpointHome { dir: &wal_root, fence: &fence };
+            receiver.open(Some(home), &clock, &engine.memory, &spill_base)?;
         }
         let (report, resume, first_tick) = recover(&mut engine, verdict, unrecoverable)?;
         info!(%report, "checkpoint opened");

@@ -3,8 +3,9 @@
 //! `receivedData/<stream>/`), reports them to the tracker, and at batch
 //! time feeds the blocks the tracker allocated to the graph's [`FedSource`].
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use spate_core::{Clock, Duration, MemoryBudget, StreamBlockId, StreamId, Time, WriterFence};
 use spate_dstream::{Data, FedSource, ProcessedBlock};
@@ -90,12 +91,15 @@ pub(crate) trait ReceiverInput: Send {
     /// recovered blocks can be read before the receiver starts).
     /// `checkpoint` is the checkpoint directory and the writer fence its
     /// WAL checks before every change.
-    /// Its blocks draw on `memory`, the budget every input shares.
+    /// Its blocks draw on `memory`, the budget every input shares; those
+    /// of an input whose reader gathers the whole batch spill under
+    /// `spill_base` beyond it.
     fn open(
         &mut self,
         checkpoint: Option<CheckpointHome<'_>>,
         clock: &Arc<dyn Clock>,
         memory: &Arc<MemoryBudget>,
+        spill_base: &Path,
     ) -> Result<(), RuntimeError>;
     /// Starts the receiver, reporting blocks to `tracker`.
     fn start(
@@ -148,6 +152,25 @@ pub(crate) struct TypedReceiverInput<T, R> {
     /// Records and bytes fed to batches, for `/metrics`.
     input_records: metrics::Counter,
     input_bytes: metrics::Counter,
+    /// Where blocks beyond the memory budget go, for an input whose
+    /// reader gathers the whole batch; after `stores`, so it is removed
+    /// once the block manager is closed.
+    spill_area: Option<SpillArea>,
+}
+
+/// A folder of this process's own for an input's spilled blocks, removed
+/// when the input goes (a crash leaves it to the system's temporary
+/// folder cleaning, or to the next run of the same input, which wipes it).
+struct SpillArea(PathBuf);
+
+impl Drop for SpillArea {
+    fn drop(&mut self) {
+        if let Err(error) = std::fs::remove_dir_all(&self.0)
+            && error.kind() != std::io::ErrorKind::NotFound
+        {
+            warn!(dir = %self.0.display(), %error, "could not remove the spill area of received blocks");
+        }
+    }
 }
 
 impl<T: Record + Data, R: Receiver<T>> TypedReceiverInput<T, R> {
@@ -174,6 +197,7 @@ impl<T: Record + Data, R: Receiver<T>> TypedReceiverInput<T, R> {
             max_block_bytes: DEFAULT_MAX_BLOCK_BYTES,
             arrivals: None,
             arrival_threads: None,
+            spill_area: None,
         }
     }
 
@@ -407,17 +431,37 @@ impl<T: Record + Data, R: Receiver<T>> ReceiverInput for TypedReceiverInput<T, R
         checkpoint: Option<CheckpointHome<'_>>,
         clock: &Arc<dyn Clock>,
         memory: &Arc<MemoryBudget>,
+        spill_base: &Path,
     ) -> Result<(), RuntimeError> {
-        let config = BlockManagerConfig::in_memory(memory.limit()).sharing(Arc::clone(memory));
+        let mut config = BlockManagerConfig::in_memory(memory.limit()).sharing(Arc::clone(memory));
         // An eighth: a block's size in memory may be several times its
         // serialized size, which is what the cap estimates.
         self.max_block_bytes = DEFAULT_MAX_BLOCK_BYTES.min(memory.limit() / 8).max(1);
         self.arrivals = self.source.arrival_stage().map(|stage| Arrivals::new(stage, Arc::clone(memory)));
+        // Blocks processed as they arrive leave the store at once; the
+        // budget slows the receiver when processing falls behind. Blocks
+        // that wait for a whole-batch reader stay encoded and spill.
+        // Without the disk store (a build without the feature) they are
+        // held back by the budget like the others.
+        let level = if self.arrivals.is_some() || !cfg!(feature = "disk-store") {
+            // Memory only: with the WAL on, the log is the durable copy;
+            // without it, a restart loses unprocessed blocks whatever the level.
+            if self.options.write_ahead_log { StorageLevel::MEMORY_ONLY_SER } else { StorageLevel::MEMORY_ONLY }
+        } else {
+            // Unique in the process too: contexts of one process may share stream ids.
+            static AREAS: AtomicU64 = AtomicU64::new(0);
+            let area = format!(
+                "spate-spill-{}-{}-{}",
+                std::process::id(),
+                AREAS.fetch_add(1, Ordering::Relaxed),
+                self.stream_id.0
+            );
+            let area = spill_base.join(area);
+            config.disk_dir = Some(area.clone());
+            self.spill_area = Some(SpillArea(area));
+            StorageLevel::MEMORY_AND_DISK_SER
+        };
         let blocks = Arc::new(BlockManager::open(config, Arc::clone(clock)).map_err(|e| self.receiver_error(e))?);
-        // Memory only: with the WAL on, the log is the durable copy; without
-        // it, a restart loses unprocessed blocks whatever the level.
-        let level =
-            if self.options.write_ahead_log { StorageLevel::MEMORY_ONLY_SER } else { StorageLevel::MEMORY_ONLY };
         let (handler, wal) = self.open_handler(&blocks, level, checkpoint, clock)?;
         self.stores = Some(Stores { blocks, handler, wal });
         Ok(())

@@ -55,7 +55,16 @@ pub struct StreamingSettings {
     /// pass it waits until a batch has read blocks out, so a source faster
     /// than the engine is slowed rather than filling memory. The default,
     /// [`DEFAULT_MAX_MEMORY_BYTES`], fits a small machine.
+    ///
+    /// A received stream whose reader needs the whole batch (a `join`,
+    /// `transform`, a window or shuffle right after the input) is not
+    /// slowed: its blocks beyond the budget spill, encoded, to a RocksDB
+    /// store in [`StreamingSettings::spill_dir`] until their batch reads them.
     pub max_memory_bytes: u64,
+    /// Where received blocks beyond the memory budget spill (a folder of
+    /// the process's own is made in it for each input, and removed when
+    /// the input stops); `None`: the system's temporary folder.
+    pub spill_dir: Option<PathBuf>,
     /// Size and count of the files under `progress/`.
     pub progress_rotation: ProgressRotation,
     /// The clock batches tick on.
@@ -87,6 +96,7 @@ impl fmt::Debug for StreamingSettings {
             .field("retained_batches", &self.retained_batches)
             .field("backpressure", &self.backpressure)
             .field("max_memory_bytes", &self.max_memory_bytes)
+            .field("spill_dir", &self.spill_dir)
             .field("progress_rotation", &self.progress_rotation)
             .field("clock", &self.clock)
             .field("object_store", &self.object_store)
@@ -108,6 +118,7 @@ impl StreamingSettings {
             retained_batches: 100,
             backpressure: BackpressureSettings::default(),
             max_memory_bytes: DEFAULT_MAX_MEMORY_BYTES,
+            spill_dir: None,
             progress_rotation: ProgressRotation::default(),
             clock: Arc::new(SystemClock),
             object_store: ObjectStoreSettings::default(),
@@ -159,6 +170,19 @@ impl StreamingSettings {
     pub fn with_wal_dir(mut self, dir: impl Into<PathBuf>) -> Self {
         self.wal_dir = Some(dir.into());
         self
+    }
+
+    /// Spills received blocks beyond the memory budget under `dir` (see
+    /// [`StreamingSettings::spill_dir`]).
+    pub fn with_spill_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.spill_dir = Some(dir.into());
+        self
+    }
+
+    /// The folder spill areas are made in: [`StreamingSettings::spill_dir`]
+    /// or the system's temporary folder.
+    pub(crate) fn spill_base(&self) -> PathBuf {
+        self.spill_dir.clone().unwrap_or_else(std::env::temp_dir)
     }
 
     /// Runs batches on `clock` (a `ManualClock` in tests).
