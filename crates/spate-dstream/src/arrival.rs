@@ -3,26 +3,33 @@
 //!
 //! When the only consumer of a [`FedSource`](crate::FedSource) input is a
 //! partition-local operator (`map`, `filter`, `flat_map`,
-//! `map_partitions`), the built graph hands that operator's function to the
-//! source as an [`ArrivalStage`], followed by the operators after it that
-//! are partition-local too and each the only reader of the one before (a
-//! chain such as `filter` then `map` then `map_partitions`): the whole
-//! chain runs on each block, and its last operator takes the results. A
-//! Kafka stream takes the longest chain that works record by record
-//! ([`ArrivalStage::is_record_wise`]). The runtime runs it on each received block
-//! as the block comes in and keeps only its result ([`ProcessedBlock`]); at
-//! the batch boundary it hands the results of exactly the blocks allocated
-//! to the batch back with [`ArrivalStage::deliver`], and the operator takes
-//! them in place of computing them. The result is the same as computing the
-//! whole batch at its end: a block is one partition either way, and the
-//! operator's function sees the same records in the same order. What
-//! changes is when the work happens, and that a block whose operator shrinks
+//! `map_partitions`) or a per-key aggregate (`reduce_by_key`,
+//! `combine_by_key`, `reduce_by_key_and_window` and the operators built on
+//! them), the built graph hands that operator's function to the source as
+//! an [`ArrivalStage`], followed by the operators after it that are each
+//! the only reader of the one before, as long as they are partition-local;
+//! a per-key aggregate ends the chain (`filter` then `map` then
+//! `reduce_by_key`). The whole chain runs on each block, and its last
+//! operator takes the results: a partition-local operator its output
+//! partition, an aggregate the block's values combined by key (the
+//! map-side combine, one entry per key). A Kafka stream takes the longest
+//! chain whose work on a partition may be split into chunks
+//! ([`ArrivalStage::is_chunkable`]). The runtime runs it on each received
+//! block as the block comes in and keeps only its result
+//! ([`ProcessedBlock`]); at the batch boundary it hands the results of
+//! exactly the blocks allocated to the batch back with
+//! [`ArrivalStage::deliver`], and the operator takes them in place of
+//! computing them. The result is the same as computing the whole batch at
+//! its end: a block is one partition either way, the functions see the
+//! same records in the same order, and an aggregate merges the blocks'
+//! combined values by key as it would have merged its partitions'. What
+//! changes is when the work happens, and that a block whose chain shrinks
 //! it (a count per word, a filter) is held as that result rather than as
 //! its records until the batch ends.
 //!
 //! A stream read by more than one operator, or whose consumer needs the
-//! whole batch (a shuffle, a window, `transform`), is computed at the batch
-//! boundary as before.
+//! whole batch (a join, `transform`, `repartition`), is computed at the
+//! batch boundary as before.
 
 use std::any::Any;
 use std::collections::BTreeMap;
@@ -92,9 +99,9 @@ pub(crate) type PayloadFn<U> = dyn Fn(&[u8]) -> Result<Vec<U>, CoreError> + Send
 
 type PayloadStageFn = dyn Fn(&[u8]) -> Result<(Box<dyn Any + Send>, u64, usize), CoreError> + Send + Sync;
 
-type JoinFn = dyn Fn(Vec<Box<dyn Any + Send>>) -> Box<dyn Any + Send> + Send + Sync;
+pub(crate) type JoinFn = dyn Fn(Vec<Box<dyn Any + Send>>) -> Box<dyn Any + Send> + Send + Sync;
 
-type StepFn = dyn Fn(Box<dyn Any + Send>) -> (Box<dyn Any + Send>, u64) + Send + Sync;
+pub(crate) type StepFn = dyn Fn(Box<dyn Any + Send>) -> (Box<dyn Any + Send>, u64) + Send + Sync;
 
 /// A later operator of an arrival chain: its function over the result of
 /// the operator before it, type-erased (see [`ArrivalStage::then`]).
@@ -103,7 +110,7 @@ pub(crate) struct ArrivalStep {
     operator: Arc<str>,
     run: Arc<StepFn>,
     join: Arc<JoinFn>,
-    record_wise: bool,
+    chunkable: bool,
     /// Where the chain's results go when this step ends it.
     pub(crate) delivered: Arc<Delivered>,
 }
@@ -111,7 +118,7 @@ pub(crate) struct ArrivalStep {
 impl ArrivalStep {
     /// The step running `f`, the function over one partition of the
     /// operator named `operator`.
-    pub(crate) fn new<T, U, F>(operator: &str, f: Arc<F>, record_wise: bool, delivered: Arc<Delivered>) -> Self
+    pub(crate) fn new<T, U, F>(operator: &str, f: Arc<F>, chunkable: bool, delivered: Arc<Delivered>) -> Self
     where
         T: Send + 'static,
         U: Send + 'static,
@@ -127,9 +134,24 @@ impl ArrivalStep {
             operator: operator.into(),
             run: Arc::new(run),
             join: Arc::new(concatenate::<U>),
-            record_wise,
+            chunkable,
             delivered,
         }
+    }
+}
+
+impl ArrivalStep {
+    /// A step from its type-erased parts: `run` maps the result of the
+    /// operator before to this one's with its estimated size, `join` joins
+    /// the results of a partition's chunks.
+    pub(crate) fn from_parts(
+        operator: &str,
+        run: Arc<StepFn>,
+        join: Arc<JoinFn>,
+        chunkable: bool,
+        delivered: Arc<Delivered>,
+    ) -> Self {
+        ArrivalStep { operator: operator.into(), run, join, chunkable, delivered }
     }
 }
 
@@ -141,9 +163,9 @@ pub struct ArrivalStage<T> {
     /// The same function reading the records in place, when the operator
     /// has one (`map_partitions_in_place`).
     run_payload: Option<Arc<PayloadStageFn>>,
-    /// Concatenates results, for a record-wise operator.
+    /// Joins the results of a partition's chunks (see [`ArrivalStage::join`]).
     join: Arc<JoinFn>,
-    record_wise: bool,
+    chunkable: bool,
     delivered: Arc<Delivered>,
 }
 
@@ -154,7 +176,7 @@ impl<T> Clone for ArrivalStage<T> {
             run: Arc::clone(&self.run),
             run_payload: self.run_payload.clone(),
             join: Arc::clone(&self.join),
-            record_wise: self.record_wise,
+            chunkable: self.chunkable,
             delivered: Arc::clone(&self.delivered),
         }
     }
@@ -164,21 +186,21 @@ impl<T> fmt::Debug for ArrivalStage<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ArrivalStage")
             .field("operator", &self.operator)
-            .field("record_wise", &self.record_wise)
+            .field("chunkable", &self.chunkable)
             .finish_non_exhaustive()
     }
 }
 
 impl<T> ArrivalStage<T> {
     /// A stage running `f`, an operator's function over one partition, for
-    /// the operator named `operator`; `record_wise` when `f` of a partition
+    /// the operator named `operator`; `chunkable` when `f` of a partition
     /// is the concatenation of `f` of its pieces (see
-    /// [`ArrivalStage::is_record_wise`]).
+    /// [`ArrivalStage::is_chunkable`]).
     pub(crate) fn new<U, F>(
         operator: &str,
         f: Arc<F>,
         in_place: Option<Arc<PayloadFn<U>>>,
-        record_wise: bool,
+        chunkable: bool,
         delivered: Arc<Delivered>,
     ) -> Self
     where
@@ -198,14 +220,31 @@ impl<T> ArrivalStage<T> {
             run: Arc::new(run),
             run_payload,
             join: Arc::new(concatenate::<U>),
-            record_wise,
+            chunkable,
             delivered,
+        }
+    }
+
+    /// The stage running `step` alone on records of type `T`, for an
+    /// operator whose step takes a `Vec<T>`.
+    pub(crate) fn from_step(step: &ArrivalStep) -> Self
+    where
+        T: Send + 'static,
+    {
+        let run = Arc::clone(&step.run);
+        ArrivalStage {
+            operator: Arc::clone(&step.operator),
+            run: Arc::new(move |records: Vec<T>| run(Box::new(records))),
+            run_payload: None,
+            join: Arc::clone(&step.join),
+            chunkable: step.chunkable,
+            delivered: Arc::clone(&step.delivered),
         }
     }
 
     /// This stage followed by `step`: the chain of operators runs on each
     /// block as it arrives, and its results go to `step`'s operator. The
-    /// chain is record-wise when every operator of it is.
+    /// chain is chunkable when every operator of it is.
     pub(crate) fn then(&self, step: &ArrivalStep) -> Self
     where
         T: 'static,
@@ -225,7 +264,7 @@ impl<T> ArrivalStage<T> {
             run: Arc::new(run),
             run_payload,
             join: Arc::clone(&step.join),
-            record_wise: self.record_wise && step.record_wise,
+            chunkable: self.chunkable && step.chunkable,
             delivered: Arc::clone(&step.delivered),
         }
     }
@@ -264,18 +303,20 @@ impl<T> ArrivalStage<T> {
         }))
     }
 
-    /// Whether the operator works record by record (`map`, `flat_map`,
-    /// `filter`): then its result over a partition is the concatenation of
-    /// its results over consecutive pieces of it, and a source may process a
-    /// partition in chunks and [`ArrivalStage::join`] them into the one
-    /// partition it would have computed whole. A `map_partitions` function
-    /// sees the partition as a whole and is not record-wise.
-    pub fn is_record_wise(&self) -> bool {
-        self.record_wise
+    /// Whether a source may process a partition in consecutive chunks and
+    /// [`ArrivalStage::join`] their results into the one result it would
+    /// have computed from the partition whole. True when every operator of
+    /// the chain works record by record (`map`, `flat_map`, `filter`),
+    /// whose results concatenate, with at most a per-key aggregate at its
+    /// end, whose chunks' combined values merge by key; false with a
+    /// `map_partitions` function in it, which sees the partition whole.
+    pub fn is_chunkable(&self) -> bool {
+        self.chunkable
     }
 
     /// One processed block of `blocks`, in order: their results
-    /// concatenated. For a record-wise stage, joining the results of
+    /// concatenated, or merged by key for a chain that ends in an
+    /// aggregate. For a chunkable stage, joining the results of
     /// consecutive chunks of a partition gives the result of the whole
     /// partition; for any other, it is only their concatenation.
     pub fn join(&self, blocks: Vec<ProcessedBlock>) -> ProcessedBlock {
@@ -335,11 +376,11 @@ mod tests {
     }
 
     #[test]
-    fn joined_chunks_of_a_record_wise_stage_equal_the_whole_partition_processed() {
+    fn joined_chunks_of_a_chunkable_stage_equal_the_whole_partition_processed() {
         let delivered = Arc::new(Delivered::default());
         let evens_doubled = |v: Vec<u32>| v.into_iter().filter(|x| x % 2 == 0).map(|x| x * 2).collect::<Vec<_>>();
         let stage = ArrivalStage::new("evens", Arc::new(evens_doubled), None, true, Arc::clone(&delivered));
-        assert!(stage.is_record_wise());
+        assert!(stage.is_chunkable());
         let records: Vec<u32> = (0..50).collect();
         for cuts in [vec![], vec![0], vec![1, 7, 7, 30], vec![49, 50]] {
             let mut chunks = Vec::new();
@@ -377,7 +418,7 @@ mod tests {
         );
         let whole = ArrivalStep::new("whole", Arc::new(|v: Vec<String>| vec![v.concat()]), false, Arc::clone(&last));
         let chain = stage.then(&to_text);
-        assert_eq!((chain.operator(), chain.is_record_wise()), ("split > text", true));
+        assert_eq!((chain.operator(), chain.is_chunkable()), ("split > text", true));
         let block = chain.process(vec![1, 2]);
         assert_eq!(block.records_in(), 2);
         chain.deliver(Time::ZERO, vec![block]);
@@ -387,6 +428,6 @@ mod tests {
             Some(&vec!["1".into(), "101".into(), "2".into(), "102".into()])
         );
         assert!(first.take(Time::ZERO).is_empty(), "the chain delivers to its last operator only");
-        assert!(!chain.then(&whole).is_record_wise(), "a whole-partition operator ends the record-wise chain");
+        assert!(!chain.then(&whole).is_chunkable(), "a whole-partition operator makes the chain whole-partition");
     }
 }

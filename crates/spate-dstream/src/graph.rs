@@ -90,7 +90,7 @@ impl<T: Data> Node for InputNode<T> {
     fn offer_arrival_stage(&mut self, stage: Box<dyn std::any::Any>, steps: &[ArrivalStep]) -> Option<usize> {
         let stage = stage.downcast::<ArrivalStage<T>>().ok()?;
         // The longest chain the source takes: a Kafka stream takes only a
-        // record-wise one.
+        // chunkable one.
         (0..=steps.len()).rev().find(|&taken| {
             let chain = steps[..taken].iter().fold((*stage).clone(), |chain, step| chain.then(step));
             self.source.set_arrival_stage(chain)
@@ -254,19 +254,22 @@ impl fmt::Debug for GraphBuilder {
 }
 
 /// Hands the function of each input's only consumer, when that consumer is
-/// partition-local, to the input's source to run on blocks as they arrive
-/// (see [`crate::arrival`]), followed by the chain of partition-local
-/// operators each reading the one before as its only reader; sources that
-/// do not take one keep computing them at the batch boundary.
+/// partition-local or a per-key aggregate, to the input's source to run on
+/// blocks as they arrive (see [`crate::arrival`]), followed by the chain of
+/// operators each reading the one before as its only reader, as long as
+/// they are partition-local (an aggregate ends it); sources that do not
+/// take one keep computing them at the batch boundary.
 fn fuse_arrival_stages(inner: &mut BuilderInner, names: &[String]) {
     let inputs: Vec<usize> = (0..inner.metas.len()).filter(|&i| inner.metas[i].input).collect();
     for input in inputs {
-        let Some(consumer) = partition_local_reader(inner, input) else { continue };
+        let Some(consumer) = only_reader(inner, input) else { continue };
         let Some(name) = names.get(consumer) else { continue };
         let Some((stage, delivered)) = inner.nodes[consumer].arrival_stage(name) else { continue };
         let mut chain: Vec<(usize, ArrivalStep)> = Vec::new();
         let mut last = consumer;
-        while let Some(next) = partition_local_reader(inner, last) {
+        while inner.metas[last].partition_local
+            && let Some(next) = only_reader(inner, last)
+        {
             let Some(step) = names.get(next).and_then(|name| inner.nodes[next].arrival_step(name)) else { break };
             chain.push((next, step));
             last = next;
@@ -283,11 +286,11 @@ fn fuse_arrival_stages(inner: &mut BuilderInner, names: &[String]) {
     }
 }
 
-/// The only reader of `node`, when it has one and it is partition-local.
-fn partition_local_reader(inner: &BuilderInner, node: usize) -> Option<usize> {
+/// The only reader of `node`, when it has exactly one.
+fn only_reader(inner: &BuilderInner, node: usize) -> Option<usize> {
     let mut readers = inner.metas.iter().enumerate().filter(|(_, m)| m.parents.contains(&node)).map(|(i, _)| i);
     let (reader, None) = (readers.next()?, readers.next()) else { return None };
-    (inner.metas[node].consumers == 1 && inner.metas[reader].partition_local).then_some(reader)
+    (inner.metas[node].consumers == 1).then_some(reader)
 }
 
 /// Explicit names, or `<kind>-<position>` for nodes without one.

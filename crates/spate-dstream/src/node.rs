@@ -261,7 +261,9 @@ pub(crate) struct PartitionNode<T, U> {
     /// `f` reading the records in place off an encoded block, when the
     /// operator has that form.
     pub(crate) in_place: Option<Arc<PayloadFn<U>>>,
-    /// `f` works record by record (see [`ArrivalStage::is_record_wise`]).
+    /// `f` works record by record, so its results over chunks of a partition
+    /// concatenate into its result over the partition (see
+    /// [`ArrivalStage::is_chunkable`]).
     pub(crate) record_wise: bool,
     pub(crate) delivered: Option<Arc<Delivered>>,
 }

@@ -6,12 +6,16 @@
 //! phases partition-parallel. Per-record work is one hash and one probe; the
 //! split costs one hash per distinct key, not per record.
 
+use std::any::Any;
 use std::collections::hash_map::Entry;
+use std::sync::Arc;
 
+use crate::arrival::{ArrivalStage, ArrivalStep, Delivered};
 use crate::batch::{Batch, Data, Key};
 use crate::error::DStreamError;
+use crate::graph::Job;
 use crate::hash::{FxHashMap, map_with_capacity, partition_of};
-use crate::node::StepCtx;
+use crate::node::{Node, NodeMeta, Slot, StepCtx};
 use crate::stream::DStream;
 
 /// Moves every entry of `maps` (one per input partition) into the bucket of
@@ -65,43 +69,162 @@ where
     MV: Fn(&mut C, V) + Sync,
     MC: Fn(&mut C, C) + Sync,
 {
-    let local = ctx.par(parts, |part| {
-        let mut map: FxHashMap<K, C> = map_with_capacity(64);
-        for (key, value) in part {
-            match map.entry(key) {
-                Entry::Occupied(mut slot) => merge_value(slot.get_mut(), value),
-                Entry::Vacant(slot) => {
-                    slot.insert(create(value));
-                }
+    let local = ctx.par(parts, |part| combine_locally(part, create, merge_value))?;
+    merge_partitioned(ctx, local, partitions, merge_combiners)
+}
+
+/// One partition's values combined by key (the map-side combine).
+fn combine_locally<K: Key, V, C>(
+    part: Vec<(K, V)>,
+    create: &impl Fn(V) -> C,
+    merge_value: &impl Fn(&mut C, V),
+) -> FxHashMap<K, C> {
+    let mut map: FxHashMap<K, C> = map_with_capacity(64);
+    for (key, value) in part {
+        match map.entry(key) {
+            Entry::Occupied(mut slot) => merge_value(slot.get_mut(), value),
+            Entry::Vacant(slot) => {
+                slot.insert(create(value));
             }
         }
-        map
-    })?;
+    }
+    map
+}
+
+/// Merges `combiner` into `map`'s entry for `key`.
+fn merge_entry<K: Key, C, M>(map: &mut FxHashMap<K, C>, key: K, combiner: C, merge_combiners: &M)
+where
+    M: Fn(&mut C, C) + ?Sized,
+{
+    match map.entry(key) {
+        Entry::Occupied(mut slot) => merge_combiners(slot.get_mut(), combiner),
+        Entry::Vacant(slot) => {
+            slot.insert(combiner);
+        }
+    }
+}
+
+/// The partitions' combined maps `local`, in partition order, merged by
+/// key into `partitions` hash-partitioned maps.
+fn merge_partitioned<K: Key, C: Send, M>(
+    ctx: &StepCtx<'_>,
+    local: Vec<FxHashMap<K, C>>,
+    partitions: usize,
+    merge_combiners: &M,
+) -> Result<Vec<FxHashMap<K, C>>, DStreamError>
+where
+    M: Fn(&mut C, C) + Sync + ?Sized,
+{
     let by_output = split_by_partition(ctx, local, partitions)?;
     ctx.par(by_output, |buckets| {
         let total: usize = buckets.iter().map(Vec::len).sum();
         let mut merged: FxHashMap<K, C> = map_with_capacity(total);
         for (key, combiner) in buckets.into_iter().flatten() {
-            match merged.entry(key) {
-                Entry::Occupied(mut slot) => merge_combiners(slot.get_mut(), combiner),
-                Entry::Vacant(slot) => {
-                    slot.insert(combiner);
-                }
-            }
+            merge_entry(&mut merged, key, combiner, merge_combiners);
         }
         merged
     })
 }
 
-/// Reduces the values of each key with `reduce`, hash-partitioned.
-pub(crate) fn reduce_partitioned<K: Key, V: Data, F: Fn(&V, &V) -> V + Sync>(
-    ctx: &StepCtx<'_>,
-    parts: Vec<Vec<(K, V)>>,
-    partitions: usize,
-    reduce: &F,
-) -> Result<Vec<FxHashMap<K, V>>, DStreamError> {
-    let merge = |acc: &mut V, value: V| *acc = reduce(acc, &value);
-    combine_partitioned(ctx, parts, partitions, &|value| value, &merge, &merge)
+type LocalFn<K, V, C> = dyn Fn(Vec<(K, V)>) -> FxHashMap<K, C> + Send + Sync;
+type MergeFn<C> = dyn Fn(&mut C, C) + Send + Sync;
+
+/// The per-key aggregation a keyed operator starts each batch with: every
+/// partition's values combined by key, then merged by key into
+/// hash-partitioned maps. Its first half can run on each block as it
+/// arrives (see [`crate::arrival`]): the operator then takes the blocks'
+/// combined maps in place of combining their records, and holds one entry
+/// per key of a block rather than its records until the batch ends.
+pub(crate) struct KeyedCombine<K, V, C> {
+    local: Arc<LocalFn<K, V, C>>,
+    merge: Arc<MergeFn<C>>,
+    delivered: Option<Arc<Delivered>>,
+}
+
+impl<K: Key, V: Data, C: Data> KeyedCombine<K, V, C> {
+    /// `create` makes a combiner from a key's first value, `merge_value`
+    /// adds a value, `merge_combiners` merges two combiners.
+    pub(crate) fn new(
+        create: impl Fn(V) -> C + Send + Sync + 'static,
+        merge_value: impl Fn(&mut C, V) + Send + Sync + 'static,
+        merge_combiners: impl Fn(&mut C, C) + Send + Sync + 'static,
+    ) -> Self {
+        let local = move |part: Vec<(K, V)>| combine_locally(part, &create, &merge_value);
+        KeyedCombine { local: Arc::new(local), merge: Arc::new(merge_combiners), delivered: None }
+    }
+
+    /// The batch's values combined by key into `ctx.partitions`
+    /// hash-partitioned maps: the combined maps delivered for blocks
+    /// processed on arrival first, then the partitions of `batch`.
+    pub(crate) fn partitioned(
+        &self,
+        ctx: &StepCtx<'_>,
+        batch: Option<Batch<(K, V)>>,
+    ) -> Result<Vec<FxHashMap<K, C>>, DStreamError> {
+        let mut local = Vec::new();
+        if let Some(delivered) = &self.delivered {
+            for part in delivered.take(ctx.time) {
+                let map = part.downcast::<FxHashMap<K, C>>().map_err(|_| DStreamError::Internal {
+                    operator: ctx.operator.to_string(),
+                    reason: "combined values of another type were delivered".into(),
+                })?;
+                local.push(*map);
+            }
+        }
+        if let Some(batch) = batch {
+            let combine = &*self.local;
+            local.extend(ctx.par(batch.into_partitions(), combine)?);
+        }
+        merge_partitioned(ctx, local, ctx.partitions, &*self.merge)
+    }
+
+    /// The map-side combine as the last step of an arrival chain; chunks'
+    /// maps join by merging in order.
+    pub(crate) fn arrival_step(&self, operator: &str) -> ArrivalStep {
+        let local = Arc::clone(&self.local);
+        let run = move |part: Box<dyn Any + Send>| match part.downcast::<Vec<(K, V)>>() {
+            Ok(records) => {
+                let map = local(*records);
+                let bytes = (map.len() * (std::mem::size_of::<(K, C)>() + 1)) as u64;
+                (Box::new(map) as Box<dyn Any + Send>, bytes)
+            }
+            // Not in a built graph; `partitioned` reports the mismatch.
+            Err(other) => (other, 0),
+        };
+        let merge = Arc::clone(&self.merge);
+        let join = move |parts: Vec<Box<dyn Any + Send>>| {
+            let mut maps = parts.into_iter().filter_map(|part| part.downcast::<FxHashMap<K, C>>().ok());
+            let mut all = maps.next().map(|first| *first).unwrap_or_default();
+            for (key, combiner) in maps.flat_map(|map| *map) {
+                merge_entry(&mut all, key, combiner, &*merge);
+            }
+            Box::new(all) as Box<dyn Any + Send>
+        };
+        let delivered = Arc::new(Delivered::default());
+        ArrivalStep::from_parts(operator, Arc::new(run), Arc::new(join), true, delivered)
+    }
+
+    /// The map-side combine as the whole arrival stage, for an aggregate
+    /// that reads a fed input directly.
+    pub(crate) fn arrival_stage(&self, operator: &str) -> (Box<dyn Any>, Arc<Delivered>) {
+        let step = self.arrival_step(operator);
+        let delivered = Arc::clone(&step.delivered);
+        (Box::new(ArrivalStage::<(K, V)>::from_step(&step)), delivered)
+    }
+
+    /// From now on, takes the combined maps delivered to `delivered`.
+    pub(crate) fn take_delivered(&mut self, delivered: Arc<Delivered>) {
+        self.delivered = Some(delivered);
+    }
+}
+
+impl<K: Key, V: Data> KeyedCombine<K, V, V> {
+    /// Each key's values reduced with `reduce`.
+    pub(crate) fn reducing<R: Fn(&V, &V) -> V + Send + Sync + 'static>(reduce: Arc<R>) -> Self {
+        let merge = move |acc: &mut V, value: V| *acc = reduce(acc, &value);
+        let merge_value = merge.clone();
+        KeyedCombine::new(|value| value, merge_value, merge)
+    }
 }
 
 /// Moves each record to the partition of its key, keeping every record.
@@ -139,6 +262,36 @@ pub(crate) fn maps_to_batch<K: Key, V: Data>(
     Ok(Batch::new(ctx.par(maps, |map| map.into_iter().collect())?))
 }
 
+/// `reduce_by_key`, `combine_by_key`: the batch's values combined by key.
+struct CombineNode<K, V, C> {
+    input: Arc<Slot<(K, V)>>,
+    output: Arc<Slot<(K, C)>>,
+    combine: KeyedCombine<K, V, C>,
+}
+
+impl<K: Key, V: Data, C: Data> Node for CombineNode<K, V, C> {
+    fn step(&mut self, ctx: &StepCtx<'_>) -> Result<Option<Job>, DStreamError> {
+        let result = match ctx.take_owned(&self.input)? {
+            Some(batch) => Some(maps_to_batch(ctx, self.combine.partitioned(ctx, Some(batch))?)?),
+            None => None,
+        };
+        self.output.put(ctx.time, result);
+        Ok(None)
+    }
+
+    fn arrival_stage(&self, operator: &str) -> Option<(Box<dyn Any>, Arc<Delivered>)> {
+        Some(self.combine.arrival_stage(operator))
+    }
+
+    fn arrival_step(&self, operator: &str) -> Option<ArrivalStep> {
+        Some(self.combine.arrival_step(operator))
+    }
+
+    fn take_delivered(&mut self, delivered: Arc<Delivered>) {
+        self.combine.take_delivered(delivered);
+    }
+}
+
 impl<T: Key> DStream<T> {
     /// How often each distinct record occurs in the batch.
     pub fn count_by_value(&self) -> DStream<(T, u64)> {
@@ -156,20 +309,21 @@ impl<K: Key, V: Data> DStream<(K, V)> {
     }
 
     /// Reduces each key's values in the batch with an associative and
-    /// commutative `reduce`; the result is hash-partitioned by key.
+    /// commutative `reduce`; the result is hash-partitioned by key. Right
+    /// after a fed input (or a chain of partition-local operators from
+    /// one), each block's values are reduced as the block arrives (see
+    /// [`crate::arrival`]).
     pub fn reduce_by_key<F>(&self, reduce: F) -> DStream<(K, V)>
     where
         F: Fn(&V, &V) -> V + Send + Sync + 'static,
     {
-        self.unary("reduce_by_key", move |batch, ctx| {
-            let maps = reduce_partitioned(ctx, batch.into_partitions(), ctx.partitions, &reduce)?;
-            maps_to_batch(ctx, maps)
-        })
+        self.combining("reduce_by_key", KeyedCombine::reducing(Arc::new(reduce)))
     }
 
     /// Combines each key's values: `create` makes a combiner from the first
     /// value, `merge_value` adds a value, `merge_combiners` merges two
-    /// combiners built in different partitions.
+    /// combiners built in different partitions (or different blocks of
+    /// one, when the values are combined as they arrive).
     pub fn combine_by_key<C: Data, CF, MV, MC>(
         &self,
         create: CF,
@@ -181,11 +335,14 @@ impl<K: Key, V: Data> DStream<(K, V)> {
         MV: Fn(&mut C, V) + Send + Sync + 'static,
         MC: Fn(&mut C, C) + Send + Sync + 'static,
     {
-        self.unary("combine_by_key", move |batch, ctx| {
-            let parts = batch.into_partitions();
-            let maps = combine_partitioned(ctx, parts, ctx.partitions, &create, &merge_value, &merge_combiners)?;
-            maps_to_batch(ctx, maps)
-        })
+        self.combining("combine_by_key", KeyedCombine::new(create, merge_value, merge_combiners))
+    }
+
+    /// Adds a node whose result is the batch combined by key with `combine`.
+    fn combining<C: Data>(&self, kind: &'static str, combine: KeyedCombine<K, V, C>) -> DStream<(K, C)> {
+        let input = self.reader();
+        let meta = NodeMeta::new(kind, vec![self.id], self.slide);
+        self.add_node(meta, |output| Box::new(CombineNode { input, output, combine }))
     }
 
     /// Gathers each key's values of the batch.

@@ -18,19 +18,26 @@
 //!   two-stack queue: the back stack keeps a running aggregate, the front
 //!   stack keeps suffix aggregates, rebuilt from the back when it runs dry.
 //!   A slide costs O(keys) amortized, whatever `L / S` is.
+//!
+//! The two by-key windows reduce each batch by key before it enters the
+//! window; right after a fed input (or a chain of partition-local operators
+//! from one), that reduction runs on each block as it arrives (see
+//! [`crate::arrival`]).
 
+use std::any::Any;
 use std::collections::VecDeque;
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use spate_core::{CoreError, Duration, Time};
 
+use crate::arrival::{ArrivalStep, Delivered};
 use crate::batch::{Batch, Data, Key};
 use crate::error::DStreamError;
 use crate::graph::Job;
 use crate::hash::{FxHashMap, map_with_capacity, partition_of};
 use crate::node::{Node, NodeMeta, Slot, StateMeta, StatefulNode, StepCtx, state_codec};
-use crate::pair::reduce_partitioned;
+use crate::pair::KeyedCombine;
 use crate::stream::DStream;
 
 /// True when `time` is a slide time of a window sliding by `slide`.
@@ -131,7 +138,9 @@ impl<K, V> Default for InvPart<K, V> {
 struct InvWindowNode<K, V, R, I, P> {
     input: Arc<Slot<(K, V)>>,
     output: Arc<Slot<(K, V)>>,
-    reduce: R,
+    reduce: Arc<R>,
+    /// Each batch reduced by key, on arrival where it can be.
+    combine: KeyedCombine<K, V, V>,
     inverse: I,
     keep: P,
     length: Duration,
@@ -164,7 +173,7 @@ where
         if self.parts.len() != ctx.partitions {
             self.repartition(ctx.partitions);
         }
-        let maps = reduce_partitioned(ctx, batch.into_partitions(), ctx.partitions, &self.reduce)?;
+        let maps = self.combine.partitioned(ctx, Some(batch))?;
         let work: Vec<_> = self.parts.iter_mut().zip(maps).collect();
         ctx.par(work, |(part, map)| part.retained.push_back(map.into_iter().collect()))?;
         self.times.push_back(ctx.time);
@@ -187,7 +196,7 @@ where
             self.repartition(ctx.partitions);
         }
         let plan = self.plan_slide(ctx.time);
-        let (reduce, inverse, keep) = (&self.reduce, &self.inverse, &self.keep);
+        let (reduce, inverse, keep) = (&*self.reduce, &self.inverse, &self.keep);
         let work: Vec<&mut InvPart<K, V>> = self.parts.iter_mut().collect();
         let out = ctx.par(work, |part| {
             for index in 0..plan.leaving {
@@ -278,6 +287,18 @@ where
         let result = if is_slide_time(ctx.time, self.slide) { Some(self.slide_to(ctx)?) } else { None };
         self.output.put(ctx.time, result);
         Ok(None)
+    }
+
+    fn arrival_stage(&self, operator: &str) -> Option<(Box<dyn Any>, Arc<Delivered>)> {
+        Some(self.combine.arrival_stage(operator))
+    }
+
+    fn arrival_step(&self, operator: &str) -> Option<ArrivalStep> {
+        Some(self.combine.arrival_step(operator))
+    }
+
+    fn take_delivered(&mut self, delivered: Arc<Delivered>) {
+        self.combine.take_delivered(delivered);
     }
 
     fn state(&self) -> Option<&dyn StatefulNode> {
@@ -413,7 +434,9 @@ impl<K: Key, V: Data> PanePart<K, V> {
 struct PaneWindowNode<K, V, R> {
     input: Arc<Slot<(K, V)>>,
     output: Arc<Slot<(K, V)>>,
-    reduce: R,
+    reduce: Arc<R>,
+    /// Each batch reduced by key, on arrival where it can be.
+    combine: KeyedCombine<K, V, V>,
     length: Duration,
     slide: Duration,
     pane: Duration,
@@ -531,7 +554,7 @@ where
             self.install(owned, ctx.partitions);
         }
         let batches: Vec<FxHashMap<K, V>> = match ctx.take_owned(&self.input)? {
-            Some(batch) => reduce_partitioned(ctx, batch.into_partitions(), ctx.partitions, &self.reduce)?,
+            Some(batch) => self.combine.partitioned(ctx, Some(batch))?,
             None => (0..ctx.partitions).map(|_| map_with_capacity(0)).collect(),
         };
         let close = ctx.time.is_multiple_of(self.pane);
@@ -540,7 +563,7 @@ where
         }
         let pops = self.pop_ends(ctx.time - self.length);
         let query = is_slide_time(ctx.time, self.slide);
-        let reduce = &self.reduce;
+        let reduce = &*self.reduce;
         let work: Vec<_> = self.parts.iter_mut().zip(batches).collect();
         let out = ctx.par(work, |(part, batch)| {
             part.absorb(batch, reduce);
@@ -555,6 +578,18 @@ where
         let result = query.then(|| Batch::new(out.into_iter().flatten().collect()));
         self.output.put(ctx.time, result);
         Ok(None)
+    }
+
+    fn arrival_stage(&self, operator: &str) -> Option<(Box<dyn Any>, Arc<Delivered>)> {
+        Some(self.combine.arrival_stage(operator))
+    }
+
+    fn arrival_step(&self, operator: &str) -> Option<ArrivalStep> {
+        Some(self.combine.arrival_step(operator))
+    }
+
+    fn take_delivered(&mut self, delivered: Arc<Delivered>) {
+        self.combine.take_delivered(delivered);
     }
 
     fn state(&self) -> Option<&dyn StatefulNode> {
@@ -688,11 +723,14 @@ impl<K: Key, V: Data> DStream<(K, V)> {
         };
         let meta = window_meta("reduce_by_key_and_window", self.id, length, slide, state);
         let pane = Duration::from_millis(gcd(length.as_millis(), slide.as_millis()).max(1));
+        let reduce = Arc::new(reduce);
+        let combine = KeyedCombine::reducing(Arc::clone(&reduce));
         self.add_node(meta, |output| {
             Box::new(PaneWindowNode {
                 input,
                 output,
                 reduce,
+                combine,
                 length,
                 slide,
                 pane,
@@ -746,11 +784,14 @@ impl<K: Key, V: Data> DStream<(K, V)> {
             needs_checkpoint: true,
         };
         let meta = window_meta("reduce_by_key_and_window_inv", self.id, length, slide, state);
+        let reduce = Arc::new(reduce);
+        let combine = KeyedCombine::reducing(Arc::clone(&reduce));
         self.add_node(meta, |output| {
             Box::new(InvWindowNode {
                 input,
                 output,
                 reduce,
+                combine,
                 inverse,
                 keep,
                 length,

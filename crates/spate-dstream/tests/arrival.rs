@@ -1,7 +1,8 @@
 //! Blocks processed as they arrive give the same results as the whole batch
 //! computed at its end, for random records, block boundaries and mixes of
-//! processed and raw blocks, through a per-batch count and a window; and
-//! so do blocks read in place from their encoded bytes.
+//! processed and raw blocks, through a per-batch count and a window, with
+//! the per-key aggregates themselves combining blocks on arrival; and so
+//! do blocks read in place from their encoded bytes.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -29,7 +30,7 @@ type Counts<K = u16> = Collected<(K, u64)>;
 
 /// The job: each partition's words counted (the demo's shape), summed per
 /// batch and over a 3-batch window.
-fn job(words: &DStream<u16>) -> (Counts, Counts) {
+fn job(words: &DStream<u16>) -> Vec<Counts> {
     let counted = words.map_partitions(|part| {
         let mut counts: BTreeMap<u16, u64> = BTreeMap::new();
         for word in part {
@@ -39,38 +40,68 @@ fn job(words: &DStream<u16>) -> (Counts, Counts) {
     });
     let per_batch = counted.reduce_by_key(|a, b| a + b);
     let windowed = per_batch.reduce_by_key_and_window(|a, b| a + b, Duration::from_secs(3), INTERVAL);
-    (collect(&per_batch), collect(&windowed))
+    vec![collect(&per_batch), collect(&windowed)]
 }
 
 fn builder() -> GraphBuilder {
-    GraphBuilder::new(INTERVAL).partitions(3).workers(2)
+    // Checkpointing declared for the window with an inverse.
+    GraphBuilder::new(INTERVAL).partitions(3).workers(2).checkpointing(true)
 }
 
 /// The job of [`job`] behind a chain of record-wise operators: the whole
 /// chain runs on arrival.
-fn chained_job(words: &DStream<u16>) -> (Counts, Counts) {
+fn chained_job(words: &DStream<u16>) -> Vec<Counts> {
     job(&words.filter(|w| w % 5 != 0).map(|w| w / 2).flat_map(|w| [w, w + 7]))
+}
+
+/// A job as a user writes it: words paired with a count and reduced by key,
+/// with no per-partition count of its own; the aggregate combines each
+/// block by key as it arrives.
+fn keyed_job(words: &DStream<u16>) -> Vec<Counts> {
+    vec![collect(&words.map(|w| (w % 13, 1u64)).reduce_by_key(|a, b| a + b))]
+}
+
+/// A window reading the pairs directly: it reduces each block on arrival.
+fn windowed_job(words: &DStream<u16>) -> Vec<Counts> {
+    let pairs = words.filter(|w| w % 4 != 0).map(|w| (w, 1u64));
+    vec![collect(&pairs.reduce_by_key_and_window(|a, b| a + b, Duration::from_secs(3), INTERVAL))]
+}
+
+/// The window with an inverse.
+fn inverse_window_job(words: &DStream<u16>) -> Vec<Counts> {
+    let pairs = words.map(|w| (w % 7, 1u64));
+    vec![collect(&pairs.reduce_by_key_and_window_inv(|a, b| a + b, |a, b| a - b, Duration::from_secs(3), INTERVAL))]
+}
+
+/// The largest word of each residue, combined by key from the input itself.
+fn combined_job(words: &DStream<u16>) -> Vec<Counts> {
+    let pairs = words.map(|w| (w % 5, u64::from(w)));
+    vec![collect(&pairs.combine_by_key(
+        |v| v,
+        |max: &mut u64, v| *max = (*max).max(v),
+        |max, other| *max = (*max).max(other),
+    ))]
 }
 
 /// Runs `job` over `input` once with blocks processed on arrival (by the
 /// stage named `operator`) or handed over raw as `input` says, once over
-/// whole batches, and compares the results; returns the pipelined
-/// per-batch counts.
+/// whole batches, and compares every output; returns the pipelined
+/// results of the first.
 fn check_pipelined(
     input: &[Blocks],
-    job: fn(&DStream<u16>) -> (Counts, Counts),
+    job: fn(&DStream<u16>) -> Vec<Counts>,
     operator: &str,
 ) -> Result<Counts, TestCaseError> {
     let fed = Arc::new(FedSource::new());
     let b = builder();
-    let (per_batch, windowed) = job(&b.input("words", Arc::clone(&fed)));
+    let outputs = job(&b.input("words", Arc::clone(&fed)));
     let mut pipelined = b.build().unwrap();
     let stage = fed.arrival_stage().expect("the graph hands the counting to the fed source");
     prop_assert_eq!(stage.operator(), operator);
 
     let queue = Arc::new(QueueSource::new());
     let b = builder();
-    let (reference_batch, reference_window) = job(&b.input("words", Arc::clone(&queue)));
+    let references = job(&b.input("words", Arc::clone(&queue)));
     let mut whole = b.build().unwrap();
     prop_assert!(!queue.set_arrival_stage(stage.clone()), "a queue computes at the batch end");
 
@@ -85,10 +116,11 @@ fn check_pipelined(
     run(&mut pipelined, batches.clone());
     run(&mut whole, batches.clone());
     for batch in batches {
-        prop_assert_eq!(sorted_at(&per_batch, t(batch)), sorted_at(&reference_batch, t(batch)));
-        prop_assert_eq!(sorted_at(&windowed, t(batch)), sorted_at(&reference_window, t(batch)));
+        for (output, reference) in outputs.iter().zip(&references) {
+            prop_assert_eq!(sorted_at(output, t(batch)), sorted_at(reference, t(batch)));
+        }
     }
-    Ok(per_batch)
+    Ok(Arc::clone(&outputs[0]))
 }
 
 proptest! {
@@ -96,7 +128,7 @@ proptest! {
 
     #[test]
     fn blocks_processed_on_arrival_give_the_whole_batch_result(input in batches()) {
-        let per_batch = check_pipelined(&input, job, "map_partitions-1")?;
+        let per_batch = check_pipelined(&input, job, "map_partitions-1 > reduce_by_key-2")?;
         // The results are the counts themselves, not only equal to each other.
         let last = input.len() as i64;
         let mut expected: BTreeMap<u16, u64> = BTreeMap::new();
@@ -110,7 +142,15 @@ proptest! {
 
     #[test]
     fn a_chain_of_partition_local_operators_runs_on_arrival_and_gives_the_whole_batch_result(input in batches()) {
-        check_pipelined(&input, chained_job, "filter-1 > map-2 > flat_map-3 > map_partitions-4")?;
+        check_pipelined(&input, chained_job, "filter-1 > map-2 > flat_map-3 > map_partitions-4 > reduce_by_key-5")?;
+    }
+
+    #[test]
+    fn per_key_aggregates_combine_blocks_on_arrival_and_give_the_whole_batch_result(input in batches()) {
+        check_pipelined(&input, keyed_job, "map-1 > reduce_by_key-2")?;
+        check_pipelined(&input, windowed_job, "filter-1 > map-2 > reduce_by_key_and_window-3")?;
+        check_pipelined(&input, inverse_window_job, "map-1 > reduce_by_key_and_window_inv-2")?;
+        check_pipelined(&input, combined_job, "map-1 > combine_by_key-2")?;
     }
 }
 
@@ -256,4 +296,25 @@ fn an_input_read_by_two_operators_or_a_whole_batch_one_is_computed_at_the_batch_
     collect(&b.input("words", Arc::clone(&fed)).repartition(2));
     b.build().unwrap();
     assert!(fed.arrival_stage().is_none(), "a repartition needs the whole batch");
+}
+
+#[test]
+fn an_aggregate_reading_a_fed_input_directly_combines_each_block_on_arrival() {
+    let fed = Arc::new(FedSource::<(String, u64)>::new());
+    let b = builder();
+    let counts = collect(&b.input("pairs", Arc::clone(&fed)).reduce_by_key(|a, b| a + b));
+    let mut graph = b.build().unwrap();
+    let stage = fed.arrival_stage().expect("reduce_by_key takes the blocks on arrival");
+    assert_eq!((stage.operator(), stage.is_chunkable()), ("reduce_by_key-1", true));
+    let pairs = |words: &[&str]| words.iter().map(|w| (w.to_string(), 1u64)).collect::<Vec<_>>();
+    let first = stage.process(pairs(&["a", "b", "a"]));
+    assert_eq!(first.records_in(), 3);
+    // Two chunks of one block join into the block's combined counts.
+    let second = stage.join(vec![stage.process(pairs(&["b"])), stage.process(pairs(&["c", "b"]))]);
+    assert_eq!(second.records_in(), 3);
+    stage.deliver(t(1), vec![first, second]);
+    fed.feed(t(1), vec![pairs(&["c", "a"])]);
+    run(&mut graph, 1..=1);
+    let expected: Vec<(String, u64)> = [("a", 3), ("b", 3), ("c", 2)].map(|(w, n)| (w.to_string(), n)).to_vec();
+    assert_eq!(sorted_at(&counts, t(1)), Some(expected));
 }
