@@ -228,10 +228,13 @@ impl DirectKafkaConfig {
 /// # Reading ahead
 ///
 /// When the stream's only reader in the graph is a record-wise operator
-/// (`map`, `flat_map`, `filter`, `map_values`), the stream reads each batch
-/// while its interval is still open: a thread reads what the broker has in
-/// chunks of at most 65,536 records, within the batch's caps, runs the
-/// operator on each chunk and keeps only its result. The plan at the
+/// (`map`, `flat_map`, `filter`, `map_values`) or a per-key aggregate
+/// (`reduce_by_key`, `combine_by_key`, a window by key), the stream reads
+/// each batch while its interval is still open: a thread reads what the
+/// broker has in chunks of at most 65,536 records, within the batch's caps,
+/// runs the operator (and the record-wise operators after it, up to an
+/// aggregate that combines the chunk by key) on each chunk and keeps only
+/// its result. The plan at the
 /// boundary reads what is left, and its ranges start where the batch
 /// starts, so `offsets/N` covers the records read ahead too and a re-run
 /// reads them again. Nothing read ahead is visible before the batch is
@@ -251,7 +254,7 @@ pub struct DirectKafkaStream {
     /// The records the last plan read, until the batch asks for them.
     prefetched: Mutex<Option<Prefetched>>,
     /// Reads the next batch during its interval, when the graph handed the
-    /// stream a record-wise operator (see [`crate::read_ahead`]).
+    /// stream a chunkable operator chain (see [`crate::read_ahead`]).
     read_ahead: OnceLock<ReadAhead>,
 }
 
@@ -351,7 +354,7 @@ impl DirectKafkaStream {
     }
 
     /// Whether the stream reads each batch during its interval (the graph
-    /// handed it a record-wise operator; see *Reading ahead* on [`DirectKafkaStream`]).
+    /// handed it a chunkable operator chain; see *Reading ahead* on [`DirectKafkaStream`]).
     pub fn reads_ahead(&self) -> bool {
         self.read_ahead.get().is_some()
     }
@@ -816,13 +819,14 @@ impl spate_dstream::InputSource<KafkaRecord> for DirectKafkaStream {
         }
     }
 
-    /// Taken when the stream's only reader is a record-wise operator
-    /// (`map`, `flat_map`, `filter`): the stream then reads each batch
-    /// during its interval and runs the operator on it chunk by chunk (see
-    /// *Reading ahead* on [`DirectKafkaStream`]). Other operators (`map_partitions` sees a
-    /// partition whole) are computed at the boundary.
+    /// Taken when the stream's only reader starts a chunkable chain
+    /// (record-wise operators, possibly ending in a per-key aggregate): the
+    /// stream then reads each batch during its interval and runs the chain
+    /// on it chunk by chunk (see *Reading ahead* on [`DirectKafkaStream`]).
+    /// Other operators (`map_partitions` sees a partition whole) are
+    /// computed at the boundary.
     fn set_arrival_stage(&self, stage: ArrivalStage<KafkaRecord>) -> bool {
-        if !stage.is_record_wise() || self.read_ahead.get().is_some() {
+        if !stage.is_chunkable() || self.read_ahead.get().is_some() {
             return false;
         }
         match ReadAhead::start(&self.config, Arc::clone(&self.pool), stage) {

@@ -1,10 +1,11 @@
 //! Reading the next batch while its interval is still open.
 //!
 //! When the operator that reads a [`DirectKafkaStream`](crate::DirectKafkaStream)
-//! works record by record (`map`, `flat_map`, `filter`: see
-//! [`ArrivalStage::is_record_wise`]) and is the stream's only consumer, the
-//! graph hands the stream that operator's function, and the stream starts a
-//! read-ahead thread. Once a plan has fixed where the next batch starts, the
+//! works record by record (`map`, `flat_map`, `filter`) or is a per-key
+//! aggregate (`reduce_by_key`, a window by key), possibly after a chain of
+//! record-wise operators (see [`ArrivalStage::is_chunkable`]), and is the
+//! stream's only consumer, the graph hands the stream that chain, and the
+//! stream starts a read-ahead thread. Once a plan has fixed where the next batch starts, the
 //! thread reads what the broker has from there in bounded chunks (at most
 //! [`CHUNK_RECORDS`] records), runs each chunk through the operator and keeps
 //! only its result: the records are dropped as soon as they are processed.
@@ -17,8 +18,9 @@
 //! where the batch starts and end where the reading stopped; those ranges
 //! are what the runtime logs to `offsets/N` before it computes the batch.
 //! The batch then delivers one joined result per partition, the same as the
-//! operator computed over the whole partition at the boundary (the operator
-//! is record-wise, and a chunk is a consecutive piece of a partition). A
+//! chain computed over the whole partition at the boundary (a chunk is a
+//! consecutive piece of a partition, and the chunks' results concatenate
+//! or, for an aggregate, merge by key). A
 //! re-run after a crash reads its logged ranges in full and computes the
 //! operator at the boundary: the same result again.
 //!

@@ -1,7 +1,8 @@
 //! Reading a batch during its interval, against the local broker: the
 //! records read ahead are processed then, the batch's ranges cover them,
 //! the result is the whole-batch result, a re-run from the logged offsets
-//! gives it again, and the batch's caps hold.
+//! gives it again, and the batch's caps hold; an aggregate after the
+//! stream combines the chunks read ahead by key to the same counts.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -175,4 +176,71 @@ fn an_operator_panicking_on_records_read_ahead_fails_its_batch_at_the_boundary()
     assert_eq!(OffsetRanges::from_json(&planned[SOURCE]).unwrap().count(), 300, "the whole batch is planned");
     let error = graph.generate_jobs(time_of(1), BatchId(1), &planned).map(|_| ()).unwrap_err();
     assert!(error.to_string().contains("refuses"), "the batch fails naming the operator: {error}");
+}
+
+/// Per batch, how many records end in each digit, sorted.
+type DigitCounts = Arc<Mutex<BTreeMap<u64, Vec<(char, u64)>>>>;
+
+/// The digit a record's value ends in.
+fn last_digit(record: &KafkaRecord) -> char {
+    value(record).chars().last().unwrap_or('-')
+}
+
+/// A graph counting `stream`'s records by last digit: a `map` and the
+/// `reduce_by_key` after it, which combines each chunk read ahead by key.
+fn counting_graph(stream: &Arc<DirectKafkaStream>, seen: &DigitCounts) -> Graph {
+    let builder = GraphBuilder::new(BATCH);
+    let sink = Arc::clone(seen);
+    let pairs = builder.input(SOURCE, Arc::clone(stream)).map(|r: KafkaRecord| (last_digit(&r), 1u64));
+    pairs.reduce_by_key(|a, b| a + b).foreach_batch(move |batch, info| {
+        let mut counts: Vec<(char, u64)> = batch.iter().cloned().collect();
+        counts.sort();
+        sink.lock().unwrap().insert(info.batch_id.0, counts);
+        Ok(())
+    });
+    builder.build().unwrap()
+}
+
+#[test]
+fn an_aggregate_after_the_stream_combines_what_is_read_ahead_by_key_and_a_rerun_agrees() {
+    let topic = unique("read-ahead-counts");
+    create_topic(&topic, 2);
+    produce(&topic, 2, values(0..600));
+    let stream = Arc::new(DirectKafkaStream::new(config(&topic)).unwrap());
+    let seen: DigitCounts = Arc::default();
+    let mut pipelined = counting_graph(&stream, &seen);
+    assert!(stream.reads_ahead(), "map > reduce_by_key reads ahead");
+
+    let mut logged = Vec::new();
+    for batch in 0..3u64 {
+        let planned = pipelined.plan(time_of(batch), &BTreeMap::new()).unwrap();
+        run(&mut pipelined, batch, &planned);
+        logged.push(planned);
+        let from = 600 * (batch as u32 + 1);
+        produce(&topic, 2, values(from..from + 600));
+        assert_eq!(stream.wait_for_read_ahead(600, PATIENCE), 600, "read while the interval is open");
+    }
+    let planned = pipelined.plan(time_of(3), &BTreeMap::new()).unwrap();
+    run(&mut pipelined, 3, &planned);
+    logged.push(planned);
+
+    let seen = seen.lock().unwrap().clone();
+    let reader = DirectKafkaStream::new(config(&topic)).unwrap();
+    for (batch, planned) in logged.iter().enumerate() {
+        let ranges = OffsetRanges::from_json(&planned[SOURCE]).unwrap();
+        assert_eq!(ranges.count(), 600, "batch {batch}");
+        let mut expected: BTreeMap<char, u64> = BTreeMap::new();
+        for record in reader.read(&ranges).unwrap().into_iter().flatten() {
+            *expected.entry(last_digit(&record)).or_default() += 1;
+        }
+        assert_eq!(seen[&(batch as u64)], expected.into_iter().collect::<Vec<_>>(), "batch {batch}");
+    }
+
+    let again: DigitCounts = Arc::default();
+    let restarted = Arc::new(DirectKafkaStream::new(config(&topic)).unwrap());
+    let mut rerun = counting_graph(&restarted, &again);
+    for (batch, planned) in logged.iter().enumerate() {
+        run(&mut rerun, batch as u64, planned);
+    }
+    assert_eq!(*again.lock().unwrap(), seen, "a re-run from the logged offsets gives the same counts");
 }
