@@ -126,6 +126,29 @@ where
     })
 }
 
+/// The [`Node`] methods of a per-key aggregate whose `combine` field (a
+/// [`KeyedCombine`]) runs on arrival: they hand out its stage or step and
+/// give it the delivered maps.
+macro_rules! combines_on_arrival {
+    () => {
+        fn arrival_stage(
+            &self,
+            operator: &str,
+        ) -> Option<(Box<dyn std::any::Any>, std::sync::Arc<crate::arrival::Delivered>)> {
+            Some(self.combine.arrival_stage(operator))
+        }
+
+        fn arrival_step(&self, operator: &str) -> Option<crate::arrival::ArrivalStep> {
+            Some(self.combine.arrival_step(operator))
+        }
+
+        fn take_delivered(&mut self, delivered: std::sync::Arc<crate::arrival::Delivered>) {
+            self.combine.take_delivered(delivered);
+        }
+    };
+}
+pub(crate) use combines_on_arrival;
+
 type LocalFn<K, V, C> = dyn Fn(Vec<(K, V)>) -> FxHashMap<K, C> + Send + Sync;
 type MergeFn<C> = dyn Fn(&mut C, C) + Send + Sync;
 
@@ -279,17 +302,7 @@ impl<K: Key, V: Data, C: Data> Node for CombineNode<K, V, C> {
         Ok(None)
     }
 
-    fn arrival_stage(&self, operator: &str) -> Option<(Box<dyn Any>, Arc<Delivered>)> {
-        Some(self.combine.arrival_stage(operator))
-    }
-
-    fn arrival_step(&self, operator: &str) -> Option<ArrivalStep> {
-        Some(self.combine.arrival_step(operator))
-    }
-
-    fn take_delivered(&mut self, delivered: Arc<Delivered>) {
-        self.combine.take_delivered(delivered);
-    }
+    combines_on_arrival!();
 }
 
 impl<T: Key> DStream<T> {

@@ -24,20 +24,18 @@
 //! from one), that reduction runs on each block as it arrives (see
 //! [`crate::arrival`]).
 
-use std::any::Any;
 use std::collections::VecDeque;
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use spate_core::{CoreError, Duration, Time};
 
-use crate::arrival::{ArrivalStep, Delivered};
 use crate::batch::{Batch, Data, Key};
 use crate::error::DStreamError;
 use crate::graph::Job;
 use crate::hash::{FxHashMap, map_with_capacity, partition_of};
 use crate::node::{Node, NodeMeta, Slot, StateMeta, StatefulNode, StepCtx, state_codec};
-use crate::pair::KeyedCombine;
+use crate::pair::{KeyedCombine, combines_on_arrival};
 use crate::stream::DStream;
 
 /// True when `time` is a slide time of a window sliding by `slide`.
@@ -289,17 +287,7 @@ where
         Ok(None)
     }
 
-    fn arrival_stage(&self, operator: &str) -> Option<(Box<dyn Any>, Arc<Delivered>)> {
-        Some(self.combine.arrival_stage(operator))
-    }
-
-    fn arrival_step(&self, operator: &str) -> Option<ArrivalStep> {
-        Some(self.combine.arrival_step(operator))
-    }
-
-    fn take_delivered(&mut self, delivered: Arc<Delivered>) {
-        self.combine.take_delivered(delivered);
-    }
+    combines_on_arrival!();
 
     fn state(&self) -> Option<&dyn StatefulNode> {
         Some(self)
@@ -580,17 +568,7 @@ where
         Ok(None)
     }
 
-    fn arrival_stage(&self, operator: &str) -> Option<(Box<dyn Any>, Arc<Delivered>)> {
-        Some(self.combine.arrival_stage(operator))
-    }
-
-    fn arrival_step(&self, operator: &str) -> Option<ArrivalStep> {
-        Some(self.combine.arrival_step(operator))
-    }
-
-    fn take_delivered(&mut self, delivered: Arc<Delivered>) {
-        self.combine.take_delivered(delivered);
-    }
+    combines_on_arrival!();
 
     fn state(&self) -> Option<&dyn StatefulNode> {
         Some(self)
