@@ -742,7 +742,11 @@ fn min_of(a: Option<u64>, b: Option<u64>) -> Option<u64> {
 
 /// Spark's `maxMessagesPerPartition`: each partition gets at most
 /// `per_partition` records, and the batch limit is shared out in proportion
-/// to each partition's lag (at least one record for a partition that lags).
+/// to each partition's lag. Unlike Spark, which gives every lagging
+/// partition at least one record, the shares never add up to more than the
+/// limit: what proportion leaves over goes one record each to the
+/// partitions with the largest remainders, so a limit smaller than the
+/// number of lagging partitions moves those that lag most.
 pub(crate) fn rate_caps(
     start: &PartitionOffsets,
     latest: &PartitionOffsets,
@@ -751,24 +755,39 @@ pub(crate) fn rate_caps(
 ) -> Caps {
     // Offsets from the broker and the position: differences and sums in
     // wider integers, so no lag overflows and shares stay exact.
-    let lag = |tp: &TopicPartition, l: i64| {
-        let from = start.get(tp).copied().unwrap_or(l);
-        u64::try_from(i128::from(l) - i128::from(from)).unwrap_or(0)
-    };
-    let total_lag: u128 = latest.iter().map(|(tp, l)| u128::from(lag(tp, *l))).sum();
+    let lags: Vec<u64> = latest
+        .iter()
+        .map(|(tp, l)| {
+            let from = start.get(tp).copied().unwrap_or(*l);
+            u64::try_from(i128::from(*l) - i128::from(from)).unwrap_or(0)
+        })
+        .collect();
+    let shares = batch_limit.map(|limit| lag_shares(limit, &lags));
     let mut caps = Caps::new();
-    for (tp, l) in latest {
-        let lag = lag(tp, *l);
-        let share = batch_limit.map(|limit| {
-            let share = u128::from(limit) * u128::from(lag) / total_lag.max(1);
-            let share = u64::try_from(share).unwrap_or(limit);
-            if limit > 0 && lag > 0 { share.max(1) } else { share }
-        });
+    for (index, tp) in latest.keys().enumerate() {
+        let share = shares.as_ref().and_then(|shares| shares.get(index).copied());
         if let Some(cap) = min_of(per_partition, share) {
             caps.insert(tp.clone(), i64::try_from(cap).unwrap_or(i64::MAX));
         }
     }
     caps
+}
+
+/// `limit` shared out in proportion to `lags` by largest remainder: the
+/// shares add up to `limit` exactly when anything lags (ties go to the
+/// earlier partition).
+fn lag_shares(limit: u64, lags: &[u64]) -> Vec<u64> {
+    let total: u128 = lags.iter().map(|&lag| u128::from(lag)).sum::<u128>().max(1);
+    let exact = |lag: u64| u128::from(limit) * u128::from(lag);
+    let mut shares: Vec<u64> = lags.iter().map(|&lag| u64::try_from(exact(lag) / total).unwrap_or(limit)).collect();
+    let given: u128 = shares.iter().map(|&share| u128::from(share)).sum();
+    let left = u128::from(limit).saturating_sub(given);
+    let mut by_remainder: Vec<usize> = (0..lags.len()).filter(|&i| lags[i] > 0).collect();
+    by_remainder.sort_by_key(|&i| std::cmp::Reverse(exact(lags[i]) % total));
+    for &index in by_remainder.iter().take(usize::try_from(left).unwrap_or(usize::MAX)) {
+        shares[index] += 1;
+    }
+    shares
 }
 
 /// A librdkafka partition list of `offsets`.
@@ -913,9 +932,16 @@ mod tests {
         let caps = rate_caps(&start, &latest, Some(500), None);
         assert_eq!(caps, offsets(&[(0, 500), (1, 500), (2, 500)]));
 
-        // A tiny limit still moves every lagging partition.
+        // A tiny limit moves the partition that lags most, and no more
+        // records than the limit.
         let caps = rate_caps(&start, &latest, None, Some(1));
-        assert_eq!(caps, offsets(&[(0, 1), (1, 1), (2, 0)]));
+        assert_eq!(caps, offsets(&[(0, 1), (1, 0), (2, 0)]));
+        // Shares that do not divide evenly add up to the limit.
+        let caps = rate_caps(&start, &latest, None, Some(7));
+        assert_eq!(caps, offsets(&[(0, 5), (1, 2), (2, 0)]));
+        let even = offsets(&[(0, 5), (1, 5)]);
+        let caps = rate_caps(&offsets(&[(0, 0), (1, 0)]), &even, None, Some(1));
+        assert_eq!(caps, offsets(&[(0, 1), (1, 0)]), "a tie goes to the earlier partition");
     }
 
     #[test]
