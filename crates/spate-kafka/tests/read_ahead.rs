@@ -57,6 +57,45 @@ fn run(graph: &mut Graph, batch: u64, planned: &BTreeMap<String, String>) {
     }
 }
 
+/// Runs batches 0 to 3 of `graph`, which reads `stream` of `topic`: during
+/// each interval `per_batch` more records arrive over `partitions` and are
+/// read ahead before the interval ends, then `late` more arrive after them.
+/// Returns each batch's planned offsets, as the offset log holds them.
+fn run_reading_ahead(
+    stream: &DirectKafkaStream,
+    graph: &mut Graph,
+    topic: &str,
+    partitions: i32,
+    per_batch: u32,
+    late: u32,
+) -> Vec<BTreeMap<String, String>> {
+    let mut logged = Vec::new();
+    for batch in 0..4u64 {
+        let planned = graph.plan(time_of(batch), &BTreeMap::new()).unwrap();
+        run(graph, batch, &planned);
+        logged.push(planned);
+        if batch == 3 {
+            break;
+        }
+        let from = per_batch * (batch as u32 + 1);
+        produce(topic, partitions, values(from..from + per_batch));
+        let read = stream.wait_for_read_ahead(u64::from(per_batch), PATIENCE);
+        assert_eq!(read, u64::from(per_batch), "read while the interval is open");
+        if late > 0 {
+            let late_from = 100_000 + late * batch as u32;
+            produce(topic, partitions, values(late_from..late_from + late));
+        }
+    }
+    logged
+}
+
+/// Re-runs each batch of `logged` in `graph`, as after a restart.
+fn rerun(graph: &mut Graph, logged: &[BTreeMap<String, String>]) {
+    for (batch, planned) in logged.iter().enumerate() {
+        run(graph, batch as u64, planned);
+    }
+}
+
 /// What [`operator`] gives over each whole partition of `ranges`, read now.
 fn whole_batch(ranges: &OffsetRanges, topic: &str) -> Vec<Vec<Row>> {
     let reader = DirectKafkaStream::new(config(topic)).unwrap();
@@ -73,20 +112,7 @@ fn records_read_during_the_interval_give_the_whole_batch_result_and_a_rerun_give
     let mut pipelined = graph(&stream, &seen);
     assert!(stream.reads_ahead(), "a flat_map right after the input reads ahead");
 
-    let mut logged = Vec::new();
-    for batch in 0..3u64 {
-        let planned = pipelined.plan(time_of(batch), &BTreeMap::new()).unwrap();
-        run(&mut pipelined, batch, &planned);
-        logged.push(planned);
-        // During the next interval: records arrive and are read and
-        // processed before the interval ends; a few more arrive late.
-        produce(&topic, 3, values(900 * (batch as u32 + 1)..900 * (batch as u32 + 2)));
-        assert_eq!(stream.wait_for_read_ahead(900, PATIENCE), 900, "read while the interval is open");
-        produce(&topic, 3, values(10_000 + 30 * batch as u32..10_030 + 30 * batch as u32));
-    }
-    let planned = pipelined.plan(time_of(3), &BTreeMap::new()).unwrap();
-    run(&mut pipelined, 3, &planned);
-    logged.push(planned);
+    let logged = run_reading_ahead(&stream, &mut pipelined, &topic, 3, 900, 30);
 
     let mut previous_ends = None;
     let seen = seen.lock().unwrap().clone();
@@ -106,10 +132,7 @@ fn records_read_during_the_interval_give_the_whole_batch_result_and_a_rerun_give
     // boundary: the same result.
     let again: Seen = Arc::default();
     let restarted = Arc::new(DirectKafkaStream::new(config(&topic)).unwrap());
-    let mut rerun = graph(&restarted, &again);
-    for (batch, planned) in logged.iter().enumerate() {
-        run(&mut rerun, batch as u64, planned);
-    }
+    rerun(&mut graph(&restarted, &again), &logged);
     assert_eq!(*again.lock().unwrap(), seen);
 }
 
@@ -211,18 +234,7 @@ fn an_aggregate_after_the_stream_combines_what_is_read_ahead_by_key_and_a_rerun_
     let mut pipelined = counting_graph(&stream, &seen);
     assert!(stream.reads_ahead(), "map > reduce_by_key reads ahead");
 
-    let mut logged = Vec::new();
-    for batch in 0..3u64 {
-        let planned = pipelined.plan(time_of(batch), &BTreeMap::new()).unwrap();
-        run(&mut pipelined, batch, &planned);
-        logged.push(planned);
-        let from = 600 * (batch as u32 + 1);
-        produce(&topic, 2, values(from..from + 600));
-        assert_eq!(stream.wait_for_read_ahead(600, PATIENCE), 600, "read while the interval is open");
-    }
-    let planned = pipelined.plan(time_of(3), &BTreeMap::new()).unwrap();
-    run(&mut pipelined, 3, &planned);
-    logged.push(planned);
+    let logged = run_reading_ahead(&stream, &mut pipelined, &topic, 2, 600, 0);
 
     let seen = seen.lock().unwrap().clone();
     let reader = DirectKafkaStream::new(config(&topic)).unwrap();
@@ -238,9 +250,6 @@ fn an_aggregate_after_the_stream_combines_what_is_read_ahead_by_key_and_a_rerun_
 
     let again: DigitCounts = Arc::default();
     let restarted = Arc::new(DirectKafkaStream::new(config(&topic)).unwrap());
-    let mut rerun = counting_graph(&restarted, &again);
-    for (batch, planned) in logged.iter().enumerate() {
-        run(&mut rerun, batch as u64, planned);
-    }
+    rerun(&mut counting_graph(&restarted, &again), &logged);
     assert_eq!(*again.lock().unwrap(), seen, "a re-run from the logged offsets gives the same counts");
 }
