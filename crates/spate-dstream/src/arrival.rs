@@ -130,17 +130,9 @@ impl ArrivalStep {
             // gives); the operator taking the part reports the mismatch.
             Err(other) => (other, 0),
         };
-        ArrivalStep {
-            operator: operator.into(),
-            run: Arc::new(run),
-            join: Arc::new(concatenate::<U>),
-            chunkable,
-            delivered,
-        }
+        ArrivalStep::from_parts(operator, Arc::new(run), Arc::new(concatenate::<U>), chunkable, delivered)
     }
-}
 
-impl ArrivalStep {
     /// A step from its type-erased parts: `run` maps the result of the
     /// operator before to this one's with its estimated size, `join` joins
     /// the results of a partition's chunks.
