@@ -239,9 +239,9 @@ impl DirectKafkaConfig {
 /// starts, so `offsets/N` covers the records read ahead too and a re-run
 /// reads them again. Nothing read ahead is visible before the batch is
 /// planned, logged and computed; the batch's result is the one the
-/// operator gives over each whole partition. Whatever reads the stream
-/// otherwise (`map_partitions`, a window, two operators) is computed at
-/// the boundary as before.
+/// operators give over each whole partition. Whatever reads the stream
+/// otherwise (`map_partitions`, `window`, `transform`, two operators) is
+/// computed at the boundary as before.
 pub struct DirectKafkaStream {
     config: DirectKafkaConfig,
     pool: Arc<ConsumerPool>,
@@ -747,7 +747,7 @@ fn min_of(a: Option<u64>, b: Option<u64>) -> Option<u64> {
 /// limit: what proportion leaves over goes one record each to the
 /// partitions with the largest remainders, so a limit smaller than the
 /// number of lagging partitions moves those that lag most.
-pub(crate) fn rate_caps(
+fn rate_caps(
     start: &PartitionOffsets,
     latest: &PartitionOffsets,
     per_partition: Option<u64>,
@@ -875,15 +875,30 @@ fn plan_rest(
     // No bytes left: nothing more (a range always reads its first record).
     let records_left =
         if limits.bytes > ahead.bytes { limits.records.saturating_sub(ahead.total_records()) } else { 0 };
-    let shares = rate_caps(&rest_start, latest, None, Some(records_left));
+    ranges_within(partitions, &rest_start, latest, records_left, limits.per_partition, &ahead.records)
+}
+
+/// One range for each of `partitions`, from its offset in `from` toward its
+/// latest offset: within `records` for all of them, shared out by lag, and
+/// within what `per_partition` leaves after the records each has `read`
+/// already for the batch.
+pub(crate) fn ranges_within(
+    partitions: &[TopicPartition],
+    from: &PartitionOffsets,
+    latest: &PartitionOffsets,
+    records: u64,
+    per_partition: Option<u64>,
+    read: &std::collections::BTreeMap<TopicPartition, u64>,
+) -> Result<OffsetRanges> {
+    let shares = rate_caps(from, latest, None, Some(records));
     partitions
         .iter()
         .map(|tp| {
-            let from = rest_start.get(tp).copied().unwrap_or(0);
-            let own_left = limits.per_partition.map(|p| p.saturating_sub(ahead.records.get(tp).copied().unwrap_or(0)));
+            let start = from.get(tp).copied().unwrap_or(0);
+            let own_left = per_partition.map(|p| p.saturating_sub(read.get(tp).copied().unwrap_or(0)));
             let share = shares.get(tp).map(|c| u64::try_from(*c).unwrap_or(0));
             let cap = min_of(share, own_left).map(|c| i64::try_from(c).unwrap_or(i64::MAX));
-            plan_range(tp, from, latest.get(tp).copied().unwrap_or(from), cap)
+            plan_range(tp, start, latest.get(tp).copied().unwrap_or(start), cap)
         })
         .collect()
 }

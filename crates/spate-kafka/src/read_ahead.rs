@@ -41,9 +41,9 @@ use spate_dstream::{ArrivalStage, ProcessedBlock};
 use tracing::warn;
 
 use crate::consumer::{ConsumerPool, KafkaRecord, record_footprint};
-use crate::direct::{DirectKafkaConfig, lock, rate_caps, read_within};
+use crate::direct::{DirectKafkaConfig, lock, ranges_within, read_within};
 use crate::error::{Result, client};
-use crate::offsets::{OffsetRange, OffsetRanges, PartitionOffsets, TopicPartition};
+use crate::offsets::{OffsetRanges, PartitionOffsets, TopicPartition};
 
 /// The records one chunk reads at most, all partitions together: small
 /// enough that a plan waiting for the chunk in flight waits little (tens of
@@ -298,23 +298,8 @@ impl Shared {
             latest.insert(tp.clone(), high);
         }
         drop(admin);
-        let caps = rate_caps(&progress.next, &latest, None, Some(chunk));
-        let ranges = progress
-            .next
-            .iter()
-            .map(|(tp, &from)| {
-                let mut until = latest.get(tp).copied().unwrap_or(from).max(from);
-                if let Some(cap) = caps.get(tp) {
-                    until = until.min(from.saturating_add(*cap));
-                }
-                if let Some(per_partition) = limits.per_partition {
-                    let left = per_partition.saturating_sub(progress.records.get(tp).copied().unwrap_or(0));
-                    until = until.min(from.saturating_add(i64::try_from(left).unwrap_or(i64::MAX)));
-                }
-                OffsetRange::new(tp.topic.clone(), tp.partition, from, until)
-            })
-            .collect();
-        Ok(OffsetRanges::new(ranges))
+        let partitions: Vec<TopicPartition> = progress.next.keys().cloned().collect();
+        ranges_within(&partitions, &progress.next, &latest, chunk, limits.per_partition, &progress.records)
     }
 }
 
