@@ -159,8 +159,10 @@ pub(crate) struct TypedReceiverInput<T, R> {
 }
 
 /// A folder of this process's own for an input's spilled blocks, removed
-/// when the input goes (a crash leaves it to the system's temporary
-/// folder cleaning, or to the next run of the same input, which wipes it).
+/// when the input goes. A crash leaves it behind (its name carries the
+/// process id, so no later run reuses it) to the system's cleaning of its
+/// temporary folder, or to whoever looks after `--spill-dir`. Nothing
+/// durable is in it: with the WAL on, the log holds the blocks.
 struct SpillArea(PathBuf);
 
 impl Drop for SpillArea {

@@ -56,10 +56,12 @@ pub struct StreamingSettings {
     /// than the engine is slowed rather than filling memory. The default,
     /// [`DEFAULT_MAX_MEMORY_BYTES`], fits a small machine.
     ///
-    /// A received stream whose reader needs the whole batch (a `join`,
-    /// `transform`, a window or shuffle right after the input) is not
-    /// slowed: its blocks beyond the budget spill, encoded, to a RocksDB
-    /// store in [`StreamingSettings::spill_dir`] until their batch reads them.
+    /// A received stream whose blocks cannot be processed as they arrive
+    /// (its reader needs the whole batch: a `join`, `transform`, `window`
+    /// or `repartition` right after the input; or it has two readers) is
+    /// not slowed: its blocks beyond the budget spill, encoded, to a
+    /// RocksDB store in [`StreamingSettings::spill_dir`] until their batch
+    /// reads them.
     pub max_memory_bytes: u64,
     /// Where received blocks beyond the memory budget spill (a folder of
     /// the process's own is made in it for each input, and removed when
