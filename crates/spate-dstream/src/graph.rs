@@ -5,6 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::rc::Rc;
 use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
 
 use spate_core::{BatchId, Duration, Time};
 
@@ -243,6 +244,7 @@ impl GraphBuilder {
             partitions: self.partitions.unwrap_or(pool.workers()),
             pool,
             last_time: None,
+            late_records: 0,
         })
     }
 }
@@ -365,6 +367,8 @@ pub struct Graph {
     pub(crate) partitions: usize,
     pool: Pool,
     last_time: Option<Time>,
+    /// Records the last batch generated set aside as late.
+    late_records: u64,
 }
 
 impl fmt::Debug for Graph {
@@ -439,12 +443,15 @@ impl Graph {
         }
         self.last_time = Some(time);
         let mut jobs = Vec::new();
+        let late = AtomicU64::new(0);
         for (node, name) in self.nodes.iter_mut().zip(&self.names) {
-            let ctx = StepCtx { time, batch_id, pool: self.pool, partitions: self.partitions, planned, operator: name };
+            let (pool, partitions, late) = (self.pool, self.partitions, &late);
+            let ctx = StepCtx { time, batch_id, pool, partitions, planned, operator: name, late };
             if let Some(job) = node.step(&ctx)? {
                 jobs.push(job);
             }
         }
+        self.late_records = late.into_inner();
         tracing::debug!(time = %time, batch = %batch_id, jobs = jobs.len(), "generated jobs");
         Ok(jobs)
     }
@@ -457,6 +464,13 @@ impl Graph {
             job.run()?;
         }
         Ok(planned)
+    }
+
+    /// How many records the last batch generated set aside as late: behind
+    /// the watermark when every window they belonged to was gone, or
+    /// stamped further ahead of the batch time than the watermarks allow.
+    pub fn late_records(&self) -> u64 {
+        self.late_records
     }
 
     /// The time of the last batch generated, if any.

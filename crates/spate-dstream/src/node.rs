@@ -3,6 +3,7 @@
 
 use std::any::Any;
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use spate_core::{BatchId, CoreError, Duration, FrameCodec, Time};
@@ -94,9 +95,16 @@ pub(crate) struct StepCtx<'a> {
     pub(crate) partitions: usize,
     pub(crate) planned: &'a PlannedOffsets,
     pub(crate) operator: &'a str,
+    /// Records the batch set aside as late, over every operator.
+    pub(crate) late: &'a AtomicU64,
 }
 
 impl StepCtx<'_> {
+    /// Adds `count` records to the batch's late records.
+    pub(crate) fn count_late(&self, count: usize) {
+        self.late.fetch_add(u64::try_from(count).unwrap_or(u64::MAX), Ordering::Relaxed);
+    }
+
     /// Runs `f` over `items` on the pool, naming this operator if a task panics.
     pub(crate) fn par<I: Send, O: Send>(
         &self,

@@ -12,6 +12,7 @@ use spate_core::{Duration, InPlace, Views};
 use crate::arrival::PayloadFn;
 use crate::batch::{Batch, Data};
 use crate::error::{BoxError, DStreamError};
+use crate::event_time::ProgressMark;
 use crate::graph::Job;
 use crate::graph::SharedBuilder;
 use crate::node::{BinaryNode, Node, NodeMeta, PartitionNode, Slot, StepCtx, UnaryNode};
@@ -25,6 +26,9 @@ pub struct DStream<T> {
     pub(crate) name_target: usize,
     pub(crate) slot: Arc<Slot<T>>,
     pub(crate) slide: Duration,
+    /// Where an event-time operator reading this stream takes its progress
+    /// from, when not from the records (see [`DStream::with_progress`]).
+    pub(crate) progress: Option<ProgressFeed>,
 }
 
 impl<T> Clone for DStream<T> {
@@ -35,7 +39,30 @@ impl<T> Clone for DStream<T> {
             name_target: self.name_target,
             slot: Arc::clone(&self.slot),
             slide: self.slide,
+            progress: self.progress.clone(),
         }
+    }
+}
+
+/// The stream of [`ProgressMark`]s an event-time operator aligns on.
+#[derive(Clone)]
+pub(crate) struct ProgressFeed {
+    marks: Box<DStream<ProgressMark>>,
+}
+
+impl ProgressFeed {
+    pub(crate) fn of(marks: &DStream<ProgressMark>) -> Self {
+        ProgressFeed { marks: Box::new(marks.clone()) }
+    }
+
+    /// The operator producing the marks (a parent of the reader).
+    pub(crate) fn id(&self) -> usize {
+        self.marks.id
+    }
+
+    /// Registers a consumer of the marks and returns the slot to read.
+    pub(crate) fn reader(&self) -> Arc<Slot<ProgressMark>> {
+        self.marks.reader()
     }
 }
 
@@ -47,7 +74,7 @@ impl<T> fmt::Debug for DStream<T> {
 
 impl<T: Data> DStream<T> {
     pub(crate) fn from_parts(builder: SharedBuilder, id: usize, slot: Arc<Slot<T>>, slide: Duration) -> Self {
-        DStream { builder, id, name_target: id, slot, slide }
+        DStream { builder, id, name_target: id, slot, slide, progress: None }
     }
 
     /// Gives the operator that produces this stream a stable name. Stateful

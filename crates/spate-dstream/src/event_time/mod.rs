@@ -72,18 +72,23 @@
 //! ```
 
 mod process;
+mod progress;
 mod windows;
 
 use std::sync::Arc;
 
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
-use spate_core::{Duration, Time};
+use spate_core::{CoreError, Duration, FrameCodec, Time};
 
 use crate::batch::{Data, Key};
-use crate::node::Slot;
+use crate::error::DStreamError;
+use crate::node::{Slot, StepCtx};
 use crate::stream::DStream;
 
 pub use process::{EventTimeProcessed, Timed, TimedState};
+pub use progress::ProgressMark;
+use progress::WriterClocks;
 pub use windows::{EventTimeWindowed, WindowResult};
 
 /// How watermarks follow the event times of each input partition.
@@ -91,14 +96,39 @@ pub use windows::{EventTimeWindowed, WindowResult};
 pub struct Watermarks {
     out_of_orderness: Duration,
     idle_timeout: Option<Duration>,
+    max_future: Duration,
 }
+
+/// How far ahead of the processing clock an event time may be, by default.
+pub const DEFAULT_MAX_FUTURE: Duration = Duration::from_millis(3_600_000);
 
 impl Watermarks {
     /// Records of a partition arrive at most `bound` behind the latest one
     /// it has delivered: the partition's watermark is its largest event
     /// time minus `bound`.
     pub fn bounded_out_of_orderness(bound: Duration) -> Self {
-        Watermarks { out_of_orderness: bound, idle_timeout: None }
+        Watermarks { out_of_orderness: bound, idle_timeout: None, max_future: DEFAULT_MAX_FUTURE }
+    }
+
+    /// A record stamped more than `max_future` ahead of the batch's time
+    /// (the processing clock) is not believed: it never moves the
+    /// watermark, and goes to the late output instead of into a window.
+    /// Without the bound, one record stamped in year 2100 would make every
+    /// later record of its partition late for good. Default: one hour
+    /// ([`DEFAULT_MAX_FUTURE`]).
+    pub fn with_max_future(mut self, max_future: Duration) -> Self {
+        self.max_future = max_future;
+        self
+    }
+
+    /// How far ahead of the processing clock an event time may be.
+    pub fn max_future(&self) -> Duration {
+        self.max_future
+    }
+
+    /// The latest event time believed in the batch at `batch_time`.
+    fn horizon(&self, batch_time: Time) -> Time {
+        batch_time + self.max_future
     }
 
     /// A partition without records for `timeout` of batch time is left out
@@ -242,17 +272,74 @@ struct PartitionClock {
     last_active: Time,
 }
 
-/// The watermark of an operator's input: per partition, then the minimum.
+/// The watermark of an operator's input: per partition, then the minimum;
+/// or, for an input whose progress its writers report, per writer.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct WatermarkTracker {
     partitions: Vec<PartitionClock>,
     watermark: Option<Time>,
+    writers: WriterClocks,
+}
+
+/// A [`WatermarkTracker`] as version 1 of the event-time state wrote it,
+/// before writers reported their progress.
+#[derive(Deserialize)]
+pub(crate) struct TrackerV1 {
+    partitions: Vec<PartitionClock>,
+    watermark: Option<Time>,
+}
+
+impl From<TrackerV1> for WatermarkTracker {
+    fn from(old: TrackerV1) -> Self {
+        WatermarkTracker { partitions: old.partitions, watermark: old.watermark, writers: WriterClocks::default() }
+    }
+}
+
+/// The frame version of event-time operator state; 2 added the writers' clocks.
+const EVENT_TIME_STATE_VERSION: u16 = 2;
+
+/// The codec of event-time operator state.
+pub(crate) fn event_time_codec() -> FrameCodec {
+    FrameCodec::new(EVENT_TIME_STATE_VERSION).with_max_payload(1 << 30).with_max_decoded(4 << 30)
+}
+
+/// Decodes an event-time operator's snapshot; one that version 1 wrote is
+/// read as `Old` and brought up to date by `upgrade`.
+pub(crate) fn decode_snapshot<New: DeserializeOwned, Old: DeserializeOwned>(
+    bytes: &[u8],
+    upgrade: impl FnOnce(Old) -> New,
+) -> Result<New, CoreError> {
+    let codec = event_time_codec();
+    let frame = codec.open(bytes)?;
+    if frame.version < EVENT_TIME_STATE_VERSION {
+        return Ok(upgrade(codec.decode_payload(frame.payload)?));
+    }
+    codec.decode_payload(frame.payload)
 }
 
 impl WatermarkTracker {
     /// The stream's watermark: no record before it is expected any more.
     pub(crate) fn current(&self) -> Option<Time> {
         self.watermark
+    }
+
+    /// Advances the watermark after a batch: by the writers' marks when the
+    /// input's progress comes from them, by each partition's largest event
+    /// time (`seen`) otherwise.
+    pub(crate) fn advance_batch(
+        &mut self,
+        batch_time: Time,
+        seen: &[Option<Time>],
+        marks: Option<&[ProgressMark]>,
+        strategy: &Watermarks,
+    ) -> Option<Time> {
+        match marks {
+            Some(marks) => {
+                self.watermark = self.writers.advance(marks, strategy.out_of_orderness, self.watermark);
+                self.watermark
+            }
+            None => self.advance(batch_time, seen, strategy),
+        }
     }
 
     /// Takes in the largest event time each input partition delivered in
@@ -289,6 +376,16 @@ fn behind(time: Time, watermark: Option<Time>) -> bool {
     watermark.is_some_and(|w| time < w)
 }
 
+/// Takes the batch's progress marks, when the input's progress comes from
+/// its writers (see [`DStream::with_progress`]).
+fn take_marks(
+    ctx: &StepCtx<'_>,
+    slot: Option<&Arc<Slot<ProgressMark>>>,
+) -> Result<Option<Vec<ProgressMark>>, DStreamError> {
+    let Some(slot) = slot else { return Ok(None) };
+    Ok(Some(ctx.take_owned(slot)?.map(crate::batch::Batch::into_vec).unwrap_or_default()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -321,6 +418,21 @@ mod tests {
         // It delivers again and counts again (the watermark stays where it was).
         assert_eq!(tracker.advance(t(4000), &[Some(t(400)), Some(t(60))], &strategy), Some(t(300)));
         assert_eq!(tracker.advance(t(5000), &[Some(t(500)), Some(t(450))], &strategy), Some(t(450)));
+    }
+
+    #[test]
+    fn a_tracker_written_before_writers_reported_their_progress_reads_back() {
+        #[derive(Serialize)]
+        struct Version1 {
+            partitions: Vec<PartitionClock>,
+            watermark: Option<Time>,
+        }
+        let clock = PartitionClock { max_event_time: Some(t(5_000)), last_active: t(1_000) };
+        let old = Version1 { partitions: vec![clock], watermark: Some(t(4_000)) };
+        let bytes = FrameCodec::new(1).encode(&old).unwrap();
+        let tracker: WatermarkTracker = decode_snapshot(&bytes, |old: TrackerV1| old.into()).unwrap();
+        assert_eq!(tracker.current(), Some(t(4_000)));
+        assert_eq!(tracker.partitions.len(), 1);
     }
 
     #[test]

@@ -13,12 +13,15 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 use spate_core::{CoreError, Time};
 
-use super::{WatermarkTracker, Watermarks, WithLate, behind};
+use super::{
+    ProgressMark, TrackerV1, WatermarkTracker, Watermarks, WithLate, behind, decode_snapshot, event_time_codec,
+    take_marks,
+};
 use crate::batch::{Batch, Data, Key};
 use crate::error::DStreamError;
 use crate::graph::Job;
 use crate::hash::{FxHashMap, map_with_capacity, partition_of};
-use crate::node::{Node, NodeMeta, Slot, StateMeta, StatefulNode, StepCtx, state_codec};
+use crate::node::{Node, NodeMeta, Slot, StateMeta, StatefulNode, StepCtx};
 use crate::stream::DStream;
 
 /// What a process function is called for.
@@ -131,6 +134,8 @@ impl<K: Key, S> PartState<K, S> {
 
 struct ProcessNode<K, V, S, M, E, F> {
     input: Arc<Slot<(K, V)>>,
+    /// The writers' progress, when they report it (see [`DStream::with_progress`]).
+    marks: Option<Arc<Slot<ProgressMark>>>,
     output: Arc<Slot<M>>,
     late: Arc<Slot<(K, V)>>,
     event_time: E,
@@ -145,6 +150,8 @@ struct Stamped<K, V> {
     max: Option<Time>,
     records: Vec<(K, Time, V)>,
     late: Vec<(K, V)>,
+    /// How many of `late` are stamped too far ahead.
+    future: usize,
 }
 
 impl<K, V, S, M, E, F> ProcessNode<K, V, S, M, E, F>
@@ -156,10 +163,15 @@ where
     E: Fn(&V) -> Time + Send + Sync,
     F: Fn(&K, Timed<V>, &mut TimedState<S>, &mut Vec<M>) + Send + Sync,
 {
-    fn stamp(event_time: &E, records: Vec<(K, V)>, watermark: Option<Time>) -> Stamped<K, V> {
-        let mut out = Stamped { max: None, records: Vec::with_capacity(records.len()), late: Vec::new() };
+    fn stamp(event_time: &E, records: Vec<(K, V)>, watermark: Option<Time>, horizon: Time) -> Stamped<K, V> {
+        let mut out = Stamped { max: None, records: Vec::with_capacity(records.len()), late: Vec::new(), future: 0 };
         for (key, value) in records {
             let time = event_time(&value);
+            if time > horizon {
+                out.late.push((key, value));
+                out.future += 1;
+                continue;
+            }
             out.max = Some(out.max.map_or(time, |max| max.max(time)));
             if behind(time, watermark) {
                 out.late.push((key, value));
@@ -210,16 +222,24 @@ where
         if self.parts.len() != ctx.partitions {
             self.parts = respread(std::mem::take(&mut self.parts), ctx.partitions);
         }
-        let Some(batch) = ctx.take_owned(&self.input)? else {
-            self.output.put(ctx.time, None);
-            self.late.put(ctx.time, None);
-            return Ok(None);
+        let marks = take_marks(ctx, self.marks.as_ref())?;
+        let batch = match ctx.take_owned(&self.input)? {
+            Some(batch) => batch,
+            // Marks still move the watermark when the records have no batch.
+            None if marks.is_some() => Batch::default(),
+            None => {
+                self.output.put(ctx.time, None);
+                self.late.put(ctx.time, None);
+                return Ok(None);
+            }
         };
         let before = self.tracker.current();
         let event_time = &self.event_time;
-        let stamped = ctx.par(batch.into_partitions(), |records| Self::stamp(event_time, records, before))?;
+        let horizon = self.watermarks.horizon(ctx.time);
+        let stamped = ctx.par(batch.into_partitions(), |records| Self::stamp(event_time, records, before, horizon))?;
         let maxes: Vec<Option<Time>> = stamped.iter().map(|s| s.max).collect();
-        let after = self.tracker.advance(ctx.time, &maxes, &self.watermarks);
+        super::windows::report_future(ctx, stamped.iter().map(|s| s.future).sum(), &self.watermarks);
+        let after = self.tracker.advance_batch(ctx.time, &maxes, marks.as_deref(), &self.watermarks);
         let partitions = ctx.partitions;
         let mut by_part: Vec<Vec<(K, Time, V)>> = (0..partitions).map(|_| Vec::new()).collect();
         let mut late = Vec::with_capacity(stamped.len());
@@ -276,6 +296,19 @@ struct SnapshotOwned<K, S> {
     keys: Vec<(K, KeyState<S>)>,
 }
 
+/// The checkpointed form as version 1 wrote it.
+#[derive(Deserialize)]
+struct SnapshotV1<K, S> {
+    tracker: TrackerV1,
+    keys: Vec<(K, KeyState<S>)>,
+}
+
+impl<K, S> From<SnapshotV1<K, S>> for SnapshotOwned<K, S> {
+    fn from(old: SnapshotV1<K, S>) -> Self {
+        SnapshotOwned { tracker: old.tracker.into(), keys: old.keys }
+    }
+}
+
 impl<K, V, S, M, E, F> StatefulNode for ProcessNode<K, V, S, M, E, F>
 where
     K: Key,
@@ -287,11 +320,11 @@ where
 {
     fn snapshot(&self) -> Result<Vec<u8>, CoreError> {
         let keys = self.parts.iter().flat_map(|p| p.keys.iter()).collect();
-        state_codec().encode(&SnapshotRef { tracker: &self.tracker, keys })
+        event_time_codec().encode(&SnapshotRef { tracker: &self.tracker, keys })
     }
 
     fn restore(&mut self, bytes: &[u8], partitions: usize) -> Result<(), CoreError> {
-        let owned: SnapshotOwned<K, S> = state_codec().decode(bytes)?.value;
+        let owned: SnapshotOwned<K, S> = decode_snapshot(bytes, |old: SnapshotV1<K, S>| old.into())?;
         let mut part = PartState::default();
         part.keys.extend(owned.keys);
         self.tracker = owned.tracker;
@@ -333,11 +366,16 @@ impl<K: Key, V: Data> DStream<(K, V)> {
             state_type: std::any::type_name::<S>(),
             needs_checkpoint: true,
         });
+        let marks = self.progress.as_ref().map(|feed| {
+            meta.parents.push(feed.id());
+            feed.reader()
+        });
         let late = Slot::new();
         let node_late = Arc::clone(&late);
         let output = self.add_node(meta, |output| {
             Box::new(ProcessNode {
                 input,
+                marks,
                 output,
                 late: node_late,
                 event_time,

@@ -17,12 +17,15 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 use spate_core::{CoreError, Duration, Time};
 
-use super::{EventWindows, Shape, WatermarkTracker, Watermarks, Window, WithLate};
+use super::{
+    EventWindows, ProgressMark, Shape, TrackerV1, WatermarkTracker, Watermarks, Window, WithLate, decode_snapshot,
+    event_time_codec, take_marks,
+};
 use crate::batch::{Batch, Data, Key};
 use crate::error::DStreamError;
 use crate::graph::Job;
 use crate::hash::{FxHashMap, map_with_capacity, partition_of};
-use crate::node::{Node, NodeMeta, Slot, StateMeta, StatefulNode, StepCtx, state_codec};
+use crate::node::{Node, NodeMeta, Slot, StateMeta, StatefulNode, StepCtx};
 use crate::stream::DStream;
 
 /// One emitted result of an event-time window.
@@ -77,8 +80,10 @@ struct Assigned<K, V, A> {
     panes: FxHashMap<(K, Time), A>,
     /// Session windows: the records with their event times.
     records: Vec<(K, Time, V)>,
-    /// Records whose every window is gone.
+    /// Records whose every window is gone, or stamped too far ahead.
     late: Vec<(K, V)>,
+    /// How many of `late` are stamped too far ahead.
+    future: usize,
 }
 
 /// The functions and settings of one aggregation.
@@ -148,12 +153,20 @@ where
     F: Fn(&mut A, V) + Send + Sync,
     M: Fn(&mut A, &A) + Send + Sync,
 {
-    /// Assigns one input partition's records to windows (map side).
-    fn assign(&self, records: Vec<(K, V)>, watermark: Option<Time>) -> Assigned<K, V, A> {
-        let mut out = Assigned { max: None, panes: map_with_capacity(0), records: Vec::new(), late: Vec::new() };
+    /// Assigns one input partition's records to windows (map side); a
+    /// record stamped after `horizon` is not believed and goes to the late
+    /// records without moving the partition's clock.
+    fn assign(&self, records: Vec<(K, V)>, watermark: Option<Time>, horizon: Time) -> Assigned<K, V, A> {
+        let mut out =
+            Assigned { max: None, panes: map_with_capacity(0), records: Vec::new(), late: Vec::new(), future: 0 };
         let sliding = self.sliding();
         for (key, value) in records {
             let time = (self.event_time)(&value);
+            if time > horizon {
+                out.late.push((key, value));
+                out.future += 1;
+                continue;
+            }
             out.max = Some(out.max.map_or(time, |max| max.max(time)));
             let Some((size, slide, pane)) = sliding else {
                 out.records.push((key, time, value));
@@ -359,7 +372,13 @@ fn shuffle<K: Key, V, A>(assigned: Vec<Assigned<K, V, A>>, partitions: usize) ->
     let mut out: Vec<Vec<Assigned<K, V, A>>> = (0..partitions).map(|_| Vec::new()).collect();
     for part in assigned {
         let mut split: Vec<Assigned<K, V, A>> = (0..partitions)
-            .map(|_| Assigned { max: None, panes: map_with_capacity(0), records: Vec::new(), late: Vec::new() })
+            .map(|_| Assigned {
+                max: None,
+                panes: map_with_capacity(0),
+                records: Vec::new(),
+                late: Vec::new(),
+                future: 0,
+            })
             .collect();
         for ((key, pane), value) in part.panes {
             if let Some(target) = split.get_mut(partition_of(&key, partitions)) {
@@ -380,6 +399,8 @@ fn shuffle<K: Key, V, A>(assigned: Vec<Assigned<K, V, A>>, partitions: usize) ->
 
 struct EventWindowNode<K, V, A, E, C, F, M> {
     input: Arc<Slot<(K, V)>>,
+    /// The writers' progress, when they report it (see [`DStream::with_progress`]).
+    marks: Option<Arc<Slot<ProgressMark>>>,
     output: Arc<Slot<WindowResult<K, A>>>,
     late: Arc<Slot<(K, V)>>,
     aggregation: Aggregation<K, V, A, E, C, F, M>,
@@ -402,16 +423,24 @@ where
         if self.parts.len() != ctx.partitions {
             self.parts = respread(std::mem::take(&mut self.parts), ctx.partitions);
         }
-        let Some(batch) = ctx.take_owned(&self.input)? else {
-            self.output.put(ctx.time, None);
-            self.late.put(ctx.time, None);
-            return Ok(None);
+        let marks = take_marks(ctx, self.marks.as_ref())?;
+        let batch = match ctx.take_owned(&self.input)? {
+            Some(batch) => batch,
+            // Marks still move the watermark when the records have no batch.
+            None if marks.is_some() => Batch::default(),
+            None => {
+                self.output.put(ctx.time, None);
+                self.late.put(ctx.time, None);
+                return Ok(None);
+            }
         };
         let before = self.tracker.current();
         let aggregation = &self.aggregation;
-        let mut assigned = ctx.par(batch.into_partitions(), |records| aggregation.assign(records, before))?;
+        let horizon = self.watermarks.horizon(ctx.time);
+        let mut assigned = ctx.par(batch.into_partitions(), |records| aggregation.assign(records, before, horizon))?;
         let maxes: Vec<Option<Time>> = assigned.iter().map(|a| a.max).collect();
-        let after = self.tracker.advance(ctx.time, &maxes, &self.watermarks);
+        report_future(ctx, assigned.iter().map(|a| a.future).sum(), &self.watermarks);
+        let after = self.tracker.advance_batch(ctx.time, &maxes, marks.as_deref(), &self.watermarks);
         let mut late: Vec<Vec<(K, V)>> = assigned.iter_mut().map(|a| std::mem::take(&mut a.late)).collect();
         let progress = Progress { before, after };
         let work: Vec<_> = self.parts.iter_mut().zip(shuffle(assigned, ctx.partitions)).collect();
@@ -433,12 +462,14 @@ where
     }
 }
 
-/// Says how many records were late; loudly when nothing reads them.
+/// Counts the records set aside as late (the graph reports the count with
+/// the batch) and says so; loudly when nothing reads them.
 pub(super) fn report_late<T>(ctx: &StepCtx<'_>, late: &[Vec<T>], readers: usize) {
     let count: usize = late.iter().map(Vec::len).sum();
     if count == 0 {
         return;
     }
+    ctx.count_late(count);
     if readers == 0 {
         tracing::warn!(
             operator = ctx.operator,
@@ -448,6 +479,20 @@ pub(super) fn report_late<T>(ctx: &StepCtx<'_>, late: &[Vec<T>], readers: usize)
         );
     } else {
         tracing::debug!(operator = ctx.operator, time = %ctx.time, late = count, "records behind the watermark");
+    }
+}
+
+/// Says how many records were stamped too far ahead of the batch time to
+/// be believed (they are among the late records).
+pub(super) fn report_future(ctx: &StepCtx<'_>, count: usize, watermarks: &Watermarks) {
+    if count > 0 {
+        tracing::warn!(
+            operator = ctx.operator,
+            time = %ctx.time,
+            records = count,
+            max_future_ms = watermarks.max_future().as_millis(),
+            "records stamped further ahead of the batch time than the watermarks allow went to the late records"
+        );
     }
 }
 
@@ -495,6 +540,22 @@ struct SnapshotOwned<K, A> {
     sessions: Vec<(K, Vec<Session<A>>)>,
 }
 
+/// The checkpointed form as version 1 wrote it.
+#[derive(Deserialize)]
+struct SnapshotV1<K, A> {
+    tracker: TrackerV1,
+    panes: Vec<(Time, K, A)>,
+    revisions: Vec<(K, Time, u32)>,
+    sessions: Vec<(K, Vec<Session<A>>)>,
+}
+
+impl<K, A> From<SnapshotV1<K, A>> for SnapshotOwned<K, A> {
+    fn from(old: SnapshotV1<K, A>) -> Self {
+        let SnapshotV1 { tracker, panes, revisions, sessions } = old;
+        SnapshotOwned { tracker: tracker.into(), panes, revisions, sessions }
+    }
+}
+
 impl<K, V, A, E, C, F, M> StatefulNode for EventWindowNode<K, V, A, E, C, F, M>
 where
     K: Key,
@@ -515,11 +576,11 @@ where
         let revisions = self.parts.iter().flat_map(|p| p.revisions.iter()).map(|((k, s), r)| (k, *s, *r)).collect();
         let sessions =
             self.parts.iter().flat_map(|p| p.sessions.iter()).map(|(k, sessions)| (k, sessions.as_slice())).collect();
-        state_codec().encode(&SnapshotRef { tracker: &self.tracker, panes, revisions, sessions })
+        event_time_codec().encode(&SnapshotRef { tracker: &self.tracker, panes, revisions, sessions })
     }
 
     fn restore(&mut self, bytes: &[u8], partitions: usize) -> Result<(), CoreError> {
-        let owned: SnapshotOwned<K, A> = state_codec().decode(bytes)?.value;
+        let owned: SnapshotOwned<K, A> = decode_snapshot(bytes, |old: SnapshotV1<K, A>| old.into())?;
         let mut part = PartState::default();
         for (pane, key, value) in owned.panes {
             part.panes.entry(pane).or_insert_with(|| map_with_capacity(0)).insert(key, value);
@@ -580,12 +641,17 @@ impl<K: Key, V: Data> DStream<(K, V)> {
         });
         meta.event_time = Some(windows.describe_shape());
         meta.event_time_problem = windows.problem();
+        let marks = self.progress.as_ref().map(|feed| {
+            meta.parents.push(feed.id());
+            feed.reader()
+        });
         let late = Slot::new();
         let node_late = Arc::clone(&late);
         let aggregation = Aggregation { _types: PhantomData, event_time, create, add, merge, windows };
         let output = self.add_node(meta, |output| {
             Box::new(EventWindowNode {
                 input,
+                marks,
                 output,
                 late: node_late,
                 aggregation,
