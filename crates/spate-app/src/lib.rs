@@ -66,10 +66,12 @@
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
 
 mod error;
+mod internal;
 mod member;
 mod task;
 mod topology;
 
 pub use error::AppError;
+pub use internal::decode_repartitioned;
 pub use member::{Member, MemberEvent, MemberListener, MemberSettings};
-pub use topology::{DeclareTask, Emit, InternalTopic, TaskBuilder, TaskId, Topology, decode_repartitioned};
+pub use topology::{DeclareTask, Emit, InternalTopic, Repartitioned, TaskBuilder, TaskId, Topology};

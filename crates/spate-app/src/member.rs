@@ -54,6 +54,10 @@ pub struct MemberSettings {
     pub max_bytes_per_batch: Option<u64>,
     /// How often each task checkpoints its operator state.
     pub checkpoint_interval: Option<Duration>,
+    /// An event time further than this ahead of a batch's time is not
+    /// believed: the progress a task reports to the readers of its
+    /// internal topics leaves it out (default one hour).
+    pub max_future: Duration,
 }
 
 impl MemberSettings {
@@ -73,6 +77,7 @@ impl MemberSettings {
             max_records_per_batch: None,
             max_bytes_per_batch: None,
             checkpoint_interval: None,
+            max_future: spate_dstream::DEFAULT_MAX_FUTURE,
         }
     }
 }
@@ -130,6 +135,8 @@ pub(crate) struct MemberShared {
     pub(crate) app: String,
     pub(crate) settings: MemberSettings,
     pub(crate) internal: BTreeMap<String, InternalTopic>,
+    /// How many tasks each stage has (the partitions of its input).
+    pub(crate) stage_tasks: BTreeMap<String, u32>,
     transactions: Mutex<Option<Arc<MemberTransactions>>>,
     transactions_ready: Condvar,
     listener: Option<MemberListener>,
@@ -290,7 +297,7 @@ impl Member {
             let app = app.clone();
             move |source| AppError::Kafka { app, what, source: Box::new(source) }
         };
-        let internal = internal_topics(&topology, &settings.brokers)?;
+        let (internal, stage_tasks) = internal_topics(&topology, &settings.brokers)?;
         for topic in internal.values() {
             ensure_topic(&settings.brokers, &topic.name, topic.partitions)
                 .map_err(kafka(format!("create the internal topic {}", topic.name)))?;
@@ -302,6 +309,7 @@ impl Member {
             app: app.clone(),
             settings,
             internal,
+            stage_tasks,
             transactions: Mutex::new(None),
             transactions_ready: Condvar::new(),
             listener,
@@ -345,11 +353,13 @@ impl Member {
     }
 }
 
-/// Each operator's internal topic, with its partition count: the
-/// application's input's for a repartition, one for a single stage.
-fn internal_topics(topology: &Topology, brokers: &str) -> Result<BTreeMap<String, InternalTopic>, AppError> {
+/// Each operator's internal topic, with its partition count (the
+/// application's input's for a repartition, one for a single stage), and
+/// each stage's number of tasks.
+fn internal_topics(topology: &Topology, brokers: &str) -> Result<InternalTopics, AppError> {
     let mut input_partitions = None;
     let mut out = BTreeMap::new();
+    let mut tasks = BTreeMap::new();
     for stage in &topology.stages {
         let (operator, partitions) = match &stage.input {
             StageInput::Topic(topic) => {
@@ -359,15 +369,20 @@ fn internal_topics(topology: &Topology, brokers: &str) -> Result<BTreeMap<String
                     source: Box::new(source),
                 })?;
                 input_partitions.get_or_insert(count);
+                tasks.insert(stage.name.clone(), u32::try_from(count).unwrap_or(1));
                 continue;
             }
             StageInput::Repartition(operator) => (operator, input_partitions.unwrap_or(1)),
             StageInput::Single(operator) => (operator, 1),
         };
+        tasks.insert(stage.name.clone(), u32::try_from(partitions).unwrap_or(1));
         out.insert(operator.clone(), InternalTopic { name: topology.internal_topic(operator), partitions });
     }
-    Ok(out)
+    Ok((out, tasks))
 }
+
+/// The internal topics by operator, and each stage's number of tasks.
+type InternalTopics = (BTreeMap<String, InternalTopic>, BTreeMap<String, u32>);
 
 #[cfg(test)]
 mod tests {

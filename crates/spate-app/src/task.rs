@@ -10,6 +10,7 @@
 //! checkpoint's writer lock (a lease in an object store) keeps two owners
 //! from writing it at once: a new owner waits for the old one's lock.
 
+use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
@@ -25,8 +26,9 @@ use spate_runtime::{
 use tracing::{info, warn};
 
 use crate::error::AppError;
+use crate::internal::progress_marks;
 use crate::member::{MemberEvent, MemberShared};
-use crate::topology::{Emit, Stage, TaskBuilder, TaskId};
+use crate::topology::{Emit, InternalTopic, Stage, TaskBuilder, TaskId};
 
 /// The offsets key of a task's input in `offsets/N`.
 pub(crate) const INPUT: &str = "kafka";
@@ -307,8 +309,15 @@ impl Supervisor {
         });
         let records = p.replayable_input(INPUT, Arc::clone(source), Some(on_resume), None);
         let internal = self.shared.internal.clone();
-        let mut builder = TaskBuilder { task: &self.id, records, internal: &internal, app: &self.shared.app };
+        let mut builder = TaskBuilder {
+            task: &self.id,
+            records,
+            internal: &internal,
+            app: &self.shared.app,
+            writes: RefCell::new(BTreeMap::new()),
+        };
         let emitted = (self.stage.declare)(&mut builder)?;
+        let writes: Vec<InternalTopic> = builder.writes.into_inner().into_values().collect();
         let interval = self.shared.settings.batch_interval;
         if emitted.slide_duration() != interval {
             return Err(AppError::Invalid {
@@ -321,11 +330,18 @@ impl Supervisor {
             });
         }
         let (task, shared, source) = (self.id.to_string(), Arc::clone(&self.shared), Arc::clone(source));
+        let writer = self.writer();
         emitted
             .foreach_batch(move |batch, info| {
                 let ranges = source.offsets_of(info.time)?;
+                let mut marks = Vec::new();
+                for topic in &writes {
+                    let (group, index, writers) = (writer.0.as_str(), writer.1, writer.2);
+                    let max_future = shared.settings.max_future;
+                    marks.extend(progress_marks(topic, (group, index, writers), batch.iter(), info.time, max_future)?);
+                }
                 let (topics, records): (Vec<String>, Vec<spate_kafka::OutputRecord>) =
-                    batch.iter().cloned().map(Emit::into_output).unzip();
+                    batch.iter().cloned().chain(marks).map(Emit::into_output).unzip();
                 let transactions = shared.transactions()?;
                 transactions.write_batch(
                     &task,
@@ -337,6 +353,17 @@ impl Supervisor {
             })
             .name("batch-transaction");
         Ok(())
+    }
+}
+
+impl Supervisor {
+    /// Who this task is among the writers of the internal topics it
+    /// writes: its stage, its index (the partition it reads) and how many
+    /// tasks the stage has.
+    fn writer(&self) -> (String, u32, u32) {
+        let index = u32::try_from(self.id.partition).unwrap_or(0);
+        let tasks = self.shared.stage_tasks.get(&self.stage.name).copied().unwrap_or(index + 1);
+        (self.stage.name.clone(), index, tasks)
     }
 }
 

@@ -11,28 +11,18 @@
 //! A stage over everything at once (a top-k over all keys) reads an
 //! internal topic of one partition: one task, on one member.
 
+use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
-use spate_core::{FrameCodec, Time};
-use spate_dstream::{DStream, Data, Key, partition_of};
+use spate_core::Time;
+use spate_dstream::{DStream, Data, Key, ProgressMark, partition_of};
 use spate_kafka::{KafkaRecord, OutputRecord};
 
 use crate::error::AppError;
-
-/// The frame version of records on internal topics.
-const INTERNAL_FORMAT_VERSION: u16 = 1;
-
-/// Records of internal topics are at most this large.
-const MAX_INTERNAL_RECORD: u32 = 64 << 20;
-
-fn internal_codec() -> FrameCodec {
-    FrameCodec::new(INTERNAL_FORMAT_VERSION)
-        .with_max_payload(MAX_INTERNAL_RECORD)
-        .with_max_decoded(MAX_INTERNAL_RECORD as usize)
-}
+use crate::internal::{Internal, decode_or_report, encode_record};
 
 /// One task: a stage on one partition of its input topic.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -79,6 +69,16 @@ impl Emit {
         &self.topic
     }
 
+    /// Its timestamp (event time downstream), ms since the epoch.
+    pub fn timestamp(&self) -> Option<i64> {
+        self.timestamp
+    }
+
+    /// A progress mark to one partition of an internal topic.
+    pub(crate) fn progress(topic: &str, partition: i32, key: &[u8], value: Vec<u8>) -> Self {
+        Emit { topic: topic.to_string(), key: Some(key.to_vec()), value, partition: Some(partition), timestamp: None }
+    }
+
     pub(crate) fn into_output(self) -> (String, OutputRecord) {
         let record =
             OutputRecord { key: self.key, value: self.value, partition: self.partition, timestamp: self.timestamp };
@@ -93,6 +93,9 @@ pub struct TaskBuilder<'a> {
     pub(crate) records: DStream<KafkaRecord>,
     pub(crate) internal: &'a BTreeMap<String, InternalTopic>,
     pub(crate) app: &'a str,
+    /// The internal topics the task writes: each batch ends with a
+    /// progress mark to every partition of each.
+    pub(crate) writes: RefCell<BTreeMap<String, InternalTopic>>,
 }
 
 impl fmt::Debug for TaskBuilder<'_> {
@@ -140,12 +143,13 @@ impl TaskBuilder<'_> {
             app: self.app.to_string(),
             reason: format!("no stage reads the repartition of `{operator}`"),
         })?;
+        self.writes.borrow_mut().insert(operator.to_string(), internal.clone());
         let (topic, partitions) = (internal.name.clone(), internal.partitions);
         let count = usize::try_from(partitions).unwrap_or(1).max(1);
         Ok(stream.flat_map(move |(key, value)| {
             let partition = i32::try_from(partition_of(&key, count)).unwrap_or(0);
             let time = timestamp(&value);
-            let bytes = match internal_codec().encode(&(&key, &value)) {
+            let bytes = match encode_record(&key, &value) {
                 Ok(bytes) => bytes,
                 Err(error) => {
                     // Data that serde cannot encode is a bug of its type, not
@@ -164,16 +168,50 @@ impl TaskBuilder<'_> {
     }
 }
 
-/// The `(key, value)` a [`TaskBuilder::repartition_by_key`] sent in `record`.
-pub fn decode_repartitioned<K: Key, V: Data>(record: &KafkaRecord) -> Result<(K, V), AppError> {
-    let bad = |reason: String| AppError::BadInternalRecord {
-        topic: record.topic.to_string(),
-        partition: record.partition,
-        offset: record.offset,
-        reason,
-    };
-    let bytes = record.value.as_deref().ok_or_else(|| bad("no value".to_string()))?;
-    internal_codec().decode(bytes).map(|frame| frame.value).map_err(|e| bad(e.to_string()))
+impl TaskBuilder<'_> {
+    /// What an earlier stage sent to this stage's internal topic with
+    /// [`TaskBuilder::repartition_by_key`], decoded, with the writers'
+    /// progress: an event-time operator applied to
+    /// [`Repartitioned::records`] keeps one watermark per writer task and
+    /// takes the smallest, so a writer running ahead makes nobody late.
+    /// A record that does not decode is counted
+    /// (`spate_bad_internal_records_total`) and logged, never dropped
+    /// silently.
+    pub fn repartitioned<K: Key, V: Data>(&self) -> Repartitioned<K, V> {
+        let records =
+            self.records.flat_map(|r: KafkaRecord| decode_or_report::<K, V>(&r)).split_progress(|i| match i {
+                Internal::Record(key, value) => Ok((key, value)),
+                Internal::Progress(mark) => Err(mark),
+            });
+        Repartitioned { records }
+    }
+}
+
+/// The records of an internal topic and the progress of the tasks that
+/// wrote them (see [`TaskBuilder::repartitioned`]).
+pub struct Repartitioned<K, V> {
+    records: DStream<(K, V)>,
+}
+
+impl<K, V> fmt::Debug for Repartitioned<K, V> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Repartitioned").field("records", &self.records).finish_non_exhaustive()
+    }
+}
+
+impl<K: Key, V: Data> Repartitioned<K, V> {
+    /// The records, their event-time progress told by their writers: apply
+    /// the event-time operator to this stream directly (an operator in
+    /// between drops the writers' progress; give it back with
+    /// [`DStream::with_progress`] and [`Repartitioned::marks`]).
+    pub fn records(&self) -> DStream<(K, V)> {
+        self.records.clone()
+    }
+
+    /// The writers' progress marks.
+    pub fn marks(&self) -> Option<DStream<ProgressMark>> {
+        self.records.progress()
+    }
 }
 
 /// Declares a task of a stage: returns the records it writes in each batch.

@@ -1,18 +1,21 @@
 //! Members of one application against the local broker: a word count
 //! whose words are repartitioned by key, counted per event-time window,
-//! gives exactly the counts of the input while members leave and join.
+//! gives exactly the counts of the input while members leave and join, and
+//! while one split task is held back and the others run their whole
+//! backlog ahead (with the default lateness: nothing is late).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration as StdDuration, Instant, SystemTime, UNIX_EPOCH};
 
 use rdkafka::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
-use spate_app::{Emit, Member, MemberSettings, Topology, decode_repartitioned};
+use spate_app::{Emit, Member, MemberEvent, MemberListener, MemberSettings, Topology};
 use spate_core::{Duration, Time};
 use spate_dstream::{EventWindows, Watermarks};
 use spate_kafka::{GroupSettings, KafkaRecord};
@@ -33,15 +36,37 @@ fn unique(prefix: &str) -> String {
 
 const WINDOW_MS: i64 = 10_000;
 
-/// The lines: `(partition, timestamp, text)`, 60 s of event time from `base`.
-fn lines(base: i64) -> Vec<(i32, i64, String)> {
+/// The lines: `(partition, timestamp, text)`, `count` lines 50 ms apart
+/// from `base`, round-robin over the 4 partitions.
+fn lines(base: i64, count: i64) -> Vec<(i32, i64, String)> {
     let words = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa", "lambda"];
-    (0..1_200i64)
+    (0..count)
         .map(|i| {
             let text: Vec<&str> = (0..3).map(|j| words[((i * 7 + j * 3 + i / 5) % 11) as usize]).collect();
             ((i % 4) as i32, base + i * 50, text.join(" "))
         })
         .collect()
+}
+
+/// Holds a task until released.
+#[derive(Default)]
+struct Gate {
+    open: Mutex<bool>,
+    opened: Condvar,
+}
+
+impl Gate {
+    fn wait(&self) {
+        let mut open = self.open.lock().unwrap();
+        while !*open {
+            open = self.opened.wait(open).unwrap();
+        }
+    }
+
+    fn release(&self) {
+        *self.open.lock().unwrap() = true;
+        self.opened.notify_all();
+    }
 }
 
 fn produce(topic: &str, lines: &[(i32, i64, String)]) {
@@ -69,11 +94,19 @@ fn reference(lines: &[(i32, i64, String)], until: i64) -> BTreeMap<(String, i64)
     counts
 }
 
-fn topology(app: &str, input: &str, output: &str) -> Topology {
-    let output = output.to_string();
+/// The default of `spate run --app`.
+const ALLOWED_LATENESS: Duration = Duration::from_secs(60);
+
+fn topology(app: &str, input: &str, output: &str, late: &str, held: Option<Arc<Gate>>) -> Topology {
+    let (output, late) = (output.to_string(), late.to_string());
     Topology::new(app)
-        .stage_from_topic("split", input, |task| {
-            let words = task.records().flat_map(|r: KafkaRecord| {
+        .stage_from_topic("split", input, move |task| {
+            // The split task of partition 0 waits at the gate, if any.
+            let gate = held.clone().filter(|_| task.task().partition == 0);
+            let words = task.records().flat_map(move |r: KafkaRecord| {
+                if let Some(gate) = &gate {
+                    gate.wait();
+                }
                 let ts = r.timestamp.unwrap_or_default();
                 let text = String::from_utf8_lossy(r.value.as_deref().unwrap_or_default()).into_owned();
                 text.split_whitespace().map(|w| (w.to_string(), (ts, 1u64))).collect::<Vec<_>>()
@@ -81,24 +114,29 @@ fn topology(app: &str, input: &str, output: &str) -> Topology {
             task.repartition_by_key("words", &words, |(ts, _)| Some(Time::from_millis(*ts)))
         })
         .stage_from_repartition("count", "words", move |task| {
-            let output = output.clone();
+            let (output, late) = (output.clone(), late.clone());
             let counted = task
+                .repartitioned::<String, (i64, u64)>()
                 .records()
-                .flat_map(|r| decode_repartitioned::<String, (i64, u64)>(&r).ok())
                 .aggregate_by_event_time(
                     |(ts, _): &(i64, u64)| Time::from_millis(*ts),
                     Watermarks::bounded_out_of_orderness(Duration::from_secs(2)),
-                    EventWindows::tumbling(Duration::from_millis(WINDOW_MS as u64))
-                        .allowed_lateness(Duration::from_secs(600)),
+                    EventWindows::tumbling(Duration::from_millis(WINDOW_MS as u64)).allowed_lateness(ALLOWED_LATENESS),
                     |(_, n)| n,
                     |acc: &mut u64, (_, n)| *acc += n,
                     |acc: &mut u64, other: &u64| *acc += other,
                 )
                 .name("counts");
-            Ok(counted.results().map(move |r| {
-                let key = format!("{}@{}", r.key, r.window.start.as_millis());
-                Emit::to_topic(&output, Some(key.into_bytes()), format!("{},{}", r.value, r.revision).into_bytes())
-            }))
+            let late = counted.late().map(move |(word, (ts, _))| {
+                Emit::to_topic(&late, Some(word.into_bytes()), ts.to_string().into_bytes())
+            });
+            Ok(counted
+                .results()
+                .map(move |r| {
+                    let key = format!("{}@{}", r.key, r.window.start.as_millis());
+                    Emit::to_topic(&output, Some(key.into_bytes()), format!("{},{}", r.value, r.revision).into_bytes())
+                })
+                .union(&late))
         })
 }
 
@@ -156,6 +194,13 @@ impl Committed {
             }
         }
         best.into_iter().map(|(k, (_, count))| (k, count)).collect()
+    }
+
+    /// Every window written once, as revision 0: nothing came late.
+    fn assert_no_revisions(&self) {
+        for (key, value) in &self.seen {
+            assert!(value.ends_with(",0"), "{key} was written again ({value}): a word came late");
+        }
     }
 
     /// Each (window, revision) written once: no batch committed twice.
@@ -218,12 +263,14 @@ fn leave_and_join(location: &Path, object_store: &ObjectStoreSettings) {
     spate_kafka::ensure_topic(&brokers(), &output, 1).unwrap();
     let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as i64;
     let base = (now - 120_000) / WINDOW_MS * WINDOW_MS;
-    let lines = lines(base);
+    let lines = lines(base, 1_200);
     produce(&input, &lines);
     let expected = reference(&lines, base + 40_000);
     let mut committed = Committed::new(&output);
+    let late = unique("late");
     let start = |member: &str| {
-        Member::start(topology(&app, &input, &output), settings(location, object_store, member), None).unwrap()
+        let topology = topology(&app, &input, &output, &late, None);
+        Member::start(topology, settings(location, object_store, member), None).unwrap()
     };
     let (a, b) = (start("a"), start("b"));
     // Wait for the first counts, then let a go and bring c in.
@@ -239,4 +286,53 @@ fn leave_and_join(location: &Path, object_store: &ObjectStoreSettings) {
     assert!(!b.tasks().is_empty() || !c.tasks().is_empty());
     b.leave().unwrap();
     c.leave().unwrap();
+}
+
+#[test]
+fn a_split_task_held_back_while_the_others_run_their_backlog_makes_no_word_late() {
+    let _ = tracing_subscriber::fmt().with_test_writer().with_env_filter("info,rdkafka=warn").try_init();
+    let (input, output, late, app) = (unique("lines"), unique("counts"), unique("late"), unique("held"));
+    spate_kafka::ensure_topic(&brokers(), &input, 4).unwrap();
+    spate_kafka::ensure_topic(&brokers(), &output, 1).unwrap();
+    spate_kafka::ensure_topic(&brokers(), &late, 1).unwrap();
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as i64;
+    let base = (now - 600_000) / WINDOW_MS * WINDOW_MS;
+    // 240 s of event time: four times the allowed lateness.
+    let lines = lines(base, 4_800);
+    produce(&input, &lines);
+    let per_partition = lines.iter().filter(|(p, _, _)| *p == 1).count() as u64;
+    // Every window that ends before the last record's time, less the bound.
+    let expected = reference(&lines, base + 238_000);
+    let gate = Arc::new(Gate::default());
+    let read: Arc<Mutex<BTreeMap<i32, u64>>> = Arc::default();
+    let (seen, release) = (Arc::clone(&read), Arc::clone(&gate));
+    // The held task is let go once the other split tasks have read their whole partition.
+    let listener: MemberListener = Arc::new(move |event: &MemberEvent| {
+        if let MemberEvent::Batch { task, progress } = event
+            && task.stage == "split"
+            && task.partition != 0
+        {
+            let mut read = seen.lock().unwrap();
+            *read.entry(task.partition).or_default() += progress.input_records;
+            if (1..4).all(|p| read.get(&p).copied().unwrap_or_default() >= per_partition) {
+                release.release();
+            }
+        }
+    });
+    let mut committed = Committed::new(&output);
+    let dir = tempfile::tempdir().unwrap();
+    let member = Member::start(
+        topology(&app, &input, &output, &late, Some(Arc::clone(&gate))),
+        settings(dir.path(), &ObjectStoreSettings::default(), "m"),
+        Some(listener),
+    )
+    .unwrap();
+    committed.wait_for(&expected);
+    committed.assert_no_repeats();
+    committed.assert_no_revisions();
+    assert!(*gate.open.lock().unwrap(), "the held task was let go");
+    member.leave().unwrap();
+    // Nothing was ever written to the late topic (not even an aborted transaction's marker).
+    let (_, end) = Committed::new(&late).consumer.fetch_watermarks(&late, 0, StdDuration::from_secs(30)).unwrap();
+    assert_eq!(end, 0, "words came late");
 }

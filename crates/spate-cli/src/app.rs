@@ -30,9 +30,7 @@ use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::Duration as StdDuration;
 
 use serde_json::json;
-use spate_app::{
-    AppError, Emit, Member, MemberEvent, MemberSettings, TaskBuilder, TaskId, Topology, decode_repartitioned,
-};
+use spate_app::{AppError, Emit, Member, MemberEvent, MemberSettings, TaskBuilder, TaskId, Topology};
 use spate_core::{Duration, Time};
 use spate_dstream::{DStream, EventWindows, State, Watermarks};
 use spate_kafka::{GroupProtocol, GroupSettings, KafkaRecord};
@@ -58,8 +56,9 @@ fn topology(args: &RunArgs, app: &AppArgs, name: &str) -> Topology {
     let top_topic = app.top_topic(&args.output_topic);
     let windows = EventWindows::sliding(Duration::from_millis(app.window_ms), Duration::from_millis(app.slide_ms))
         .allowed_lateness(Duration::from_millis(app.allowed_lateness_ms));
-    let watermarks = Watermarks::bounded_out_of_orderness(Duration::from_millis(app.out_of_orderness_ms));
-    let counts = WindowCounts { output: args.output_topic.clone(), windows, watermarks };
+    let watermarks = Watermarks::bounded_out_of_orderness(Duration::from_millis(app.out_of_orderness_ms))
+        .with_max_future(Duration::from_millis(app.max_future_ms));
+    let counts = WindowCounts { output: args.output_topic.clone(), late: app.late_topic.clone(), windows, watermarks };
     let (top, keep) = (usize::try_from(args.top).unwrap_or(usize::MAX), app.window_ms + app.allowed_lateness_ms);
     let topology = if app.without_repartition {
         // The benchmark's variant: no hop, each input partition counted alone.
@@ -74,15 +73,17 @@ fn topology(args: &RunArgs, app: &AppArgs, name: &str) -> Topology {
                 task.repartition_by_key("words", &words, |(ts, _)| Some(Time::from_millis(*ts)))
             })
             .stage_from_repartition("count", "words", move |task| {
-                let words = task.records().flat_map(|r| decode_repartitioned::<String, (i64, u64)>(&r).ok());
+                // The words with every split task's progress: a split task
+                // ahead of the others makes none of their words late.
+                let words = task.repartitioned::<String, (i64, u64)>().records();
                 counts.declare(task, &words)
             })
     };
     topology.single_stage("top", "windows", move |task| {
         let top_topic = top_topic.clone();
         let tops = task
+            .repartitioned::<i64, WindowCount>()
             .records()
-            .flat_map(|r| decode_repartitioned::<i64, WindowCount>(&r).ok())
             .map_with_state(
                 move |start: &i64, count: Option<WindowCount>, state: &mut State<WindowTop>| {
                     update_top(*start, count, state, top)
@@ -106,6 +107,7 @@ fn topology(args: &RunArgs, app: &AppArgs, name: &str) -> Topology {
 #[derive(Clone)]
 struct WindowCounts {
     output: String,
+    late: Option<String>,
     windows: EventWindows,
     watermarks: Watermarks,
 }
@@ -117,7 +119,7 @@ impl WindowCounts {
         task: &mut TaskBuilder<'_>,
         words: &DStream<(String, (i64, u64))>,
     ) -> Result<DStream<Emit>, AppError> {
-        let counts = words
+        let windowed = words
             .aggregate_by_event_time(
                 |(ts, _): &(i64, u64)| Time::from_millis(*ts),
                 self.watermarks,
@@ -126,8 +128,8 @@ impl WindowCounts {
                 |acc: &mut u64, (_, n)| *acc += n,
                 |acc: &mut u64, other: &u64| *acc += other,
             )
-            .name("window-counts")
-            .results();
+            .name("window-counts");
+        let counts = windowed.results();
         let output = self.output.clone();
         let written = counts.map(move |r| {
             let (start, end) = (r.window.start.as_millis(), r.window.end.as_millis());
@@ -136,7 +138,15 @@ impl WindowCounts {
         });
         let to_top =
             counts.map(|r| (r.window.start.as_millis(), (r.key, r.window.end.as_millis(), r.value, r.revision)));
-        Ok(written.union(&task.repartition_by_key("windows", &to_top, |_| None)?))
+        let mut emitted = written.union(&task.repartition_by_key("windows", &to_top, |_| None)?);
+        if let Some(topic) = self.late.clone() {
+            let late = windowed.late().map(move |(word, (ts, n))| {
+                let value = json!({"word": word, "timestamp": ts, "count": n});
+                Emit::to_topic(&topic, Some(word.into_bytes()), value.to_string().into_bytes())
+            });
+            emitted = emitted.union(&late);
+        }
+        Ok(emitted)
     }
 }
 
@@ -219,6 +229,7 @@ fn member_settings(args: &RunArgs, app: &AppArgs) -> Result<MemberSettings, CliE
     settings.max_rate_per_partition = args.max_rate_per_partition;
     settings.max_records_per_batch = args.max_records_per_batch;
     settings.max_bytes_per_batch = Some(crate::kafka::batch_bytes(&args.memory, args.max_bytes_per_batch)?);
+    settings.max_future = Duration::from_millis(app.max_future_ms);
     Ok(settings)
 }
 

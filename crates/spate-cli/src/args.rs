@@ -222,6 +222,15 @@ pub struct AppArgs {
     /// How long after its end a window still takes late records (and is written again).
     #[arg(long, value_name = "MS", default_value_t = 60_000)]
     pub allowed_lateness_ms: u64,
+    /// A record stamped more than this ahead of the processing clock is not believed: it never
+    /// moves the watermark and goes to the late records (--late-topic) instead of a window.
+    #[arg(long, value_name = "MS", default_value_t = 3_600_000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_future_ms: u64,
+    /// Where the words counted late go: behind the watermark when every window they belong to is
+    /// gone, or stamped more than --max-future-ms ahead (default: only counted, in
+    /// spate_late_records_total and `spate checkpoint inspect`).
+    #[arg(long, value_name = "T4")]
+    pub late_topic: Option<String>,
     /// Where each window's top words go (default: OUTPUT_TOPIC-top).
     #[arg(long, value_name = "T3")]
     pub top_topic: Option<String>,

@@ -320,7 +320,7 @@ fn validate(inner: &BuilderInner, names: &[String], checkpointing: bool) -> Vec<
     }
     let interval = inner.batch_interval;
     for (meta, name) in inner.metas.iter().zip(names) {
-        if !meta.is_output && meta.consumers == 0 {
+        if !meta.is_output && meta.consumers == 0 && !meta.may_go_unread {
             problems.push(GraphProblem::NoOutput { operator: name.clone() });
         }
         if let Some((window, slide)) = meta.window {

@@ -215,6 +215,8 @@ pub(crate) struct NodeMeta {
     pub(crate) event_time: Option<String>,
     /// Why its windows cannot be computed, found when it was declared.
     pub(crate) event_time_problem: Option<String>,
+    /// Nobody need read it (progress marks that no event-time operator uses).
+    pub(crate) may_go_unread: bool,
 }
 
 impl NodeMeta {
@@ -232,6 +234,7 @@ impl NodeMeta {
             state: None,
             event_time: None,
             event_time_problem: None,
+            may_go_unread: false,
         }
     }
 }

@@ -64,6 +64,11 @@ impl ProgressFeed {
     pub(crate) fn reader(&self) -> Arc<Slot<ProgressMark>> {
         self.marks.reader()
     }
+
+    /// The marks.
+    pub(crate) fn marks(&self) -> DStream<ProgressMark> {
+        (*self.marks).clone()
+    }
 }
 
 impl<T> fmt::Debug for DStream<T> {
@@ -90,6 +95,13 @@ impl<T: Data> DStream<T> {
     /// How often this stream produces a batch.
     pub fn slide_duration(&self) -> Duration {
         self.slide
+    }
+
+    /// Lets the graph build with nobody reading this stream.
+    pub(crate) fn may_go_unread(&self) {
+        if let Some(meta) = self.builder.borrow_mut().metas.get_mut(self.id) {
+            meta.may_go_unread = true;
+        }
     }
 
     /// Registers a consumer of this stream and returns the slot to read.

@@ -29,7 +29,12 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use spate_core::{Duration, Time};
 
-use crate::batch::{Data, Key};
+use std::sync::Arc;
+
+use crate::batch::{Batch, Data, Key};
+use crate::error::DStreamError;
+use crate::graph::Job;
+use crate::node::{Node, NodeMeta, Slot, StepCtx};
 use crate::stream::{DStream, ProgressFeed};
 
 /// A writer's report of its progress in event time, sent with its data
@@ -137,6 +142,75 @@ impl<K: Key, V: Data> DStream<(K, V)> {
         let mut aligned = self.clone();
         aligned.progress = Some(ProgressFeed::of(marks));
         aligned
+    }
+
+    /// The progress marks an event-time operator reading this stream
+    /// aligns on, if any.
+    pub fn progress(&self) -> Option<DStream<ProgressMark>> {
+        self.progress.as_ref().map(ProgressFeed::marks)
+    }
+}
+
+impl<T: Data> DStream<T> {
+    /// Splits a stream whose records are data or progress marks (`split`
+    /// says which: `Ok` a record, `Err` a mark) into the records, their
+    /// progress told by the marks ([`DStream::with_progress`]). Each batch
+    /// is split where it is, in one pass. The marks may go unread: a
+    /// reader that is no event-time operator does not need them.
+    pub fn split_progress<K, V, F>(&self, split: F) -> DStream<(K, V)>
+    where
+        K: Key,
+        V: Data,
+        F: Fn(T) -> Result<(K, V), ProgressMark> + Send + Sync + 'static,
+    {
+        let input = self.reader();
+        let meta = NodeMeta::new("split_progress", vec![self.id], self.slide);
+        let marks = Slot::new();
+        let node_marks = Arc::clone(&marks);
+        let records = self.add_node(meta, |output| Box::new(SplitProgress { input, output, marks: node_marks, split }));
+        let mark_stream = records.side_output("progress_marks", &marks);
+        mark_stream.may_go_unread();
+        records.with_progress(&mark_stream)
+    }
+}
+
+/// The node of [`DStream::split_progress`].
+struct SplitProgress<T, K, V, F> {
+    input: Arc<Slot<T>>,
+    output: Arc<Slot<(K, V)>>,
+    marks: Arc<Slot<ProgressMark>>,
+    split: F,
+}
+
+impl<T, K, V, F> Node for SplitProgress<T, K, V, F>
+where
+    T: Data,
+    K: Key,
+    V: Data,
+    F: Fn(T) -> Result<(K, V), ProgressMark> + Send + Sync,
+{
+    fn step(&mut self, ctx: &StepCtx<'_>) -> Result<Option<Job>, DStreamError> {
+        let Some(batch) = ctx.take_owned(&self.input)? else {
+            self.output.put(ctx.time, None);
+            self.marks.put(ctx.time, None);
+            return Ok(None);
+        };
+        let split = &self.split;
+        let parts = ctx.par(batch.into_partitions(), |part| {
+            let mut records = Vec::with_capacity(part.len());
+            let mut marks = Vec::new();
+            for item in part {
+                match split(item) {
+                    Ok(record) => records.push(record),
+                    Err(mark) => marks.push(mark),
+                }
+            }
+            (records, marks)
+        })?;
+        let (records, marks): (Vec<_>, Vec<_>) = parts.into_iter().unzip();
+        self.output.put(ctx.time, Some(Batch::new(records)));
+        self.marks.put(ctx.time, Some(Batch::from_vec(marks.into_iter().flatten().collect())));
+        Ok(None)
     }
 }
 
