@@ -23,8 +23,14 @@
 //! - **Keyed aggregation across partitions.** A stage sends records on by
 //!   key ([`TaskBuilder::repartition_by_key`]) through an internal topic
 //!   named after the application and the operator, with the input's
-//!   partition count; a later stage reads it. A stage over every key at
-//!   once reads a one-partition internal topic ([`Topology::single_stage`]).
+//!   partition count; a later stage reads it
+//!   ([`TaskBuilder::repartitioned`]). A stage over every key at once reads
+//!   a one-partition internal topic ([`Topology::single_stage`]).
+//! - **Watermarks across the hop.** Every task that writes an internal
+//!   topic ends each batch with a progress mark to each of its partitions,
+//!   in the batch's transaction; a reading task keeps one watermark per
+//!   writer task and takes the smallest, so a writer running ahead through
+//!   its backlog makes no other writer's records late.
 //! - **Exactly once across members.** Each member has one transactional
 //!   producer. Every batch of every task ends with one transaction: what the
 //!   stage emitted and the batch's offsets, committed under the member's
@@ -36,7 +42,7 @@
 //! choice, and a task runs where its partition is assigned.
 //!
 //! ```no_run
-//! use spate_app::{Emit, Member, MemberSettings, Topology, decode_repartitioned};
+//! use spate_app::{Emit, Member, MemberSettings, Topology};
 //! use spate_core::Duration;
 //!
 //! // Lines of `lines` split into words, counted per word across members.
@@ -49,10 +55,7 @@
 //!         task.repartition_by_key("words", &words, |_| None)
 //!     })
 //!     .stage_from_repartition("count", "words", |task| {
-//!         let counts = task
-//!             .records()
-//!             .flat_map(|r| decode_repartitioned::<String, u64>(&r).ok())
-//!             .reduce_by_key(|a, b| a + b);
+//!         let counts = task.repartitioned::<String, u64>().records().reduce_by_key(|a, b| a + b);
 //!         Ok(counts.map(|(word, n)| Emit::to_topic("counts", Some(word.into_bytes()), n.to_string().into_bytes())))
 //!     });
 //! let settings = MemberSettings::new("127.0.0.1:9092", "/var/lib/wordcount", Duration::from_secs(1), "host-a");

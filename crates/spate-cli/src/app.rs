@@ -321,6 +321,16 @@ mod tests {
     }
 
     #[test]
+    fn a_window_shape_that_puts_a_word_in_too_many_windows_is_refused_naming_the_limit() {
+        let dense = app_args_of(&["--app", "wc", "--window-ms", "3600000", "--slide-ms", "1"]);
+        let error = dense.validate().unwrap_err();
+        assert_eq!(error.exit_code(), crate::error::ExitCode::Usage);
+        let message = error.to_string();
+        assert!(message.contains("3600000 windows") && message.contains("at most 1000"), "{message}");
+        assert!(app_args_of(&["--app", "wc", "--window-ms", "1000000", "--slide-ms", "1000"]).validate().is_ok());
+    }
+
+    #[test]
     fn the_transaction_timeout_follows_the_session_unless_given() {
         let follows = app_args_of(&["--app", "wc", "--session-timeout-ms", "6000"]);
         assert_eq!(follows.transaction_timeout_ms(), 6000);

@@ -262,6 +262,17 @@ impl AppArgs {
                 self.heartbeat_interval_ms, self.session_timeout_ms
             )));
         }
+        let windows = self.window_ms.div_ceil(self.slide_ms.max(1));
+        if windows > spate_dstream::MAX_WINDOWS_PER_RECORD {
+            return Err(crate::error::CliError::usage(format!(
+                "--window-ms {} sliding by --slide-ms {} puts every word in {windows} windows; at most {} are \
+                 allowed (a slide of at least {} ms)",
+                self.window_ms,
+                self.slide_ms,
+                spate_dstream::MAX_WINDOWS_PER_RECORD,
+                self.window_ms.div_ceil(spate_dstream::MAX_WINDOWS_PER_RECORD)
+            )));
+        }
         if self.slide_ms > self.window_ms {
             return Err(crate::error::CliError::usage(format!(
                 "--slide-ms {} is longer than --window-ms {}: records between windows would not be counted",

@@ -116,8 +116,8 @@ pub use batch::{Batch, Data, Key};
 pub use descriptor::{DESCRIPTOR_FORMAT_VERSION, GraphDescriptor, OperatorDescriptor, RestorePolicy, RestoreReport};
 pub use error::{BoxError, DStreamError, GraphProblem};
 pub use event_time::{
-    DEFAULT_MAX_FUTURE, EventTimeProcessed, EventTimeWindowed, EventWindows, ProgressMark, Timed, TimedState,
-    Watermarks, Window, WindowResult, WithLate,
+    DEFAULT_MAX_FUTURE, EventTimeProcessed, EventTimeWindowed, EventWindows, MAX_WINDOWS_PER_RECORD, ProgressMark,
+    Timed, TimedState, Watermarks, Window, WindowResult, WithLate,
 };
 pub use graph::{BatchInfo, Graph, GraphBuilder, InputInfo, Job};
 pub use hash::{FxBuildHasher, FxHashMap, FxHasher, fx_hash, partition_of};

@@ -99,6 +99,12 @@ pub struct Watermarks {
     max_future: Duration,
 }
 
+/// The most sliding windows one record may fall in (`size / slide`): each
+/// record is counted into every one of them, so a shape such as one hour
+/// sliding by one millisecond (3.6 million windows a record) is refused
+/// when it is declared rather than left to exhaust the machine.
+pub const MAX_WINDOWS_PER_RECORD: u64 = 1_000;
+
 /// How far ahead of the processing clock an event time may be, by default.
 pub const DEFAULT_MAX_FUTURE: Duration = Duration::from_millis(3_600_000);
 
@@ -212,6 +218,14 @@ impl EventWindows {
             Shape::Sliding { size, slide } if slide > size => Some(format!(
                 "slide ({slide}) is longer than the window ({size}): records between windows would be lost"
             )),
+            Shape::Sliding { size, slide } if size.as_millis().div_ceil(slide.as_millis()) > MAX_WINDOWS_PER_RECORD => {
+                Some(format!(
+                    "a window of {size} sliding by {slide} puts every record in {} windows; at most \
+                     {MAX_WINDOWS_PER_RECORD} are allowed (make the slide at least {} ms)",
+                    size.as_millis().div_ceil(slide.as_millis()),
+                    size.as_millis().div_ceil(MAX_WINDOWS_PER_RECORD)
+                ))
+            }
             Shape::Session { gap } if gap.as_millis() == 0 => Some("session gap must be positive".to_string()),
             _ => None,
         }
@@ -441,6 +455,11 @@ mod tests {
         assert!(EventWindows::tumbling(Duration::ZERO).problem().is_some());
         assert!(EventWindows::session(Duration::ZERO).problem().is_some());
         assert!(EventWindows::sliding(Duration::from_secs(10), Duration::from_secs(2)).problem().is_none());
+        let fine = EventWindows::sliding(Duration::from_secs(1000), Duration::from_secs(1));
+        assert!(fine.problem().is_none(), "1000 windows a record is the limit");
+        let dense = EventWindows::sliding(Duration::from_millis(3_600_000), Duration::from_millis(1));
+        let problem = dense.problem().unwrap();
+        assert!(problem.contains("3600000 windows") && problem.contains("at most 1000"), "{problem}");
         let tumbling = EventWindows::tumbling(Duration::from_secs(10)).allowed_lateness(Duration::from_secs(1));
         assert_eq!(tumbling.describe_shape(), "tumbling 10000 ms");
     }
