@@ -414,6 +414,9 @@ pub(crate) struct TaskState {
     /// The offsets of the last committed batch (when the logs are consistent).
     pub(crate) committed: Option<(BatchId, OffsetSeq)>,
     pub(crate) lock: LockStatus,
+    /// Records its event-time operators set aside as late, over the batches
+    /// its progress files still hold.
+    pub(crate) late_records: u64,
 }
 
 /// One task of an application.
@@ -486,7 +489,13 @@ pub(crate) fn inspect_application(dir: &Path, settings: &ObjectStoreSettings) ->
 fn task_state(dir: &Path, settings: &ObjectStoreSettings) -> spate_logstore::Result<TaskState> {
     let checkpoint = Checkpoint::open_read_only(dir, checkpoint_options(settings))?;
     let verdict = checkpoint.verdict()?;
+    // Progress is advisory: a task whose progress files do not read shows no late records.
+    let late_records = file_manager_for(dir, settings)
+        .ok()
+        .and_then(|files| read_progress(files.as_ref(), dir).ok())
+        .map_or(0, |history| history.records.iter().map(|r| r.progress.late_records).sum());
     Ok(TaskState {
+        late_records,
         last_commit: checkpoint.commits().latest_id()?,
         last_offsets: checkpoint.offsets().latest_id()?,
         committed: committed_offsets(&checkpoint, &verdict),
@@ -581,8 +590,9 @@ impl Application {
             self.tasks.len()
         )];
         lines.push("Tasks:".to_string());
-        let mut rows =
-            vec![["TASK", "COMMITTED", "OFFSETS", "NEXT OFFSET", "VERDICT", "LOCK"].map(str::to_string).to_vec()];
+        let mut rows = vec![
+            ["TASK", "COMMITTED", "OFFSETS", "NEXT OFFSET", "LATE", "VERDICT", "LOCK"].map(str::to_string).to_vec(),
+        ];
         let mut unreadable = Vec::new();
         for task in &self.tasks {
             let state = match &task.state {
@@ -606,6 +616,7 @@ impl Application {
                 optional_id(state.last_commit),
                 optional_id(state.last_offsets),
                 next,
+                state.late_records.to_string(),
                 short_verdict(&state.verdict),
                 short_lock(&state.lock),
             ]);
@@ -695,6 +706,7 @@ impl Application {
                         "sources": seq.sources.iter().map(|s| json!({"name": s.name, "offset": s.offset})).collect::<Vec<_>>(),
                     })));
                     row["lock"] = lock_json(&state.lock);
+                    row["lateRecords"] = json!(state.late_records);
                 }
                 row
             })
@@ -772,6 +784,7 @@ mod tests {
 
     fn progress_line(epoch: u64, batch: u64) -> String {
         let progress = spate_runtime::BatchProgress {
+            late_records: 0,
             batch_id: BatchId(batch),
             batch_time: Time::from_millis(1000 * batch as i64),
             recovered: false,
@@ -887,13 +900,13 @@ mod tests {
             text.lines().find(|l| l.split_whitespace().next() == Some(name)).unwrap_or_else(|| panic!("{text}"))
         };
         let cells = |name: &str| row(name).split_whitespace().map(str::to_string).collect::<Vec<_>>();
-        // TASK, COMMITTED, OFFSETS, NEXT OFFSET (the committed batch's end), VERDICT, LOCK.
-        assert_eq!(cells("lines-0")[..6], ["lines-0", "1", "2", "200", "re-run", "2"], "{text}");
+        // TASK, COMMITTED, OFFSETS, NEXT OFFSET (the committed batch's end), LATE, VERDICT, LOCK.
+        assert_eq!(cells("lines-0")[..7], ["lines-0", "1", "2", "200", "0", "re-run", "2"], "{text}");
         assert!(row("lines-0").ends_with(&format!("held by {pid}@{host} (epoch 1)")), "{text}");
-        assert_eq!(cells("lines-10")[..6], ["lines-10", "1", "1", "200", "resume", "at"], "{text}");
+        assert_eq!(cells("lines-10")[..7], ["lines-10", "1", "1", "200", "0", "resume", "at"], "{text}");
         assert!(row("lines-10").ends_with("free, last 4242@host-b (epoch 3)"), "{text}");
-        assert_eq!(cells("lines-2")[..5], ["lines-2", "1", "0", "-", "INCONSISTENT"], "{text}");
-        assert_eq!(cells("app-words-0")[..5], ["app-words-0", "-", "-", "-", "fresh"], "{text}");
+        assert_eq!(cells("lines-2")[..6], ["lines-2", "1", "0", "-", "0", "INCONSISTENT"], "{text}");
+        assert_eq!(cells("app-words-0")[..6], ["app-words-0", "-", "-", "-", "0", "fresh"], "{text}");
         assert!(text.starts_with(&format!("Application {} (4 task(s) under tasks/", app.display())), "{text}");
         assert!(text.contains("  4242@host-b: holds none; last held lines-2 (epoch 2), lines-10 (epoch 3)"), "{text}");
         assert!(

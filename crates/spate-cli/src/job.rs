@@ -252,6 +252,7 @@ mod tests {
     #[test]
     fn the_progress_line_has_id_records_rate_processing_and_delay() {
         let progress = BatchProgress {
+            late_records: 0,
             batch_id: BatchId(12),
             batch_time: Time::from_millis(12_000),
             recovered: true,

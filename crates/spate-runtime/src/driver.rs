@@ -126,6 +126,8 @@ struct InFlight {
     scheduling_delay_ms: u64,
     phases: PhaseTimes,
     records: u64,
+    /// Records the batch set aside as late.
+    late: u64,
     /// Work on the batch's records done as they arrived, before the batch.
     ahead: std::time::Duration,
     outputs_started: Instant,
@@ -378,6 +380,7 @@ impl Engine {
         let mut phases = PhaseTimes { offsets_logged_ms: elapsed_ms(started), ..PhaseTimes::default() };
         let computing = Instant::now();
         let (jobs, Fed { records, ahead }) = self.compute(batch, &offsets)?;
+        let late = self.graph.late_records();
         phases.jobs_ms = elapsed_ms(computing);
         let mut jobs: Vec<NamedJob> = jobs
             .into_iter()
@@ -403,6 +406,7 @@ impl Engine {
             scheduling_delay_ms,
             phases,
             records,
+            late,
             ahead,
             outputs_started,
         });
@@ -651,6 +655,7 @@ impl Engine {
             batch_time: flight.time,
             recovered: flight.recovered,
             input_records: flight.records,
+            late_records: flight.late,
             input_rate: if interval_secs > 0.0 { flight.records as f64 / interval_secs } else { 0.0 },
             processing_rate: flight.records as f64 * 1000.0 / processing_ms.max(1) as f64,
             scheduling_delay_ms: flight.scheduling_delay_ms,

@@ -56,6 +56,11 @@ pub struct BatchProgress {
     pub recovered: bool,
     /// Records the batch read from all inputs.
     pub input_records: u64,
+    /// Records the batch's event-time operators set aside as late: behind
+    /// the watermark when their windows were gone, or stamped too far ahead
+    /// of the batch time.
+    #[serde(default)]
+    pub late_records: u64,
     /// Input records per second of batch interval.
     pub input_rate: f64,
     /// Input records per second of processing time.
@@ -329,6 +334,7 @@ mod tests {
 
     pub(crate) fn sample(batch: u64) -> BatchProgress {
         BatchProgress {
+            late_records: 0,
             batch_id: BatchId(batch),
             batch_time: Time::from_millis(1000 * batch as i64),
             recovered: false,

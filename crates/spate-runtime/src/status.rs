@@ -342,6 +342,7 @@ mod tests {
 
     fn progress(batch: u64, records: u64) -> BatchProgress {
         BatchProgress {
+            late_records: 0,
             batch_id: BatchId(batch),
             batch_time: Time::from_millis(1000 * batch as i64),
             recovered: false,

@@ -20,6 +20,8 @@ use crate::recovery::RecoveryReport;
 
 /// Batches committed by this process.
 pub(crate) const BATCHES_COMMITTED: &str = "spate_batches_committed_total";
+/// Records set aside as late by event-time operators.
+pub(crate) const LATE_RECORDS: &str = "spate_late_records_total";
 /// From the start of a batch's processing to its commit, seconds.
 pub(crate) const BATCH_PROCESSING_SECONDS: &str = "spate_batch_processing_seconds";
 /// From a batch's time to the start of its processing, seconds.
@@ -100,6 +102,11 @@ pub(crate) fn render(handle: &PrometheusHandle) -> String {
 /// The `# HELP` lines, for the metrics of every spate crate.
 fn describe() {
     describe_counter!(BATCHES_COMMITTED, "Batches committed by this process.");
+    describe_counter!(
+        LATE_RECORDS,
+        "Records event-time operators set aside as late: behind the watermark with their windows gone, or stamped \
+         further ahead of the batch time than the watermarks allow."
+    );
     describe_histogram!(BATCH_PROCESSING_SECONDS, "From the start of a batch's processing to its commit, seconds.");
     describe_histogram!(BATCH_SCHEDULING_DELAY_SECONDS, "From a batch's time to the start of its processing, seconds.");
     describe_gauge!(LAST_COMMITTED_BATCH, "The id of the last committed batch.");
@@ -132,6 +139,7 @@ fn describe() {
 /// Records a committed batch.
 pub(crate) fn record_batch(progress: &BatchProgress) {
     counter!(BATCHES_COMMITTED).increment(1);
+    counter!(LATE_RECORDS).increment(progress.late_records);
     histogram!(BATCH_PROCESSING_SECONDS).record(progress.processing_time_ms as f64 / 1000.0);
     histogram!(BATCH_SCHEDULING_DELAY_SECONDS).record(progress.scheduling_delay_ms as f64 / 1000.0);
     gauge!(LAST_COMMITTED_BATCH).set(progress.batch_id.0 as f64);
