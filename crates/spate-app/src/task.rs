@@ -331,6 +331,7 @@ impl Supervisor {
         }
         let (task, shared, source) = (self.id.to_string(), Arc::clone(&self.shared), Arc::clone(source));
         let writer = self.writer();
+        let was_idle = Mutex::new(None);
         emitted
             .foreach_batch(move |batch, info| {
                 let ranges = source.offsets_of(info.time)?;
@@ -340,8 +341,11 @@ impl Supervisor {
                     let max_future = shared.settings.max_future;
                     marks.extend(progress_marks(topic, (group, index, writers), batch.iter(), info.time, max_future)?);
                 }
+                report_idle(&task, &was_idle, &writes, batch, info.batch_id);
+                let horizon = info.time + shared.settings.max_future;
+                let sent = batch.iter().cloned().map(|e| e.within_horizon(horizon, &writes));
                 let (topics, records): (Vec<String>, Vec<spate_kafka::OutputRecord>) =
-                    batch.iter().cloned().chain(marks).map(Emit::into_output).unzip();
+                    sent.chain(marks).map(Emit::into_output).unzip();
                 let transactions = shared.transactions()?;
                 transactions.write_batch(
                     &task,
@@ -353,6 +357,31 @@ impl Supervisor {
             })
             .name("batch-transaction");
         Ok(())
+    }
+}
+
+/// Says when a task that writes internal topics goes idle (it sent them
+/// nothing in a batch: readers stop waiting for it) and when it has records
+/// for them again.
+fn report_idle(
+    task: &str,
+    was_idle: &Mutex<Option<bool>>,
+    writes: &[InternalTopic],
+    batch: &spate_dstream::Batch<Emit>,
+    batch_id: spate_core::BatchId,
+) {
+    if writes.is_empty() {
+        return;
+    }
+    let idle = !batch.iter().any(|e| writes.iter().any(|w| w.name == e.topic()));
+    let mut was = was_idle.lock().unwrap_or_else(PoisonError::into_inner);
+    if *was != Some(idle) {
+        if idle {
+            info!(task, batch = %batch_id, "sent nothing on: idle, the readers' watermarks do not wait for it");
+        } else if was.is_some() {
+            info!(task, batch = %batch_id, "sends records on again: the readers' watermarks wait for it");
+        }
+        *was = Some(idle);
     }
 }
 

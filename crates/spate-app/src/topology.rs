@@ -74,6 +74,28 @@ impl Emit {
         self.timestamp
     }
 
+    /// The record as it may go to Kafka at a batch whose event times are
+    /// believed up to `horizon`: a record for one of the internal topics
+    /// `writes` stamped later than that goes without its timestamp. The
+    /// broker refuses a timestamp too far in the future
+    /// (`log.message.timestamp.after.max.ms`, one hour by default), and
+    /// the refusal would fail the batch and every re-run of it: one record
+    /// stamped in year 2100 would stop its partition for good. The record's
+    /// value still holds its event time for the reader, whose watermarks
+    /// set it aside as late.
+    pub(crate) fn within_horizon(mut self, horizon: Time, writes: &[InternalTopic]) -> Self {
+        let beyond = self.timestamp.is_some_and(|ts| ts > horizon.as_millis());
+        if beyond && writes.iter().any(|w| w.name == self.topic) {
+            tracing::warn!(
+                topic = %self.topic,
+                timestamp = self.timestamp,
+                "a record stamped further ahead than --max-future-ms goes on without its timestamp"
+            );
+            self.timestamp = None;
+        }
+        self
+    }
+
     /// A progress mark to one partition of an internal topic.
     pub(crate) fn progress(topic: &str, partition: i32, key: &[u8], value: Vec<u8>) -> Self {
         Emit { topic: topic.to_string(), key: Some(key.to_vec()), value, partition: Some(partition), timestamp: None }
@@ -126,8 +148,11 @@ impl TaskBuilder<'_> {
 
     /// Sends each `(key, value)` to the internal topic of `operator`, to the
     /// partition of its key, stamped with `timestamp(&value)` (so event
-    /// time survives the hop). The stage reading that topic gets every
-    /// record of a key in one task; decode them with [`decode_repartitioned`].
+    /// time survives the hop; a time more than the member's `max_future`
+    /// ahead of the batch goes unstamped, as the broker would refuse it, so
+    /// keep the event time in the value too). The stage reading that topic
+    /// gets every record of a key in one task; read them with
+    /// [`TaskBuilder::repartitioned`].
     pub fn repartition_by_key<K, V, F>(
         &self,
         operator: &str,

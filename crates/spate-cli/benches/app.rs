@@ -69,6 +69,7 @@ use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::Message;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use rdkafka::{Offset, TopicPartitionList};
 
@@ -78,6 +79,8 @@ const VOCABULARY: usize = 200;
 /// The backlog's lines are spread over this much event time.
 const EVENT_SPAN_MS: i64 = 120_000;
 const WINDOW_MS: &str = "10000";
+/// The members' bound on out-of-orderness.
+const OUT_OF_ORDERNESS_MS: &str = "2000";
 /// The batches of the throughput runs.
 const BATCH_MS: &str = "500";
 /// The batches of the rebalance runs: the command's default. With 500 ms
@@ -218,18 +221,116 @@ fn send(producer: &BaseProducer, topic: &str, partition: i32, ts: i64, payload: 
 }
 
 /// `lines` lines, round-robin over the partitions, their timestamps
-/// rising evenly over [`EVENT_SPAN_MS`] ending ten minutes ago.
-fn produce_backlog(topic: &str, lines: u64) {
+/// rising evenly over [`EVENT_SPAN_MS`] ending ten minutes ago; returns
+/// each word's count per window, computed from what was sent.
+fn produce_backlog(topic: &str, lines: u64) -> Reference {
     let producer = producer("50");
     let words = vocabulary();
     let mut draws = Draws(42);
     let base = (now_ms() - 600_000 - EVENT_SPAN_MS) / 10_000 * 10_000;
+    let mut reference = Reference::default();
     for i in 0..lines {
         let ts = base + (i as i64 * EVENT_SPAN_MS) / lines as i64;
-        send(&producer, topic, (i % PARTITIONS as u64) as i32, ts, &line(&words, &mut draws));
+        let line = line(&words, &mut draws);
+        reference.add(ts, &line);
+        send(&producer, topic, (i % PARTITIONS as u64) as i32, ts, &line);
         producer.poll(Duration::ZERO);
     }
     producer.flush(Duration::from_secs(60)).unwrap();
+    reference
+}
+
+/// Each word's count per window of what was produced, and the latest time.
+#[derive(Default)]
+struct Reference {
+    counts: BTreeMap<(String, i64), u64>,
+    latest: i64,
+}
+
+impl Reference {
+    fn add(&mut self, ts: i64, line: &str) {
+        let size: i64 = WINDOW_MS.parse().unwrap();
+        for word in line.split_whitespace() {
+            *self.counts.entry((word.to_string(), ts.div_euclid(size) * size)).or_default() += 1;
+        }
+        self.latest = self.latest.max(ts);
+    }
+
+    /// Checks the counts `output` holds against the windows the watermark
+    /// closed: those ending by the latest time less the bound on
+    /// out-of-orderness (every split task idle once its backlog is done).
+    fn check(&self, output: &BTreeMap<(String, i64), (u64, u64)>, late_words: u64) -> Windows {
+        let size: i64 = WINDOW_MS.parse().unwrap();
+        let watermark = self.latest - OUT_OF_ORDERNESS_MS.parse::<i64>().unwrap();
+        let closed: Vec<_> = self.counts.iter().filter(|((_, start), _)| start + size <= watermark).collect();
+        let exact = closed.iter().filter(|(key, count)| output.get(*key).map(|(c, _)| c) == Some(*count)).count();
+        let revised = output.values().filter(|(_, revision)| *revision > 0).count();
+        Windows { closed: closed.len(), exact, revised, late_words }
+    }
+}
+
+/// A run's windows against the reference.
+#[derive(Debug)]
+struct Windows {
+    /// Windows the watermark closed, by the reference.
+    closed: usize,
+    /// Of those, the ones whose last count equals the reference's.
+    exact: usize,
+    /// Windows written again after late words changed them.
+    revised: usize,
+    /// Words the count stage set aside as late.
+    late_words: u64,
+}
+
+/// Every committed record of `topic` as JSON, read until it has been quiet
+/// for a second (the run has committed everything before this is called).
+fn read_all(topic: &str) -> Vec<serde_json::Value> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers())
+        .set("group.id", unique("bench-app-reader"))
+        .set("isolation.level", "read_committed")
+        .set("auto.offset.reset", "earliest")
+        .set("enable.auto.commit", "false")
+        .create()
+        .unwrap();
+    consumer
+        .assign(&{
+            let mut list = TopicPartitionList::new();
+            list.add_partition_offset(topic, 0, Offset::Beginning).unwrap();
+            list
+        })
+        .unwrap();
+    let (_, end) = consumer.fetch_watermarks(topic, 0, Duration::from_secs(10)).unwrap();
+    let mut values = Vec::new();
+    let mut quiet_since = Instant::now();
+    loop {
+        match consumer.poll(Duration::from_millis(100)) {
+            Some(message) => {
+                let message = message.unwrap();
+                values.push(serde_json::from_slice(message.payload().unwrap_or_default()).unwrap());
+                quiet_since = Instant::now();
+                if message.offset() + 1 >= end {
+                    return values;
+                }
+            }
+            None if end == 0 || quiet_since.elapsed() > Duration::from_secs(1) => return values,
+            None => {}
+        }
+    }
+}
+
+/// The last revision of each word's count per window: (count, revision).
+fn latest_counts(values: &[serde_json::Value]) -> BTreeMap<(String, i64), (u64, u64)> {
+    let mut latest: BTreeMap<(String, i64), (u64, u64)> = BTreeMap::new();
+    for v in values {
+        let key = (v["word"].as_str().unwrap().to_string(), v["windowStart"].as_i64().unwrap());
+        let (count, revision) = (v["count"].as_u64().unwrap(), v["revision"].as_u64().unwrap());
+        let entry = latest.entry(key).or_insert((count, revision));
+        if revision >= entry.1 {
+            *entry = (count, revision);
+        }
+    }
+    latest
 }
 
 /// Writes lines at [`LIVE_RATE`] stamped with the current time until stopped.
@@ -378,6 +479,7 @@ impl Run<'_> {
     fn start_member(&self, id: &str) -> MemberProcess {
         let brokers = brokers();
         let (session, heartbeat) = (self.session_ms.to_string(), HEARTBEAT_MS.to_string());
+        let late_topic = format!("{}-late", self.output);
         let mut args = vec![
             "run",
             "--app",
@@ -403,9 +505,11 @@ impl Run<'_> {
             "--slide-ms",
             WINDOW_MS,
             "--out-of-orderness-ms",
-            "2000",
+            OUT_OF_ORDERNESS_MS,
             "--allowed-lateness-ms",
             self.allowed_lateness_ms,
+            "--late-topic",
+            &late_topic,
             "--top",
             "3",
         ];
@@ -547,14 +651,18 @@ struct Throughput {
     busy_cores: f64,
     /// Whether the group kept its assignment through the run.
     stable: bool,
+    /// Its windows against the reference (runs with the repartition hop).
+    windows: Option<Windows>,
 }
 
 /// Starts `members` members on a new, empty input topic, waits until
 /// they own their tasks, then produces the backlog and times it from its
 /// first line until every batch of every stage has committed.
-fn throughput(output: &str, lines: u64, members: usize, without_repartition: bool) -> Throughput {
-    let input = unique("bench-app-in");
-    create_topics(&[(&input, PARTITIONS)]);
+fn throughput(lines: u64, members: usize, without_repartition: bool) -> Throughput {
+    let (input, output) = (unique("bench-app-in"), unique("bench-app-out"));
+    let late_topic = format!("{output}-late");
+    create_topics(&[(&input, PARTITIONS), (&output, 1), (&format!("{output}-top"), 1), (&late_topic, 1)]);
+    let output = output.as_str();
     let dir = tempfile::tempdir().unwrap();
     let run = Run {
         app: unique("bench-app"),
@@ -580,7 +688,7 @@ fn throughput(output: &str, lines: u64, members: usize, without_repartition: boo
     let cpu_at: Vec<f64> = processes.iter().map(|m| cpu_seconds(m.child.id())).collect();
     let machine_at = machine_busy_seconds();
     let started = Instant::now();
-    produce_backlog(&input, lines);
+    let reference = produce_backlog(&input, lines);
     let produced_in = started.elapsed().as_secs_f64();
     let input_read = |committed: &BTreeMap<(String, i32), i64>| -> i64 {
         committed.iter().filter(|((t, _), _)| *t == input).map(|(_, o)| o).sum()
@@ -610,6 +718,8 @@ fn throughput(output: &str, lines: u64, members: usize, without_repartition: boo
     for member in processes {
         member.stop();
     }
+    let windows = (!without_repartition)
+        .then(|| reference.check(&latest_counts(&read_all(output)), read_all(&late_topic).len() as u64));
     Throughput {
         members,
         lines: lines as f64,
@@ -621,6 +731,7 @@ fn throughput(output: &str, lines: u64, members: usize, without_repartition: boo
         peak_rss,
         busy_cores: (machine - machine_at) / seconds,
         stable,
+        windows,
     }
 }
 
@@ -630,7 +741,7 @@ fn describe(t: &Throughput) -> String {
     format!(
         "app: {} member(s){}: {:.0} lines/s ({:.0} words/s), {:.0} lines/s a member, over {:.1} s (the backlog \
          produced in the first {:.1} s); CPU seconds a member: {} ({:.0} lines a member CPU-second); peak RSS a \
-         member: {} MB; machine cores busy: {:.2} of {}{}",
+         member: {} MB; machine cores busy: {:.2} of {}{}{}",
         t.members,
         if t.without_repartition { ", no repartition" } else { "" },
         t.rate,
@@ -643,7 +754,11 @@ fn describe(t: &Throughput) -> String {
         rss.join(" "),
         t.busy_cores,
         cores(),
-        if t.stable { "" } else { "; the group's assignment changed during the run" }
+        if t.stable { "" } else { "; the group's assignment changed during the run" },
+        t.windows.as_ref().map_or_else(String::new, |w| format!(
+            "; windows closed {}, exact {}, written again {}, late words {}",
+            w.closed, w.exact, w.revised, w.late_words
+        ))
     )
 }
 
@@ -844,7 +959,7 @@ fn main() {
     }
     let brokers = brokers();
     let output = unique("bench-app-out");
-    create_topics(&[(&output, 1), (&format!("{output}-top"), 1)]);
+    create_topics(&[(&output, 1), (&format!("{output}-top"), 1), (&format!("{output}-late"), 1)]);
     println!(
         "app: {} cores; broker {brokers}; batches of {BATCH_MS} ms ({REBALANCE_BATCH_MS} ms in the rebalance runs), {WINDOW_MS} ms event-time windows, heartbeat \
          {HEARTBEAT_MS} ms",
@@ -865,8 +980,17 @@ fn main() {
             options.lines
         );
         for (members, without) in counts {
-            let run = throughput(&output, options.lines, members, without);
+            let run = throughput(options.lines, members, without);
             println!("{}", describe(&run));
+            if let Some(w) = &run.windows {
+                // With the command's default lateness, every closed window
+                // is exact and no word is late, however the split tasks
+                // run their backlogs.
+                assert!(
+                    w.closed > 0 && w.exact == w.closed && w.late_words == 0 && w.revised == 0,
+                    "{members} member(s): {w:?}"
+                );
+            }
             runs.push(run);
         }
     }
@@ -895,6 +1019,17 @@ fn main() {
     };
     if let (Some(hop), Some(no_hop)) = (rate(1, false), rate(1, true)) {
         println!("BENCH app_repartition_hop_1_member {hop:.0} lines/s bound={no_hop:.0} ratio={:.3}", hop / no_hop);
+    }
+    for run in &runs {
+        if let Some(w) = &run.windows {
+            println!(
+                "BENCH app_exact_windows_{}_members {} windows bound={} ratio={:.3}",
+                run.members,
+                w.exact,
+                w.closed,
+                w.exact as f64 / w.closed.max(1) as f64
+            );
+        }
     }
     if let Some(one) = rate(1, false) {
         for members in [2, 3] {

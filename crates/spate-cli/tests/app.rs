@@ -191,8 +191,10 @@ impl Drop for Running {
 }
 
 /// One `spate run --app` process.
+/// With the command's default lateness; late words go to `<output>-late`.
 fn member(app: &str, input: &str, output: &str, checkpoint: &Path, id: &str) -> Running {
     let brokers = brokers();
+    let late_topic = format!("{output}-late");
     let args = [
         "run",
         "--app",
@@ -221,8 +223,8 @@ fn member(app: &str, input: &str, output: &str, checkpoint: &Path, id: &str) -> 
         "10000",
         "--out-of-orderness-ms",
         "2000",
-        "--allowed-lateness-ms",
-        "600000",
+        "--late-topic",
+        &late_topic,
         "--transaction-timeout-ms",
         "5000",
         "--top",
@@ -246,18 +248,26 @@ fn wait_until(committed: &mut Committed, limit: Duration, what: &str, done: impl
     }
 }
 
+/// A line stamped 2100-01-01, far past any processing clock.
+const YEAR_2100: i64 = 4_102_444_800_000;
+
 #[test]
 fn members_killed_started_and_stopped_mid_run_commit_each_count_exactly_once() {
     let (input, output, app) = (unique("app-in"), unique("app-out"), unique("app"));
-    let top_topic = format!("{output}-top");
-    create_topics(&[(&input, PARTITIONS), (&output, 1), (&top_topic, 1)]);
+    let (top_topic, late_topic) = (format!("{output}-top"), format!("{output}-late"));
+    create_topics(&[(&input, PARTITIONS), (&output, 1), (&top_topic, 1), (&late_topic, 1)]);
     let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as i64;
     let base = (now - 300_000) / WINDOW_MS * WINDOW_MS;
-    let lines = lines(base);
+    let mut lines = lines(base);
+    // In the middle of partition 2: a line stamped year 2100. It must not
+    // move the watermark (which would make every later word late for good).
+    let future = (2, YEAR_2100, "from the future".to_string());
+    lines.insert(lines.len() / 2, future.clone());
     produce(&input, &lines);
-    // The last 30 s of input keep every internal partition's watermark
-    // past the compared windows.
-    let expected = reference(&lines, base + 60_000);
+    // Every window the watermark closes: each partition's last record is
+    // within the last window, less the 2 s bound.
+    let counted: Vec<(i32, i64, String)> = lines.iter().filter(|l| l.1 != YEAR_2100).cloned().collect();
+    let expected = reference(&counted, base + 80_000);
     let dir = tempfile::tempdir().unwrap();
     let mut counts = Committed::new(&output);
 
@@ -270,16 +280,48 @@ fn members_killed_started_and_stopped_mid_run_commit_each_count_exactly_once() {
     let seen = counts.values.len();
     wait_until(&mut counts, Duration::from_secs(90), "counts after the kill", |c| c.values.len() > seen + 5);
     m1.stop_gracefully();
-    wait_until(&mut counts, Duration::from_secs(180), "every count", |c| {
-        let got = c.counts();
-        expected.iter().all(|(k, v)| got.get(k) == Some(v))
-    });
-    // Nothing written twice: each (word, window, revision) once.
+    let deadline = Instant::now() + Duration::from_secs(180);
+    loop {
+        counts.poll();
+        let got = counts.counts();
+        let wrong: Vec<_> = expected.iter().filter(|(k, v)| got.get(*k) != Some(*v)).collect();
+        if wrong.is_empty() {
+            break;
+        }
+        if Instant::now() > deadline {
+            let mut late = Committed::new(&late_topic);
+            late.poll();
+            let shown: Vec<String> =
+                wrong.iter().take(8).map(|(k, v)| format!("{k:?}: expected {v}, got {:?}", got.get(*k))).collect();
+            panic!(
+                "every count: not reached in 180 s; {} of {} windows wrong: {}; late words: {}",
+                wrong.len(),
+                expected.len(),
+                shown.join("; "),
+                late.values.len()
+            );
+        }
+    }
+    // Nothing written twice, and nothing written again: no word came late
+    // with the default lateness, though members were killed and the split
+    // tasks ran their backlogs each in its own order.
     let mut once = BTreeSet::new();
     for v in &counts.values {
         let key = (v["word"].to_string(), v["windowStart"].as_i64(), v["revision"].as_u64());
         assert!(once.insert(key.clone()), "written twice: {key:?}");
+        assert_eq!(v["revision"].as_u64(), Some(0), "a window was counted again after late words: {v}");
     }
+    // The late words are exactly those of the line from the future.
+    let mut late = Committed::new(&late_topic);
+    wait_until(&mut late, Duration::from_secs(60), "the future line's words", |l| l.values.len() >= 3);
+    let mut late_words: Vec<(String, i64)> = late
+        .values
+        .iter()
+        .map(|v| (v["word"].as_str().unwrap().to_string(), v["timestamp"].as_i64().unwrap()))
+        .collect();
+    late_words.sort();
+    let from_the_future = [("from", YEAR_2100), ("future", YEAR_2100), ("the", YEAR_2100)];
+    assert_eq!(late_words, from_the_future.map(|(w, ts)| (w.to_string(), ts)));
     // The one-owner stage: each compared window's last top words are the reference's.
     let mut tops = Committed::new(&top_topic);
     let windows: BTreeSet<i64> = expected.keys().map(|(_, start)| *start).collect();

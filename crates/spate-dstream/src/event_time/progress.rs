@@ -16,8 +16,10 @@
 //!   delivered nothing does);
 //! - a writer whose input had nothing for it reports itself idle and stops
 //!   holding the watermark back until it reports progress again; a writer
-//!   that comes back behind the watermark is left out of the minimum until
-//!   it catches up (its records meanwhile are late);
+//!   that comes back from idleness counts again at once, holding the
+//!   watermark where it is until it catches up, so that none of its records
+//!   is made late by the others running on (Flink leaves such a writer out
+//!   until it catches up, which loses its records; spate prefers to wait);
 //! - when every writer is idle, the watermark moves to the furthest one, so
 //!   the windows of a finished backlog close.
 //!
@@ -80,7 +82,7 @@ impl WriterClocks {
         for mark in marks {
             self.take(mark);
         }
-        match self.candidate(bound, current) {
+        match self.candidate(bound) {
             Some(candidate) => Some(current.map_or(candidate, |old| old.max(candidate))),
             None => current,
         }
@@ -107,7 +109,7 @@ impl WriterClocks {
     }
 
     /// The watermark the clocks allow, before "never goes back".
-    fn candidate(&self, bound: Duration, current: Option<Time>) -> Option<Time> {
+    fn candidate(&self, bound: Duration) -> Option<Time> {
         if !self.complete() {
             return None;
         }
@@ -117,17 +119,10 @@ impl WriterClocks {
             // Everyone is idle: nothing older is on its way.
             return self.writers.values().filter_map(watermark_of).max();
         }
-        // A writer back from idleness behind the watermark does not pull the
-        // minimum down to where it is; it counts again once caught up.
-        let aligned: Vec<Option<Time>> = active
-            .map(watermark_of)
-            .filter(|w| current.is_none_or(|current| w.is_some_and(|w| w >= current)))
-            .collect();
-        if aligned.is_empty() {
-            return None;
-        }
-        // A writer that has sent nothing with a time yet holds the rest back.
-        aligned.into_iter().min().flatten()
+        // A writer back from idleness behind the others holds the watermark
+        // until it catches up, so none of its records is made late; one
+        // that has sent nothing with a time yet holds it too.
+        active.map(watermark_of).min().flatten()
     }
 }
 
@@ -254,8 +249,10 @@ mod tests {
         let w = clocks.advance(&[mark(1, Some(9_000), false), mark(1, None, true)], bound, w);
         assert_eq!(w, Some(t(9_000)), "every writer idle: the furthest one decides");
         // Writer 2 comes back behind the watermark: it does not pull it back,
-        // and the others move it on without waiting for it.
+        // and the others wait for it to catch up.
         let w = clocks.advance(&[mark(2, Some(500), false), mark(0, Some(9_500), false)], bound, w);
+        assert_eq!(w, Some(t(9_000)));
+        let w = clocks.advance(&[mark(2, Some(9_700), false)], bound, w);
         assert_eq!(w, Some(t(9_500)));
     }
 }
