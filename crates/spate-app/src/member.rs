@@ -1,7 +1,7 @@
 //! One member of an application: joins the application's consumer group
 //! and runs a task for every partition the group gives it.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::Duration as StdDuration;
@@ -201,7 +201,19 @@ fn task_lease(session: StdDuration) -> LeaseOptions {
 struct Tasks {
     shared: Arc<MemberShared>,
     stages: BTreeMap<String, Stage>,
-    running: Mutex<BTreeMap<TopicPartition, RunningTask>>,
+    running: Mutex<Running>,
+    /// Told each time a task the member stops on leaving has stopped.
+    drained: Condvar,
+}
+
+/// The tasks running now, and those the member is stopping as it leaves.
+#[derive(Default)]
+struct Running {
+    tasks: BTreeMap<TopicPartition, RunningTask>,
+    /// The member is leaving: it starts no more tasks.
+    stopping: bool,
+    /// The partitions of the tasks it is stopping, until each has stopped.
+    draining: BTreeSet<TopicPartition>,
 }
 
 impl Tasks {
@@ -210,16 +222,53 @@ impl Tasks {
         Some((TaskId { stage: stage.name.clone(), topic: tp.topic.clone(), partition: tp.partition }, stage.clone()))
     }
 
+    fn lock(&self) -> std::sync::MutexGuard<'_, Running> {
+        self.running.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
     fn owned(&self) -> Vec<TaskId> {
-        self.running.lock().unwrap_or_else(PoisonError::into_inner).values().map(|t| t.id.clone()).collect()
+        self.lock().tasks.values().map(|t| t.id.clone()).collect()
+    }
+
+    /// Stops every task gracefully (each finishes and commits its batch in
+    /// flight) while the member is still in the group, and starts none
+    /// after. The lock is not held while they stop: the group's callbacks
+    /// must still run meanwhile, or the member would miss a new generation
+    /// and its tasks' last batches would be refused. A revocation of a
+    /// partition whose task is stopping waits for it (see [`Tasks::wait_drained`]).
+    fn stop_all(&self) {
+        let stopping: Vec<(TopicPartition, RunningTask)> = {
+            let mut running = self.lock();
+            running.stopping = true;
+            let tasks = std::mem::take(&mut running.tasks);
+            running.draining.extend(tasks.keys().cloned());
+            tasks.into_iter().collect()
+        };
+        for (_, task) in &stopping {
+            task.request_stop(StopKind::Graceful);
+        }
+        for (tp, task) in stopping {
+            task.join();
+            self.lock().draining.remove(&tp);
+            self.drained.notify_all();
+        }
+    }
+
+    /// Waits until no task of `partitions` is still stopping for the member's leave.
+    fn wait_drained(&self, partitions: &[TopicPartition]) {
+        let running = self.lock();
+        let _stopped = self
+            .drained
+            .wait_while(running, |r| partitions.iter().any(|tp| r.draining.contains(tp)))
+            .unwrap_or_else(PoisonError::into_inner);
     }
 }
 
 impl AssignmentListener for Tasks {
     fn on_revoked(&self, partitions: &[TopicPartition], lost: bool) {
         let stopping: Vec<RunningTask> = {
-            let mut running = self.running.lock().unwrap_or_else(PoisonError::into_inner);
-            partitions.iter().filter_map(|tp| running.remove(tp)).collect()
+            let mut running = self.lock();
+            partitions.iter().filter_map(|tp| running.tasks.remove(tp)).collect()
         };
         let kind = if lost { StopKind::Now } else { StopKind::Graceful };
         for task in &stopping {
@@ -230,12 +279,17 @@ impl AssignmentListener for Tasks {
         for task in stopping {
             task.join();
         }
+        self.wait_drained(partitions);
         self.shared.report(MemberEvent::Revoked { tasks, lost });
     }
 
     fn on_assigned(&self, partitions: &[TopicPartition]) {
         let mut started = Vec::new();
-        let mut running = self.running.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut running = self.lock();
+        if running.stopping {
+            info!(partitions = ?partitions, "assigned while the member stops: no task started");
+            return;
+        }
         for tp in partitions {
             let Some((id, stage)) = self.task_of(tp) else {
                 warn!(partition = %tp, "assigned a partition no stage reads");
@@ -243,7 +297,7 @@ impl AssignmentListener for Tasks {
             };
             match RunningTask::start(id.clone(), stage, Arc::clone(&self.shared)) {
                 Ok(task) => {
-                    running.insert(tp.clone(), task);
+                    running.tasks.insert(tp.clone(), task);
                     started.push(id);
                 }
                 Err(error) => warn!(task = %id, %error, "cannot start the task"),
@@ -306,7 +360,12 @@ impl Member {
             transactions_ready: Condvar::new(),
             listener,
         });
-        let tasks = Arc::new(Tasks { shared: Arc::clone(&shared), stages, running: Mutex::new(BTreeMap::new()) });
+        let tasks = Arc::new(Tasks {
+            shared: Arc::clone(&shared),
+            stages,
+            running: Mutex::new(Running::default()),
+            drained: Condvar::new(),
+        });
         let s = &shared.settings;
         let mut group_settings = s.group.clone();
         group_settings.client_id.get_or_insert_with(|| s.member_id.clone());
@@ -334,7 +393,21 @@ impl Member {
 
     /// Leaves the group: every task finishes its batch in flight, commits it
     /// and releases its checkpoint, then the partitions go to the others.
+    /// Dropping a member leaves too, logging a failure to.
     pub fn leave(self) -> Result<(), AppError> {
+        self.stop()
+    }
+
+    /// Stops the tasks while the member is still in the group (their last
+    /// batches commit under its current generation), then leaves the group
+    /// and lets the producer go. Stopping again does nothing.
+    ///
+    /// Letting the producer go also breaks the one reference cycle of a
+    /// member (the group's listener holds the tasks, which hold what the
+    /// member shares, which holds the producer, which holds the group), so
+    /// the member's parts are freed with it.
+    fn stop(&self) -> Result<(), AppError> {
+        self.tasks.stop_all();
         let result = self.group.leave().map_err(|source| AppError::Kafka {
             app: self.shared.app.clone(),
             what: "leave the group".to_string(),
@@ -342,6 +415,14 @@ impl Member {
         });
         self.shared.set_transactions(None);
         result
+    }
+}
+
+impl Drop for Member {
+    fn drop(&mut self) {
+        if let Err(error) = self.stop() {
+            warn!(member = %self.shared.settings.member_id, %error, "the member could not leave its group");
+        }
     }
 }
 

@@ -1,0 +1,100 @@
+//! A member's life against the local broker: dropped without leaving, it
+//! stops its tasks and leaves the group.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration as StdDuration, Instant, SystemTime, UNIX_EPOCH};
+
+use rdkafka::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use spate_app::{Emit, Member, MemberEvent, MemberSettings, Topology};
+use spate_core::Duration;
+use spate_kafka::{GroupSettings, KafkaRecord};
+
+fn brokers() -> String {
+    std::env::var("SPATE_KAFKA_BROKERS").unwrap_or_else(|_| {
+        panic!(
+            "SPATE_KAFKA_BROKERS is not set: start a broker with `cargo xtask kafka start` (or run `cargo xtask test`)"
+        )
+    })
+}
+
+fn unique(prefix: &str) -> String {
+    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos();
+    format!("{prefix}-{}-{nanos}", std::process::id())
+}
+
+/// Copies each record of `input` to `output`.
+fn copy(app: &str, input: &str, output: &str) -> Topology {
+    let output = output.to_string();
+    Topology::new(app).stage_from_topic("copy", input, move |task| {
+        let output = output.clone();
+        Ok(task.records().map(move |r: KafkaRecord| Emit::to_topic(&output, None, r.value.unwrap_or_default())))
+    })
+}
+
+fn settings(location: &std::path::Path, member: &str) -> MemberSettings {
+    let mut s = MemberSettings::new(&brokers(), location, Duration::from_millis(200), member);
+    s.group = GroupSettings {
+        session_timeout: StdDuration::from_secs(6),
+        heartbeat_interval: StdDuration::from_secs(1),
+        ..GroupSettings::default()
+    };
+    s
+}
+
+/// Every event a member reports, for waiting on.
+#[derive(Default)]
+struct Events {
+    seen: Mutex<Vec<MemberEvent>>,
+    changed: Condvar,
+}
+
+impl Events {
+    fn listener(self: &Arc<Self>) -> spate_app::MemberListener {
+        let events = Arc::clone(self);
+        Arc::new(move |event: &MemberEvent| {
+            events.seen.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(event.clone());
+            events.changed.notify_all();
+        })
+    }
+
+    /// Waits (failing after a minute) until `count` of the events seen is `n` or more.
+    fn wait_for(&self, what: &str, n: usize, count: impl Fn(&MemberEvent) -> bool) {
+        let deadline = Instant::now() + StdDuration::from_secs(60);
+        let mut seen = self.seen.lock().unwrap();
+        while seen.iter().filter(|e| count(e)).count() < n {
+            let left = deadline.checked_duration_since(Instant::now()).unwrap_or_else(|| panic!("timed out: {what}"));
+            seen = self.changed.wait_timeout(seen, left).unwrap().0;
+        }
+    }
+}
+
+/// The members the broker lists in `group`.
+fn group_members(group: &str) -> usize {
+    let client: BaseConsumer = ClientConfig::new().set("bootstrap.servers", brokers()).create().unwrap();
+    let groups = client.fetch_group_list(Some(group), StdDuration::from_secs(10)).unwrap();
+    groups.groups().iter().map(|g| g.members().len()).sum()
+}
+
+#[test]
+fn a_member_dropped_without_leaving_stops_its_tasks_and_leaves_the_group() {
+    let _ = tracing_subscriber::fmt().with_test_writer().with_env_filter("info,rdkafka=warn").try_init();
+    let (input, output, app) = (unique("dropped-in"), unique("dropped-out"), unique("dropped"));
+    spate_kafka::ensure_topic(&brokers(), &input, 2).unwrap();
+    spate_kafka::ensure_topic(&brokers(), &output, 1).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let events = Arc::new(Events::default());
+    let member =
+        Member::start(copy(&app, &input, &output), settings(dir.path(), "a"), Some(events.listener())).unwrap();
+    events.wait_for("both tasks started", 2, |e| matches!(e, MemberEvent::TaskStarted { .. }));
+    assert_eq!(group_members(&app), 1);
+
+    drop(member);
+    events.wait_for("both tasks stopped", 2, |e| matches!(e, MemberEvent::TaskStopped { .. }));
+    let deadline = Instant::now() + StdDuration::from_secs(60);
+    while group_members(&app) > 0 {
+        assert!(Instant::now() < deadline, "the dropped member is still in the group after a minute");
+    }
+}
