@@ -7,12 +7,15 @@ use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::Duration as StdDuration;
 
 use spate_core::Duration;
+use spate_core::SystemClock;
 use spate_dstream::BoxError;
 use spate_kafka::{
     AssignmentListener, GroupMember, GroupSettings, MemberTransactions, StartingOffsets, TopicPartition, ensure_topic,
     partition_count,
 };
-use spate_logstore::{LeaseOptions, ObjectStoreSettings, is_object_store_location};
+use spate_logstore::{
+    LeaseOptions, LogStoreError, ObjectStoreSettings, WriterLock, file_manager_for, is_object_store_location,
+};
 use spate_runtime::{BackpressureSettings, BatchProgress, StreamingSettings};
 use tracing::{info, warn};
 
@@ -197,6 +200,36 @@ fn task_lease(session: StdDuration) -> LeaseOptions {
     }
 }
 
+/// Takes the lock of `member_id` at the application's checkpoint location
+/// (`<location>/members/<member id>`), held for the member's life.
+///
+/// Two live processes under one member id would share one transactional
+/// id, and each would fence the other's producer on its next transaction,
+/// for as long as both ran. The lock refuses the second at start. It is
+/// taken where every member of the application meets, the location they
+/// share, with the checkpoints' own writer lock, which tells a live holder
+/// from a dead one: an OS lock in a directory (a process that died holds
+/// nothing), a lease in an object store (a dead holder's runs out after a
+/// session). The group's member list cannot serve: the classic
+/// `DescribeGroups` does not list the members of a group of the broker-side
+/// protocol, and an earlier run that died stays listed until its session
+/// runs out.
+fn lock_member_id(app: &str, settings: &MemberSettings) -> Result<WriterLock, AppError> {
+    let dir = settings.location.join("members").join(&settings.member_id);
+    let location_error = |source| AppError::Location { location: dir.clone(), source: Box::new(source) };
+    let files = file_manager_for(&settings.location, &settings.object_store).map_err(location_error)?;
+    files.mkdirs(&dir).map_err(location_error)?;
+    let lease = task_lease(settings.group.session_timeout);
+    files.acquire_lock(&dir, Arc::new(SystemClock), &lease).map_err(|source| match source {
+        LogStoreError::Locked { holder, .. } => AppError::MemberIdInUse {
+            app: app.to_string(),
+            member_id: settings.member_id.clone(),
+            holder: holder.map_or_else(|| "its lock names no holder".to_string(), |h| h.to_string()),
+        },
+        other => location_error(other),
+    })
+}
+
 /// The member's tasks, started and stopped as the group decides.
 struct Tasks {
     shared: Arc<MemberShared>,
@@ -315,6 +348,8 @@ pub struct Member {
     shared: Arc<MemberShared>,
     tasks: Arc<Tasks>,
     group: Arc<GroupMember>,
+    /// Held while the member lives: no other live member takes its id (see [`lock_member_id`]).
+    _member_lock: WriterLock,
 }
 
 impl std::fmt::Debug for Member {
@@ -344,6 +379,7 @@ impl Member {
             let app = app.clone();
             move |source| AppError::Kafka { app, what, source: Box::new(source) }
         };
+        let member_lock = lock_member_id(&app, &settings)?;
         let internal = internal_topics(&topology, &settings.brokers)?;
         for topic in internal.values() {
             ensure_topic(&settings.brokers, &topic.name, topic.partitions)
@@ -378,7 +414,7 @@ impl Member {
                 .map_err(kafka(format!("open the transactional producer {transactional_id}")))?;
         shared.set_transactions(Some(Arc::new(transactions)));
         info!(app = %app, member = %s.member_id, topics = ?topics, "member started");
-        Ok(Member { shared, tasks, group })
+        Ok(Member { shared, tasks, group, _member_lock: member_lock })
     }
 
     /// The tasks this member runs now.

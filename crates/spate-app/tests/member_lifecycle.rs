@@ -1,5 +1,6 @@
 //! A member's life against the local broker: dropped without leaving, it
-//! stops its tasks and leaves the group.
+//! stops its tasks and leaves the group; a second live member under its id
+//! is refused at start.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -97,4 +98,41 @@ fn a_member_dropped_without_leaving_stops_its_tasks_and_leaves_the_group() {
     while group_members(&app) > 0 {
         assert!(Instant::now() < deadline, "the dropped member is still in the group after a minute");
     }
+}
+
+/// A second process started under a member id a live member uses would
+/// fence that member's producer, and be fenced back, for as long as both run.
+fn a_second_member_under_a_live_members_id_is_refused(protocol: spate_kafka::GroupProtocol) {
+    let (input, output, app) = (unique("twin-in"), unique("twin-out"), unique("twin"));
+    spate_kafka::ensure_topic(&brokers(), &input, 2).unwrap();
+    spate_kafka::ensure_topic(&brokers(), &output, 1).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let with_protocol = |member: &str| {
+        let mut s = settings(dir.path(), member);
+        s.group.protocol = protocol;
+        s
+    };
+    let events = Arc::new(Events::default());
+    let first = Member::start(copy(&app, &input, &output), with_protocol("m1"), Some(events.listener())).unwrap();
+    events.wait_for("the first member's tasks started", 2, |e| matches!(e, MemberEvent::TaskStarted { .. }));
+
+    let second = Member::start(copy(&app, &input, &output), with_protocol("m1"), None);
+    let error = second.expect_err("a second live member named m1 is refused").to_string();
+    assert!(error.contains("m1") && error.contains("another live member"), "{error}");
+    // The first member was not fenced: it still runs both tasks.
+    assert_eq!(first.tasks().len(), 2);
+    assert!(!events.seen.lock().unwrap().iter().any(|e| matches!(e, MemberEvent::TaskFailed { .. })));
+    // Once it has left, the name is free again.
+    first.leave().unwrap();
+    Member::start(copy(&app, &input, &output), with_protocol("m1"), None).unwrap().leave().unwrap();
+}
+
+#[test]
+fn a_second_member_under_a_live_members_id_is_refused_cooperatively() {
+    a_second_member_under_a_live_members_id_is_refused(spate_kafka::GroupProtocol::CooperativeSticky);
+}
+
+#[test]
+fn a_second_member_under_a_live_members_id_is_refused_by_the_broker_side_protocol() {
+    a_second_member_under_a_live_members_id_is_refused(spate_kafka::GroupProtocol::Consumer);
 }
