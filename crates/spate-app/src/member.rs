@@ -43,7 +43,9 @@ pub struct MemberSettings {
     pub transaction_timeout: StdDuration,
     /// This member's name, unique in the application and the same across
     /// its restarts (its transactional id is `<application>-<member id>`,
-    /// so a restarted member fences its earlier incarnation).
+    /// so a restarted member fences its earlier incarnation). A member
+    /// started under a name a live member uses is refused
+    /// ([`AppError::MemberIdInUse`]).
     pub member_id: String,
     /// Where a task with no checkpoint yet starts reading.
     pub starting_offsets: StartingOffsets,
