@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
-use std::time::Duration as StdDuration;
+use std::time::{Duration as StdDuration, Instant};
 
 use spate_core::Duration;
 use spate_core::SystemClock;
@@ -210,26 +210,52 @@ fn task_lease(session: StdDuration) -> LeaseOptions {
 /// for as long as both ran. The lock refuses the second at start. It is
 /// taken where every member of the application meets, the location they
 /// share, with the checkpoints' own writer lock, which tells a live holder
-/// from a dead one: an OS lock in a directory (a process that died holds
-/// nothing), a lease in an object store (a dead holder's runs out after a
-/// session). The group's member list cannot serve: the classic
-/// `DescribeGroups` does not list the members of a group of the broker-side
-/// protocol, and an earlier run that died stays listed until its session
-/// runs out.
+/// from a dead one: in a directory an OS lock (a process that died holds
+/// nothing); in an object store a lease, which a live holder renews and a
+/// dead one's runs out, so a refused lease is asked for again until a
+/// dead run's would have run out (see [`lease_patience`]). The group's
+/// member list cannot serve: the classic `DescribeGroups` does not list
+/// the members of a group of the broker-side protocol, and a run that
+/// died stays listed until its session runs out.
 fn lock_member_id(app: &str, settings: &MemberSettings) -> Result<WriterLock, AppError> {
     let dir = settings.location.join("members").join(&settings.member_id);
     let location_error = |source| AppError::Location { location: dir.clone(), source: Box::new(source) };
     let files = file_manager_for(&settings.location, &settings.object_store).map_err(location_error)?;
     files.mkdirs(&dir).map_err(location_error)?;
     let lease = task_lease(settings.group.session_timeout);
-    files.acquire_lock(&dir, Arc::new(SystemClock), &lease).map_err(|source| match source {
-        LogStoreError::Locked { holder, .. } => AppError::MemberIdInUse {
-            app: app.to_string(),
-            member_id: settings.member_id.clone(),
-            holder: holder.map_or_else(|| "its lock names no holder".to_string(), |h| h.to_string()),
-        },
-        other => location_error(other),
-    })
+    let patience =
+        if is_object_store_location(&settings.location) { lease_patience(&lease) } else { StdDuration::ZERO };
+    let deadline = Instant::now() + patience;
+    let mut waiting = false;
+    loop {
+        match files.acquire_lock(&dir, Arc::new(SystemClock), &lease) {
+            Ok(lock) => return Ok(lock),
+            Err(LogStoreError::Locked { holder, .. }) if Instant::now() < deadline => {
+                if !waiting {
+                    info!(member = %settings.member_id, holder = ?holder.map(|h| h.to_string()), ?patience,
+                        "the member id's lease is held; waiting for it to run out in case its holder died");
+                    waiting = true;
+                }
+                std::thread::sleep(lease.renew_every.into());
+            }
+            Err(LogStoreError::Locked { holder, .. }) => {
+                return Err(AppError::MemberIdInUse {
+                    app: app.to_string(),
+                    member_id: settings.member_id.clone(),
+                    holder: holder.map_or_else(|| "its lock names no holder".to_string(), |h| h.to_string()),
+                });
+            }
+            Err(other) => return Err(location_error(other)),
+        }
+    }
+}
+
+/// How long a member waits for a held lease of its id: long enough that a
+/// dead holder's lease (as long as this member's: the application's
+/// members share their session timeout) has run out by this member's
+/// clock, while a live holder's, renewed every `renew_every`, never does.
+fn lease_patience(lease: &LeaseOptions) -> StdDuration {
+    StdDuration::from(lease.duration) + StdDuration::from(lease.safety_margin)
 }
 
 /// The member's tasks, started and stopped as the group decides.

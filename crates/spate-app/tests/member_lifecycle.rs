@@ -1,6 +1,6 @@
 //! A member's life against the local broker: dropped without leaving, it
 //! stops its tasks and leaves the group; a second live member under its id
-//! is refused at start.
+//! is refused at start, while a run that died gives its id back.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -102,14 +102,18 @@ fn a_member_dropped_without_leaving_stops_its_tasks_and_leaves_the_group() {
 
 /// A second process started under a member id a live member uses would
 /// fence that member's producer, and be fenced back, for as long as both run.
-fn a_second_member_under_a_live_members_id_is_refused(protocol: spate_kafka::GroupProtocol) {
+fn a_second_member_under_a_live_members_id_is_refused(
+    protocol: spate_kafka::GroupProtocol,
+    location: &std::path::Path,
+    object_store: &spate_logstore::ObjectStoreSettings,
+) {
     let (input, output, app) = (unique("twin-in"), unique("twin-out"), unique("twin"));
     spate_kafka::ensure_topic(&brokers(), &input, 2).unwrap();
     spate_kafka::ensure_topic(&brokers(), &output, 1).unwrap();
-    let dir = tempfile::tempdir().unwrap();
     let with_protocol = |member: &str| {
-        let mut s = settings(dir.path(), member);
+        let mut s = settings(location, member);
         s.group.protocol = protocol;
+        s.object_store = object_store.clone();
         s
     };
     let events = Arc::new(Events::default());
@@ -129,10 +133,74 @@ fn a_second_member_under_a_live_members_id_is_refused(protocol: spate_kafka::Gro
 
 #[test]
 fn a_second_member_under_a_live_members_id_is_refused_cooperatively() {
-    a_second_member_under_a_live_members_id_is_refused(spate_kafka::GroupProtocol::CooperativeSticky);
+    let dir = tempfile::tempdir().unwrap();
+    let local = spate_logstore::ObjectStoreSettings::default();
+    a_second_member_under_a_live_members_id_is_refused(
+        spate_kafka::GroupProtocol::CooperativeSticky,
+        dir.path(),
+        &local,
+    );
 }
 
 #[test]
 fn a_second_member_under_a_live_members_id_is_refused_by_the_broker_side_protocol() {
-    a_second_member_under_a_live_members_id_is_refused(spate_kafka::GroupProtocol::Consumer);
+    let dir = tempfile::tempdir().unwrap();
+    let local = spate_logstore::ObjectStoreSettings::default();
+    a_second_member_under_a_live_members_id_is_refused(spate_kafka::GroupProtocol::Consumer, dir.path(), &local);
+}
+
+#[test]
+fn a_second_member_under_a_live_members_id_is_refused_on_s3() {
+    let (location, object_store) = s3_location();
+    a_second_member_under_a_live_members_id_is_refused(
+        spate_kafka::GroupProtocol::CooperativeSticky,
+        &location,
+        &object_store,
+    );
+}
+
+/// The S3 server of the tests; fails (never skips) when none is configured.
+fn s3_location() -> (std::path::PathBuf, spate_logstore::ObjectStoreSettings) {
+    let endpoint = std::env::var("SPATE_TEST_S3_ENDPOINT").unwrap_or_else(|_| {
+        panic!(
+            "SPATE_TEST_S3_ENDPOINT is not set: this test needs an S3 server. Run it with `cargo xtask test`, \
+             or start one with `cargo xtask s3 start` and export what it prints"
+        )
+    });
+    let var = |name: &str, default: &str| std::env::var(name).unwrap_or_else(|_| default.to_string());
+    let settings = spate_logstore::ObjectStoreSettings {
+        endpoint: Some(endpoint),
+        region: Some(var("AWS_REGION", "us-east-1")),
+        access_key_id: Some(var("AWS_ACCESS_KEY_ID", "spate-test")),
+        secret_access_key: Some(var("AWS_SECRET_ACCESS_KEY", "spate-test-secret")),
+        allow_http: Some(true),
+    };
+    let bucket = var("SPATE_TEST_S3_BUCKET", "spate-test");
+    (std::path::PathBuf::from(format!("s3://{bucket}/tests/{}", unique("member-id"))), settings)
+}
+
+#[test]
+fn a_member_restarted_after_a_crash_on_s3_takes_its_id_back_once_the_dead_runs_lease_ran_out() {
+    let (input, output, app) = (unique("crashed-in"), unique("crashed-out"), unique("crashed"));
+    spate_kafka::ensure_topic(&brokers(), &input, 1).unwrap();
+    spate_kafka::ensure_topic(&brokers(), &output, 1).unwrap();
+    let (location, object_store) = s3_location();
+    // An earlier run of m1 died holding its member lease: nobody renews it, nobody releases it.
+    {
+        let files = spate_logstore::file_manager_for(&location, &object_store).unwrap();
+        let dir = location.join("members").join("m1");
+        let lease = spate_logstore::LeaseOptions {
+            duration: Duration::from_secs(6),
+            renew_every: Duration::from_millis(1_500),
+            safety_margin: Duration::from_millis(1_200),
+            renew_in_background: false,
+        };
+        let dead = files.acquire_lock(&dir, Arc::new(spate_core::SystemClock), &lease).unwrap();
+        std::mem::forget(dead);
+    }
+    let mut restarted = settings(&location, "m1");
+    restarted.object_store = object_store;
+    let member = Member::start(copy(&app, &input, &output), restarted, None)
+        .expect("the restarted member waits for the dead run's lease to run out, then takes its id");
+    member.leave().unwrap();
 }
