@@ -457,7 +457,7 @@ impl Member {
 
     /// Leaves the group: every task finishes its batch in flight, commits it
     /// and releases its checkpoint, then the partitions go to the others.
-    /// Dropping a member leaves too, logging a failure to.
+    /// Dropping a member leaves too (and logs a failure to leave).
     pub fn leave(self) -> Result<(), AppError> {
         self.stop()
     }
