@@ -79,6 +79,14 @@ fn group_members(group: &str) -> usize {
     groups.groups().iter().map(|g| g.members().len()).sum()
 }
 
+/// The names of this process's threads (Linux: `/proc/self/task/*/comm`).
+fn thread_names() -> Vec<String> {
+    std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .map(|task| std::fs::read_to_string(task.unwrap().path().join("comm")).unwrap_or_default().trim().to_string())
+        .collect()
+}
+
 #[test]
 fn a_member_dropped_without_leaving_stops_its_tasks_and_leaves_the_group() {
     let _ = tracing_subscriber::fmt().with_test_writer().with_env_filter("info,rdkafka=warn").try_init();
@@ -91,8 +99,12 @@ fn a_member_dropped_without_leaving_stops_its_tasks_and_leaves_the_group() {
         Member::start(copy(&app, &input, &output), settings(dir.path(), "a"), Some(events.listener())).unwrap();
     events.wait_for("both tasks started", 2, |e| matches!(e, MemberEvent::TaskStarted { .. }));
     assert_eq!(group_members(&app), 1);
+    // The membership's poll thread, named after the group (cut to 15 bytes, unique in this binary).
+    let poll_thread: String = format!("spate-group-{app}").chars().take(15).collect();
+    assert!(thread_names().contains(&poll_thread), "{poll_thread} runs: {:?}", thread_names());
 
     drop(member);
+    assert!(!thread_names().contains(&poll_thread), "the group's poll thread ended with the member");
     events.wait_for("both tasks stopped", 2, |e| matches!(e, MemberEvent::TaskStopped { .. }));
     let deadline = Instant::now() + StdDuration::from_secs(60);
     while group_members(&app) > 0 {
