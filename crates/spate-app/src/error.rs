@@ -52,6 +52,21 @@ pub enum AppError {
         /// What is wrong.
         reason: String,
     },
+    /// Another live member of the application runs under this member id
+    /// (its lock at the checkpoint location is held): two would fence each
+    /// other's transactional producer for as long as both ran.
+    #[error(
+        "application {app}: another live member uses the member id {member_id} ({holder}); \
+         give each member an id of its own"
+    )]
+    MemberIdInUse {
+        /// The application.
+        app: String,
+        /// The member id.
+        member_id: String,
+        /// The live member, as its lock records it.
+        holder: String,
+    },
     /// The application's checkpoint location could not be read.
     #[error("application checkpoint {location}: {source}")]
     Location {

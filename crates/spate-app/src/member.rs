@@ -1,18 +1,21 @@
 //! One member of an application: joins the application's consumer group
 //! and runs a task for every partition the group gives it.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
-use std::time::Duration as StdDuration;
+use std::time::{Duration as StdDuration, Instant};
 
 use spate_core::Duration;
+use spate_core::SystemClock;
 use spate_dstream::BoxError;
 use spate_kafka::{
     AssignmentListener, GroupMember, GroupSettings, MemberTransactions, StartingOffsets, TopicPartition, ensure_topic,
     partition_count,
 };
-use spate_logstore::{LeaseOptions, ObjectStoreSettings, is_object_store_location};
+use spate_logstore::{
+    LeaseOptions, LogStoreError, ObjectStoreSettings, WriterLock, file_manager_for, is_object_store_location,
+};
 use spate_runtime::{BackpressureSettings, BatchProgress, StreamingSettings};
 use tracing::{info, warn};
 
@@ -40,7 +43,9 @@ pub struct MemberSettings {
     pub transaction_timeout: StdDuration,
     /// This member's name, unique in the application and the same across
     /// its restarts (its transactional id is `<application>-<member id>`,
-    /// so a restarted member fences its earlier incarnation).
+    /// so a restarted member fences its earlier incarnation). A member
+    /// started under a name a live member uses is refused
+    /// ([`AppError::MemberIdInUse`]).
     pub member_id: String,
     /// Where a task with no checkpoint yet starts reading.
     pub starting_offsets: StartingOffsets,
@@ -204,11 +209,79 @@ fn task_lease(session: StdDuration) -> LeaseOptions {
     }
 }
 
+/// Takes the lock of `member_id` at the application's checkpoint location
+/// (`<location>/members/<member id>`), held for the member's life.
+///
+/// Two live processes under one member id would share one transactional
+/// id, and each would fence the other's producer on its next transaction,
+/// for as long as both ran. The lock refuses the second at start. It is
+/// taken where every member of the application meets, the location they
+/// share, with the checkpoints' own writer lock, which tells a live holder
+/// from a dead one: in a directory an OS lock (a process that died holds
+/// nothing); in an object store a lease, which a live holder renews and a
+/// dead one's runs out, so a refused lease is asked for again until a
+/// dead run's would have run out (see [`lease_patience`]). The group's
+/// member list cannot serve: the classic `DescribeGroups` does not list
+/// the members of a group of the broker-side protocol, and a run that
+/// died stays listed until its session runs out.
+fn lock_member_id(app: &str, settings: &MemberSettings) -> Result<WriterLock, AppError> {
+    let dir = settings.location.join("members").join(&settings.member_id);
+    let location_error = |source| AppError::Location { location: dir.clone(), source: Box::new(source) };
+    let files = file_manager_for(&settings.location, &settings.object_store).map_err(location_error)?;
+    files.mkdirs(&dir).map_err(location_error)?;
+    let lease = task_lease(settings.group.session_timeout);
+    let patience =
+        if is_object_store_location(&settings.location) { lease_patience(&lease) } else { StdDuration::ZERO };
+    let deadline = Instant::now() + patience;
+    let mut waiting = false;
+    loop {
+        match files.acquire_lock(&dir, Arc::new(SystemClock), &lease) {
+            Ok(lock) => return Ok(lock),
+            Err(LogStoreError::Locked { holder, .. }) if Instant::now() < deadline => {
+                if !waiting {
+                    info!(member = %settings.member_id, holder = ?holder.map(|h| h.to_string()), ?patience,
+                        "the member id's lease is held; waiting for it to run out in case its holder died");
+                    waiting = true;
+                }
+                std::thread::sleep(lease.renew_every.into());
+            }
+            Err(LogStoreError::Locked { holder, .. }) => {
+                return Err(AppError::MemberIdInUse {
+                    app: app.to_string(),
+                    member_id: settings.member_id.clone(),
+                    holder: holder.map_or_else(|| "its lock names no holder".to_string(), |h| h.to_string()),
+                });
+            }
+            Err(other) => return Err(location_error(other)),
+        }
+    }
+}
+
+/// How long a member waits for a held lease of its id: long enough that a
+/// dead holder's lease (as long as this member's: the application's
+/// members share their session timeout) has run out by this member's
+/// clock, while a live holder's, renewed every `renew_every`, never does.
+fn lease_patience(lease: &LeaseOptions) -> StdDuration {
+    StdDuration::from(lease.duration) + StdDuration::from(lease.safety_margin)
+}
+
 /// The member's tasks, started and stopped as the group decides.
 struct Tasks {
     shared: Arc<MemberShared>,
     stages: BTreeMap<String, Stage>,
-    running: Mutex<BTreeMap<TopicPartition, RunningTask>>,
+    running: Mutex<Running>,
+    /// Told each time a task the member stops on leaving has stopped.
+    drained: Condvar,
+}
+
+/// The tasks running now, and those the member is stopping as it leaves.
+#[derive(Default)]
+struct Running {
+    tasks: BTreeMap<TopicPartition, RunningTask>,
+    /// The member is leaving: it starts no more tasks.
+    stopping: bool,
+    /// The partitions of the tasks it is stopping, until each has stopped.
+    draining: BTreeSet<TopicPartition>,
 }
 
 impl Tasks {
@@ -217,16 +290,53 @@ impl Tasks {
         Some((TaskId { stage: stage.name.clone(), topic: tp.topic.clone(), partition: tp.partition }, stage.clone()))
     }
 
+    fn lock(&self) -> std::sync::MutexGuard<'_, Running> {
+        self.running.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
     fn owned(&self) -> Vec<TaskId> {
-        self.running.lock().unwrap_or_else(PoisonError::into_inner).values().map(|t| t.id.clone()).collect()
+        self.lock().tasks.values().map(|t| t.id.clone()).collect()
+    }
+
+    /// Stops every task gracefully (each finishes and commits its batch in
+    /// flight) while the member is still in the group, and starts none
+    /// after. The lock is not held while they stop: the group's callbacks
+    /// must still run meanwhile, or the member would miss a new generation
+    /// and its tasks' last batches would be refused. A revocation of a
+    /// partition whose task is stopping waits for it (see [`Tasks::wait_drained`]).
+    fn stop_all(&self) {
+        let stopping: Vec<(TopicPartition, RunningTask)> = {
+            let mut running = self.lock();
+            running.stopping = true;
+            let tasks = std::mem::take(&mut running.tasks);
+            running.draining.extend(tasks.keys().cloned());
+            tasks.into_iter().collect()
+        };
+        for (_, task) in &stopping {
+            task.request_stop(StopKind::Graceful);
+        }
+        for (tp, task) in stopping {
+            task.join();
+            self.lock().draining.remove(&tp);
+            self.drained.notify_all();
+        }
+    }
+
+    /// Waits until no task of `partitions` is still stopping for the member's leave.
+    fn wait_drained(&self, partitions: &[TopicPartition]) {
+        let running = self.lock();
+        let _stopped = self
+            .drained
+            .wait_while(running, |r| partitions.iter().any(|tp| r.draining.contains(tp)))
+            .unwrap_or_else(PoisonError::into_inner);
     }
 }
 
 impl AssignmentListener for Tasks {
     fn on_revoked(&self, partitions: &[TopicPartition], lost: bool) {
         let stopping: Vec<RunningTask> = {
-            let mut running = self.running.lock().unwrap_or_else(PoisonError::into_inner);
-            partitions.iter().filter_map(|tp| running.remove(tp)).collect()
+            let mut running = self.lock();
+            partitions.iter().filter_map(|tp| running.tasks.remove(tp)).collect()
         };
         let kind = if lost { StopKind::Now } else { StopKind::Graceful };
         for task in &stopping {
@@ -237,12 +347,17 @@ impl AssignmentListener for Tasks {
         for task in stopping {
             task.join();
         }
+        self.wait_drained(partitions);
         self.shared.report(MemberEvent::Revoked { tasks, lost });
     }
 
     fn on_assigned(&self, partitions: &[TopicPartition]) {
         let mut started = Vec::new();
-        let mut running = self.running.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut running = self.lock();
+        if running.stopping {
+            info!(partitions = ?partitions, "assigned while the member stops: no task started");
+            return;
+        }
         for tp in partitions {
             let Some((id, stage)) = self.task_of(tp) else {
                 warn!(partition = %tp, "assigned a partition no stage reads");
@@ -250,7 +365,7 @@ impl AssignmentListener for Tasks {
             };
             match RunningTask::start(id.clone(), stage, Arc::clone(&self.shared)) {
                 Ok(task) => {
-                    running.insert(tp.clone(), task);
+                    running.tasks.insert(tp.clone(), task);
                     started.push(id);
                 }
                 Err(error) => warn!(task = %id, %error, "cannot start the task"),
@@ -268,6 +383,8 @@ pub struct Member {
     shared: Arc<MemberShared>,
     tasks: Arc<Tasks>,
     group: Arc<GroupMember>,
+    /// Held while the member lives: no other live member takes its id (see [`lock_member_id`]).
+    _member_lock: WriterLock,
 }
 
 impl std::fmt::Debug for Member {
@@ -297,6 +414,7 @@ impl Member {
             let app = app.clone();
             move |source| AppError::Kafka { app, what, source: Box::new(source) }
         };
+        let member_lock = lock_member_id(&app, &settings)?;
         let (internal, stage_tasks) = internal_topics(&topology, &settings.brokers)?;
         for topic in internal.values() {
             ensure_topic(&settings.brokers, &topic.name, topic.partitions)
@@ -314,7 +432,12 @@ impl Member {
             transactions_ready: Condvar::new(),
             listener,
         });
-        let tasks = Arc::new(Tasks { shared: Arc::clone(&shared), stages, running: Mutex::new(BTreeMap::new()) });
+        let tasks = Arc::new(Tasks {
+            shared: Arc::clone(&shared),
+            stages,
+            running: Mutex::new(Running::default()),
+            drained: Condvar::new(),
+        });
         let s = &shared.settings;
         let mut group_settings = s.group.clone();
         group_settings.client_id.get_or_insert_with(|| s.member_id.clone());
@@ -327,7 +450,7 @@ impl Member {
                 .map_err(kafka(format!("open the transactional producer {transactional_id}")))?;
         shared.set_transactions(Some(Arc::new(transactions)));
         info!(app = %app, member = %s.member_id, topics = ?topics, "member started");
-        Ok(Member { shared, tasks, group })
+        Ok(Member { shared, tasks, group, _member_lock: member_lock })
     }
 
     /// The tasks this member runs now.
@@ -342,7 +465,21 @@ impl Member {
 
     /// Leaves the group: every task finishes its batch in flight, commits it
     /// and releases its checkpoint, then the partitions go to the others.
+    /// Dropping a member leaves too (and logs a failure to leave).
     pub fn leave(self) -> Result<(), AppError> {
+        self.stop()
+    }
+
+    /// Stops the tasks while the member is still in the group (their last
+    /// batches commit under its current generation), then leaves the group
+    /// and lets the producer go. Stopping again does nothing.
+    ///
+    /// Letting the producer go also breaks the one reference cycle of a
+    /// member (the group's listener holds the tasks, which hold what the
+    /// member shares, which holds the producer, which holds the group), so
+    /// the member's parts are freed with it.
+    fn stop(&self) -> Result<(), AppError> {
+        self.tasks.stop_all();
         let result = self.group.leave().map_err(|source| AppError::Kafka {
             app: self.shared.app.clone(),
             what: "leave the group".to_string(),
@@ -350,6 +487,14 @@ impl Member {
         });
         self.shared.set_transactions(None);
         result
+    }
+}
+
+impl Drop for Member {
+    fn drop(&mut self) {
+        if let Err(error) = self.stop() {
+            warn!(member = %self.shared.settings.member_id, %error, "the member could not leave its group");
+        }
     }
 }
 

@@ -23,7 +23,7 @@ use spate_kafka::{DirectKafkaConfig, DirectKafkaStream, KafkaRecord, OffsetCommi
 use spate_runtime::{
     BatchProgress, OffsetsHook, PipelineBuilder, ProgressListener, RuntimeError, StopHandle, StreamingContext,
 };
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::error::AppError;
 use crate::internal::progress_marks;
@@ -174,8 +174,11 @@ struct Supervisor {
 impl Supervisor {
     fn run(self) {
         let mut waited_for_lock = false;
+        // The stream of an attempt that found the checkpoint held, kept for
+        // the next: waiting for a lock opens no Kafka client for each look.
+        let mut idle_stream = None;
         while !self.control.stopping() {
-            match self.open() {
+            match self.open(&mut idle_stream) {
                 Ok(ctx) => {
                     waited_for_lock = false;
                     self.run_context(ctx);
@@ -189,6 +192,7 @@ impl Supervisor {
                         info!(task = %self.id, holder = ?holder, "waiting for the task's previous owner to let its checkpoint go");
                         waited_for_lock = true;
                     }
+                    debug!(task = %self.id, "the task's checkpoint is still held; trying again");
                     self.control.wait_for_stop(RETRY);
                 }
                 Err(error) => {
@@ -230,8 +234,11 @@ impl Supervisor {
         self.shared.settings.location.join("tasks").join(self.id.to_string())
     }
 
-    /// Opens the task's context on its checkpoint.
-    fn open(&self) -> Result<StreamingContext, AppError> {
+    /// Opens the task's context on its checkpoint, with the stream in
+    /// `idle_stream` when there is one. When the checkpoint is held by
+    /// another writer, the stream (which the pipeline never took) is left
+    /// in `idle_stream` for the next attempt.
+    fn open(&self, idle_stream: &mut Option<Arc<DirectKafkaStream>>) -> Result<StreamingContext, AppError> {
         let checkpoint = self.checkpoint();
         let task_error = |source| AppError::Task {
             app: self.shared.app.clone(),
@@ -239,7 +246,10 @@ impl Supervisor {
             checkpoint: checkpoint.clone(),
             source: Box::new(source),
         };
-        let stream = Arc::new(self.stream()?);
+        let stream = match idle_stream.take() {
+            Some(stream) => stream,
+            None => Arc::new(self.stream()?),
+        };
         let source = Arc::new(OnePartition { stream: Arc::clone(&stream), planned: Mutex::new(BTreeMap::new()) });
         let settings = self.shared.streaming_settings();
         let declared: Mutex<Option<AppError>> = Mutex::new(None);
@@ -253,7 +263,14 @@ impl Supervisor {
         })
         .map_err(|source| match declared.lock().unwrap_or_else(PoisonError::into_inner).take() {
             Some(declare_error) => declare_error,
-            None => task_error(source),
+            None => {
+                // The writer lock is taken before the pipeline is declared:
+                // a held checkpoint leaves the stream as it was opened.
+                if matches!(source, RuntimeError::Locked { .. }) {
+                    *idle_stream = Some(Arc::clone(&stream));
+                }
+                task_error(source)
+            }
         })?;
         ctx.add_progress_listener(Arc::new(TaskProgress { task: self.id.clone(), shared: Arc::clone(&self.shared) }));
         info!(task = %self.id, recovery = ?ctx.recovery().map(ToString::to_string), "task started");
@@ -287,11 +304,13 @@ impl Supervisor {
         if let Some(bytes) = settings.max_bytes_per_batch {
             config = config.max_bytes_per_batch(bytes);
         }
-        DirectKafkaStream::new(config).map_err(|source| AppError::Kafka {
+        let stream = DirectKafkaStream::new(config).map_err(|source| AppError::Kafka {
             app: self.shared.app.clone(),
             what: format!("open the stream of task {}", self.id),
             source: Box::new(source),
-        })
+        })?;
+        debug!(task = %self.id, "opened the task's Kafka stream");
+        Ok(stream)
     }
 
     /// Declares the stage's pipeline on the task's partition and the batch

@@ -192,7 +192,7 @@ pub struct AppArgs {
     #[arg(long, value_name = "NAME")]
     pub app: Option<String>,
     /// This member's name, unique in the application and the same when it is restarted (default:
-    /// HOST-PID).
+    /// HOST-PID). A second live member under a name in use is refused at start.
     #[arg(long, value_name = "ID")]
     pub member_id: Option<String>,
     /// The group drops a member without a heartbeat for this long and moves its partitions.

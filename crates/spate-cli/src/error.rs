@@ -149,6 +149,7 @@ impl CliError {
             CliError::App { source } => match source.as_ref() {
                 spate_app::AppError::Invalid { .. } => ExitCode::Usage,
                 spate_app::AppError::Task { source, .. } => runtime_exit_code(source),
+                spate_app::AppError::MemberIdInUse { .. } => ExitCode::Locked,
                 _ => ExitCode::Runtime,
             },
             CliError::Interrupted => ExitCode::Interrupted,
@@ -209,6 +210,19 @@ mod tests {
         assert_eq!(error.exit_code(), ExitCode::Locked);
         assert_eq!(CliError::usage("x").exit_code(), ExitCode::Usage);
         assert_eq!(ExitCode::Interrupted.code(), 130);
+    }
+
+    #[cfg(feature = "kafka")]
+    #[test]
+    fn a_member_id_another_live_member_uses_exits_as_locked() {
+        let in_use = spate_app::AppError::MemberIdInUse {
+            app: "wordcount".into(),
+            member_id: "m1".into(),
+            holder: "pid 7 on host h".into(),
+        };
+        let error = CliError::App { source: Box::new(in_use) };
+        assert_eq!(error.exit_code(), ExitCode::Locked);
+        assert!(render_error(&error).contains("another live member uses the member id m1"), "{}", render_error(&error));
     }
 
     #[test]

@@ -89,7 +89,8 @@ struct MemberContext {
     assigned: Mutex<BTreeSet<TopicPartition>>,
     /// How many times the group dropped this member (its partitions lost).
     dropped: AtomicU64,
-    /// The group metadata of the member's last rebalance, `None` once the
+    /// The group metadata of the member's last rebalance (during a
+    /// graceful revocation, of the generation it runs in), `None` once the
     /// group dropped it. Kept here rather than read from the consumer when
     /// a transaction commits: librdkafka resets a dropped member's id and
     /// generation (to none) before the application hears of the loss, and
@@ -119,6 +120,13 @@ impl ConsumerContext for MemberContext {
                 // be tried again under the member's next identity.
                 self.set_metadata(None);
                 self.dropped.fetch_add(1, Ordering::AcqRel);
+            } else if let Some(current) = consumer.group_metadata() {
+                // A graceful revocation runs in the generation that takes
+                // the partitions away (cooperative: the member rejoined
+                // before giving them up, and still owns them until this
+                // returns). The tasks' batches in flight commit in it; under
+                // the generation before, the broker would refuse them.
+                self.set_metadata(Some(current));
             }
             info!(partitions = ?partitions, lost, "partitions revoked");
             self.listener.on_revoked(&partitions, lost);
@@ -219,8 +227,10 @@ impl GroupMember {
     }
 
     /// The group's metadata (member id, generation) of the member's last
-    /// rebalance, for `send_offsets_to_transaction`; `None` before the
-    /// member joined and once the group dropped it.
+    /// rebalance, for `send_offsets_to_transaction`; while partitions are
+    /// revoked gracefully, of the generation that revokes them, in which
+    /// the member still owns them until the listener returns. `None`
+    /// before the member joined and once the group dropped it.
     pub fn group_metadata(&self) -> Option<Arc<ConsumerGroupMetadata>> {
         self.consumer.context().metadata.lock().unwrap_or_else(PoisonError::into_inner).clone()
     }

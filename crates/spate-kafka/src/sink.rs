@@ -25,7 +25,7 @@ use rdkafka::producer::{BaseProducer, BaseRecord, Producer, ProducerContext, Thr
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{Offset, TopicPartitionList};
 use spate_core::BatchId;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::direct::to_list;
 use crate::error::{KafkaError, Result, client};
@@ -71,28 +71,61 @@ impl OutputRecord {
     }
 }
 
-/// Remembers the first delivery failure.
+/// Remembers the first delivery failure of the transaction under way.
+///
+/// Each record is sent with the number of its transaction as its delivery
+/// opaque, and a failure counts only for the transaction it was sent in:
+/// an aborted transaction's records fail after the abort (purged from the
+/// queue), and those reports may be served while the next transaction
+/// runs. Charged to that one, they would fail a batch that committed, and
+/// the batch would be aborted and run again for nothing.
 #[derive(Default)]
 struct DeliveryErrors {
-    first: Mutex<Option<RdKafkaError>>,
+    state: Mutex<Deliveries>,
+}
+
+#[derive(Default)]
+struct Deliveries {
+    /// The transaction records are sent in now (always 0 for a producer without transactions).
+    transaction: usize,
+    /// The first failure of a record of `transaction`.
+    first: Option<RdKafkaError>,
 }
 
 impl ClientContext for DeliveryErrors {}
 
 impl ProducerContext for DeliveryErrors {
-    type DeliveryOpaque = ();
+    type DeliveryOpaque = usize;
 
-    fn delivery(&self, result: &DeliveryResult<'_>, _opaque: ()) {
+    fn delivery(&self, result: &DeliveryResult<'_>, transaction: usize) {
         if let Err((error, _)) = result {
-            let mut first = self.first.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-            first.get_or_insert_with(|| error.clone());
+            let mut state = self.lock();
+            if transaction == state.transaction {
+                state.first.get_or_insert_with(|| error.clone());
+            } else {
+                debug!(transaction, error = %error, "a record of an earlier transaction failed; that transaction ended without it");
+            }
         }
     }
 }
 
 impl DeliveryErrors {
-    fn take(&self) -> Option<RdKafkaError> {
-        self.first.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take()
+    fn lock(&self) -> std::sync::MutexGuard<'_, Deliveries> {
+        self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Starts counting failures for a new transaction, whose number it returns.
+    fn next_transaction(&self) -> usize {
+        let mut state = self.lock();
+        state.transaction = state.transaction.wrapping_add(1);
+        state.first = None;
+        state.transaction
+    }
+
+    /// The first failure of a record of `transaction`, when it is the one under way.
+    fn take(&self, transaction: usize) -> Option<RdKafkaError> {
+        let mut state = self.lock();
+        if state.transaction == transaction { state.first.take() } else { None }
     }
 }
 
@@ -102,9 +135,13 @@ fn producer_config(brokers: &str) -> ClientConfig {
     config
 }
 
-/// The librdkafka record of `record` for `topic`.
-fn base_record<'a>(topic: &'a str, record: &'a OutputRecord) -> BaseRecord<'a, Vec<u8>, Vec<u8>> {
-    let mut base = BaseRecord::to(topic).payload(&record.value);
+/// The librdkafka record of `record` for `topic`, sent in `transaction`.
+fn base_record<'a>(
+    topic: &'a str,
+    record: &'a OutputRecord,
+    transaction: usize,
+) -> BaseRecord<'a, Vec<u8>, Vec<u8>, usize> {
+    let mut base = BaseRecord::with_opaque_to(topic, transaction).payload(&record.value);
     if let Some(key) = &record.key {
         base = base.key(key);
     }
@@ -120,7 +157,7 @@ fn base_record<'a>(topic: &'a str, record: &'a OutputRecord) -> BaseRecord<'a, V
 /// Sends one record, waiting for queue room when librdkafka's queue is full.
 fn send(producer: &BaseProducer<DeliveryErrors>, topic: &str, record: &OutputRecord) -> Result<()> {
     loop {
-        match producer.send(base_record(topic, record)) {
+        match producer.send(base_record(topic, record, NO_TRANSACTION)) {
             Ok(()) => return Ok(()),
             Err((RdKafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => {
                 producer.poll(Duration::from_millis(50));
@@ -130,10 +167,15 @@ fn send(producer: &BaseProducer<DeliveryErrors>, topic: &str, record: &OutputRec
     }
 }
 
-/// [`send`] on a producer whose delivery reports a thread of its own serves.
-fn send_threaded(producer: &ThreadedProducer<DeliveryErrors>, topic: &str, record: &OutputRecord) -> Result<()> {
+/// [`send`] in `transaction`, on a producer whose delivery reports a thread of its own serves.
+fn send_threaded(
+    producer: &ThreadedProducer<DeliveryErrors>,
+    topic: &str,
+    record: &OutputRecord,
+    transaction: usize,
+) -> Result<()> {
     loop {
-        match producer.send(base_record(topic, record)) {
+        match producer.send(base_record(topic, record, transaction)) {
             Ok(()) => return Ok(()),
             Err((RdKafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => {
                 std::thread::sleep(Duration::from_millis(20));
@@ -175,7 +217,7 @@ impl KafkaSink {
             sent += 1;
         }
         self.producer.flush(self.timeout).map_err(client(format!("flush to {}", self.topic)))?;
-        match self.producer.context().take() {
+        match self.producer.context().take(NO_TRANSACTION) {
             Some(source) => Err(KafkaError::Delivery { topic: self.topic.clone(), source }),
             None => Ok(sent),
         }
@@ -353,7 +395,9 @@ impl Transactions {
         metadata: &ConsumerGroupMetadata,
     ) -> Result<()> {
         producer.begin_transaction().map_err(client("begin the transaction"))?;
-        let result = self.fill_and_commit(producer, marker_id, batch, ranges, records, metadata);
+        let transaction = producer.context().next_transaction();
+        let marker = batch_marker(marker_id, batch);
+        let result = self.fill_and_commit(producer, transaction, &marker, ranges, records, metadata);
         if let Err(e) = &result {
             warn!(batch = batch.0, error = %e, "aborting the transaction");
             if let Err(abort) = producer.abort_transaction(self.timeout) {
@@ -363,28 +407,29 @@ impl Transactions {
         result
     }
 
+    /// Sends `records` and the ends of `ranges` (marked `marker`) in
+    /// `transaction`, then commits it.
     fn fill_and_commit(
         &self,
         producer: &ThreadedProducer<DeliveryErrors>,
-        marker_id: &str,
-        batch: BatchId,
+        transaction: usize,
+        marker: &str,
         ranges: &OffsetRanges,
         records: &[(&str, OutputRecord)],
         metadata: &ConsumerGroupMetadata,
     ) -> Result<()> {
         for (topic, record) in records {
-            send_threaded(producer, topic, record)?;
+            send_threaded(producer, topic, record, transaction)?;
         }
         let offsets = to_list(&ranges.until_offsets())?;
-        let marker = batch_marker(marker_id, batch);
         for mut element in offsets.elements() {
-            element.set_metadata(&marker);
+            element.set_metadata(marker);
         }
         retry_coordinator("send offsets to the transaction", self.timeout, |left| {
             producer.send_offsets_to_transaction(&offsets, metadata, left)
         })?;
         retry_coordinator("commit the transaction", self.timeout, |left| producer.commit_transaction(left))?;
-        match producer.context().take() {
+        match producer.context().take(transaction) {
             Some(source) => {
                 let topic = records.first().map(|(topic, _)| topic.to_string()).unwrap_or_default();
                 Err(KafkaError::Delivery { topic, source })
@@ -581,6 +626,9 @@ fn open_producer(
         .map_err(client(format!("init transactions of {transactional_id} (fences older instances)")))?;
     Ok(producer)
 }
+
+/// The delivery opaque of the records of a producer without transactions.
+const NO_TRANSACTION: usize = 0;
 
 /// How often a transaction is tried when the group's generation moved on.
 const GENERATION_ATTEMPTS: u32 = 8;

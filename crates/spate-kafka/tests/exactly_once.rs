@@ -373,3 +373,29 @@ fn a_batch_waiting_for_a_dead_producers_pending_offsets_holds_up_no_other_batch_
     written.sort();
     assert_eq!(written, ["p0", "p1"]);
 }
+
+#[test]
+fn a_delivery_error_of_an_aborted_transaction_does_not_fail_the_next_commit() {
+    let input = unique("txn-stale-in");
+    let output = unique("txn-stale-out");
+    create_topic(&input, 1);
+    create_topic(&output, 1);
+    produce(&input, 1, values(0..10));
+    let group = unique("txn-stale-group");
+    let sink = TransactionalKafkaSink::new(&brokers(), output.as_str(), &unique("txn-stale-app"), &group).unwrap();
+    let range = |from, until| OffsetRanges::new(vec![spate_kafka::OffsetRange::new(input.clone(), 0, from, until)]);
+
+    // Batch 0 queues 20 MB, more than the producer has in flight at once,
+    // then a record to a partition the topic does not have: the transaction
+    // aborts, and the records still queued fail with it.
+    let mut records: Vec<OutputRecord> = (0..200).map(|_| OutputRecord::value(vec![b'x'; 100_000])).collect();
+    records.push(OutputRecord::value("nowhere").to_partition(99));
+    let refused = sink.write_batch(BatchId(0), &range(0, 5), records);
+    assert!(refused.is_err(), "a record to no partition fails its batch: {refused:?}");
+    // The re-run of batch 0 commits, and says so.
+    let rerun = sink.write_batch(BatchId(0), &range(0, 5), [OutputRecord::value("small")]);
+    assert_eq!(rerun.unwrap(), CommitOutcome::Committed, "the aborted transaction's errors are not this one's");
+    let next = sink.write_batch(BatchId(1), &range(5, 10), [OutputRecord::value("next")]);
+    assert_eq!(next.unwrap(), CommitOutcome::Committed);
+    assert_eq!(read_committed(&output, 1), ["small", "next"]);
+}

@@ -174,3 +174,74 @@ fn members_of_the_broker_side_protocol_split_the_partitions_too() {
     a.wait("a owns all four again", |owned| owned.len() == 4);
     drop(member_a);
 }
+
+/// Commits a batch of each partition it gives up gracefully, as a task
+/// stopped on revocation finishes its batch in flight, and keeps the outcome.
+#[derive(Default)]
+struct CommitsOnRevoke {
+    transactions: Mutex<Option<Arc<MemberTransactions>>>,
+    output: String,
+    outcomes: Mutex<Vec<(TopicPartition, Result<CommitOutcome, String>)>>,
+    owned: Owned,
+}
+
+impl AssignmentListener for CommitsOnRevoke {
+    fn on_revoked(&self, partitions: &[TopicPartition], lost: bool) {
+        let transactions = self.transactions.lock().unwrap().clone();
+        if let Some(transactions) = transactions.filter(|_| !lost) {
+            for tp in partitions {
+                let ranges = OffsetRanges::new(vec![OffsetRange::new(tp.topic.clone(), tp.partition, 0, 5)]);
+                let record = (self.output.as_str(), OutputRecord::value(format!("last of {tp}")));
+                let outcome = transactions.write_batch(&tp.to_string(), BatchId(0), &ranges, [record]);
+                self.outcomes.lock().unwrap().push((tp.clone(), outcome.map_err(|e| e.to_string())));
+            }
+        }
+        self.owned.on_revoked(partitions, lost);
+    }
+
+    fn on_assigned(&self, partitions: &[TopicPartition]) {
+        self.owned.on_assigned(partitions);
+    }
+}
+
+/// A second member joins; the first commits the batch in flight of each
+/// partition it hands over, inside the revocation.
+fn a_batch_in_flight_commits_when_its_partition_is_handed_over(protocol: spate_kafka::GroupProtocol) {
+    let input = unique("handover-in");
+    let output = unique("handover-out");
+    create_topic(&input, 2);
+    create_topic(&output, 1);
+    produce(&input, 2, values(0..20));
+    let group = unique("app");
+    let settings = GroupSettings { protocol, ..settings() };
+    let a = Arc::new(CommitsOnRevoke { output: output.clone(), ..CommitsOnRevoke::default() });
+    let topics = [input.clone()];
+    let member_a = Arc::new(GroupMember::join(&brokers(), &group, &topics, &settings, a.clone()).unwrap());
+    a.owned.wait("a owns both", |owned| owned.len() == 2);
+    let transactions =
+        MemberTransactions::new(&brokers(), &unique("handover-tx"), Arc::clone(&member_a), Duration::from_secs(10))
+            .unwrap();
+    *a.transactions.lock().unwrap() = Some(Arc::new(transactions));
+
+    let b = Arc::new(Owned::default());
+    let member_b = GroupMember::join(&brokers(), &group, &topics, &settings, b.clone()).unwrap();
+    let handed_over = b.wait("b owns one", |owned| owned.len() == 1);
+    a.transactions.lock().unwrap().take();
+    let outcomes = a.outcomes.lock().unwrap().clone();
+    let handed_over: Vec<TopicPartition> = handed_over.into_iter().collect();
+    assert_eq!(outcomes.iter().map(|(tp, _)| tp.clone()).collect::<Vec<_>>(), handed_over, "{outcomes:?}");
+    assert_eq!(outcomes[0].1, Ok(CommitOutcome::Committed), "the batch commits inside the revocation");
+    assert_eq!(read_committed(&output, 1), [format!("last of {}", handed_over[0])]);
+    member_b.leave().unwrap();
+    member_a.leave().unwrap();
+}
+
+#[test]
+fn a_batch_in_flight_commits_when_its_partition_is_handed_over_cooperatively() {
+    a_batch_in_flight_commits_when_its_partition_is_handed_over(spate_kafka::GroupProtocol::CooperativeSticky);
+}
+
+#[test]
+fn a_batch_in_flight_commits_when_its_partition_is_handed_over_by_the_broker_side_protocol() {
+    a_batch_in_flight_commits_when_its_partition_is_handed_over(spate_kafka::GroupProtocol::Consumer);
+}
