@@ -351,7 +351,7 @@ impl WatchArgs {
 /// shared by every command that takes a checkpoint. A flag left out comes
 /// from the usual AWS environment variable; all are ignored for a local
 /// directory.
-#[derive(Debug, Clone, Default, Args)]
+#[derive(Clone, Default, Args)]
 #[command(next_help_heading = "Checkpoints in S3 (each flag left out comes from its AWS_* environment variable)")]
 pub struct S3Args {
     /// The S3 endpoint, e.g. http://127.0.0.1:8333 (default: AWS_ENDPOINT_URL, else AWS itself).
@@ -370,6 +370,19 @@ pub struct S3Args {
     /// Allow a plain http:// endpoint (default: AWS_ALLOW_HTTP).
     #[arg(long)]
     pub s3_allow_http: bool,
+}
+
+impl std::fmt::Debug for S3Args {
+    // Never print a credential: the access key id shows only as set or not.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("S3Args")
+            .field("s3_endpoint", &self.s3_endpoint)
+            .field("s3_region", &self.s3_region)
+            .field("s3_access_key_id", &spate_logstore::redacted(&self.s3_access_key_id))
+            .field("s3_secret_access_key_file", &self.s3_secret_access_key_file)
+            .field("s3_allow_http", &self.s3_allow_http)
+            .finish()
+    }
 }
 
 /// `spate checkpoint …`.

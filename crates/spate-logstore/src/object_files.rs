@@ -35,13 +35,23 @@ pub struct ObjectStoreFileManager {
     inner: Arc<Inner>,
 }
 
-#[derive(Debug)]
 struct Inner {
     /// The location as given (`s3://bucket/prefix`): paths under it map to keys.
     root: PathBuf,
     prefix: Vec<String>,
     store: Arc<dyn ObjectStore>,
     runtime: Option<tokio::runtime::Runtime>,
+}
+
+impl std::fmt::Debug for Inner {
+    // Not the client: its configuration holds the credentials.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Inner")
+            .field("root", &self.root)
+            .field("prefix", &self.prefix)
+            .field("store", &format_args!("{}", self.store))
+            .finish_non_exhaustive()
+    }
 }
 
 impl Drop for Inner {
@@ -375,6 +385,21 @@ mod tests {
 
     fn files() -> ObjectStoreFileManager {
         ObjectStoreFileManager::with_store(Path::new(LOCATION), "ck", Arc::new(InMemory::new())).unwrap()
+    }
+
+    #[test]
+    fn a_connected_file_manager_prints_no_credential() {
+        let settings = ObjectStoreSettings {
+            endpoint: Some("http://127.0.0.1:1".into()),
+            region: Some("us-east-1".into()),
+            access_key_id: Some("AKIAEXAMPLEKEYID".into()),
+            secret_access_key: Some("hunter2".into()),
+            allow_http: Some(true),
+        };
+        let files = ObjectStoreFileManager::connect(Path::new(LOCATION), &settings).unwrap();
+        let printed = format!("{files:?}");
+        assert!(!printed.contains("AKIAEXAMPLEKEYID") && !printed.contains("hunter2"), "{printed}");
+        assert!(printed.contains(LOCATION), "{printed}");
     }
 
     #[test]
