@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use spate_core::{BatchId, Duration, Time};
-use spate_dstream::{FxHashMap, Views};
+use spate_dstream::{KeyHashMap, Views};
 use spate_receiver::{GeneratorConfig, GeneratorReceiver, WordGenerator};
 
 use crate::context::{PipelineBuilder, StreamingContext};
@@ -177,7 +177,7 @@ pub fn word_count_pipeline(p: &mut PipelineBuilder, options: &DemoOptions) -> Re
 /// Counts the words of one partition: one hash-map probe per word, and a
 /// copy of a word only the first time the partition has it.
 fn count_words(words: Views<'_, String>) -> Vec<(String, u64)> {
-    let mut counts: FxHashMap<String, u64> = FxHashMap::default();
+    let mut counts: KeyHashMap<String, u64> = KeyHashMap::default();
     for word in words {
         match counts.get_mut(word) {
             Some(count) => *count += 1,
