@@ -293,6 +293,12 @@ pub struct MemoryArgs {
     /// folder].
     #[arg(long, value_name = "DIR")]
     pub spill_dir: Option<std::path::PathBuf>,
+
+    /// Bytes the spilled blocks of every input may take on disk together (e.g. 4G); when they
+    /// are full, a receiver waits until a batch has read blocks out, and the log says so
+    /// [default: 16 times --max-memory].
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub max_spill: Option<u64>,
 }
 
 impl MemoryArgs {
@@ -300,6 +306,7 @@ impl MemoryArgs {
     pub(crate) fn apply(&self, mut settings: spate_runtime::StreamingSettings) -> spate_runtime::StreamingSettings {
         settings.max_memory_bytes = self.max_memory;
         settings.spill_dir = self.spill_dir.clone();
+        settings.max_spill_bytes = self.max_spill;
         settings
     }
 }
@@ -319,7 +326,7 @@ fn parse_size(text: &str) -> Result<u64, String> {
     };
     let bytes = number.checked_mul(1 << shift).ok_or_else(|| format!("{text:?} is too large"))?;
     if bytes == 0 {
-        return Err("the memory budget must be positive".into());
+        return Err("a size must be positive".into());
     }
     Ok(bytes)
 }
@@ -569,5 +576,19 @@ mod tests {
             let error = Cli::try_parse_from(["spate", "demo", "--max-memory", bad]).unwrap_err().to_string();
             assert!(error.contains("--max-memory"), "{bad}: {error}");
         }
+    }
+
+    #[test]
+    fn the_spill_limit_is_a_size_and_by_default_a_multiple_of_the_memory_budget() {
+        let second = spate_core::Duration::from_secs(1);
+        let Command::Demo(demo) = Cli::try_parse_from(["spate", "demo", "--max-memory", "64M"]).unwrap().command else {
+            panic!()
+        };
+        assert_eq!(demo.memory.apply(spate_runtime::StreamingSettings::new(second)).spill_limit(), 1 << 30);
+        let cli = Cli::try_parse_from(["spate", "demo", "--max-spill", "2G"]).unwrap();
+        let Command::Demo(demo) = cli.command else { panic!() };
+        assert_eq!(demo.memory.apply(spate_runtime::StreamingSettings::new(second)).spill_limit(), 2 << 30);
+        let error = Cli::try_parse_from(["spate", "demo", "--max-spill", "0"]).unwrap_err().to_string();
+        assert!(error.contains("--max-spill"), "{error}");
     }
 }

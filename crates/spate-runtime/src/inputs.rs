@@ -70,6 +70,15 @@ pub(crate) struct CheckpointHome<'a> {
     pub(crate) fence: &'a Arc<dyn WriterFence>,
 }
 
+/// Where an input's blocks spill beyond the memory budget: the folder its
+/// spill area is made in, and the bytes the spill areas of every input
+/// may hold together.
+#[derive(Clone, Copy)]
+pub(crate) struct SpillPlace<'a> {
+    pub(crate) base: &'a Path,
+    pub(crate) budget: &'a Arc<MemoryBudget>,
+}
+
 /// A receiver input with its record type erased, as the driver drives it.
 /// What feeding a batch's blocks to the graph gave.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -91,14 +100,14 @@ pub(crate) trait ReceiverInput: Send {
     /// `checkpoint` is the checkpoint directory and the writer fence its
     /// WAL checks before every change.
     /// Its blocks draw on `memory`, the budget every input shares; those
-    /// of an input whose reader gathers the whole batch spill under
-    /// `spill_base` beyond it.
+    /// of an input whose reader gathers the whole batch spill beyond it to
+    /// `spill`, within its budget.
     fn open(
         &mut self,
         checkpoint: Option<CheckpointHome<'_>>,
         clock: &Arc<dyn Clock>,
         memory: &Arc<MemoryBudget>,
-        spill_base: &Path,
+        spill: SpillPlace<'_>,
     ) -> Result<(), RuntimeError>;
     /// Starts the receiver, reporting blocks to `tracker`.
     fn start(
@@ -449,7 +458,7 @@ impl<T: Record + Data, R: Receiver<T>> ReceiverInput for TypedReceiverInput<T, R
         checkpoint: Option<CheckpointHome<'_>>,
         clock: &Arc<dyn Clock>,
         memory: &Arc<MemoryBudget>,
-        spill_base: &Path,
+        spill: SpillPlace<'_>,
     ) -> Result<(), RuntimeError> {
         let mut config = BlockManagerConfig::in_memory(memory.limit()).sharing(Arc::clone(memory));
         // An eighth: a block's size in memory may be several times its
@@ -466,8 +475,9 @@ impl<T: Record + Data, R: Receiver<T>> ReceiverInput for TypedReceiverInput<T, R
             // without it, a restart loses unprocessed blocks whatever the level.
             if self.options.write_ahead_log { StorageLevel::MEMORY_ONLY_SER } else { StorageLevel::MEMORY_ONLY }
         } else {
-            let area = SpillArea::create(spill_base, self.stream_id)?;
+            let area = SpillArea::create(spill.base, self.stream_id)?;
             config.disk_dir = Some(area.0.clone());
+            config.spill_budget = Some(Arc::clone(spill.budget));
             self.spill_area = Some(area);
             StorageLevel::MEMORY_AND_DISK_SER
         };

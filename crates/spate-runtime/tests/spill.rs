@@ -1,6 +1,8 @@
 //! A received input read by a whole-batch operator does not hold its
 //! receiver back at the memory budget: its blocks beyond the budget spill
 //! to the disk store until their batch gathers them, on the manual clock.
+//! The spill area is bounded in turn: past its limit the receiver waits for
+//! batches to read blocks out, and every record still arrives once.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -82,5 +84,53 @@ fn blocks_waiting_for_a_whole_batch_operator_spill_past_the_budget_and_the_batch
     let mut expected = WordGenerator::new(11).words(0, WORDS as usize);
     expected.sort();
     assert_eq!(gathered.lock().unwrap()[0], expected, "batch 0 is every word, in order once sorted");
+    assert_eq!(spill_areas(spill.path()), 0, "the spill area goes with the input");
+}
+
+#[test]
+fn a_spill_area_smaller_than_the_input_holds_the_receiver_back_and_every_word_arrives_once() {
+    let (dir, spill) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let clock = ManualClock::new(Time::from_millis(1_000_000));
+    // 64 KiB of memory and 64 KiB on disk: together well short of the 20,000 words.
+    let mut settings = StreamingSettings::new(Duration::from_secs(1))
+        .with_clock(Arc::new(clock.clone()))
+        .with_backpressure(BackpressureSettings { enabled: false, ..BackpressureSettings::default() })
+        .with_spill_dir(spill.path())
+        .with_max_spill_bytes(64 << 10);
+    settings.max_memory_bytes = 64 << 10;
+    let gathered = Arc::new(Mutex::new(Vec::new()));
+    let sink = Arc::clone(&gathered);
+    let mut ctx = StreamingContext::get_or_create(dir.path(), settings, move |p| {
+        let options = ReceiverOptions { max_block_records: Some(500), ..ReceiverOptions::default() };
+        let mut generator = GeneratorConfig::new(11);
+        generator.total_records = Some(WORDS);
+        let words = p.receiver_stream("words", options, move |resume| {
+            GeneratorReceiver::resuming_at(generator, resume.records_stored)
+        });
+        words.transform(|batch: Batch<String>, _| Ok(batch)).foreach_batch(move |batch, _| {
+            sink.lock().unwrap().extend(batch.iter().cloned());
+            Ok(())
+        });
+        Ok(())
+    })
+    .unwrap();
+    ctx.start().unwrap();
+    // One batch after another, each reading out what the receiver stored,
+    // until every word has arrived.
+    let mut batch = 0;
+    while gathered.lock().unwrap().len() < WORDS as usize {
+        assert!(batch < 2_000, "{batch} batches and still words missing: the receiver is stuck");
+        clock.advance(Duration::from_secs(1));
+        assert!(ctx.await_committed(BatchId(batch), StdDuration::from_secs(60)), "batch {batch}: {:?}", ctx.failure());
+        batch += 1;
+    }
+    ctx.stop_handle().stop_gracefully();
+    ctx.await_termination().unwrap();
+
+    let mut words = gathered.lock().unwrap().clone();
+    words.sort();
+    let mut expected = WordGenerator::new(11).words(0, WORDS as usize);
+    expected.sort();
+    assert_eq!(words, expected, "every word arrives, once");
     assert_eq!(spill_areas(spill.path()), 0, "the spill area goes with the input");
 }
