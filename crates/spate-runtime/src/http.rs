@@ -177,7 +177,12 @@ pub(crate) fn accept_each(
                 handle(stream);
             }
             Err(e) => {
-                debug!(error = %e, pause_ms = next_pause.as_millis(), "accepting an HTTP connection failed");
+                // Said once a streak: a failing accept would otherwise fill the log.
+                if next_pause == ACCEPT_PAUSE_FIRST {
+                    warn!(error = %e, "accepting an HTTP connection failed; retrying at a slowing pace");
+                } else {
+                    debug!(error = %e, pause_ms = next_pause.as_millis(), "accepting an HTTP connection failed");
+                }
                 pause(next_pause);
                 next_pause = (next_pause * 2).min(ACCEPT_PAUSE_MAX);
             }

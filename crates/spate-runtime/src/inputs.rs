@@ -75,7 +75,9 @@ pub(crate) struct CheckpointHome<'a> {
 /// may hold together.
 #[derive(Clone, Copy)]
 pub(crate) struct SpillPlace<'a> {
+    /// The folder spill areas are made in.
     pub(crate) base: &'a Path,
+    /// The bytes every input's spilled blocks may take together.
     pub(crate) budget: &'a Arc<MemoryBudget>,
 }
 
