@@ -32,6 +32,9 @@ use crate::storage::StorageLevel;
 pub(crate) const BLOCKS_IN_MEMORY: &str = "spate_blocks_in_memory";
 /// Gauge of `/metrics`: estimated bytes of the blocks held in memory, per stream.
 pub(crate) const BLOCK_BYTES_IN_MEMORY: &str = "spate_block_bytes_in_memory";
+/// Counter of `/metrics`: blocks that waited for room in the full spill
+/// area, counted as the wait begins (so a receiver held back shows at once).
+pub(crate) const SPILL_WAITS: &str = "spate_spill_waits_total";
 
 /// Where a stored block is now.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -371,6 +374,7 @@ impl<T: Record> BlockManager<T> {
                  raise the spill limit (--max-spill) to let more blocks wait on disk"
             );
         }
+        metrics::counter!(SPILL_WAITS).increment(1);
         spill.reserve(bytes).map(|_| ()).map_err(|_| too_small())
     }
 

@@ -46,8 +46,6 @@ pub(crate) const MEMORY_BUDGET_WAITS: &str = "spate_memory_budget_waits_total";
 pub(crate) const SPILL_USED: &str = "spate_spill_used_bytes";
 /// The spill limit (`--max-spill`), bytes.
 pub(crate) const SPILL_LIMIT: &str = "spate_spill_limit_bytes";
-/// Blocks that had to wait for room in the full spill area (backpressure).
-pub(crate) const SPILL_WAITS: &str = "spate_spill_waits_total";
 /// Per partition, records not read yet (spate-kafka records it).
 pub(crate) const KAFKA_CONSUMER_LAG: &str = "spate_kafka_consumer_lag";
 
@@ -128,7 +126,7 @@ fn describe() {
     describe_counter!(MEMORY_BUDGET_WAITS, "Blocks that waited for room in the memory budget (backpressure).");
     describe_gauge!(SPILL_USED, "Bytes the received blocks spilled to disk take (within --max-spill).");
     describe_gauge!(SPILL_LIMIT, "The spill limit (--max-spill), bytes.");
-    describe_counter!(SPILL_WAITS, "Blocks that waited for room in the full spill area (backpressure).");
+    describe_counter!("spate_spill_waits_total", "Blocks that waited for room in the full spill area (backpressure).");
     describe_gauge!(KAFKA_CONSUMER_LAG, "Records of a Kafka partition not read yet after the last planned batch.");
     describe_counter!("spate_kafka_transactions_committed_total", "Output transactions committed, per topic.");
     describe_counter!("spate_kafka_transactions_aborted_total", "Output transactions aborted, per topic.");
@@ -156,7 +154,6 @@ pub(crate) fn record_memory(budget: &MemoryBudget, spill: &MemoryBudget) {
     counter!(MEMORY_BUDGET_WAITS).absolute(budget.waits());
     gauge!(SPILL_USED).set(spill.used() as f64);
     gauge!(SPILL_LIMIT).set(spill.limit() as f64);
-    counter!(SPILL_WAITS).absolute(spill.waits());
 }
 
 /// The verdicts of [`RECOVERY_VERDICT`].

@@ -6,6 +6,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
 use std::sync::{Arc, Mutex};
 use std::time::Duration as StdDuration;
 
@@ -87,17 +89,28 @@ fn blocks_waiting_for_a_whole_batch_operator_spill_past_the_budget_and_the_batch
     assert_eq!(spill_areas(spill.path()), 0, "the spill area goes with the input");
 }
 
+/// The value of the counter `name` in the `/metrics` of `addr` (0 while absent).
+fn counter(addr: SocketAddr, name: &str) -> u64 {
+    let mut stream = TcpStream::connect(addr).unwrap();
+    write!(stream, "GET /metrics HTTP/1.1\r\nHost: {addr}\r\n\r\n").unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).unwrap();
+    let line = answer.lines().find(|line| line.split_whitespace().next() == Some(name));
+    line.and_then(|line| line.split_whitespace().nth(1)).map_or(0, |value| value.parse::<f64>().unwrap() as u64)
+}
+
 #[test]
-fn a_spill_area_smaller_than_the_input_holds_the_receiver_back_and_every_word_arrives_once() {
+fn a_full_spill_area_holds_the_receiver_back_until_batches_read_it_out_and_every_word_arrives_once() {
     let (dir, spill) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let clock = ManualClock::new(Time::from_millis(1_000_000));
-    // 64 KiB of memory and 64 KiB on disk: together well short of the 20,000 words.
+    // 16 KiB of memory and 16 KiB on disk: together far short of the 20,000 words.
     let mut settings = StreamingSettings::new(Duration::from_secs(1))
         .with_clock(Arc::new(clock.clone()))
         .with_backpressure(BackpressureSettings { enabled: false, ..BackpressureSettings::default() })
         .with_spill_dir(spill.path())
-        .with_max_spill_bytes(64 << 10);
-    settings.max_memory_bytes = 64 << 10;
+        .with_max_spill_bytes(16 << 10)
+        .with_metrics_addr("127.0.0.1:0".parse().unwrap());
+    settings.max_memory_bytes = 16 << 10;
     let gathered = Arc::new(Mutex::new(Vec::new()));
     let sink = Arc::clone(&gathered);
     let mut ctx = StreamingContext::get_or_create(dir.path(), settings, move |p| {
@@ -115,8 +128,13 @@ fn a_spill_area_smaller_than_the_input_holds_the_receiver_back_and_every_word_ar
     })
     .unwrap();
     ctx.start().unwrap();
-    // One batch after another, each reading out what the receiver stored,
-    // until every word has arrived.
+    let metrics = ctx.metrics_addr().unwrap();
+    // The clock stands still, so no batch reads a block out: once memory
+    // and the spill area are full, the receiver waits.
+    eventually("the receiver waits for room in the full spill area", || {
+        counter(metrics, "spate_spill_waits_total") >= 1
+    });
+    // Then one batch after another reads out what the receiver stored, until every word has arrived.
     let mut batch = 0;
     while gathered.lock().unwrap().len() < WORDS as usize {
         assert!(batch < 2_000, "{batch} batches and still words missing: the receiver is stuck");
