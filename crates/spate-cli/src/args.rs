@@ -313,6 +313,12 @@ pub struct MemoryArgs {
     /// folder].
     #[arg(long, value_name = "DIR")]
     pub spill_dir: Option<std::path::PathBuf>,
+
+    /// Bytes the spilled blocks of every input may take on disk together (e.g. 4G); when they
+    /// are full, a receiver waits until a batch has read blocks out, and the log says so
+    /// [default: 16 times --max-memory].
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub max_spill: Option<u64>,
 }
 
 impl MemoryArgs {
@@ -320,6 +326,7 @@ impl MemoryArgs {
     pub(crate) fn apply(&self, mut settings: spate_runtime::StreamingSettings) -> spate_runtime::StreamingSettings {
         settings.max_memory_bytes = self.max_memory;
         settings.spill_dir = self.spill_dir.clone();
+        settings.max_spill_bytes = self.max_spill;
         settings
     }
 }
@@ -339,7 +346,7 @@ fn parse_size(text: &str) -> Result<u64, String> {
     };
     let bytes = number.checked_mul(1 << shift).ok_or_else(|| format!("{text:?} is too large"))?;
     if bytes == 0 {
-        return Err("the memory budget must be positive".into());
+        return Err("a size must be positive".into());
     }
     Ok(bytes)
 }
@@ -371,7 +378,7 @@ impl WatchArgs {
 /// shared by every command that takes a checkpoint. A flag left out comes
 /// from the usual AWS environment variable; all are ignored for a local
 /// directory.
-#[derive(Debug, Clone, Default, Args)]
+#[derive(Clone, Default, Args)]
 #[command(next_help_heading = "Checkpoints in S3 (each flag left out comes from its AWS_* environment variable)")]
 pub struct S3Args {
     /// The S3 endpoint, e.g. http://127.0.0.1:8333 (default: AWS_ENDPOINT_URL, else AWS itself).
@@ -390,6 +397,19 @@ pub struct S3Args {
     /// Allow a plain http:// endpoint (default: AWS_ALLOW_HTTP).
     #[arg(long)]
     pub s3_allow_http: bool,
+}
+
+impl std::fmt::Debug for S3Args {
+    // Never print a credential: the access key id shows only as set or not.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("S3Args")
+            .field("s3_endpoint", &self.s3_endpoint)
+            .field("s3_region", &self.s3_region)
+            .field("s3_access_key_id", &spate_logstore::redacted(&self.s3_access_key_id))
+            .field("s3_secret_access_key_file", &self.s3_secret_access_key_file)
+            .field("s3_allow_http", &self.s3_allow_http)
+            .finish()
+    }
 }
 
 /// `spate checkpoint …`.
@@ -576,5 +596,19 @@ mod tests {
             let error = Cli::try_parse_from(["spate", "demo", "--max-memory", bad]).unwrap_err().to_string();
             assert!(error.contains("--max-memory"), "{bad}: {error}");
         }
+    }
+
+    #[test]
+    fn the_spill_limit_is_a_size_and_by_default_a_multiple_of_the_memory_budget() {
+        let second = spate_core::Duration::from_secs(1);
+        let Command::Demo(demo) = Cli::try_parse_from(["spate", "demo", "--max-memory", "64M"]).unwrap().command else {
+            panic!()
+        };
+        assert_eq!(demo.memory.apply(spate_runtime::StreamingSettings::new(second)).spill_limit(), 1 << 30);
+        let cli = Cli::try_parse_from(["spate", "demo", "--max-spill", "2G"]).unwrap();
+        let Command::Demo(demo) = cli.command else { panic!() };
+        assert_eq!(demo.memory.apply(spate_runtime::StreamingSettings::new(second)).spill_limit(), 2 << 30);
+        let error = Cli::try_parse_from(["spate", "demo", "--max-spill", "0"]).unwrap_err().to_string();
+        assert!(error.contains("--max-spill"), "{error}");
     }
 }

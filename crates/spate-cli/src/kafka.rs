@@ -253,9 +253,9 @@ mod tests {
 
     #[test]
     fn a_batch_reads_a_quarter_of_the_memory_budget_at_most_unless_told() {
-        let memory = MemoryArgs { max_memory: 64 << 20, spill_dir: None };
+        let memory = MemoryArgs { max_memory: 64 << 20, spill_dir: None, max_spill: None };
         assert_eq!(batch_bytes(&memory, None).unwrap(), 16 << 20);
-        let large = MemoryArgs { max_memory: 4 << 30, spill_dir: None };
+        let large = MemoryArgs { max_memory: 4 << 30, spill_dir: None, max_spill: None };
         assert_eq!(batch_bytes(&large, None).unwrap(), spate_kafka::DEFAULT_MAX_BYTES_PER_BATCH);
         assert_eq!(batch_bytes(&memory, Some(1 << 20)).unwrap(), 1 << 20);
         let error = batch_bytes(&memory, Some(1 << 30)).unwrap_err().to_string();

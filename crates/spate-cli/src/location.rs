@@ -49,6 +49,23 @@ mod tests {
     use crate::error::ExitCode;
 
     #[test]
+    fn the_flags_print_no_credential() {
+        let args = S3Args { s3_access_key_id: Some("AKIAEXAMPLEKEYID".into()), ..S3Args::default() };
+        let printed = format!("{args:?}");
+        assert!(!printed.contains("AKIAEXAMPLEKEYID"), "{printed}");
+        let command = <crate::args::Cli as clap::Parser>::try_parse_from([
+            "spate",
+            "checkpoint",
+            "inspect",
+            "s3://b/ck",
+            "--s3-access-key-id",
+            "AKIAEXAMPLEKEYID",
+        ]);
+        let printed = format!("{:?}", command.unwrap());
+        assert!(!printed.contains("AKIAEXAMPLEKEYID"), "{printed}");
+    }
+
+    #[test]
     fn the_secret_is_read_from_its_file_without_the_trailing_newline() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("secret");

@@ -573,6 +573,44 @@ fn seconds_stops_the_demo_gracefully_and_releases_the_lock() {
     assert_eq!(state["verdict"]["kind"], "resume");
 }
 
+/// Every path under `dir` (itself included) with its permission bits.
+fn modes_under(dir: &Path) -> Vec<(PathBuf, u32, bool)> {
+    use std::os::unix::fs::PermissionsExt;
+    let mut found = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(path) = todo.pop() {
+        let meta = std::fs::symlink_metadata(&path).unwrap();
+        if meta.is_dir() {
+            todo.extend(std::fs::read_dir(&path).unwrap().map(|e| e.unwrap().path()));
+        }
+        found.push((path, meta.permissions().mode() & 0o777, meta.is_dir()));
+    }
+    found
+}
+
+#[test]
+fn everything_the_demo_writes_under_its_checkpoint_is_owner_only() {
+    let root = tempfile::tempdir().unwrap();
+    let checkpoint = root.path().join("ck");
+    let ck = path_str(&checkpoint);
+    // Under the usual umask a file made without a mode of its own is world-readable.
+    let run = Command::new("sh")
+        .args(["-c", "umask 022 && exec \"$0\" \"$@\"", SPATE])
+        .args(demo_args(ck, &["--quiet", "--until-batch", "3"]))
+        .env_remove("RUST_LOG")
+        .output()
+        .unwrap();
+    assert_eq!(run.status.code(), Some(0), "{}", text(&run.stderr));
+    let output = checkpoint.join("output");
+    assert!(batch_counts(&output).len() >= 3, "the demo wrote its output under the checkpoint");
+    for (path, mode, is_dir) in modes_under(&checkpoint) {
+        assert_eq!(mode & 0o077, 0, "{} is open to others: {mode:o}", path.display());
+        if path.starts_with(&output) {
+            assert_eq!(mode, if is_dir { 0o700 } else { 0o600 }, "{}", path.display());
+        }
+    }
+}
+
 /// A task checkpoint of an application under `<app>/tasks/<name>`: batches
 /// `0..planned` logged (the one source read up to `(id + 1) * 100`), those
 /// in `committed` committed; returned open, holding its lock.

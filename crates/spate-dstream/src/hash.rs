@@ -1,13 +1,25 @@
-//! A fast, non-cryptographic hasher for shuffles and per-key maps.
+//! The two hashes of keys: a fixed one that places keys in partitions, and
+//! a seeded one inside the per-key maps.
 //!
-//! Keys in a stream come from the pipeline's own data, and SipHash (std's
-//! default, built to resist flooding by untrusted keys) costs several times
-//! more per key than this multiply-rotate hash in the inner loops of
-//! `reduce_by_key` and the windows. The partitioner mixes the hash once more
-//! so that the bits choosing a partition are not the bits the maps use.
+//! [`partition_of`] routes a key to its partition (and to a repartition
+//! topic's Kafka partition), so its hash, [`FxHasher`], is fixed: the same
+//! key bytes go to the same partition in every run, on every machine. It
+//! is a multiply-rotate hash, and the partitioner mixes it once more so
+//! that the bits choosing a partition are not the bits a map uses.
+//!
+//! The maps of `reduce_by_key`, the windows and the keyed state
+//! ([`KeyHashMap`]) hash with foldhash under a seed drawn at random for the
+//! process (and varied per map). Their keys come from records anyone who
+//! can produce to a topic writes, and a fixed-seed multiply hash lets such a
+//! producer build keys that all collide (under FxHasher, whatever state it
+//! starts from, the words `(a, b)` and `(a', b + (a - a')K)` end alike),
+//! which turns every map operation into a scan. foldhash costs about what
+//! FxHasher does, where SipHash (std's default) costs several times more in
+//! these inner loops. Nothing persists a map's order: a state snapshot is
+//! read back into maps by key.
 
 use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hash, Hasher};
+use std::hash::{Hash, Hasher};
 
 /// The multiplier of the FxHash family (an odd constant with well spread bits).
 const SEED: u64 = 0xf135_7aea_2e62_a9c5;
@@ -95,13 +107,14 @@ fn tail_word(rest: &[u8]) -> u64 {
     word
 }
 
-/// Builds [`FxHasher`]s.
-pub type FxBuildHasher = BuildHasherDefault<FxHasher>;
+/// Builds the hashers of the per-key maps: foldhash, seeded at random (see
+/// the module doc). Each `default()` is seeded apart.
+pub type KeyHashState = foldhash::fast::RandomState;
 
-/// A `HashMap` keyed through [`FxHasher`].
-pub type FxHashMap<K, V> = HashMap<K, V, FxBuildHasher>;
+/// A `HashMap` of keys from the stream, hashed through [`KeyHashState`].
+pub type KeyHashMap<K, V> = HashMap<K, V, KeyHashState>;
 
-/// The [`FxHasher`] hash of `key`.
+/// The [`FxHasher`] hash of `key`: fixed, for placing keys (see [`partition_of`]).
 #[inline]
 pub fn fx_hash<K: Hash + ?Sized>(key: &K) -> u64 {
     let mut hasher = FxHasher::default();
@@ -122,14 +135,15 @@ pub fn partition_of<K: Hash + ?Sized>(key: &K, partitions: usize) -> usize {
     ((mixed * partitions as u64) >> 32) as usize
 }
 
-/// An empty [`FxHashMap`] with room for `capacity` entries.
-pub(crate) fn map_with_capacity<K, V>(capacity: usize) -> FxHashMap<K, V> {
-    FxHashMap::with_capacity_and_hasher(capacity, FxBuildHasher::default())
+/// An empty [`KeyHashMap`] with room for `capacity` entries.
+pub(crate) fn map_with_capacity<K, V>(capacity: usize) -> KeyHashMap<K, V> {
+    KeyHashMap::with_capacity_and_hasher(capacity, KeyHashState::default())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::hash::BuildHasher;
 
     #[test]
     fn equal_keys_hash_equal_and_partitions_are_in_range() {
@@ -180,6 +194,36 @@ mod tests {
             padded[..len].copy_from_slice(&bytes[..len]);
             assert_eq!(tail_word(&bytes[..len]), u64::from_le_bytes(padded), "{len} bytes");
         }
+    }
+
+    /// `n` keys of 16 bytes that all end in one [`FxHasher`] state, whatever
+    /// it started from: with `K` the multiplier, the words `(a, b)` and
+    /// `(a', b + (a - a') * K)` leave the same state. Anyone producing to a
+    /// topic can write such keys.
+    fn colliding_keys(n: u64) -> Vec<Vec<u8>> {
+        (0..n)
+            .map(|a| {
+                let b = 0x5eed_u64.wrapping_sub(a.wrapping_mul(SEED));
+                [a.to_le_bytes(), b.to_le_bytes()].concat()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn keys_built_to_collide_under_the_partitioning_hash_spread_in_the_maps() {
+        let keys = colliding_keys(1000);
+        assert!(keys.iter().all(|k| fx_hash(k) == fx_hash(&keys[0])), "the keys collide under the fixed hash");
+        let map = map_with_capacity::<Vec<u8>, ()>(0);
+        let hashes: std::collections::HashSet<u64> = keys.iter().map(|k| map.hasher().hash_one(k)).collect();
+        assert!(hashes.len() > 990, "{} distinct hashes of 1000 keys in a map", hashes.len());
+    }
+
+    #[test]
+    fn the_maps_hashes_are_seeded_at_random() {
+        let (one, other) = (map_with_capacity::<&str, ()>(0), map_with_capacity::<&str, ()>(0));
+        let differ =
+            ["spate", "stream", "kafka"].iter().filter(|k| one.hasher().hash_one(k) != other.hasher().hash_one(k));
+        assert_eq!(differ.count(), 3, "two maps hash alike: their seed is fixed");
     }
 
     #[test]

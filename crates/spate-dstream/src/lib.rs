@@ -120,7 +120,7 @@ pub use event_time::{
     Timed, TimedState, Watermarks, Window, WindowResult, WithLate,
 };
 pub use graph::{BatchInfo, Graph, GraphBuilder, InputInfo, Job};
-pub use hash::{FxBuildHasher, FxHashMap, FxHasher, fx_hash, partition_of};
+pub use hash::{FxHasher, KeyHashMap, KeyHashState, fx_hash, partition_of};
 pub use node::PlannedOffsets;
 pub use output::Output;
 pub use source::{FedSource, InputSource, QueueSource};

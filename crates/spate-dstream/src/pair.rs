@@ -14,7 +14,7 @@ use crate::arrival::{ArrivalStage, ArrivalStep, Delivered};
 use crate::batch::{Batch, Data, Key};
 use crate::error::DStreamError;
 use crate::graph::Job;
-use crate::hash::{FxHashMap, map_with_capacity, partition_of};
+use crate::hash::{KeyHashMap, map_with_capacity, partition_of};
 use crate::node::{Node, NodeMeta, Slot, StepCtx};
 use crate::stream::DStream;
 
@@ -25,7 +25,7 @@ type Buckets<K, C> = Vec<Vec<(K, C)>>;
 
 fn split_by_partition<K: Key, C: Send>(
     ctx: &StepCtx<'_>,
-    maps: Vec<FxHashMap<K, C>>,
+    maps: Vec<KeyHashMap<K, C>>,
     partitions: usize,
 ) -> Result<Vec<Buckets<K, C>>, DStreamError> {
     let split = ctx.par(maps, |map| {
@@ -60,7 +60,7 @@ pub(crate) fn combine_partitioned<K, V, C, CF, MV, MC>(
     create: &CF,
     merge_value: &MV,
     merge_combiners: &MC,
-) -> Result<Vec<FxHashMap<K, C>>, DStreamError>
+) -> Result<Vec<KeyHashMap<K, C>>, DStreamError>
 where
     K: Key,
     V: Send,
@@ -78,8 +78,8 @@ fn combine_locally<K: Key, V, C>(
     part: Vec<(K, V)>,
     create: &impl Fn(V) -> C,
     merge_value: &impl Fn(&mut C, V),
-) -> FxHashMap<K, C> {
-    let mut map: FxHashMap<K, C> = map_with_capacity(64);
+) -> KeyHashMap<K, C> {
+    let mut map: KeyHashMap<K, C> = map_with_capacity(64);
     for (key, value) in part {
         match map.entry(key) {
             Entry::Occupied(mut slot) => merge_value(slot.get_mut(), value),
@@ -92,7 +92,7 @@ fn combine_locally<K: Key, V, C>(
 }
 
 /// Merges `combiner` into `map`'s entry for `key`.
-fn merge_entry<K: Key, C, M>(map: &mut FxHashMap<K, C>, key: K, combiner: C, merge_combiners: &M)
+fn merge_entry<K: Key, C, M>(map: &mut KeyHashMap<K, C>, key: K, combiner: C, merge_combiners: &M)
 where
     M: Fn(&mut C, C) + ?Sized,
 {
@@ -108,17 +108,17 @@ where
 /// key into `partitions` hash-partitioned maps.
 fn merge_partitioned<K: Key, C: Send, M>(
     ctx: &StepCtx<'_>,
-    local: Vec<FxHashMap<K, C>>,
+    local: Vec<KeyHashMap<K, C>>,
     partitions: usize,
     merge_combiners: &M,
-) -> Result<Vec<FxHashMap<K, C>>, DStreamError>
+) -> Result<Vec<KeyHashMap<K, C>>, DStreamError>
 where
     M: Fn(&mut C, C) + Sync + ?Sized,
 {
     let by_output = split_by_partition(ctx, local, partitions)?;
     ctx.par(by_output, |buckets| {
         let total: usize = buckets.iter().map(Vec::len).sum();
-        let mut merged: FxHashMap<K, C> = map_with_capacity(total);
+        let mut merged: KeyHashMap<K, C> = map_with_capacity(total);
         for (key, combiner) in buckets.into_iter().flatten() {
             merge_entry(&mut merged, key, combiner, merge_combiners);
         }
@@ -149,7 +149,7 @@ macro_rules! combines_on_arrival {
 }
 pub(crate) use combines_on_arrival;
 
-type LocalFn<K, V, C> = dyn Fn(Vec<(K, V)>) -> FxHashMap<K, C> + Send + Sync;
+type LocalFn<K, V, C> = dyn Fn(Vec<(K, V)>) -> KeyHashMap<K, C> + Send + Sync;
 type MergeFn<C> = dyn Fn(&mut C, C) + Send + Sync;
 
 /// The per-key aggregation a keyed operator starts each batch with: every
@@ -183,11 +183,11 @@ impl<K: Key, V: Data, C: Data> KeyedCombine<K, V, C> {
         &self,
         ctx: &StepCtx<'_>,
         batch: Option<Batch<(K, V)>>,
-    ) -> Result<Vec<FxHashMap<K, C>>, DStreamError> {
+    ) -> Result<Vec<KeyHashMap<K, C>>, DStreamError> {
         let mut local = Vec::new();
         if let Some(delivered) = &self.delivered {
             for part in delivered.take(ctx.time) {
-                let map = part.downcast::<FxHashMap<K, C>>().map_err(|_| DStreamError::Internal {
+                let map = part.downcast::<KeyHashMap<K, C>>().map_err(|_| DStreamError::Internal {
                     operator: ctx.operator.to_string(),
                     reason: "combined values of another type were delivered".into(),
                 })?;
@@ -216,7 +216,7 @@ impl<K: Key, V: Data, C: Data> KeyedCombine<K, V, C> {
         };
         let merge = Arc::clone(&self.merge);
         let join = move |parts: Vec<Box<dyn Any + Send>>| {
-            let mut maps = parts.into_iter().filter_map(|part| part.downcast::<FxHashMap<K, C>>().ok());
+            let mut maps = parts.into_iter().filter_map(|part| part.downcast::<KeyHashMap<K, C>>().ok());
             let mut all = maps.next().map(|first| *first).unwrap_or_default();
             for (key, combiner) in maps.flat_map(|map| *map) {
                 merge_entry(&mut all, key, combiner, &*merge);
@@ -280,7 +280,7 @@ pub(crate) fn partition_records<K: Key, V: Data>(
 /// Turns partitioned maps into a batch, one partition per map.
 pub(crate) fn maps_to_batch<K: Key, V: Data>(
     ctx: &StepCtx<'_>,
-    maps: Vec<FxHashMap<K, V>>,
+    maps: Vec<KeyHashMap<K, V>>,
 ) -> Result<Batch<(K, V)>, DStreamError> {
     Ok(Batch::new(ctx.par(maps, |map| map.into_iter().collect())?))
 }
@@ -429,7 +429,7 @@ where
     let right = partition_records(ctx, right.into_partitions(), partitions)?;
     let pairs: Vec<_> = left.into_iter().zip(right).collect();
     let out = ctx.par(pairs, |(left, right)| {
-        let mut by_key: FxHashMap<K, Vec<W>> = map_with_capacity(right.len());
+        let mut by_key: KeyHashMap<K, Vec<W>> = map_with_capacity(right.len());
         for (key, value) in right {
             by_key.entry(key).or_default().push(value);
         }

@@ -10,14 +10,14 @@ use spate_core::{CoreError, Duration, Time};
 use crate::batch::{Batch, Data, Key};
 use crate::error::DStreamError;
 use crate::graph::Job;
-use crate::hash::{FxHashMap, map_with_capacity, partition_of};
+use crate::hash::{KeyHashMap, map_with_capacity, partition_of};
 use crate::node::{Node, NodeMeta, Slot, StateMeta, StatefulNode, StepCtx, state_codec};
 use crate::pair::{combine_partitioned, partition_records};
 use crate::stream::DStream;
 
 /// Spreads entries over `partitions` maps by key.
-fn spread<K: Key, S>(entries: Vec<(K, S)>, partitions: usize) -> Vec<FxHashMap<K, S>> {
-    let mut maps: Vec<FxHashMap<K, S>> = (0..partitions).map(|_| map_with_capacity(0)).collect();
+fn spread<K: Key, S>(entries: Vec<(K, S)>, partitions: usize) -> Vec<KeyHashMap<K, S>> {
+    let mut maps: Vec<KeyHashMap<K, S>> = (0..partitions).map(|_| map_with_capacity(0)).collect();
     for (key, value) in entries {
         if let Some(map) = maps.get_mut(partition_of(&key, partitions)) {
             map.insert(key, value);
@@ -26,7 +26,7 @@ fn spread<K: Key, S>(entries: Vec<(K, S)>, partitions: usize) -> Vec<FxHashMap<K
     maps
 }
 
-fn respread<K: Key, S>(parts: &mut Vec<FxHashMap<K, S>>, partitions: usize) {
+fn respread<K: Key, S>(parts: &mut Vec<KeyHashMap<K, S>>, partitions: usize) {
     if parts.len() != partitions {
         let entries: Vec<(K, S)> = parts.drain(..).flatten().collect();
         *parts = spread(entries, partitions);
@@ -49,7 +49,7 @@ struct UpdateStateNode<K, V, S, F> {
     input: Arc<Slot<(K, V)>>,
     output: Arc<Slot<(K, S)>>,
     update: F,
-    parts: Vec<FxHashMap<K, S>>,
+    parts: Vec<KeyHashMap<K, S>>,
 }
 
 impl<K, V, S, F> Node for UpdateStateNode<K, V, S, F>
@@ -77,7 +77,7 @@ where
         let work: Vec<_> = self.parts.iter_mut().zip(groups).collect();
         let out = ctx.par(work, |(part, mut groups)| {
             let old = std::mem::take(part);
-            let mut next: FxHashMap<K, S> = map_with_capacity(old.len() + groups.len());
+            let mut next: KeyHashMap<K, S> = map_with_capacity(old.len() + groups.len());
             for (key, state) in old {
                 let values = groups.remove(&key).unwrap_or_default();
                 if let Some(state) = update(values, Some(state)) {
@@ -182,7 +182,7 @@ struct MapWithStateNode<K, V, S, M, F> {
     func: F,
     timeout: Option<Duration>,
     /// Per partition: each key's state and the last batch time it had data.
-    parts: Vec<FxHashMap<K, (S, Time)>>,
+    parts: Vec<KeyHashMap<K, (S, Time)>>,
 }
 
 impl<K, V, S, M, F> Node for MapWithStateNode<K, V, S, M, F>

@@ -245,12 +245,12 @@ impl<T: Data> DStream<T> {
     ///
     /// ```
     /// use std::sync::Arc;
-    /// use spate_dstream::{FxHashMap, GraphBuilder, QueueSource, Views};
+    /// use spate_dstream::{GraphBuilder, KeyHashMap, QueueSource, Views};
     ///
     /// let graph = GraphBuilder::new(spate_core::Duration::from_secs(1));
     /// let words = graph.input("words", Arc::new(QueueSource::<String>::new()));
     /// let counts = words.map_partitions_in_place(|words: Views<'_, String>| {
-    ///     let mut counts: FxHashMap<String, u64> = FxHashMap::default();
+    ///     let mut counts: KeyHashMap<String, u64> = KeyHashMap::default();
     ///     for word in words {
     ///         match counts.get_mut(word) {
     ///             Some(n) => *n += 1,

@@ -33,7 +33,7 @@ use spate_core::{CoreError, Duration, Time};
 use crate::batch::{Batch, Data, Key};
 use crate::error::DStreamError;
 use crate::graph::Job;
-use crate::hash::{FxHashMap, map_with_capacity, partition_of};
+use crate::hash::{KeyHashMap, map_with_capacity, partition_of};
 use crate::node::{Node, NodeMeta, Slot, StateMeta, StatefulNode, StepCtx, state_codec};
 use crate::pair::{KeyedCombine, combines_on_arrival};
 use crate::stream::DStream;
@@ -49,7 +49,7 @@ fn gcd(a: u64, b: u64) -> u64 {
 
 /// Merges `value` into `map[key]` as `reduce(existing, value)` (existing first).
 #[inline]
-fn merge_ref<K: Key, V: Data, R: Fn(&V, &V) -> V>(map: &mut FxHashMap<K, V>, key: &K, value: &V, reduce: &R) {
+fn merge_ref<K: Key, V: Data, R: Fn(&V, &V) -> V>(map: &mut KeyHashMap<K, V>, key: &K, value: &V, reduce: &R) {
     if let Some(existing) = map.get_mut(key) {
         *existing = reduce(existing, value);
     } else {
@@ -58,8 +58,8 @@ fn merge_ref<K: Key, V: Data, R: Fn(&V, &V) -> V>(map: &mut FxHashMap<K, V>, key
 }
 
 /// Spreads entries over `partitions` maps by key.
-fn split_entries<K: Key, V>(entries: Vec<(K, V)>, partitions: usize) -> Vec<FxHashMap<K, V>> {
-    let mut maps: Vec<FxHashMap<K, V>> = (0..partitions).map(|_| map_with_capacity(0)).collect();
+fn split_entries<K: Key, V>(entries: Vec<(K, V)>, partitions: usize) -> Vec<KeyHashMap<K, V>> {
+    let mut maps: Vec<KeyHashMap<K, V>> = (0..partitions).map(|_| map_with_capacity(0)).collect();
     for (key, value) in entries {
         if let Some(map) = maps.get_mut(partition_of(&key, partitions)) {
             map.insert(key, value);
@@ -123,7 +123,7 @@ impl<T: Data> StatefulNode for WindowNode<T> {
 // Incremental window with an inverse function.
 
 struct InvPart<K, V> {
-    current: FxHashMap<K, V>,
+    current: KeyHashMap<K, V>,
     retained: VecDeque<Vec<(K, V)>>,
 }
 
@@ -343,10 +343,10 @@ where
 /// pane last (`front.last()` aggregates the whole front stack); `back`
 /// holds raw panes, oldest first, and `back_agg` their aggregate.
 struct PanePart<K, V> {
-    open: FxHashMap<K, V>,
-    front: Vec<FxHashMap<K, V>>,
-    back: Vec<FxHashMap<K, V>>,
-    back_agg: FxHashMap<K, V>,
+    open: KeyHashMap<K, V>,
+    front: Vec<KeyHashMap<K, V>>,
+    back: Vec<KeyHashMap<K, V>>,
+    back_agg: KeyHashMap<K, V>,
 }
 
 impl<K, V> Default for PanePart<K, V> {
@@ -357,10 +357,10 @@ impl<K, V> Default for PanePart<K, V> {
 
 /// `older ⊕ newer`, consuming the newer map into a copy of the older one.
 fn combine_into<K: Key, V: Data, R: Fn(&V, &V) -> V>(
-    older: &FxHashMap<K, V>,
-    newer: &FxHashMap<K, V>,
+    older: &KeyHashMap<K, V>,
+    newer: &KeyHashMap<K, V>,
     reduce: &R,
-) -> FxHashMap<K, V> {
+) -> KeyHashMap<K, V> {
     let mut out = older.clone();
     for (key, value) in newer {
         merge_ref(&mut out, key, value, reduce);
@@ -369,7 +369,7 @@ fn combine_into<K: Key, V: Data, R: Fn(&V, &V) -> V>(
 }
 
 impl<K: Key, V: Data> PanePart<K, V> {
-    fn absorb<R: Fn(&V, &V) -> V>(&mut self, batch: FxHashMap<K, V>, reduce: &R) {
+    fn absorb<R: Fn(&V, &V) -> V>(&mut self, batch: KeyHashMap<K, V>, reduce: &R) {
         if self.open.is_empty() {
             self.open = batch;
         } else {
@@ -399,7 +399,7 @@ impl<K: Key, V: Data> PanePart<K, V> {
     fn flip<R: Fn(&V, &V) -> V>(&mut self, reduce: &R) {
         let panes = std::mem::take(&mut self.back);
         self.back_agg = map_with_capacity(0);
-        let mut front: Vec<FxHashMap<K, V>> = Vec::with_capacity(panes.len());
+        let mut front: Vec<KeyHashMap<K, V>> = Vec::with_capacity(panes.len());
         for pane in panes.into_iter().rev() {
             let aggregate = match front.last() {
                 Some(newer) => combine_into(&pane, newer, reduce),
@@ -464,7 +464,7 @@ where
     }
 
     fn install(&mut self, snapshot: PaneSnapshot<K, V>, partitions: usize) {
-        let split_all = |maps: Vec<Vec<(K, V)>>| -> Vec<Vec<FxHashMap<K, V>>> {
+        let split_all = |maps: Vec<Vec<(K, V)>>| -> Vec<Vec<KeyHashMap<K, V>>> {
             maps.into_iter().map(|entries| split_entries(entries, partitions)).collect()
         };
         let mut open = split_entries(snapshot.open, partitions).into_iter();
@@ -473,7 +473,7 @@ where
         let mut back = split_all(snapshot.back);
         let mut parts = Vec::with_capacity(partitions);
         for index in 0..partitions {
-            let take_column = |stack: &mut Vec<Vec<FxHashMap<K, V>>>| -> Vec<FxHashMap<K, V>> {
+            let take_column = |stack: &mut Vec<Vec<KeyHashMap<K, V>>>| -> Vec<KeyHashMap<K, V>> {
                 stack.iter_mut().map(|maps| maps.get_mut(index).map(std::mem::take).unwrap_or_default()).collect()
             };
             parts.push(PanePart {
@@ -503,7 +503,7 @@ where
 /// The `len` levels of one stack, each level merged over all partitions.
 fn stack_column<K, V, F>(parts: &[PanePart<K, V>], pick: F, len: usize) -> Vec<Vec<(&K, &V)>>
 where
-    F: Fn(&PanePart<K, V>) -> &Vec<FxHashMap<K, V>>,
+    F: Fn(&PanePart<K, V>) -> &Vec<KeyHashMap<K, V>>,
 {
     (0..len).map(|i| parts.iter().filter_map(|p| pick(p).get(i)).flat_map(|m| m.iter()).collect()).collect()
 }
@@ -541,7 +541,7 @@ where
             let owned: PaneSnapshot<K, V> = state_codec().decode(&bytes).map_err(|e| internal(ctx, &e))?.value;
             self.install(owned, ctx.partitions);
         }
-        let batches: Vec<FxHashMap<K, V>> = match ctx.take_owned(&self.input)? {
+        let batches: Vec<KeyHashMap<K, V>> = match ctx.take_owned(&self.input)? {
             Some(batch) => self.combine.partitioned(ctx, Some(batch))?,
             None => (0..ctx.partitions).map(|_| map_with_capacity(0)).collect(),
         };

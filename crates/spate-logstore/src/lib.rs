@@ -87,7 +87,7 @@ pub use file_manager::{
     CheckpointFileManager, DIR_MODE, FILE_MODE, FileVersion, LocalFileManager, LogListing, NO_FENCE, PublishCheck,
     Tightened,
 };
-pub use location::{ObjectStoreSettings, S3_SCHEME, file_manager_for, is_object_store_location};
+pub use location::{ObjectStoreSettings, S3_SCHEME, file_manager_for, is_object_store_location, redacted};
 pub use lock::{
     EpochFence, LOCK_FILE, LeaseOptions, LockHolder, LockStatus, WriterLock, decode_lock_file, encode_lock_file,
     read_lock_holder,

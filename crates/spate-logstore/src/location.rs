@@ -33,16 +33,21 @@ pub struct ObjectStoreSettings {
 }
 
 impl std::fmt::Debug for ObjectStoreSettings {
-    // Never print the secret.
+    // Never print a credential: a debug line or a panic message ends up in logs.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ObjectStoreSettings")
             .field("endpoint", &self.endpoint)
             .field("region", &self.region)
-            .field("access_key_id", &self.access_key_id)
-            .field("secret_access_key", &self.secret_access_key.as_ref().map(|_| "<set>"))
+            .field("access_key_id", &redacted(&self.access_key_id))
+            .field("secret_access_key", &redacted(&self.secret_access_key))
             .field("allow_http", &self.allow_http)
             .finish()
     }
+}
+
+/// A credential as [`std::fmt::Debug`] shows it: whether it is set, never what it is.
+pub fn redacted(credential: &Option<String>) -> Option<&'static str> {
+    credential.as_ref().map(|_| "<redacted>")
 }
 
 /// True when `location` names a checkpoint in an object store (`s3://…`).
@@ -114,8 +119,14 @@ mod tests {
     }
 
     #[test]
-    fn the_secret_is_never_printed() {
-        let settings = ObjectStoreSettings { secret_access_key: Some("hunter2".into()), ..Default::default() };
-        assert!(!format!("{settings:?}").contains("hunter2"));
+    fn no_credential_is_ever_printed() {
+        let settings = ObjectStoreSettings {
+            access_key_id: Some("AKIAEXAMPLEKEYID".into()),
+            secret_access_key: Some("hunter2".into()),
+            ..Default::default()
+        };
+        let printed = format!("{settings:?}");
+        assert!(!printed.contains("AKIAEXAMPLEKEYID") && !printed.contains("hunter2"), "{printed}");
+        assert!(printed.contains("access_key_id: Some(\"<redacted>\")"), "{printed}");
     }
 }

@@ -35,13 +35,23 @@ pub struct ObjectStoreFileManager {
     inner: Arc<Inner>,
 }
 
-#[derive(Debug)]
 struct Inner {
     /// The location as given (`s3://bucket/prefix`): paths under it map to keys.
     root: PathBuf,
     prefix: Vec<String>,
     store: Arc<dyn ObjectStore>,
     runtime: Option<tokio::runtime::Runtime>,
+}
+
+impl std::fmt::Debug for Inner {
+    // Not the client: its configuration holds the credentials.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Inner")
+            .field("root", &self.root)
+            .field("prefix", &self.prefix)
+            .field("store", &format_args!("{}", self.store))
+            .finish_non_exhaustive()
+    }
 }
 
 impl Drop for Inner {
@@ -135,7 +145,7 @@ impl ObjectStoreFileManager {
         let store = self.store();
         let listing = self.run("list", dir, async move { store.list_with_delimiter(Some(&key)).await })?;
         let names = listing.objects.iter().map(|o| &o.location).chain(listing.common_prefixes.iter());
-        Ok(names.filter_map(|p| p.filename().map(str::to_string)).collect())
+        Ok(names.filter_map(|p| p.filename().map(decode_part)).collect())
     }
 
     fn put(&self, op: &'static str, path: &Path, bytes: &[u8], mode: PutMode) -> Result<FileVersion> {
@@ -155,6 +165,39 @@ impl ObjectStoreFileManager {
             Err(LogStoreError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(e),
         }
+    }
+}
+
+/// The name a key's part was made from. [`ObjectPath`] percent-encodes
+/// the characters S3 advises against (`[`, `~`, `#`, `%`, …) in each part,
+/// and a listing gives the parts as stored: decoded, a listed name joins
+/// into a path that maps to the same key again (a state snapshot of an
+/// operator called `counts[by word]` can be found, read and purged).
+fn decode_part(part: &str) -> String {
+    let bytes = part.as_bytes();
+    let mut name = Vec::with_capacity(bytes.len());
+    let mut at = 0;
+    while let Some(&byte) = bytes.get(at) {
+        match (byte, bytes.get(at + 1..at + 3).and_then(hex_byte)) {
+            (b'%', Some(decoded)) => {
+                name.push(decoded);
+                at += 3;
+            }
+            _ => {
+                name.push(byte);
+                at += 1;
+            }
+        }
+    }
+    String::from_utf8(name).unwrap_or_else(|_| part.to_string())
+}
+
+/// The byte two hex digits spell.
+fn hex_byte(digits: &[u8]) -> Option<u8> {
+    let value = |digit: u8| char::from(digit).to_digit(16);
+    match digits {
+        [high, low] => Some(u8::try_from(value(*high)? * 16 + value(*low)?).ok()?),
+        _ => None,
     }
 }
 
@@ -313,7 +356,7 @@ impl CheckpointFileManager for ObjectStoreFileManager {
             .into_iter()
             .filter_map(|meta| {
                 let relative: PathBuf =
-                    meta.location.prefix_match(&key)?.map(|part| part.as_ref().to_string()).collect();
+                    meta.location.prefix_match(&key)?.map(|part| decode_part(part.as_ref())).collect();
                 Some((relative, meta.size))
             })
             .collect())
@@ -329,5 +372,57 @@ impl CheckpointFileManager for ObjectStoreFileManager {
 
     fn is_object_store(&self) -> bool {
         true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::file_manager::NO_FENCE;
+    use object_store::memory::InMemory;
+
+    const LOCATION: &str = "s3://bucket/ck";
+
+    fn files() -> ObjectStoreFileManager {
+        ObjectStoreFileManager::with_store(Path::new(LOCATION), "ck", Arc::new(InMemory::new())).unwrap()
+    }
+
+    #[test]
+    fn a_connected_file_manager_prints_no_credential() {
+        let settings = ObjectStoreSettings {
+            endpoint: Some("http://127.0.0.1:1".into()),
+            region: Some("us-east-1".into()),
+            access_key_id: Some("AKIAEXAMPLEKEYID".into()),
+            secret_access_key: Some("hunter2".into()),
+            allow_http: Some(true),
+        };
+        let files = ObjectStoreFileManager::connect(Path::new(LOCATION), &settings).unwrap();
+        let printed = format!("{files:?}");
+        assert!(!printed.contains("AKIAEXAMPLEKEYID") && !printed.contains("hunter2"), "{printed}");
+        assert!(printed.contains(LOCATION), "{printed}");
+    }
+
+    #[test]
+    fn names_a_key_must_percent_encode_are_listed_as_written_so_they_can_be_used_again() {
+        let files = files();
+        let state = Path::new(LOCATION).join("state");
+        let names = ["counts[by word]", "top~10 #1", "100%", "a%41", "plain"];
+        for name in names {
+            files.create_atomic(&state.join(name).join("7"), b"snapshot", NO_FENCE).unwrap();
+        }
+        let mut listed = files.list(&state).unwrap();
+        listed.sort();
+        let mut expected: Vec<String> = names.iter().map(|n| n.to_string()).collect();
+        expected.sort();
+        assert_eq!(listed, expected);
+        let mut recursive: Vec<PathBuf> =
+            files.list_files_recursive(&state).unwrap().into_iter().map(|f| f.0).collect();
+        recursive.sort();
+        assert_eq!(recursive, expected.iter().map(|n| Path::new(n).join("7")).collect::<Vec<_>>());
+        for name in listed {
+            assert_eq!(files.list(&state.join(&name)).unwrap(), ["7"], "{name}");
+            assert!(files.delete(&state.join(&name).join("7")).unwrap(), "{name}");
+        }
+        assert!(files.list(&state).unwrap().is_empty());
     }
 }

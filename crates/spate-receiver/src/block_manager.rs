@@ -9,14 +9,18 @@
 //! It is the process-local part of Spark's `BlockManager` that receivers
 //! use. The disk store is a spill area for this process only: it is wiped
 //! when opened, because after a crash blocks come back from the receiver
-//! write-ahead log, not from here.
+//! write-ahead log, not from here. It may be bounded too (a spill budget,
+//! shared like the memory one): when it is full, a block that would go to
+//! disk waits for a batch to read blocks out, as a memory-only block waits
+//! for memory, and the log says so once, rather than the disk filling up.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use spate_core::{Clock, MemoryBudget, Reservation, StreamBlockId, StreamId, Time};
-use tracing::debug;
+use tracing::{debug, warn};
 
 use crate::block::BlockData;
 use crate::codec::Record;
@@ -28,6 +32,9 @@ use crate::storage::StorageLevel;
 pub(crate) const BLOCKS_IN_MEMORY: &str = "spate_blocks_in_memory";
 /// Gauge of `/metrics`: estimated bytes of the blocks held in memory, per stream.
 pub(crate) const BLOCK_BYTES_IN_MEMORY: &str = "spate_block_bytes_in_memory";
+/// Counter of `/metrics`: blocks that waited for room in the full spill
+/// area, counted as the wait begins (so a receiver held back shows at once).
+pub(crate) const SPILL_WAITS: &str = "spate_spill_waits_total";
 
 /// Where a stored block is now.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -51,22 +58,38 @@ pub struct BlockManagerConfig {
     /// earlier block manager, which is wiped); without one, levels that
     /// need disk are refused.
     pub disk_dir: Option<PathBuf>,
+    /// The bytes the disk store may hold, shared with the disk stores of
+    /// the other inputs; `None`: as much as the disk takes. When it is
+    /// full, a block that would spill waits for a batch to read blocks out
+    /// (backpressure), saying so in the log, rather than fill the disk.
+    pub spill_budget: Option<Arc<MemoryBudget>>,
 }
 
 impl BlockManagerConfig {
     /// Memory only, with `memory_budget_bytes`.
     pub fn in_memory(memory_budget_bytes: u64) -> Self {
-        BlockManagerConfig { memory_budget_bytes, shared_budget: None, disk_dir: None }
+        BlockManagerConfig { memory_budget_bytes, shared_budget: None, disk_dir: None, spill_budget: None }
     }
 
     /// Memory within `memory_budget_bytes` and a disk store in `disk_dir`.
     pub fn with_disk(memory_budget_bytes: u64, disk_dir: impl Into<PathBuf>) -> Self {
-        BlockManagerConfig { memory_budget_bytes, shared_budget: None, disk_dir: Some(disk_dir.into()) }
+        BlockManagerConfig {
+            memory_budget_bytes,
+            shared_budget: None,
+            disk_dir: Some(disk_dir.into()),
+            spill_budget: None,
+        }
     }
 
     /// Draws on `budget`, shared with other holders, instead of a budget of its own.
     pub fn sharing(mut self, budget: Arc<MemoryBudget>) -> Self {
         self.shared_budget = Some(budget);
+        self
+    }
+
+    /// Keeps the disk store within `budget` (see [`BlockManagerConfig::spill_budget`]).
+    pub fn spilling_within(mut self, budget: Arc<MemoryBudget>) -> Self {
+        self.spill_budget = Some(budget);
         self
     }
 }
@@ -76,6 +99,8 @@ struct Entry<T> {
     stored_at: Time,
     memory: Option<(BlockData<T>, u64)>,
     on_disk: bool,
+    /// Bytes the block takes in the disk store (0 when not there).
+    disk_bytes: u64,
     lru_tick: u64,
 }
 
@@ -102,6 +127,10 @@ pub struct BlockManager<T> {
     inner: Mutex<Inner<T>>,
     disk: Option<DiskStore>,
     budget: Arc<MemoryBudget>,
+    /// The bytes the disk store may hold; `None`: unbounded.
+    spill: Option<Arc<MemoryBudget>>,
+    /// Set while the spill area is full, so the log says so once, not per block.
+    spill_full: AtomicBool,
     clock: Arc<dyn Clock>,
 }
 
@@ -129,7 +158,8 @@ impl<T: Record> BlockManager<T> {
             per_stream: BTreeMap::new(),
         };
         let budget = config.shared_budget.unwrap_or_else(|| Arc::new(MemoryBudget::new(config.memory_budget_bytes)));
-        Ok(BlockManager { inner: Mutex::new(inner), disk, budget, clock })
+        let spill = config.spill_budget;
+        Ok(BlockManager { inner: Mutex::new(inner), disk, budget, spill, spill_full: AtomicBool::new(false), clock })
     }
 
     /// Stores `data` as `block_id` at `level` and says where it went.
@@ -153,14 +183,27 @@ impl<T: Record> BlockManager<T> {
         // Waiting for room happens outside the lock: the batch that reads
         // blocks out (and so makes room) needs it.
         let reserved = level.use_memory() && self.reserve(block_id, size, level)?;
+        // So does waiting for room in the spill area, for a block going to disk.
+        let to_disk = match (reserved, level.use_disk()) {
+            (false, true) => {
+                let bytes = data.bytes().map_err(codec_err)?;
+                self.reserve_spill(block_id, bytes.len() as u64)?;
+                Some(bytes)
+            }
+            _ => None,
+        };
         let mut inner = self.lock();
         if inner.entries.contains_key(&block_id) {
             if reserved {
                 self.budget.release(size);
             }
+            if let Some(bytes) = &to_disk {
+                self.release_spill(bytes.len() as u64);
+            }
             return Err(ReceiverError::DuplicateBlock { block_id });
         }
-        let mut entry = Entry { level, stored_at: self.clock.now(), memory: None, on_disk: false, lru_tick: 0 };
+        let mut entry =
+            Entry { level, stored_at: self.clock.now(), memory: None, on_disk: false, disk_bytes: 0, lru_tick: 0 };
         if reserved {
             entry.lru_tick = inner.touch(block_id, None);
             inner.memory_used += size;
@@ -169,9 +212,14 @@ impl<T: Record> BlockManager<T> {
             }
             inner.count_memory(block_id.stream_id, size, true);
             entry.memory = Some((data, size));
-        } else if level.use_disk() {
-            self.disk_for(block_id, level)?.put(block_id, &data.bytes().map_err(codec_err)?)?;
+        } else if let Some(bytes) = to_disk {
+            let disk_bytes = bytes.len() as u64;
+            if let Err(e) = self.disk_for(block_id, level).and_then(|d| d.put(block_id, &bytes)) {
+                self.release_spill(disk_bytes);
+                return Err(e);
+            }
             entry.on_disk = true;
+            entry.disk_bytes = disk_bytes;
         } else {
             return Err(self.over_budget(block_id, size, inner.memory_used));
         }
@@ -217,6 +265,7 @@ impl<T: Record> BlockManager<T> {
         self.budget.release(freed);
         if entry.on_disk {
             self.disk_for(block_id, entry.level)?.delete(block_id)?;
+            self.release_spill(entry.disk_bytes);
         }
         Ok(true)
     }
@@ -280,7 +329,8 @@ impl<T: Record> BlockManager<T> {
     }
 
     /// Spills least recently used memory-and-disk blocks until `size` bytes
-    /// can be reserved; false when none is left to spill.
+    /// can be reserved; false when none is left to spill, or the spill
+    /// area has no room for the next.
     fn spill_until_reserved(&self, size: u64) -> Result<bool, ReceiverError> {
         if size > self.budget.limit() || self.disk.is_none() {
             return Ok(false);
@@ -295,7 +345,43 @@ impl<T: Record> BlockManager<T> {
             let Some(victim) = victim else {
                 return Ok(false);
             };
-            self.spill(&mut inner, victim)?;
+            if !self.spill(&mut inner, victim)? {
+                return Ok(false);
+            }
+        }
+    }
+
+    /// Takes `bytes` of the spill area for a block going to disk: at once
+    /// when they fit; otherwise the caller waits until a batch reads blocks
+    /// out (backpressure), and the log says the spill area is full. A block
+    /// that could never fit is refused.
+    fn reserve_spill(&self, block_id: StreamBlockId, bytes: u64) -> Result<(), ReceiverError> {
+        let Some(spill) = &self.spill else { return Ok(()) };
+        if spill.try_reserve(bytes) {
+            self.spill_full.store(false, Ordering::Relaxed);
+            return Ok(());
+        }
+        let too_small = || ReceiverError::SpillAreaTooSmall { block_id, bytes, limit: spill.limit() };
+        if bytes > spill.limit() {
+            return Err(too_small());
+        }
+        if !self.spill_full.swap(true, Ordering::Relaxed) {
+            warn!(
+                stream = %block_id.stream_id,
+                used = spill.used(),
+                limit = spill.limit(),
+                "the spill area is full: the receiver waits for a batch to read blocks out (backpressure); \
+                 raise the spill limit (--max-spill) to let more blocks wait on disk"
+            );
+        }
+        metrics::counter!(SPILL_WAITS).increment(1);
+        spill.reserve(bytes).map(|_| ()).map_err(|_| too_small())
+    }
+
+    /// Gives `bytes` of the spill area back.
+    fn release_spill(&self, bytes: u64) {
+        if let Some(spill) = &self.spill {
+            spill.release(bytes);
         }
     }
 
@@ -303,31 +389,44 @@ impl<T: Record> BlockManager<T> {
         ReceiverError::MemoryBudgetExceeded { block_id, needed, used, budget: self.budget.limit() }
     }
 
-    fn spill(&self, inner: &mut Inner<T>, block_id: StreamBlockId) -> Result<(), ReceiverError> {
+    /// Moves `block_id` from memory to the disk store; false (the block
+    /// left in memory) when the spill area has no room for it.
+    fn spill(&self, inner: &mut Inner<T>, block_id: StreamBlockId) -> Result<bool, ReceiverError> {
         let Some(entry) = inner.entries.get_mut(&block_id) else {
-            return Ok(());
+            return Ok(true);
         };
         let Some((data, size)) = entry.memory.take() else {
-            return Ok(());
+            return Ok(true);
         };
         let level = entry.level;
-        let bytes = data.bytes().map_err(|source| ReceiverError::Codec { block_id: Some(block_id), source })?;
+        let bytes = match data.bytes() {
+            Ok(bytes) => bytes,
+            Err(source) => {
+                entry.memory = Some((data, size));
+                return Err(ReceiverError::Codec { block_id: Some(block_id), source });
+            }
+        };
+        let disk_bytes = bytes.len() as u64;
+        if self.spill.as_ref().is_some_and(|spill| !spill.try_reserve(disk_bytes)) {
+            entry.memory = Some((data, size));
+            return Ok(false);
+        }
         if let Err(e) = self.disk_for(block_id, level).and_then(|d| d.put(block_id, &bytes)) {
             // Keep the block in memory: it is still the only copy here.
-            if let Some(entry) = inner.entries.get_mut(&block_id) {
-                entry.memory = Some((data, size));
-            }
+            entry.memory = Some((data, size));
+            self.release_spill(disk_bytes);
             return Err(e);
         }
         let tick = entry.lru_tick;
         entry.on_disk = true;
+        entry.disk_bytes = disk_bytes;
         inner.lru.remove(&tick);
         inner.memory_used -= size;
         inner.spillable_used -= size;
         self.budget.release(size);
         inner.count_memory(block_id.stream_id, size, false);
         debug!(block = %block_id, bytes = size, "spilled block to disk");
-        Ok(())
+        Ok(true)
     }
 
     fn disk_for(&self, block_id: StreamBlockId, level: StorageLevel) -> Result<&DiskStore, ReceiverError> {
@@ -345,6 +444,9 @@ impl<T> Drop for BlockManager<T> {
         // A shared budget outlives this manager: what it held is free again.
         let inner = self.inner.get_mut().unwrap_or_else(PoisonError::into_inner);
         self.budget.release(inner.memory_used);
+        if let Some(spill) = &self.spill {
+            spill.release(inner.entries.values().map(|entry| entry.disk_bytes).sum());
+        }
     }
 }
 

@@ -29,6 +29,19 @@ pub enum ReceiverError {
         /// The configured budget.
         budget: u64,
     },
+    /// A block larger than the whole spill area: it could never be spilled.
+    #[error(
+        "block {block_id} ({bytes} bytes serialized) does not fit in the spill limit of {limit} bytes, so it can \
+         never be spilled; raise the spill limit (max_spill_bytes, --max-spill) or cut smaller blocks"
+    )]
+    SpillAreaTooSmall {
+        /// The refused block.
+        block_id: StreamBlockId,
+        /// Its serialized bytes.
+        bytes: u64,
+        /// The spill area's limit.
+        limit: u64,
+    },
     /// A block with this id is already stored.
     #[error("block {block_id} is already stored")]
     DuplicateBlock {

@@ -126,6 +126,50 @@ fn a_memory_only_block_that_does_not_fit_waits_until_a_block_is_read_out() {
 }
 
 #[test]
+fn a_full_spill_area_holds_the_next_block_back_until_a_batch_reads_one_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let spill = Arc::new(MemoryBudget::new(block_bytes() * 2));
+    // Memory for one block, the spill area for two.
+    let config = BlockManagerConfig::with_disk(block_bytes() + block_bytes() / 2, dir.path().join("blocks"))
+        .spilling_within(Arc::clone(&spill));
+    let bm = Arc::new(BlockManager::<String>::open(config, Arc::new(clock())).unwrap());
+    let level = StorageLevel::MEMORY_AND_DISK_SER;
+    for b in 0..3 {
+        bm.put(id(b), BlockData::Records(Arc::new(words(b, 100))), level).unwrap();
+    }
+    assert_eq!(spill.used(), block_bytes() * 2, "blocks 0 and 1 spilled, counted against the spill area");
+    let fourth = {
+        let bm = Arc::clone(&bm);
+        std::thread::spawn(move || bm.put(id(3), BlockData::Records(Arc::new(words(3, 100))), level))
+    };
+    eventually("the fourth block waits for room in the spill area", || spill.waiting() == 1);
+    assert!(bm.location(id(3)).is_none(), "a waiting block is not stored yet");
+    assert_eq!(spill.used(), block_bytes() * 2, "the spill area never passes its limit");
+    // A batch reads the oldest block out of the spill area: the waiting block takes its room.
+    assert!(bm.remove(id(0)).unwrap());
+    let location = fourth.join().unwrap().unwrap();
+    assert!(location.on_disk && !location.in_memory, "{location:?}");
+    assert_eq!(records(bm.get(id(3)).unwrap().unwrap()), words(3, 100));
+    assert_eq!((spill.used(), spill.waits()), (block_bytes() * 2, 1));
+    drop(bm);
+    assert_eq!(spill.used(), 0, "a dropped block manager gives its spill area back");
+}
+
+#[test]
+fn a_block_larger_than_the_whole_spill_area_is_refused_naming_the_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let spill = Arc::new(MemoryBudget::new(block_bytes() / 2));
+    let config = BlockManagerConfig::with_disk(block_bytes() / 2, dir.path()).spilling_within(Arc::clone(&spill));
+    let bm = BlockManager::<String>::open(config, Arc::new(clock())).unwrap();
+    let err =
+        bm.put(id(0), BlockData::Records(Arc::new(words(0, 100))), StorageLevel::MEMORY_AND_DISK_SER).unwrap_err();
+    assert!(matches!(err, ReceiverError::SpillAreaTooSmall { block_id, .. } if block_id == id(0)), "{err:?}");
+    let message = err.to_string();
+    assert!(message.contains(&format!("spill limit of {} bytes", block_bytes() / 2)), "{message}");
+    assert_eq!(spill.used(), 0);
+}
+
+#[test]
 fn block_managers_sharing_a_budget_hold_each_other_back_and_give_it_back_when_dropped() {
     let budget = Arc::new(MemoryBudget::new(block_bytes() * 2));
     let open = || {

@@ -23,7 +23,7 @@ use crate::driver::{Engine, Event, InputHooks, QueuedBatch, SharedStatus, StopMo
 use crate::error::RuntimeError;
 use crate::failpoints::Failpoints;
 use crate::http::{HttpServer, Routes};
-use crate::inputs::{CheckpointHome, ReceiverInput, ReceiverOptions, ReceiverResume, TypedReceiverInput};
+use crate::inputs::{CheckpointHome, ReceiverInput, ReceiverOptions, ReceiverResume, SpillPlace, TypedReceiverInput};
 use crate::progress::{PROGRESS_DIR, ProgressFiles, ProgressListener};
 use crate::rate::RateController;
 use crate::recovery::{RecoveryReport, RestoredOperator};
@@ -217,8 +217,9 @@ impl StreamingContext {
         let tracker = (!receivers.is_empty()).then(|| Arc::new(ReceivedBlockTracker::in_memory(Arc::clone(&clock))));
         let mut engine = new_engine(settings, graph, None, tracker, receivers, hooks)?;
         let spill_base = engine.settings.spill_base();
+        let spill = SpillPlace { base: &spill_base, budget: &engine.spill };
         for receiver in &mut engine.receivers {
-            receiver.open(None, &clock, &engine.memory, &spill_base)?;
+            receiver.open(None, &clock, &engine.memory, spill)?;
         }
         let first_tick = clock.now().floor(engine.settings.batch_interval) + engine.settings.batch_interval;
         Ok(Self::from_engine(engine, None, BTreeMap::new(), first_tick, None, exporter))
@@ -272,9 +273,10 @@ impl StreamingContext {
         };
         let mut engine = new_engine(settings, graph, Some(store), tracker, receivers, hooks)?;
         let spill_base = engine.settings.spill_base();
+        let spill = SpillPlace { base: &spill_base, budget: &engine.spill };
         for receiver in &mut engine.receivers {
             let home = CheckpointHome { dir: &wal_root, fence: &fence };
-            receiver.open(Some(home), &clock, &engine.memory, &spill_base)?;
+            receiver.open(Some(home), &clock, &engine.memory, spill)?;
         }
         let (report, resume, first_tick) = recover(&mut engine, verdict, unrecoverable)?;
         info!(%report, "checkpoint opened");
@@ -463,6 +465,7 @@ impl Drop for StreamingContext {
         }
         if let Some(mut engine) = self.engine.take() {
             engine.memory.stop_waiting();
+            engine.spill.stop_waiting();
             for receiver in &mut engine.receivers {
                 let _ = receiver.stop();
             }
@@ -569,7 +572,7 @@ fn new_engine(
     hooks: Vec<InputHooks>,
 ) -> Result<Engine, RuntimeError> {
     let rate = RateController::new(settings.batch_interval, &settings.backpressure)?;
-    let max_memory = settings.max_memory_bytes;
+    let (max_memory, max_spill) = (settings.max_memory_bytes, settings.spill_limit());
     let progress_files = match &store {
         Some(store) => {
             let files = Arc::clone(store.checkpoint().files());
@@ -611,6 +614,7 @@ fn new_engine(
         failpoints: Failpoints::from_env()?,
         board,
         memory: Arc::new(MemoryBudget::new(max_memory)),
+        spill: Arc::new(MemoryBudget::new(max_spill)),
     })
 }
 

@@ -3,6 +3,8 @@
 //! (`reduce_by_key_and_window` with an inverse), the top words of each
 //! window handed to a callback, and an exactly-once file output keyed by
 //! batch id that [`verify_output`] checks against the generator's seed.
+//! The output is owner-only (0700 directories, 0600 files), as everything
+//! under a checkpoint is: it is usually inside one.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -13,7 +15,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use spate_core::{BatchId, Duration, Time};
-use spate_dstream::{FxHashMap, Views};
+use spate_dstream::{KeyHashMap, Views};
 use spate_receiver::{GeneratorConfig, GeneratorReceiver, WordGenerator};
 
 use crate::context::{PipelineBuilder, StreamingContext};
@@ -110,7 +112,7 @@ pub struct BatchCounts {
 /// Declares the demo pipeline on `p`.
 pub fn word_count_pipeline(p: &mut PipelineBuilder, options: &DemoOptions) -> Result<(), RuntimeError> {
     if let Some(dir) = &options.output_dir {
-        fs::create_dir_all(dir).map_err(|e| RuntimeError::io("create", dir, e))?;
+        create_private_dir(dir).map_err(|e| RuntimeError::io("create", dir, e))?;
     }
     let receiver_options = ReceiverOptions {
         write_ahead_log: options.write_ahead_log,
@@ -175,7 +177,7 @@ pub fn word_count_pipeline(p: &mut PipelineBuilder, options: &DemoOptions) -> Re
 /// Counts the words of one partition: one hash-map probe per word, and a
 /// copy of a word only the first time the partition has it.
 fn count_words(words: Views<'_, String>) -> Vec<(String, u64)> {
-    let mut counts: FxHashMap<String, u64> = FxHashMap::default();
+    let mut counts: KeyHashMap<String, u64> = KeyHashMap::default();
     for word in words {
         match counts.get_mut(word) {
             Some(count) => *count += 1,
@@ -213,7 +215,13 @@ fn write_once<T: Serialize>(path: &Path, value: &T) -> Result<(), spate_dstream:
         return Ok(());
     }
     let tmp = path.with_extension("json.tmp");
-    let mut file = fs::File::create(&tmp)?;
+    // What a crash left is replaced, so the file made here has our mode.
+    if let Err(e) = fs::remove_file(&tmp)
+        && e.kind() != std::io::ErrorKind::NotFound
+    {
+        return Err(e.into());
+    }
+    let mut file = create_private_file(&tmp)?;
     file.write_all(&serde_json::to_vec(value)?)?;
     file.sync_all()?;
     drop(file);
@@ -227,6 +235,24 @@ fn write_once<T: Serialize>(path: &Path, value: &T) -> Result<(), spate_dstream:
         fs::File::open(parent)?.sync_all()?;
     }
     Ok(())
+}
+
+/// Creates `dir` and its missing parents, owner-only (0700).
+fn create_private_dir(dir: &Path) -> std::io::Result<()> {
+    let mut builder = fs::DirBuilder::new();
+    builder.recursive(true);
+    #[cfg(unix)]
+    std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
+    builder.create(dir)
+}
+
+/// Creates the new file `path`, owner-only (0600).
+fn create_private_file(path: &Path) -> std::io::Result<fs::File> {
+    let mut options = fs::OpenOptions::new();
+    options.write(true).create_new(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    options.open(path)
 }
 
 /// What [`verify_output`] found.

@@ -172,6 +172,8 @@ pub(crate) struct Engine {
     pub(crate) board: Option<Arc<StatusBoard>>,
     /// The budget the receivers' blocks share.
     pub(crate) memory: Arc<MemoryBudget>,
+    /// The bytes the receivers' spilled blocks may take on disk together.
+    pub(crate) spill: Arc<MemoryBudget>,
 }
 
 /// The driver loop's own bookkeeping.
@@ -330,6 +332,7 @@ impl Engine {
         // No batch runs while the receivers stop, so none would make room
         // for a block waiting on the budget: their last blocks go over it.
         self.memory.stop_waiting();
+        self.spill.stop_waiting();
         let mut first_error = None;
         for receiver in &mut self.receivers {
             if let Err(e) = receiver.stop() {
@@ -675,7 +678,7 @@ impl Engine {
             "batch committed"
         );
         telemetry::record_batch(&progress);
-        telemetry::record_memory(&self.memory);
+        telemetry::record_memory(&self.memory, &self.spill);
         let mut taken_over = None;
         if let Some(files) = &mut self.progress_files {
             match files.append(&progress) {

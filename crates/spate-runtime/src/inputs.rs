@@ -5,7 +5,6 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use spate_core::{Clock, Duration, MemoryBudget, StreamBlockId, StreamId, Time, WriterFence};
 use spate_dstream::{Data, FedSource, ProcessedBlock};
@@ -71,6 +70,17 @@ pub(crate) struct CheckpointHome<'a> {
     pub(crate) fence: &'a Arc<dyn WriterFence>,
 }
 
+/// Where an input's blocks spill beyond the memory budget: the folder its
+/// spill area is made in, and the bytes the spill areas of every input
+/// may hold together.
+#[derive(Clone, Copy)]
+pub(crate) struct SpillPlace<'a> {
+    /// The folder spill areas are made in.
+    pub(crate) base: &'a Path,
+    /// The bytes every input's spilled blocks may take together.
+    pub(crate) budget: &'a Arc<MemoryBudget>,
+}
+
 /// A receiver input with its record type erased, as the driver drives it.
 /// What feeding a batch's blocks to the graph gave.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -92,14 +102,14 @@ pub(crate) trait ReceiverInput: Send {
     /// `checkpoint` is the checkpoint directory and the writer fence its
     /// WAL checks before every change.
     /// Its blocks draw on `memory`, the budget every input shares; those
-    /// of an input whose reader gathers the whole batch spill under
-    /// `spill_base` beyond it.
+    /// of an input whose reader gathers the whole batch spill beyond it to
+    /// `spill`, within its budget.
     fn open(
         &mut self,
         checkpoint: Option<CheckpointHome<'_>>,
         clock: &Arc<dyn Clock>,
         memory: &Arc<MemoryBudget>,
-        spill_base: &Path,
+        spill: SpillPlace<'_>,
     ) -> Result<(), RuntimeError>;
     /// Starts the receiver, reporting blocks to `tracker`.
     fn start(
@@ -159,11 +169,28 @@ pub(crate) struct TypedReceiverInput<T, R> {
 }
 
 /// A folder of this process's own for an input's spilled blocks, removed
-/// when the input goes. A crash leaves it behind (its name carries the
-/// process id, so no later run reuses it) to the system's cleaning of its
+/// when the input goes. A crash leaves it behind (its name is random and
+/// new, so no later run reuses it) to the system's cleaning of its
 /// temporary folder, or to whoever looks after `--spill-dir`. Nothing
 /// durable is in it: with the WAL on, the log holds the blocks.
 struct SpillArea(PathBuf);
+
+impl SpillArea {
+    /// Makes a new spill area for stream `stream` in `base`: created there
+    /// exclusively (never a directory someone else made first), owner-only
+    /// (0700) from the start, under a random name no other user can guess
+    /// and plant in a shared temporary folder beforehand.
+    fn create(base: &Path, stream: StreamId) -> Result<Self, RuntimeError> {
+        let prefix = format!("spate-spill-{}-", stream.0);
+        let mut builder = tempfile::Builder::new();
+        builder.prefix(&prefix);
+        #[cfg(unix)]
+        builder.permissions(std::os::unix::fs::PermissionsExt::from_mode(0o700));
+        let dir = builder.tempdir_in(base).map_err(|e| RuntimeError::io("create a spill area in", base, e))?;
+        // Removed by this area's own drop, which says when it cannot.
+        Ok(SpillArea(dir.keep()))
+    }
+}
 
 impl Drop for SpillArea {
     fn drop(&mut self) {
@@ -433,7 +460,7 @@ impl<T: Record + Data, R: Receiver<T>> ReceiverInput for TypedReceiverInput<T, R
         checkpoint: Option<CheckpointHome<'_>>,
         clock: &Arc<dyn Clock>,
         memory: &Arc<MemoryBudget>,
-        spill_base: &Path,
+        spill: SpillPlace<'_>,
     ) -> Result<(), RuntimeError> {
         let mut config = BlockManagerConfig::in_memory(memory.limit()).sharing(Arc::clone(memory));
         // An eighth: a block's size in memory may be several times its
@@ -450,17 +477,10 @@ impl<T: Record + Data, R: Receiver<T>> ReceiverInput for TypedReceiverInput<T, R
             // without it, a restart loses unprocessed blocks whatever the level.
             if self.options.write_ahead_log { StorageLevel::MEMORY_ONLY_SER } else { StorageLevel::MEMORY_ONLY }
         } else {
-            // Unique in the process too: contexts of one process may share stream ids.
-            static AREAS: AtomicU64 = AtomicU64::new(0);
-            let area = format!(
-                "spate-spill-{}-{}-{}",
-                std::process::id(),
-                AREAS.fetch_add(1, Ordering::Relaxed),
-                self.stream_id.0
-            );
-            let area = spill_base.join(area);
-            config.disk_dir = Some(area.clone());
-            self.spill_area = Some(SpillArea(area));
+            let area = SpillArea::create(spill.base, self.stream_id)?;
+            config.disk_dir = Some(area.0.clone());
+            config.spill_budget = Some(Arc::clone(spill.budget));
+            self.spill_area = Some(area);
             StorageLevel::MEMORY_AND_DISK_SER
         };
         let blocks = Arc::new(BlockManager::open(config, Arc::clone(clock)).map_err(|e| self.receiver_error(e))?);
@@ -584,5 +604,30 @@ impl<T: Record + Data, R: Receiver<T>> ReceiverInput for TypedReceiverInput<T, R
             warn!(input = %self.name, "a thread processing arrived blocks panicked");
         }
         stopped
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_spill_area_is_a_new_owner_only_directory_under_a_name_no_one_can_guess() {
+        use std::os::unix::fs::PermissionsExt;
+        let base = tempfile::tempdir().unwrap();
+        let one = SpillArea::create(base.path(), StreamId(3)).unwrap();
+        let other = SpillArea::create(base.path(), StreamId(3)).unwrap();
+        assert_ne!(one.0, other.0);
+        for area in [&one, &other] {
+            let meta = std::fs::symlink_metadata(&area.0).expect("the area is made, not only named");
+            assert!(meta.is_dir(), "{}", area.0.display());
+            assert_eq!(meta.permissions().mode() & 0o777, 0o700, "{}", area.0.display());
+            let name = area.0.file_name().unwrap().to_string_lossy().into_owned();
+            assert!(name.starts_with("spate-spill-3-"), "{name}");
+            assert!(!name.contains(&std::process::id().to_string()), "{name} carries the process id");
+        }
+        let path = one.0.clone();
+        drop(one);
+        assert!(!path.exists(), "the area goes with its input");
     }
 }

@@ -111,4 +111,7 @@ pub use progress::{
     read_progress,
 };
 pub use recovery::{RecoveryReport, RestoredOperator};
-pub use settings::{BackpressureSettings, DEFAULT_MAX_MEMORY_BYTES, StreamingSettings, default_checkpoint_interval};
+pub use settings::{
+    BackpressureSettings, DEFAULT_MAX_MEMORY_BYTES, DEFAULT_SPILL_PER_MEMORY, StreamingSettings,
+    default_checkpoint_interval,
+};

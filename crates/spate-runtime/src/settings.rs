@@ -67,6 +67,13 @@ pub struct StreamingSettings {
     /// the process's own is made in it for each input, and removed when
     /// the input stops); `None`: the system's temporary folder.
     pub spill_dir: Option<PathBuf>,
+    /// Bytes the spilled blocks of every input may take on disk together.
+    /// When the spill areas are full, a receiver waits until a batch has
+    /// read blocks out (backpressure) and the log says so, rather than the
+    /// disk filling up. `None`: [`DEFAULT_SPILL_PER_MEMORY`] times
+    /// [`StreamingSettings::max_memory_bytes`] (see
+    /// [`StreamingSettings::spill_limit`]).
+    pub max_spill_bytes: Option<u64>,
     /// Size and count of the files under `progress/`.
     pub progress_rotation: ProgressRotation,
     /// The clock batches tick on.
@@ -99,6 +106,7 @@ impl fmt::Debug for StreamingSettings {
             .field("backpressure", &self.backpressure)
             .field("max_memory_bytes", &self.max_memory_bytes)
             .field("spill_dir", &self.spill_dir)
+            .field("max_spill_bytes", &self.max_spill_bytes)
             .field("progress_rotation", &self.progress_rotation)
             .field("clock", &self.clock)
             .field("object_store", &self.object_store)
@@ -121,6 +129,7 @@ impl StreamingSettings {
             backpressure: BackpressureSettings::default(),
             max_memory_bytes: DEFAULT_MAX_MEMORY_BYTES,
             spill_dir: None,
+            max_spill_bytes: None,
             progress_rotation: ProgressRotation::default(),
             clock: Arc::new(SystemClock),
             object_store: ObjectStoreSettings::default(),
@@ -179,6 +188,20 @@ impl StreamingSettings {
     pub fn with_spill_dir(mut self, dir: impl Into<PathBuf>) -> Self {
         self.spill_dir = Some(dir.into());
         self
+    }
+
+    /// Bounds the spilled blocks of every input to `bytes` on disk (see
+    /// [`StreamingSettings::max_spill_bytes`]).
+    pub fn with_max_spill_bytes(mut self, bytes: u64) -> Self {
+        self.max_spill_bytes = Some(bytes);
+        self
+    }
+
+    /// The bytes spilled blocks may take on disk:
+    /// [`StreamingSettings::max_spill_bytes`], or by default
+    /// [`DEFAULT_SPILL_PER_MEMORY`] times the memory budget.
+    pub fn spill_limit(&self) -> u64 {
+        self.max_spill_bytes.unwrap_or_else(|| self.max_memory_bytes.saturating_mul(DEFAULT_SPILL_PER_MEMORY))
     }
 
     /// The folder spill areas are made in: [`StreamingSettings::spill_dir`]
@@ -248,6 +271,12 @@ impl StreamingSettings {
         if self.max_memory_bytes == 0 {
             return invalid("max_memory_bytes", "must be positive".into());
         }
+        if self.max_spill_bytes == Some(0) {
+            return invalid(
+                "max_spill_bytes",
+                "must be positive (a block that cannot spill could never be stored)".into(),
+            );
+        }
         if let Some(rate) = self.backpressure.initial_rate.filter(|r| r.is_nan() || *r <= 0.0) {
             return invalid("backpressure.initial_rate", format!("{rate} is not positive"));
         }
@@ -265,6 +294,11 @@ impl StreamingSettings {
 /// 256 MiB of received blocks, which with the batch being processed and the
 /// engine's own memory keeps a job well inside a machine of 1 GiB.
 pub const DEFAULT_MAX_MEMORY_BYTES: u64 = 256 << 20;
+
+/// The spill limit unless set, as a multiple of the memory budget: 4 GiB
+/// of blocks on disk under the default budget, many batches' worth for a
+/// stream whose whole-batch reader fell behind, yet not a disk's worth.
+pub const DEFAULT_SPILL_PER_MEMORY: u64 = 16;
 
 /// The smallest multiple of `batch_interval` that is at least 10 seconds.
 pub fn default_checkpoint_interval(batch_interval: Duration) -> Duration {
@@ -293,5 +327,16 @@ mod tests {
         assert!(settings.clone().with_checkpoint_interval(Duration::from_secs(3)).validate().is_err());
         assert!(StreamingSettings::new(Duration::ZERO).validate().is_err());
         assert!(settings.with_concurrent_jobs(0).validate().is_err());
+    }
+
+    #[test]
+    fn spilled_blocks_are_bounded_by_default_by_a_multiple_of_the_memory_budget() {
+        let mut settings = StreamingSettings::new(Duration::from_secs(1));
+        assert_eq!(settings.spill_limit(), DEFAULT_MAX_MEMORY_BYTES * DEFAULT_SPILL_PER_MEMORY);
+        settings.max_memory_bytes = 64 << 20;
+        assert_eq!(settings.spill_limit(), 1 << 30);
+        assert_eq!(settings.clone().with_max_spill_bytes(5 << 20).spill_limit(), 5 << 20);
+        let refused = settings.with_max_spill_bytes(0).validate().unwrap_err();
+        assert!(refused.to_string().contains("max_spill_bytes"), "{refused}");
     }
 }

@@ -204,3 +204,42 @@ pub(crate) fn log_store_error(dir: &Path, e: LogStoreError) -> RuntimeError {
         other => RuntimeError::Checkpoint { dir: dir.to_path_buf(), message: other.to_string() },
     }
 }
+
+#[cfg(all(test, feature = "s3"))]
+mod tests {
+    use super::*;
+    use object_store::memory::InMemory;
+    use spate_core::ManualClock;
+    use spate_logstore::{CheckpointOptions, LeaseOptions, ObjectStoreFileManager};
+
+    const LOCATION: &str = "s3://bucket/ck";
+
+    /// A checkpoint in an in-memory object store (the same keys as S3).
+    fn store_in_memory() -> CheckpointStore {
+        let files = ObjectStoreFileManager::with_store(Path::new(LOCATION), "ck", Arc::new(InMemory::new())).unwrap();
+        let lease = LeaseOptions { renew_in_background: false, ..LeaseOptions::default() };
+        let options = CheckpointOptions::new()
+            .clock(Arc::new(ManualClock::new(Time::from_millis(0))))
+            .file_manager(Arc::new(files))
+            .lease(lease);
+        CheckpointStore::new(Checkpoint::open_for_write(LOCATION, options).unwrap())
+    }
+
+    #[test]
+    fn old_snapshots_in_an_object_store_are_purged_whatever_the_operator_is_called() {
+        let store = store_in_memory();
+        // Each of these needs percent-encoding in an object key.
+        let operators = ["counts[by word]", "top~10", "50% sample", "plain"];
+        for operator in operators {
+            for batch in 0..3 {
+                store.write_state(operator, BatchId(batch), b"state").unwrap();
+            }
+        }
+        store.purge_state(BatchId(2));
+        for operator in operators {
+            let left = store.checkpoint().list(Path::new(STATE_DIR).join(operator)).unwrap();
+            assert_eq!(left, ["2"], "{operator}: the snapshots before batch 2 are purged");
+            assert_eq!(store.read_state(operator, BatchId(2)).unwrap(), b"state");
+        }
+    }
+}

@@ -44,6 +44,10 @@ pub(crate) const MEMORY_BUDGET_USED: &str = "spate_memory_budget_used_bytes";
 pub(crate) const MEMORY_BUDGET_LIMIT: &str = "spate_memory_budget_limit_bytes";
 /// Blocks that had to wait for room in the memory budget (backpressure).
 pub(crate) const MEMORY_BUDGET_WAITS: &str = "spate_memory_budget_waits_total";
+/// Bytes the received blocks spilled to disk take.
+pub(crate) const SPILL_USED: &str = "spate_spill_used_bytes";
+/// The spill limit (`--max-spill`), bytes.
+pub(crate) const SPILL_LIMIT: &str = "spate_spill_limit_bytes";
 /// Per partition, records not read yet (spate-kafka records it).
 pub(crate) const KAFKA_CONSUMER_LAG: &str = "spate_kafka_consumer_lag";
 
@@ -127,6 +131,9 @@ fn describe() {
     describe_gauge!(MEMORY_BUDGET_USED, "Bytes of the memory budget (--max-memory) the received blocks hold.");
     describe_gauge!(MEMORY_BUDGET_LIMIT, "The memory budget (--max-memory), bytes.");
     describe_counter!(MEMORY_BUDGET_WAITS, "Blocks that waited for room in the memory budget (backpressure).");
+    describe_gauge!(SPILL_USED, "Bytes the received blocks spilled to disk take (within --max-spill).");
+    describe_gauge!(SPILL_LIMIT, "The spill limit (--max-spill), bytes.");
+    describe_counter!("spate_spill_waits_total", "Blocks that waited for room in the full spill area (backpressure).");
     describe_gauge!(KAFKA_CONSUMER_LAG, "Records of a Kafka partition not read yet after the last planned batch.");
     describe_counter!("spate_kafka_transactions_committed_total", "Output transactions committed, per topic.");
     describe_counter!("spate_kafka_transactions_aborted_total", "Output transactions aborted, per topic.");
@@ -149,10 +156,12 @@ pub(crate) fn record_batch(progress: &BatchProgress) {
 }
 
 /// Records how much of the memory budget is held and how often it held a receiver back.
-pub(crate) fn record_memory(budget: &MemoryBudget) {
+pub(crate) fn record_memory(budget: &MemoryBudget, spill: &MemoryBudget) {
     gauge!(MEMORY_BUDGET_USED).set(budget.used() as f64);
     gauge!(MEMORY_BUDGET_LIMIT).set(budget.limit() as f64);
     counter!(MEMORY_BUDGET_WAITS).absolute(budget.waits());
+    gauge!(SPILL_USED).set(spill.used() as f64);
+    gauge!(SPILL_LIMIT).set(spill.limit() as f64);
 }
 
 /// The verdicts of [`RECOVERY_VERDICT`].

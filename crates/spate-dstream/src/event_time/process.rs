@@ -20,7 +20,7 @@ use super::{
 use crate::batch::{Batch, Data, Key};
 use crate::error::DStreamError;
 use crate::graph::Job;
-use crate::hash::{FxHashMap, map_with_capacity, partition_of};
+use crate::hash::{KeyHashMap, map_with_capacity, partition_of};
 use crate::node::{Node, NodeMeta, Slot, StateMeta, StatefulNode, StepCtx};
 use crate::stream::DStream;
 
@@ -103,7 +103,7 @@ struct KeyState<S> {
 
 /// The keys of one partition of the work.
 struct PartState<K, S> {
-    keys: FxHashMap<K, KeyState<S>>,
+    keys: KeyHashMap<K, KeyState<S>>,
     /// Timer time -> keys with a timer then (entries may be stale: a key's
     /// own set decides).
     due: BTreeMap<Time, Vec<K>>,

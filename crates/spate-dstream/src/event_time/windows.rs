@@ -24,7 +24,7 @@ use super::{
 use crate::batch::{Batch, Data, Key};
 use crate::error::DStreamError;
 use crate::graph::Job;
-use crate::hash::{FxHashMap, map_with_capacity, partition_of};
+use crate::hash::{KeyHashMap, map_with_capacity, partition_of};
 use crate::node::{Node, NodeMeta, Slot, StateMeta, StatefulNode, StepCtx};
 use crate::stream::DStream;
 
@@ -58,12 +58,12 @@ struct Session<A> {
 /// The windows of the keys of one partition of the work.
 struct PartState<K, A> {
     /// Sliding windows: pane start -> each key's aggregate in the pane.
-    panes: BTreeMap<Time, FxHashMap<K, A>>,
+    panes: BTreeMap<Time, KeyHashMap<K, A>>,
     /// Sliding windows emitted again after late records: the last revision
     /// by key and window start.
-    revisions: FxHashMap<(K, Time), u32>,
+    revisions: KeyHashMap<(K, Time), u32>,
     /// Session windows by key, sorted by start, never overlapping.
-    sessions: FxHashMap<K, Vec<Session<A>>>,
+    sessions: KeyHashMap<K, Vec<Session<A>>>,
 }
 
 impl<K, A> Default for PartState<K, A> {
@@ -77,7 +77,7 @@ struct Assigned<K, V, A> {
     /// The largest event time among its records.
     max: Option<Time>,
     /// Sliding windows: partial aggregates by key and pane.
-    panes: FxHashMap<(K, Time), A>,
+    panes: KeyHashMap<(K, Time), A>,
     /// Session windows: the records with their event times.
     records: Vec<(K, Time, V)>,
     /// Records whose every window is gone, or stamped too far ahead.
@@ -291,7 +291,7 @@ where
         starts.sort_unstable();
         starts.dedup();
         for start in starts {
-            let mut window: FxHashMap<K, A> = map_with_capacity(0);
+            let mut window: KeyHashMap<K, A> = map_with_capacity(0);
             for pane in state.panes.range(start..start + size).map(|(_, keys)| keys) {
                 for (key, value) in pane {
                     match window.get_mut(key) {
