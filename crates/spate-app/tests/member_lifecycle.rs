@@ -4,27 +4,17 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::sync::{Arc, Condvar, Mutex};
-use std::time::{Duration as StdDuration, Instant, SystemTime, UNIX_EPOCH};
+mod common;
 
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration as StdDuration, Instant};
+
+use common::{brokers, unique};
 use rdkafka::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use spate_app::{Emit, Member, MemberEvent, MemberSettings, Topology};
 use spate_core::Duration;
 use spate_kafka::{GroupSettings, KafkaRecord};
-
-fn brokers() -> String {
-    std::env::var("SPATE_KAFKA_BROKERS").unwrap_or_else(|_| {
-        panic!(
-            "SPATE_KAFKA_BROKERS is not set: start a broker with `cargo xtask kafka start` (or run `cargo xtask test`)"
-        )
-    })
-}
-
-fn unique(prefix: &str) -> String {
-    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos();
-    format!("{prefix}-{}-{nanos}", std::process::id())
-}
 
 /// Copies each record of `input` to `output`.
 fn copy(app: &str, input: &str, output: &str) -> Topology {

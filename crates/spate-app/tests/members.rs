@@ -6,11 +6,14 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration as StdDuration, Instant, SystemTime, UNIX_EPOCH};
 
+use common::{brokers, unique};
 use rdkafka::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
@@ -20,19 +23,6 @@ use spate_core::{Duration, Time};
 use spate_dstream::{EventWindows, Watermarks};
 use spate_kafka::{GroupSettings, KafkaRecord};
 use spate_logstore::ObjectStoreSettings;
-
-fn brokers() -> String {
-    std::env::var("SPATE_KAFKA_BROKERS").unwrap_or_else(|_| {
-        panic!(
-            "SPATE_KAFKA_BROKERS is not set: start a broker with `cargo xtask kafka start` (or run `cargo xtask test`)"
-        )
-    })
-}
-
-fn unique(prefix: &str) -> String {
-    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos();
-    format!("{prefix}-{}-{nanos}", std::process::id())
-}
 
 const WINDOW_MS: i64 = 10_000;
 

@@ -82,9 +82,8 @@ fn produce(topic: &str, lines: &[(i32, i64, String)]) {
     }
     producer.flush(Duration::from_secs(30)).unwrap();
     // A delivery the broker refused is not an error of flush: count what landed.
-    let landed: i64 = (0..PARTITIONS)
-        .map(|p| producer.client().fetch_watermarks(topic, p, Duration::from_secs(10)).unwrap().1)
-        .sum();
+    let landed: i64 =
+        (0..PARTITIONS).map(|p| producer.client().fetch_watermarks(topic, p, Duration::from_secs(10)).unwrap().1).sum();
     assert_eq!(landed, lines.len() as i64, "the broker took {landed} of the {} lines", lines.len());
 }
 

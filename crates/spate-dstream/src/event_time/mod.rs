@@ -81,7 +81,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use spate_core::{CoreError, Duration, FrameCodec, Time};
 
-use crate::batch::{Data, Key};
+use crate::batch::{Batch, Data, Key};
 use crate::error::DStreamError;
 use crate::node::{Slot, StepCtx};
 use crate::stream::DStream;
@@ -390,15 +390,27 @@ fn behind(time: Time, watermark: Option<Time>) -> bool {
     watermark.is_some_and(|w| time < w)
 }
 
-/// Takes the batch's progress marks, when the input's progress comes from
-/// its writers (see [`DStream::with_progress`]).
-fn take_marks(
+/// An event-time operator's input for one batch: its records and, when its
+/// progress comes from its writers (see [`DStream::with_progress`]), their
+/// marks; `None` when there are neither.
+fn take_input<K: Clone, V: Clone>(
     ctx: &StepCtx<'_>,
-    slot: Option<&Arc<Slot<ProgressMark>>>,
-) -> Result<Option<Vec<ProgressMark>>, DStreamError> {
-    let Some(slot) = slot else { return Ok(None) };
-    Ok(Some(ctx.take_owned(slot)?.map(crate::batch::Batch::into_vec).unwrap_or_default()))
+    input: &Slot<(K, V)>,
+    marks: Option<&Arc<Slot<ProgressMark>>>,
+) -> Result<Option<Input<K, V>>, DStreamError> {
+    let marks = match marks {
+        Some(slot) => Some(ctx.take_owned(slot)?.map(Batch::into_vec).unwrap_or_default()),
+        None => None,
+    };
+    Ok(match ctx.take_owned(input)? {
+        Some(batch) => Some((batch, marks)),
+        // Marks still move the watermark when the records have no batch.
+        None => marks.map(|marks| (Batch::default(), Some(marks))),
+    })
 }
+
+/// A batch of an event-time operator's records, and its writers' marks.
+type Input<K, V> = (Batch<(K, V)>, Option<Vec<ProgressMark>>);
 
 #[cfg(test)]
 mod tests {

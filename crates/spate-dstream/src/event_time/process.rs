@@ -15,7 +15,7 @@ use spate_core::{CoreError, Time};
 
 use super::{
     ProgressMark, TrackerV1, WatermarkTracker, Watermarks, WithLate, behind, decode_snapshot, event_time_codec,
-    take_marks,
+    take_input,
 };
 use crate::batch::{Batch, Data, Key};
 use crate::error::DStreamError;
@@ -222,16 +222,10 @@ where
         if self.parts.len() != ctx.partitions {
             self.parts = respread(std::mem::take(&mut self.parts), ctx.partitions);
         }
-        let marks = take_marks(ctx, self.marks.as_ref())?;
-        let batch = match ctx.take_owned(&self.input)? {
-            Some(batch) => batch,
-            // Marks still move the watermark when the records have no batch.
-            None if marks.is_some() => Batch::default(),
-            None => {
-                self.output.put(ctx.time, None);
-                self.late.put(ctx.time, None);
-                return Ok(None);
-            }
+        let Some((batch, marks)) = take_input(ctx, &self.input, self.marks.as_ref())? else {
+            self.output.put(ctx.time, None);
+            self.late.put(ctx.time, None);
+            return Ok(None);
         };
         let before = self.tracker.current();
         let event_time = &self.event_time;
