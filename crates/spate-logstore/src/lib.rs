@@ -73,6 +73,7 @@ mod log;
 mod object_faults;
 #[cfg(feature = "s3")]
 mod object_files;
+mod process;
 mod repair;
 mod verdict;
 
@@ -96,7 +97,7 @@ pub use log::{
     BodyError, Json, LogEntry, MAX_LOG_FILE_BYTES, MetadataLog, decode_entry, encode_entry, parse_batch_file_name,
 };
 #[cfg(feature = "s3")]
-pub use object_faults::{FaultyObjectStore, ObjectFault};
+pub use object_faults::{FaultyObjectStore, HeldWrite, ObjectFault};
 #[cfg(feature = "s3")]
 pub use object_files::ObjectStoreFileManager;
 pub use repair::{QUARANTINE_DIR, REPAIR_NOTE, RepairAction, RepairPlan, apply_repair, plan_repair};

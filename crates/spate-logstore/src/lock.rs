@@ -143,6 +143,14 @@ impl EpochFence {
     }
 }
 
+#[cfg(all(test, feature = "s3"))]
+impl EpochFence {
+    /// The lease behind this fence, for tests of its locking.
+    pub(crate) fn lease(&self) -> Option<&Arc<crate::lease::LeaseState>> {
+        self.lease.as_ref()
+    }
+}
+
 impl WriterFence for EpochFence {
     fn epoch(&self) -> u64 {
         self.epoch
