@@ -518,11 +518,14 @@ impl Checkpoint {
     }
 
     /// Deletes such a file; false when it was not there. The fence is
-    /// checked immediately before.
+    /// checked first, and again immediately before the deletion against the
+    /// lock as it is now ([`EpochFence::confirm`]), so a writer that lost
+    /// the checkpoint cannot delete a newer writer's file.
     pub fn delete_file(&self, relative: impl AsRef<Path>) -> Result<bool> {
         let path = self.path_of(relative)?;
-        self.check_writer()?;
-        self.files.delete(&path)
+        let fence = self.writer_fence()?;
+        fence.check()?;
+        self.files.delete_fenced(&path, &|| fence.confirm())
     }
 
     /// The names in a directory of the checkpoint (unsorted; temp files skipped).

@@ -330,6 +330,26 @@ impl LeaseState {
         Ok(())
     }
 
+    /// [`LeaseState::check`], then the lease object as it is on the store:
+    /// it must still name this holder. A delete cannot be made conditional,
+    /// so this read is what keeps a paused writer's purge from landing after
+    /// a newer writer took over.
+    pub(crate) fn confirm(&self) -> Result<()> {
+        self.check()?;
+        match read_lease(self.files.as_ref(), &self.path)? {
+            Found::Lease(lease, _) if lease.holder == self.holder => Ok(()),
+            found => {
+                let lost = match found {
+                    Found::Lease(lease, _) => format!("epoch {}, held by {}", lease.holder.epoch, lease.holder),
+                    Found::Missing => "nothing (the lease object is gone)".to_string(),
+                    Found::Unreadable(reason, _) => format!("something unreadable ({reason})"),
+                };
+                self.current().lost = Some(lost.clone());
+                Err(self.stale(lost))
+            }
+        }
+    }
+
     /// [`LeaseState::renew`] once `renew_every` has passed since the last
     /// renewal by the writer's clock: the driver calls this at each batch,
     /// so a job renews on the clock it runs on, not only from the
