@@ -54,6 +54,8 @@ struct Faults {
     held: Mutex<Option<Hold>>,
     writes: AtomicUsize,
     fired: AtomicBool,
+    /// The object the failed write was for.
+    fired_on: Mutex<Option<String>>,
 }
 
 /// The number of the write to hold, who to tell when it arrives, and what lets it go.
@@ -103,6 +105,7 @@ impl Faults {
         match self.fail_at {
             Some((at, fault)) if at == n => {
                 self.fired.store(true, Ordering::SeqCst);
+                *self.fired_on.lock().unwrap_or_else(PoisonError::into_inner) = Some(location.to_string());
                 match fault {
                     ObjectFault::BeforeApply => Err(injected(location)),
                     // Applied; only the answer is lost.
@@ -179,6 +182,11 @@ impl FaultyObjectStore {
     /// True once the chosen write failed.
     pub fn fired(&self) -> bool {
         self.faults.fired.load(Ordering::SeqCst)
+    }
+
+    /// The key of the object the failed write was for, once it failed.
+    pub fn fired_on(&self) -> Option<String> {
+        self.faults.fired_on.lock().unwrap_or_else(PoisonError::into_inner).clone()
     }
 }
 
