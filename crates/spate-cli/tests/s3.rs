@@ -620,6 +620,30 @@ fn a_second_writer_on_s3_exits_4_naming_the_holder_and_writes_nothing() {
     verify_output(&wal.path().join("output"), SEED).unwrap();
 }
 
+#[test]
+fn a_demo_killed_with_kill_9_on_s3_restarts_at_once_taking_its_dead_lease_over() {
+    let s3 = s3();
+    let location = s3.fresh_location("kill-9");
+    let wal = tempfile::tempdir().unwrap();
+    let mut held = Held::spawn(&demo_args(&s3, &location, wal.path(), &["--quiet"]), 2);
+    let batch = held.wait_held();
+    held.child.kill().unwrap(); // SIGKILL: the lease is neither renewed nor released
+    held.child.wait().unwrap();
+    let state = inspect_json(&s3, &location);
+    assert_eq!(state["lock"]["held"], true, "the dead process's lease still runs: {state}");
+
+    // Its process is gone from this host: the restart takes the lease over at once.
+    let until = (batch + 2).to_string();
+    let restarted = spate(&demo_args(&s3, &location, wal.path(), &["--quiet", "--until-batch", &until]));
+    let stderr = text(&restarted.stderr);
+    assert_eq!(restarted.status.code(), Some(0), "{stderr}");
+    assert!(!stderr.contains("waiting"), "the restart waited for a lease whose holder is gone: {stderr}");
+    let state = inspect_json(&s3, &location);
+    assert_eq!(state["lock"]["held"], false, "{state}");
+    assert!(state["commits"]["last"].as_u64().unwrap() >= batch + 2, "{state}");
+    verify_output(&wal.path().join("output"), SEED).unwrap();
+}
+
 /// An application's location as `spate run --app` leaves it: `lines-0`
 /// held by this process with batch 2 in flight, `lines-1` let go after
 /// batch 3 committed. Returns the writer that holds `lines-0`.
