@@ -40,8 +40,8 @@ fn files_on(store: Arc<dyn ObjectStore>) -> Arc<dyn CheckpointFileManager> {
     Arc::new(ObjectStoreFileManager::with_store(Path::new(LOCATION), "ck", store).unwrap())
 }
 
-/// A writer's life: the graph, three batches with state, a purge, a new
-/// graph. `acknowledged` is the last batch whose commit it was told landed.
+/// A writer's life: the graph, three batches each with its state snapshot
+/// after its commit, purges, a new graph. `acknowledged` is the last batch whose commit it was told landed.
 fn writer_life(
     files: Arc<dyn CheckpointFileManager>,
     clock: &Arc<ManualClock>,
@@ -51,9 +51,10 @@ fn writer_life(
     checkpoint.replace_file("graph", b"g1")?;
     for n in 0..BATCHES {
         checkpoint.offsets().add(BatchId(n), &offsets(n))?;
-        checkpoint.write_file(format!("state/op/{n}"), b"state")?;
         checkpoint.commit_batch(BatchId(n), &CommitMetadata::default())?;
         *acknowledged.lock().unwrap() = Some(BatchId(n));
+        // As the runtime does: a batch's state is taken after its commit.
+        checkpoint.write_file(format!("state/op/{n}"), b"state")?;
     }
     checkpoint.replace_file("graph", b"g2")
 }

@@ -75,6 +75,7 @@ mod object_faults;
 mod object_files;
 mod process;
 mod repair;
+mod state;
 mod verdict;
 
 pub use checkpoint::{
@@ -101,6 +102,7 @@ pub use object_faults::{FaultyObjectStore, HeldWrite, ObjectFault};
 #[cfg(feature = "s3")]
 pub use object_files::ObjectStoreFileManager;
 pub use repair::{QUARANTINE_DIR, REPAIR_NOTE, RepairAction, RepairPlan, apply_repair, plan_repair};
+pub use state::{GRAPH_FILE, STATE_DIR, StateShape};
 pub use verdict::{
     CheckpointShape, Inconsistency, InconsistencyKind, RecoveryPoint, Verdict, classify, inspect, inspect_with,
     repair_command,
