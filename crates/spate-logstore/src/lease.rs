@@ -185,7 +185,8 @@ pub(crate) fn acquire(
     let used = files.exists(&dir.join(crate::checkpoint::METADATA_FILE))?;
     let epoch = next_epoch(dir, &previous, used, clock.as_ref())?;
     let holder = LockHolder { pid: std::process::id(), host: host_name(), since: now, epoch };
-    let lease = Lease { holder: holder.clone(), expires: now + options.duration, process: ProcessIdentity::current() };
+    let process = ProcessIdentity::current();
+    let lease = Lease { holder: holder.clone(), expires: now + options.duration, process: process.clone() };
     let (version, expires) = match write_lease(files.as_ref(), &path, &lease, &expected) {
         Written::Landed(version) => (version, lease.expires),
         Written::Earlier(version, expires) => (version, expires),
@@ -202,6 +203,7 @@ pub(crate) fn acquire(
         dir: dir.to_path_buf(),
         path,
         holder,
+        process,
         clock,
         options: options.clone(),
         renewing: Mutex::new(()),
@@ -280,6 +282,8 @@ pub(crate) struct LeaseState {
     dir: PathBuf,
     path: PathBuf,
     holder: LockHolder,
+    /// This process, as each lease it writes records it.
+    process: Option<ProcessIdentity>,
     clock: Arc<dyn Clock>,
     options: LeaseOptions,
     /// Held across a renewal's or the release's request, so that two never
@@ -373,7 +377,7 @@ impl LeaseState {
             let lease = Lease {
                 holder: self.holder.clone(),
                 expires: now + self.options.duration,
-                process: ProcessIdentity::current(),
+                process: self.process.clone(),
             };
             match write_lease(self.files.as_ref(), &self.path, &lease, &expected) {
                 Written::Landed(version) => {
@@ -444,7 +448,7 @@ impl LeaseState {
             current.lost = Some(format!("this writer released its lease at {}", now.to_iso8601()));
             current.version.clone()
         };
-        let lease = Lease { holder: self.holder.clone(), expires: now, process: ProcessIdentity::current() };
+        let lease = Lease { holder: self.holder.clone(), expires: now, process: self.process.clone() };
         match write_lease(self.files.as_ref(), &self.path, &lease, &version) {
             Written::Landed(_) => {
                 info!(dir = %self.dir.display(), holder = %self.holder, "released the checkpoint lease")
