@@ -1,7 +1,9 @@
 //! `spate checkpoint repair LOCATION [--apply]`: show the repair plan of an
 //! inconsistent checkpoint (a directory or `s3://bucket/prefix`) and, when
 //! asked, carry it out under the writer lock. Files are moved to
-//! `_quarantine/` (in S3: copied there, then deleted), never just deleted.
+//! `_quarantine/` (in S3: copied there, then deleted), never just deleted;
+//! a `graph` manifest that names operator state taken after the last kept
+//! commit is rewritten to name older state, its original kept there too.
 
 use std::path::Path;
 
@@ -63,8 +65,9 @@ pub(crate) fn run(dir: &Path, settings: &ObjectStoreSettings, apply: bool) -> Re
     }
     checkpoint.apply_repair(&plan).map_err(fail)?;
     let verdict = checkpoint.verdict().map_err(fail)?;
+    let rewritten = if plan.state.is_some() { ", graph rewritten (its original kept there too)" } else { "" };
     Ok(format!(
-        "{plan}\nApplied: {} file(s) moved to {} (see REPAIR.txt there).\nThe checkpoint is now: {verdict}.",
+        "{plan}\nApplied: {} file(s) moved to {}{rewritten} (see REPAIR.txt there).\nThe checkpoint is now: {verdict}.",
         plan.actions.len(),
         dir.join(&plan.quarantine).display()
     ))

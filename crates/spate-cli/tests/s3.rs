@@ -24,8 +24,8 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use spate_core::{BatchId, Time};
 use spate_logstore::{
-    Checkpoint, CheckpointOptions, CommitMetadata, LOCK_FILE, ObjectStoreSettings, OffsetSeq, SourceOffset,
-    file_manager_for,
+    Checkpoint, CheckpointOptions, CommitMetadata, Json, LOCK_FILE, NO_FENCE, ObjectStoreSettings, OffsetSeq,
+    SourceOffset, encode_entry, file_manager_for,
 };
 use spate_runtime::demo::verify_output;
 
@@ -617,6 +617,60 @@ fn a_second_writer_on_s3_exits_4_naming_the_holder_and_writes_nothing() {
     assert_eq!(state["lock"]["held"], false, "{state}");
     assert_eq!(state["verdict"]["kind"], "resume", "{state}");
     assert!(state["commits"]["last"].as_u64().unwrap() >= batch, "{state}");
+    verify_output(&wal.path().join("output"), SEED).unwrap();
+}
+
+#[test]
+fn a_demo_killed_with_kill_9_on_s3_restarts_at_once_taking_its_dead_lease_over() {
+    let s3 = s3();
+    let location = s3.fresh_location("kill-9");
+    let wal = tempfile::tempdir().unwrap();
+    let mut held = Held::spawn(&demo_args(&s3, &location, wal.path(), &["--quiet"]), 2);
+    let batch = held.wait_held();
+    held.child.kill().unwrap(); // SIGKILL: the lease is neither renewed nor released
+    held.child.wait().unwrap();
+    let state = inspect_json(&s3, &location);
+    assert_eq!(state["lock"]["held"], true, "the dead process's lease still runs: {state}");
+
+    // Its process is gone from this host: the restart takes the lease over at once.
+    let until = (batch + 2).to_string();
+    let restarted = spate(&demo_args(&s3, &location, wal.path(), &["--quiet", "--until-batch", &until]));
+    let stderr = text(&restarted.stderr);
+    assert_eq!(restarted.status.code(), Some(0), "{stderr}");
+    assert!(
+        !stderr.contains("for its lease to run out"),
+        "the restart waited for a lease whose holder is gone: {stderr}"
+    );
+    let state = inspect_json(&s3, &location);
+    assert_eq!(state["lock"]["held"], false, "{state}");
+    assert!(state["commits"]["last"].as_u64().unwrap() >= batch + 2, "{state}");
+    verify_output(&wal.path().join("output"), SEED).unwrap();
+}
+
+#[test]
+fn a_writer_waits_for_the_lease_of_a_holder_on_another_host_to_run_out_saying_how_long() {
+    let s3 = s3();
+    let location = s3.fresh_location("elsewhere");
+    let wal = tempfile::tempdir().unwrap();
+    // A writer on another machine, whose lease runs for another 8 s: longer
+    // than a start takes, so the run finds it held.
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64;
+    let lease = serde_json::json!({
+        "pid": 4242, "host": "another-machine", "sinceMs": now - 60_000, "epoch": 7, "leaseExpiresMs": now + 8_000
+    });
+    let files = file_manager_for(&location, &s3.settings).unwrap();
+    files.create_atomic(&location.join(LOCK_FILE), &encode_entry(&Json(lease)).unwrap(), NO_FENCE).unwrap();
+
+    let run = spate(&demo_args(&s3, &location, wal.path(), &["--quiet", "--until-batch", "2"]));
+    let stderr = text(&run.stderr);
+    assert_eq!(run.status.code(), Some(0), "{stderr}");
+    assert!(
+        stderr.contains("the checkpoint is held by pid 4242 on host another-machine")
+            && stderr.contains(" s for its lease to run out"),
+        "{stderr}"
+    );
+    let state = inspect_json(&s3, &location);
+    assert_eq!(state["lock"]["lastWriter"]["epoch"], 8, "taken over with the next epoch: {state}");
     verify_output(&wal.path().join("output"), SEED).unwrap();
 }
 

@@ -359,7 +359,7 @@ impl Checkpoint {
             });
         }
         let fence = self.writer_fence()?;
-        apply_repair_fenced(self.files.as_ref(), plan, &|| fence.check())
+        apply_repair_fenced(self.files.as_ref(), plan, &|| fence.check(), Some(fence.epoch()))
     }
 
     /// Records that `batch` finished (after all its outputs), then purges
@@ -518,11 +518,14 @@ impl Checkpoint {
     }
 
     /// Deletes such a file; false when it was not there. The fence is
-    /// checked immediately before.
+    /// checked first, and again immediately before the deletion against the
+    /// lock as it is now ([`EpochFence::confirm`]), so a writer that lost
+    /// the checkpoint cannot delete a newer writer's file.
     pub fn delete_file(&self, relative: impl AsRef<Path>) -> Result<bool> {
         let path = self.path_of(relative)?;
-        self.check_writer()?;
-        self.files.delete(&path)
+        let fence = self.writer_fence()?;
+        fence.check()?;
+        self.files.delete_fenced(&path, &|| fence.confirm())
     }
 
     /// The names in a directory of the checkpoint (unsorted; temp files skipped).
@@ -535,7 +538,7 @@ impl Checkpoint {
 const EPOCH_LINE_PREFIX: &[u8] = b"spate-writer-epoch ";
 
 /// `bytes` after a line carrying `epoch`.
-fn with_epoch_line(epoch: u64, bytes: &[u8]) -> Vec<u8> {
+pub(crate) fn with_epoch_line(epoch: u64, bytes: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(bytes.len() + 40);
     out.extend_from_slice(EPOCH_LINE_PREFIX);
     out.extend_from_slice(format!("{epoch}\n").as_bytes());
@@ -545,7 +548,7 @@ fn with_epoch_line(epoch: u64, bytes: &[u8]) -> Vec<u8> {
 
 /// The epoch line's epoch and the rest; `(None, bytes)` for a file written
 /// without one (by [`Checkpoint::write_file`], or before the line existed).
-fn split_epoch_line<'a>(path: &Path, bytes: &'a [u8]) -> Result<(Option<u64>, &'a [u8])> {
+pub(crate) fn split_epoch_line<'a>(path: &Path, bytes: &'a [u8]) -> Result<(Option<u64>, &'a [u8])> {
     let Some(rest) = bytes.strip_prefix(EPOCH_LINE_PREFIX) else { return Ok((None, bytes)) };
     let damaged = || LogStoreError::Malformed {
         path: path.to_path_buf(),

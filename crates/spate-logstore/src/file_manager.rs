@@ -61,6 +61,13 @@ pub trait CheckpointFileManager: Send + Sync + std::fmt::Debug {
     /// Deletes the file `path`; false when it was not there.
     fn delete(&self, path: &Path) -> Result<bool>;
 
+    /// [`CheckpointFileManager::delete`] for a writer: `fence` runs
+    /// immediately before the deletion, and its error leaves `path` in place.
+    fn delete_fenced(&self, path: &Path, fence: PublishCheck<'_>) -> Result<bool> {
+        fence()?;
+        self.delete(path)
+    }
+
     /// True when `path` exists.
     fn exists(&self, path: &Path) -> Result<bool>;
 

@@ -23,8 +23,11 @@
 //!   [`spate_core::WriterFence`]) immediately before every change becomes
 //!   visible;
 //! - the recovery verdict ([`inspect`], [`Verdict`]), reading only the newest
-//!   entries, and the repair of inconsistent directories ([`plan_repair`],
-//!   [`apply_repair`]) that moves files to `_quarantine/` and never deletes;
+//!   entries and the operator state snapshots the runtime keeps
+//!   ([`StateShape`]: none may be newer than the last commit), and the
+//!   repair of inconsistent directories ([`plan_repair`], [`apply_repair`])
+//!   that moves files to `_quarantine/`, never deletes, and takes the state
+//!   back with the commits it moves ([`StateRollback`]);
 //! - [`Checkpoint`], the handle that ties these together, and keeps
 //!   everything under the checkpoint owner-only.
 //!
@@ -73,7 +76,9 @@ mod log;
 mod object_faults;
 #[cfg(feature = "s3")]
 mod object_files;
+mod process;
 mod repair;
+mod state;
 mod verdict;
 
 pub use checkpoint::{
@@ -96,10 +101,11 @@ pub use log::{
     BodyError, Json, LogEntry, MAX_LOG_FILE_BYTES, MetadataLog, decode_entry, encode_entry, parse_batch_file_name,
 };
 #[cfg(feature = "s3")]
-pub use object_faults::{FaultyObjectStore, ObjectFault};
+pub use object_faults::{FaultyObjectStore, HeldWrite, ObjectFault};
 #[cfg(feature = "s3")]
 pub use object_files::ObjectStoreFileManager;
-pub use repair::{QUARANTINE_DIR, REPAIR_NOTE, RepairAction, RepairPlan, apply_repair, plan_repair};
+pub use repair::{QUARANTINE_DIR, REPAIR_NOTE, RepairAction, RepairPlan, StateRollback, apply_repair, plan_repair};
+pub use state::{GRAPH_FILE, STATE_DIR, StateShape};
 pub use verdict::{
     CheckpointShape, Inconsistency, InconsistencyKind, RecoveryPoint, Verdict, classify, inspect, inspect_with,
     repair_command,

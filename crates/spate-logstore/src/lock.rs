@@ -143,6 +143,26 @@ impl EpochFence {
     }
 }
 
+#[cfg(all(test, feature = "s3"))]
+impl EpochFence {
+    /// The lease behind this fence, for tests of its locking.
+    pub(crate) fn lease(&self) -> Option<&Arc<crate::lease::LeaseState>> {
+        self.lease.as_ref()
+    }
+}
+
+impl EpochFence {
+    /// [`EpochFence::check`], and on an object store also the lease as it is
+    /// on the store now (a request): for a change that nothing else would
+    /// refuse once a newer writer holds the checkpoint, such as a delete.
+    pub fn confirm(&self) -> Result<()> {
+        match &self.lease {
+            Some(lease) => lease.confirm(),
+            None => self.check(),
+        }
+    }
+}
+
 impl WriterFence for EpochFence {
     fn epoch(&self) -> u64 {
         self.epoch

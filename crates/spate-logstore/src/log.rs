@@ -346,6 +346,14 @@ impl<T: LogEntry> MetadataLog<T> {
         self.dir.join(id.0.to_string())
     }
 
+    /// [`MetadataLog::check_writable`] against the lock as it is on the store.
+    fn confirm_writable(&self) -> Result<()> {
+        match &self.access {
+            Access::Fenced(fence) => fence.confirm(),
+            Access::Unfenced | Access::ReadOnly => self.check_writable(),
+        }
+    }
+
     fn check_writable(&self) -> Result<()> {
         match &self.access {
             Access::Unfenced => Ok(()),
@@ -455,14 +463,15 @@ impl<T: LogEntry> MetadataLog<T> {
     }
 
     /// Deletes every entry with an id below `threshold`; returns how many.
-    /// The fence is checked before each deletion, so a writer that loses the
-    /// checkpoint half-way stops there.
+    /// The fence is checked before each deletion, against the lock as it is
+    /// now ([`EpochFence::confirm`]: a delete has no put-if-absent to refuse
+    /// a stale writer), so a writer that lost the checkpoint deletes nothing
+    /// more.
     pub fn purge(&self, threshold: BatchId) -> Result<usize> {
         self.check_writable()?;
         let mut removed = 0;
         for id in self.ids()?.into_iter().take_while(|id| *id < threshold) {
-            self.check_writable()?;
-            if self.files.delete(&self.path_of(id))? {
+            if self.files.delete_fenced(&self.path_of(id), &|| self.confirm_writable())? {
                 removed += 1;
             }
         }

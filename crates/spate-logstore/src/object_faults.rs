@@ -1,18 +1,22 @@
 //! Fault injection for checkpoints in an object store: [`FaultyObjectStore`]
 //! wraps any `object_store` store and makes one chosen write request fail,
 //! either before the store applies it or after (the write landed but its
-//! answer was lost, as when a connection drops), and then, if asked, fails
-//! every later request as if the process had died there.
+//! answer was lost, as when a connection drops; or the client sent it again
+//! and got the answer to the repeat), and then, if asked, fails every later
+//! request as if the process had died there. It can also hold one write
+//! until the test lets it go (a slow store), and answer without ETags, as
+//! some S3-compatible stores do.
 //!
 //! Counting only writes (put, delete, copy) makes "crash at every step" a
 //! loop over one number, as [`crate::FaultyFileManager`] does for files.
 
 use std::fmt;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, mpsc};
 
 use async_trait::async_trait;
 use futures::StreamExt;
+use futures::channel::oneshot;
 use futures::stream::BoxStream;
 use object_store::path::Path;
 use object_store::{
@@ -27,6 +31,10 @@ pub enum ObjectFault {
     BeforeApply,
     /// The store applies it, then the caller gets an error.
     AfterApply,
+    /// The store applies it, its answer is lost, and the request is sent
+    /// again, as a client does when a connection drops: the caller gets the
+    /// answer to the repeat (a conditional put is then refused as a conflict).
+    AfterApplyRetried,
 }
 
 /// An object store that fails its `n`-th write (0-based); see the module docs.
@@ -40,8 +48,39 @@ pub struct FaultyObjectStore {
 struct Faults {
     fail_at: Option<(usize, ObjectFault)>,
     crash: bool,
+    /// Answers carry no ETag.
+    without_etags: bool,
+    /// The write to hold, who to tell when it arrives, and what lets it go.
+    held: Mutex<Option<Hold>>,
     writes: AtomicUsize,
     fired: AtomicBool,
+    /// The object the failed write was for.
+    fired_on: Mutex<Option<String>>,
+}
+
+/// The number of the write to hold, who to tell when it arrives, and what lets it go.
+type Hold = (usize, mpsc::Sender<()>, oneshot::Receiver<()>);
+
+/// A write held before it reaches the store until [`HeldWrite::release`]
+/// (or until this handle is dropped): a store that is slow to answer.
+#[derive(Debug)]
+pub struct HeldWrite {
+    reached: Mutex<mpsc::Receiver<()>>,
+    release: Mutex<Option<oneshot::Sender<()>>>,
+}
+
+impl HeldWrite {
+    /// Blocks until the held write has been requested (and is waiting).
+    pub fn wait_until_reached(&self) {
+        let _ = self.reached.lock().unwrap_or_else(PoisonError::into_inner).recv();
+    }
+
+    /// Lets the held write go on to the store.
+    pub fn release(&self) {
+        if let Some(release) = self.release.lock().unwrap_or_else(PoisonError::into_inner).take() {
+            let _ = release.send(());
+        }
+    }
 }
 
 fn injected(location: &Path) -> object_store::Error {
@@ -55,25 +94,56 @@ impl Faults {
         if self.crash && self.fired.load(Ordering::SeqCst) { Err(injected(location)) } else { Ok(()) }
     }
 
-    /// Runs one write, failing it when it is the chosen one.
-    async fn write<T>(
-        &self,
-        location: &Path,
-        apply: impl Future<Output = object_store::Result<T>>,
-    ) -> object_store::Result<T> {
+    /// Runs one write (`request` sends it), failing it when it is the chosen one.
+    async fn write<T, F>(&self, location: &Path, request: impl Fn() -> F) -> object_store::Result<T>
+    where
+        F: Future<Output = object_store::Result<T>>,
+    {
         self.alive(location)?;
         let n = self.writes.fetch_add(1, Ordering::SeqCst);
+        self.hold_if_chosen(n).await;
         match self.fail_at {
             Some((at, fault)) if at == n => {
                 self.fired.store(true, Ordering::SeqCst);
-                if fault == ObjectFault::AfterApply {
+                *self.fired_on.lock().unwrap_or_else(PoisonError::into_inner) = Some(location.to_string());
+                match fault {
+                    ObjectFault::BeforeApply => Err(injected(location)),
                     // Applied; only the answer is lost.
-                    let _ = apply.await;
+                    ObjectFault::AfterApply => {
+                        let _ = request().await;
+                        Err(injected(location))
+                    }
+                    ObjectFault::AfterApplyRetried => {
+                        let _ = request().await;
+                        request().await
+                    }
                 }
-                Err(injected(location))
             }
-            _ => apply.await,
+            _ => request().await,
         }
+    }
+
+    /// Waits for the test to let write `n` go when it is the held one.
+    async fn hold_if_chosen(&self, n: usize) {
+        let chosen = {
+            let mut held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
+            match held.take() {
+                Some((at, reached, release)) if at == n => Some((reached, release)),
+                other => {
+                    *held = other;
+                    None
+                }
+            }
+        };
+        if let Some((reached, release)) = chosen {
+            let _ = reached.send(());
+            // Let go, or the handle was dropped: either way the write goes on.
+            let _ = release.await;
+        }
+    }
+
+    fn strip_etag(&self, tag: Option<String>) -> Option<String> {
+        if self.without_etags { None } else { tag }
     }
 }
 
@@ -89,6 +159,21 @@ impl FaultyObjectStore {
         FaultyObjectStore { inner, faults: Arc::new(faults) }
     }
 
+    /// A store that holds write number `n` until the returned handle lets it go.
+    pub fn hold_write(inner: Arc<dyn ObjectStore>, n: usize) -> (Self, HeldWrite) {
+        let (reached_tx, reached_rx) = mpsc::channel();
+        let (release_tx, release_rx) = oneshot::channel();
+        let faults = Faults { held: Mutex::new(Some((n, reached_tx, release_rx))), ..Faults::default() };
+        let held = HeldWrite { reached: Mutex::new(reached_rx), release: Mutex::new(Some(release_tx)) };
+        (FaultyObjectStore { inner, faults: Arc::new(faults) }, held)
+    }
+
+    /// A store whose answers carry no ETag, so that nothing can be replaced
+    /// conditionally on one.
+    pub fn without_etags(inner: Arc<dyn ObjectStore>) -> Self {
+        FaultyObjectStore { inner, faults: Arc::new(Faults { without_etags: true, ..Faults::default() }) }
+    }
+
     /// The writes requested so far (the failed one included).
     pub fn writes(&self) -> usize {
         self.faults.writes.load(Ordering::SeqCst)
@@ -97,6 +182,11 @@ impl FaultyObjectStore {
     /// True once the chosen write failed.
     pub fn fired(&self) -> bool {
         self.faults.fired.load(Ordering::SeqCst)
+    }
+
+    /// The key of the object the failed write was for, once it failed.
+    pub fn fired_on(&self) -> Option<String> {
+        self.faults.fired_on.lock().unwrap_or_else(PoisonError::into_inner).clone()
     }
 }
 
@@ -114,7 +204,10 @@ impl ObjectStore for FaultyObjectStore {
         payload: PutPayload,
         opts: PutOptions,
     ) -> object_store::Result<PutResult> {
-        self.faults.write(location, self.inner.put_opts(location, payload, opts)).await
+        let mut result =
+            self.faults.write(location, || self.inner.put_opts(location, payload.clone(), opts.clone())).await?;
+        result.e_tag = self.faults.strip_etag(result.e_tag);
+        Ok(result)
     }
 
     async fn put_multipart_opts(
@@ -122,12 +215,14 @@ impl ObjectStore for FaultyObjectStore {
         location: &Path,
         opts: PutMultipartOptions,
     ) -> object_store::Result<Box<dyn MultipartUpload>> {
-        self.faults.write(location, self.inner.put_multipart_opts(location, opts)).await
+        self.faults.write(location, || self.inner.put_multipart_opts(location, opts.clone())).await
     }
 
     async fn get_opts(&self, location: &Path, options: GetOptions) -> object_store::Result<GetResult> {
         self.faults.alive(location)?;
-        self.inner.get_opts(location, options).await
+        let mut result = self.inner.get_opts(location, options).await?;
+        result.meta.e_tag = self.faults.strip_etag(result.meta.e_tag);
+        Ok(result)
     }
 
     fn delete_stream(
@@ -141,7 +236,7 @@ impl ObjectStore for FaultyObjectStore {
                 let (inner, faults) = (Arc::clone(&inner), Arc::clone(&faults));
                 async move {
                     let path = location?;
-                    faults.write(&path, inner.delete(&path)).await.map(|()| path)
+                    faults.write(&path, || inner.delete(&path)).await.map(|()| path)
                 }
             })
             .boxed()
@@ -160,6 +255,6 @@ impl ObjectStore for FaultyObjectStore {
     }
 
     async fn copy_opts(&self, from: &Path, to: &Path, options: CopyOptions) -> object_store::Result<()> {
-        self.faults.write(to, self.inner.copy_opts(from, to, options)).await
+        self.faults.write(to, || self.inner.copy_opts(from, to, options.clone())).await
     }
 }

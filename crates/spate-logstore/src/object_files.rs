@@ -4,7 +4,11 @@
 //! There is no rename and no copy: a put-if-absent is a PUT with
 //! `If-None-Match: *` (`PutMode::Create`), a replace a PUT with `If-Match`
 //! on the ETag read before (`PutMode::Update`), so a write is atomic and a
-//! racing writer loses instead of overwriting. Moving a file (repair's
+//! racing writer loses instead of overwriting. A store that answers a write
+//! without an ETag could only overwrite: it is refused at the first write
+//! (the lease, when a writer opens the checkpoint), never used unfenced.
+//! There is no conditional delete: a writer's delete checks the lease on
+//! the store immediately before the DELETE request. Moving a file (repair's
 //! quarantine) is a read, a put-if-absent under the new name, then a delete.
 //! Directories do not exist: a "directory" is a key prefix, and it exists
 //! when some object is under it. There are no permissions to tighten and no
@@ -25,7 +29,7 @@ use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload,
 use spate_core::Clock;
 
 use crate::error::{LogStoreError, Result};
-use crate::file_manager::{CheckpointFileManager, FileVersion, LogListing, PublishCheck, Tightened};
+use crate::file_manager::{CheckpointFileManager, FileVersion, LogListing, NO_FENCE, PublishCheck, Tightened};
 use crate::location::{ObjectStoreSettings, parse_s3_location};
 use crate::lock::{LeaseOptions, LockStatus, WriterLock};
 
@@ -154,7 +158,20 @@ impl ObjectStoreFileManager {
         let payload = PutPayload::from(bytes.to_vec());
         let options = PutOptions { mode, ..PutOptions::default() };
         let result = self.run(op, path, async move { store.put_opts(&key, payload, options).await })?;
-        Ok(result.e_tag.map_or(FileVersion::Unknown, FileVersion::Tag))
+        result.e_tag.map(FileVersion::Tag).ok_or_else(|| self.without_etags())
+    }
+
+    /// The refusal of a store that answers writes without an ETag: a
+    /// replace could then only overwrite, and a stale writer would no longer
+    /// be fenced off.
+    fn without_etags(&self) -> LogStoreError {
+        LogStoreError::Location {
+            location: self.inner.root.display().to_string(),
+            reason: "the object store answered a write without an ETag, so it cannot replace an object \
+                     conditionally (If-Match), which is what keeps a stale writer from overwriting a newer \
+                     one's files; use a store that returns ETags and supports conditional writes"
+                .to_string(),
+        }
     }
 
     fn head(&self, path: &Path) -> Result<Option<FileVersion>> {
@@ -273,8 +290,8 @@ impl CheckpointFileManager for ObjectStoreFileManager {
         let mode = match expected {
             FileVersion::Absent => PutMode::Create,
             FileVersion::Tag(tag) => PutMode::Update(UpdateVersion { e_tag: Some(tag.clone()), version: None }),
-            // A store without ETags cannot replace conditionally.
-            FileVersion::Unknown => PutMode::Overwrite,
+            // Read without an ETag: refused rather than overwritten.
+            FileVersion::Unknown => return Err(self.without_etags()),
         };
         fence()?;
         match self.put("conditional put", path, bytes, mode) {
@@ -292,13 +309,20 @@ impl CheckpointFileManager for ObjectStoreFileManager {
             return Err(LogStoreError::io("move", from, missing));
         };
         self.create_atomic(to, &bytes, fence)?;
-        self.delete(from).map(|_| ())
+        self.delete_fenced(from, fence).map(|_| ())
     }
 
     fn delete(&self, path: &Path) -> Result<bool> {
+        self.delete_fenced(path, NO_FENCE)
+    }
+
+    /// There is no conditional delete: `fence` runs after the HEAD,
+    /// immediately before the DELETE request.
+    fn delete_fenced(&self, path: &Path, fence: PublishCheck<'_>) -> Result<bool> {
         if self.head(path)?.is_none() {
             return Ok(false);
         }
+        fence()?;
         let key = self.key(path)?;
         let store = self.store();
         self.run("delete", path, async move { store.delete(&key).await })?;
@@ -377,11 +401,15 @@ impl CheckpointFileManager for ObjectStoreFileManager {
 
 #[cfg(test)]
 mod tests {
+    use object_store::memory::InMemory;
+    use spate_core::{BatchId, Duration, ManualClock, Time};
+
     use super::*;
     use crate::file_manager::NO_FENCE;
-    use object_store::memory::InMemory;
+    use crate::{Checkpoint, CheckpointOptions, CommitMetadata, FaultyObjectStore, OffsetSeq};
 
     const LOCATION: &str = "s3://bucket/ck";
+    const START: i64 = 1_700_000_000_000;
 
     fn files() -> ObjectStoreFileManager {
         ObjectStoreFileManager::with_store(Path::new(LOCATION), "ck", Arc::new(InMemory::new())).unwrap()
@@ -424,5 +452,59 @@ mod tests {
             assert!(files.delete(&state.join(&name).join("7")).unwrap(), "{name}");
         }
         assert!(files.list(&state).unwrap().is_empty());
+    }
+
+    fn files_on(store: Arc<dyn ObjectStore>) -> Arc<dyn CheckpointFileManager> {
+        Arc::new(ObjectStoreFileManager::with_store(Path::new(LOCATION), "ck", store).unwrap())
+    }
+
+    fn options(files: &Arc<dyn CheckpointFileManager>, clock: &Arc<ManualClock>) -> CheckpointOptions {
+        let lease = LeaseOptions { renew_in_background: false, ..LeaseOptions::default() };
+        CheckpointOptions::new().clock(clock.clone()).file_manager(Arc::clone(files)).lease(lease)
+    }
+
+    #[test]
+    fn a_store_without_etags_is_refused_at_start_naming_it_and_why() {
+        let files = files_on(Arc::new(FaultyObjectStore::without_etags(Arc::new(InMemory::new()))));
+        let clock = Arc::new(ManualClock::new(Time::from_millis(START)));
+        let err = Checkpoint::open_for_write(LOCATION, options(&files, &clock)).unwrap_err();
+        let text = err.to_string();
+        assert!(matches!(err, LogStoreError::Location { .. }), "{text}");
+        assert!(text.contains(LOCATION) && text.contains("ETag") && text.contains("conditional"), "{text}");
+
+        // Never a plain overwrite in place of a conditional replace.
+        let path = Path::new(LOCATION).join("graph");
+        let created = files.create_atomic(&path, b"first", NO_FENCE); // lands, but is answered without an ETag
+        assert!(matches!(created, Err(LogStoreError::Location { .. })), "{created:?}");
+        let replaced = files.replace_if_unchanged(&path, b"second", &FileVersion::Unknown, NO_FENCE);
+        assert!(matches!(replaced, Err(LogStoreError::Location { .. })), "{replaced:?}");
+        assert_eq!(files.read(&path, 1024).unwrap().unwrap(), b"first");
+    }
+
+    #[test]
+    fn a_stale_writers_purge_and_deletes_cannot_land() {
+        let files = files_on(Arc::new(InMemory::new()));
+        // The old writer is paused: its clock stands still, so its lease looks alive to it.
+        let old_clock = Arc::new(ManualClock::new(Time::from_millis(START)));
+        let old = Checkpoint::open_for_write(LOCATION, options(&files, &old_clock)).unwrap();
+        for n in 0..3 {
+            assert!(old.offsets().add(BatchId(n), &OffsetSeq::default()).unwrap());
+            assert!(old.commit_batch(BatchId(n), &CommitMetadata::default()).unwrap());
+        }
+        old.write_file("state/op/0", b"state").unwrap();
+
+        let new_clock = Arc::new(ManualClock::new(Time::from_millis(START)));
+        new_clock.advance(Duration::from_millis(60_000));
+        let new = Checkpoint::open_for_write(LOCATION, options(&files, &new_clock)).unwrap();
+        let stale = |e: LogStoreError| assert!(matches!(e, LogStoreError::StaleEpoch { ours: 1, .. }), "{e}");
+        stale(old.offsets().purge(BatchId(2)).unwrap_err());
+        stale(old.commits().purge(BatchId(2)).unwrap_err());
+        stale(old.delete_file("state/op/0").unwrap_err());
+        assert_eq!(new.offsets().ids().unwrap(), [BatchId(0), BatchId(1), BatchId(2)]);
+        assert_eq!(new.commits().ids().unwrap(), [BatchId(0), BatchId(1), BatchId(2)]);
+        assert_eq!(new.read_file("state/op/0").unwrap().unwrap(), b"state");
+        // The new writer purges as it should.
+        assert_eq!(new.offsets().purge(BatchId(2)).unwrap(), 2);
+        assert!(new.delete_file("state/op/0").unwrap());
     }
 }

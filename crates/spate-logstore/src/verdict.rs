@@ -9,9 +9,13 @@
 //! where Spark re-runs batch N-1, writes its output twice, then fails with
 //! "Concurrent update to the log. Multiple streaming jobs detected".
 //!
+//! A consistent log is not enough: an operator state snapshot newer than
+//! the last commit (see the `state` module) is inconsistent too.
+//!
 //! [`classify`] is the pure decision on the lists of ids; [`inspect`] adds
-//! the I/O: it lists the two directories and reads only the newest entries
-//! (and the `metadata` file), never the whole log.
+//! the I/O: it lists the two directories and the state snapshots, and reads
+//! only the newest entries, the `metadata` file and the `graph` manifest,
+//! never the whole log.
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -24,6 +28,7 @@ use crate::error::{LogStoreError, Result};
 use crate::file_manager::{CheckpointFileManager, LogListing};
 use crate::location::{ObjectStoreSettings, file_manager_for};
 use crate::log::{MAX_LOG_FILE_BYTES, decode_entry};
+use crate::state::{GRAPH_FILE, StateShape, read_state_shape};
 
 /// Where a consistent checkpoint puts the next run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -63,6 +68,8 @@ pub struct CheckpointShape {
     pub commits: Vec<BatchId>,
     /// Files that exist but cannot be read (relative paths such as `offsets/7`).
     pub unreadable: Vec<(PathBuf, String)>,
+    /// The operator state snapshots, and the one `graph` names.
+    pub state: StateShape,
 }
 
 /// What is wrong with an inconsistent checkpoint.
@@ -103,6 +110,14 @@ pub enum InconsistencyKind {
         /// The file, relative to the checkpoint directory.
         file: PathBuf,
     },
+    /// An operator state snapshot is newer than the last commit: restored,
+    /// it would count the batches after the commit twice once they run again.
+    StateAhead {
+        /// The newest snapshot's batch (named by `graph`, or found in `state/`).
+        state_batch: BatchId,
+        /// The last commit (`None`: no commits).
+        last_commit: Option<BatchId>,
+    },
     /// A file needed to decide cannot be read.
     Unreadable {
         /// The file, relative to the checkpoint directory.
@@ -139,6 +154,13 @@ impl fmt::Display for InconsistencyKind {
                 "batch id out of range: {} names a batch that no batch could follow (or a number too large \
                  for a batch id); spate never writes such an entry",
                 file.display()
+            ),
+            InconsistencyKind::StateAhead { state_batch, last_commit } => write!(
+                f,
+                "state snapshot ahead of the commits: the operator state was taken after batch {state_batch}, \
+                 but the last commit is {}; restoring it and running the batches after the commit again \
+                 would count them twice",
+                last_commit.map_or("none".to_string(), |c| c.to_string()),
             ),
             InconsistencyKind::Unreadable { file, reason } => {
                 write!(f, "unreadable file {}: {reason}", file.display())
@@ -323,6 +345,13 @@ pub(crate) fn files_involved(kind: &InconsistencyKind, shape: &CheckpointShape) 
             let pending = |id: &&BatchId| last_commit.is_none_or(|c| **id > c);
             shape.offsets.iter().filter(pending).map(|id| offsets(*id)).collect()
         }
+        InconsistencyKind::StateAhead { last_commit, .. } => {
+            let mut files = shape.state.files_after(*last_commit);
+            if shape.state.named.is_some_and(|named| last_commit.is_none_or(|c| named > c)) {
+                files.insert(0, PathBuf::from(GRAPH_FILE));
+            }
+            files
+        }
         InconsistencyKind::IdOutOfRange { file } | InconsistencyKind::Unreadable { file, .. } => vec![file.clone()],
     }
 }
@@ -354,7 +383,7 @@ pub fn inspect_with(files: &dyn CheckpointFileManager, dir: &Path) -> Result<Ver
         Err(LogStoreError::io("list", dir.join(COMMITS_DIR), std::io::Error::other("listing thread panicked")))
     });
     let (offsets, commits) = (offsets?, commits?);
-    let mut shape = CheckpointShape { offsets: offsets.ids, commits: commits.ids, unreadable: Vec::new() };
+    let mut shape = CheckpointShape { offsets: offsets.ids, commits: commits.ids, ..CheckpointShape::default() };
     let inconsistent = |kind: InconsistencyKind, shape: CheckpointShape| {
         let files = files_involved(&kind, &shape);
         Ok(Verdict::Inconsistent(Box::new(Inconsistency { dir: dir.to_path_buf(), kind, files, shape })))
@@ -369,6 +398,13 @@ pub fn inspect_with(files: &dyn CheckpointFileManager, dir: &Path) -> Result<Ver
         shape.unreadable.extend(too_large.into_iter().map(|file| (file, reason.clone())));
         return inconsistent(InconsistencyKind::IdOutOfRange { file: first }, shape);
     }
+    match read_state_shape(files, dir) {
+        Ok(state) => shape.state = state,
+        Err((file, reason)) => {
+            shape.unreadable.push((file.clone(), reason.clone()));
+            return inconsistent(InconsistencyKind::Unreadable { file, reason }, shape);
+        }
+    }
     if let Err(unreadable) = read_metadata(files, dir) {
         shape.unreadable.push((PathBuf::from(METADATA_FILE), unreadable.to_string()));
         let kind = InconsistencyKind::Unreadable { file: PathBuf::from(METADATA_FILE), reason: unreadable.to_string() };
@@ -378,6 +414,10 @@ pub fn inspect_with(files: &dyn CheckpointFileManager, dir: &Path) -> Result<Ver
         Ok(point) => point,
         Err(kind) => return inconsistent(kind, shape),
     };
+    let last_commit = shape.commits.last().copied();
+    if let Some(state_batch) = shape.state.newest_after(last_commit) {
+        return inconsistent(InconsistencyKind::StateAhead { state_batch, last_commit }, shape);
+    }
     let last_offsets = read_last::<OffsetSeq>(files, dir, OFFSETS_DIR, shape.offsets.last().copied());
     let last_commit = read_last::<CommitMetadata>(files, dir, COMMITS_DIR, shape.commits.last().copied());
     match (point, last_offsets, last_commit) {

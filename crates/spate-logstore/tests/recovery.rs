@@ -249,3 +249,119 @@ fn inspect_reads_only_the_newest_entries() {
     fs::write(dir.join("commits/2"), "v1\n{\"nextBatchWatermarkMs\":7}").unwrap();
     assert!(matches!(inspect(dir).unwrap(), Verdict::Rerun { batch: BatchId(3), .. }));
 }
+
+/// A runtime's graph manifest naming the snapshot of `batch` (20 ms batches).
+fn graph(batch: u64) -> Vec<u8> {
+    let time = offsets(batch).batch_timestamp.as_millis();
+    serde_json::to_vec(
+        &json!({"descriptor": {"batch_interval_ms": 20}, "state_batch": batch, "state_batch_time": time}),
+    )
+    .unwrap()
+}
+
+fn named_state(dir: &Path) -> (Option<u64>, Option<i64>) {
+    let graph: serde_json::Value = serde_json::from_slice(
+        &Checkpoint::open_read_only(dir, options()).unwrap().read_file("graph").unwrap().unwrap(),
+    )
+    .unwrap();
+    (graph["state_batch"].as_u64(), graph["state_batch_time"].as_i64())
+}
+
+/// Offsets and commits 0..=last, snapshots of operators `a` and `b` at `snapshots`, `graph` naming the last of them.
+fn with_state(dir: &Path, last: u64, snapshots: &[u64]) {
+    let ids: Vec<u64> = (0..=last).collect();
+    checkpoint(dir, &ids, &ids);
+    let ck = Checkpoint::open_for_write(dir, options()).unwrap();
+    for batch in snapshots {
+        ck.write_file(format!("state/a/{batch}"), b"a").unwrap();
+        ck.write_file(format!("state/b/{batch}"), b"b").unwrap();
+    }
+    ck.replace_file("graph", &graph(*snapshots.last().unwrap())).unwrap();
+}
+
+#[test]
+fn a_state_snapshot_after_the_last_commit_is_inconsistent_and_rolled_back_to_an_older_complete_one() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path();
+    with_state(dir, 6, &[2, 4, 6]);
+    fs::remove_file(dir.join("state/b/4")).unwrap(); // not every operator: not a snapshot to restore
+    assert!(matches!(inspect(dir).unwrap(), Verdict::Resume { next: BatchId(7), .. }));
+    // The seed's scenario: offsets/6 gone after a graceful stop snapshotted batch 6.
+    fs::remove_file(dir.join("offsets/6")).unwrap();
+    let ck = Checkpoint::open_for_write(dir, options()).unwrap();
+    let plan = ck.repair_plan().unwrap().unwrap();
+    let moved: Vec<String> = plan.actions.iter().map(|a| a.from.display().to_string()).collect();
+    assert_eq!(moved, ["commits/6", "state/a/6", "state/b/6"]);
+    let state = plan.state.clone().unwrap();
+    assert_eq!((state.from, state.to, state.replay), (BatchId(6), Some(BatchId(2)), Some((BatchId(3), BatchId(5)))));
+    let text = plan.to_string();
+    assert!(text.contains("it will name the state of batch 2") && text.contains("replaying batches 3 to 5"), "{text}");
+    ck.apply_repair(&plan).unwrap();
+    assert!(matches!(ck.verdict().unwrap(), Verdict::Resume { next: BatchId(6), .. }));
+    assert_eq!(named_state(dir), (Some(2), Some(offsets(2).batch_timestamp.as_millis())));
+    let kept = fs::read(dir.join(&plan.quarantine).join("graph")).unwrap();
+    assert!(kept.ends_with(&graph(6)), "the original graph is kept in the quarantine");
+    drop(ck);
+
+    // Only the last commit lost, by hand: the logs are consistent, the state is not.
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path();
+    with_state(dir, 9, &[8, 9]);
+    fs::remove_file(dir.join("commits/9")).unwrap();
+    let Verdict::Inconsistent(inconsistency) = inspect(dir).unwrap() else { panic!("a snapshot past the commits") };
+    assert_eq!(
+        inconsistency.kind,
+        InconsistencyKind::StateAhead { state_batch: BatchId(9), last_commit: Some(BatchId(8)) }
+    );
+    assert_eq!(names(&inconsistency.files), ["graph", "state/a/9", "state/b/9"]);
+    assert!(inconsistency.to_string().contains("count them twice"), "{inconsistency}");
+    let ck = Checkpoint::open_for_write(dir, options()).unwrap();
+    let plan = ck.repair_plan().unwrap().unwrap();
+    assert_eq!(plan.state.as_ref().map(|s| (s.to, s.replay)), Some((Some(BatchId(8)), None)));
+    ck.apply_repair(&plan).unwrap();
+    assert!(matches!(ck.verdict().unwrap(), Verdict::Rerun { batch: BatchId(9), .. }));
+    assert_eq!(named_state(dir).0, Some(8));
+}
+
+#[test]
+fn without_an_older_snapshot_the_state_is_rebuilt_from_batch_0_or_the_plan_says_it_cannot_be() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path();
+    with_state(dir, 5, &[5]);
+    fs::remove_file(dir.join("offsets/5")).unwrap();
+    let ck = Checkpoint::open_for_write(dir, options()).unwrap();
+    let plan = ck.repair_plan().unwrap().unwrap();
+    let state = plan.state.clone().unwrap();
+    assert_eq!((state.to, state.replay, state.unrecoverable), (None, Some((BatchId(0), BatchId(4))), None));
+    ck.apply_repair(&plan).unwrap();
+    assert_eq!(named_state(dir), (None, None));
+    assert!(matches!(ck.verdict().unwrap(), Verdict::Resume { next: BatchId(5), .. }));
+    drop(ck);
+
+    // The offsets before the snapshot purged: nothing to rebuild it from, and the plan says so.
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path();
+    with_state(dir, 5, &[5]);
+    for id in 0..3 {
+        fs::remove_file(dir.join(format!("offsets/{id}"))).unwrap();
+        fs::remove_file(dir.join(format!("commits/{id}"))).unwrap();
+    }
+    fs::remove_file(dir.join("offsets/5")).unwrap();
+    let plan = Checkpoint::open_read_only(dir, options()).unwrap().repair_plan().unwrap().unwrap();
+    let text = plan.to_string();
+    assert!(
+        text.contains("cannot rebuild the operator state") && text.contains("before batch 3 were purged"),
+        "{text}"
+    );
+}
+
+#[test]
+fn state_files_deeper_than_operator_and_batch_are_not_spates_and_are_left_alone() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path();
+    checkpoint(dir, &[0, 1], &[0, 1]);
+    // A Spark checkpoint's state: state/<operator>/<partition>/<version>.delta.
+    fs::create_dir_all(dir.join("state/0/7")).unwrap();
+    fs::write(dir.join("state/0/7/2.delta"), b"spark").unwrap();
+    assert!(matches!(inspect(dir).unwrap(), Verdict::Resume { next: BatchId(2), .. }));
+}

@@ -681,7 +681,7 @@ fn a_graceful_stop_snapshots_the_state_of_its_last_batch_so_a_restart_replays_no
 }
 
 #[test]
-fn a_state_snapshot_newer_than_the_last_commit_is_refused_rather_than_counted_twice() {
+fn a_state_snapshot_newer_than_the_last_commit_is_refused_then_repaired_and_counted_once() {
     let dir = tempfile::tempdir().unwrap();
     let clock = ManualClock::new(Time::from_millis(START));
     let totals = Arc::new(Mutex::new(Vec::new()));
@@ -696,7 +696,24 @@ fn a_state_snapshot_newer_than_the_last_commit_is_refused_rather_than_counted_tw
     }
     // The graceful stop snapshots batch 2; then its commit goes missing.
     stop(ctx);
+    let counted = totals.lock().unwrap().last().cloned().unwrap();
+    assert_eq!(counted.0, BatchId(2));
     std::fs::remove_file(dir.path().join("commits/2")).unwrap();
     let err = StreamingContext::get_or_create(dir.path(), settings(&clock), build).err().unwrap();
-    assert!(err.to_string().contains("snapshot of batch 2, but the last commit is 1"), "{err}");
+    assert!(matches!(err, spate_runtime::RuntimeError::Inconsistent(_)), "{err}");
+    assert!(err.to_string().contains("taken after batch 2, but the last commit is 1"), "{err}");
+
+    // The repair takes the state back with the commit: batch 2 re-runs and is counted once.
+    let writer = Checkpoint::open_for_write(dir.path(), CheckpointOptions::new()).unwrap();
+    let plan = writer.repair_plan().unwrap().unwrap();
+    writer.apply_repair(&plan).unwrap();
+    drop(writer);
+    let first_run = totals.lock().unwrap().len();
+    let mut ctx = StreamingContext::get_or_create(dir.path(), settings(&clock), build).unwrap();
+    assert_eq!(ctx.recovery().unwrap().rerun_batch, Some(BatchId(2)));
+    ctx.start().unwrap();
+    tick(&clock, &ctx, 2);
+    stop(ctx);
+    let rerun = totals.lock().unwrap()[first_run..].iter().find(|(batch, _)| *batch == BatchId(2)).cloned();
+    assert_eq!(rerun, Some(counted), "batch 2's totals after the repair");
 }

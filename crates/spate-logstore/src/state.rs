@@ -1,0 +1,188 @@
+//! The operator state snapshots of a checkpoint, as the verdict and repair
+//! see them.
+//!
+//! The runtime keeps the state of its stateful operators in
+//! `state/<operator>/<N>` (each operator's snapshot taken after batch N's
+//! commit) and names the snapshot a restart restores in the `graph`
+//! manifest (`state_batch`, with that batch's time in `state_batch_time`).
+//! A snapshot is taken after its batch committed, so none is newer than the
+//! last commit; one that is (a commit was removed, by hand or by a repair)
+//! would count its batch twice once the batch runs again. The verdict
+//! reports it ([`crate::InconsistencyKind::StateAhead`]); a repair moves the
+//! snapshots after the last kept commit aside with the log entries and
+//! points `graph` at an older snapshot of every operator when there is one
+//! the next start can bring up to date, or at none (the next start then
+//! rebuilds the state by replaying every batch from 0).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+use spate_core::{BatchId, Time};
+
+use crate::checkpoint::{MAX_CHECKPOINT_FILE_BYTES, split_epoch_line};
+use crate::error::{LogStoreError, Result};
+use crate::file_manager::CheckpointFileManager;
+use crate::log::parse_batch_file_name;
+
+/// The runtime's manifest: the graph and the batch of the state snapshot to restore.
+pub const GRAPH_FILE: &str = "graph";
+/// The directory of the operator state snapshots, `state/<operator>/<N>`.
+pub const STATE_DIR: &str = "state";
+
+/// The snapshots a checkpoint holds.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StateShape {
+    /// The batch whose snapshot `graph` names (`None`: no `graph`, or it names none).
+    pub named: Option<BatchId>,
+    /// The batch interval recorded in `graph`, when it records one.
+    pub batch_interval_ms: Option<u64>,
+    /// Every snapshot: its batch and the operators (directory names) that have one.
+    pub snapshots: BTreeMap<BatchId, Vec<String>>,
+}
+
+impl StateShape {
+    /// The newest snapshot batch after `last_commit` (any, when nothing committed).
+    pub fn newest_after(&self, last_commit: Option<BatchId>) -> Option<BatchId> {
+        let after = |batch: &BatchId| last_commit.is_none_or(|c| *batch > c);
+        self.named.iter().chain(self.snapshots.keys()).copied().filter(after).max()
+    }
+
+    /// The snapshot files after `last_commit`, relative to the checkpoint.
+    pub fn files_after(&self, last_commit: Option<BatchId>) -> Vec<PathBuf> {
+        let after = |batch: &BatchId| last_commit.is_none_or(|c| *batch > c);
+        self.snapshots
+            .iter()
+            .filter(|(batch, _)| after(batch))
+            .flat_map(|(batch, operators)| operators.iter().map(move |op| snapshot_path(op, *batch)))
+            .collect()
+    }
+
+    /// The batches, at most `at_most` and newest first, with a snapshot of
+    /// every operator that the named snapshot has (of every operator seen,
+    /// when the named snapshot has no files).
+    pub(crate) fn complete_at_or_before(&self, at_most: BatchId) -> Vec<BatchId> {
+        let named_operators = self.named.and_then(|batch| self.snapshots.get(&batch));
+        let all: Vec<&String> = match named_operators {
+            Some(operators) => operators.iter().collect(),
+            None => self.snapshots.values().flatten().collect(),
+        };
+        let has_all = |operators: &Vec<String>| all.iter().all(|op| operators.contains(op));
+        self.snapshots
+            .range(..=at_most)
+            .rev()
+            .filter(|(_, operators)| has_all(operators))
+            .map(|(batch, _)| *batch)
+            .collect()
+    }
+}
+
+/// `state/<operator>/<batch>`.
+pub(crate) fn snapshot_path(operator: &str, batch: BatchId) -> PathBuf {
+    Path::new(STATE_DIR).join(operator).join(batch.0.to_string())
+}
+
+/// Lists the snapshots of the checkpoint `dir` and reads what `graph` names.
+/// `Err` carries the file that cannot be read (relative) and why.
+pub(crate) fn read_state_shape(
+    files: &dyn CheckpointFileManager,
+    dir: &Path,
+) -> std::result::Result<StateShape, (PathBuf, String)> {
+    let mut shape = StateShape::default();
+    let listed =
+        files.list_files_recursive(&dir.join(STATE_DIR)).map_err(|e| (PathBuf::from(STATE_DIR), e.to_string()))?;
+    // Only `<operator>/<N>`: deeper files are not spate's (a Spark checkpoint
+    // keeps `state/<operator>/<partition>/<version>.delta`).
+    for (relative, _) in listed {
+        let parts: Vec<&str> = relative.iter().filter_map(|part| part.to_str()).collect();
+        if let [operator, name] = parts.as_slice()
+            && let Some(batch) = parse_batch_file_name(name)
+        {
+            shape.snapshots.entry(batch).or_default().push((*operator).to_string());
+        }
+    }
+    for operators in shape.snapshots.values_mut() {
+        operators.sort();
+    }
+    if let Some(graph) = read_graph(files, dir).map_err(|reason| (PathBuf::from(GRAPH_FILE), reason))? {
+        shape.named = graph.get("state_batch").and_then(Value::as_u64).map(BatchId);
+        shape.batch_interval_ms = graph.pointer("/descriptor/batch_interval_ms").and_then(Value::as_u64);
+    }
+    Ok(shape)
+}
+
+/// The `graph` manifest as JSON, without the writer's epoch line; `None`
+/// when absent, or when it is not JSON: the runtime owns its format and
+/// refuses such a manifest itself, naming it.
+fn read_graph(files: &dyn CheckpointFileManager, dir: &Path) -> std::result::Result<Option<Value>, String> {
+    let path = dir.join(GRAPH_FILE);
+    let Some(bytes) = files.read(&path, MAX_CHECKPOINT_FILE_BYTES).map_err(|e| e.to_string())? else {
+        return Ok(None);
+    };
+    let (_, body) = split_epoch_line(&path, &bytes).map_err(|e| e.to_string())?;
+    Ok(serde_json::from_slice(body).ok())
+}
+
+/// The `graph` manifest `original` (as read, epoch line included) naming
+/// the snapshot of `batch` taken at `time` instead, or none.
+pub(crate) fn renamed_graph(path: &Path, original: &[u8], named: Option<(BatchId, Time)>) -> Result<Vec<u8>> {
+    let (_, body) = split_epoch_line(path, original)?;
+    let malformed =
+        |reason: String| LogStoreError::Malformed { path: path.to_path_buf(), line: 1, reason: reason.to_string() };
+    let mut graph: Value = serde_json::from_slice(body).map_err(|e| malformed(e.to_string()))?;
+    let fields = graph.as_object_mut().ok_or_else(|| malformed("not a JSON object".to_string()))?;
+    let (batch, time) = match named {
+        Some((batch, time)) => (Value::from(batch.0), Value::from(time.as_millis())),
+        None => (Value::Null, Value::Null),
+    };
+    fields.insert("state_batch".to_string(), batch);
+    fields.insert("state_batch_time".to_string(), time);
+    serde_json::to_vec_pretty(&graph)
+        .map_err(|e| LogStoreError::Encode { path: path.to_path_buf(), reason: e.to_string() })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shape(named: Option<u64>, snapshots: &[(u64, &[&str])]) -> StateShape {
+        StateShape {
+            named: named.map(BatchId),
+            batch_interval_ms: Some(20),
+            snapshots: snapshots
+                .iter()
+                .map(|(batch, ops)| (BatchId(*batch), ops.iter().map(|op| op.to_string()).collect()))
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn the_newest_snapshot_after_a_commit_and_its_files() {
+        let state = shape(Some(8), &[(4, &["a", "b"]), (8, &["a", "b"])]);
+        assert_eq!(state.newest_after(Some(BatchId(7))), Some(BatchId(8)));
+        assert_eq!(state.newest_after(Some(BatchId(8))), None);
+        assert_eq!(state.newest_after(None), Some(BatchId(8)));
+        assert_eq!(state.files_after(Some(BatchId(7))), [Path::new("state/a/8"), Path::new("state/b/8")]);
+        // Named, without files: still after the commit.
+        assert_eq!(shape(Some(9), &[]).newest_after(Some(BatchId(8))), Some(BatchId(9)));
+    }
+
+    #[test]
+    fn an_older_snapshot_counts_only_when_every_operator_of_the_named_one_has_it() {
+        let state = shape(Some(8), &[(2, &["a", "b"]), (4, &["a"]), (8, &["a", "b"])]);
+        assert_eq!(state.complete_at_or_before(BatchId(8)), [BatchId(8), BatchId(2)]);
+        assert_eq!(state.complete_at_or_before(BatchId(7)), [BatchId(2)]);
+        assert!(state.complete_at_or_before(BatchId(1)).is_empty());
+    }
+
+    #[test]
+    fn a_renamed_graph_keeps_everything_else() {
+        let original = b"spate-writer-epoch 3\n{\"descriptor\":{\"x\":1},\"state_batch\":8,\"state_batch_time\":160}";
+        let path = Path::new("/ck/graph");
+        let renamed = renamed_graph(path, original, Some((BatchId(4), Time::from_millis(80)))).unwrap();
+        let graph: Value = serde_json::from_slice(&renamed).unwrap();
+        assert_eq!(graph, serde_json::json!({"descriptor": {"x": 1}, "state_batch": 4, "state_batch_time": 80}));
+        let none: Value = serde_json::from_slice(&renamed_graph(path, original, None).unwrap()).unwrap();
+        assert_eq!((none["state_batch"].is_null(), none["state_batch_time"].is_null()), (true, true));
+    }
+}
