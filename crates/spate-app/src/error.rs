@@ -77,3 +77,21 @@ pub enum AppError {
         source: Box<spate_logstore::LogStoreError>,
     },
 }
+
+impl AppError {
+    /// True for an error that trying again cannot mend: the stage's
+    /// pipeline (or its settings) is refused, as it will be on every try.
+    pub(crate) fn is_lasting(&self) -> bool {
+        use spate_runtime::RuntimeError;
+        match self {
+            AppError::Invalid { .. } => true,
+            AppError::Task { source, .. } => matches!(
+                **source,
+                RuntimeError::InvalidGraph { .. }
+                    | RuntimeError::InvalidSetting { .. }
+                    | RuntimeError::IncompatibleGraph { .. }
+            ),
+            _ => false,
+        }
+    }
+}

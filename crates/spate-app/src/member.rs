@@ -123,6 +123,15 @@ pub enum MemberEvent {
         /// The error.
         error: String,
     },
+    /// A task met an error that trying again cannot mend (the pipeline it
+    /// declares is refused): the member runs it no more and says so once
+    /// ([`Member::failure`]); stop the member.
+    Failed {
+        /// The task.
+        task: TaskId,
+        /// The error.
+        error: String,
+    },
     /// A task committed a batch.
     Batch {
         /// The task.
@@ -142,12 +151,21 @@ pub(crate) struct MemberShared {
     pub(crate) internal: BTreeMap<String, InternalTopic>,
     /// How many tasks each stage has (the partitions of its input).
     pub(crate) stage_tasks: BTreeMap<String, u32>,
+    /// The first error of a task that no retry can mend.
+    failure: Mutex<Option<String>>,
     transactions: Mutex<Option<Arc<MemberTransactions>>>,
     transactions_ready: Condvar,
     listener: Option<MemberListener>,
 }
 
 impl MemberShared {
+    /// Records that `task` failed for good and tells the listener.
+    pub(crate) fn fail(&self, task: &TaskId, error: &AppError) {
+        let text = format!("task {task}: {error}");
+        self.failure.lock().unwrap_or_else(PoisonError::into_inner).get_or_insert(text);
+        self.report(MemberEvent::Failed { task: task.clone(), error: error.to_string() });
+    }
+
     pub(crate) fn report(&self, event: MemberEvent) {
         if let Some(listener) = &self.listener {
             listener(&event);
@@ -428,6 +446,7 @@ impl Member {
             settings,
             internal,
             stage_tasks,
+            failure: Mutex::new(None),
             transactions: Mutex::new(None),
             transactions_ready: Condvar::new(),
             listener,
@@ -456,6 +475,12 @@ impl Member {
     /// The tasks this member runs now.
     pub fn tasks(&self) -> Vec<TaskId> {
         self.tasks.owned()
+    }
+
+    /// The first error of a task that trying again cannot mend, naming the
+    /// task (see [`MemberEvent::Failed`]); the member should be stopped.
+    pub fn failure(&self) -> Option<String> {
+        self.shared.failure.lock().unwrap_or_else(PoisonError::into_inner).clone()
     }
 
     /// The member's name.

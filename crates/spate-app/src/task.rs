@@ -195,6 +195,13 @@ impl Supervisor {
                     debug!(task = %self.id, "the task's checkpoint is still held; trying again");
                     self.control.wait_for_stop(RETRY);
                 }
+                Err(error) if error.is_lasting() => {
+                    // The same code declares the same pipeline again: say it
+                    // once and stop, rather than fail every second.
+                    tracing::error!(task = %self.id, %error, "the task's pipeline is refused; the task stops");
+                    self.shared.fail(&self.id, &error);
+                    break;
+                }
                 Err(error) => {
                     warn!(task = %self.id, %error, "the task could not start; trying again");
                     self.shared.report(MemberEvent::TaskFailed { task: self.id.clone(), error: error.to_string() });

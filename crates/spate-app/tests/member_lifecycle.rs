@@ -1,6 +1,7 @@
 //! A member's life against the local broker: dropped without leaving, it
 //! stops its tasks and leaves the group; a second live member under its id
-//! is refused at start, while a run that died gives its id back.
+//! is refused at start, while a run that died gives its id back; a task
+//! whose pipeline is refused stops the member with that error.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -204,5 +205,39 @@ fn a_member_restarted_after_a_crash_on_s3_takes_its_id_back_once_the_dead_runs_l
     restarted.object_store = object_store;
     let member = Member::start(copy(&app, &input, &output), restarted, None)
         .expect("the restarted member waits for the dead run's lease to run out, then takes its id");
+    member.leave().unwrap();
+}
+
+#[test]
+fn a_task_whose_pipeline_is_refused_stops_the_member_with_the_error_instead_of_trying_again() {
+    let _ = tracing_subscriber::fmt().with_test_writer().with_env_filter("info,rdkafka=warn").try_init();
+    let (input, app) = (unique("refused-in"), unique("refused"));
+    spate_kafka::ensure_topic(&brokers(), &input, 1).unwrap();
+    // An hour sliding by a millisecond: 3.6 million windows a record.
+    let topology = Topology::new(&app).stage_from_topic("count", &input, |task| {
+        let counts = task
+            .records()
+            .map(|r: KafkaRecord| (r.partition, r.timestamp.unwrap_or_default()))
+            .aggregate_by_event_time(
+                |ts: &i64| spate_core::Time::from_millis(*ts),
+                spate_dstream::Watermarks::bounded_out_of_orderness(Duration::ZERO),
+                spate_dstream::EventWindows::sliding(Duration::from_millis(3_600_000), Duration::from_millis(1)),
+                |_| 1u64,
+                |n: &mut u64, _| *n += 1,
+                |n: &mut u64, m: &u64| *n += m,
+            )
+            .name("counts");
+        Ok(counts.results().map(|r| Emit::to_topic("out", None, r.value.to_string().into_bytes())))
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let events = Arc::new(Events::default());
+    let member = Member::start(topology, settings(dir.path(), "a"), Some(events.listener())).unwrap();
+    events.wait_for("the task failed for good", 1, |e| matches!(e, MemberEvent::Failed { .. }));
+    let failure = member.failure().expect("the member says why it must stop");
+    assert!(failure.contains("3600000 windows") && failure.contains("at most 1000"), "{failure}");
+    let seen = events.seen.lock().unwrap().clone();
+    let retried = seen.iter().filter(|e| matches!(e, MemberEvent::TaskFailed { .. })).count();
+    assert_eq!(retried, 0, "the refused task was tried again: {seen:?}");
+    assert!(seen.iter().any(|e| matches!(e, MemberEvent::TaskStopped { .. })), "{seen:?}");
     member.leave().unwrap();
 }

@@ -201,6 +201,7 @@ impl MemberLines {
             }
             MemberEvent::TaskStarted { task, recovery } => self.lines.say(&format!("[{task}] {recovery}")),
             MemberEvent::TaskFailed { task, error } => say(&format!("[{task}] failed, starting again: {error}")),
+            MemberEvent::Failed { task, error } => say(&format!("[{task}] failed for good, the member stops: {error}")),
             MemberEvent::Batch { task, progress } if !self.quiet => {
                 self.lines.say(&format!("[{task}] {}", progress_line(progress)));
             }
@@ -266,38 +267,72 @@ pub(crate) fn run(args: &RunArgs, app: &AppArgs, name: &str) -> Result<String, C
         owned: Mutex::new(Vec::new()),
     });
     let events = Arc::clone(&printer);
-    let member = Member::start(topology(args, app, name), settings, Some(Arc::new(move |e| events.on_event(e))))
+    let stop = Arc::new(Stop::default());
+    let failed = Arc::clone(&stop);
+    let listener = move |event: &MemberEvent| {
+        events.on_event(event);
+        if let MemberEvent::Failed { task, error } = event {
+            failed.set(Stopped::Failed(format!("task {task}: {error}")));
+        }
+    };
+    let member = Member::start(topology(args, app, name), settings, Some(Arc::new(listener)))
         .map_err(|e| CliError::App { source: Box::new(e) })?;
     say(&format!("member {member_id} of application {name} started; checkpoints under {}", args.checkpoint.display()));
-    wait_for_stop(args.seconds)?;
+    if let Stopped::Failed(reason) = wait_for_stop(args.seconds, &stop)? {
+        // The other tasks still commit what they ran before the member goes.
+        if let Err(error) = member.leave() {
+            say(&format!("leaving the application after the failure: {error}"));
+        }
+        return Err(CliError::App { source: Box::new(AppError::Invalid { app: name.to_string(), reason }) });
+    }
     member.leave().map_err(|e| CliError::App { source: Box::new(e) })?;
     Ok(format!("member {member_id} left application {name}: its tasks committed and went to the other members"))
 }
 
-/// Returns on the first SIGINT or SIGTERM, or after `seconds`.
-fn wait_for_stop(seconds: Option<u64>) -> Result<(), CliError> {
-    let stop = Arc::new((Mutex::new(false), Condvar::new()));
-    let on_signal = Arc::clone(&stop);
-    let _signals = listen(move || {
-        *on_signal.0.lock().unwrap_or_else(PoisonError::into_inner) = true;
-        on_signal.1.notify_all();
-    })?;
+/// Why a member stops.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Stopped {
+    /// A signal, or `--seconds` elapsed.
+    Asked,
+    /// A task failed for good.
+    Failed(String),
+}
+
+/// The first reason to stop, and the wait for it.
+#[derive(Default)]
+struct Stop {
+    reason: Mutex<Option<Stopped>>,
+    changed: Condvar,
+}
+
+impl Stop {
+    fn set(&self, reason: Stopped) {
+        self.reason.lock().unwrap_or_else(PoisonError::into_inner).get_or_insert(reason);
+        self.changed.notify_all();
+    }
+}
+
+/// Returns on the first SIGINT or SIGTERM, after `seconds`, or when a task
+/// failed for good.
+fn wait_for_stop(seconds: Option<u64>, stop: &Arc<Stop>) -> Result<Stopped, CliError> {
+    let on_signal = Arc::clone(stop);
+    let _signals = listen(move || on_signal.set(Stopped::Asked))?;
     let deadline = seconds.map(|s| std::time::Instant::now() + StdDuration::from_secs(s));
-    let mut stopped = stop.0.lock().unwrap_or_else(PoisonError::into_inner);
-    while !*stopped {
+    let mut reason = stop.reason.lock().unwrap_or_else(PoisonError::into_inner);
+    while reason.is_none() {
         let wait = match deadline {
             Some(deadline) => match deadline.checked_duration_since(std::time::Instant::now()) {
                 Some(left) if !left.is_zero() => left,
                 _ => {
                     say(&format!("--seconds {} elapsed: leaving the application gracefully", seconds.unwrap_or(0)));
-                    break;
+                    return Ok(Stopped::Asked);
                 }
             },
             None => StdDuration::from_secs(3600),
         };
-        stopped = stop.1.wait_timeout(stopped, wait).unwrap_or_else(PoisonError::into_inner).0;
+        reason = stop.changed.wait_timeout(reason, wait).unwrap_or_else(PoisonError::into_inner).0;
     }
-    Ok(())
+    Ok(reason.clone().unwrap_or(Stopped::Asked))
 }
 
 #[cfg(test)]
