@@ -740,9 +740,9 @@ fn an_applications_location_is_inspected_as_its_tasks_and_members_and_not_repair
         line.unwrap_or_else(|| panic!("no row for {name}: {stdout}")).split_whitespace().collect::<Vec<_>>().join(" ")
     };
     let pid = std::process::id();
-    assert!(row("lines-0").starts_with("lines-0 1 2 200 re-run 2 held by "), "{stdout}");
+    assert!(row("lines-0").starts_with("lines-0 1 2 200 0 re-run 2 held by "), "{stdout}");
     assert!(row("lines-0").contains(&format!("held by {pid}@")), "{stdout}");
-    assert_eq!(row("lines-1"), "lines-1 4 4 500 resume at 5 free, last 4242@host-b (epoch 2)", "{stdout}");
+    assert_eq!(row("lines-1"), "lines-1 4 4 500 0 resume at 5 free, last 4242@host-b (epoch 2)", "{stdout}");
     assert!(stdout.contains("  4242@host-b: holds none; last held lines-1 (epoch 2)"), "{stdout}");
     assert!(stdout.contains(&format!("  {pid}@")) && stdout.contains(": holds lines-0 (epoch 1)\n"), "{stdout}");
 
