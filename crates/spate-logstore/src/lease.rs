@@ -198,31 +198,46 @@ impl LeaseState {
         if let Some(lost) = &current.lost {
             return Err(self.stale(lost.clone()));
         }
-        let now = self.clock.now();
-        if now >= current.expires {
-            let lost = format!("our lease ran out at {} before it was renewed", current.expires.to_iso8601());
-            current.lost = Some(lost.clone());
-            return Err(self.stale(lost));
-        }
-        let lease = Lease { holder: self.holder.clone(), expires: now + self.options.duration };
-        let bytes = encode_lease(&self.path, &lease)?;
-        match self.files.replace_if_unchanged(&self.path, &bytes, &current.version, NO_FENCE) {
-            Ok(version) => {
-                current.version = version;
-                current.renewed = now;
-                current.expires = lease.expires;
-                Ok(())
+        // A lease that ran out while the store was away is still ours as
+        // long as its object is the one we wrote: another writer takes it
+        // over only by changing it, and then the conditional put below is
+        // refused. Until it is renewed, `check` refuses every write.
+        // A renewal the store held up so long that the lease it wrote has
+        // (nearly) run out by the time it landed is written again at once.
+        for _ in 0..2 {
+            let now = self.clock.now();
+            let lease = Lease { holder: self.holder.clone(), expires: now + self.options.duration };
+            let bytes = encode_lease(&self.path, &lease)?;
+            match self.files.replace_if_unchanged(&self.path, &bytes, &current.version, NO_FENCE) {
+                Ok(version) => {
+                    if now >= current.expires {
+                        warn!(
+                            dir = %self.dir.display(),
+                            ran_out = %current.expires.to_iso8601(),
+                            "renewed the checkpoint lease after it ran out: nobody took it meanwhile"
+                        );
+                    }
+                    current.version = version;
+                    current.renewed = now;
+                    current.expires = lease.expires;
+                    if self.clock.now() + self.options.safety_margin < current.expires {
+                        return Ok(());
+                    }
+                }
+                Err(LogStoreError::Changed { .. } | LogStoreError::AlreadyExists { .. }) => {
+                    let lost = match read_lease(self.files.as_ref(), &self.path) {
+                        Ok(Found::Lease(lease, _)) => {
+                            format!("epoch {}, held by {}", lease.holder.epoch, lease.holder)
+                        }
+                        _ => "a lease object changed by another writer".to_string(),
+                    };
+                    current.lost = Some(lost.clone());
+                    return Err(self.stale(lost));
+                }
+                Err(e) => return Err(e),
             }
-            Err(LogStoreError::Changed { .. } | LogStoreError::AlreadyExists { .. }) => {
-                let lost = match read_lease(self.files.as_ref(), &self.path) {
-                    Ok(Found::Lease(lease, _)) => format!("epoch {}, held by {}", lease.holder.epoch, lease.holder),
-                    _ => "a lease object changed by another writer".to_string(),
-                };
-                current.lost = Some(lost.clone());
-                Err(self.stale(lost))
-            }
-            Err(e) => Err(e),
         }
+        Ok(())
     }
 
     /// Ends the lease now, so the next writer need not wait for it to run out.
