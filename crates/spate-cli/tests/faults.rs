@@ -409,8 +409,9 @@ fn member(brokers: &str, app: &str, input: &str, output: &str, checkpoint: &Path
     command.args(["--output-topic", output, "--checkpoint", checkpoint.to_str().unwrap()]);
     // Batches of a second: the outage leaves each task few batches to catch up on.
     command.args(["--batch-ms", "1000", "--session-timeout-ms", "6000", "--heartbeat-interval-ms", "1000"]);
-    // 10 records a second a partition: the 300 of each last through the outage.
-    command.args(["--max-rate-per-partition", "10", "--window-ms", "10000", "--slide-ms", "10000"]);
+    // 30 records a second a partition: the 1 200 words each partition of the
+    // application's internal topic gets take 40 s, through the outage.
+    command.args(["--max-rate-per-partition", "30", "--window-ms", "10000", "--slide-ms", "10000"]);
     command.args(["--out-of-orderness-ms", "2000", "--transaction-timeout-ms", "5000", "--top", "3"]);
     // A member serves no metrics (refused with --app): its log says what happened.
     command.arg("-v");
