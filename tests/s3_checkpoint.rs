@@ -1,8 +1,9 @@
 //! Checkpoints in S3, against a real S3 server (SeaweedFS, started by
 //! `cargo xtask test`): the logs, verdicts and repair behave as on a local
 //! directory; the writer lock is a lease that a second writer is refused,
-//! an expired one is taken over with a new epoch, and a writer paused past
-//! its lease can no longer write once the new holder has.
+//! an expired one is taken over with a new epoch, a writer paused past
+//! its lease can no longer write once the new holder has, and one whose
+//! lease ran out while nobody took it (the store was away) renews it.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -146,6 +147,23 @@ fn a_writer_whose_lease_runs_out_stops_writing_before_anyone_can_take_over() {
         matches!(err, LogStoreError::StaleEpoch { .. }) && err.to_string().contains("not renewed in time"),
         "{err}"
     );
+}
+
+#[test]
+fn a_lease_that_ran_out_while_the_store_was_away_is_renewed_when_nobody_took_it() {
+    let location = s3::fresh_location("outage");
+    let clock = Arc::new(ManualClock::new(Time::from_millis(START)));
+    let writer = open(&location, &clock);
+    assert!(writer.offsets().add(BatchId(0), &offsets(0)).unwrap());
+    // The store did not answer past the lease's end: no renewal landed, and
+    // meanwhile every write is refused.
+    clock.advance(Duration::from_millis(25_000));
+    let refused = writer.offsets().add(BatchId(1), &offsets(1)).unwrap_err();
+    assert!(matches!(refused, LogStoreError::StaleEpoch { .. }), "{refused}");
+    // Back, the lease object is still the one it wrote: it is ours again.
+    writer.renew_lease().unwrap();
+    assert!(writer.offsets().add(BatchId(1), &offsets(1)).unwrap());
+    assert!(matches!(writer.lock_status(), LockStatus::Held(Some(ref h)) if h.epoch == 1));
 }
 
 #[test]

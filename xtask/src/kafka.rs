@@ -1,4 +1,4 @@
-//! `cargo xtask kafka start|stop|status`: the local broker for the Kafka tests.
+//! `cargo xtask kafka start|stop|restart|status`: the local broker for the Kafka tests.
 //!
 //! A real single-node Apache Kafka broker in KRaft mode (broker and controller
 //! in one JVM), listening on 127.0.0.1 only:
@@ -14,8 +14,17 @@
 //!   `<cache>/kafka/run/`;
 //! - `stop` stops the JVM (SIGTERM, then SIGKILL after a grace period) and
 //!   removes the data folder;
+//! - `restart` stops the JVM the same way and starts it again on the same
+//!   ports and data folder, so topics, offsets and transactions survive:
+//!   a broker restart as a job sees it (the fault tests use it);
+//!   `--down-seconds S` leaves it stopped that long;
 //! - `status` prints the address, pid and resident memory, and fails when no
 //!   broker runs.
+//!
+//! `--instance NAME` after the command runs a second broker of its own
+//! (run folder `<cache>/kafka/run-NAME/`, its own ports and data): tests that
+//! pause or restart a broker use one, so the broker other tests share is
+//! never disturbed. `stop` of an instance removes its run folder too.
 //!
 //! `cargo xtask test` wraps the tests in a [`Broker`] and exports
 //! `SPATE_KAFKA_BROKERS=127.0.0.1:<port>` to them.
@@ -28,7 +37,7 @@ use std::time::{Duration, Instant};
 
 use crate::Result;
 use crate::env::cache_dir;
-use crate::process::{free_port, log_tail, nanos, read_trimmed, resident_memory, runs_with, terminate, write};
+use crate::process::{Options, free_port, log_tail, nanos, read_trimmed, resident_memory, runs_with, terminate, write};
 
 /// The Apache Kafka release the tests run against (`org.apache.kafka:kafka_2.13`).
 const KAFKA_VERSION: &str = "4.1.1";
@@ -43,20 +52,38 @@ const STOP_GRACE: Duration = Duration::from_secs(20);
 /// JVM options: a small heap is plenty for tests and keeps the resident set small.
 const JVM_OPTS: &[&str] = &["-Xms128m", "-Xmx768m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-Xshare:auto"];
 
+const USAGE: &str = "usage: cargo xtask kafka start|stop|restart|status [--instance NAME] [--down-seconds S]";
+
 pub(crate) fn run(args: &[String]) -> Result {
+    let options = Options::parse(args.get(1..).unwrap_or_default()).map_err(|e| format!("{e}\n{USAGE}"))?;
+    let run = match &options.instance {
+        None => default_run_dir(),
+        Some(name) => instance_run_dir(name),
+    };
     match args.first().map(String::as_str) {
         Some("start") => {
             crate::setup::ensure(&[crate::setup::Need::Broker])?;
-            let running = start()?;
+            let running = start(&run)?;
             println!(
                 "kafka: Apache Kafka {KAFKA_VERSION} at {} (pid {}); export {BROKERS_ENV}={}",
                 running.bootstrap, running.pid, running.bootstrap
             );
             Ok(())
         }
-        Some("stop") => stop(),
-        Some("status") => status(),
-        _ => Err("usage: cargo xtask kafka start|stop|status".into()),
+        Some("stop") => {
+            stop(&run)?;
+            if run != default_run_dir() {
+                let _ = std::fs::remove_dir_all(&run);
+            }
+            Ok(())
+        }
+        Some("restart") => {
+            let running = restart(&run, options.down)?;
+            println!("kafka: Apache Kafka {KAFKA_VERSION} at {} (pid {}), data kept", running.bootstrap, running.pid);
+            Ok(())
+        }
+        Some("status") => status(&run),
+        _ => Err(USAGE.into()),
     }
 }
 
@@ -77,12 +104,12 @@ impl Broker {
             println!("==> kafka: using {BROKERS_ENV}={bootstrap}");
             return Ok(Broker { bootstrap, owned: false });
         }
-        if let Some(running) = Running::load()? {
+        if let Some(running) = Running::load(&default_run_dir())? {
             println!("==> kafka: using the running broker at {}", running.bootstrap);
             return Ok(Broker { bootstrap: running.bootstrap, owned: false });
         }
         println!("==> kafka: starting Apache Kafka {KAFKA_VERSION}");
-        let running = start()?;
+        let running = start(&default_run_dir())?;
         Ok(Broker { bootstrap: running.bootstrap, owned: true })
     }
 
@@ -95,7 +122,7 @@ impl Broker {
 impl Drop for Broker {
     fn drop(&mut self) {
         if self.owned
-            && let Err(e) = stop()
+            && let Err(e) = stop(&default_run_dir())
         {
             eprintln!("xtask kafka: could not stop the broker: {e}");
         }
@@ -107,16 +134,18 @@ struct Running {
     pid: u32,
     bootstrap: String,
     data_dir: PathBuf,
+    /// The run folder holding these files, the configuration and the log.
+    run: PathBuf,
 }
 
 impl Running {
-    fn load() -> Result<Option<Running>> {
-        let dir = run_dir();
+    fn load(run: &Path) -> Result<Option<Running>> {
+        let dir = run.to_path_buf();
         let Ok(pid) = std::fs::read_to_string(dir.join("broker.pid")) else { return Ok(None) };
         let pid: u32 = pid.trim().parse().map_err(|e| format!("{}: bad pid {pid:?}: {e}", dir.display()))?;
         let bootstrap = read_trimmed(&dir.join("bootstrap"))?;
         let data_dir = PathBuf::from(read_trimmed(&dir.join("data_dir"))?);
-        let running = Running { pid, bootstrap, data_dir };
+        let running = Running { pid, bootstrap, data_dir, run: dir };
         if running.is_alive() {
             Ok(Some(running))
         } else {
@@ -127,22 +156,28 @@ impl Running {
     }
 
     fn save(&self) -> Result {
-        let dir = run_dir();
+        let dir = &self.run;
         write(&dir.join("bootstrap"), &self.bootstrap)?;
         write(&dir.join("data_dir"), &self.data_dir.display().to_string())?;
         write(&dir.join("broker.pid"), &self.pid.to_string())
     }
 
-    /// Alive and still our broker: a recycled pid running something else is not.
+    /// Alive and still our broker: its command line names our run folder's
+    /// configuration, which neither a recycled pid nor another instance has.
     fn is_alive(&self) -> bool {
-        runs_with(self.pid, "kafka.Kafka")
+        runs_with(self.pid, &self.run.join("server.properties").display().to_string())
     }
 
     fn clean_up(&self) {
         let _ = std::fs::remove_dir_all(&self.data_dir);
-        let _ = std::fs::remove_file(run_dir().join("broker.pid"));
-        let _ = std::fs::remove_file(run_dir().join("bootstrap"));
-        let _ = std::fs::remove_file(run_dir().join("data_dir"));
+        self.forget();
+    }
+
+    /// Removes the files naming the process, keeping its data.
+    fn forget(&self) {
+        let _ = std::fs::remove_file(self.run.join("broker.pid"));
+        let _ = std::fs::remove_file(self.run.join("bootstrap"));
+        let _ = std::fs::remove_file(self.run.join("data_dir"));
     }
 }
 
@@ -150,17 +185,23 @@ fn kafka_dir() -> PathBuf {
     cache_dir().join("kafka")
 }
 
-fn run_dir() -> PathBuf {
+/// The run folder of the broker `cargo xtask test` and a plain `kafka start` use.
+fn default_run_dir() -> PathBuf {
     kafka_dir().join("run")
 }
 
-fn start() -> Result<Running> {
-    if let Some(running) = Running::load()? {
+/// The run folder of the instance `name` (checked by [`Options::parse`]).
+fn instance_run_dir(name: &str) -> PathBuf {
+    kafka_dir().join(format!("run-{name}"))
+}
+
+fn start(run: &Path) -> Result<Running> {
+    if let Some(running) = Running::load(run)? {
         println!("kafka: already running at {} (pid {})", running.bootstrap, running.pid);
         return Ok(running);
     }
     let classpath = fetch_distribution()?;
-    let run = run_dir();
+    let run = run.to_path_buf();
     std::fs::create_dir_all(&run).map_err(|e| format!("{}: {e}", run.display()))?;
     let (port, controller_port) = (free_port()?, free_port()?);
     let data_dir = std::env::temp_dir().join(format!("spate-kafka-{}-{}", std::process::id(), nanos()));
@@ -174,24 +215,32 @@ fn start() -> Result<Running> {
     let started = Instant::now();
     let template = formatted_template(&classpath, &log4j)?;
     copy_dir(&template, &data_dir)?;
-    let mut child = spawn_broker(&classpath, &log4j, &properties, &run.join("broker.out"))?;
-    let pid = child.id();
-    let running = Running { pid, bootstrap: format!("127.0.0.1:{port}"), data_dir };
-    running.save()?;
-    if let Err(e) = wait_until_ready(&running, &mut child, started) {
-        let _ = stop();
-        return Err(format!("{e}\n--- broker log tail ---\n{}", log_tail(&run, &["broker.log", "broker.out"])));
-    }
+    let bootstrap = format!("127.0.0.1:{port}");
+    let running = launch(&classpath, &run, bootstrap, data_dir, started)?;
     println!(
         "kafka: up in {:.1?} (data folder, JVM start, first Metadata answer), resident memory {}",
         started.elapsed(),
-        resident_memory(pid)
+        resident_memory(running.pid)
     );
     Ok(running)
 }
 
-fn stop() -> Result {
-    let Some(running) = Running::load()? else {
+/// Runs the broker of the configuration in `run` on `data_dir`, records it
+/// and waits until it answers; on failure stops it and returns the log tail.
+fn launch(classpath: &str, run: &Path, bootstrap: String, data_dir: PathBuf, started: Instant) -> Result<Running> {
+    let (log4j, properties) = (run.join("log4j2.properties"), run.join("server.properties"));
+    let mut child = spawn_broker(classpath, &log4j, &properties, &run.join("broker.out"))?;
+    let running = Running { pid: child.id(), bootstrap, data_dir, run: run.to_path_buf() };
+    running.save()?;
+    if let Err(e) = wait_until_ready(&running, &mut child, started) {
+        let _ = stop(run);
+        return Err(format!("{e}\n--- broker log tail ---\n{}", log_tail(run, &["broker.log", "broker.out"])));
+    }
+    Ok(running)
+}
+
+fn stop(run: &Path) -> Result {
+    let Some(running) = Running::load(run)? else {
         println!("kafka: not running");
         return Ok(());
     };
@@ -201,8 +250,32 @@ fn stop() -> Result {
     Ok(())
 }
 
-fn status() -> Result {
-    match Running::load()? {
+/// Stops the broker (SIGTERM: a clean shutdown, as an operator's restart
+/// does) and starts it again with the same configuration, so on the same
+/// ports, and the same data folder.
+fn restart(run: &Path, down: Duration) -> Result<Running> {
+    let Some(running) = Running::load(run)? else {
+        return Err("not running (start it with `cargo xtask kafka start`)".into());
+    };
+    // A paused broker acts on SIGTERM only once it runs again.
+    let _ = Command::new("kill").args(["-CONT", &running.pid.to_string()]).status();
+    terminate(running.pid, || running.is_alive(), STOP_GRACE, "kafka")?;
+    running.forget();
+    println!("kafka: stopped (pid {}), data kept in {}", running.pid, running.data_dir.display());
+    if !down.is_zero() {
+        // An outage of a known length, for the fault tests.
+        println!("kafka: staying down for {down:?}");
+        std::thread::sleep(down);
+    }
+    let started = Instant::now();
+    let classpath = fetch_distribution()?;
+    let again = launch(&classpath, run, running.bootstrap.clone(), running.data_dir.clone(), started)?;
+    println!("kafka: up again in {:.1?} (pid {})", started.elapsed(), again.pid);
+    Ok(again)
+}
+
+fn status(run: &Path) -> Result {
+    match Running::load(run)? {
         Some(running) => {
             let rss = resident_memory(running.pid);
             let answers = metadata_lists_a_broker(&running.bootstrap);

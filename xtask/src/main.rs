@@ -10,8 +10,9 @@
 //! - `bench`: the headline benchmarks, ending with one `BENCH` line a figure.
 //! - `fuzz`: every decoder under libFuzzer for a fixed time; failures are
 //!   kept as regression inputs that `test` replays.
-//! - `kafka`, `s3`: start, stop or show the local Kafka broker or S3 server
-//!   of the tests, for running tests by hand.
+//! - `kafka`, `s3`: start, stop, restart (keeping the data) or show the
+//!   local Kafka broker or S3 server of the tests, for running tests by
+//!   hand; `--instance NAME` for a server of its own, as the fault tests use.
 //! - `demo`: builds and runs `spate demo` with the given arguments. It builds
 //!   the command without its Kafka support and RocksDB spill store (cargo
 //!   features), so it needs no system package and no native code: on a
@@ -61,8 +62,16 @@ const COMMANDS: &[Command] = &[
         help: "[--seconds S] [TARGET..]: every decoder under libFuzzer (60 s a target)",
         run: fuzz::run,
     },
-    Command { name: "kafka", help: "start|stop|status the local Apache Kafka broker for tests", run: kafka::run },
-    Command { name: "s3", help: "start|stop|status the local S3 server (SeaweedFS) for tests", run: s3::run },
+    Command {
+        name: "kafka",
+        help: "start|stop|restart|status [--instance NAME] the local Apache Kafka broker for tests",
+        run: kafka::run,
+    },
+    Command {
+        name: "s3",
+        help: "start|stop|restart|status [--instance NAME] the local S3 server (SeaweedFS) for tests",
+        run: s3::run,
+    },
     Command { name: "demo", help: "run `spate demo` (release build); arguments are passed on", run: demo },
 ];
 
@@ -95,6 +104,10 @@ fn print_help() {
     }
 }
 
+/// The environment variable naming this binary to the tests (`kafka` and
+/// `s3` with `--instance`, for the servers the fault tests pause and stop).
+const XTASK_ENV: &str = "SPATE_XTASK";
+
 fn test(_args: &[String]) -> Result {
     let started = Instant::now();
     setup::ensure(setup::ALL)?;
@@ -106,6 +119,10 @@ fn test(_args: &[String]) -> Result {
         let mut c = cargo(&["test", "--workspace", "--all-targets"]);
         broker.export_to(&mut c);
         s3.export_to(&mut c);
+        // The fault tests start, pause and restart servers of their own with it.
+        if let Ok(xtask) = std::env::current_exe() {
+            c.env(XTASK_ENV, xtask);
+        }
         c
     });
     let doctests = run_step("doc tests", cargo(&["test", "--workspace", "--doc"]));

@@ -8,6 +8,41 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::Result;
 
+/// The options after `kafka`/`s3 <command>`.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(crate) struct Options {
+    /// `--instance NAME`: a server of its own instead of the shared one.
+    pub(crate) instance: Option<String>,
+    /// `--down-seconds S`: how long `restart` leaves the server stopped.
+    pub(crate) down: Duration,
+}
+
+impl Options {
+    pub(crate) fn parse(args: &[String]) -> Result<Options> {
+        let mut options = Options::default();
+        let mut args = args.iter();
+        while let Some(flag) = args.next() {
+            let value = args.next().ok_or_else(|| format!("{flag} needs a value"))?;
+            match flag.as_str() {
+                "--instance" => {
+                    let valid =
+                        !value.is_empty() && value.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+                    if !valid {
+                        return Err(format!("bad instance name {value:?}: letters, digits, - and _ only"));
+                    }
+                    options.instance = Some(value.clone());
+                }
+                "--down-seconds" => {
+                    let seconds: u64 = value.parse().map_err(|e| format!("--down-seconds {value:?}: {e}"))?;
+                    options.down = Duration::from_secs(seconds);
+                }
+                _ => return Err(format!("unknown option {flag}")),
+            }
+        }
+        Ok(options)
+    }
+}
+
 /// A loopback port free right now (the kernel's choice, from its ephemeral range).
 pub(crate) fn free_port() -> Result<u16> {
     let listener = TcpListener::bind("127.0.0.1:0").map_err(|e| format!("no free loopback port: {e}"))?;
@@ -92,4 +127,24 @@ pub(crate) fn read_trimmed(path: &Path) -> Result<String> {
 
 pub(crate) fn write(path: &Path, text: &str) -> Result {
     std::fs::write(path, text).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Options> {
+        Options::parse(&args.iter().map(|a| a.to_string()).collect::<Vec<_>>())
+    }
+
+    #[test]
+    fn options_name_an_instance_and_a_down_time_or_are_refused() {
+        assert_eq!(parse(&[]), Ok(Options::default()));
+        let both = parse(&["--down-seconds", "20", "--instance", "fault-1"]);
+        assert_eq!(both, Ok(Options { instance: Some("fault-1".into()), down: Duration::from_secs(20) }));
+        assert!(parse(&["--instance"]).is_err(), "a flag without its value");
+        assert!(parse(&["--instance", "../x"]).is_err(), "a name that leaves the cache folder");
+        assert!(parse(&["--down-seconds", "soon"]).is_err());
+        assert!(parse(&["--port", "1"]).is_err());
+    }
 }

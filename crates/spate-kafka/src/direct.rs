@@ -54,7 +54,7 @@ use crate::consumer::{ConsumerPool, ConsumerSettings, DataLossPolicy, KafkaRecor
 use crate::error::{KafkaError, Result, client};
 use crate::offsets::{EARLIEST, LATEST, OffsetRange, OffsetRanges, PartitionOffsets, TopicPartition};
 use crate::read_ahead::{Ahead, Limits, ReadAhead};
-use crate::retry::retry_coordinator;
+use crate::retry::{retry_coordinator, retry_unavailable};
 use crate::store::RocksOffsetStore;
 
 /// Which partitions the stream reads.
@@ -483,8 +483,8 @@ impl DirectKafkaStream {
 
     /// Reads one range with a consumer checked out for this call alone.
     pub fn read_range(&self, range: &OffsetRange) -> Result<Vec<KafkaRecord>> {
-        let mut consumer = self.pool.checkout(&range.topic_partition())?;
-        let records = consumer.read_range(range)?;
+        // The range's offsets are fixed: reading it again after an outage reads the same records.
+        let records = retry_unavailable(|| self.pool.checkout(&range.topic_partition())?.read_range(range))?;
         record_input(range, &records);
         Ok(records)
     }
@@ -577,9 +577,11 @@ impl DirectKafkaStream {
             TopicSelection::Subscribe(topics) => {
                 let mut partitions = Vec::new();
                 for topic in topics {
-                    let metadata = lock(&self.admin)
-                        .fetch_metadata(Some(topic), self.config.consumer.poll_timeout)
-                        .map_err(client(format!("fetch metadata of {topic}")))?;
+                    let metadata = retry_unavailable(|| {
+                        lock(&self.admin)
+                            .fetch_metadata(Some(topic), self.config.consumer.poll_timeout)
+                            .map_err(client(format!("fetch metadata of {topic}")))
+                    })?;
                     let found = metadata
                         .topics()
                         .iter()
@@ -598,9 +600,11 @@ impl DirectKafkaStream {
     }
 
     fn watermarks(&self, tp: &TopicPartition) -> Result<(i64, i64)> {
-        lock(&self.admin)
-            .fetch_watermarks(&tp.topic, tp.partition, self.config.consumer.poll_timeout)
-            .map_err(client(format!("fetch watermarks of {tp}")))
+        retry_unavailable(|| {
+            lock(&self.admin)
+                .fetch_watermarks(&tp.topic, tp.partition, self.config.consumer.poll_timeout)
+                .map_err(client(format!("fetch watermarks of {tp}")))
+        })
     }
 
     fn latest_offsets(&self, partitions: &[TopicPartition]) -> Result<PartitionOffsets> {
@@ -658,8 +662,8 @@ fn read_range_within(
     range: &OffsetRange,
     max_bytes: u64,
 ) -> Result<(OffsetRange, Vec<KafkaRecord>)> {
-    let mut consumer = pool.checkout(&range.topic_partition())?;
-    let (records, stop) = consumer.read_range_within(range, max_bytes)?;
+    let (records, stop) =
+        retry_unavailable(|| pool.checkout(&range.topic_partition())?.read_range_within(range, max_bytes))?;
     Ok((OffsetRange::new(range.topic.clone(), range.partition, range.from, stop), records))
 }
 

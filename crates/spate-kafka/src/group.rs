@@ -23,7 +23,7 @@ use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rdkafka::ClientContext;
 use rdkafka::TopicPartitionList;
@@ -33,6 +33,7 @@ use tracing::{info, warn};
 
 use crate::error::{KafkaError, Result, client};
 use crate::offsets::TopicPartition;
+use crate::retry::{BROKER_UNAVAILABLE, is_broker_unavailable};
 
 /// Which group protocol a member speaks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -281,25 +282,39 @@ fn spawn_poll(
     std::thread::Builder::new()
         .name(name.chars().take(15).collect())
         .spawn(move || {
+            let mut warned = None;
             while !stop.load(Ordering::Acquire) {
-                poll_once(&consumer);
+                poll_once(&consumer, &mut warned);
             }
             if let Err(e) = consumer.close_queue() {
                 warn!(error = %e, "closing the membership consumer failed");
                 return;
             }
             while !consumer.closed() {
-                poll_once(&consumer);
+                poll_once(&consumer, &mut warned);
             }
         })
         .map_err(|e| KafkaError::Config(format!("cannot start the poll thread of group {group}: {e}")))
 }
 
-fn poll_once(consumer: &BaseConsumer<MemberContext>) {
+/// How often the poll thread warns that the broker is away: librdkafka
+/// reports it once per connection and request, thousands of times in an
+/// outage of a few seconds.
+const OUTAGE_WARNING_EVERY: Duration = Duration::from_secs(1);
+
+/// Polls once; `warned` is when the last warning of an unreachable broker was given.
+fn poll_once(consumer: &BaseConsumer<MemberContext>, warned: &mut Option<Instant>) {
     match consumer.poll(Duration::from_millis(100)) {
         // Every assigned partition is paused; a record fetched before the
         // pause took effect is not this consumer's to read.
         Some(Ok(_)) | None => {}
+        Some(Err(e)) if is_broker_unavailable(&e) => {
+            metrics::counter!(BROKER_UNAVAILABLE).increment(1);
+            if warned.is_none_or(|at| at.elapsed() >= OUTAGE_WARNING_EVERY) {
+                *warned = Some(Instant::now());
+                warn!(error = %e, "the Kafka broker is unreachable or not ready (group membership)");
+            }
+        }
         Some(Err(e)) => warn!(error = %e, "membership poll"),
     }
 }

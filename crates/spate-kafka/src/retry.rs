@@ -1,4 +1,5 @@
-//! Retrying group-coordinator calls while the coordinator moves or loads.
+//! Retrying calls while the group coordinator moves or loads, and while
+//! the broker is away.
 //!
 //! A consumer group's offsets live with its coordinator broker. Right after
 //! a broker starts, after a leader change, or while `__consumer_offsets` is
@@ -9,12 +10,19 @@
 //! returns the first answer), so a batch would fail on a broker that is
 //! merely busy. Here they are retried with a growing pause until the call's
 //! own timeout is spent; every other error returns at once.
+//!
+//! A broker that is paused, restarting or unreachable makes metadata and
+//! watermark requests time out, then answer *unknown partition* or *not
+//! leader* while it loads its logs again. [`retry_unavailable`] waits for
+//! it up to [`BROKER_OUTAGE_LIMIT`], saying so in a warning and in the
+//! counter [`BROKER_UNAVAILABLE`] at every failed attempt: the job carries
+//! on once the broker is back, and the outage is visible while it lasts.
 
 use std::time::{Duration, Instant};
 
 use rdkafka::error::KafkaError as RdKafkaError;
 use rdkafka::types::RDKafkaErrorCode;
-use tracing::debug;
+use tracing::{debug, warn};
 
 use crate::error::{KafkaError, client};
 
@@ -22,6 +30,70 @@ use crate::error::{KafkaError, client};
 const FIRST_PAUSE: Duration = Duration::from_millis(50);
 /// The longest pause between attempts.
 const MAX_PAUSE: Duration = Duration::from_secs(1);
+
+/// How long a call waits for an unreachable or restarting broker before
+/// its error is returned (and the batch fails).
+pub(crate) const BROKER_OUTAGE_LIMIT: Duration = Duration::from_secs(300);
+/// The counter of requests that failed because the broker was unreachable
+/// or not ready, and were tried again.
+pub(crate) const BROKER_UNAVAILABLE: &str = "spate_kafka_broker_unavailable_total";
+
+/// Whether `error` says the broker is unreachable, paused or still loading
+/// after a restart: worth waiting for, unlike a refusal.
+pub(crate) fn is_broker_unavailable(error: &RdKafkaError) -> bool {
+    is_coordinator_transient(error)
+        || matches!(
+            error.rdkafka_error_code(),
+            Some(
+                RDKafkaErrorCode::OperationTimedOut
+                    | RDKafkaErrorCode::RequestTimedOut
+                    | RDKafkaErrorCode::AllBrokersDown
+                    | RDKafkaErrorCode::BrokerTransportFailure
+                    | RDKafkaErrorCode::NetworkException
+                    | RDKafkaErrorCode::BrokerNotAvailable
+                    | RDKafkaErrorCode::LeaderNotAvailable
+                    | RDKafkaErrorCode::NotLeaderForPartition
+                    | RDKafkaErrorCode::UnknownPartition
+                    | RDKafkaErrorCode::UnknownTopicOrPartition
+                    | RDKafkaErrorCode::Resolve
+            )
+        )
+}
+
+/// Whether `error` is the broker being away: a client error that
+/// [`is_broker_unavailable`], or a read that got nothing within its timeout.
+pub(crate) fn is_outage(error: &KafkaError) -> bool {
+    match error {
+        KafkaError::Client { source, .. } => is_broker_unavailable(source),
+        KafkaError::PollTimeout { .. } => true,
+        _ => false,
+    }
+}
+
+/// Runs `call` until it succeeds, fails with an error that is no
+/// [`is_outage`], or [`BROKER_OUTAGE_LIMIT`] has passed since the first
+/// attempt; each failed attempt is warned about and counted in
+/// [`BROKER_UNAVAILABLE`]. `call` must be safe to repeat (a read of fixed
+/// offsets, a metadata request).
+pub(crate) fn retry_unavailable<T>(call: impl FnMut() -> Result<T, KafkaError>) -> Result<T, KafkaError> {
+    retry_unavailable_for(BROKER_OUTAGE_LIMIT, call)
+}
+
+fn retry_unavailable_for<T>(limit: Duration, mut call: impl FnMut() -> Result<T, KafkaError>) -> Result<T, KafkaError> {
+    let deadline = Instant::now() + limit;
+    let mut pause = FIRST_PAUSE;
+    loop {
+        match call() {
+            Err(e) if is_outage(&e) && Instant::now() + pause < deadline => {
+                metrics::counter!(BROKER_UNAVAILABLE).increment(1);
+                warn!(error = %e, "the Kafka broker is unreachable or not ready; retrying");
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(MAX_PAUSE);
+            }
+            result => return result,
+        }
+    }
+}
 
 /// Whether `error` says the group coordinator is moving or loading.
 pub(crate) fn is_coordinator_transient(error: &RdKafkaError) -> bool {
@@ -81,6 +153,34 @@ mod tests {
         assert!(is_coordinator_transient(&RdKafkaError::ConsumerCommit(RDKafkaErrorCode::CoordinatorNotAvailable)));
         assert!(!is_coordinator_transient(&RdKafkaError::OffsetFetch(RDKafkaErrorCode::GroupAuthorizationFailed)));
         assert!(!is_coordinator_transient(&RdKafkaError::ConsumerCommit(RDKafkaErrorCode::UnknownTopicOrPartition)));
+    }
+
+    #[test]
+    fn an_unreachable_broker_is_waited_for_and_a_refusal_is_not() {
+        let mut attempts = 0;
+        fn failed<T>(code: RDKafkaErrorCode) -> Result<T, KafkaError> {
+            Err(client("fetch watermarks")(RdKafkaError::MetadataFetch(code)))
+        }
+        let result = retry_unavailable_for(Duration::from_secs(10), || {
+            attempts += 1;
+            match attempts {
+                1 => failed(RDKafkaErrorCode::OperationTimedOut),
+                2 => failed(RDKafkaErrorCode::UnknownPartition),
+                3 => Err(KafkaError::PollTimeout { topic: "t".into(), partition: 0, offset: 0, timeout_ms: 1 }),
+                _ => Ok(attempts),
+            }
+        });
+        assert_eq!(result.unwrap(), 4);
+        let mut attempts = 0;
+        let result: Result<(), _> = retry_unavailable_for(Duration::from_secs(10), || {
+            attempts += 1;
+            failed(RDKafkaErrorCode::TopicAuthorizationFailed)
+        });
+        assert!(result.is_err());
+        assert_eq!(attempts, 1, "a refusal is returned at once");
+        let result: Result<(), _> =
+            retry_unavailable_for(Duration::from_millis(200), || failed(RDKafkaErrorCode::AllBrokersDown));
+        assert!(result.is_err(), "a broker that never comes back fails the call once the time is spent");
     }
 
     #[test]

@@ -394,15 +394,22 @@ impl LeaseState {
 
     /// The time of a renewal and the version it replaces; an error once the lease is lost.
     fn before_renewal(&self) -> Result<(Time, FileVersion)> {
-        let mut current = self.current();
+        let current = self.current();
         if let Some(lost) = &current.lost {
             return Err(self.stale(lost.clone()));
         }
         let now = self.clock.now();
         if now >= current.expires {
-            let lost = format!("our lease ran out at {} before it was renewed", current.expires.to_iso8601());
-            current.lost = Some(lost.clone());
-            return Err(self.stale(lost));
+            // A lease that ran out while the store was away is still ours as
+            // long as its object is the one we wrote: another writer takes
+            // it over only by changing it, and then this renewal's
+            // conditional put is refused. Until it is renewed, `check`
+            // refuses every write.
+            warn!(
+                dir = %self.dir.display(),
+                ran_out = %current.expires.to_iso8601(),
+                "renewing the checkpoint lease after it ran out: it stays ours unless another writer changed it"
+            );
         }
         Ok((now, current.version.clone()))
     }

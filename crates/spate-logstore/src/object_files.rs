@@ -17,13 +17,24 @@
 //! The store's client is asynchronous; each call runs on a small runtime
 //! owned by the file manager and is waited for, so the checkpoint code stays
 //! synchronous and callable from any thread.
+//!
+//! A store that does not answer (connection refused, reset or timed out
+//! after the client's own retries) is waited for up to
+//! [`STORE_OUTAGE_LIMIT`]: each failed attempt is a warning and counts in
+//! [`STORE_UNAVAILABLE`], and the call goes on once the store is back, so a
+//! job outlives a restart of its S3 endpoint. A write is tried again only
+//! when it never reached the store (the connection failed): one that may
+//! have landed is not repeated, since a second conditional put would be
+//! refused by the first.
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use futures::TryStreamExt;
 use object_store::aws::{AmazonS3Builder, S3ConditionalPut};
+use object_store::client::{HttpError, HttpErrorKind};
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload, UpdateVersion};
 use spate_core::Clock;
@@ -32,6 +43,32 @@ use crate::error::{LogStoreError, Result};
 use crate::file_manager::{CheckpointFileManager, FileVersion, LogListing, NO_FENCE, PublishCheck, Tightened};
 use crate::location::{ObjectStoreSettings, parse_s3_location};
 use crate::lock::{LeaseOptions, LockStatus, WriterLock};
+
+/// How long a call waits for a store that does not answer before its error is returned.
+pub(crate) const STORE_OUTAGE_LIMIT: Duration = Duration::from_secs(300);
+/// The counter of requests that found the store unreachable and were tried again.
+pub(crate) const STORE_UNAVAILABLE: &str = "spate_object_store_unavailable_total";
+/// The first pause before a request is tried again; it doubles up to [`MAX_PAUSE`].
+const FIRST_PAUSE: Duration = Duration::from_millis(200);
+const MAX_PAUSE: Duration = Duration::from_secs(2);
+
+/// Whether a request that failed with `error` is safe to send again and
+/// worth it: the store did not answer. `write` requests only when the
+/// connection was never made (so the write cannot have landed).
+fn is_unreachable(error: &object_store::Error, write: bool) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(error);
+    while let Some(e) = source {
+        if let Some(http) = e.downcast_ref::<HttpError>() {
+            return match http.kind() {
+                HttpErrorKind::Connect => true,
+                HttpErrorKind::Request | HttpErrorKind::Timeout | HttpErrorKind::Interrupted => !write,
+                _ => false,
+            };
+        }
+        source = e.source();
+    }
+    false
+}
 
 /// The checkpoint file manager of an `s3://bucket/prefix` location.
 #[derive(Clone, Debug)]
@@ -124,19 +161,44 @@ impl ObjectStoreFileManager {
         Ok(ObjectPath::from_iter(self.inner.prefix.iter().cloned().chain(parts)))
     }
 
+    /// Runs the request `make` makes on the client's runtime and waits for
+    /// it, making it again while the store is unreachable (see the module
+    /// documentation; `write` for a put).
+    fn run<T: Send + 'static, F: Future<Output = object_store::Result<T>> + Send + 'static>(
+        &self,
+        op: &'static str,
+        path: &Path,
+        write: bool,
+        make: impl Fn() -> F,
+    ) -> Result<T> {
+        let deadline = Instant::now() + STORE_OUTAGE_LIMIT;
+        let mut pause = FIRST_PAUSE;
+        loop {
+            match self.run_once(op, path, make())? {
+                Err(e) if is_unreachable(&e, write) && Instant::now() + pause < deadline => {
+                    metrics::counter!(STORE_UNAVAILABLE).increment(1);
+                    tracing::warn!(op, path = %path.display(), error = %e, "the object store is unreachable; retrying");
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(MAX_PAUSE);
+                }
+                result => return result.map_err(|e| store_error(op, path, e)),
+            }
+        }
+    }
+
     /// Runs `request` on the client's runtime and waits for it.
-    fn run<T: Send + 'static>(
+    fn run_once<T: Send + 'static>(
         &self,
         op: &'static str,
         path: &Path,
         request: impl Future<Output = object_store::Result<T>> + Send + 'static,
-    ) -> Result<T> {
+    ) -> Result<object_store::Result<T>> {
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
         let runtime = self.inner.runtime.as_ref().ok_or_else(|| stopped(op, path))?;
         runtime.spawn(async move {
             let _ = tx.send(request.await);
         });
-        rx.recv().map_err(|_| stopped(op, path))?.map_err(|e| store_error(op, path, e))
+        rx.recv().map_err(|_| stopped(op, path))
     }
 
     fn store(&self) -> Arc<dyn ObjectStore> {
@@ -147,7 +209,10 @@ impl ObjectStoreFileManager {
     fn list_names(&self, dir: &Path) -> Result<Vec<String>> {
         let key = self.key(dir)?;
         let store = self.store();
-        let listing = self.run("list", dir, async move { store.list_with_delimiter(Some(&key)).await })?;
+        let listing = self.run("list", dir, false, || {
+            let (store, key) = (Arc::clone(&store), key.clone());
+            async move { store.list_with_delimiter(Some(&key)).await }
+        })?;
         let names = listing.objects.iter().map(|o| &o.location).chain(listing.common_prefixes.iter());
         Ok(names.filter_map(|p| p.filename().map(decode_part)).collect())
     }
@@ -157,7 +222,10 @@ impl ObjectStoreFileManager {
         let store = self.store();
         let payload = PutPayload::from(bytes.to_vec());
         let options = PutOptions { mode, ..PutOptions::default() };
-        let result = self.run(op, path, async move { store.put_opts(&key, payload, options).await })?;
+        let result = self.run(op, path, true, || {
+            let (store, key, payload, options) = (Arc::clone(&store), key.clone(), payload.clone(), options.clone());
+            async move { store.put_opts(&key, payload, options).await }
+        })?;
         result.e_tag.map(FileVersion::Tag).ok_or_else(|| self.without_etags())
     }
 
@@ -177,7 +245,11 @@ impl ObjectStoreFileManager {
     fn head(&self, path: &Path) -> Result<Option<FileVersion>> {
         let key = self.key(path)?;
         let store = self.store();
-        match self.run("stat", path, async move { store.head(&key).await }) {
+        let request = || {
+            let (store, key) = (Arc::clone(&store), key.clone());
+            async move { store.head(&key).await }
+        };
+        match self.run("stat", path, false, request) {
             Ok(meta) => Ok(Some(meta.e_tag.map_or(FileVersion::Unknown, FileVersion::Tag))),
             Err(LogStoreError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(e),
@@ -218,6 +290,22 @@ fn hex_byte(digits: &[u8]) -> Option<u8> {
     }
 }
 
+/// The object at `key` with its size and tag; its body only when it is at
+/// most `max_len` bytes, so a large object is refused before it is read
+/// into memory.
+async fn read_object(
+    store: Arc<dyn ObjectStore>,
+    key: ObjectPath,
+    max_len: u64,
+) -> object_store::Result<(u64, Option<String>, Option<Vec<u8>>)> {
+    let result = store.get(&key).await?;
+    let (size, tag) = (result.meta.size, result.meta.e_tag.clone());
+    if size > max_len {
+        return Ok((size, tag, None));
+    }
+    Ok((size, tag, Some(result.bytes().await?.to_vec())))
+}
+
 fn stopped(op: &'static str, path: &Path) -> LogStoreError {
     LogStoreError::ObjectStore { op, path: path.to_path_buf(), message: "the object store client has stopped".into() }
 }
@@ -253,18 +341,13 @@ impl CheckpointFileManager for ObjectStoreFileManager {
     fn read_versioned(&self, path: &Path, max_len: u64) -> Result<Option<(Vec<u8>, FileVersion)>> {
         let key = self.key(path)?;
         let store = self.store();
-        let request = async move {
-            let result = store.get(&key).await?;
-            let (size, tag) = (result.meta.size, result.meta.e_tag.clone());
-            // Refused on its size before its body is read into memory.
-            if size > max_len {
-                return Ok((size, tag, None));
-            }
-            Ok((size, tag, Some(result.bytes().await?)))
+        let request = || {
+            let (store, key) = (Arc::clone(&store), key.clone());
+            async move { read_object(store, key, max_len).await }
         };
-        match self.run("read", path, request) {
+        match self.run("read", path, false, request) {
             Ok((len, _, None)) => Err(LogStoreError::TooLarge { path: path.to_path_buf(), len, limit: max_len }),
-            Ok((_, tag, Some(bytes))) => Ok(Some((bytes.to_vec(), tag.map_or(FileVersion::Unknown, FileVersion::Tag)))),
+            Ok((_, tag, Some(bytes))) => Ok(Some((bytes, tag.map_or(FileVersion::Unknown, FileVersion::Tag)))),
             Err(e) if is_not_found(&e) => Ok(None),
             Err(e) => Err(e),
         }
@@ -325,7 +408,10 @@ impl CheckpointFileManager for ObjectStoreFileManager {
         fence()?;
         let key = self.key(path)?;
         let store = self.store();
-        self.run("delete", path, async move { store.delete(&key).await })?;
+        self.run("delete", path, false, || {
+            let (store, key) = (Arc::clone(&store), key.clone());
+            async move { store.delete(&key).await }
+        })?;
         Ok(true)
     }
 
@@ -336,7 +422,10 @@ impl CheckpointFileManager for ObjectStoreFileManager {
         // A "directory": some object under the prefix.
         let key = self.key(path)?;
         let store = self.store();
-        let first = self.run("list", path, async move { store.list(Some(&key)).try_next().await })?;
+        let first = self.run("list", path, false, || {
+            let (store, key) = (Arc::clone(&store), key.clone());
+            async move { store.list(Some(&key)).try_next().await }
+        })?;
         Ok(first.is_some())
     }
 
@@ -374,8 +463,10 @@ impl CheckpointFileManager for ObjectStoreFileManager {
         let key = self.key(dir)?;
         let store = self.store();
         let prefix_key = key.clone();
-        let objects =
-            self.run("list", dir, async move { store.list(Some(&prefix_key)).try_collect::<Vec<_>>().await })?;
+        let objects = self.run("list", dir, false, || {
+            let (store, key) = (Arc::clone(&store), prefix_key.clone());
+            async move { store.list(Some(&key)).try_collect::<Vec<_>>().await }
+        })?;
         Ok(objects
             .into_iter()
             .filter_map(|meta| {

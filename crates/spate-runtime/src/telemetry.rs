@@ -141,6 +141,14 @@ fn describe() {
         "spate_kafka_transactional_producers_reopened_total",
         "Transactional producers opened again after a fatal error (fenced when a transaction outlived its timeout)."
     );
+    describe_counter!(
+        "spate_kafka_broker_unavailable_total",
+        "Kafka requests that found the broker unreachable or not ready (paused, restarting) and were tried again."
+    );
+    describe_counter!(
+        "spate_object_store_unavailable_total",
+        "Object store (S3) requests that found the store unreachable and were tried again."
+    );
 }
 
 /// Records a committed batch.
