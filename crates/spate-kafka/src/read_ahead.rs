@@ -43,6 +43,7 @@ use tracing::warn;
 use crate::consumer::{ConsumerPool, KafkaRecord, record_footprint};
 use crate::direct::{DirectKafkaConfig, lock, ranges_within, read_within};
 use crate::error::{Result, client};
+use crate::retry::{BROKER_UNAVAILABLE, is_outage};
 use crate::offsets::{OffsetRanges, PartitionOffsets, TopicPartition};
 
 /// The records one chunk reads at most, all partitions together: small
@@ -224,12 +225,26 @@ impl Drop for ReadAhead {
 
 impl Shared {
     fn run(&self) {
+        // Whether the last attempt met the broker away: an outage is said
+        // once when it starts, not at every attempt.
+        let mut away = false;
         loop {
             let read = match self.read_chunk() {
-                Ok(read) => read,
+                Ok(read) => {
+                    away = false;
+                    read
+                }
+                // The batch reads what is left at its boundary, where an
+                // error that persists fails it.
+                Err(error) if is_outage(&error) => {
+                    metrics::counter!(BROKER_UNAVAILABLE).increment(1);
+                    if !away {
+                        warn!(%error, "the Kafka broker is unreachable or not ready; reading ahead waits for it");
+                    }
+                    away = true;
+                    false
+                }
                 Err(error) => {
-                    // The batch reads what is left at its boundary, where an
-                    // error that persists fails it.
                     warn!(%error, "reading ahead failed; retrying");
                     false
                 }
