@@ -43,8 +43,8 @@ use tracing::warn;
 use crate::consumer::{ConsumerPool, KafkaRecord, record_footprint};
 use crate::direct::{DirectKafkaConfig, lock, ranges_within, read_within};
 use crate::error::{Result, client};
-use crate::retry::{BROKER_UNAVAILABLE, is_outage};
 use crate::offsets::{OffsetRanges, PartitionOffsets, TopicPartition};
+use crate::retry::{BROKER_UNAVAILABLE, is_outage};
 
 /// The records one chunk reads at most, all partitions together: small
 /// enough that a plan waiting for the chunk in flight waits little (tens of
