@@ -61,3 +61,8 @@ pub use spate_receiver as receiver;
 pub use spate_runtime as runtime;
 pub use spate_tracker as tracker;
 pub use spate_wal as wal;
+
+// The README's example is compiled and run as a doc test of this crate.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+mod readme {}
