@@ -25,6 +25,17 @@ pub(crate) fn cache_dir() -> PathBuf {
     home.join(".cache").join("spate")
 }
 
+/// The target directory every cargo call of xtask builds into:
+/// `$CARGO_TARGET_DIR` (against the workspace root when relative), else
+/// `<cache>/target`.
+pub(crate) fn target_dir() -> PathBuf {
+    match std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from) {
+        Some(dir) if dir.is_relative() => workspace_root().join(dir),
+        Some(dir) => dir,
+        None => cache_dir().join("target"),
+    }
+}
+
 /// A `cargo` command with the shared build environment:
 ///
 /// - `CARGO_TARGET_DIR` outside the clone (unless the caller set one), so a
@@ -44,7 +55,7 @@ pub(crate) fn cargo(args: &[&str]) -> Command {
     c.args(args).current_dir(workspace_root());
     let cache = cache_dir();
     if std::env::var_os("CARGO_TARGET_DIR").is_none() {
-        c.env("CARGO_TARGET_DIR", cache.join("target"));
+        c.env("CARGO_TARGET_DIR", target_dir());
     }
     if let Some(lib_dir) = system_rocksdb()
         && std::env::var_os("ROCKSDB_LIB_DIR").is_none()

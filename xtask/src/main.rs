@@ -5,8 +5,11 @@
 //! that builds installs what it needs first ([`setup::ensure`]):
 //!
 //! - `setup`: installs every system package the build and tests need (idempotent).
-//! - `test`: setup, format check, clippy, then every test of the workspace,
-//!   with the local Kafka broker and S3 server running.
+//! - `test`: setup, format check, the documentation check, clippy, the
+//!   `hello` example, then every test of the workspace, with the local
+//!   Kafka broker and S3 server running.
+//! - `docs`: the documentation check alone: every relative link of the
+//!   Markdown files resolves, and the guide (`docs/`) builds with mdBook.
 //! - `bench`: the headline benchmarks, ending with one `BENCH` line a figure.
 //! - `fuzz`: every decoder under libFuzzer for a fixed time; failures are
 //!   kept as regression inputs that `test` replays.
@@ -24,6 +27,7 @@
 //! the clone and compiles C/C++ through ccache (see [`build_env`]).
 
 mod bench;
+mod docs;
 mod env;
 mod fuzz;
 mod kafka;
@@ -34,7 +38,7 @@ mod setup;
 use std::process::ExitCode;
 use std::time::Instant;
 
-use env::{cargo, run_step};
+use env::{cargo, run_step, workspace_root};
 
 type Result<T = ()> = std::result::Result<T, String>;
 
@@ -52,8 +56,13 @@ const COMMANDS: &[Command] = &[
     },
     Command {
         name: "test",
-        help: "setup, fmt --check, clippy -D warnings, every test (starts Kafka and S3)",
+        help: "setup, fmt --check, docs, clippy -D warnings, the hello example, every test (starts Kafka and S3)",
         run: test,
+    },
+    Command {
+        name: "docs",
+        help: "check every relative link of the Markdown files and build the guide (mdBook)",
+        run: docs::run,
     },
     Command { name: "ci", help: "what .ci/run runs: the same as test", run: test },
     Command { name: "bench", help: "run the headline benchmarks and print one BENCH line a figure", run: bench::run },
@@ -112,7 +121,11 @@ fn test(_args: &[String]) -> Result {
     let started = Instant::now();
     setup::ensure(setup::ALL)?;
     run_step("format check", cargo(&["fmt", "--all", "--check"]))?;
+    // Before the long steps, so a broken link fails in seconds.
+    docs::check_links(&workspace_root())?;
+    docs::build_guide(&workspace_root())?;
     run_step("clippy", cargo(&["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"]))?;
+    run_step("hello example", cargo(HELLO))?;
     let broker = kafka::Broker::start_for_tests()?;
     let s3 = s3::S3Server::start_for_tests()?;
     let tests = run_step("tests", {
@@ -133,6 +146,10 @@ fn test(_args: &[String]) -> Result {
     println!("xtask test: all green in {:.0?}", started.elapsed());
     Ok(())
 }
+
+/// The smallest job (`examples/hello.rs`), which must run and end by
+/// itself with exit code 0.
+const HELLO: &[&str] = &["run", "--quiet", "--package", "spate", "--example", "hello"];
 
 /// The demo's build: release, and only what `spate demo` runs (no Kafka,
 /// no RocksDB), so it needs no system package: neither libclang nor a
