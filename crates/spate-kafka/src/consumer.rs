@@ -226,10 +226,7 @@ impl PartitionConsumer {
     }
 
     fn earliest_offset(&self) -> Result<i64> {
-        let (low, _) = self
-            .consumer
-            .fetch_watermarks(&self.partition.topic, self.partition.partition, self.settings.poll_timeout)
-            .map_err(client(format!("fetch watermarks of {}", self.partition)))?;
+        let (low, _) = crate::retry::watermarks(&self.consumer, &self.partition, self.settings.poll_timeout)?;
         Ok(low)
     }
 

@@ -600,11 +600,7 @@ impl DirectKafkaStream {
     }
 
     fn watermarks(&self, tp: &TopicPartition) -> Result<(i64, i64)> {
-        retry_unavailable(|| {
-            lock(&self.admin)
-                .fetch_watermarks(&tp.topic, tp.partition, self.config.consumer.poll_timeout)
-                .map_err(client(format!("fetch watermarks of {tp}")))
-        })
+        retry_unavailable(|| crate::retry::watermarks(&lock(&self.admin), tp, self.config.consumer.poll_timeout))
     }
 
     fn latest_offsets(&self, partitions: &[TopicPartition]) -> Result<PartitionOffsets> {

@@ -36,7 +36,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Duration as StdDuration;
 
-use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::consumer::BaseConsumer;
 use spate_dstream::{ArrivalStage, ProcessedBlock};
 use tracing::warn;
 
@@ -307,9 +307,7 @@ impl Shared {
         let admin = lock(&self.admin);
         let mut latest = PartitionOffsets::new();
         for tp in progress.next.keys() {
-            let (_, high) = admin
-                .fetch_watermarks(&tp.topic, tp.partition, self.poll_timeout)
-                .map_err(client(format!("fetch watermarks of {tp}")))?;
+            let (_, high) = crate::retry::watermarks(&admin, tp, self.poll_timeout)?;
             latest.insert(tp.clone(), high);
         }
         drop(admin);

@@ -20,11 +20,13 @@
 
 use std::time::{Duration, Instant};
 
+use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError as RdKafkaError;
 use rdkafka::types::RDKafkaErrorCode;
 use tracing::{debug, warn};
 
 use crate::error::{KafkaError, client};
+use crate::offsets::TopicPartition;
 
 /// The first pause between attempts; it doubles up to [`MAX_PAUSE`].
 const FIRST_PAUSE: Duration = Duration::from_millis(50);
@@ -58,6 +60,42 @@ pub(crate) fn is_broker_unavailable(error: &RdKafkaError) -> bool {
                     | RDKafkaErrorCode::Resolve
             )
         )
+}
+
+/// The low and high watermarks of `tp`, asked of the broker by `consumer`.
+///
+/// A client that met the broker while it restarted can keep a metadata
+/// cache that lacks the partition or names an old leader, and then fails
+/// every watermark request locally (*unknown partition*) until its
+/// periodic refresh, minutes later. On such an error the topic's metadata
+/// is asked for again, so the retry that follows meets the broker as it
+/// is now; the error is still returned, for the caller's retry to count.
+pub(crate) fn watermarks(
+    consumer: &BaseConsumer,
+    tp: &TopicPartition,
+    timeout: Duration,
+) -> Result<(i64, i64), KafkaError> {
+    consumer.fetch_watermarks(&tp.topic, tp.partition, timeout).map_err(|error| {
+        if is_stale_metadata(&error) {
+            // Best effort: a failed refresh leaves the retry to try again.
+            let refreshed = consumer.fetch_metadata(Some(&tp.topic), timeout);
+            debug!(%tp, refreshed = refreshed.is_ok(), "refreshed the topic's metadata after a stale answer");
+        }
+        client(format!("fetch watermarks of {tp}"))(error)
+    })
+}
+
+/// Whether `error` says the client's idea of the partition's place is out of date.
+fn is_stale_metadata(error: &RdKafkaError) -> bool {
+    matches!(
+        error.rdkafka_error_code(),
+        Some(
+            RDKafkaErrorCode::UnknownPartition
+                | RDKafkaErrorCode::UnknownTopicOrPartition
+                | RDKafkaErrorCode::NotLeaderForPartition
+                | RDKafkaErrorCode::LeaderNotAvailable
+        )
+    )
 }
 
 /// Whether `error` is the broker being away: a client error that
