@@ -6,9 +6,6 @@
 //! output is exact: every input record counted once, none lost, no output
 //! written twice.
 //!
-//! The S3 test is ignored while it fails (see its reason): run it with
-//! `--ignored`.
-//!
 //! Each test starts a server of its own (`cargo xtask kafka|s3 start
 //! --instance NAME`), never the one the other tests share, through the
 //! xtask binary that `cargo xtask test` names in `SPATE_XTASK`. By hand:
@@ -474,9 +471,6 @@ const S3_OUTAGE_LOG: &str = "the object store is unreachable; retrying";
 const S3_OUTAGE_METRIC: &str = "spate_object_store_unavailable_total";
 
 #[test]
-#[ignore = "fails: a receiver's WAL append waits for the lease, whose renewal waits for the stopped \
-            server; after 30 s the block is reported failed, the receiver restarts, and the demo's \
-            output holds some words twice and misses others (issue 33, points 1 and 8)"]
 fn the_demo_on_s3_carries_on_through_a_stopped_server_and_writes_each_batch_once() {
     let mut server = Server::start("s3");
     let location = format!("s3://spate-test/faults/{}", unique("demo"));

@@ -19,6 +19,14 @@ pub trait WriterFence: Send + Sync + fmt::Debug {
     /// `Ok` while this writer still holds the checkpoint; otherwise a
     /// sentence that says who holds it now.
     fn check(&self) -> Result<(), String>;
+
+    /// True while this writer's changes wait for its claim to be confirmed
+    /// (an object store away past the lease's renewal): such a wait ends
+    /// in the change or in a refusal, so a caller that times its writes
+    /// out does not count it.
+    fn is_paused(&self) -> bool {
+        false
+    }
 }
 
 /// The fence of a writer that is alone by construction (tests, a log

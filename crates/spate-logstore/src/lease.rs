@@ -22,7 +22,10 @@
 //! The holder checks its lease before every change ([`LeaseState::check`]):
 //! it must have been renewed, not taken, and run out no sooner than the
 //! safety margin from now by the holder's own clock. The check reads only
-//! memory and never waits for a renewal's request. A holder that was paused
+//! memory and never waits for a renewal's request. A lease that ran short
+//! while the store was away is not lost: the writer's changes wait
+//! ([`LeaseState::await_held`]) until the renewal, retried in the
+//! background, lands or finds the lease taken. A holder that was paused
 //! past its lease fails that check when it wakes; what it had already
 //! started to publish is refused by put-if-absent (the new holder's
 //! `offsets/N` and `commits/N` are never overwritten), and the epoch in each
@@ -46,6 +49,12 @@ use crate::lock::{
 };
 use crate::log::{Json, decode_entry, encode_entry};
 use crate::process::{Liveness, ProcessIdentity, liveness};
+
+/// How long a write waits for a lease that ran short to be renewed: as
+/// long as a request to the store is retried while the store is away (the
+/// object store's outage limit), so a write outlasts any outage its
+/// renewal does.
+const RENEWAL_PATIENCE: std::time::Duration = std::time::Duration::from_secs(300);
 
 /// The lease object: the holder and when its lease runs out.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -208,6 +217,8 @@ pub(crate) fn acquire(
         options: options.clone(),
         renewing: Mutex::new(()),
         current: Mutex::new(Current { version, renewed: now, expires, lost: None }),
+        changed: Condvar::new(),
+        waiting: std::sync::atomic::AtomicUsize::new(0),
     });
     Ok(WriterLock::leased(dir, LeaseKeeper::start(state)))
 }
@@ -291,6 +302,10 @@ pub(crate) struct LeaseState {
     renewing: Mutex<()>,
     /// Held only to read or update, never across a request to the store.
     current: Mutex<Current>,
+    /// Told each time `current` changes (renewed, adopted, lost).
+    changed: Condvar,
+    /// Writes waiting in [`LeaseState::await_held`] now (seen by tests).
+    waiting: std::sync::atomic::AtomicUsize,
 }
 
 #[derive(Debug)]
@@ -319,19 +334,71 @@ impl LeaseState {
 
     /// Ok while the lease is ours and runs for longer than the safety margin.
     pub(crate) fn check(&self) -> Result<()> {
-        let current = self.current();
+        match self.standing(&self.current()) {
+            Standing::Held => Ok(()),
+            Standing::Lost(e) | Standing::Unconfirmed(e) => Err(e),
+        }
+    }
+
+    /// [`LeaseState::check`], waiting up to `patience` while the lease is
+    /// short but not lost: the store was away and the renewal, retried in
+    /// the background, has not landed yet. Writes pause through an outage
+    /// of the store instead of failing for good, and go on as soon as the
+    /// renewal lands; a lease another writer took fails at once.
+    pub(crate) fn await_held(&self, patience: std::time::Duration) -> Result<()> {
+        // Real time: the wait follows the renewal thread's wall-clock cadence.
+        let deadline = std::time::Instant::now() + patience;
+        let mut current = self.current();
+        let mut said = false;
+        loop {
+            let error = match self.standing(&current) {
+                Standing::Held => return Ok(()),
+                Standing::Lost(e) => return Err(e),
+                Standing::Unconfirmed(e) => e,
+            };
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return Err(error);
+            }
+            if !said {
+                warn!(dir = %self.dir.display(), reason = %error,
+                    "writes to the checkpoint wait until its lease is renewed (the object store may be away)");
+                said = true;
+            }
+            let slice = left.min(std::time::Duration::from_millis(500));
+            self.waiting.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            current = self.changed.wait_timeout(current, slice).unwrap_or_else(PoisonError::into_inner).0;
+            self.waiting.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+
+    /// [`LeaseState::await_held`] for as long as the store may be away
+    /// ([`RENEWAL_PATIENCE`]) when a background thread renews the lease;
+    /// at once otherwise, since nothing would renew it meanwhile.
+    pub(crate) fn check_patiently(&self) -> Result<()> {
+        let patience = if self.options.renew_in_background { RENEWAL_PATIENCE } else { std::time::Duration::ZERO };
+        self.await_held(patience)
+    }
+
+    /// Whether the lease ran short without being lost: writes wait for its renewal.
+    pub(crate) fn is_unconfirmed(&self) -> bool {
+        matches!(self.standing(&self.current()), Standing::Unconfirmed(_))
+    }
+
+    /// Whether `current` lets this writer change the checkpoint now.
+    fn standing(&self, current: &Current) -> Standing {
         if let Some(lost) = &current.lost {
-            return Err(self.stale(lost.clone()));
+            return Standing::Lost(self.stale(lost.clone()));
         }
         let now = self.clock.now();
         if now + self.options.safety_margin >= current.expires {
-            return Err(self.stale(format!(
+            return Standing::Unconfirmed(self.stale(format!(
                 "our lease, which runs out at {}, was not renewed in time (now {}); another writer may hold it",
                 current.expires.to_iso8601(),
                 now.to_iso8601()
             )));
         }
-        Ok(())
+        Standing::Held
     }
 
     /// [`LeaseState::check`], then the lease object as it is on the store:
@@ -348,10 +415,16 @@ impl LeaseState {
                     Found::Missing => "nothing (the lease object is gone)".to_string(),
                     Found::Unreadable(reason, _) => format!("something unreadable ({reason})"),
                 };
-                self.current().lost = Some(lost.clone());
+                self.lose(lost.clone());
                 Err(self.stale(lost))
             }
         }
+    }
+
+    /// Marks the lease lost and wakes the writes waiting for it.
+    fn lose(&self, lost: String) {
+        self.current().lost = Some(lost);
+        self.changed.notify_all();
     }
 
     /// [`LeaseState::renew`] once `renew_every` has passed since the last
@@ -419,6 +492,7 @@ impl LeaseState {
         current.version = version;
         current.renewed = at;
         current.expires = expires;
+        self.changed.notify_all();
     }
 
     /// Takes what the store holds of our own lease as the truth.
@@ -427,6 +501,7 @@ impl LeaseState {
         let mut current = self.current();
         current.version = version;
         current.expires = expires;
+        self.changed.notify_all();
     }
 
     /// A failed renewal: a conflict with another writer's lease loses it; any other error is retried later.
@@ -438,7 +513,7 @@ impl LeaseState {
             Some(Found::Lease(lease, _)) => format!("epoch {}, held by {}", lease.holder.epoch, lease.holder),
             _ => "a lease object changed by another writer".to_string(),
         };
-        self.current().lost = Some(lost.clone());
+        self.lose(lost.clone());
         self.stale(lost)
     }
 
@@ -453,6 +528,7 @@ impl LeaseState {
                 return;
             }
             current.lost = Some(format!("this writer released its lease at {}", now.to_iso8601()));
+            self.changed.notify_all();
             current.version.clone()
         };
         let lease = Lease { holder: self.holder.clone(), expires: now, process: self.process.clone() };
@@ -468,6 +544,15 @@ impl LeaseState {
             }
         }
     }
+}
+
+/// What [`LeaseState::standing`] found.
+enum Standing {
+    Held,
+    /// Taken by another writer or released: no wait mends it.
+    Lost(LogStoreError),
+    /// Running out, or out, but not taken: a renewal may still land.
+    Unconfirmed(LogStoreError),
 }
 
 /// Renews a lease from a background thread while it lives; releases it on drop.
@@ -772,5 +857,54 @@ mod tests {
             fence.check().unwrap();
             renewal.join().unwrap().unwrap();
         });
+    }
+
+    /// Returns once a write waits in `state`'s [`LeaseState::await_held`].
+    fn until_a_write_waits(state: &LeaseState) {
+        while state.waiting.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+            std::thread::yield_now();
+        }
+    }
+
+    #[test]
+    fn a_write_waits_through_an_outage_until_the_renewal_lands() {
+        let clock = Arc::new(ManualClock::new(Time::from_millis(START)));
+        let lock = acquire_now(files_on(Arc::new(InMemory::new())), &clock).unwrap();
+        let state = Arc::clone(lock.fence().lease().unwrap());
+        // The store was away past the lease's end: nothing renewed it.
+        clock.advance(Duration::from_millis(25_000));
+        assert!(state.check().is_err(), "a lease that ran out lets no write through unchecked");
+        std::thread::scope(|scope| {
+            let write = scope.spawn(|| state.await_held(std::time::Duration::from_secs(600)));
+            until_a_write_waits(&state);
+            // Back: the lease object is still ours, so the renewal lands and the write goes on.
+            lock.renew().unwrap();
+            write.join().unwrap().unwrap();
+        });
+    }
+
+    #[test]
+    fn a_write_waiting_for_the_renewal_fails_at_once_when_another_writer_took_the_lease() {
+        let clock = Arc::new(ManualClock::new(Time::from_millis(START)));
+        let files = files_on(Arc::new(InMemory::new()));
+        let lock = acquire_now(Arc::clone(&files), &clock).unwrap();
+        let state = Arc::clone(lock.fence().lease().unwrap());
+        clock.advance(Duration::from_millis(25_000));
+        put_lease(files.as_ref(), &foreign(START + 60_000));
+        std::thread::scope(|scope| {
+            let write = scope.spawn(|| state.await_held(std::time::Duration::from_secs(600)));
+            until_a_write_waits(&state);
+            assert!(matches!(lock.renew(), Err(LogStoreError::StaleEpoch { .. })));
+            let refused = write.join().unwrap().unwrap_err();
+            assert!(refused.to_string().contains("epoch 7"), "{refused}");
+        });
+    }
+
+    #[test]
+    fn without_a_background_renewal_a_short_lease_is_refused_without_waiting() {
+        let clock = Arc::new(ManualClock::new(Time::from_millis(START)));
+        let lock = acquire_now(files_on(Arc::new(InMemory::new())), &clock).unwrap();
+        clock.advance(Duration::from_millis(25_000));
+        assert!(matches!(lock.fence().check(), Err(LogStoreError::StaleEpoch { .. })));
     }
 }

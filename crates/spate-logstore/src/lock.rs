@@ -128,10 +128,12 @@ impl EpochFence {
     }
 
     /// Ok while the lock file still shows this writer's epoch (on an object
-    /// store: while this writer's lease has not run out nor been taken).
+    /// store: while this writer's lease has not run out nor been taken;
+    /// a lease that ran short while the store was away is waited for until
+    /// its renewal lands, see [`crate::lease`]).
     pub fn check(&self) -> Result<()> {
         if let Some(lease) = &self.lease {
-            return lease.check();
+            return lease.check_patiently();
         }
         let stale = |on_disk: String| LogStoreError::StaleEpoch { dir: self.dir.clone(), ours: self.epoch, on_disk };
         match read_lock_file(&self.dir.join(LOCK_FILE)) {
@@ -170,6 +172,10 @@ impl WriterFence for EpochFence {
 
     fn check(&self) -> std::result::Result<(), String> {
         EpochFence::check(self).map_err(|e| e.to_string())
+    }
+
+    fn is_paused(&self) -> bool {
+        self.lease.as_ref().is_some_and(|lease| lease.is_unconfirmed())
     }
 }
 

@@ -12,7 +12,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 
 use crossbeam::channel::{Receiver, Sender, TryRecvError, bounded, unbounded};
-use spate_core::{BlockStoreResult, Clock, FrameCodec, StreamBlockId, StreamId, Time, WalRecordHandle};
+use spate_core::{
+    BlockStoreResult, Clock, FrameCodec, StreamBlockId, StreamId, Time, Unfenced, WalRecordHandle, WriterFence,
+};
 use spate_wal::{FileWriteAheadLog, WalError, WalOptions, WriteAheadLog};
 use tracing::{debug, warn};
 
@@ -192,14 +194,19 @@ fn await_wal(
     block: (StreamId, StreamBlockId, u64),
     reply: &Receiver<WalReply>,
     clock: &dyn Clock,
-    deadline: Time,
+    mut deadline: Time,
     timeout: std::time::Duration,
+    fence: &dyn WriterFence,
 ) -> Result<WalRecordHandle, ReceiverError> {
     let (stream_id, block_id, num_records) = block;
     loop {
         match reply.recv_timeout(TIMEOUT_POLL) {
             Ok(written) => return written.map_err(|source| wal_error(stream_id, block_id, num_records, source)),
             Err(crossbeam::channel::RecvTimeoutError::Timeout) if clock.now() < deadline => {}
+            // Paused for the lease: the timeout starts again once writes go on.
+            Err(crossbeam::channel::RecvTimeoutError::Timeout) if fence.is_paused() => {
+                deadline = deadline_after(clock.now(), timeout);
+            }
             Err(crossbeam::channel::RecvTimeoutError::Timeout) => {
                 return Err(ReceiverError::WalTimeout {
                     block_id,
@@ -292,11 +299,21 @@ pub struct WalHandlerConfig {
     pub store_timeout: std::time::Duration,
     /// Whether cleaning waits until old segments are deleted.
     pub wait_for_cleanup: bool,
+    /// The WAL's writer fence. While it says writes are paused (the
+    /// checkpoint's lease waits to be renewed in an object store that is
+    /// away) the store timeout does not run: the write ends in the block
+    /// stored or refused once the store is back, and a block failed for
+    /// the wait alone would be a block the receiver has to send again.
+    pub fence: Arc<dyn WriterFence>,
 }
 
 impl Default for WalHandlerConfig {
     fn default() -> Self {
-        WalHandlerConfig { store_timeout: std::time::Duration::from_secs(30), wait_for_cleanup: false }
+        WalHandlerConfig {
+            store_timeout: std::time::Duration::from_secs(30),
+            wait_for_cleanup: false,
+            fence: Arc::new(Unfenced),
+        }
     }
 }
 
@@ -431,10 +448,10 @@ impl<T: Record> WriteAheadLogBasedBlockHandler<T> {
         let put = self.block_manager.put(block_id, BlockData::Bytes(bytes), self.level);
         let (block_manager, stream_id, timeout) =
             (Arc::clone(&self.block_manager), self.stream_id, self.config.store_timeout);
-        let clock = Arc::clone(&self.clock);
+        let (clock, fence) = (Arc::clone(&self.clock), Arc::clone(&self.config.fence));
         let finish = move || {
             let block = (stream_id, block_id, num_records);
-            let written = await_wal(block, &reply, clock.as_ref(), deadline, timeout);
+            let written = await_wal(block, &reply, clock.as_ref(), deadline, timeout, fence.as_ref());
             match (put, written) {
                 (Ok(_), Ok(handle)) => {
                     debug!(block = %block_id, %handle, records = num_records, "block stored with the WAL");

@@ -400,7 +400,7 @@ fn wal_handler_times_out_on_its_clock_or_fails_and_keeps_nothing() {
             fail,
             entered: entered_tx,
         });
-        let config = WalHandlerConfig { store_timeout: timeout, wait_for_cleanup: true };
+        let config = WalHandlerConfig { store_timeout: timeout, wait_for_cleanup: true, ..WalHandlerConfig::default() };
         let handler = Arc::new(
             WriteAheadLogBasedBlockHandler::<String>::new(
                 Arc::clone(&bm),
@@ -437,6 +437,69 @@ fn wal_handler_times_out_on_its_clock_or_fails_and_keeps_nothing() {
         wal.released.notify_all();
         handler.close().unwrap();
     }
+}
+
+/// A fence whose writer is paused (waiting for its lease), telling the
+/// test each time it is asked.
+#[derive(Debug)]
+struct PausedFence {
+    asked: crossbeam::channel::Sender<()>,
+}
+
+impl spate_core::WriterFence for PausedFence {
+    fn epoch(&self) -> u64 {
+        1
+    }
+    fn check(&self) -> Result<(), String> {
+        Ok(())
+    }
+    fn is_paused(&self) -> bool {
+        let _ = self.asked.send(());
+        true
+    }
+}
+
+#[test]
+fn a_block_waiting_for_the_lease_is_not_timed_out_and_is_stored_once_writes_go_on() {
+    let clock = clock();
+    let timeout = std::time::Duration::from_secs(30);
+    let bm = Arc::new(BlockManager::open(BlockManagerConfig::in_memory(1 << 20), Arc::new(clock.clone())).unwrap());
+    let (entered_tx, entered) = crossbeam::channel::unbounded();
+    let wal = Arc::new(StuckWal {
+        release: Mutex::new(false),
+        released: std::sync::Condvar::new(),
+        fail: false,
+        entered: entered_tx,
+    });
+    let (asked_tx, asked) = crossbeam::channel::unbounded();
+    let fence = Arc::new(PausedFence { asked: asked_tx });
+    let config = WalHandlerConfig { store_timeout: timeout, fence, ..WalHandlerConfig::default() };
+    let handler = Arc::new(
+        WriteAheadLogBasedBlockHandler::<String>::new(
+            Arc::clone(&bm),
+            wal.clone(),
+            STREAM,
+            StorageLevel::MEMORY_ONLY_SER,
+            config,
+            Arc::new(clock.clone()),
+        )
+        .unwrap(),
+    );
+    let (done_tx, done) = crossbeam::channel::bounded(1);
+    {
+        let handler = Arc::clone(&handler);
+        std::thread::spawn(move || done_tx.send(handler.store_block(id(0), ReceivedBlock::Records(words(0, 3)))));
+    }
+    entered.recv_timeout(PATIENCE).expect("the WAL write started");
+    // The store is away far longer than the timeout while the lease waits.
+    clock.advance(Duration::from_secs(3600));
+    asked.recv_timeout(PATIENCE).expect("past its deadline, the store asks whether writes are paused");
+    *wal.release.lock().unwrap() = true;
+    wal.released.notify_all();
+    let stored = done.recv_timeout(PATIENCE).expect("the store returned").unwrap();
+    assert_eq!(stored.num_records, Some(3));
+    assert!(bm.get(id(0)).unwrap().is_some());
+    handler.close().unwrap();
 }
 
 #[test]

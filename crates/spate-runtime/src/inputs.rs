@@ -267,7 +267,7 @@ impl<T: Record + Data, R: Receiver<T>> TypedReceiverInput<T, R> {
             Arc::clone(&wal),
             self.stream_id,
             level,
-            WalHandlerConfig::default(),
+            WalHandlerConfig { fence: Arc::clone(fence), ..WalHandlerConfig::default() },
             Arc::clone(clock),
         )
         .map_err(|e| self.receiver_error(e))?;
