@@ -34,7 +34,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use clap::Parser;
 use serde::{Deserialize, Serialize};
 use spate::core::{Duration, Time};
-use spate::dstream::{BoxError, InputSource, State};
+use spate::dstream::{BatchLimits, BoxError, InputSource, State};
 use spate::runtime::{OffsetsHook, PipelineBuilder, StreamingContext, StreamingSettings};
 
 use common::{Error, run_until};
@@ -118,7 +118,7 @@ impl InputSource<Click> for ClickSource {
         true
     }
 
-    fn plan(&self, _time: Time, _max_records: Option<u64>) -> Result<Option<String>, BoxError> {
+    fn plan(&self, _time: Time, _limits: BatchLimits) -> Result<Option<String>, BoxError> {
         let mut next = self.next.lock().unwrap_or_else(PoisonError::into_inner);
         let planned = serde_json::to_string(&Planned { batch: *next })?;
         *next += 1;

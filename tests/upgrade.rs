@@ -12,7 +12,7 @@ use std::time::Duration as StdDuration;
 
 use serde_json::json;
 use spate::core::{BatchId, Duration, ManualClock, Time};
-use spate::dstream::{BoxError, DStream, InputSource};
+use spate::dstream::{BatchLimits, BoxError, DStream, InputSource};
 use spate::logstore::Verdict;
 use spate::receiver::WordGenerator;
 use spate::runtime::{PipelineBuilder, RuntimeError, StreamingContext, StreamingSettings};
@@ -45,9 +45,9 @@ impl InputSource<String> for Words {
         true
     }
 
-    fn plan(&self, _time: Time, max_records: Option<u64>) -> Result<Option<String>, BoxError> {
+    fn plan(&self, _time: Time, limits: BatchLimits) -> Result<Option<String>, BoxError> {
         let mut position = self.position.lock().unwrap();
-        let until = *position + max_records.map_or(PER_BATCH, |m| m.min(PER_BATCH));
+        let until = *position + limits.max_records.map_or(PER_BATCH, |m| m.min(PER_BATCH));
         let planned = json!({"from": *position, "until": until}).to_string();
         *position = until;
         Ok(Some(planned))

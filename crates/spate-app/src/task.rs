@@ -18,7 +18,7 @@ use std::thread::JoinHandle;
 use std::time::Duration as StdDuration;
 
 use spate_core::Time;
-use spate_dstream::{ArrivalStage, BoxError, InputSource};
+use spate_dstream::{ArrivalStage, BatchLimits, BoxError, InputSource, SourceContext};
 use spate_kafka::{DirectKafkaConfig, DirectKafkaStream, KafkaRecord, OffsetCommit, OffsetRanges, TopicPartition};
 use spate_runtime::{
     BatchProgress, OffsetsHook, PipelineBuilder, ProgressListener, RuntimeError, StopHandle, StreamingContext,
@@ -50,8 +50,12 @@ impl InputSource<KafkaRecord> for OnePartition {
         true
     }
 
-    fn plan(&self, time: Time, max_records: Option<u64>) -> Result<Option<String>, BoxError> {
-        self.stream.plan(time, max_records)
+    fn register(&self, context: &SourceContext) -> Result<(), BoxError> {
+        self.stream.register(context)
+    }
+
+    fn plan(&self, time: Time, limits: BatchLimits) -> Result<Option<String>, BoxError> {
+        self.stream.plan(time, limits)
     }
 
     fn compute(&self, time: Time, planned: Option<&str>) -> Result<Vec<Vec<KafkaRecord>>, BoxError> {

@@ -14,7 +14,7 @@ use crate::batch::Data;
 use crate::error::{BoxError, DStreamError, GraphProblem};
 use crate::node::{Node, NodeMeta, PlannedOffsets, Slot, StepCtx};
 use crate::pool::Pool;
-use crate::source::InputSource;
+use crate::source::{BatchLimits, InputSource, SourceContext};
 use crate::stream::DStream;
 
 /// The batch an output job writes: its time and id, so sinks can be idempotent.
@@ -68,7 +68,8 @@ pub struct InputInfo {
 /// The type-erased planning half of an input source.
 trait Planner: Send + Sync {
     fn replayable(&self) -> bool;
-    fn plan(&self, time: Time, max_records: Option<u64>) -> Result<Option<String>, BoxError>;
+    fn register(&self, context: &SourceContext) -> Result<(), BoxError>;
+    fn plan(&self, time: Time, limits: BatchLimits) -> Result<Option<String>, BoxError>;
 }
 
 struct ErasedSource<T>(Arc<dyn InputSource<T>>);
@@ -77,8 +78,11 @@ impl<T> Planner for ErasedSource<T> {
     fn replayable(&self) -> bool {
         self.0.is_replayable()
     }
-    fn plan(&self, time: Time, max_records: Option<u64>) -> Result<Option<String>, BoxError> {
-        self.0.plan(time, max_records)
+    fn register(&self, context: &SourceContext) -> Result<(), BoxError> {
+        self.0.register(context)
+    }
+    fn plan(&self, time: Time, limits: BatchLimits) -> Result<Option<String>, BoxError> {
+        self.0.plan(time, limits)
     }
 }
 
@@ -400,13 +404,26 @@ impl Graph {
             .collect()
     }
 
-    /// Asks every input to plan batch `time`; `max_records` holds the
-    /// backpressure limit per input name (absent: unlimited). Returns the
-    /// offsets of the replayable inputs, to be logged before the batch runs.
-    pub fn plan(&self, time: Time, max_records: &BTreeMap<String, u64>) -> Result<PlannedOffsets, DStreamError> {
+    /// Tells every input what the streaming context says (see
+    /// [`InputSource::register`]); the first refusal is the error.
+    pub fn register_sources(&self, context: &SourceContext) -> Result<(), DStreamError> {
+        for (name, planner) in &self.inputs {
+            planner.register(context).map_err(|source| DStreamError::Source {
+                input: name.clone(),
+                time: Time::ZERO,
+                source,
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Asks every input to plan batch `time`; `limits` holds the limits per
+    /// input name (absent: unlimited). Returns the offsets of the
+    /// replayable inputs, to be logged before the batch runs.
+    pub fn plan(&self, time: Time, limits: &BTreeMap<String, BatchLimits>) -> Result<PlannedOffsets, DStreamError> {
         let mut planned = PlannedOffsets::new();
         for (name, planner) in &self.inputs {
-            let limit = max_records.get(name).copied();
+            let limit = limits.get(name).copied().unwrap_or_default();
             let offsets = planner.plan(time, limit).map_err(|source| DStreamError::Source {
                 input: name.clone(),
                 time,

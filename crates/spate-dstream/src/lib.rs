@@ -123,7 +123,7 @@ pub use graph::{BatchInfo, Graph, GraphBuilder, InputInfo, Job};
 pub use hash::{FxHasher, KeyHashMap, KeyHashState, fx_hash, partition_of};
 pub use node::PlannedOffsets;
 pub use output::Output;
-pub use source::{FedSource, InputSource, QueueSource};
+pub use source::{BatchLimits, FedSource, InputSource, QueueSource, SourceContext};
 pub use spate_core::{InPlace, Views};
 pub use state::{MapWithStateStream, State};
 pub use stream::DStream;

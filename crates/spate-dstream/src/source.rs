@@ -7,14 +7,65 @@
 //! string back to [`InputSource::compute`] so exactly the same records are
 //! read. A non-replayable source answers `None` and reads whatever the
 //! runtime fed it for that batch time.
+//!
+//! A source is not configured a second time with what its streaming
+//! context already says: when the graph is built it is told the batch
+//! interval and the memory budget ([`InputSource::register`], with a
+//! [`SourceContext`]), and each plan gets the limits the batch must stay
+//! within ([`BatchLimits`]: backpressure's share and the context's
+//! per-batch caps).
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
-use spate_core::Time;
+use spate_core::{Duration, Time};
 
 use crate::arrival::ArrivalStage;
 use crate::error::BoxError;
+
+/// What a source is told of its streaming context when its graph is
+/// built, so that it is not configured with it a second time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SourceContext {
+    /// The batch interval (a rate per second becomes records per batch by it).
+    pub batch_interval: Duration,
+    /// The bytes the whole job may hold in memory.
+    pub max_memory_bytes: u64,
+}
+
+impl SourceContext {
+    /// A context of `batch_interval` and a memory budget of `max_memory_bytes`.
+    pub fn new(batch_interval: Duration, max_memory_bytes: u64) -> Self {
+        SourceContext { batch_interval, max_memory_bytes }
+    }
+}
+
+/// What one batch of a source may read, all of its partitions together.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct BatchLimits {
+    /// Records, at most: the smaller of backpressure's share and the
+    /// context's per-batch cap; `None`: no limit.
+    pub max_records: Option<u64>,
+    /// Bytes, at most, as the source counts them; `None`: no limit.
+    pub max_bytes: Option<u64>,
+}
+
+impl BatchLimits {
+    /// No limit.
+    pub const UNLIMITED: BatchLimits = BatchLimits { max_records: None, max_bytes: None };
+
+    /// At most `max_records` records and `max_bytes` bytes (`None`: no limit).
+    pub fn new(max_records: Option<u64>, max_bytes: Option<u64>) -> Self {
+        BatchLimits { max_records, max_bytes }
+    }
+
+    /// At most `records` records, no byte limit.
+    pub fn records(records: u64) -> Self {
+        BatchLimits { max_records: Some(records), max_bytes: None }
+    }
+}
 
 /// A source of batches for one input stream.
 pub trait InputSource<T>: Send + Sync {
@@ -24,11 +75,19 @@ pub trait InputSource<T>: Send + Sync {
         false
     }
 
-    /// Decides what batch `time` will read, reading at most `max_records`
-    /// records when a limit is set (backpressure), and returns the offsets
-    /// it covers as a JSON string, or `None` for a non-replayable source.
-    fn plan(&self, time: Time, max_records: Option<u64>) -> Result<Option<String>, BoxError> {
-        let _ = (time, max_records);
+    /// Told, once the graph is built and before the first plan, what the
+    /// streaming context says of the batch interval and the memory budget;
+    /// an error refuses the context (a source that cannot work with them).
+    fn register(&self, context: &SourceContext) -> Result<(), BoxError> {
+        let _ = context;
+        Ok(())
+    }
+
+    /// Decides what batch `time` will read, within `limits`, and returns
+    /// the offsets it covers as a JSON string, or `None` for a
+    /// non-replayable source.
+    fn plan(&self, time: Time, limits: BatchLimits) -> Result<Option<String>, BoxError> {
+        let _ = (time, limits);
         Ok(None)
     }
 

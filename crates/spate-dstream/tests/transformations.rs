@@ -296,9 +296,9 @@ impl spate_dstream::InputSource<u32> for LogSource {
     fn is_replayable(&self) -> bool {
         true
     }
-    fn plan(&self, _time: Time, max_records: Option<u64>) -> Result<Option<String>, spate_dstream::BoxError> {
+    fn plan(&self, _time: Time, limits: spate_dstream::BatchLimits) -> Result<Option<String>, spate_dstream::BoxError> {
         let mut next = self.next.lock().unwrap();
-        let until = (*next + max_records.unwrap_or(u64::MAX).min(1 << 20) as usize).min(self.log.len());
+        let until = (*next + limits.max_records.unwrap_or(u64::MAX).min(1 << 20) as usize).min(self.log.len());
         let planned = format!("{{\"log\":{{\"0\":[{},{}]}}}}", *next, until);
         *next = until;
         Ok(Some(planned))
@@ -319,7 +319,7 @@ fn replayable_source_plans_under_the_rate_limit_and_replays_logged_offsets() {
     let seen = collect(&b.input("log", Arc::clone(&source)));
     let mut graph = b.build().unwrap();
     assert!(graph.inputs()[0].replayable);
-    let limits = BTreeMap::from([("log".to_string(), 10u64)]);
+    let limits = BTreeMap::from([("log".to_string(), spate_dstream::BatchLimits::records(10))]);
     let planned = graph.plan(t(1), &limits).unwrap();
     assert_eq!(planned["log"], "{\"log\":{\"0\":[0,10]}}");
     for job in graph.generate_jobs(t(1), BatchId(0), &planned).unwrap() {

@@ -805,8 +805,8 @@ impl spate_dstream::InputSource<KafkaRecord> for DirectKafkaStream {
         true
     }
 
-    fn plan(&self, time: Time, max_records: Option<u64>) -> Result<Option<String>, spate_dstream::BoxError> {
-        Ok(Some(self.plan_batch(time, max_records)?.to_json()))
+    fn plan(&self, time: Time, limits: spate_dstream::BatchLimits) -> Result<Option<String>, spate_dstream::BoxError> {
+        Ok(Some(self.plan_batch(time, limits.max_records)?.to_json()))
     }
 
     fn compute(&self, time: Time, planned: Option<&str>) -> Result<Vec<Vec<KafkaRecord>>, spate_dstream::BoxError> {

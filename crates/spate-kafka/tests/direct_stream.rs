@@ -261,7 +261,7 @@ fn backpressure_and_the_runtimes_record_limit_cap_a_batch_shared_by_lag() {
     stream.set_rate_limit(Some(200)); // 20 records a 100 ms batch
     let ranges = stream.plan_batch(time_of(0), None).unwrap();
     assert_eq!(ranges.ranges().iter().map(OffsetRange::count).collect::<Vec<_>>(), vec![10, 10]);
-    let planned = stream.plan(time_of(1), Some(6)).unwrap().unwrap(); // the runtime's limit is lower
+    let planned = stream.plan(time_of(1), spate_dstream::BatchLimits::records(6)).unwrap().unwrap(); // the runtime's limit is lower
     let ranges = OffsetRanges::from_json(&planned).unwrap();
     assert_eq!(ranges.ranges().iter().map(|r| (r.from, r.until)).collect::<Vec<_>>(), vec![(10, 13), (10, 13)]);
     stream.set_rate_limit(None);
@@ -279,7 +279,7 @@ fn drain_capped(config: &DirectKafkaConfig, record_cap: u64, byte_cap: u64) -> V
     let mut batches = Vec::new();
     let mut previous: Option<OffsetRanges> = None;
     for batch in 0.. {
-        let planned = stream.plan(time_of(batch), None).unwrap().unwrap();
+        let planned = stream.plan(time_of(batch), spate_dstream::BatchLimits::UNLIMITED).unwrap().unwrap();
         let ranges = OffsetRanges::from_json(&planned).unwrap();
         if ranges.is_empty() {
             break;

@@ -270,6 +270,8 @@ fn run_on(query: &Query, options: &Options) -> Run {
     let settings = StreamingSettings::new(interval)
         .with_clock(Arc::new(clock.clone()))
         .with_checkpoint_interval(interval.times(BATCHES_PER_CHECKPOINT))
+        // The generator's own cap (ten seconds of events) sizes the batches.
+        .with_max_records_per_batch(u64::MAX)
         .with_backpressure(BackpressureSettings { enabled: false, ..BackpressureSettings::default() });
     let rows = Rows::default();
     let watch = Stopwatch::start();

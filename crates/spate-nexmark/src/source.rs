@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
 
 use serde::{Deserialize, Serialize};
 use spate_core::Time;
-use spate_dstream::{BoxError, InputSource};
+use spate_dstream::{BatchLimits, BoxError, InputSource};
 
 use crate::error::NexmarkError;
 use crate::generator::NexmarkGenerator;
@@ -182,11 +182,11 @@ impl InputSource<Event> for NexmarkSource {
         true
     }
 
-    fn plan(&self, time: Time, max_records: Option<u64>) -> Result<Option<String>, BoxError> {
+    fn plan(&self, time: Time, limits: BatchLimits) -> Result<Option<String>, BoxError> {
         let generator = self.generator();
         let mut position = lock(&self.position);
         let from = *position;
-        let mut limit = from.saturating_add(self.max_per_batch.min(max_records.unwrap_or(u64::MAX)));
+        let mut limit = from.saturating_add(self.max_per_batch.min(limits.max_records.unwrap_or(u64::MAX)));
         if let Some(max) = generator.max_events() {
             limit = limit.min(max).max(from);
         }
@@ -246,35 +246,44 @@ mod tests {
     fn a_batch_reads_the_events_due_by_its_time() {
         // 1000 events a second: event n is due at BASE + n ms.
         let s = source(1000.0, 10_000);
-        let first = s.plan(Time::from_millis(BASE + 1000), None).unwrap().unwrap();
+        let first = s.plan(Time::from_millis(BASE + 1000), BatchLimits::UNLIMITED).unwrap().unwrap();
         assert_eq!(range(&first), (0, 1001));
-        let second = s.plan(Time::from_millis(BASE + 2000), None).unwrap().unwrap();
+        let second = s.plan(Time::from_millis(BASE + 2000), BatchLimits::UNLIMITED).unwrap().unwrap();
         assert_eq!(range(&second), (1001, 2001));
         let events = s.compute(Time::from_millis(BASE + 2000), Some(&second)).unwrap();
         assert!(events[0].iter().all(|e| e.timestamp_ms() <= BASE + 2000 && e.timestamp_ms() > BASE + 1000));
         // Before the base time nothing is due.
         let early = source(1000.0, 10_000);
-        assert_eq!(range(&early.plan(Time::from_millis(BASE - 1), None).unwrap().unwrap()), (0, 0));
+        assert_eq!(range(&early.plan(Time::from_millis(BASE - 1), BatchLimits::UNLIMITED).unwrap().unwrap()), (0, 0));
     }
 
     #[test]
     fn backpressure_the_batch_cap_and_the_total_bound_a_batch() {
         let s = source(1000.0, 2_500).with_max_per_batch(700);
-        assert_eq!(range(&s.plan(Time::from_millis(BASE + 5000), Some(300)).unwrap().unwrap()), (0, 300));
-        assert_eq!(range(&s.plan(Time::from_millis(BASE + 5000), None).unwrap().unwrap()), (300, 1000));
+        assert_eq!(
+            range(&s.plan(Time::from_millis(BASE + 5000), BatchLimits::records(300)).unwrap().unwrap()),
+            (0, 300)
+        );
+        assert_eq!(
+            range(&s.plan(Time::from_millis(BASE + 5000), BatchLimits::UNLIMITED).unwrap().unwrap()),
+            (300, 1000)
+        );
         for _ in 0..3 {
-            s.plan(Time::from_millis(BASE + 9000), None).unwrap();
+            s.plan(Time::from_millis(BASE + 9000), BatchLimits::UNLIMITED).unwrap();
         }
         assert_eq!(s.position(), 2_500);
         assert!(s.is_exhausted());
-        assert_eq!(range(&s.plan(Time::from_millis(BASE + 9000), None).unwrap().unwrap()), (2_500, 2_500));
+        assert_eq!(
+            range(&s.plan(Time::from_millis(BASE + 9000), BatchLimits::UNLIMITED).unwrap().unwrap()),
+            (2_500, 2_500)
+        );
     }
 
     #[test]
     fn a_replanned_batch_reads_the_same_events_in_another_process() {
         let s = source(1000.0, 10_000).with_partitions(3);
-        s.plan(Time::from_millis(BASE + 1000), None).unwrap();
-        let planned = s.plan(Time::from_millis(BASE + 9000), None).unwrap().unwrap();
+        s.plan(Time::from_millis(BASE + 1000), BatchLimits::UNLIMITED).unwrap();
+        let planned = s.plan(Time::from_millis(BASE + 9000), BatchLimits::UNLIMITED).unwrap().unwrap();
         let before = s.compute(Time::from_millis(BASE + 9000), Some(&planned)).unwrap();
         assert_eq!(before.len(), 3);
         // A new process, configured with another base time (as `now` would
@@ -287,7 +296,7 @@ mod tests {
         restarted.resume_from(&planned).unwrap();
         let again = restarted.compute(Time::from_millis(BASE + 9000), Some(&planned)).unwrap();
         assert_eq!(before, again);
-        let next = restarted.plan(Time::from_millis(BASE + 9500), None).unwrap().unwrap();
+        let next = restarted.plan(Time::from_millis(BASE + 9500), BatchLimits::UNLIMITED).unwrap().unwrap();
         assert_eq!(range(&next), (9001, 9501));
         assert_eq!(Planned::parse(&next).unwrap().base_time_ms, BASE);
     }
@@ -295,7 +304,7 @@ mod tests {
     #[test]
     fn partitions_cover_the_range_in_order() {
         let s = source(1000.0, 10_000).with_partitions(4);
-        let planned = s.plan(Time::from_millis(BASE + 5000), None).unwrap().unwrap();
+        let planned = s.plan(Time::from_millis(BASE + 5000), BatchLimits::UNLIMITED).unwrap().unwrap();
         let parts = s.compute(Time::from_millis(BASE + 5000), Some(&planned)).unwrap();
         let generator = s.generator();
         let flat: Vec<Event> = parts.into_iter().flatten().collect();

@@ -225,6 +225,20 @@ impl StreamingContext {
         Ok(Self::from_engine(engine, None, BTreeMap::new(), first_tick, None, exporter))
     }
 
+    /// A context of `settings`: on the checkpoint they name
+    /// ([`StreamingSettings::checkpoint`], see
+    /// [`StreamingContext::get_or_create`]), or without one
+    /// ([`StreamingContext::new`]).
+    pub fn from_settings<F>(settings: StreamingSettings, build: F) -> Result<Self, RuntimeError>
+    where
+        F: FnOnce(&mut PipelineBuilder) -> BuildResult,
+    {
+        match settings.checkpoint.clone() {
+            Some(location) => Self::get_or_create(location, settings, build),
+            None => Self::new(settings, build),
+        }
+    }
+
     /// Builds the pipeline from `build` (the code running now) and, when
     /// `checkpoint_dir` holds a checkpoint, recovers into it: takes the
     /// writer lock, refuses an inconsistent directory (the error names the
@@ -571,6 +585,11 @@ fn new_engine(
     receivers: Vec<Box<dyn ReceiverInput>>,
     hooks: Vec<InputHooks>,
 ) -> Result<Engine, RuntimeError> {
+    // The sources learn the interval and the budget here, not from a configuration of their own.
+    let context = spate_dstream::SourceContext::new(settings.batch_interval, settings.max_memory_bytes);
+    graph
+        .register_sources(&context)
+        .map_err(|e| RuntimeError::InvalidSetting { setting: "input".to_string(), reason: e.to_string() })?;
     let rate = RateController::new(settings.batch_interval, &settings.backpressure)?;
     let (max_memory, max_spill) = (settings.max_memory_bytes, settings.spill_limit());
     let progress_files = match &store {

@@ -16,7 +16,7 @@ use std::time::Instant;
 use crossbeam::channel::{Receiver, Sender};
 use serde_json::{Value, json};
 use spate_core::{BatchId, Clock, Duration, MemoryBudget, Time};
-use spate_dstream::{Graph, PlannedOffsets};
+use spate_dstream::{BatchLimits, Graph, PlannedOffsets};
 use spate_logstore::{OffsetSeq, SourceOffset};
 use spate_tracker::ReceivedBlockTracker;
 use tracing::{info, warn};
@@ -449,10 +449,9 @@ impl Engine {
         // The rate is for the whole query: each rate-limited input gets its share.
         let shares = (replayable.len() + self.receivers.len()).max(1) as u64;
         let limit = self.rate.records_per_batch(self.interval()).map(|n| (n / shares).max(1));
-        let limits: BTreeMap<String, u64> = match limit {
-            Some(limit) => replayable.iter().map(|name| (name.clone(), limit)).collect(),
-            None => BTreeMap::new(),
-        };
+        let batch_limits = self.settings.batch_limits(limit);
+        let limits: BTreeMap<String, BatchLimits> =
+            replayable.iter().map(|name| (name.clone(), batch_limits)).collect();
         let planned = self.graph.plan(time, &limits).map_err(|e| planning(e.to_string()))?;
         let mut sources = Vec::new();
         for input in self.graph.inputs() {

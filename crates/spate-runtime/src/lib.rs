@@ -97,6 +97,7 @@ mod rate;
 mod recovery;
 mod scheduler;
 mod settings;
+mod settings_file;
 mod status;
 mod store;
 mod telemetry;
@@ -112,6 +113,6 @@ pub use progress::{
 };
 pub use recovery::{RecoveryReport, RestoredOperator};
 pub use settings::{
-    BackpressureSettings, DEFAULT_MAX_MEMORY_BYTES, DEFAULT_SPILL_PER_MEMORY, StreamingSettings,
-    default_checkpoint_interval,
+    BackpressureSettings, DEFAULT_MAX_BYTES_PER_BATCH, DEFAULT_MAX_MEMORY_BYTES, DEFAULT_MAX_RECORDS_PER_BATCH,
+    DEFAULT_SPILL_PER_MEMORY, StreamingSettings, default_checkpoint_interval,
 };

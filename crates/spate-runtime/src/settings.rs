@@ -1,6 +1,15 @@
 //! How a [`crate::StreamingContext`] runs: batch interval, checkpoint
-//! interval, concurrency, retention, backpressure, progress files, clock,
-//! and where the checkpoint's object store and write-ahead logs are.
+//! interval, concurrency, retention, backpressure, memory and the caps on
+//! what one batch reads, progress files, clock, and where the checkpoint,
+//! its object store and the write-ahead logs are.
+//!
+//! This is the one settings tree of a job: its sources are not configured
+//! with any of it a second time. They are told the batch interval and the
+//! memory budget when the graph is built, and the limits of each batch
+//! when it is planned ([`StreamingSettings::batch_limits`]). A program may
+//! keep the settings in a JSON file ([`StreamingSettings::from_json`],
+//! [`StreamingSettings::overlay_json`]; unknown fields are refused), and
+//! the `spate` command lays its flags over such a file.
 
 use std::fmt;
 use std::net::SocketAddr;
@@ -8,6 +17,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use spate_core::{Clock, Duration, SystemClock};
+use spate_dstream::BatchLimits;
 use spate_logstore::{LeaseOptions, ObjectStoreSettings};
 
 use crate::error::RuntimeError;
@@ -74,6 +84,18 @@ pub struct StreamingSettings {
     /// [`StreamingSettings::max_memory_bytes`] (see
     /// [`StreamingSettings::spill_limit`]).
     pub max_spill_bytes: Option<u64>,
+    /// Records one batch of a replayable input (Kafka) reads at most, all
+    /// of its partitions together (default
+    /// [`DEFAULT_MAX_RECORDS_PER_BATCH`]); backpressure may ask for fewer.
+    pub max_records_per_batch: u64,
+    /// Bytes one batch of a replayable input reads at most; `None`: a
+    /// quarter of [`StreamingSettings::max_memory_bytes`], up to
+    /// [`DEFAULT_MAX_BYTES_PER_BATCH`], so that a batch and the copies its
+    /// operators make stay within the budget. Never more than the budget.
+    pub max_bytes_per_batch: Option<u64>,
+    /// Where the checkpoint is (a directory or `s3://bucket/prefix`), for
+    /// [`crate::StreamingContext::from_settings`]; `None`: no checkpoint.
+    pub checkpoint: Option<PathBuf>,
     /// Size and count of the files under `progress/`.
     pub progress_rotation: ProgressRotation,
     /// The clock batches tick on.
@@ -107,6 +129,9 @@ impl fmt::Debug for StreamingSettings {
             .field("max_memory_bytes", &self.max_memory_bytes)
             .field("spill_dir", &self.spill_dir)
             .field("max_spill_bytes", &self.max_spill_bytes)
+            .field("max_records_per_batch", &self.max_records_per_batch)
+            .field("max_bytes_per_batch", &self.max_bytes_per_batch)
+            .field("checkpoint", &self.checkpoint)
             .field("progress_rotation", &self.progress_rotation)
             .field("clock", &self.clock)
             .field("object_store", &self.object_store)
@@ -130,6 +155,9 @@ impl StreamingSettings {
             max_memory_bytes: DEFAULT_MAX_MEMORY_BYTES,
             spill_dir: None,
             max_spill_bytes: None,
+            max_records_per_batch: DEFAULT_MAX_RECORDS_PER_BATCH,
+            max_bytes_per_batch: None,
+            checkpoint: None,
             progress_rotation: ProgressRotation::default(),
             clock: Arc::new(SystemClock),
             object_store: ObjectStoreSettings::default(),
@@ -210,6 +238,45 @@ impl StreamingSettings {
         self.spill_dir.clone().unwrap_or_else(std::env::temp_dir)
     }
 
+    /// Keeps the checkpoint at `location` (a directory or `s3://bucket/prefix`).
+    pub fn with_checkpoint(mut self, location: impl Into<PathBuf>) -> Self {
+        self.checkpoint = Some(location.into());
+        self
+    }
+
+    /// Holds received blocks and batches within `bytes` of memory (see
+    /// [`StreamingSettings::max_memory_bytes`]).
+    pub fn with_max_memory_bytes(mut self, bytes: u64) -> Self {
+        self.max_memory_bytes = bytes;
+        self
+    }
+
+    /// Caps every batch of a replayable input at `records` records.
+    pub fn with_max_records_per_batch(mut self, records: u64) -> Self {
+        self.max_records_per_batch = records;
+        self
+    }
+
+    /// Caps every batch of a replayable input at `bytes` bytes.
+    pub fn with_max_bytes_per_batch(mut self, bytes: u64) -> Self {
+        self.max_bytes_per_batch = Some(bytes);
+        self
+    }
+
+    /// The bytes one batch of a replayable input reads at most (see
+    /// [`StreamingSettings::max_bytes_per_batch`]).
+    pub fn batch_bytes(&self) -> u64 {
+        self.max_bytes_per_batch.unwrap_or_else(|| DEFAULT_MAX_BYTES_PER_BATCH.min(self.max_memory_bytes / 4)).max(1)
+    }
+
+    /// The limits one batch of a replayable input plans within, given
+    /// `backpressure`, the records backpressure allows the input (`None`:
+    /// no limit).
+    pub fn batch_limits(&self, backpressure: Option<u64>) -> BatchLimits {
+        let records = backpressure.map_or(self.max_records_per_batch, |r| r.min(self.max_records_per_batch));
+        BatchLimits::new(Some(records), Some(self.batch_bytes()))
+    }
+
     /// Runs batches on `clock` (a `ManualClock` in tests).
     pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
         self.clock = clock;
@@ -271,6 +338,22 @@ impl StreamingSettings {
         if self.max_memory_bytes == 0 {
             return invalid("max_memory_bytes", "must be positive".into());
         }
+        if self.max_records_per_batch == 0 {
+            return invalid("max_records_per_batch", "must be positive".into());
+        }
+        match self.max_bytes_per_batch {
+            Some(0) => return invalid("max_bytes_per_batch", "must be positive".into()),
+            Some(bytes) if bytes > self.max_memory_bytes => {
+                return invalid(
+                    "max_bytes_per_batch",
+                    format!(
+                        "{bytes} is more than the memory budget ({}): one batch must fit in it",
+                        self.max_memory_bytes
+                    ),
+                );
+            }
+            _ => {}
+        }
         if self.max_spill_bytes == Some(0) {
             return invalid(
                 "max_spill_bytes",
@@ -289,6 +372,20 @@ impl StreamingSettings {
         self.effective_checkpoint_interval().div_duration(self.batch_interval).max(1)
     }
 }
+
+/// The records a batch of a replayable input reads at most unless set
+/// ([`StreamingSettings::max_records_per_batch`]): about half a second of
+/// what the Kafka direct stream reads on a 2-core machine (1.1 M records/s
+/// measured), so a backlog is worked off in batches that are read well
+/// within a 1 s interval and leave time to process them.
+pub const DEFAULT_MAX_RECORDS_PER_BATCH: u64 = 500_000;
+
+/// The most bytes a batch of a replayable input reads by default: 64 MiB,
+/// or a quarter of the memory budget when that is less (see
+/// [`StreamingSettings::max_bytes_per_batch`]). A batch's records are
+/// copied by the operators that follow (a flat map, a shuffle, a window's
+/// state), so the input should be a small part of the budget.
+pub const DEFAULT_MAX_BYTES_PER_BATCH: u64 = 64 << 20;
 
 /// The memory budget of [`StreamingSettings::max_memory_bytes`] unless set:
 /// 256 MiB of received blocks, which with the batch being processed and the

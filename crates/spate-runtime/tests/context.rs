@@ -10,7 +10,7 @@ use std::time::Duration as StdDuration;
 
 use serde_json::json;
 use spate_core::{BatchId, Duration, ManualClock, Time};
-use spate_dstream::{BoxError, InputSource};
+use spate_dstream::{BatchLimits, BoxError, InputSource};
 use spate_logstore::{Checkpoint, CheckpointOptions, CommitMetadata, OffsetSeq, SourceOffset};
 use spate_runtime::{
     BatchProgress, PipelineBuilder, ProgressListener, RuntimeError, StreamingContext, StreamingSettings,
@@ -44,9 +44,9 @@ impl InputSource<u64> for Numbers {
         true
     }
 
-    fn plan(&self, _time: Time, max_records: Option<u64>) -> Result<Option<String>, BoxError> {
+    fn plan(&self, _time: Time, limits: BatchLimits) -> Result<Option<String>, BoxError> {
         let mut position = self.position.lock().unwrap();
-        let n = max_records.map_or(self.per_batch, |m| m.min(self.per_batch));
+        let n = limits.max_records.map_or(self.per_batch, |m| m.min(self.per_batch));
         let until = (*position + n).min(*self.available.lock().unwrap());
         let planned = json!({"from": *position, "until": until}).to_string();
         *position = until;
@@ -507,8 +507,8 @@ impl InputSource<u64> for Exploding {
         true
     }
 
-    fn plan(&self, time: Time, max_records: Option<u64>) -> Result<Option<String>, BoxError> {
-        self.numbers.plan(time, max_records)
+    fn plan(&self, time: Time, limits: BatchLimits) -> Result<Option<String>, BoxError> {
+        self.numbers.plan(time, limits)
     }
 
     fn compute(&self, time: Time, planned: Option<&str>) -> Result<Vec<Vec<u64>>, BoxError> {

@@ -11,7 +11,7 @@ use std::time::Duration as StdDuration;
 
 use serde_json::{Value, json};
 use spate_core::{BatchId, Duration, ManualClock, Time};
-use spate_dstream::{BoxError, InputSource};
+use spate_dstream::{BatchLimits, BoxError, InputSource};
 use spate_runtime::{StreamingContext, StreamingSettings};
 
 const WAIT: StdDuration = StdDuration::from_secs(30);
@@ -27,7 +27,7 @@ impl InputSource<u64> for TenABatch {
         true
     }
 
-    fn plan(&self, _time: Time, _max_records: Option<u64>) -> Result<Option<String>, BoxError> {
+    fn plan(&self, _time: Time, _limits: BatchLimits) -> Result<Option<String>, BoxError> {
         let mut position = self.position.lock().unwrap();
         let planned = json!({"t": {"0": {"from": *position, "until": *position + 10}}}).to_string();
         *position += 10;
