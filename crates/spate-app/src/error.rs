@@ -67,6 +67,19 @@ pub enum AppError {
         /// The live member, as its lock records it.
         holder: String,
     },
+    /// The member's metrics or web page could not be served.
+    #[error("application {app}: cannot serve {what} at {addr}: {source}")]
+    Serve {
+        /// The application.
+        app: String,
+        /// `/metrics` or the web page.
+        what: &'static str,
+        /// The address asked for.
+        addr: std::net::SocketAddr,
+        /// The cause.
+        #[source]
+        source: Box<spate_runtime::RuntimeError>,
+    },
     /// The application's checkpoint location could not be read.
     #[error("application checkpoint {location}: {source}")]
     Location {

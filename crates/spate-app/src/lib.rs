@@ -73,6 +73,7 @@ mod internal;
 mod member;
 mod task;
 mod topology;
+mod watch;
 
 pub use error::AppError;
 pub use internal::decode_repartitioned;

@@ -22,6 +22,7 @@ use tracing::{info, warn};
 use crate::error::AppError;
 use crate::task::{RunningTask, StopKind};
 use crate::topology::{InternalTopic, Stage, StageInput, TaskId, Topology};
+use crate::watch::TaskBoard;
 
 /// How a member runs.
 #[derive(Clone, Debug)]
@@ -63,6 +64,14 @@ pub struct MemberSettings {
     /// believed: the progress a task reports to the readers of its
     /// internal topics leaves it out (default one hour).
     pub max_future: Duration,
+    /// Where the member serves `/metrics` for its whole process, each
+    /// task's batch figures labelled with its `task`, `stage` and
+    /// `partition`; `None`: not served.
+    pub metrics_addr: Option<std::net::SocketAddr>,
+    /// Where the member serves the page of its tasks (`/`, with
+    /// `/api/status`); `None`: not served. The same address as
+    /// [`MemberSettings::metrics_addr`] serves both.
+    pub ui_addr: Option<std::net::SocketAddr>,
 }
 
 impl MemberSettings {
@@ -83,6 +92,8 @@ impl MemberSettings {
             max_bytes_per_batch: None,
             checkpoint_interval: None,
             max_future: spate_dstream::DEFAULT_MAX_FUTURE,
+            metrics_addr: None,
+            ui_addr: None,
         }
     }
 }
@@ -156,6 +167,8 @@ pub(crate) struct MemberShared {
     transactions: Mutex<Option<Arc<MemberTransactions>>>,
     transactions_ready: Condvar,
     listener: Option<MemberListener>,
+    /// The tasks as the member's page shows them.
+    board: Arc<TaskBoard>,
 }
 
 impl MemberShared {
@@ -167,6 +180,7 @@ impl MemberShared {
     }
 
     pub(crate) fn report(&self, event: MemberEvent) {
+        self.board.record(&event);
         if let Some(listener) = &self.listener {
             listener(&event);
         }
@@ -188,9 +202,9 @@ impl MemberShared {
         self.transactions_ready.notify_all();
     }
 
-    /// The settings of each task's streaming context.
-    pub(crate) fn streaming_settings(&self) -> StreamingSettings {
-        task_settings(&self.settings)
+    /// The settings of the streaming context of task `id`.
+    pub(crate) fn streaming_settings(&self, id: &TaskId) -> StreamingSettings {
+        crate::watch::labelled(task_settings(&self.settings), id)
     }
 }
 
@@ -401,6 +415,8 @@ pub struct Member {
     shared: Arc<MemberShared>,
     tasks: Arc<Tasks>,
     group: Arc<GroupMember>,
+    /// The member's `/metrics` and page, while it lives.
+    served: crate::watch::Served,
     /// Held while the member lives: no other live member takes its id (see [`lock_member_id`]).
     _member_lock: WriterLock,
 }
@@ -450,7 +466,10 @@ impl Member {
             transactions: Mutex::new(None),
             transactions_ready: Condvar::new(),
             listener,
+            board: Arc::new(TaskBoard::default()),
         });
+        let s = &shared.settings;
+        let served = crate::watch::serve(&app, &s.member_id, s.metrics_addr, s.ui_addr, &shared.board)?;
         let tasks = Arc::new(Tasks {
             shared: Arc::clone(&shared),
             stages,
@@ -469,7 +488,17 @@ impl Member {
                 .map_err(kafka(format!("open the transactional producer {transactional_id}")))?;
         shared.set_transactions(Some(Arc::new(transactions)));
         info!(app = %app, member = %s.member_id, topics = ?topics, "member started");
-        Ok(Member { shared, tasks, group, _member_lock: member_lock })
+        Ok(Member { shared, tasks, group, served, _member_lock: member_lock })
+    }
+
+    /// Where `/metrics` is served (with the port chosen for port 0), when asked for.
+    pub fn metrics_addr(&self) -> Option<std::net::SocketAddr> {
+        self.served.metrics
+    }
+
+    /// Where the page of the member's tasks is served, when asked for.
+    pub fn ui_addr(&self) -> Option<std::net::SocketAddr> {
+        self.served.ui
     }
 
     /// The tasks this member runs now.

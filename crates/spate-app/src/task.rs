@@ -262,7 +262,7 @@ impl Supervisor {
             None => Arc::new(self.stream()?),
         };
         let source = Arc::new(OnePartition { stream: Arc::clone(&stream), planned: Mutex::new(BTreeMap::new()) });
-        let settings = self.shared.streaming_settings();
+        let settings = self.shared.streaming_settings(&self.id);
         let declared: Mutex<Option<AppError>> = Mutex::new(None);
         let mut ctx = StreamingContext::get_or_create(&checkpoint, settings, |p| {
             if let Err(e) = self.declare(p, &stream, &source) {

@@ -231,6 +231,8 @@ fn member_settings(args: &RunArgs, app: &AppArgs) -> Result<MemberSettings, CliE
     settings.max_records_per_batch = args.max_records_per_batch;
     settings.max_bytes_per_batch = Some(crate::kafka::batch_bytes(&args.memory, args.max_bytes_per_batch)?);
     settings.max_future = Duration::from_millis(app.max_future_ms);
+    settings.metrics_addr = args.watch.metrics_addr;
+    settings.ui_addr = args.watch.ui;
     Ok(settings)
 }
 
@@ -243,13 +245,6 @@ fn default_member_id() -> String {
 /// Runs one member until a signal or `--seconds`, then leaves the group.
 pub(crate) fn run(args: &RunArgs, app: &AppArgs, name: &str) -> Result<String, CliError> {
     app.validate()?;
-    if args.watch.metrics_addr.is_some() || args.watch.ui.is_some() {
-        // Each task is a streaming context of its own; one address cannot
-        // serve them all yet, and ignoring the flag would hide that.
-        return Err(CliError::usage(
-            "--metrics-addr and --ui are not served by a member of an application (--app):              watch it with `spate checkpoint inspect <location>` and its progress lines",
-        ));
-    }
     if app.transaction_timeout_ms() > app.session_timeout_ms && app.group_protocol == "classic" {
         say(&format!(
             "warning: --transaction-timeout-ms {} is longer than --session-timeout-ms {}: the partitions of a member \
@@ -278,6 +273,12 @@ pub(crate) fn run(args: &RunArgs, app: &AppArgs, name: &str) -> Result<String, C
     let member = Member::start(topology(args, app, name), settings, Some(Arc::new(listener)))
         .map_err(|e| CliError::App { source: Box::new(e) })?;
     say(&format!("member {member_id} of application {name} started; checkpoints under {}", args.checkpoint.display()));
+    if let Some(addr) = member.metrics_addr() {
+        say(&format!("metrics: http://{addr}/metrics"));
+    }
+    if let Some(addr) = member.ui_addr() {
+        say(&format!("web page: http://{addr}/"));
+    }
     if let Stopped::Failed(reason) = wait_for_stop(args.seconds, &stop)? {
         // The other tasks still commit what they ran before the member goes.
         if let Err(error) = member.leave() {

@@ -776,13 +776,3 @@ fn an_applications_location_is_inspected_as_its_tasks_and_members_and_not_repair
     }
     assert_eq!(snapshot(&app), before, "inspect, repair or set-offsets changed the application's location");
 }
-
-#[test]
-fn an_application_member_refuses_the_metrics_and_web_page_flags() {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_spate"))
-        .args(["run", "--app", "a", "--kafka", "127.0.0.1:1", "--topic", "t", "--output-topic", "o", "--ui", "0"])
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("not served by a member of an application"));
-}

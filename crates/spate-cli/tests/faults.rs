@@ -176,9 +176,14 @@ impl Drop for Job {
 
 /// A `GET` of `/metrics` with a plain socket; the body.
 fn metrics(addr: &str) -> String {
+    get(addr, "/metrics")
+}
+
+/// A `GET` of `path` with a plain socket; the body.
+fn get(addr: &str, path: &str) -> String {
     use std::io::{Read, Write};
     let mut stream = std::net::TcpStream::connect(addr).unwrap();
-    write!(stream, "GET /metrics HTTP/1.1\r\nHost: {addr}\r\n\r\n").unwrap();
+    write!(stream, "GET {path} HTTP/1.1\r\nHost: {addr}\r\n\r\n").unwrap();
     let mut answer = String::new();
     stream.read_to_string(&mut answer).unwrap();
     answer.split_once("\r\n\r\n").map(|(_, body)| body.to_string()).unwrap_or_default()
@@ -410,8 +415,8 @@ fn member(brokers: &str, app: &str, input: &str, output: &str, checkpoint: &Path
     // application's internal topic gets take 40 s, through the outage.
     command.args(["--max-rate-per-partition", "30", "--window-ms", "10000", "--slide-ms", "10000"]);
     command.args(["--out-of-orderness-ms", "2000", "--transaction-timeout-ms", "5000", "--top", "3"]);
-    // A member serves no metrics (refused with --app): its log says what happened.
-    command.arg("-v");
+    // One address serves the member's /metrics and its page of tasks.
+    command.args(["--metrics-addr", "127.0.0.1:0", "--ui", "127.0.0.1:0", "-v"]);
     Job::spawn(command, &format!("member {id}"))
 }
 
@@ -442,6 +447,8 @@ fn a_three_member_application_carries_on_through_a_paused_then_restarted_broker_
     broker.restart(Duration::ZERO);
     for member in &mut members {
         wait_for_log(member, KAFKA_OUTAGE_LOG);
+        let addr = member.metrics_addr();
+        assert!(counter(&metrics(&addr), KAFKA_OUTAGE_METRIC) > 0.0, "{}: {}", member.name, metrics(&addr));
     }
 
     let mut counts = Committed::new(&brokers, &output);
@@ -457,6 +464,17 @@ fn a_three_member_application_carries_on_through_a_paused_then_restarted_broker_
         let key = (v["word"].to_string(), v["windowStart"].as_i64(), v["revision"].as_u64());
         assert!(once.insert(key.clone()), "written twice: {key:?}");
     }
+    // Each member's figures are labelled by task, and its page lists its tasks.
+    let labelled: usize = members
+        .iter_mut()
+        .map(|m| {
+            let text = metrics(&m.metrics_addr());
+            text.lines().filter(|l| l.starts_with("spate_batches_committed_total{") && l.contains("task=\"")).count()
+        })
+        .sum();
+    assert!(labelled >= PARTITIONS as usize, "fewer labelled task series than the input's partitions: {labelled}");
+    let status = get(&members[0].metrics_addr(), "/api/status");
+    assert!(status.contains("\"tasks\"") && status.contains("\"member\":\"m1\""), "{status}");
     for member in &mut members {
         member.stop_gracefully();
     }

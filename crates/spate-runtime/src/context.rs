@@ -339,9 +339,12 @@ impl StreamingContext {
     /// server when both have the same address.
     fn start_servers(&mut self, engine: &Engine) -> Result<(), RuntimeError> {
         let (metrics, ui) = (engine.settings.metrics_addr, engine.settings.ui_addr);
-        let metrics_routes = || Routes { metrics: self.exporter.clone(), ui: None };
-        let ui_routes =
-            |board: &Arc<StatusBoard>| Routes { metrics: None, ui: Some((Arc::clone(board), self.exporter.clone())) };
+        let metrics_routes = || Routes { metrics: self.exporter.clone(), ui: None, process: None };
+        let ui_routes = |board: &Arc<StatusBoard>| Routes {
+            metrics: None,
+            ui: Some((Arc::clone(board), self.exporter.clone())),
+            process: None,
+        };
         let mut planned: Vec<(SocketAddr, Routes, bool, bool)> = Vec::new();
         match (metrics, ui, &engine.board) {
             (Some(m), Some(u), Some(board)) if m == u => {

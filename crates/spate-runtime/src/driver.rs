@@ -676,7 +676,7 @@ impl Engine {
             scheduling_delay_ms = progress.scheduling_delay_ms,
             "batch committed"
         );
-        telemetry::record_batch(&progress);
+        telemetry::record_batch(&progress, &self.settings.metric_labels);
         telemetry::record_memory(&self.memory, &self.spill);
         let mut taken_over = None;
         if let Some(files) = &mut self.progress_files {

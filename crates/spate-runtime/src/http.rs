@@ -51,6 +51,8 @@ const ACCEPT_PAUSE_MAX: Duration = Duration::from_secs(1);
 
 /// The web page: one file, its CSS and JavaScript inline.
 const PAGE: &str = include_str!("ui.html");
+/// The web page of a process running several jobs (a member's tasks).
+const PROCESS_PAGE: &str = include_str!("process.html");
 
 /// What a server answers.
 #[derive(Clone, Default)]
@@ -59,6 +61,9 @@ pub(crate) struct Routes {
     pub(crate) metrics: Option<PrometheusHandle>,
     /// `/` and `/api/status`, from this board (the lag comes from `metrics` when set).
     pub(crate) ui: Option<(Arc<StatusBoard>, Option<PrometheusHandle>)>,
+    /// `/` and `/api/status` of a process running several jobs: the page
+    /// of its jobs, and the JSON this gives.
+    pub(crate) process: Option<crate::process_server::ProcessStatus>,
 }
 
 /// A running server; dropping it stops it.
@@ -475,6 +480,17 @@ pub(crate) fn respond(request: &Request, routes: &Routes) -> Response {
             Response::ok("text/plain; version=0.0.4; charset=utf-8", telemetry::render(handle))
         }
         ("/", _, Some(_)) => Response::ok("text/html; charset=utf-8", PAGE),
+        ("/", _, None) if routes.process.is_some() => Response::ok("text/html; charset=utf-8", PROCESS_PAGE),
+        ("/api/status", _, None) if routes.process.is_some() => {
+            let status = routes.process.as_ref().map(|status| status()).unwrap_or_default();
+            match serde_json::to_vec(&status) {
+                Ok(json) => Response::ok("application/json", json),
+                Err(e) => {
+                    warn!(error = %e, "encoding the status failed");
+                    Response::error(Status::InternalError)
+                }
+            }
+        }
         ("/api/status", _, Some((board, handle))) => {
             let lag = handle.as_ref().map(|h| lag_from_metrics(&telemetry::render(h))).unwrap_or_else(BTreeMap::new);
             match serde_json::to_vec(&board.snapshot(&lag)) {
@@ -531,13 +547,14 @@ mod tests {
 
     #[test]
     fn only_the_routes_asked_for_are_served_and_other_methods_are_refused() {
-        let metrics_only = Routes { metrics: Some(PrometheusBuilder::new().build_recorder().handle()), ui: None };
+        let metrics_only =
+            Routes { metrics: Some(PrometheusBuilder::new().build_recorder().handle()), ..Routes::default() };
         let get = |path: &str| Request { method: "GET".into(), path: path.into(), host: None };
         assert_eq!(respond(&get("/metrics"), &metrics_only).status, Status::Ok);
         assert_eq!(respond(&get("/"), &metrics_only).status, Status::NotFound);
         assert_eq!(respond(&get("/api/status"), &metrics_only).status, Status::NotFound);
         let board = Arc::new(StatusBoard::new(1000));
-        let ui_only = Routes { metrics: None, ui: Some((board, None)) };
+        let ui_only = Routes { ui: Some((board, None)), ..Routes::default() };
         assert_eq!(respond(&get("/metrics"), &ui_only).status, Status::NotFound);
         let page = respond(&get("/"), &ui_only);
         assert_eq!((page.status, page.content_type), (Status::Ok, "text/html; charset=utf-8"));
@@ -562,7 +579,7 @@ mod tests {
     fn a_server_on_port_0_answers_status_404_and_refuses_an_oversize_head() {
         let board = Arc::new(StatusBoard::new(500));
         board.batch_started(BatchId(7), Time::from_millis(3500), 2, false);
-        let routes = Routes { metrics: None, ui: Some((Arc::clone(&board), None)) };
+        let routes = Routes { ui: Some((Arc::clone(&board), None)), ..Routes::default() };
         let server = HttpServer::start("127.0.0.1:0".parse().unwrap(), routes).unwrap();
         let addr = server.addr();
         assert_ne!(addr.port(), 0);
@@ -590,7 +607,7 @@ mod tests {
 
     /// Ui routes on a fresh board.
     fn ui_routes() -> Routes {
-        Routes { metrics: None, ui: Some((Arc::new(StatusBoard::new(500)), None)) }
+        Routes { ui: Some((Arc::new(StatusBoard::new(500)), None)), ..Routes::default() }
     }
 
     /// A stream handing out its bytes one at a time, as a client trickling them would.

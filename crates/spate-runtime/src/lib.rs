@@ -92,6 +92,7 @@ mod failpoints;
 mod http;
 mod inputs;
 mod pid;
+mod process_server;
 mod progress;
 mod rate;
 mod recovery;
@@ -107,6 +108,7 @@ pub use driver::StopReport;
 pub use error::RuntimeError;
 pub use inputs::{ReceiverOptions, ReceiverResume};
 pub use pid::{PidRateEstimator, PidSettings};
+pub use process_server::{ProcessServer, ProcessStatus};
 pub use progress::{
     BatchProgress, PhaseTimes, ProgressHistory, ProgressListener, ProgressRecord, ProgressRotation, ReceiverStatus,
     read_progress,

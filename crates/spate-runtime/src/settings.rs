@@ -96,6 +96,11 @@ pub struct StreamingSettings {
     /// Where the checkpoint is (a directory or `s3://bucket/prefix`), for
     /// [`crate::StreamingContext::from_settings`]; `None`: no checkpoint.
     pub checkpoint: Option<PathBuf>,
+    /// Labels added to the figures of this job's batches in `/metrics`
+    /// (batches committed, late records, batch times, the last batch): a
+    /// process that runs several jobs (a member of an application, one job
+    /// a task) tells them apart by these, e.g. `task`, `stage`, `partition`.
+    pub metric_labels: Vec<(String, String)>,
     /// Size and count of the files under `progress/`.
     pub progress_rotation: ProgressRotation,
     /// The clock batches tick on.
@@ -132,6 +137,7 @@ impl fmt::Debug for StreamingSettings {
             .field("max_records_per_batch", &self.max_records_per_batch)
             .field("max_bytes_per_batch", &self.max_bytes_per_batch)
             .field("checkpoint", &self.checkpoint)
+            .field("metric_labels", &self.metric_labels)
             .field("progress_rotation", &self.progress_rotation)
             .field("clock", &self.clock)
             .field("object_store", &self.object_store)
@@ -158,6 +164,7 @@ impl StreamingSettings {
             max_records_per_batch: DEFAULT_MAX_RECORDS_PER_BATCH,
             max_bytes_per_batch: None,
             checkpoint: None,
+            metric_labels: Vec::new(),
             progress_rotation: ProgressRotation::default(),
             clock: Arc::new(SystemClock),
             object_store: ObjectStoreSettings::default(),
@@ -275,6 +282,13 @@ impl StreamingSettings {
     pub fn batch_limits(&self, backpressure: Option<u64>) -> BatchLimits {
         let records = backpressure.map_or(self.max_records_per_batch, |r| r.min(self.max_records_per_batch));
         BatchLimits::new(Some(records), Some(self.batch_bytes()))
+    }
+
+    /// Adds the label `name`=`value` to the figures of this job's batches
+    /// (see [`StreamingSettings::metric_labels`]).
+    pub fn with_metric_label(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
+        self.metric_labels.push((name.into(), value.into()));
+        self
     }
 
     /// Runs batches on `clock` (a `ManualClock` in tests).

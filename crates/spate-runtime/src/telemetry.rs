@@ -152,14 +152,15 @@ fn describe() {
 }
 
 /// Records a committed batch.
-pub(crate) fn record_batch(progress: &BatchProgress) {
-    counter!(BATCHES_COMMITTED).increment(1);
-    counter!(LATE_RECORDS).increment(progress.late_records);
-    histogram!(BATCH_PROCESSING_SECONDS).record(progress.processing_time_ms as f64 / 1000.0);
-    histogram!(BATCH_SCHEDULING_DELAY_SECONDS).record(progress.scheduling_delay_ms as f64 / 1000.0);
-    gauge!(LAST_COMMITTED_BATCH).set(progress.batch_id.0 as f64);
+pub(crate) fn record_batch(progress: &BatchProgress, labels: &[(String, String)]) {
+    let labels: Vec<metrics::Label> = labels.iter().map(|(k, v)| metrics::Label::new(k.clone(), v.clone())).collect();
+    counter!(BATCHES_COMMITTED, labels.clone()).increment(1);
+    counter!(LATE_RECORDS, labels.clone()).increment(progress.late_records);
+    histogram!(BATCH_PROCESSING_SECONDS, labels.clone()).record(progress.processing_time_ms as f64 / 1000.0);
+    histogram!(BATCH_SCHEDULING_DELAY_SECONDS, labels.clone()).record(progress.scheduling_delay_ms as f64 / 1000.0);
+    gauge!(LAST_COMMITTED_BATCH, labels.clone()).set(progress.batch_id.0 as f64);
     if let Some(rate) = progress.rate_limit {
-        gauge!(BACKPRESSURE_RATE).set(rate);
+        gauge!(BACKPRESSURE_RATE, labels).set(rate);
     }
 }
 
