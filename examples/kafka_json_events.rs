@@ -245,7 +245,7 @@ fn run(args: &Args) -> Result<Summary, Error> {
     }
 
     let batch = Duration::from_millis(args.batch_ms);
-    let config = DirectKafkaConfig::subscribe(&brokers, "kafka-json-events", [args.input_topic.clone()], batch)
+    let config = DirectKafkaConfig::subscribe(&brokers, "kafka-json-events", [args.input_topic.clone()])
         .starting_offsets(StartingOffsets::Earliest)
         // The transactions hold the offsets; the group is only their home.
         .commit(OffsetCommit::CheckpointOnly);

@@ -171,7 +171,7 @@ fn run(args: &Args) -> Result<Summary, Error> {
         produce_records(&brokers, &topic, &start, n)?;
     }
     let batch = Duration::from_millis(args.batch_ms);
-    let config = DirectKafkaConfig::subscribe(&brokers, "spark-migration", [topic.clone()], batch)
+    let config = DirectKafkaConfig::subscribe(&brokers, "spark-migration", [topic.clone()])
         .starting_offsets(StartingOffsets::Spec(start.clone()))
         .commit(OffsetCommit::CheckpointOnly);
     let stream = Arc::new(DirectKafkaStream::new(config)?);

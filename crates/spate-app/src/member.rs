@@ -52,11 +52,11 @@ pub struct MemberSettings {
     pub starting_offsets: StartingOffsets,
     /// At most this many records a second per partition.
     pub max_rate_per_partition: Option<u64>,
-    /// At most this many records a task's batch reads (default: the Kafka
-    /// stream's, 500,000).
+    /// At most this many records a task's batch reads (default: the
+    /// streaming context's, 500,000).
     pub max_records_per_batch: Option<u64>,
-    /// At most this many bytes a task's batch reads (default: the Kafka
-    /// stream's, 64 MiB).
+    /// At most this many bytes a task's batch reads (default: the
+    /// streaming context's, a quarter of its memory budget up to 64 MiB).
     pub max_bytes_per_batch: Option<u64>,
     /// How often each task checkpoints its operator state.
     pub checkpoint_interval: Option<Duration>,
@@ -222,6 +222,12 @@ fn task_settings(settings: &MemberSettings) -> StreamingSettings {
         .with_backpressure(BackpressureSettings { enabled: false, ..BackpressureSettings::default() });
     if let Some(interval) = settings.checkpoint_interval {
         streaming = streaming.with_checkpoint_interval(interval);
+    }
+    if let Some(records) = settings.max_records_per_batch {
+        streaming = streaming.with_max_records_per_batch(records);
+    }
+    if let Some(bytes) = settings.max_bytes_per_batch {
+        streaming = streaming.with_max_bytes_per_batch(bytes);
     }
     if is_object_store_location(&settings.location) {
         streaming = streaming.with_lease(task_lease(settings.group.session_timeout));

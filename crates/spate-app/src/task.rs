@@ -51,7 +51,7 @@ impl InputSource<KafkaRecord> for OnePartition {
     }
 
     fn register(&self, context: &SourceContext) -> Result<(), BoxError> {
-        self.stream.register(context)
+        Ok(self.stream.register(context)?)
     }
 
     fn plan(&self, time: Time, limits: BatchLimits) -> Result<Option<String>, BoxError> {
@@ -296,24 +296,13 @@ impl Supervisor {
     /// read with `read_committed`, so only committed transactions count.
     fn stream(&self) -> Result<DirectKafkaStream, AppError> {
         let settings = &self.shared.settings;
-        let mut config = DirectKafkaConfig::subscribe(
-            &settings.brokers,
-            &self.shared.app,
-            [self.id.topic.clone()],
-            settings.batch_interval,
-        )
-        .assign([TopicPartition::new(self.id.topic.clone(), self.id.partition)])
-        .starting_offsets(settings.starting_offsets.clone())
-        .commit(OffsetCommit::CheckpointOnly)
-        .consumer_property("isolation.level", "read_committed");
+        let mut config = DirectKafkaConfig::subscribe(&settings.brokers, &self.shared.app, [self.id.topic.clone()])
+            .assign([TopicPartition::new(self.id.topic.clone(), self.id.partition)])
+            .starting_offsets(settings.starting_offsets.clone())
+            .commit(OffsetCommit::CheckpointOnly)
+            .consumer_property("isolation.level", "read_committed");
         if let Some(rate) = settings.max_rate_per_partition {
             config = config.max_rate_per_partition(rate);
-        }
-        if let Some(records) = settings.max_records_per_batch {
-            config = config.max_records_per_batch(records);
-        }
-        if let Some(bytes) = settings.max_bytes_per_batch {
-            config = config.max_bytes_per_batch(bytes);
         }
         let stream = DirectKafkaStream::new(config).map_err(|source| AppError::Kafka {
             app: self.shared.app.clone(),

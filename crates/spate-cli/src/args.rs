@@ -39,7 +39,7 @@ pub enum Command {
     /// Stop it with Ctrl-C and run it again: it resumes from its checkpoint,
     /// re-running the batch that was in flight with exactly its logged offsets.
     #[command(after_help = EXIT_CODES_HELP)]
-    Demo(DemoArgs),
+    Demo(Box<DemoArgs>),
     /// Run the word-count pipeline on a Kafka topic, writing to a Kafka topic.
     #[command(after_help = EXIT_CODES_HELP)]
     Run(Box<RunArgs>),
@@ -92,8 +92,8 @@ pub struct DemoArgs {
     #[arg(long, value_name = "ID", hide = true)]
     pub until_batch: Option<u64>,
     /// The batch interval in milliseconds (the demo's is 1000; the window stays 30 batches, the slide 2).
-    #[arg(long, value_name = "MS", default_value_t = 1000, hide = true, value_parser = clap::value_parser!(u64).range(1..=3_600_000))]
-    pub batch_ms: u64,
+    #[arg(long, value_name = "MS", hide = true, value_parser = clap::value_parser!(u64).range(1..=3_600_000))]
+    pub batch_ms: Option<u64>,
     /// Print no progress lines (errors and the recovery line still go to stdout/stderr).
     #[arg(long, short)]
     pub quiet: bool,
@@ -159,9 +159,9 @@ pub struct RunArgs {
     /// Stop gracefully once this batch id has committed.
     #[arg(long, value_name = "ID", hide = true)]
     pub until_batch: Option<u64>,
-    /// The batch interval in milliseconds (the window is 30 batches, the slide 2).
-    #[arg(long, value_name = "MS", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..=3_600_000))]
-    pub batch_ms: u64,
+    /// The batch interval in milliseconds (the window is 30 batches, the slide 2) [default: 1000].
+    #[arg(long, value_name = "MS", value_parser = clap::value_parser!(u64).range(1..=3_600_000))]
+    pub batch_ms: Option<u64>,
     /// Print no progress lines.
     #[arg(long, short)]
     pub quiet: bool,
@@ -304,9 +304,15 @@ pub struct MemoryArgs {
     /// Bytes the records received or read but not yet processed may take (e.g. 256M, 1G; K, M and
     /// G are powers of 1024). A receiver that would pass it waits until a batch has read its
     /// blocks (backpressure); a Kafka batch reads at most a quarter of it unless
-    /// --max-bytes-per-batch says otherwise.
-    #[arg(long, value_name = "SIZE", default_value = "256M", value_parser = parse_size)]
-    pub max_memory: u64,
+    /// --max-bytes-per-batch says otherwise [default: 256M].
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub max_memory: Option<u64>,
+
+    /// A JSON file of the job's settings (batch_interval_ms, max_memory_bytes,
+    /// max_records_per_batch, max_bytes_per_batch, wal_dir, metrics_addr, …; see the guide's
+    /// settings page); an unknown field is refused. The flags given on the command line override it.
+    #[arg(long, value_name = "FILE")]
+    pub settings: Option<std::path::PathBuf>,
 
     /// Where the received blocks of an input read by a whole-batch operator spill beyond
     /// --max-memory (a folder per input, removed when it stops) [default: the system's temporary
@@ -324,9 +330,15 @@ pub struct MemoryArgs {
 impl MemoryArgs {
     /// `settings` with the memory budget given.
     pub(crate) fn apply(&self, mut settings: spate_runtime::StreamingSettings) -> spate_runtime::StreamingSettings {
-        settings.max_memory_bytes = self.max_memory;
-        settings.spill_dir = self.spill_dir.clone();
-        settings.max_spill_bytes = self.max_spill;
+        if let Some(bytes) = self.max_memory {
+            settings.max_memory_bytes = bytes;
+        }
+        if let Some(dir) = &self.spill_dir {
+            settings.spill_dir = Some(dir.clone());
+        }
+        if let Some(bytes) = self.max_spill {
+            settings.max_spill_bytes = Some(bytes);
+        }
         settings
     }
 }
@@ -572,7 +584,7 @@ mod tests {
         let cli = Cli::try_parse_from(["spate", "demo"]).unwrap();
         let Command::Demo(demo) = cli.command else { panic!("wrong command") };
         assert_eq!(demo.checkpoint, PathBuf::from("./spate-demo-checkpoint"));
-        assert_eq!((demo.rate, demo.batch_ms, demo.seconds), (DEFAULT_DEMO_RATE, 1000, None));
+        assert_eq!((demo.rate, demo.batch_ms, demo.seconds), (DEFAULT_DEMO_RATE, None, None));
         assert!(Cli::try_parse_from(["spate", "demo", "--rate", "0"]).is_err());
         assert!(Cli::try_parse_from(["spate", "run", "--topic", "t"]).is_err());
         // Any rate the machine can do: the memory budget holds back what it cannot.
@@ -584,11 +596,15 @@ mod tests {
     #[test]
     fn the_memory_budget_takes_sizes_in_binary_units() {
         let Command::Demo(demo) = Cli::try_parse_from(["spate", "demo"]).unwrap().command else { panic!() };
-        assert_eq!(demo.memory.max_memory, spate_runtime::DEFAULT_MAX_MEMORY_BYTES);
+        let second = spate_core::Duration::from_secs(1);
+        assert_eq!(
+            demo.memory.apply(spate_runtime::StreamingSettings::new(second)).max_memory_bytes,
+            spate_runtime::DEFAULT_MAX_MEMORY_BYTES
+        );
         for (text, bytes) in [("1G", 1u64 << 30), ("64MiB", 64 << 20), ("512k", 512 << 10), ("1000", 1000)] {
             let cli = Cli::try_parse_from(["spate", "demo", "--max-memory", text]).unwrap();
             let Command::Demo(demo) = cli.command else { panic!() };
-            assert_eq!(demo.memory.max_memory, bytes, "{text}");
+            assert_eq!(demo.memory.max_memory, Some(bytes), "{text}");
             let settings = demo.memory.apply(spate_runtime::StreamingSettings::new(spate_core::Duration::from_secs(1)));
             assert_eq!(settings.max_memory_bytes, bytes);
         }

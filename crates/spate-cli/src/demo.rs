@@ -17,10 +17,11 @@ use spate_logstore::ObjectStoreSettings;
 use spate_runtime::StreamingSettings;
 use spate_runtime::demo::{DemoOptions, TopWords, word_count_context};
 
-use crate::args::{DemoArgs, MemoryArgs, WatchArgs};
+use crate::args::DemoArgs;
 use crate::error::CliError;
 use crate::job::{JobControl, Lines, drive, refuse_inconsistent, runtime_error};
 use crate::location::object_store_settings;
+use crate::settings::{JobFlags, job_settings};
 
 const ACTION: &str = "cannot run the demo on checkpoint";
 
@@ -34,7 +35,6 @@ const SLIDE_BATCHES: u64 = 2;
 struct StreamingDemo {
     checkpoint: PathBuf,
     object_store: ObjectStoreSettings,
-    wal_dir: Option<PathBuf>,
     output: PathBuf,
     seed: u64,
     rate: u64,
@@ -43,8 +43,8 @@ struct StreamingDemo {
     seconds: Option<u64>,
     until_batch: Option<u64>,
     quiet: bool,
-    watch: WatchArgs,
-    memory: MemoryArgs,
+    /// The job's settings: flags over the `--settings` file over the defaults.
+    settings: StreamingSettings,
 }
 
 fn top_words_line(top: &TopWords, window: Duration) -> String {
@@ -57,8 +57,20 @@ impl StreamingDemo {
     /// The demo the flags ask for; refuses an `s3://` checkpoint without
     /// `--wal-dir` before anything is created.
     fn from_args(args: &DemoArgs) -> Result<Self, CliError> {
+        let object_store = object_store_settings(&args.s3)?;
+        let mut settings = job_settings(&JobFlags {
+            batch_ms: args.batch_ms,
+            memory: &args.memory,
+            watch: &args.watch,
+            object_store: &object_store,
+            max_records_per_batch: None,
+            max_bytes_per_batch: None,
+        })?;
+        if let Some(dir) = &args.wal_dir {
+            settings.wal_dir = Some(dir.clone());
+        }
         let in_s3 = spate_logstore::is_object_store_location(&args.checkpoint);
-        let output = match (&args.output, &args.wal_dir) {
+        let output = match (&args.output, &settings.wal_dir) {
             (Some(output), _) => output.clone(),
             (None, Some(wal_dir)) if in_s3 => wal_dir.join("output"),
             (None, None) if in_s3 => return Err(missing_wal_dir(args)),
@@ -66,29 +78,21 @@ impl StreamingDemo {
         };
         Ok(StreamingDemo {
             checkpoint: args.checkpoint.clone(),
-            object_store: object_store_settings(&args.s3)?,
-            wal_dir: args.wal_dir.clone(),
+            object_store,
             output,
             seed: args.seed,
             rate: args.rate,
-            batch: Duration::from_millis(args.batch_ms),
+            batch: settings.batch_interval,
             top: usize::try_from(args.top).unwrap_or(usize::MAX),
             seconds: args.seconds,
             until_batch: args.until_batch,
             quiet: args.quiet,
-            watch: args.watch.clone(),
-            memory: args.memory.clone(),
+            settings,
         })
     }
 
     fn settings(&self) -> StreamingSettings {
-        let settings = self
-            .memory
-            .apply(self.watch.apply(StreamingSettings::new(self.batch).with_object_store(self.object_store.clone())));
-        match &self.wal_dir {
-            Some(dir) => settings.with_wal_dir(dir),
-            None => settings,
-        }
+        self.settings.clone()
     }
 }
 
@@ -146,7 +150,7 @@ mod tests {
         let argv = [&["spate", "demo"][..], extra].concat();
         let cli = <crate::args::Cli as clap::Parser>::try_parse_from(argv).unwrap();
         let crate::args::Command::Demo(args) = cli.command else { panic!("wrong command") };
-        args
+        *args
     }
 
     #[test]

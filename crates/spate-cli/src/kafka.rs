@@ -21,10 +21,11 @@ use spate_kafka::{
 use spate_logstore::{Checkpoint, ObjectStoreSettings};
 use spate_runtime::{PipelineBuilder, StreamingContext, StreamingSettings};
 
-use crate::args::{MemoryArgs, RunArgs};
+use crate::args::RunArgs;
 use crate::error::CliError;
 use crate::job::{JobControl, Lines, drive, refuse_inconsistent, runtime_error};
 use crate::location::{checkpoint_options, object_store_settings};
+use crate::settings::{JobFlags, job_settings};
 
 /// The error type the dstream output closures return.
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -154,33 +155,29 @@ fn open_sink(args: &RunArgs, settings: &ObjectStoreSettings) -> Result<OutputSin
         .map_err(|e| kafka_error("cannot open the transactional output producer", e))
 }
 
-/// The bytes one Kafka batch reads at most: `explicit` when given (it may
-/// not pass the memory budget), else a quarter of the budget up to the
-/// direct stream's default, so a batch and the copies its operators make
-/// stay within the budget.
-pub(crate) fn batch_bytes(memory: &MemoryArgs, explicit: Option<u64>) -> Result<u64, CliError> {
-    match explicit {
-        Some(bytes) if bytes > memory.max_memory => Err(CliError::usage(format!(
-            "--max-bytes-per-batch {bytes} is more than --max-memory {}: one batch must fit in the budget",
-            memory.max_memory
-        ))),
-        Some(bytes) => Ok(bytes),
-        None => Ok(spate_kafka::DEFAULT_MAX_BYTES_PER_BATCH.min(memory.max_memory / 4).max(1)),
-    }
-}
-
 /// The direct stream's configuration from the command line.
-fn stream_config(args: &RunArgs, batch: Duration) -> Result<DirectKafkaConfig, CliError> {
-    let mut config = DirectKafkaConfig::subscribe(&args.kafka, &args.group, [args.topic.clone()], batch)
+fn stream_config(args: &RunArgs) -> Result<DirectKafkaConfig, CliError> {
+    let mut config = DirectKafkaConfig::subscribe(&args.kafka, &args.group, [args.topic.clone()])
         .starting_offsets(starting_offsets(&args.starting_offsets)?)
         .commit(if args.exactly_once { OffsetCommit::CheckpointOnly } else { OffsetCommit::KafkaGroup });
     if let Some(rate) = args.max_rate_per_partition {
         config = config.max_rate_per_partition(rate);
     }
-    if let Some(records) = args.max_records_per_batch {
-        config = config.max_records_per_batch(records);
-    }
-    Ok(config.max_bytes_per_batch(batch_bytes(&args.memory, args.max_bytes_per_batch)?))
+    Ok(config)
+}
+
+/// The job's settings from the command line (and `--settings`): the batch
+/// interval and the caps of every batch are the context's, which tells the
+/// stream.
+pub(crate) fn run_settings(args: &RunArgs, object_store: &ObjectStoreSettings) -> Result<StreamingSettings, CliError> {
+    job_settings(&JobFlags {
+        batch_ms: args.batch_ms,
+        memory: &args.memory,
+        watch: &args.watch,
+        object_store,
+        max_records_per_batch: args.max_records_per_batch,
+        max_bytes_per_batch: args.max_bytes_per_batch,
+    })
 }
 
 /// Runs the Kafka pipeline until it is stopped; returns the closing line.
@@ -190,8 +187,9 @@ pub(crate) fn run(args: &RunArgs) -> Result<String, CliError> {
     }
     let object_store = object_store_settings(&args.s3)?;
     refuse_inconsistent(&args.checkpoint, &object_store, ACTION)?;
-    let batch = Duration::from_millis(args.batch_ms);
-    let config = stream_config(args, batch)?;
+    let settings = run_settings(args, &object_store)?;
+    let batch = settings.batch_interval;
+    let config = stream_config(args)?;
     let stream = DirectKafkaStream::new(config).map_err(|e| kafka_error("cannot create the Kafka consumer", e))?;
     let pipeline = Pipeline {
         stream: Arc::new(stream),
@@ -202,8 +200,6 @@ pub(crate) fn run(args: &RunArgs) -> Result<String, CliError> {
         top: usize::try_from(args.top).unwrap_or(usize::MAX),
         exactly_once: args.exactly_once,
     };
-    let settings =
-        args.memory.apply(args.watch.apply(StreamingSettings::new(batch).with_object_store(object_store.clone())));
     let ctx = StreamingContext::get_or_create(&args.checkpoint, settings, |p| {
         pipeline.declare(p);
         Ok(())
@@ -251,46 +247,73 @@ mod tests {
         *args
     }
 
+    fn settings_of(extra: &[&str]) -> Result<StreamingSettings, CliError> {
+        run_settings(&run_args(extra), &ObjectStoreSettings::default())
+    }
+
     #[test]
     fn a_batch_reads_a_quarter_of_the_memory_budget_at_most_unless_told() {
-        let memory = MemoryArgs { max_memory: 64 << 20, spill_dir: None, max_spill: None };
-        assert_eq!(batch_bytes(&memory, None).unwrap(), 16 << 20);
-        let large = MemoryArgs { max_memory: 4 << 30, spill_dir: None, max_spill: None };
-        assert_eq!(batch_bytes(&large, None).unwrap(), spate_kafka::DEFAULT_MAX_BYTES_PER_BATCH);
-        assert_eq!(batch_bytes(&memory, Some(1 << 20)).unwrap(), 1 << 20);
-        let error = batch_bytes(&memory, Some(1 << 30)).unwrap_err().to_string();
-        assert!(error.contains("--max-bytes-per-batch") && error.contains("--max-memory"), "{error}");
-        let config = stream_config(&run_args(&["--max-memory", "64M"]), Duration::from_millis(1000)).unwrap();
-        assert_eq!(config.max_bytes_per_batch, 16 << 20);
+        assert_eq!(settings_of(&["--max-memory", "64M"]).unwrap().batch_bytes(), 16 << 20);
+        let large = settings_of(&["--max-memory", "4G"]).unwrap();
+        assert_eq!(large.batch_bytes(), spate_runtime::DEFAULT_MAX_BYTES_PER_BATCH);
+        let told = settings_of(&["--max-memory", "64M", "--max-bytes-per-batch", "1048576"]).unwrap();
+        assert_eq!(told.batch_bytes(), 1 << 20);
+        let error = settings_of(&["--max-memory", "64M", "--max-bytes-per-batch", "1073741824"]).unwrap_err();
+        assert_eq!(error.exit_code(), crate::error::ExitCode::Usage);
+        let error = error.to_string();
+        assert!(error.contains("max_bytes_per_batch") && error.contains("memory budget"), "{error}");
     }
 
     #[test]
     fn every_batch_is_capped_by_default_and_the_caps_can_be_raised() {
-        let batch = Duration::from_millis(1000);
-        let config = stream_config(&run_args(&[]), batch).unwrap();
-        assert_eq!(config.max_records_per_batch, spate_kafka::DEFAULT_MAX_RECORDS_PER_BATCH);
-        assert_eq!(config.max_bytes_per_batch, spate_kafka::DEFAULT_MAX_BYTES_PER_BATCH);
-        let raised = run_args(&[
+        let limits = settings_of(&[]).unwrap().batch_limits(None);
+        assert_eq!(limits.max_records, Some(spate_runtime::DEFAULT_MAX_RECORDS_PER_BATCH));
+        assert_eq!(limits.max_bytes, Some(spate_runtime::DEFAULT_MAX_BYTES_PER_BATCH));
+        let raised = settings_of(&[
             "--max-records-per-batch",
             "2000000",
             "--max-bytes-per-batch",
             "1073741824",
             "--max-memory",
             "4G",
-        ]);
-        let config = stream_config(&raised, batch).unwrap();
-        assert_eq!((config.max_records_per_batch, config.max_bytes_per_batch), (2_000_000, 1 << 30));
+        ])
+        .unwrap()
+        .batch_limits(None);
+        assert_eq!((raised.max_records, raised.max_bytes), (Some(2_000_000), Some(1 << 30)));
         // The help text states the defaults.
         let help = <crate::args::Cli as clap::CommandFactory>::command()
             .find_subcommand_mut("run")
             .map(|c| c.render_long_help().to_string())
             .unwrap();
         let help = help.split_whitespace().collect::<Vec<_>>().join(" ");
-        assert!(help.contains(&format!("default {}", spate_kafka::DEFAULT_MAX_RECORDS_PER_BATCH)), "{help}");
-        assert!(help.contains(&format!("default {}", spate_kafka::DEFAULT_MAX_BYTES_PER_BATCH)), "{help}");
+        assert!(help.contains(&format!("default {}", spate_runtime::DEFAULT_MAX_RECORDS_PER_BATCH)), "{help}");
+        assert!(help.contains(&format!("default {}", spate_runtime::DEFAULT_MAX_BYTES_PER_BATCH)), "{help}");
         let zero =
             ["spate", "run", "--kafka", "b", "--topic", "t", "--output-topic", "o", "--max-bytes-per-batch", "0"];
         assert!(<crate::args::Cli as clap::Parser>::try_parse_from(zero).is_err());
+    }
+
+    #[test]
+    fn a_settings_file_sets_what_no_flag_gives_and_flags_override_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("job.json");
+        std::fs::write(
+            &file,
+            r#"{"batch_interval_ms": 500, "max_memory_bytes": 67108864, "max_records_per_batch": 7}"#,
+        )
+        .unwrap();
+        let path = file.to_str().unwrap();
+        let from_file = settings_of(&["--settings", path]).unwrap();
+        assert_eq!(from_file.batch_interval, Duration::from_millis(500));
+        assert_eq!((from_file.max_memory_bytes, from_file.max_records_per_batch), (64 << 20, 7));
+        let overridden =
+            settings_of(&["--settings", path, "--batch-ms", "2000", "--max-records-per-batch", "9"]).unwrap();
+        assert_eq!(overridden.batch_interval, Duration::from_millis(2000));
+        assert_eq!((overridden.max_memory_bytes, overridden.max_records_per_batch), (64 << 20, 9));
+        std::fs::write(&file, r#"{"batch_intervall_ms": 500}"#).unwrap();
+        let error = settings_of(&["--settings", path]).unwrap_err();
+        assert_eq!(error.exit_code(), crate::error::ExitCode::Usage);
+        assert!(error.to_string().contains("batch_intervall_ms"), "{error}");
     }
 
     #[test]

@@ -79,6 +79,7 @@ mod location;
 mod logging;
 mod repair;
 mod set_offsets;
+mod settings;
 mod signals;
 
 use std::ffi::OsString;

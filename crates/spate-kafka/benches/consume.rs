@@ -18,7 +18,7 @@ use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use rdkafka::{Message, Offset, TopicPartitionList};
-use spate_core::{Duration as BatchDuration, Time};
+use spate_core::Time;
 use spate_kafka::{DirectKafkaConfig, DirectKafkaStream, OffsetRanges};
 
 const PARTITIONS: i32 = 3;
@@ -134,13 +134,10 @@ fn main() {
     let records: u64 = if full { 300_000 } else { 3_000 };
     let topic = setup(&brokers, records);
 
-    // One batch covers the whole topic: the caps are lifted, so the ranges are the same as the bare reads'.
-    let config =
-        DirectKafkaConfig::subscribe(brokers.as_str(), "bench-direct", [topic.as_str()], BatchDuration::from_secs(1))
-            .max_records_per_batch(u64::MAX)
-            .max_bytes_per_batch(u64::MAX);
+    // One batch covers the whole topic: planned without limits, the ranges are the same as the bare reads'.
+    let config = DirectKafkaConfig::subscribe(brokers.as_str(), "bench-direct", [topic.as_str()]);
     let stream = DirectKafkaStream::new(config).unwrap();
-    let ranges = stream.plan_batch(Time::from_millis(1_000), None).unwrap();
+    let ranges = stream.plan_batch(Time::from_millis(1_000), spate_dstream::BatchLimits::UNLIMITED).unwrap();
     assert_eq!(ranges.count(), records);
     // Planning read the records; take them, so every measured read goes to the broker.
     assert_eq!(direct_read(&stream, &ranges), records);

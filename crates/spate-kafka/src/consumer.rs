@@ -25,7 +25,7 @@ use std::collections::HashMap;
 use std::marker::PhantomData;
 use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// How long one poll waits before the consumer's position is looked at:
@@ -43,6 +43,7 @@ use tracing::{debug, warn};
 
 use crate::error::{KafkaError, Result, client};
 use crate::offsets::{OffsetRange, TopicPartition};
+use spate_core::sync::lock;
 
 /// What to do when a range needs records the broker no longer has
 /// (retention, `delete_records`): Spark's `failOnDataLoss`.
@@ -471,10 +472,6 @@ impl ConsumerPool {
             list.push(consumer);
         }
     }
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// A consumer checked out of a [`ConsumerPool`]: exclusively the holder's

@@ -10,13 +10,16 @@
 //! # Memory: every batch is capped
 //!
 //! A batch holds its records in memory, so a first batch from `earliest` on
-//! a large topic must not be the whole topic. Every batch is capped, by
-//! default, at [`DEFAULT_MAX_RECORDS_PER_BATCH`] records and
-//! [`DEFAULT_MAX_BYTES_PER_BATCH`] bytes (key, value and the record's own
-//! size, see [`record_footprint`](crate::record_footprint)); both can be raised
-//! ([`DirectKafkaConfig::max_records_per_batch`],
-//! [`DirectKafkaConfig::max_bytes_per_batch`]). The record cap is shared out
-//! by lag like backpressure's limit.
+//! a large topic must not be the whole topic. Every batch is planned within
+//! the [`BatchLimits`] its streaming context gives (records, and bytes: key,
+//! value and the record's own size, see
+//! [`record_footprint`](crate::record_footprint)); the context's settings
+//! own the caps and their defaults (spate-runtime's `StreamingSettings`:
+//! 500,000 records, 64 MiB or a quarter of the memory budget), so the
+//! stream is not configured with them a second time. The record cap is
+//! shared out by lag like backpressure's limit. The batch interval, which
+//! turns `max_rate_per_partition` into records per batch, comes the same
+//! way, when the stream is registered ([`DirectKafkaStream::register`]).
 //!
 //! The byte cap cannot be decided from offsets: a record's size is known
 //! only once it is read. Estimating from earlier batches would overshoot on
@@ -41,13 +44,13 @@
 //! a version without caps) can be larger.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration as StdDuration;
 
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::{Offset, TopicPartitionList};
 use spate_core::{Duration, Time};
-use spate_dstream::{ArrivalStage, ProcessedBlock};
+use spate_dstream::{ArrivalStage, BatchLimits, ProcessedBlock, SourceContext};
 use tracing::{debug, info, warn};
 
 use crate::consumer::{ConsumerPool, ConsumerSettings, DataLossPolicy, KafkaRecord};
@@ -56,6 +59,7 @@ use crate::offsets::{EARLIEST, LATEST, OffsetRange, OffsetRanges, PartitionOffse
 use crate::read_ahead::{Ahead, Limits, ReadAhead};
 use crate::retry::{retry_coordinator, retry_unavailable};
 use crate::store::RocksOffsetStore;
+use spate_core::sync::lock;
 
 /// Which partitions the stream reads.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -100,24 +104,6 @@ pub enum OffsetCommit {
     TransactionalStore(Arc<RocksOffsetStore>),
 }
 
-/// The records a batch reads at most unless raised with
-/// [`DirectKafkaConfig::max_records_per_batch`]: about half a second of what
-/// the direct stream reads on a 2-core machine (1.1 M records/s measured),
-/// so a backlog is worked off in batches that are read well within a 1 s
-/// interval and leave time to process them. The byte cap counts about 100
-/// bytes a record besides key and value, so this many records with up to
-/// about 30 bytes of key and value also stay under
-/// [`DEFAULT_MAX_BYTES_PER_BATCH`]; larger ones reach the byte cap first.
-pub const DEFAULT_MAX_RECORDS_PER_BATCH: u64 = 500_000;
-
-/// The bytes a batch reads at most unless raised with
-/// [`DirectKafkaConfig::max_bytes_per_batch`]: 64 MiB. A batch's records are
-/// copied by the operators that follow (a flat map, a shuffle, a window's
-/// state), so the input should be a small part of a small machine's memory
-/// (a few GiB): at 64 MiB a batch and several copies of it fit in well
-/// under 1 GiB.
-pub const DEFAULT_MAX_BYTES_PER_BATCH: u64 = 64 << 20;
-
 /// The configuration of a [`DirectKafkaStream`].
 #[derive(Clone, Debug)]
 pub struct DirectKafkaConfig {
@@ -127,14 +113,8 @@ pub struct DirectKafkaConfig {
     pub topics: TopicSelection,
     /// Where a stream without a stored position starts.
     pub starting_offsets: StartingOffsets,
-    /// The batch interval (rates are per second, ranges per batch).
-    pub batch_interval: Duration,
     /// At most this many records per second per partition (Spark's `maxRatePerPartition`).
     pub max_rate_per_partition: Option<u64>,
-    /// At most this many records per batch, all partitions together.
-    pub max_records_per_batch: u64,
-    /// At most this many bytes per batch ([`record_footprint`](crate::record_footprint) of each record).
-    pub max_bytes_per_batch: u64,
     /// Where offsets are committed.
     pub commit: OffsetCommit,
 }
@@ -145,16 +125,12 @@ impl DirectKafkaConfig {
         brokers: impl Into<String>,
         group_id: impl Into<String>,
         topics: impl IntoIterator<Item = impl Into<String>>,
-        batch_interval: Duration,
     ) -> Self {
         DirectKafkaConfig {
             consumer: ConsumerSettings::new(brokers, group_id),
             topics: TopicSelection::Subscribe(topics.into_iter().map(Into::into).collect()),
             starting_offsets: StartingOffsets::Earliest,
-            batch_interval,
             max_rate_per_partition: None,
-            max_records_per_batch: DEFAULT_MAX_RECORDS_PER_BATCH,
-            max_bytes_per_batch: DEFAULT_MAX_BYTES_PER_BATCH,
             commit: OffsetCommit::CheckpointOnly,
         }
     }
@@ -179,21 +155,6 @@ impl DirectKafkaConfig {
     /// Caps each partition at `records_per_second`.
     pub fn max_rate_per_partition(mut self, records_per_second: u64) -> Self {
         self.max_rate_per_partition = Some(records_per_second);
-        self
-    }
-
-    /// Caps every batch at `records` records (default
-    /// [`DEFAULT_MAX_RECORDS_PER_BATCH`]), shared out by lag; must be positive.
-    pub fn max_records_per_batch(mut self, records: u64) -> Self {
-        self.max_records_per_batch = records;
-        self
-    }
-
-    /// Caps every batch at `bytes` bytes (default
-    /// [`DEFAULT_MAX_BYTES_PER_BATCH`]); must be positive. A partition always
-    /// reads at least one record, so a record larger than the cap is still read.
-    pub fn max_bytes_per_batch(mut self, bytes: u64) -> Self {
-        self.max_bytes_per_batch = bytes;
         self
     }
 
@@ -256,6 +217,8 @@ pub struct DirectKafkaStream {
     /// Reads the next batch during its interval, when the graph handed the
     /// stream a chunkable operator chain (see [`crate::read_ahead`]).
     read_ahead: OnceLock<ReadAhead>,
+    /// What the streaming context said when the stream was registered.
+    context: OnceLock<SourceContext>,
 }
 
 /// What was read while planning a batch, with the ranges it covers.
@@ -281,19 +244,9 @@ impl std::fmt::Debug for DirectKafkaStream {
     }
 }
 
-pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
 impl DirectKafkaStream {
     /// A stream with `config`; nothing is asked of the broker until the first plan.
     pub fn new(config: DirectKafkaConfig) -> Result<Self> {
-        if config.batch_interval == Duration::ZERO {
-            return Err(KafkaError::Config("the batch interval must be positive".into()));
-        }
-        if config.max_records_per_batch == 0 || config.max_bytes_per_batch == 0 {
-            return Err(KafkaError::Config("the records and bytes per batch must be positive".into()));
-        }
         let admin: BaseConsumer =
             config.consumer.client_config().create().map_err(client("create the metadata consumer"))?;
         Ok(DirectKafkaStream {
@@ -304,6 +257,38 @@ impl DirectKafkaStream {
             rate_limit: AtomicU64::new(0),
             prefetched: Mutex::new(None),
             read_ahead: OnceLock::new(),
+            context: OnceLock::new(),
+        })
+    }
+
+    /// Takes the batch interval (and the memory budget) of the streaming
+    /// context that reads the stream; the runtime calls it through
+    /// [`spate_dstream::InputSource::register`] when the graph is built. A stream belongs
+    /// to one context: registering it again with another interval is an
+    /// error.
+    pub fn register(&self, context: &SourceContext) -> Result<()> {
+        if context.batch_interval == Duration::ZERO {
+            return Err(KafkaError::Config("the batch interval must be positive".into()));
+        }
+        let registered = self.context.get_or_init(|| *context);
+        if registered.batch_interval != context.batch_interval {
+            return Err(KafkaError::Config(format!(
+                "the stream is read with a batch interval of {} already, not {}",
+                registered.batch_interval, context.batch_interval
+            )));
+        }
+        if let Some(read_ahead) = self.read_ahead.get() {
+            read_ahead.set_batch_interval(context.batch_interval);
+        }
+        Ok(())
+    }
+
+    /// The batch interval of the registered context.
+    fn batch_interval(&self) -> Result<Duration> {
+        self.context.get().map(|c| c.batch_interval).ok_or_else(|| {
+            KafkaError::Config(
+                "a rate needs the batch interval: register the stream with its streaming context first".into(),
+            )
         })
     }
 
@@ -375,14 +360,14 @@ impl DirectKafkaStream {
     }
 
     /// Plans the batch at `time`: one range per partition from the current
-    /// position to the latest offset, capped by the rates, by `max_records`
-    /// and by the configured records per batch; reads them within the
-    /// configured bytes per batch (see the module documentation) and moves
+    /// position to the latest offset, capped by the rates and by the records
+    /// of `limits`; reads them within its bytes (see the module
+    /// documentation) and moves
     /// the position to the ends of what was read, which it returns. The
     /// records wait for [`DirectKafkaStream::read`] of the returned ranges.
     /// When the stream reads ahead, the ranges start with what was read
     /// during the interval and the caps count it.
-    pub fn plan_batch(&self, time: Time, max_records: Option<u64>) -> Result<OffsetRanges> {
+    pub fn plan_batch(&self, time: Time, limits: BatchLimits) -> Result<OffsetRanges> {
         // The previous batch's records, if nobody took them, go before reading more.
         drop(lock(&self.prefetched).take());
         // Held throughout: the read-ahead does not read while a batch is planned.
@@ -399,7 +384,7 @@ impl DirectKafkaStream {
             }
         }
         let ahead = progress.as_mut().map(|p| p.take(&start)).unwrap_or_default();
-        let limits = self.limits(max_records);
+        let limits = self.limits(limits)?;
         let rest = plan_rest(&partitions, &start, &latest, limits, &ahead)?;
         let (rest, records) = read_within(&self.pool, &rest, limits.bytes.saturating_sub(ahead.bytes))?;
         let ranges = OffsetRanges::new(
@@ -435,19 +420,20 @@ impl DirectKafkaStream {
         Ok(ranges)
     }
 
-    /// The caps of a batch planned now.
-    fn limits(&self, max_records: Option<u64>) -> Limits {
-        let secs = self.config.batch_interval.as_secs_f64();
-        let backpressure = match self.rate_limit.load(Ordering::Relaxed) {
-            0 => None,
-            rate => Some(((rate as f64) * secs).ceil() as u64),
+    /// The caps of a batch planned now within `limits`.
+    fn limits(&self, limits: BatchLimits) -> Result<Limits> {
+        let rate = self.rate_limit.load(Ordering::Relaxed);
+        let per_second = |rate: u64| -> Result<f64> { Ok((rate as f64) * self.batch_interval()?.as_secs_f64()) };
+        let backpressure = if rate == 0 { None } else { Some(per_second(rate)?.ceil() as u64) };
+        let per_partition = match self.config.max_rate_per_partition {
+            Some(rate) => Some(per_second(rate)?.ceil().max(1.0) as u64),
+            None => None,
         };
-        let per_partition = self.config.max_rate_per_partition.map(|r| ((r as f64) * secs).ceil().max(1.0) as u64);
-        Limits {
-            records: batch_record_limit(backpressure, max_records, self.config.max_records_per_batch),
+        Ok(Limits {
+            records: batch_record_limit(backpressure, limits.max_records),
             per_partition,
-            bytes: self.config.max_bytes_per_batch,
-        }
+            bytes: limits.max_bytes.unwrap_or(u64::MAX).max(1),
+        })
     }
 
     /// Returns the records of each range of `ranges` (one partition of the
@@ -714,10 +700,10 @@ fn plan_range(tp: &TopicPartition, from: i64, latest: i64, cap: Option<i64>) -> 
     Ok(OffsetRange::new(tp.topic.clone(), tp.partition, from, until))
 }
 
-/// The records the whole batch may read: the configured cap, lowered by
-/// backpressure and by the runtime's limit when they are smaller.
-fn batch_record_limit(backpressure: Option<u64>, runtime_limit: Option<u64>, configured: u64) -> u64 {
-    min_of(min_of(backpressure, runtime_limit), Some(configured)).unwrap_or(configured)
+/// The records the whole batch may read: the context's limit, lowered by
+/// the stream's own backpressure when that is smaller; no limit without either.
+fn batch_record_limit(backpressure: Option<u64>, context_limit: Option<u64>) -> u64 {
+    min_of(backpressure, context_limit).unwrap_or(u64::MAX).max(1)
 }
 
 /// Shares `max_bytes` out among ranges in proportion to their record
@@ -805,8 +791,12 @@ impl spate_dstream::InputSource<KafkaRecord> for DirectKafkaStream {
         true
     }
 
-    fn plan(&self, time: Time, limits: spate_dstream::BatchLimits) -> Result<Option<String>, spate_dstream::BoxError> {
-        Ok(Some(self.plan_batch(time, limits.max_records)?.to_json()))
+    fn register(&self, context: &SourceContext) -> std::result::Result<(), spate_dstream::BoxError> {
+        Ok(DirectKafkaStream::register(self, context)?)
+    }
+
+    fn plan(&self, time: Time, limits: BatchLimits) -> Result<Option<String>, spate_dstream::BoxError> {
+        Ok(Some(self.plan_batch(time, limits)?.to_json()))
     }
 
     fn compute(&self, time: Time, planned: Option<&str>) -> Result<Vec<Vec<KafkaRecord>>, spate_dstream::BoxError> {
@@ -848,7 +838,8 @@ impl spate_dstream::InputSource<KafkaRecord> for DirectKafkaStream {
         if !stage.is_chunkable() || self.read_ahead.get().is_some() {
             return false;
         }
-        match ReadAhead::start(&self.config, Arc::clone(&self.pool), stage) {
+        let interval = self.context.get().map(|c| c.batch_interval);
+        match ReadAhead::start(&self.config, interval, Arc::clone(&self.pool), stage) {
             Ok(read_ahead) => self.read_ahead.set(read_ahead).is_ok(),
             Err(error) => {
                 warn!(%error, "cannot read ahead; batches are read at their boundary");
@@ -970,22 +961,17 @@ mod tests {
     }
 
     #[test]
-    fn the_configured_record_cap_applies_without_a_rate_and_yields_to_smaller_limits() {
-        assert_eq!(batch_record_limit(None, None, DEFAULT_MAX_RECORDS_PER_BATCH), DEFAULT_MAX_RECORDS_PER_BATCH);
-        assert_eq!(batch_record_limit(Some(10), None, 500), 10);
-        assert_eq!(batch_record_limit(None, Some(20), 500), 20);
-        assert_eq!(batch_record_limit(Some(900), Some(700), 500), 500);
-        assert_eq!(batch_record_limit(None, None, u64::MAX), u64::MAX);
-
-        // A stream configured with defaults is capped: a topic's backlog is split.
-        let config = DirectKafkaConfig::subscribe("b", "g", ["t"], Duration::from_millis(1000));
-        assert_eq!(config.max_records_per_batch, DEFAULT_MAX_RECORDS_PER_BATCH);
-        assert_eq!(config.max_bytes_per_batch, DEFAULT_MAX_BYTES_PER_BATCH);
+    fn the_context_record_cap_applies_without_a_rate_and_yields_to_smaller_limits() {
+        assert_eq!(batch_record_limit(None, Some(500_000)), 500_000);
+        assert_eq!(batch_record_limit(Some(10), Some(500)), 10);
+        assert_eq!(batch_record_limit(None, Some(20)), 20);
+        assert_eq!(batch_record_limit(Some(900), None), 900);
+        assert_eq!(batch_record_limit(None, None), u64::MAX);
         // The documents say a record counts about 100 bytes besides key and value.
         assert!((64..=128).contains(&crate::record_footprint(0, 0)), "{}", crate::record_footprint(0, 0));
         let start = offsets(&[(0, 0), (1, 0)]);
         let latest = offsets(&[(0, 10_000_000), (1, 30_000_000)]);
-        let caps = rate_caps(&start, &latest, None, Some(batch_record_limit(None, None, config.max_records_per_batch)));
+        let caps = rate_caps(&start, &latest, None, Some(batch_record_limit(None, Some(500_000))));
         assert_eq!(caps, offsets(&[(0, 125_000), (1, 375_000)]));
     }
 
@@ -1017,9 +1003,15 @@ mod tests {
     }
 
     #[test]
-    fn a_stream_refuses_a_zero_cap() {
-        let config = DirectKafkaConfig::subscribe("127.0.0.1:1", "g", ["t"], Duration::from_millis(1000));
-        assert!(matches!(DirectKafkaStream::new(config.clone().max_records_per_batch(0)), Err(KafkaError::Config(_))));
-        assert!(matches!(DirectKafkaStream::new(config.max_bytes_per_batch(0)), Err(KafkaError::Config(_))));
+    fn a_rate_needs_the_context_and_a_stream_keeps_to_one_interval() {
+        let config = DirectKafkaConfig::subscribe("127.0.0.1:1", "g", ["t"]).max_rate_per_partition(10);
+        let stream = DirectKafkaStream::new(config).unwrap();
+        let unregistered = stream.limits(BatchLimits::UNLIMITED).unwrap_err();
+        assert!(unregistered.to_string().contains("register"), "{unregistered}");
+        assert!(stream.register(&SourceContext::new(Duration::ZERO, 1 << 20)).is_err());
+        stream.register(&SourceContext::new(Duration::from_millis(500), 1 << 20)).unwrap();
+        assert_eq!(stream.limits(BatchLimits::UNLIMITED).unwrap().per_partition, Some(5));
+        stream.register(&SourceContext::new(Duration::from_millis(500), 1 << 20)).unwrap();
+        assert!(stream.register(&SourceContext::new(Duration::from_secs(1), 1 << 20)).is_err());
     }
 }

@@ -5,9 +5,10 @@
 //!
 //! - [`DirectKafkaStream`]: per batch, one [`OffsetRange`] per partition from
 //!   the stream's position to the latest offset, capped by
-//!   `max_rate_per_partition`, by backpressure and by a cap on every batch's
-//!   records and bytes (by default [`DEFAULT_MAX_RECORDS_PER_BATCH`] and
-//!   [`DEFAULT_MAX_BYTES_PER_BATCH`]); the ranges are logged to
+//!   `max_rate_per_partition`, by backpressure and by the records and bytes
+//!   its streaming context allows a batch (the context's settings own the
+//!   caps and the batch interval; the stream is told them through
+//!   [`spate_dstream::InputSource`]); the ranges are logged to
 //!   `offsets/N` as JSON ([`OffsetRanges::to_json`]) and a re-run reads exactly
 //!   them. It implements spate-dstream's [`spate_dstream::InputSource`];
 //! - starting offsets: earliest, latest, the group's committed offsets, or
@@ -80,10 +81,7 @@ pub use consumer::{
     CheckedOutConsumer, ConsumerPool, ConsumerSettings, DataLossPolicy, KafkaRecord, PartitionConsumer,
     record_footprint,
 };
-pub use direct::{
-    DEFAULT_MAX_BYTES_PER_BATCH, DEFAULT_MAX_RECORDS_PER_BATCH, DirectKafkaConfig, DirectKafkaStream, OffsetCommit,
-    StartingOffsets, TopicSelection,
-};
+pub use direct::{DirectKafkaConfig, DirectKafkaStream, OffsetCommit, StartingOffsets, TopicSelection};
 pub use error::{KafkaError, Result};
 pub use group::{AssignmentListener, GroupMember, GroupProtocol, GroupSettings};
 pub use offsets::{

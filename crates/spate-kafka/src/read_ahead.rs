@@ -32,6 +32,7 @@
 
 use std::collections::BTreeMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Duration as StdDuration;
@@ -41,16 +42,24 @@ use spate_dstream::{ArrivalStage, ProcessedBlock};
 use tracing::warn;
 
 use crate::consumer::{ConsumerPool, KafkaRecord, record_footprint};
-use crate::direct::{DirectKafkaConfig, lock, ranges_within, read_within};
+use crate::direct::{DirectKafkaConfig, ranges_within, read_within};
 use crate::error::{Result, client};
 use crate::offsets::{OffsetRanges, PartitionOffsets, TopicPartition};
 use crate::retry::{BROKER_UNAVAILABLE, is_outage};
+use spate_core::sync::lock;
 
 /// The records one chunk reads at most, all partitions together: small
 /// enough that a plan waiting for the chunk in flight waits little (tens of
 /// milliseconds), large enough that a chunk's broker round trips are a
 /// small part of its reading.
 pub(crate) const CHUNK_RECORDS: u64 = 65_536;
+
+/// The thread's pause when there is nothing to read: a twentieth of the
+/// batch interval, so a batch's records are mostly read before it ends, but
+/// not a busy loop on short intervals (50 ms until the interval is known).
+fn idle_millis(interval: Option<spate_core::Duration>) -> u64 {
+    interval.map_or(50, |interval| (interval.as_millis() / 20).clamp(5, 100))
+}
 
 /// The caps of a batch as they stood at the last plan.
 #[derive(Clone, Copy, Debug)]
@@ -137,7 +146,8 @@ struct Shared {
     admin: Mutex<BaseConsumer>,
     poll_timeout: StdDuration,
     /// How long the thread waits when the broker has nothing new.
-    idle: StdDuration,
+    /// How long the thread waits when there is nothing to read, ms.
+    idle: AtomicU64,
     progress: Mutex<Progress>,
     /// Signalled after each chunk (for [`ReadAhead::wait_for_records`]).
     advanced: Condvar,
@@ -149,15 +159,13 @@ impl ReadAhead {
     /// Starts reading ahead for a stream with `config`, through `pool`, running `stage`.
     pub(crate) fn start(
         config: &DirectKafkaConfig,
+        interval: Option<spate_core::Duration>,
         pool: Arc<ConsumerPool>,
         stage: ArrivalStage<KafkaRecord>,
     ) -> Result<Self> {
         let admin: BaseConsumer =
             config.consumer.client_config().create().map_err(client("create the read-ahead metadata consumer"))?;
-        // A twentieth of the interval, so a batch's records are mostly read
-        // before it ends, but not a busy loop on short intervals.
-        let idle = StdDuration::from_millis(config.batch_interval.as_millis() / 20)
-            .clamp(StdDuration::from_millis(5), StdDuration::from_millis(100));
+        let idle = AtomicU64::new(idle_millis(interval));
         let shared = Arc::new(Shared {
             stage,
             pool,
@@ -175,6 +183,11 @@ impl ReadAhead {
             .spawn(move || thread_shared.run())
             .map_err(|e| crate::error::KafkaError::Config(format!("start the read-ahead thread: {e}")))?;
         Ok(ReadAhead { shared, thread: Some(thread) })
+    }
+
+    /// Paces the thread by the context's batch interval, once it is known.
+    pub(crate) fn set_batch_interval(&self, interval: spate_core::Duration) {
+        self.shared.idle.store(idle_millis(Some(interval)), Ordering::Relaxed);
     }
 
     /// The operator run on each chunk.
@@ -254,7 +267,8 @@ impl Shared {
                 return;
             }
             if !read {
-                drop(self.wake.wait_timeout(stop, self.idle).unwrap_or_else(std::sync::PoisonError::into_inner));
+                let idle = StdDuration::from_millis(self.idle.load(Ordering::Relaxed));
+                drop(self.wake.wait_timeout(stop, idle).unwrap_or_else(std::sync::PoisonError::into_inner));
             }
         }
     }

@@ -13,13 +13,13 @@ use common::{BATCH, SOURCE, brokers, commit, create_topic, log_offsets, produce,
 use spate_core::BatchId;
 use spate_dstream::{GraphBuilder, InputSource};
 use spate_kafka::{
-    DataLossPolicy, DirectKafkaConfig, DirectKafkaStream, KafkaError, KafkaRecord, OffsetCommit, OffsetRange,
-    OffsetRanges, StartingOffsets, TopicPartition,
+    DataLossPolicy, DirectKafkaConfig, KafkaError, KafkaRecord, OffsetCommit, OffsetRange, OffsetRanges,
+    StartingOffsets, TopicPartition,
 };
 use spate_logstore::{Checkpoint, CheckpointOptions, Verdict};
 
 fn config(topic: &str, rate_per_partition: u64) -> DirectKafkaConfig {
-    DirectKafkaConfig::subscribe(brokers(), unique("group"), [topic], BATCH)
+    DirectKafkaConfig::subscribe(brokers(), unique("group"), [topic])
         .max_rate_per_partition(rate_per_partition)
         .poll_timeout(std::time::Duration::from_secs(20))
 }
@@ -38,14 +38,14 @@ fn every_record_is_read_exactly_once_and_the_offset_log_matches() {
     let topic = unique("exactly-once");
     create_topic(&topic, 3);
     produce(&topic, 3, values(0..3_000));
-    let stream = DirectKafkaStream::new(config(&topic, 4_000)).unwrap();
+    let stream = common::registered(config(&topic, 4_000)).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let checkpoint = Checkpoint::open_for_write(dir.path(), CheckpointOptions::new()).unwrap();
 
     let mut seen = Vec::new();
     let mut planned = Vec::new();
     for batch in 0.. {
-        let ranges = stream.plan_batch(time_of(batch), None).unwrap();
+        let ranges = stream.plan_batch(time_of(batch), spate_dstream::BatchLimits::UNLIMITED).unwrap();
         if ranges.is_empty() {
             break;
         }
@@ -79,7 +79,7 @@ fn windows_and_a_concurrent_job_never_share_a_consumer() {
     create_topic(&topic, 3);
     produce(&topic, 3, values(0..10_000));
     // 140 records a partition a batch: 24 batches for 3,334 records a partition.
-    let stream = Arc::new(DirectKafkaStream::new(config(&topic, 1_400)).unwrap());
+    let stream = Arc::new(common::registered(config(&topic, 1_400)).unwrap());
 
     let builder = GraphBuilder::new(BATCH);
     let input = builder.input(SOURCE, Arc::clone(&stream));
@@ -137,7 +137,7 @@ fn a_batch_cut_short_after_its_offsets_were_logged_is_read_again_with_the_same_r
     let make = || {
         let mut c = config(&topic, 2_000);
         c.consumer.group_id = group.clone();
-        DirectKafkaStream::new(c).unwrap()
+        common::registered(c).unwrap()
     };
     let mut seen: Vec<String> = Vec::new();
     let first_read;
@@ -145,12 +145,12 @@ fn a_batch_cut_short_after_its_offsets_were_logged_is_read_again_with_the_same_r
         let stream = make();
         let checkpoint = Checkpoint::open_for_write(dir.path(), CheckpointOptions::new()).unwrap();
         for batch in 0..2 {
-            let ranges = stream.plan_batch(time_of(batch), None).unwrap();
+            let ranges = stream.plan_batch(time_of(batch), spate_dstream::BatchLimits::UNLIMITED).unwrap();
             log_offsets(&checkpoint, batch, &ranges);
             seen.extend(stream.read(&ranges).unwrap().iter().flatten().map(value));
             commit(&checkpoint, batch);
         }
-        let ranges = stream.plan_batch(time_of(2), None).unwrap();
+        let ranges = stream.plan_batch(time_of(2), spate_dstream::BatchLimits::UNLIMITED).unwrap();
         log_offsets(&checkpoint, 2, &ranges);
         first_read = stream.read(&ranges).unwrap();
         // The process dies here: no output, no commits/2.
@@ -166,7 +166,7 @@ fn a_batch_cut_short_after_its_offsets_were_logged_is_read_again_with_the_same_r
     seen.extend(again.iter().flatten().map(value));
     commit(&checkpoint, 2);
     for batch in 3.. {
-        let ranges = stream.plan_batch(time_of(batch), None).unwrap();
+        let ranges = stream.plan_batch(time_of(batch), spate_dstream::BatchLimits::UNLIMITED).unwrap();
         if ranges.is_empty() {
             break;
         }
@@ -193,24 +193,24 @@ fn starting_offsets_from_a_json_spec_and_from_the_groups_commits() {
     let p1 = TopicPartition::new(topic.clone(), 1);
 
     let spec = format!(r#"{{"{topic}":{{"0":10,"1":-2}}}}"#);
-    let stream = DirectKafkaStream::new(config(&topic, 1_000_000).starting_offsets_json(&spec).unwrap()).unwrap();
+    let stream = common::registered(config(&topic, 1_000_000).starting_offsets_json(&spec).unwrap()).unwrap();
     let position = stream.position().unwrap();
     assert_eq!((position[&p0], position[&p1]), (10, 0));
-    let ranges = stream.plan_batch(time_of(0), None).unwrap();
+    let ranges = stream.plan_batch(time_of(0), spate_dstream::BatchLimits::UNLIMITED).unwrap();
     let records = stream.read(&ranges).unwrap();
     assert_eq!(records.iter().flatten().count(), 90);
     assert_eq!(records.iter().flatten().filter(|r| r.partition == 0).map(|r| r.offset).min(), Some(10));
 
     let spec = format!(r#"{{"{topic}":{{"0":-1,"1":7}}}}"#);
-    let stream = DirectKafkaStream::new(config(&topic, 1_000_000).starting_offsets_json(&spec).unwrap()).unwrap();
+    let stream = common::registered(config(&topic, 1_000_000).starting_offsets_json(&spec).unwrap()).unwrap();
     let position = stream.position().unwrap();
     assert_eq!((position[&p0], position[&p1]), (50, 7));
 
     // Commit a batch of 20 a partition to the group, then start from the group's offsets.
     let group_config = config(&topic, 200).commit(OffsetCommit::KafkaGroup);
     let group = group_config.consumer.group_id.clone();
-    let stream = DirectKafkaStream::new(group_config).unwrap();
-    let ranges = stream.plan_batch(time_of(0), None).unwrap();
+    let stream = common::registered(group_config).unwrap();
+    let ranges = stream.plan_batch(time_of(0), spate_dstream::BatchLimits::UNLIMITED).unwrap();
     assert_eq!(ranges.count(), 40);
     stream.read(&ranges).unwrap();
     stream.on_batch_completed(&ranges).unwrap();
@@ -218,11 +218,11 @@ fn starting_offsets_from_a_json_spec_and_from_the_groups_commits() {
     let fallback = Box::new(StartingOffsets::Latest);
     let mut resumed = config(&topic, 200).starting_offsets(StartingOffsets::Committed { fallback: fallback.clone() });
     resumed.consumer.group_id = group;
-    let position = DirectKafkaStream::new(resumed).unwrap().position().unwrap();
+    let position = common::registered(resumed).unwrap().position().unwrap();
     assert_eq!((position[&p0], position[&p1]), (20, 20));
     // A group without commits falls back (here: latest).
     let fresh = config(&topic, 200).starting_offsets(StartingOffsets::Committed { fallback });
-    let position = DirectKafkaStream::new(fresh).unwrap().position().unwrap();
+    let position = common::registered(fresh).unwrap().position().unwrap();
     assert_eq!((position[&p0], position[&p1]), (50, 50));
 }
 
@@ -238,18 +238,18 @@ fn deleted_records_fail_the_batch_or_are_skipped_as_configured() {
     assert_eq!(deleted.elements()[0].offset(), rdkafka::Offset::Offset(40));
 
     let range = OffsetRanges::new(vec![OffsetRange::new(topic.clone(), 0, 0, 100)]);
-    let failing = DirectKafkaStream::new(config(&topic, 1_000)).unwrap();
+    let failing = common::registered(config(&topic, 1_000)).unwrap();
     match failing.read(&range) {
         Err(KafkaError::DataLoss { from: 0, until: 100, earliest: 40, .. }) => {}
         other => panic!("expected a data-loss error, got {other:?}"),
     }
 
-    let skipping = DirectKafkaStream::new(config(&topic, 1_000).on_data_loss(DataLossPolicy::Skip)).unwrap();
+    let skipping = common::registered(config(&topic, 1_000).on_data_loss(DataLossPolicy::Skip)).unwrap();
     let records = skipping.read(&range).unwrap();
     let offsets: Vec<i64> = records.iter().flatten().map(|r| r.offset).collect();
     assert_eq!(offsets, (40..100).collect::<Vec<_>>());
     // Starting at the earliest offset plans from what is left.
-    assert_eq!(skipping.plan_batch(time_of(0), None).unwrap().ranges()[0].from, 40);
+    assert_eq!(skipping.plan_batch(time_of(0), spate_dstream::BatchLimits::UNLIMITED).unwrap().ranges()[0].from, 40);
 }
 
 #[test]
@@ -257,15 +257,15 @@ fn backpressure_and_the_runtimes_record_limit_cap_a_batch_shared_by_lag() {
     let topic = unique("backpressure");
     create_topic(&topic, 2);
     produce(&topic, 2, values(0..100)); // 50 a partition
-    let stream = DirectKafkaStream::new(config(&topic, 1_000_000)).unwrap();
+    let stream = common::registered(config(&topic, 1_000_000)).unwrap();
     stream.set_rate_limit(Some(200)); // 20 records a 100 ms batch
-    let ranges = stream.plan_batch(time_of(0), None).unwrap();
+    let ranges = stream.plan_batch(time_of(0), spate_dstream::BatchLimits::UNLIMITED).unwrap();
     assert_eq!(ranges.ranges().iter().map(OffsetRange::count).collect::<Vec<_>>(), vec![10, 10]);
     let planned = stream.plan(time_of(1), spate_dstream::BatchLimits::records(6)).unwrap().unwrap(); // the runtime's limit is lower
     let ranges = OffsetRanges::from_json(&planned).unwrap();
     assert_eq!(ranges.ranges().iter().map(|r| (r.from, r.until)).collect::<Vec<_>>(), vec![(10, 13), (10, 13)]);
     stream.set_rate_limit(None);
-    assert_eq!(stream.plan_batch(time_of(2), None).unwrap().count(), 74);
+    assert_eq!(stream.plan_batch(time_of(2), spate_dstream::BatchLimits::UNLIMITED).unwrap().count(), 74);
 }
 
 /// Drains `topic` through the runtime's path (plan, log `offsets/N`, compute),
@@ -273,13 +273,14 @@ fn backpressure_and_the_runtimes_record_limit_cap_a_batch_shared_by_lag() {
 /// Every third batch is also read by a fresh stream from its logged offsets,
 /// as a re-run after a crash would, and must give the same records.
 fn drain_capped(config: &DirectKafkaConfig, record_cap: u64, byte_cap: u64) -> Vec<Vec<KafkaRecord>> {
-    let stream = DirectKafkaStream::new(config.clone()).unwrap();
+    let stream = common::registered(config.clone()).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let checkpoint = Checkpoint::open_for_write(dir.path(), CheckpointOptions::new()).unwrap();
     let mut batches = Vec::new();
     let mut previous: Option<OffsetRanges> = None;
     for batch in 0.. {
-        let planned = stream.plan(time_of(batch), spate_dstream::BatchLimits::UNLIMITED).unwrap().unwrap();
+        let limits = spate_dstream::BatchLimits::new(Some(record_cap), Some(byte_cap));
+        let planned = stream.plan(time_of(batch), limits).unwrap().unwrap();
         let ranges = OffsetRanges::from_json(&planned).unwrap();
         if ranges.is_empty() {
             break;
@@ -297,7 +298,7 @@ fn drain_capped(config: &DirectKafkaConfig, record_cap: u64, byte_cap: u64) -> V
         if batch % 3 == 0 {
             let entry = checkpoint.offsets().get(BatchId(batch)).unwrap().unwrap();
             let logged = OffsetRanges::from_offset_seq(&entry, SOURCE).unwrap().unwrap();
-            let again = DirectKafkaStream::new(config.clone()).unwrap().read(&logged).unwrap();
+            let again = common::registered(config.clone()).unwrap().read(&logged).unwrap();
             assert_eq!(again.into_iter().flatten().collect::<Vec<_>>(), flat, "batch {batch} re-read from offsets/N");
         }
         commit(&checkpoint, batch);
@@ -322,9 +323,8 @@ fn a_backlog_over_the_record_cap_is_read_over_several_batches_nothing_lost_or_re
     create_topic(&topic, 3);
     let all = values(0..900);
     produce(&topic, 3, all.clone());
-    let config = DirectKafkaConfig::subscribe(brokers(), unique("group"), [topic.as_str()], BATCH)
-        .poll_timeout(std::time::Duration::from_secs(20))
-        .max_records_per_batch(100);
+    let config = DirectKafkaConfig::subscribe(brokers(), unique("group"), [topic.as_str()])
+        .poll_timeout(std::time::Duration::from_secs(20));
     let batches = drain_capped(&config, 100, u64::MAX);
     // The cap is shared by lag, what is left over to the partitions that
     // lag most: 100 a batch, never more.
@@ -342,9 +342,8 @@ fn a_backlog_over_the_byte_cap_is_read_over_several_batches_nothing_lost_or_repe
     produce(&topic, 3, all.clone());
     let footprint = spate_kafka::record_footprint(0, 200);
     let byte_cap = 45 * footprint; // 15 records a partition a batch
-    let config = DirectKafkaConfig::subscribe(brokers(), unique("group"), [topic.as_str()], BATCH)
-        .poll_timeout(std::time::Duration::from_secs(20))
-        .max_bytes_per_batch(byte_cap);
+    let config = DirectKafkaConfig::subscribe(brokers(), unique("group"), [topic.as_str()])
+        .poll_timeout(std::time::Duration::from_secs(20));
     let batches = drain_capped(&config, u64::MAX, byte_cap);
     assert_eq!(batches.len(), 14, "200 records a partition at 15 a batch");
     assert!(batches[..13].iter().all(|b| b.len() == 45), "{:?}", batches.iter().map(Vec::len).collect::<Vec<_>>());
@@ -357,13 +356,12 @@ fn a_record_larger_than_the_byte_cap_is_still_read_one_at_a_time() {
     create_topic(&topic, 2);
     let all = values(0..6);
     produce(&topic, 2, all.clone());
-    let config = DirectKafkaConfig::subscribe(brokers(), unique("group"), [topic.as_str()], BATCH)
-        .poll_timeout(std::time::Duration::from_secs(20))
-        .max_bytes_per_batch(1);
-    let stream = DirectKafkaStream::new(config).unwrap();
+    let config = DirectKafkaConfig::subscribe(brokers(), unique("group"), [topic.as_str()])
+        .poll_timeout(std::time::Duration::from_secs(20));
+    let stream = common::registered(config).unwrap();
     let mut batches = Vec::new();
     for batch in 0.. {
-        let ranges = stream.plan_batch(time_of(batch), None).unwrap();
+        let ranges = stream.plan_batch(time_of(batch), spate_dstream::BatchLimits::new(None, Some(1))).unwrap();
         if ranges.is_empty() {
             break;
         }
@@ -409,12 +407,12 @@ fn event_time_windows_follow_the_record_timestamps_with_a_watermark_per_partitio
     let behind: Vec<i64> = (0..60).map(|i| base + i * 100).collect();
     produce_at(&topic, 0, ahead.clone());
     produce_at(&topic, 1, behind.clone());
-    let stream = Arc::new(DirectKafkaStream::new(config(&topic, 100)).unwrap());
+    let stream = Arc::new(common::registered(config(&topic, 100)).unwrap());
 
     // A batch has one partition per topic partition, empty ones included,
     // so each keeps its place (and its watermark) from batch to batch.
-    let probe = DirectKafkaStream::new(config(&topic, 100)).unwrap();
-    let ranges = probe.plan_batch(time_of(0), None).unwrap();
+    let probe = common::registered(config(&topic, 100)).unwrap();
+    let ranges = probe.plan_batch(time_of(0), spate_dstream::BatchLimits::UNLIMITED).unwrap();
     let layout: Vec<usize> = probe.read(&ranges).unwrap().iter().map(Vec::len).collect();
     assert_eq!(layout, [10, 10, 0]);
 
@@ -445,8 +443,11 @@ fn event_time_windows_follow_the_record_timestamps_with_a_watermark_per_partitio
         Ok(())
     });
     let mut graph = builder.build().unwrap();
+    // Batches run now, as a job's would: records stamped ahead of the batch
+    // time by more than the watermarks' bound on the future are set aside.
+    let first = spate_core::Time::from_millis(now).floor(BATCH);
     for batch in 0..8u64 {
-        graph.run_batch(time_of(batch), BatchId(batch)).unwrap();
+        graph.run_batch(first + BATCH.times(batch + 1), BatchId(batch)).unwrap();
     }
     // Partition 1 holds the watermark at its last record, 5.9 s after the
     // base: the windows before base + 5 s
@@ -475,17 +476,17 @@ fn a_range_ending_in_a_transaction_marker_is_read_without_waiting_for_a_later_re
     let ranges = OffsetRanges::new(vec![OffsetRange::new(topic.clone(), 0, 0, 1)]);
     let records = (0..3).map(|i| spate_kafka::OutputRecord::value(format!("in-txn-{i}")));
     sink.write_batch(BatchId(0), &ranges, records).unwrap();
-    let config = DirectKafkaConfig::subscribe(brokers(), unique("group"), [output.clone()], BATCH)
+    let config = DirectKafkaConfig::subscribe(brokers(), unique("group"), [output.clone()])
         .consumer_property("isolation.level", "read_committed")
         .poll_timeout(std::time::Duration::from_secs(5));
-    let stream = DirectKafkaStream::new(config).unwrap();
-    let planned = stream.plan_batch(time_of(0), None).unwrap();
+    let stream = common::registered(config).unwrap();
+    let planned = stream.plan_batch(time_of(0), spate_dstream::BatchLimits::UNLIMITED).unwrap();
     assert_eq!(planned.ranges()[0].until, 4, "three records and the marker");
     let read: Vec<String> = stream.read(&planned).unwrap().iter().flatten().map(value).collect();
     assert_eq!(read, ["in-txn-0", "in-txn-1", "in-txn-2"]);
     // Read again from the log (a re-run): the same records, the marker passed over.
-    let again = DirectKafkaStream::new(
-        DirectKafkaConfig::subscribe(brokers(), unique("group"), [output.clone()], BATCH)
+    let again = common::registered(
+        DirectKafkaConfig::subscribe(brokers(), unique("group"), [output.clone()])
             .consumer_property("isolation.level", "read_committed")
             .poll_timeout(std::time::Duration::from_secs(5)),
     )

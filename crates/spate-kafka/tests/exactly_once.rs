@@ -9,13 +9,13 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use common::{
-    BATCH, SOURCE, brokers, commit, create_topic, log_offsets, produce, read_committed, time_of, unique, value, values,
+    SOURCE, brokers, commit, create_topic, log_offsets, produce, read_committed, time_of, unique, value, values,
 };
 use spate_core::BatchId;
 use spate_dstream::InputSource;
 use spate_kafka::{
-    CommitOutcome, DirectKafkaConfig, DirectKafkaStream, KafkaRecord, OffsetCommit, OffsetRanges, OutputRecord,
-    RocksOffsetStore, StartingOffsets, TransactionalKafkaSink,
+    CommitOutcome, DirectKafkaConfig, KafkaRecord, OffsetCommit, OffsetRanges, OutputRecord, RocksOffsetStore,
+    StartingOffsets, TransactionalKafkaSink,
 };
 use spate_logstore::{Checkpoint, CheckpointOptions, Verdict};
 
@@ -53,22 +53,22 @@ fn the_transactional_store_holds_every_record_once_across_crashes_and_a_lost_che
     let store = Arc::new(RocksOffsetStore::open(store_dir.path()).unwrap());
     let checkpoint_dir = tempfile::tempdir().unwrap();
     let make = |group: &str, starting: StartingOffsets| {
-        let config = DirectKafkaConfig::subscribe(brokers(), group, [topic.as_str()], BATCH)
+        let config = DirectKafkaConfig::subscribe(brokers(), group, [topic.as_str()])
             .max_rate_per_partition(2_000)
             .starting_offsets(starting)
             .commit(OffsetCommit::TransactionalStore(Arc::clone(&store)));
-        DirectKafkaStream::new(config).unwrap()
+        common::registered(config).unwrap()
     };
 
     {
         let stream = make("app-v1", StartingOffsets::Earliest);
         let checkpoint = Checkpoint::open_for_write(checkpoint_dir.path(), CheckpointOptions::new()).unwrap();
-        let ranges = stream.plan_batch(time_of(0), None).unwrap();
+        let ranges = stream.plan_batch(time_of(0), spate_dstream::BatchLimits::UNLIMITED).unwrap();
         log_offsets(&checkpoint, 0, &ranges);
         assert_eq!(apply_to_store(&store, 0, &ranges, &stream.read(&ranges).unwrap()), CommitOutcome::Committed);
         commit(&checkpoint, 0);
         // Batch 1: the store commits, then the process dies before commits/1.
-        let ranges = stream.plan_batch(time_of(1), None).unwrap();
+        let ranges = stream.plan_batch(time_of(1), spate_dstream::BatchLimits::UNLIMITED).unwrap();
         log_offsets(&checkpoint, 1, &ranges);
         assert_eq!(apply_to_store(&store, 1, &ranges, &stream.read(&ranges).unwrap()), CommitOutcome::Committed);
     }
@@ -83,7 +83,7 @@ fn the_transactional_store_holds_every_record_once_across_crashes_and_a_lost_che
         assert_eq!(apply_to_store(&store, 1, &ranges, &records), CommitOutcome::AlreadyCommitted);
         commit(&checkpoint, 1);
         // Batch 2: offsets logged, the process dies before the store commit.
-        let ranges = stream.plan_batch(time_of(2), None).unwrap();
+        let ranges = stream.plan_batch(time_of(2), spate_dstream::BatchLimits::UNLIMITED).unwrap();
         log_offsets(&checkpoint, 2, &ranges);
         stream.read(&ranges).unwrap();
     }
@@ -95,7 +95,7 @@ fn the_transactional_store_holds_every_record_once_across_crashes_and_a_lost_che
     let checkpoint = Checkpoint::open_for_write(checkpoint_dir.path(), CheckpointOptions::new()).unwrap();
     assert_eq!(checkpoint.verdict().unwrap(), Verdict::Fresh);
     for batch in 0.. {
-        let ranges = stream.plan_batch(time_of(batch), None).unwrap();
+        let ranges = stream.plan_batch(time_of(batch), spate_dstream::BatchLimits::UNLIMITED).unwrap();
         if ranges.is_empty() {
             break;
         }
@@ -130,10 +130,10 @@ fn the_transactional_kafka_sink_writes_every_record_once_across_crashes_and_fenc
     let transactional_id = unique("txn-app");
     let checkpoint_dir = tempfile::tempdir().unwrap();
     let make_stream = || {
-        let config = DirectKafkaConfig::subscribe(brokers(), group.as_str(), [input.as_str()], BATCH)
+        let config = DirectKafkaConfig::subscribe(brokers(), group.as_str(), [input.as_str()])
             .max_rate_per_partition(1_000)
             .starting_offsets(StartingOffsets::Committed { fallback: Box::new(StartingOffsets::Earliest) });
-        DirectKafkaStream::new(config).unwrap()
+        common::registered(config).unwrap()
     };
     let make_sink = || TransactionalKafkaSink::new(&brokers(), output.as_str(), &transactional_id, &group).unwrap();
     let outputs = |records: &[Vec<KafkaRecord>]| -> Vec<OutputRecord> {
@@ -143,13 +143,13 @@ fn the_transactional_kafka_sink_writes_every_record_once_across_crashes_and_fenc
     {
         let (stream, sink) = (make_stream(), make_sink());
         let checkpoint = Checkpoint::open_for_write(checkpoint_dir.path(), CheckpointOptions::new()).unwrap();
-        let ranges = stream.plan_batch(time_of(0), None).unwrap();
+        let ranges = stream.plan_batch(time_of(0), spate_dstream::BatchLimits::UNLIMITED).unwrap();
         log_offsets(&checkpoint, 0, &ranges);
         let records = stream.read(&ranges).unwrap();
         assert_eq!(sink.write_batch(BatchId(0), &ranges, outputs(&records)).unwrap(), CommitOutcome::Committed);
         commit(&checkpoint, 0);
         // Batch 1: the transaction commits, the process dies before commits/1.
-        let ranges = stream.plan_batch(time_of(1), None).unwrap();
+        let ranges = stream.plan_batch(time_of(1), spate_dstream::BatchLimits::UNLIMITED).unwrap();
         log_offsets(&checkpoint, 1, &ranges);
         let records = stream.read(&ranges).unwrap();
         assert_eq!(sink.write_batch(BatchId(1), &ranges, outputs(&records)).unwrap(), CommitOutcome::Committed);
@@ -164,7 +164,7 @@ fn the_transactional_kafka_sink_writes_every_record_once_across_crashes_and_fenc
         assert_eq!(sink.write_batch(BatchId(1), &ranges, outputs(&records)).unwrap(), CommitOutcome::AlreadyCommitted);
         commit(&checkpoint, 1);
         // Batch 2: offsets logged, the process dies before the transaction.
-        let ranges = stream.plan_batch(time_of(2), None).unwrap();
+        let ranges = stream.plan_batch(time_of(2), spate_dstream::BatchLimits::UNLIMITED).unwrap();
         log_offsets(&checkpoint, 2, &ranges);
         stream.read(&ranges).unwrap();
     }
@@ -180,7 +180,7 @@ fn the_transactional_kafka_sink_writes_every_record_once_across_crashes_and_fenc
     assert_eq!(sink.write_batch(BatchId(2), &ranges, outputs(&records)).unwrap(), CommitOutcome::Committed);
     commit(&checkpoint, 2);
     for batch in 3.. {
-        let ranges = stream.plan_batch(time_of(batch), None).unwrap();
+        let ranges = stream.plan_batch(time_of(batch), spate_dstream::BatchLimits::UNLIMITED).unwrap();
         if ranges.is_empty() {
             break;
         }
@@ -225,9 +225,9 @@ fn the_transactional_kafka_sink_recognises_a_committed_empty_batch_after_a_crash
     let transactional_id = unique("txn-empty-app");
     let checkpoint_dir = tempfile::tempdir().unwrap();
     let make_stream = || {
-        let config = DirectKafkaConfig::subscribe(brokers(), group.as_str(), [input.as_str()], BATCH)
+        let config = DirectKafkaConfig::subscribe(brokers(), group.as_str(), [input.as_str()])
             .starting_offsets(StartingOffsets::Committed { fallback: Box::new(StartingOffsets::Earliest) });
-        DirectKafkaStream::new(config).unwrap()
+        common::registered(config).unwrap()
     };
     let make_sink = || TransactionalKafkaSink::new(&brokers(), output.as_str(), &transactional_id, &group).unwrap();
     // Like `spate run`: one summary record a batch, even for a batch that read nothing.
@@ -242,14 +242,14 @@ fn the_transactional_kafka_sink_recognises_a_committed_empty_batch_after_a_crash
     produce(&input, 2, values(0..100));
     {
         let (stream, sink, checkpoint) = (make_stream(), make_sink(), open());
-        let ranges = stream.plan_batch(time_of(0), None).unwrap();
+        let ranges = stream.plan_batch(time_of(0), spate_dstream::BatchLimits::UNLIMITED).unwrap();
         assert_eq!(ranges.count(), 100);
         log_offsets(&checkpoint, 0, &ranges);
         let records = stream.read(&ranges).unwrap();
         assert_eq!(sink.write_batch(BatchId(0), &ranges, outputs(0, &records)).unwrap(), CommitOutcome::Committed);
         commit(&checkpoint, 0);
         // Batch 1 reads nothing; its transaction commits, the process dies before commits/1.
-        let ranges = stream.plan_batch(time_of(1), None).unwrap();
+        let ranges = stream.plan_batch(time_of(1), spate_dstream::BatchLimits::UNLIMITED).unwrap();
         assert!(ranges.is_empty() && ranges.ranges().len() == 2, "{ranges:?}");
         log_offsets(&checkpoint, 1, &ranges);
         assert_eq!(sink.write_batch(BatchId(1), &ranges, outputs(1, &[])).unwrap(), CommitOutcome::Committed);
@@ -268,7 +268,7 @@ fn the_transactional_kafka_sink_recognises_a_committed_empty_batch_after_a_crash
         );
         commit(&checkpoint, 1);
         // Batch 2 reads 60 records; the process dies inside its transaction.
-        let ranges = stream.plan_batch(time_of(2), None).unwrap();
+        let ranges = stream.plan_batch(time_of(2), spate_dstream::BatchLimits::UNLIMITED).unwrap();
         assert_eq!(ranges.count(), 60);
         log_offsets(&checkpoint, 2, &ranges);
         let records = stream.read(&ranges).unwrap();
@@ -284,7 +284,7 @@ fn the_transactional_kafka_sink_recognises_a_committed_empty_batch_after_a_crash
         let ranges = OffsetRanges::from_json(&planned).unwrap();
         assert_eq!(sink.write_batch(BatchId(2), &ranges, outputs(2, &records)).unwrap(), CommitOutcome::Committed);
         commit(&checkpoint, 2);
-        let ranges = stream.plan_batch(time_of(3), None).unwrap();
+        let ranges = stream.plan_batch(time_of(3), spate_dstream::BatchLimits::UNLIMITED).unwrap();
         assert!(ranges.is_empty(), "{ranges:?}");
         log_offsets(&checkpoint, 3, &ranges);
         drop(sink);
@@ -298,7 +298,7 @@ fn the_transactional_kafka_sink_recognises_a_committed_empty_batch_after_a_crash
         let ranges = OffsetRanges::from_json(&planned).unwrap();
         assert_eq!(sink.write_batch(BatchId(3), &ranges, outputs(3, &[])).unwrap(), CommitOutcome::Committed);
         commit(&checkpoint, 3);
-        let ranges = stream.plan_batch(time_of(4), None).unwrap();
+        let ranges = stream.plan_batch(time_of(4), spate_dstream::BatchLimits::UNLIMITED).unwrap();
         log_offsets(&checkpoint, 4, &ranges);
         assert_eq!(sink.write_batch(BatchId(4), &ranges, outputs(4, &[])).unwrap(), CommitOutcome::Committed);
         commit(&checkpoint, 4);

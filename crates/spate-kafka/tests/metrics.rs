@@ -15,10 +15,8 @@ use rdkafka::config::ClientConfig;
 use rdkafka::mocking::MockCluster;
 use rdkafka::producer::{BaseProducer, BaseRecord, DefaultProducerContext, Producer};
 use spate_core::BatchId;
-use spate_core::{Duration as BatchDuration, Time};
-use spate_kafka::{
-    CommitOutcome, DirectKafkaConfig, DirectKafkaStream, OutputRecord, TopicPartition, TransactionalKafkaSink,
-};
+use spate_core::Time;
+use spate_kafka::{CommitOutcome, DirectKafkaConfig, OutputRecord, TopicPartition, TransactionalKafkaSink};
 
 const TOPIC: &str = "metered";
 
@@ -40,14 +38,16 @@ fn a_planned_batch_records_the_lag_left_and_the_records_and_bytes_read() {
     let cluster = MockCluster::new(1).unwrap();
     cluster.create_topic(TOPIC, 1, 1).unwrap();
     produce(&cluster, 100);
-    let config =
-        DirectKafkaConfig::subscribe(cluster.bootstrap_servers(), "metered", [TOPIC], BatchDuration::from_secs(1))
-            .assign([TopicPartition::new(TOPIC, 0)])
-            .max_rate_per_partition(30);
-    let stream = DirectKafkaStream::new(config).unwrap();
+    let config = DirectKafkaConfig::subscribe(cluster.bootstrap_servers(), "metered", [TOPIC])
+        .assign([TopicPartition::new(TOPIC, 0)])
+        .max_rate_per_partition(30);
+    let stream = common::registered(config).unwrap();
     let recorder = PrometheusBuilder::new().build_recorder();
     let handle = recorder.handle();
-    let ranges = metrics::with_local_recorder(&recorder, || stream.plan_batch(Time::from_millis(1000), None)).unwrap();
+    let ranges = metrics::with_local_recorder(&recorder, || {
+        stream.plan_batch(Time::from_millis(1000), spate_dstream::BatchLimits::UNLIMITED)
+    })
+    .unwrap();
     assert_eq!(ranges.count(), 30);
     let text = handle.render();
     let labels = format!("{{source=\"{TOPIC}\",partition=\"0\"}}");
@@ -64,20 +64,20 @@ fn output_transactions_committed_and_aborted_are_counted_per_topic() {
     common::create_topic(&output, 1);
     common::produce(&input, 1, common::values(0..20));
     let group = common::unique("metered-group");
-    let config = DirectKafkaConfig::subscribe(common::brokers(), group.as_str(), [input.as_str()], common::BATCH)
-        .max_rate_per_partition(100);
-    let stream = DirectKafkaStream::new(config).unwrap();
+    let config =
+        DirectKafkaConfig::subscribe(common::brokers(), group.as_str(), [input.as_str()]).max_rate_per_partition(100);
+    let stream = common::registered(config).unwrap();
     let sink = TransactionalKafkaSink::new(&common::brokers(), output.as_str(), &common::unique("metered-app"), &group)
         .unwrap();
     let recorder = PrometheusBuilder::new().build_recorder();
     let handle = recorder.handle();
     metrics::with_local_recorder(&recorder, || {
-        let ranges = stream.plan_batch(common::time_of(0), None).unwrap();
+        let ranges = stream.plan_batch(common::time_of(0), spate_dstream::BatchLimits::UNLIMITED).unwrap();
         assert_eq!(ranges.count(), 10);
         let outcome = sink.write_batch(BatchId(0), &ranges, [OutputRecord::value("fits")]).unwrap();
         assert_eq!(outcome, CommitOutcome::Committed);
         // A record over the producer's largest message fails the send: the transaction is aborted.
-        let ranges = stream.plan_batch(common::time_of(1), None).unwrap();
+        let ranges = stream.plan_batch(common::time_of(1), spate_dstream::BatchLimits::UNLIMITED).unwrap();
         assert!(sink.write_batch(BatchId(1), &ranges, [OutputRecord::value(vec![0u8; 2 << 20])]).is_err());
     });
     let text = handle.render();

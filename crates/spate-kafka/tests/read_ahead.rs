@@ -27,9 +27,7 @@ type Row = (i32, i64, String);
 type Seen = Arc<Mutex<BTreeMap<u64, Vec<Vec<Row>>>>>;
 
 fn config(topic: &str) -> DirectKafkaConfig {
-    DirectKafkaConfig::subscribe(brokers(), unique("group"), [topic], BATCH)
-        .max_records_per_batch(1_000_000)
-        .poll_timeout(StdDuration::from_secs(20))
+    DirectKafkaConfig::subscribe(brokers(), unique("group"), [topic]).poll_timeout(StdDuration::from_secs(20))
 }
 
 /// The record-wise operator under test: drops a tenth of the records and
@@ -98,7 +96,7 @@ fn rerun(graph: &mut Graph, logged: &[BTreeMap<String, String>]) {
 
 /// What [`operator`] gives over each whole partition of `ranges`, read now.
 fn whole_batch(ranges: &OffsetRanges, topic: &str) -> Vec<Vec<Row>> {
-    let reader = DirectKafkaStream::new(config(topic)).unwrap();
+    let reader = common::registered(config(topic)).unwrap();
     reader.read(ranges).unwrap().into_iter().map(|part| part.into_iter().filter_map(operator).collect()).collect()
 }
 
@@ -107,7 +105,7 @@ fn records_read_during_the_interval_give_the_whole_batch_result_and_a_rerun_give
     let topic = unique("read-ahead");
     create_topic(&topic, 3);
     produce(&topic, 3, values(0..900));
-    let stream = Arc::new(DirectKafkaStream::new(config(&topic)).unwrap());
+    let stream = Arc::new(common::registered(config(&topic)).unwrap());
     let seen: Seen = Arc::default();
     let mut pipelined = graph(&stream, &seen);
     assert!(stream.reads_ahead(), "a flat_map right after the input reads ahead");
@@ -131,7 +129,7 @@ fn records_read_during_the_interval_give_the_whole_batch_result_and_a_rerun_give
     // A restart re-runs each batch from its logged offsets, computed at the
     // boundary: the same result.
     let again: Seen = Arc::default();
-    let restarted = Arc::new(DirectKafkaStream::new(config(&topic)).unwrap());
+    let restarted = Arc::new(common::registered(config(&topic)).unwrap());
     rerun(&mut graph(&restarted, &again), &logged);
     assert_eq!(*again.lock().unwrap(), seen);
 }
@@ -140,13 +138,13 @@ fn records_read_during_the_interval_give_the_whole_batch_result_and_a_rerun_give
 fn reading_ahead_stays_within_the_batch_caps_and_reads_every_record_once() {
     let topic = unique("read-ahead-caps");
     create_topic(&topic, 2);
-    let stream = Arc::new(
-        DirectKafkaStream::new(config(&topic).max_records_per_batch(500).max_rate_per_partition(3_000)).unwrap(),
-    );
+    let stream = Arc::new(common::registered(config(&topic).max_rate_per_partition(3_000)).unwrap());
     // 3,000 records a second a partition at 100 ms batches: 300 a batch.
+    // The context caps every batch at 500 records.
+    let caps = BTreeMap::from([(SOURCE.to_string(), spate_dstream::BatchLimits::records(500))]);
     let seen: Seen = Arc::default();
     let mut pipelined = graph(&stream, &seen);
-    let planned = pipelined.plan(time_of(0), &BTreeMap::new()).unwrap();
+    let planned = pipelined.plan(time_of(0), &caps).unwrap();
     run(&mut pipelined, 0, &planned);
     assert_eq!(OffsetRanges::from_json(&planned[SOURCE]).unwrap().count(), 0);
 
@@ -155,7 +153,7 @@ fn reading_ahead_stays_within_the_batch_caps_and_reads_every_record_once() {
     let mut read = 0;
     let mut batch = 1;
     while read < 2_000 {
-        let planned = pipelined.plan(time_of(batch), &BTreeMap::new()).unwrap();
+        let planned = pipelined.plan(time_of(batch), &caps).unwrap();
         let ranges = OffsetRanges::from_json(&planned[SOURCE]).unwrap();
         assert!(ranges.count() <= 500, "batch {batch}: {}", ranges.count());
         assert!(ranges.ranges().iter().all(|r| r.count() <= 300), "batch {batch}: {ranges:?}");
@@ -175,7 +173,7 @@ fn reading_ahead_stays_within_the_batch_caps_and_reads_every_record_once() {
 fn an_operator_panicking_on_records_read_ahead_fails_its_batch_at_the_boundary() {
     let topic = unique("read-ahead-panic");
     create_topic(&topic, 2);
-    let stream = Arc::new(DirectKafkaStream::new(config(&topic)).unwrap());
+    let stream = Arc::new(common::registered(config(&topic)).unwrap());
     let builder = GraphBuilder::new(BATCH);
     let poison = values(150..151).remove(0);
     builder
@@ -229,7 +227,7 @@ fn an_aggregate_after_the_stream_combines_what_is_read_ahead_by_key_and_a_rerun_
     let topic = unique("read-ahead-counts");
     create_topic(&topic, 2);
     produce(&topic, 2, values(0..600));
-    let stream = Arc::new(DirectKafkaStream::new(config(&topic)).unwrap());
+    let stream = Arc::new(common::registered(config(&topic)).unwrap());
     let seen: DigitCounts = Arc::default();
     let mut pipelined = counting_graph(&stream, &seen);
     assert!(stream.reads_ahead(), "map > reduce_by_key reads ahead");
@@ -237,7 +235,7 @@ fn an_aggregate_after_the_stream_combines_what_is_read_ahead_by_key_and_a_rerun_
     let logged = run_reading_ahead(&stream, &mut pipelined, &topic, 2, 600, 0);
 
     let seen = seen.lock().unwrap().clone();
-    let reader = DirectKafkaStream::new(config(&topic)).unwrap();
+    let reader = common::registered(config(&topic)).unwrap();
     for (batch, planned) in logged.iter().enumerate() {
         let ranges = OffsetRanges::from_json(&planned[SOURCE]).unwrap();
         assert_eq!(ranges.count(), 600, "batch {batch}");
@@ -249,7 +247,7 @@ fn an_aggregate_after_the_stream_combines_what_is_read_ahead_by_key_and_a_rerun_
     }
 
     let again: DigitCounts = Arc::default();
-    let restarted = Arc::new(DirectKafkaStream::new(config(&topic)).unwrap());
+    let restarted = Arc::new(common::registered(config(&topic)).unwrap());
     rerun(&mut counting_graph(&restarted, &again), &logged);
     assert_eq!(*again.lock().unwrap(), seen, "a re-run from the logged offsets gives the same counts");
 }

@@ -164,3 +164,12 @@ pub fn commit(checkpoint: &spate_logstore::Checkpoint, batch: u64) {
 pub fn value(record: &spate_kafka::KafkaRecord) -> String {
     String::from_utf8(record.value.clone().unwrap()).unwrap()
 }
+
+/// A direct stream of `config`, registered as a streaming context of
+/// [`BATCH`] would (a rate needs the batch interval).
+#[allow(dead_code)]
+pub fn registered(config: spate_kafka::DirectKafkaConfig) -> spate_kafka::Result<spate_kafka::DirectKafkaStream> {
+    let stream = spate_kafka::DirectKafkaStream::new(config)?;
+    stream.register(&spate_dstream::SourceContext::new(BATCH, 256 << 20))?;
+    Ok(stream)
+}
