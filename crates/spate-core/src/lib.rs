@@ -46,6 +46,7 @@ mod frame;
 mod ids;
 mod in_place;
 mod memory;
+pub mod sync;
 mod time;
 
 pub use block::{BlockStoreResult, ReceivedBlockInfo, WalRecordHandle};

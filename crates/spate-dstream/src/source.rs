@@ -16,12 +16,13 @@
 //! per-batch caps).
 
 use std::collections::{BTreeMap, VecDeque};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::Mutex;
 
 use spate_core::{Duration, Time};
 
 use crate::arrival::ArrivalStage;
 use crate::error::BoxError;
+use spate_core::sync::lock;
 
 /// What a source is told of its streaming context when its graph is
 /// built, so that it is not configured with it a second time.
@@ -104,10 +105,6 @@ pub trait InputSource<T>: Send + Sync {
         let _ = stage;
         false
     }
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// An in-memory queue of batches, for tests (Spark's `queueStream`): each

@@ -15,7 +15,7 @@
 //! source continues at `U` on the logged timeline (its resume hook).
 
 use std::ops::Range;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
 use serde::{Deserialize, Serialize};
 use spate_core::Time;
@@ -24,6 +24,7 @@ use spate_dstream::{BatchLimits, BoxError, InputSource};
 use crate::error::NexmarkError;
 use crate::generator::NexmarkGenerator;
 use crate::model::Event;
+use spate_core::sync::lock;
 
 /// Below this many events a batch is generated on the calling thread.
 const PARALLEL_THRESHOLD: u64 = 4096;
@@ -50,10 +51,6 @@ impl Planned {
         }
         Ok(planned)
     }
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// A replayable source of Nexmark events (see the module docs).

@@ -9,16 +9,19 @@
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, Condvar, Mutex, OnceLock, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use spate_core::{Clock, ReceivedBlockInfo, StreamId, Time};
 use spate_wal::{FileWriteAheadLog, WalOptions, WriteAheadLog};
 use tracing::{debug, error, info, warn};
 
+// A panic while a lock was held poisons the tracker itself (see
+// `PoisonOnPanic`), which refuses every later change: readers may go on.
 use crate::error::TrackerError;
 use crate::event::{TrackerEvent, encode_batch, for_each_event};
 use crate::report::RecoveryReport;
 use crate::state::{AllocatedBlocks, TrackedBlock, TrackerState};
+use spate_core::sync::lock;
 
 /// The directory of the tracker's event log inside a checkpoint directory.
 pub const EVENT_LOG_DIR: &str = "receivedBlockMetadata";
@@ -507,12 +510,6 @@ pub fn replay_event_log(
     state.mark_recovered();
     let report = RecoveryReport::of_state(&state, Some(log_dir.to_path_buf()), records, events);
     Ok((state, report))
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A panic while a lock was held poisons the tracker itself (see
-    // `PoisonOnPanic`), which refuses every later change: readers may go on.
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 fn read(state: &RwLock<TrackerState>) -> RwLockReadGuard<'_, TrackerState> {

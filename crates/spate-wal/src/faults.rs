@@ -20,6 +20,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 
 use crate::files::{FileLayer, RealFiles, SegmentWriter};
+use spate_core::sync::lock;
 
 /// How an append chosen with [`FaultInjection::fault_append_number`] fails.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -143,10 +144,6 @@ impl Drop for SyncHold {
     fn drop(&mut self) {
         self.release();
     }
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// Whether an operation runs, or the simulated crash happens now.

@@ -8,7 +8,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicUsize;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, Condvar, Mutex, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use spate_core::{Time, WalRecordHandle};
 
@@ -24,6 +24,7 @@ use crate::spares::Spares;
 use crate::takeover::{check_fence, open_segments, refuse_later_epochs, restrict_files};
 use crate::telemetry::WalMetrics;
 use crate::writer::{CommitOrder, CommitQueue, Writer};
+use spate_core::sync::lock;
 
 /// A write-ahead log in a directory of segment files.
 ///
@@ -252,12 +253,6 @@ impl Shared {
         }
         first_error.map_or(Ok(()), Err)
     }
-}
-
-/// Locks `mutex`, also after a panic elsewhere: every critical section
-/// here leaves its state consistent before it can panic.
-pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 pub(crate) fn read_lock<T>(lock: &RwLock<T>) -> RwLockReadGuard<'_, T> {

@@ -29,8 +29,8 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::file_log::lock;
 use crate::files::FileLayer;
+use spate_core::sync::lock;
 
 /// The file name prefix of spares; no segment name starts with it.
 const SPARE_PREFIX: &str = "spare-";

@@ -30,13 +30,14 @@ use std::time::{Duration, Instant};
 use spate_core::{Time, WalRecordHandle};
 
 use crate::error::WalError;
-use crate::file_log::{Shared, lock, write_lock};
+use crate::file_log::{Shared, write_lock};
 use crate::files::SegmentWriter;
 use crate::header::{SEGMENT_HEADER_LEN, SegmentHeader, encode_segment_header};
 use crate::options::SyncPolicy;
 use crate::record::{HEADER_LEN, MIN_DIRECT, PAGE, ZEROS, encode_frame, header_with_crc, padding_header};
 use crate::segment::{Segment, SegmentId, segment_name};
 use crate::takeover::check_fence;
+use spate_core::sync::lock;
 
 /// The longest a new leader waits for the last commit's writers to queue
 /// again; below one `fdatasync`, and only reached when writers leave.
