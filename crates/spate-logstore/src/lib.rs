@@ -68,6 +68,7 @@ mod entries;
 mod error;
 mod fault;
 mod file_manager;
+mod holder;
 mod lease;
 mod location;
 mod lock;
