@@ -15,7 +15,13 @@
 //! - [`tracker`]: the received-block tracker and its event log;
 //! - [`dstream`]: the DStream graph: transformations, windows, named state;
 //! - [`kafka`]: the direct Kafka stream, the consumer pool, exactly-once sinks;
-//! - [`runtime`]: `StreamingContext`, recovery, scheduling, progress, the demo pipeline.
+//! - [`runtime`]: `StreamingContext`, recovery, scheduling, progress, the demo pipeline;
+//! - [`app`]: one job on many processes through Kafka's consumer group
+//!   (members, tasks, internal topics, exactly-once across members);
+//! - [`prelude`]: what a job needs, in one `use spate::prelude::*`.
+//!
+//! The Nexmark benchmark's generator and queries are a crate of their own
+//! (`spate-nexmark`), not part of this package.
 //!
 //! It is not the command-line tool: that is the `spate` binary of the
 //! `spate-cli` package (`spate demo`, `spate run`, `spate checkpoint …`).
@@ -52,15 +58,35 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+pub use spate_app as app;
 pub use spate_core as core;
 pub use spate_dstream as dstream;
 pub use spate_kafka as kafka;
 pub use spate_logstore as logstore;
-pub use spate_nexmark as nexmark;
 pub use spate_receiver as receiver;
 pub use spate_runtime as runtime;
 pub use spate_tracker as tracker;
 pub use spate_wal as wal;
+
+/// What a job needs: settings and the streaming context, the DStream
+/// operators and sources, event time, Kafka in and out, and the time types.
+/// `use spate::prelude::*;`
+pub mod prelude {
+    pub use spate_app::{Member, MemberSettings, TaskBuilder, Topology};
+    pub use spate_core::{BatchId, Clock, Duration, ManualClock, SystemClock, Time};
+    pub use spate_dstream::{
+        BatchLimits, BoxError, DStream, EventWindows, GraphBuilder, InputSource, QueueSource, SourceContext, State,
+        Watermarks, Window, WindowResult,
+    };
+    pub use spate_kafka::{
+        DirectKafkaConfig, DirectKafkaStream, KafkaRecord, KafkaSink, OffsetCommit, OutputRecord, StartingOffsets,
+        TransactionalKafkaSink,
+    };
+    pub use spate_logstore::{CheckpointOptions, ObjectStoreSettings};
+    pub use spate_runtime::{
+        BackpressureSettings, PipelineBuilder, ReceiverOptions, StopReport, StreamingContext, StreamingSettings,
+    };
+}
 
 // The README's example is compiled and run as a doc test of this crate.
 #[cfg(doctest)]
