@@ -129,7 +129,8 @@ fn test(_args: &[String]) -> Result {
     let broker = kafka::Broker::start_for_tests()?;
     let s3 = s3::S3Server::start_for_tests()?;
     let tests = run_step("tests", {
-        let mut c = cargo(&["test", "--workspace", "--all-targets"]);
+        // Every crate's tests run even after one fails, so a run shows every failure.
+        let mut c = cargo(&["test", "--workspace", "--all-targets", "--no-fail-fast"]);
         broker.export_to(&mut c);
         s3.export_to(&mut c);
         // The fault tests start, pause and restart servers of their own with it.
