@@ -383,6 +383,34 @@ impl WriteAheadLog for StuckWal {
     }
 }
 
+/// What a block stored on another thread answers.
+type StoreAnswer = crossbeam::channel::Receiver<Result<spate_core::BlockStoreResult, ReceiverError>>;
+
+/// A WAL handler over `bm` and `wal` with `config`, storing block 0 (three
+/// words) on a thread of its own; the handler, and where the store answers.
+fn store_in_background(
+    bm: &Arc<BlockManager<String>>,
+    wal: Arc<dyn WriteAheadLog>,
+    config: WalHandlerConfig,
+    clock: &ManualClock,
+) -> (Arc<WriteAheadLogBasedBlockHandler<String>>, StoreAnswer) {
+    let handler = Arc::new(
+        WriteAheadLogBasedBlockHandler::<String>::new(
+            Arc::clone(bm),
+            wal,
+            STREAM,
+            StorageLevel::MEMORY_ONLY_SER,
+            config,
+            Arc::new(clock.clone()),
+        )
+        .unwrap(),
+    );
+    let (done_tx, done) = crossbeam::channel::bounded(1);
+    let storing = Arc::clone(&handler);
+    std::thread::spawn(move || done_tx.send(storing.store_block(id(0), ReceivedBlock::Records(words(0, 3)))));
+    (handler, done)
+}
+
 /// Generous real time for a thread to answer: a hang fails the test.
 const PATIENCE: std::time::Duration = std::time::Duration::from_secs(60);
 
@@ -401,22 +429,7 @@ fn wal_handler_times_out_on_its_clock_or_fails_and_keeps_nothing() {
             entered: entered_tx,
         });
         let config = WalHandlerConfig { store_timeout: timeout, wait_for_cleanup: true, ..WalHandlerConfig::default() };
-        let handler = Arc::new(
-            WriteAheadLogBasedBlockHandler::<String>::new(
-                Arc::clone(&bm),
-                wal.clone(),
-                STREAM,
-                StorageLevel::MEMORY_ONLY_SER,
-                config,
-                Arc::new(clock.clone()),
-            )
-            .unwrap(),
-        );
-        let (done_tx, done) = crossbeam::channel::bounded(1);
-        {
-            let handler = Arc::clone(&handler);
-            std::thread::spawn(move || done_tx.send(handler.store_block(id(0), ReceivedBlock::Records(words(0, 3)))));
-        }
+        let (handler, done) = store_in_background(&bm, wal.clone(), config, &clock);
         // The block is inside the WAL's write: its deadline is set.
         entered.recv_timeout(PATIENCE).expect("the WAL write started");
         if !fail {
@@ -474,22 +487,7 @@ fn a_block_waiting_for_the_lease_is_not_timed_out_and_is_stored_once_writes_go_o
     let (asked_tx, asked) = crossbeam::channel::unbounded();
     let fence = Arc::new(PausedFence { asked: asked_tx });
     let config = WalHandlerConfig { store_timeout: timeout, fence, ..WalHandlerConfig::default() };
-    let handler = Arc::new(
-        WriteAheadLogBasedBlockHandler::<String>::new(
-            Arc::clone(&bm),
-            wal.clone(),
-            STREAM,
-            StorageLevel::MEMORY_ONLY_SER,
-            config,
-            Arc::new(clock.clone()),
-        )
-        .unwrap(),
-    );
-    let (done_tx, done) = crossbeam::channel::bounded(1);
-    {
-        let handler = Arc::clone(&handler);
-        std::thread::spawn(move || done_tx.send(handler.store_block(id(0), ReceivedBlock::Records(words(0, 3)))));
-    }
+    let (handler, done) = store_in_background(&bm, wal.clone(), config, &clock);
     entered.recv_timeout(PATIENCE).expect("the WAL write started");
     // The store is away far longer than the timeout while the lease waits.
     clock.advance(Duration::from_secs(3600));
