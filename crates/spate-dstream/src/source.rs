@@ -9,9 +9,10 @@
 //! runtime fed it for that batch time.
 
 use std::collections::{BTreeMap, VecDeque};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::Mutex;
 
 use spate_core::Time;
+use spate_core::sync::lock;
 
 use crate::arrival::ArrivalStage;
 use crate::error::BoxError;
@@ -45,10 +46,6 @@ pub trait InputSource<T>: Send + Sync {
         let _ = stage;
         false
     }
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// An in-memory queue of batches, for tests (Spark's `queueStream`): each

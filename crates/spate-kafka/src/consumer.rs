@@ -25,8 +25,10 @@ use std::collections::HashMap;
 use std::marker::PhantomData;
 use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+use spate_core::sync::lock;
 
 /// How long one poll waits before the consumer's position is looked at:
 /// a range that ends in transaction markers is done once the position
@@ -474,10 +476,6 @@ impl ConsumerPool {
             list.push(consumer);
         }
     }
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// A consumer checked out of a [`ConsumerPool`]: exclusively the holder's

@@ -41,11 +41,12 @@
 //! a version without caps) can be larger.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration as StdDuration;
 
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::{Offset, TopicPartitionList};
+use spate_core::sync::lock;
 use spate_core::{Duration, Time};
 use spate_dstream::{ArrivalStage, ProcessedBlock};
 use tracing::{debug, info, warn};
@@ -279,10 +280,6 @@ impl std::fmt::Debug for DirectKafkaStream {
             .field("position", &self.position)
             .finish_non_exhaustive()
     }
-}
-
-pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl DirectKafkaStream {

@@ -37,11 +37,12 @@ use std::thread::JoinHandle;
 use std::time::Duration as StdDuration;
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
+use spate_core::sync::lock;
 use spate_dstream::{ArrivalStage, ProcessedBlock};
 use tracing::warn;
 
 use crate::consumer::{ConsumerPool, KafkaRecord, record_footprint};
-use crate::direct::{DirectKafkaConfig, lock, ranges_within, read_within};
+use crate::direct::{DirectKafkaConfig, ranges_within, read_within};
 use crate::error::{Result, client};
 use crate::offsets::{OffsetRanges, PartitionOffsets, TopicPartition};
 use crate::retry::{BROKER_UNAVAILABLE, is_outage};

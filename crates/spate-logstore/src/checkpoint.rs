@@ -9,9 +9,10 @@ use std::collections::HashSet;
 use std::fmt;
 use std::hash::{BuildHasher, Hasher};
 use std::path::{Component, Path, PathBuf};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
+use spate_core::sync::lock;
 use spate_core::{BatchId, Clock, SystemClock, Time};
 use tracing::{debug, info, warn};
 
@@ -479,7 +480,7 @@ impl Checkpoint {
             }
             other => other?,
         };
-        self.replaced.lock().unwrap_or_else(PoisonError::into_inner).insert(path);
+        lock(&self.replaced).insert(path);
         // A takeover between the last check and the rename: our bytes may now
         // stand in the new writer's file. Say so; the new writer sees it too.
         fence.check()
@@ -510,7 +511,7 @@ impl Checkpoint {
             let on_disk = format!("epoch {ours} still, but {} was written by epoch {found}", path.display());
             return Err(LogStoreError::StaleEpoch { dir: self.dir.clone(), ours, on_disk });
         }
-        let replaced_by_us = self.replaced.lock().unwrap_or_else(PoisonError::into_inner).contains(path);
+        let replaced_by_us = lock(&self.replaced).contains(path);
         if found < ours && replaced_by_us {
             return Err(LogStoreError::Overwritten { path: path.to_path_buf(), ours, found });
         }

@@ -22,8 +22,9 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 
+use spate_core::sync::lock;
 use tracing::warn;
 
 use crate::error::{LogStoreError, Result};
@@ -159,7 +160,7 @@ impl FaultyFileManager {
 
     /// Injects `mode` at `point` of the next atomic write that reaches it (once).
     pub fn arm(&self, point: FaultPoint, mode: FaultMode) {
-        *self.armed.lock().unwrap_or_else(PoisonError::into_inner) = Some((point, mode));
+        *lock(&self.armed) = Some((point, mode));
     }
 
     /// Runs `hook` when the next atomic write reaches `point` (once), then
@@ -168,7 +169,7 @@ impl FaultyFileManager {
     /// the window the fence cannot close; a hook at an earlier point plays
     /// one the fence must catch.
     pub fn on(&self, point: FaultPoint, hook: impl FnOnce() + Send + 'static) {
-        *self.hook.lock().unwrap_or_else(PoisonError::into_inner) = Some((point, Box::new(hook)));
+        *lock(&self.hook) = Some((point, Box::new(hook)));
     }
 
     /// Every `write(2)` from now on takes at most `max_bytes` (at least 1).
@@ -197,7 +198,7 @@ impl FaultyFileManager {
     }
 
     fn run_hook(&self, point: FaultPoint) {
-        let mut slot = self.hook.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut slot = lock(&self.hook);
         let hook = match slot.take() {
             Some((at, hook)) if at == point => Some(hook),
             other => {
@@ -217,7 +218,7 @@ impl FaultyFileManager {
     }
 
     fn unsynced(&self) -> std::sync::MutexGuard<'_, Vec<Unsynced>> {
-        self.unsynced.lock().unwrap_or_else(PoisonError::into_inner)
+        lock(&self.unsynced)
     }
 
     /// Records what the write has made (not yet) durable on reaching `point`.
@@ -225,7 +226,7 @@ impl FaultyFileManager {
         if !self.tracking() {
             return;
         }
-        let mut replaced = self.replaced.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut replaced = lock(&self.replaced);
         match point {
             // The temp file exists from here, its data not synced.
             FaultPoint::PartialTempWrite => self.unsynced().push(Unsynced::Data(temp.to_path_buf())),
@@ -256,7 +257,7 @@ impl FaultyFileManager {
 
     fn maybe_fire(&self, point: FaultPoint, path: &Path, temp: &Path) -> Result<()> {
         self.run_hook(point);
-        let mut armed = self.armed.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut armed = lock(&self.armed);
         match *armed {
             Some((at, mode)) if at == point => {
                 *armed = None;

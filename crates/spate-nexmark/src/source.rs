@@ -15,10 +15,11 @@
 //! source continues at `U` on the logged timeline (its resume hook).
 
 use std::ops::Range;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 
 use serde::{Deserialize, Serialize};
 use spate_core::Time;
+use spate_core::sync::{lock, read, write};
 use spate_dstream::{BoxError, InputSource};
 
 use crate::error::NexmarkError;
@@ -50,10 +51,6 @@ impl Planned {
         }
         Ok(planned)
     }
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// A replayable source of Nexmark events (see the module docs).
@@ -98,7 +95,7 @@ impl NexmarkSource {
 
     /// The generator the next batch plans from.
     pub fn generator(&self) -> NexmarkGenerator {
-        self.generator.read().unwrap_or_else(PoisonError::into_inner).clone()
+        read(&self.generator).clone()
     }
 
     /// The first position no batch has planned yet.
@@ -116,7 +113,7 @@ impl NexmarkSource {
     pub fn resume_from(&self, offsets: &str) -> Result<(), NexmarkError> {
         let planned = Planned::parse(offsets)?;
         let generator = self.generator_for(&planned)?;
-        *self.generator.write().unwrap_or_else(PoisonError::into_inner) = generator;
+        *write(&self.generator) = generator;
         *lock(&self.position) = planned.until;
         Ok(())
     }

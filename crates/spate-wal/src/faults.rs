@@ -19,6 +19,8 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 
+use spate_core::sync::lock;
+
 use crate::files::{FileLayer, RealFiles, SegmentWriter};
 
 /// How an append chosen with [`FaultInjection::fault_append_number`] fails.
@@ -143,10 +145,6 @@ impl Drop for SyncHold {
     fn drop(&mut self) {
         self.release();
     }
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// Whether an operation runs, or the simulated crash happens now.

@@ -8,8 +8,9 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicUsize;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, Condvar, Mutex, RwLock};
 
+use spate_core::sync::{lock, read, write};
 use spate_core::{Time, WalRecordHandle};
 
 use crate::cleaner::Cleaner;
@@ -145,7 +146,7 @@ impl FileWriteAheadLog {
     /// The file names of the live segments, oldest first (those of earlier
     /// epochs included, however much of them this writer reads).
     pub fn segment_names(&self) -> Vec<String> {
-        read_lock(&self.shared.segments).iter().map(|s| s.name.clone()).collect()
+        read(&self.shared.segments).iter().map(|s| s.name.clone()).collect()
     }
 
     fn retire_in_background(&self, victims: Vec<Arc<Segment>>) {
@@ -192,14 +193,14 @@ impl WriteAheadLog for FileWriteAheadLog {
     }
 
     fn read_all(&self) -> Result<RecordIter<'_>, WalError> {
-        let snapshot = read_lock(&self.shared.segments).iter().map(|s| (Arc::clone(s), s.readable_len())).collect();
+        let snapshot = read(&self.shared.segments).iter().map(|s| (Arc::clone(s), s.readable_len())).collect();
         Ok(Box::new(AllRecords::new(&self.shared, snapshot)))
     }
 
     fn clean(&self, threshold: Time, wait_for_completion: bool) -> Result<(), WalError> {
         self.shared.fence_writer("clean")?;
         let victims: Vec<Arc<Segment>> = {
-            let mut segments = write_lock(&self.shared.segments);
+            let mut segments = write(&self.shared.segments);
             let (old, keep) = segments.drain(..).partition(|s| s.end < threshold && !s.is_active());
             *segments = keep;
             old
@@ -252,18 +253,4 @@ impl Shared {
         }
         first_error.map_or(Ok(()), Err)
     }
-}
-
-/// Locks `mutex`, also after a panic elsewhere: every critical section
-/// here leaves its state consistent before it can panic.
-pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-pub(crate) fn read_lock<T>(lock: &RwLock<T>) -> RwLockReadGuard<'_, T> {
-    lock.read().unwrap_or_else(PoisonError::into_inner)
-}
-
-pub(crate) fn write_lock<T>(lock: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
-    lock.write().unwrap_or_else(PoisonError::into_inner)
 }

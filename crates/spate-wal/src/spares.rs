@@ -29,7 +29,8 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::file_log::lock;
+use spate_core::sync::lock;
+
 use crate::files::FileLayer;
 
 /// The file name prefix of spares; no segment name starts with it.
