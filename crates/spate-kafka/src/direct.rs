@@ -53,10 +53,10 @@ use tracing::{debug, info, warn};
 
 use crate::consumer::{ConsumerPool, ConsumerSettings, DataLossPolicy, KafkaRecord};
 use crate::error::{KafkaError, Result, client};
+use crate::offset_store::RocksOffsetStore;
 use crate::offsets::{EARLIEST, LATEST, OffsetRange, OffsetRanges, PartitionOffsets, TopicPartition};
 use crate::read_ahead::{Ahead, Limits, ReadAhead};
 use crate::retry::{retry_coordinator, retry_unavailable};
-use crate::store::RocksOffsetStore;
 
 /// Which partitions the stream reads.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -31,9 +31,9 @@ use tracing::{debug, info, warn};
 use crate::direct::to_list;
 use crate::error::{KafkaError, Result, client};
 use crate::group::GroupMember;
+use crate::offset_store::CommitOutcome;
 use crate::offsets::OffsetRanges;
 use crate::retry::retry_coordinator;
-use crate::store::CommitOutcome;
 
 /// One record to write: an optional key, a value, an optional partition.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -25,7 +25,7 @@ use crate::failpoints::Failpoints;
 use crate::http::{HttpServer, Routes};
 use crate::inputs::{CheckpointHome, ReceiverInput, ReceiverOptions, ReceiverResume, SpillPlace, TypedReceiverInput};
 use crate::progress::{PROGRESS_DIR, ProgressFiles, ProgressListener};
-use crate::rate::RateController;
+use crate::rate_controller::RateController;
 use crate::recovery::{RecoveryReport, RestoredOperator};
 use crate::settings::StreamingSettings;
 use crate::status::{CheckpointRow, StatusBoard};

@@ -26,7 +26,7 @@ use crate::error::{RuntimeError, taken_over};
 use crate::failpoints::{Failpoints, Point};
 use crate::inputs::{Fed, ReceiverInput};
 use crate::progress::{BatchProgress, PhaseTimes, ProgressFiles, ProgressListener};
-use crate::rate::{BatchTiming, RateController};
+use crate::rate_controller::{BatchTiming, RateController};
 use crate::scheduler::{CommitDecision, CommitOrder, JobOutcome, JobScheduler, NamedJob, OutcomeSink, panic_message};
 use crate::settings::StreamingSettings;
 use crate::status::StatusBoard;

@@ -91,9 +91,9 @@ mod error;
 mod failpoints;
 mod http;
 mod inputs;
-mod pid;
 mod progress;
-mod rate;
+mod rate_controller;
+mod rate_estimator;
 mod recovery;
 mod scheduler;
 mod settings;
@@ -105,11 +105,11 @@ pub use context::{OffsetsHook, PipelineBuilder, StopHandle, StreamingContext};
 pub use driver::StopReport;
 pub use error::RuntimeError;
 pub use inputs::{ReceiverOptions, ReceiverResume};
-pub use pid::{PidRateEstimator, PidSettings};
 pub use progress::{
     BatchProgress, PhaseTimes, ProgressHistory, ProgressListener, ProgressRecord, ProgressRotation, ReceiverStatus,
     read_progress,
 };
+pub use rate_estimator::{PidRateEstimator, PidSettings};
 pub use recovery::{RecoveryReport, RestoredOperator};
 pub use settings::{
     BackpressureSettings, DEFAULT_MAX_MEMORY_BYTES, DEFAULT_SPILL_PER_MEMORY, StreamingSettings,

@@ -11,8 +11,8 @@ use spate_core::{Clock, Duration, SystemClock};
 use spate_logstore::{LeaseOptions, ObjectStoreSettings};
 
 use crate::error::RuntimeError;
-use crate::pid::PidSettings;
 use crate::progress::ProgressRotation;
+use crate::rate_estimator::PidSettings;
 
 /// Backpressure: the PID estimator's settings and the rates around it.
 #[derive(Clone, Copy, Debug, PartialEq)]

@@ -5,7 +5,7 @@ use spate_core::Duration;
 use tracing::debug;
 
 use crate::error::RuntimeError;
-use crate::pid::PidRateEstimator;
+use crate::rate_estimator::PidRateEstimator;
 use crate::settings::BackpressureSettings;
 
 /// What one completed batch tells the controller.
