@@ -6,8 +6,7 @@ use std::path::PathBuf;
 
 use thiserror::Error;
 
-use crate::fault::{FaultMode, FaultPoint};
-use crate::lock::LockHolder;
+use crate::holder::LockHolder;
 
 /// Everything that can go wrong reading or writing a checkpoint directory.
 #[derive(Debug, Error)]
@@ -196,13 +195,14 @@ pub enum LogStoreError {
         /// Why it cannot be used.
         reason: String,
     },
-    /// A fault injected by [`crate::FaultyFileManager`] (tests only).
-    #[error("injected {mode:?} at {point:?} writing {}", path.display())]
+    /// A fault injected by the fault-injecting file manager (tests only).
+    #[error("injected {} at {point} writing {}", if *crash { "Crash" } else { "Fail" }, path.display())]
     InjectedFault {
-        /// Where the fault fired.
-        point: FaultPoint,
-        /// Fail (an error, cleaned up) or crash (stop, leave the disk as it is).
-        mode: FaultMode,
+        /// Where the fault fired: the name of the fault point.
+        point: String,
+        /// True for a simulated crash (stop, leave the disk as it is), false
+        /// for a failure (an error, cleaned up).
+        crash: bool,
         /// The file being written.
         path: PathBuf,
     },
@@ -218,7 +218,7 @@ impl LogStoreError {
 
     /// True when this error is a simulated crash: the caller must not clean up.
     pub(crate) fn is_crash(&self) -> bool {
-        matches!(self, LogStoreError::InjectedFault { mode: FaultMode::Crash, .. } | LogStoreError::Crashed)
+        matches!(self, LogStoreError::InjectedFault { crash: true, .. } | LogStoreError::Crashed)
     }
 }
 

@@ -275,7 +275,11 @@ impl FaultyFileManager {
                     }
                     FaultMode::Fail => {}
                 }
-                Err(LogStoreError::InjectedFault { point, mode, path: path.to_path_buf() })
+                Err(LogStoreError::InjectedFault {
+                    point: format!("{point:?}"),
+                    crash: mode == FaultMode::Crash,
+                    path: path.to_path_buf(),
+                })
             }
             _ => Ok(()),
         }
@@ -399,7 +403,9 @@ mod tests {
         let fm = FaultyFileManager::new();
         fm.arm(FaultPoint::PartialTempWrite, FaultMode::Crash);
         let err = fm.create_atomic(&dir.path().join("0"), b"0123456789", NO_FENCE).unwrap_err();
-        assert!(matches!(err, LogStoreError::InjectedFault { point: FaultPoint::PartialTempWrite, .. }));
+        assert!(
+            matches!(err, LogStoreError::InjectedFault { ref point, crash: true, .. } if point == "PartialTempWrite")
+        );
         assert!(fm.has_crashed());
         assert!(matches!(fm.list(dir.path()), Err(LogStoreError::Crashed)));
         // The half-written temp file is left on disk, as a dead process would leave it.

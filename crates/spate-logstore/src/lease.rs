@@ -42,8 +42,9 @@ use tracing::{info, warn};
 
 use crate::error::{LogStoreError, Result};
 use crate::file_manager::{CheckpointFileManager, FileVersion, NO_FENCE};
+use crate::holder::LockHolder;
 use crate::lock::{
-    LOCK_FILE, LeaseOptions, LockHolder, LockStatus, MAX_LOCK_FILE_BYTES, OnDisk, WriterLock, host_name, next_epoch,
+    LOCK_FILE, LeaseOptions, LockStatus, MAX_LOCK_FILE_BYTES, OnDisk, WriterLock, host_name, next_epoch,
 };
 use crate::log::{Json, decode_entry, encode_entry};
 use crate::process::{Liveness, ProcessIdentity, liveness};

@@ -68,6 +68,7 @@ mod entries;
 mod error;
 mod fault;
 mod file_manager;
+mod holder;
 mod lease;
 mod location;
 mod lock;
@@ -92,10 +93,10 @@ pub use file_manager::{
     CheckpointFileManager, DIR_MODE, FILE_MODE, FileVersion, LocalFileManager, LogListing, NO_FENCE, PublishCheck,
     Tightened,
 };
+pub use holder::LockHolder;
 pub use location::{ObjectStoreSettings, S3_SCHEME, file_manager_for, is_object_store_location, redacted};
 pub use lock::{
-    EpochFence, LOCK_FILE, LeaseOptions, LockHolder, LockStatus, WriterLock, decode_lock_file, encode_lock_file,
-    read_lock_holder,
+    EpochFence, LOCK_FILE, LeaseOptions, LockStatus, WriterLock, decode_lock_file, encode_lock_file, read_lock_holder,
 };
 pub use log::{
     BodyError, Json, LogEntry, MAX_LOG_FILE_BYTES, MetadataLog, decode_entry, encode_entry, parse_batch_file_name,

@@ -20,44 +20,23 @@
 //! time, renewed while the writer runs (see [`LeaseOptions`] and the
 //! `lease` module); the fence then checks the lease instead of the file.
 
-use std::fmt;
 use std::fs::{File, OpenOptions, TryLockError};
 use std::io::Read;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use serde::{Deserialize, Serialize};
-use spate_core::{Clock, Duration, Time, WriterFence};
+use spate_core::{Clock, Duration, WriterFence};
 use tracing::{info, warn};
 
 use crate::error::{LogStoreError, Result};
 use crate::file_manager::{FILE_MODE, fsync_dir};
+use crate::holder::LockHolder;
 use crate::log::{Json, decode_entry, encode_entry};
 
 /// The lock file's name in a checkpoint directory.
 pub const LOCK_FILE: &str = "LOCK";
 pub(crate) const MAX_LOCK_FILE_BYTES: u64 = 4096;
-
-/// Who holds (or last held) a checkpoint's writer lock.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct LockHolder {
-    /// The holder's process id.
-    pub pid: u32,
-    /// The holder's host name.
-    pub host: String,
-    /// When it took the lock.
-    #[serde(rename = "sinceMs")]
-    pub since: Time,
-    /// Its epoch: one more than the previous holder's.
-    pub epoch: u64,
-}
-
-impl fmt::Display for LockHolder {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "pid {} on host {} since {} (epoch {})", self.pid, self.host, self.since.to_iso8601(), self.epoch)
-    }
-}
 
 /// What the lock file says now, read by name.
 #[derive(Debug)]
@@ -382,7 +361,7 @@ pub(crate) fn host_name() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use spate_core::ManualClock;
+    use spate_core::{ManualClock, Time};
 
     #[test]
     fn second_writer_in_process_is_refused_with_the_holder() {
