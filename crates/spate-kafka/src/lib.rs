@@ -67,9 +67,11 @@
 mod consumer;
 mod direct;
 mod error;
+mod fetch;
 mod group;
 mod offset_store;
 mod offsets;
+mod plan;
 mod read_ahead;
 mod receiver;
 mod retry;

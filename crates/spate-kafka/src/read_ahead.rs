@@ -37,14 +37,16 @@ use std::thread::JoinHandle;
 use std::time::Duration as StdDuration;
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
+use spate_core::Duration;
 use spate_core::sync::lock;
 use spate_dstream::{ArrivalStage, ProcessedBlock};
 use tracing::warn;
 
-use crate::consumer::{ConsumerPool, KafkaRecord, record_footprint};
-use crate::direct::{DirectKafkaConfig, ranges_within, read_within};
+use crate::consumer::{ConsumerPool, ConsumerSettings, KafkaRecord, record_footprint};
 use crate::error::{Result, client};
+use crate::fetch::read_within;
 use crate::offsets::{OffsetRanges, PartitionOffsets, TopicPartition};
+use crate::plan::{Limits, ranges_within};
 use crate::retry::{BROKER_UNAVAILABLE, is_outage};
 
 /// The records one chunk reads at most, all partitions together: small
@@ -52,17 +54,6 @@ use crate::retry::{BROKER_UNAVAILABLE, is_outage};
 /// milliseconds), large enough that a chunk's broker round trips are a
 /// small part of its reading.
 pub(crate) const CHUNK_RECORDS: u64 = 65_536;
-
-/// The caps of a batch as they stood at the last plan.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Limits {
-    /// Records of the whole batch.
-    pub(crate) records: u64,
-    /// Records of one partition (`max_rate_per_partition` × the interval).
-    pub(crate) per_partition: Option<u64>,
-    /// Bytes of the whole batch ([`record_footprint`]).
-    pub(crate) bytes: u64,
-}
 
 /// What has been read ahead for the next batch.
 #[derive(Default)]
@@ -147,23 +138,26 @@ struct Shared {
 }
 
 impl ReadAhead {
-    /// Starts reading ahead for a stream with `config`, through `pool`, running `stage`.
+    /// Starts reading ahead for a stream whose consumers have `consumer`
+    /// settings and whose batches last `batch_interval`, through `pool`,
+    /// running `stage`.
     pub(crate) fn start(
-        config: &DirectKafkaConfig,
+        consumer: &ConsumerSettings,
+        batch_interval: Duration,
         pool: Arc<ConsumerPool>,
         stage: ArrivalStage<KafkaRecord>,
     ) -> Result<Self> {
         let admin: BaseConsumer =
-            config.consumer.client_config().create().map_err(client("create the read-ahead metadata consumer"))?;
+            consumer.client_config().create().map_err(client("create the read-ahead metadata consumer"))?;
         // A twentieth of the interval, so a batch's records are mostly read
         // before it ends, but not a busy loop on short intervals.
-        let idle = StdDuration::from_millis(config.batch_interval.as_millis() / 20)
+        let idle = StdDuration::from_millis(batch_interval.as_millis() / 20)
             .clamp(StdDuration::from_millis(5), StdDuration::from_millis(100));
         let shared = Arc::new(Shared {
             stage,
             pool,
             admin: Mutex::new(admin),
-            poll_timeout: config.consumer.poll_timeout,
+            poll_timeout: consumer.poll_timeout,
             idle,
             progress: Mutex::new(Progress::default()),
             advanced: Condvar::new(),
