@@ -9,7 +9,7 @@
 //!   partitions; what a batch read is logged, so a re-run reads the same
 //!   events and a second run on the same `--checkpoint` continues the
 //!   timeline;
-//! - the queries of [`spate::nexmark::queries`], each a function from the
+//! - the queries of [`spate_nexmark::queries`], each a function from the
 //!   event stream to a stream of rows: q0-q2 per record, q3 and q4 with
 //!   keyed state, q5, q7 and q8 over event-time windows (each window's rows
 //!   in the batch whose watermark passes its end, 4 s behind the events);
@@ -38,8 +38,8 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use clap::{Parser, ValueEnum};
 use spate::core::Duration;
 use spate::dstream::{DStream, Data};
-use spate::nexmark::{Event, GeneratorConfig, NexmarkGenerator, NexmarkSource, queries};
 use spate::runtime::{PipelineBuilder, StreamingContext, StreamingSettings};
+use spate_nexmark::{Event, GeneratorConfig, NexmarkGenerator, NexmarkSource, queries};
 
 use common::{Error, run_until};
 
@@ -248,7 +248,7 @@ fn main() -> ExitCode {
 mod tests {
     use std::collections::BTreeMap;
 
-    use spate::nexmark::queries::{Q3Row, Q7Row};
+    use spate_nexmark::queries::{Q3Row, Q7Row};
 
     use super::*;
 

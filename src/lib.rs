@@ -15,10 +15,17 @@
 //! - [`tracker`]: the received-block tracker and its event log;
 //! - [`dstream`]: the DStream graph: transformations, windows, named state;
 //! - [`kafka`]: the direct Kafka stream, the consumer pool, exactly-once sinks;
-//! - [`runtime`]: `StreamingContext`, recovery, scheduling, progress, the demo pipeline.
+//! - [`runtime`]: `StreamingContext`, recovery, scheduling, progress, the demo pipeline;
+//! - [`app`]: an application of tasks, one per input partition, run by
+//!   members that share them out through a Kafka consumer group.
+//!
+//! [`prelude`] brings what a job needs in one import:
+//! `use spate::prelude::*;`.
 //!
 //! It is not the command-line tool: that is the `spate` binary of the
 //! `spate-cli` package (`spate demo`, `spate run`, `spate checkpoint …`).
+//! Nor does it bring the Nexmark benchmark's generator and queries: they
+//! are the `spate-nexmark` package, a dependency of their own.
 //!
 //! ```
 //! use std::sync::{Arc, Mutex};
@@ -52,12 +59,14 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+pub use spate_app as app;
 pub use spate_core as core;
 pub use spate_dstream as dstream;
 pub use spate_kafka as kafka;
 pub use spate_logstore as logstore;
-pub use spate_nexmark as nexmark;
 pub use spate_receiver as receiver;
 pub use spate_runtime as runtime;
 pub use spate_tracker as tracker;
 pub use spate_wal as wal;
+
+pub mod prelude;
