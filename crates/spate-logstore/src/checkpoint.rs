@@ -142,7 +142,7 @@ impl CheckpointOptions {
         self
     }
 
-    /// The file manager (a [`crate::FaultyFileManager`] in crash tests),
+    /// The file manager (a `FaultyFileManager` in crash tests),
     /// instead of the one the location names.
     pub fn file_manager(mut self, files: Arc<dyn CheckpointFileManager>) -> Self {
         self.files = Some(files);

@@ -28,45 +28,9 @@ use spate_core::sync::lock;
 use tracing::warn;
 
 use crate::error::{LogStoreError, Result};
-use crate::file_manager::{self, CheckpointFileManager, Observer, Overwrite, PublishCheck, parent_of};
+use crate::file_manager::{self, CheckpointFileManager, FaultPoint, Observer, Overwrite, PublishCheck, parent_of};
 use crate::lock::{LeaseOptions, LockStatus, WriterLock};
 use spate_core::Clock;
-
-/// A point in the atomic write protocol where a fault can be injected.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum FaultPoint {
-    /// Before the temp file is created.
-    BeforeTempWrite,
-    /// After half of the bytes reached the temp file.
-    PartialTempWrite,
-    /// After all bytes were written, before the fsync.
-    AfterTempWrite,
-    /// In place of the temp file's fsync (a failing fsync, or a crash just before it).
-    TempFsync,
-    /// In place of the link/rename to the target name.
-    Rename,
-    /// After the target name exists, before the temp name is removed.
-    AfterRename,
-    /// In place of the directory fsync.
-    DirFsync,
-    /// After everything, before the call returns.
-    AfterDirFsync,
-}
-
-impl FaultPoint {
-    /// Every point, in the order a write reaches them.
-    pub const ALL: [FaultPoint; 8] = [
-        FaultPoint::BeforeTempWrite,
-        FaultPoint::PartialTempWrite,
-        FaultPoint::AfterTempWrite,
-        FaultPoint::TempFsync,
-        FaultPoint::Rename,
-        FaultPoint::AfterRename,
-        FaultPoint::DirFsync,
-        FaultPoint::AfterDirFsync,
-    ];
-}
 
 /// What an injected fault does.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

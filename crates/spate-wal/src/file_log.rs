@@ -82,7 +82,7 @@ impl FileWriteAheadLog {
         // so a handle's length, header included, fits in a u32).
         options.max_record_size = options.max_record_size.min(PADDING - 1);
         let epoch = options.fence.epoch();
-        let files = file_layer(options.fault_injection.as_ref());
+        let files = file_layer(&options);
         files.create_dir_all(&dir).map_err(WalError::io("create directory", &dir))?;
         let names = files.list(&dir).map_err(WalError::io("list", &dir))?;
         refuse_later_epochs(&dir, &names, epoch)?;
