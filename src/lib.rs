@@ -16,15 +16,16 @@
 //! - [`dstream`]: the DStream graph: transformations, windows, named state;
 //! - [`kafka`]: the direct Kafka stream, the consumer pool, exactly-once sinks;
 //! - [`runtime`]: `StreamingContext`, recovery, scheduling, progress, the demo pipeline;
-//! - [`app`]: one job on many processes through Kafka's consumer group
-//!   (members, tasks, internal topics, exactly-once across members);
-//! - [`prelude`]: what a job needs, in one `use spate::prelude::*`.
+//! - [`app`]: an application of tasks, one per input partition, run by
+//!   members that share them out through a Kafka consumer group.
 //!
-//! The Nexmark benchmark's generator and queries are a crate of their own
-//! (`spate-nexmark`), not part of this package.
+//! [`prelude`] brings what a job needs in one import:
+//! `use spate::prelude::*;`.
 //!
 //! It is not the command-line tool: that is the `spate` binary of the
 //! `spate-cli` package (`spate demo`, `spate run`, `spate checkpoint …`).
+//! Nor does it bring the Nexmark benchmark's generator and queries: they
+//! are the `spate-nexmark` package, a dependency of their own.
 //!
 //! ```
 //! use std::sync::{Arc, Mutex};
@@ -68,25 +69,7 @@ pub use spate_runtime as runtime;
 pub use spate_tracker as tracker;
 pub use spate_wal as wal;
 
-/// What a job needs: settings and the streaming context, the DStream
-/// operators and sources, event time, Kafka in and out, and the time types.
-/// `use spate::prelude::*;`
-pub mod prelude {
-    pub use spate_app::{Member, MemberSettings, TaskBuilder, Topology};
-    pub use spate_core::{BatchId, Clock, Duration, ManualClock, SystemClock, Time};
-    pub use spate_dstream::{
-        BatchLimits, BoxError, DStream, EventWindows, GraphBuilder, InputSource, QueueSource, SourceContext, State,
-        Watermarks, Window, WindowResult,
-    };
-    pub use spate_kafka::{
-        DirectKafkaConfig, DirectKafkaStream, KafkaRecord, KafkaSink, OffsetCommit, OutputRecord, StartingOffsets,
-        TransactionalKafkaSink,
-    };
-    pub use spate_logstore::{CheckpointOptions, ObjectStoreSettings};
-    pub use spate_runtime::{
-        BackpressureSettings, PipelineBuilder, ReceiverOptions, StopReport, StreamingContext, StreamingSettings,
-    };
-}
+pub mod prelude;
 
 // The README's example is compiled and run as a doc test of this crate.
 #[cfg(doctest)]

@@ -8,6 +8,7 @@ use std::time::{Duration as StdDuration, Instant};
 
 use spate_core::Duration;
 use spate_core::SystemClock;
+use spate_core::sync::lock;
 use spate_dstream::BoxError;
 use spate_kafka::{
     AssignmentListener, GroupMember, GroupSettings, MemberTransactions, StartingOffsets, TopicPartition, ensure_topic,
@@ -175,7 +176,7 @@ impl MemberShared {
     /// Records that `task` failed for good and tells the listener.
     pub(crate) fn fail(&self, task: &TaskId, error: &AppError) {
         let text = format!("task {task}: {error}");
-        self.failure.lock().unwrap_or_else(PoisonError::into_inner).get_or_insert(text);
+        lock(&self.failure).get_or_insert(text);
         self.report(MemberEvent::Failed { task: task.clone(), error: error.to_string() });
     }
 
@@ -189,7 +190,7 @@ impl MemberShared {
     /// The member's producer, once it is open (a task assigned in the
     /// member's first rebalance may ask before).
     pub(crate) fn transactions(&self) -> Result<Arc<MemberTransactions>, BoxError> {
-        let guard = self.transactions.lock().unwrap_or_else(PoisonError::into_inner);
+        let guard = lock(&self.transactions);
         let (guard, _) = self
             .transactions_ready
             .wait_timeout_while(guard, StdDuration::from_secs(60), |t| t.is_none())
@@ -198,7 +199,7 @@ impl MemberShared {
     }
 
     fn set_transactions(&self, transactions: Option<Arc<MemberTransactions>>) {
-        *self.transactions.lock().unwrap_or_else(PoisonError::into_inner) = transactions;
+        *lock(&self.transactions) = transactions;
         self.transactions_ready.notify_all();
     }
 
@@ -329,7 +330,7 @@ impl Tasks {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Running> {
-        self.running.lock().unwrap_or_else(PoisonError::into_inner)
+        lock(&self.running)
     }
 
     fn owned(&self) -> Vec<TaskId> {
@@ -515,7 +516,7 @@ impl Member {
     /// The first error of a task that trying again cannot mend, naming the
     /// task (see [`MemberEvent::Failed`]); the member should be stopped.
     pub fn failure(&self) -> Option<String> {
-        self.shared.failure.lock().unwrap_or_else(PoisonError::into_inner).clone()
+        lock(&self.shared.failure).clone()
     }
 
     /// The member's name.

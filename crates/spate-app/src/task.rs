@@ -18,6 +18,7 @@ use std::thread::JoinHandle;
 use std::time::Duration as StdDuration;
 
 use spate_core::Time;
+use spate_core::sync::lock;
 use spate_dstream::{ArrivalStage, BatchLimits, BoxError, InputSource, SourceContext};
 use spate_kafka::{DirectKafkaConfig, DirectKafkaStream, KafkaRecord, OffsetCommit, OffsetRanges, TopicPartition};
 use spate_runtime::{
@@ -60,7 +61,7 @@ impl InputSource<KafkaRecord> for OnePartition {
 
     fn compute(&self, time: Time, planned: Option<&str>) -> Result<Vec<Vec<KafkaRecord>>, BoxError> {
         if let Some(planned) = planned {
-            let mut by_time = self.planned.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut by_time = lock(&self.planned);
             by_time.insert(time, planned.to_string());
             // Batches before the last few are done; keep the map small.
             while by_time.len() > 64 {
@@ -77,7 +78,7 @@ impl InputSource<KafkaRecord> for OnePartition {
 
 impl OnePartition {
     fn offsets_of(&self, time: Time) -> Result<OffsetRanges, BoxError> {
-        let by_time = self.planned.lock().unwrap_or_else(PoisonError::into_inner);
+        let by_time = lock(&self.planned);
         let json = by_time.get(&time).ok_or_else(|| format!("no planned offsets for batch time {time}"))?;
         Ok(OffsetRanges::from_json(json)?)
     }
@@ -107,7 +108,7 @@ struct ControlState {
 
 impl Control {
     fn lock(&self) -> std::sync::MutexGuard<'_, ControlState> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+        lock(&self.state)
     }
 
     fn stopping(&self) -> bool {
@@ -267,12 +268,12 @@ impl Supervisor {
         let mut ctx = StreamingContext::get_or_create(&checkpoint, settings, |p| {
             if let Err(e) = self.declare(p, &stream, &source) {
                 let reason = e.to_string();
-                *declared.lock().unwrap_or_else(PoisonError::into_inner) = Some(e);
+                *lock(&declared) = Some(e);
                 return Err(reason.into());
             }
             Ok(())
         })
-        .map_err(|source| match declared.lock().unwrap_or_else(PoisonError::into_inner).take() {
+        .map_err(|source| match lock(&declared).take() {
             Some(declare_error) => declare_error,
             None => {
                 // The writer lock is taken before the pipeline is declared:
@@ -393,7 +394,7 @@ fn report_idle(
         return;
     }
     let idle = !batch.iter().any(|e| writes.iter().any(|w| w.name == e.topic()));
-    let mut was = was_idle.lock().unwrap_or_else(PoisonError::into_inner);
+    let mut was = lock(was_idle);
     if *was != Some(idle) {
         if idle {
             info!(task, batch = %batch_id, "sent nothing on: idle, the readers' watermarks do not wait for it");

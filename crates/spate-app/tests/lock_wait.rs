@@ -10,6 +10,8 @@ use std::io::Write;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration as StdDuration, Instant};
 
+use spate_core::sync::lock;
+
 use common::{brokers, unique};
 use spate_app::{Emit, Member, MemberEvent, MemberSettings, Topology};
 use spate_core::{Duration, SystemClock};
@@ -27,7 +29,7 @@ struct LogWriter(Arc<Log>);
 
 impl Write for LogWriter {
     fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        self.0.text.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push_str(&String::from_utf8_lossy(bytes));
+        lock(&self.0.text).push_str(&String::from_utf8_lossy(bytes));
         self.0.grew.notify_all();
         Ok(bytes.len())
     }
@@ -75,7 +77,7 @@ fn a_task_waiting_for_its_checkpoint_opens_one_kafka_stream() {
     let seen = Arc::clone(&started);
     let listener: spate_app::MemberListener = Arc::new(move |event: &MemberEvent| {
         if matches!(event, MemberEvent::TaskStarted { .. }) {
-            *seen.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = true;
+            *lock(&seen.0) = true;
             seen.1.notify_all();
         }
     });

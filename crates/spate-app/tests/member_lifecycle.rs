@@ -10,6 +10,8 @@ mod common;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration as StdDuration, Instant};
 
+use spate_core::sync::lock;
+
 use common::{brokers, unique};
 use rdkafka::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -47,7 +49,7 @@ impl Events {
     fn listener(self: &Arc<Self>) -> spate_app::MemberListener {
         let events = Arc::clone(self);
         Arc::new(move |event: &MemberEvent| {
-            events.seen.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(event.clone());
+            lock(&events.seen).push(event.clone());
             events.changed.notify_all();
         })
     }

@@ -31,6 +31,7 @@ use std::time::Duration as StdDuration;
 
 use serde_json::json;
 use spate_app::{AppError, Emit, Member, MemberEvent, MemberSettings, TaskBuilder, TaskId, Topology};
+use spate_core::sync::lock;
 use spate_core::{Duration, Time};
 use spate_dstream::{DStream, EventWindows, State, Watermarks};
 use spate_kafka::{GroupProtocol, GroupSettings, KafkaRecord};
@@ -183,7 +184,7 @@ impl MemberLines {
     fn on_event(&self, event: &MemberEvent) {
         match event {
             MemberEvent::Assigned { tasks } | MemberEvent::Revoked { tasks, .. } if !tasks.is_empty() => {
-                let mut owned = self.owned.lock().unwrap_or_else(PoisonError::into_inner);
+                let mut owned = lock(&self.owned);
                 match event {
                     MemberEvent::Assigned { .. } => owned.extend(tasks.iter().cloned()),
                     _ => owned.retain(|t| !tasks.contains(t)),
@@ -310,7 +311,7 @@ struct Stop {
 
 impl Stop {
     fn set(&self, reason: Stopped) {
-        self.reason.lock().unwrap_or_else(PoisonError::into_inner).get_or_insert(reason);
+        lock(&self.reason).get_or_insert(reason);
         self.changed.notify_all();
     }
 }
@@ -321,7 +322,7 @@ fn wait_for_stop(seconds: Option<u64>, stop: &Arc<Stop>) -> Result<Stopped, CliE
     let on_signal = Arc::clone(stop);
     let _signals = listen(move || on_signal.set(Stopped::Asked))?;
     let deadline = seconds.map(|s| std::time::Instant::now() + StdDuration::from_secs(s));
-    let mut reason = stop.reason.lock().unwrap_or_else(PoisonError::into_inner);
+    let mut reason = lock(&stop.reason);
     while reason.is_none() {
         let wait = match deadline {
             Some(deadline) => match deadline.checked_duration_since(std::time::Instant::now()) {

@@ -6,8 +6,9 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 
+use spate_core::sync::lock;
 use spate_core::{BatchId, Clock, Duration, SystemClock};
 use spate_logstore::{LogStoreError, ObjectStoreSettings, Verdict, file_manager_for, inspect_with};
 use spate_runtime::{
@@ -40,7 +41,7 @@ pub(crate) struct Lines {
 
 impl Lines {
     pub(crate) fn say(&self, line: &str) {
-        let _guard = self.out.lock().unwrap_or_else(PoisonError::into_inner);
+        let _guard = lock(&self.out);
         let mut stdout = std::io::stdout().lock();
         let _ = writeln!(stdout, "{line}");
         let _ = stdout.flush();
@@ -61,7 +62,7 @@ struct Progress {
 
 impl Progress {
     fn set_stop_handle(&self, handle: StopHandle) {
-        *self.stop.lock().unwrap_or_else(PoisonError::into_inner) = Some(handle);
+        *lock(&self.stop) = Some(handle);
     }
 }
 
@@ -70,7 +71,7 @@ impl ProgressListener for Progress {
         if !self.quiet {
             self.lines.say(&progress_line(p));
         }
-        let mut rerun = self.rerun.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut rerun = lock(&self.rerun);
         if *rerun == Some(p.batch_id) {
             *rerun = None;
             self.lines.say(&format!(
@@ -83,14 +84,14 @@ impl ProgressListener for Progress {
         let reached = self.until_batch.is_some_and(|until| p.batch_id.0 >= until);
         if reached
             && !self.stopping.swap(true, Ordering::AcqRel)
-            && let Some(handle) = self.stop.lock().unwrap_or_else(PoisonError::into_inner).as_ref()
+            && let Some(handle) = lock(&self.stop).as_ref()
         {
             handle.stop_gracefully();
         }
     }
 
     fn on_recovery(&self, report: &RecoveryReport) {
-        *self.rerun.lock().unwrap_or_else(PoisonError::into_inner) = report.rerun_batch;
+        *lock(&self.rerun) = report.rerun_batch;
         self.lines.say(&recovery_line(report));
     }
 }

@@ -7,6 +7,7 @@
 use std::fmt::Debug;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 
+use crate::sync::lock;
 use crate::time::{Duration, Time};
 
 /// A source of the current time that can also wait for a future time.
@@ -67,7 +68,7 @@ impl ManualClock {
 
     fn lock(&self) -> MutexGuard<'_, Time> {
         // A panic while holding this lock cannot leave a torn `Time`.
-        self.inner.0.lock().unwrap_or_else(PoisonError::into_inner)
+        lock(&self.inner.0)
     }
 }
 

@@ -17,7 +17,8 @@
 //! - the [`MemoryBudget`] the inputs of a process share, which makes a
 //!   source that outruns the engine wait instead of filling memory;
 //! - the block descriptions that pass from receivers to the tracker
-//!   ([`ReceivedBlockInfo`], [`BlockStoreResult`], [`WalRecordHandle`]).
+//!   ([`ReceivedBlockInfo`], [`BlockStoreResult`], [`WalRecordHandle`]);
+//! - [`sync`]: the one way the engine takes a lock, ignoring poison.
 //!
 //! It is not a place for I/O: nothing here touches a file or a socket.
 //!

@@ -13,6 +13,7 @@
 use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
 
 use crate::error::CoreError;
+use crate::sync::lock;
 
 /// Bytes of not yet processed records that the inputs of a process may hold.
 #[derive(Debug)]
@@ -123,7 +124,7 @@ impl MemoryBudget {
 
     fn lock(&self) -> MutexGuard<'_, BudgetState> {
         // Every update of the state completes before anything can panic.
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+        lock(&self.state)
     }
 }
 

@@ -34,8 +34,9 @@
 use std::any::Any;
 use std::collections::BTreeMap;
 use std::fmt;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard};
 
+use spate_core::sync::lock;
 use spate_core::{CoreError, PayloadReader, Time};
 
 /// One block's result of an [`ArrivalStage`], waiting for its batch.
@@ -76,7 +77,7 @@ pub(crate) struct Delivered {
 
 impl Delivered {
     fn lock(&self) -> MutexGuard<'_, BTreeMap<Time, Vec<Box<dyn Any + Send>>>> {
-        self.by_time.lock().unwrap_or_else(PoisonError::into_inner)
+        lock(&self.by_time)
     }
 
     /// The parts delivered for `time`, in delivery order; parts of earlier

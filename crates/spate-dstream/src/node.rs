@@ -4,8 +4,9 @@
 use std::any::Any;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard};
 
+use spate_core::sync::lock;
 use spate_core::{BatchId, CoreError, Duration, FrameCodec, Time};
 
 use crate::arrival::{ArrivalStage, ArrivalStep, Delivered, PayloadFn};
@@ -52,7 +53,7 @@ impl<T: Clone> Slot<T> {
     }
 
     fn lock(&self) -> MutexGuard<'_, SlotInner<T>> {
-        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+        lock(&self.inner)
     }
 
     /// Registers one more consumer (while the graph is built).

@@ -4,7 +4,9 @@ use std::fmt::{Debug, Display};
 use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
+
+use spate_core::sync::lock;
 
 use crate::batch::{Batch, Data};
 use crate::error::{BoxError, DStreamError};
@@ -118,7 +120,7 @@ impl<T: Data> DStream<T> {
         T: Debug,
     {
         let output = self.foreach_batch(move |batch, info| {
-            let mut out = out.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut out = lock(&out);
             let rule = "-------------------------------------------";
             writeln!(out, "{rule}\nTime: {}\n{rule}", info.time)?;
             for record in batch.iter().take(n) {

@@ -11,6 +11,8 @@ use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, PoisonError};
 
+use spate_core::sync::lock;
+
 /// Runs a function over a list of items, partition-parallel.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Pool {
@@ -58,14 +60,14 @@ impl Pool {
             loop {
                 let index = next.fetch_add(1, Ordering::Relaxed);
                 let Some(slot) = inputs.get(index) else { break };
-                let item = slot.lock().unwrap_or_else(PoisonError::into_inner).take();
+                let item = lock(slot).take();
                 let (Some(item), Some(out)) = (item, outputs.get(index)) else { continue };
                 // A panic in user code becomes an error naming the operator,
                 // not an abort of the whole process.
                 match std::panic::catch_unwind(AssertUnwindSafe(|| f(item))) {
-                    Ok(result) => *out.lock().unwrap_or_else(PoisonError::into_inner) = Some(result),
+                    Ok(result) => *lock(out) = Some(result),
                     Err(panic) => {
-                        *failure.lock().unwrap_or_else(PoisonError::into_inner) = Some(panic_message(panic.as_ref()));
+                        *lock(&failure) = Some(panic_message(panic.as_ref()));
                         break;
                     }
                 }

@@ -18,11 +18,11 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Mutex;
 
+use spate_core::sync::lock;
 use spate_core::{Duration, Time};
 
 use crate::arrival::ArrivalStage;
 use crate::error::BoxError;
-use spate_core::sync::lock;
 
 /// What a source is told of its streaming context when its graph is
 /// built, so that it is not configured with it a second time.

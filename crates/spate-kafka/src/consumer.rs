@@ -28,6 +28,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use spate_core::sync::lock;
+
 /// How long one poll waits before the consumer's position is looked at:
 /// a range that ends in transaction markers is done once the position
 /// passes its end, though no record arrives.
@@ -43,7 +45,6 @@ use tracing::{debug, warn};
 
 use crate::error::{KafkaError, Result, client};
 use crate::offsets::{OffsetRange, TopicPartition};
-use spate_core::sync::lock;
 
 /// What to do when a range needs records the broker no longer has
 /// (retention, `delete_records`): Spark's `failOnDataLoss`.

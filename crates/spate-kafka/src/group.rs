@@ -21,7 +21,7 @@
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -29,6 +29,7 @@ use rdkafka::ClientContext;
 use rdkafka::TopicPartitionList;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, ConsumerGroupMetadata, Rebalance};
+use spate_core::sync::lock;
 use tracing::{info, warn};
 
 use crate::error::{KafkaError, Result, client};
@@ -101,7 +102,7 @@ struct MemberContext {
 
 impl MemberContext {
     fn set_metadata(&self, metadata: Option<ConsumerGroupMetadata>) {
-        *self.metadata.lock().unwrap_or_else(PoisonError::into_inner) = metadata.map(Arc::new);
+        *lock(&self.metadata) = metadata.map(Arc::new);
     }
 }
 
@@ -131,7 +132,7 @@ impl ConsumerContext for MemberContext {
             }
             info!(partitions = ?partitions, lost, "partitions revoked");
             self.listener.on_revoked(&partitions, lost);
-            let mut assigned = self.assigned.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut assigned = lock(&self.assigned);
             for tp in &partitions {
                 assigned.remove(tp);
             }
@@ -151,7 +152,7 @@ impl ConsumerContext for MemberContext {
                 }
                 let partitions = partitions_of(list);
                 info!(partitions = ?partitions, "partitions assigned");
-                self.assigned.lock().unwrap_or_else(PoisonError::into_inner).extend(partitions.iter().cloned());
+                lock(&self.assigned).extend(partitions.iter().cloned());
                 self.listener.on_assigned(&partitions);
             }
             Rebalance::Revoke(_) => {}
@@ -233,12 +234,12 @@ impl GroupMember {
     /// the member still owns them until the listener returns. `None`
     /// before the member joined and once the group dropped it.
     pub fn group_metadata(&self) -> Option<Arc<ConsumerGroupMetadata>> {
-        self.consumer.context().metadata.lock().unwrap_or_else(PoisonError::into_inner).clone()
+        lock(&self.consumer.context().metadata).clone()
     }
 
     /// The partitions this member owns now.
     pub fn assignment(&self) -> BTreeSet<TopicPartition> {
-        self.consumer.context().assigned.lock().unwrap_or_else(PoisonError::into_inner).clone()
+        lock(&self.consumer.context().assigned).clone()
     }
 
     /// How many times the group has dropped this member so far (its session
@@ -255,7 +256,7 @@ impl GroupMember {
     /// Leaves the group: every partition is revoked through the listener
     /// (which lets them go), then the member closes. Leaving again does nothing.
     pub fn leave(&self) -> Result<()> {
-        let Some(poll) = self.poll.lock().unwrap_or_else(PoisonError::into_inner).take() else { return Ok(()) };
+        let Some(poll) = lock(&self.poll).take() else { return Ok(()) };
         self.stop.store(true, Ordering::Release);
         let result =
             poll.join().map_err(|_| KafkaError::Config(format!("group {}: the poll thread panicked", self.group_id)));

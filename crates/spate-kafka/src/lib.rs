@@ -68,13 +68,15 @@
 mod consumer;
 mod direct;
 mod error;
+mod fetch;
 mod group;
+mod offset_store;
 mod offsets;
+mod plan;
 mod read_ahead;
 mod receiver;
 mod retry;
 mod sink;
-mod store;
 mod topics;
 
 pub use consumer::{
@@ -84,11 +86,11 @@ pub use consumer::{
 pub use direct::{DirectKafkaConfig, DirectKafkaStream, OffsetCommit, StartingOffsets, TopicSelection};
 pub use error::{KafkaError, Result};
 pub use group::{AssignmentListener, GroupMember, GroupProtocol, GroupSettings};
+pub use offset_store::{CommitOutcome, ResultWrites, RocksOffsetStore};
 pub use offsets::{
     EARLIEST, LATEST, MAX_OFFSETS_JSON_BYTES, OffsetRange, OffsetRanges, PartitionOffsets, TopicPartition,
     partition_offsets_from_json, partition_offsets_from_json_bytes, partition_offsets_to_json,
 };
 pub use receiver::{DEFAULT_MAX_BLOCK_BYTES, KafkaReceiver, KafkaReceiverConfig};
 pub use sink::{KafkaSink, MemberTransactions, OutputRecord, TransactionalKafkaSink};
-pub use store::{CommitOutcome, ResultWrites, RocksOffsetStore};
 pub use topics::{ensure_topic, partition_count};

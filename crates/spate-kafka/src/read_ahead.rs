@@ -38,15 +38,17 @@ use std::thread::JoinHandle;
 use std::time::Duration as StdDuration;
 
 use rdkafka::consumer::BaseConsumer;
+use spate_core::Duration;
+use spate_core::sync::lock;
 use spate_dstream::{ArrivalStage, ProcessedBlock};
 use tracing::warn;
 
-use crate::consumer::{ConsumerPool, KafkaRecord, record_footprint};
-use crate::direct::{DirectKafkaConfig, ranges_within, read_within};
+use crate::consumer::{ConsumerPool, ConsumerSettings, KafkaRecord, record_footprint};
 use crate::error::{Result, client};
+use crate::fetch::read_within;
 use crate::offsets::{OffsetRanges, PartitionOffsets, TopicPartition};
+use crate::plan::{Limits, ranges_within};
 use crate::retry::{BROKER_UNAVAILABLE, is_outage};
-use spate_core::sync::lock;
 
 /// The records one chunk reads at most, all partitions together: small
 /// enough that a plan waiting for the chunk in flight waits little (tens of
@@ -57,19 +59,8 @@ pub(crate) const CHUNK_RECORDS: u64 = 65_536;
 /// The thread's pause when there is nothing to read: a twentieth of the
 /// batch interval, so a batch's records are mostly read before it ends, but
 /// not a busy loop on short intervals (50 ms until the interval is known).
-fn idle_millis(interval: Option<spate_core::Duration>) -> u64 {
+fn idle_millis(interval: Option<Duration>) -> u64 {
     interval.map_or(50, |interval| (interval.as_millis() / 20).clamp(5, 100))
-}
-
-/// The caps of a batch as they stood at the last plan.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Limits {
-    /// Records of the whole batch.
-    pub(crate) records: u64,
-    /// Records of one partition (`max_rate_per_partition` × the interval).
-    pub(crate) per_partition: Option<u64>,
-    /// Bytes of the whole batch ([`record_footprint`]).
-    pub(crate) bytes: u64,
 }
 
 /// What has been read ahead for the next batch.
@@ -145,7 +136,6 @@ struct Shared {
     /// Latest offsets for the thread (the stream's own is busy planning).
     admin: Mutex<BaseConsumer>,
     poll_timeout: StdDuration,
-    /// How long the thread waits when the broker has nothing new.
     /// How long the thread waits when there is nothing to read, ms.
     idle: AtomicU64,
     progress: Mutex<Progress>,
@@ -156,21 +146,23 @@ struct Shared {
 }
 
 impl ReadAhead {
-    /// Starts reading ahead for a stream with `config`, through `pool`, running `stage`.
+    /// Starts reading ahead for a stream whose consumers have `consumer`
+    /// settings and whose batches last `interval` (when known yet), through
+    /// `pool`, running `stage`.
     pub(crate) fn start(
-        config: &DirectKafkaConfig,
-        interval: Option<spate_core::Duration>,
+        consumer: &ConsumerSettings,
+        interval: Option<Duration>,
         pool: Arc<ConsumerPool>,
         stage: ArrivalStage<KafkaRecord>,
     ) -> Result<Self> {
         let admin: BaseConsumer =
-            config.consumer.client_config().create().map_err(client("create the read-ahead metadata consumer"))?;
+            consumer.client_config().create().map_err(client("create the read-ahead metadata consumer"))?;
         let idle = AtomicU64::new(idle_millis(interval));
         let shared = Arc::new(Shared {
             stage,
             pool,
             admin: Mutex::new(admin),
-            poll_timeout: config.consumer.poll_timeout,
+            poll_timeout: consumer.poll_timeout,
             idle,
             progress: Mutex::new(Progress::default()),
             advanced: Condvar::new(),

@@ -25,14 +25,15 @@ use rdkafka::producer::{BaseProducer, BaseRecord, Producer, ProducerContext, Thr
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{Offset, TopicPartitionList};
 use spate_core::BatchId;
+use spate_core::sync::lock;
 use tracing::{debug, info, warn};
 
 use crate::direct::to_list;
 use crate::error::{KafkaError, Result, client};
 use crate::group::GroupMember;
+use crate::offset_store::CommitOutcome;
 use crate::offsets::OffsetRanges;
 use crate::retry::retry_coordinator;
-use crate::store::CommitOutcome;
 
 /// One record to write: an optional key, a value, an optional partition.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -111,7 +112,7 @@ impl ProducerContext for DeliveryErrors {
 
 impl DeliveryErrors {
     fn lock(&self) -> std::sync::MutexGuard<'_, Deliveries> {
-        self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        lock(&self.state)
     }
 
     /// Starts counting failures for a new transaction, whose number it returns.
@@ -347,7 +348,7 @@ impl Transactions {
                 return Ok(CommitOutcome::AlreadyCommitted);
             }
             let result = {
-                let mut producer = self.producer.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                let mut producer = lock(&self.producer);
                 let result = (group.metadata)()
                     .and_then(|metadata| self.attempt(&producer, marker_id, batch, ranges, &records, &metadata));
                 if result.is_err() {

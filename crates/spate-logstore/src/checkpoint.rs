@@ -9,17 +9,19 @@ use std::collections::HashSet;
 use std::fmt;
 use std::hash::{BuildHasher, Hasher};
 use std::path::{Component, Path, PathBuf};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
+use spate_core::sync::lock;
 use spate_core::{BatchId, Clock, SystemClock, Time};
 use tracing::{debug, info, warn};
 
 use crate::entries::{CommitLog, CommitMetadata, OffsetLog};
 use crate::error::{LogStoreError, Result};
 use crate::file_manager::{CheckpointFileManager, FileVersion, Tightened, parent_of, read_bounded};
+use crate::holder::LockHolder;
 use crate::location::{ObjectStoreSettings, file_manager_for};
-use crate::lock::{EpochFence, LOCK_FILE, LeaseOptions, LockHolder, LockStatus, WriterLock, decode_lock_file};
+use crate::lock::{EpochFence, LOCK_FILE, LeaseOptions, LockStatus, WriterLock, decode_lock_file};
 use crate::log::{Json, decode_entry, encode_entry};
 use crate::repair::{QUARANTINE_DIR, RepairPlan, apply_repair_fenced, plan_repair};
 use crate::verdict::{Verdict, inspect_with};
@@ -140,7 +142,7 @@ impl CheckpointOptions {
         self
     }
 
-    /// The file manager (a [`crate::FaultyFileManager`] in crash tests),
+    /// The file manager (a `FaultyFileManager` in crash tests),
     /// instead of the one the location names.
     pub fn file_manager(mut self, files: Arc<dyn CheckpointFileManager>) -> Self {
         self.files = Some(files);
@@ -479,7 +481,7 @@ impl Checkpoint {
             }
             other => other?,
         };
-        self.replaced.lock().unwrap_or_else(PoisonError::into_inner).insert(path);
+        lock(&self.replaced).insert(path);
         // A takeover between the last check and the rename: our bytes may now
         // stand in the new writer's file. Say so; the new writer sees it too.
         fence.check()
@@ -510,7 +512,7 @@ impl Checkpoint {
             let on_disk = format!("epoch {ours} still, but {} was written by epoch {found}", path.display());
             return Err(LogStoreError::StaleEpoch { dir: self.dir.clone(), ours, on_disk });
         }
-        let replaced_by_us = self.replaced.lock().unwrap_or_else(PoisonError::into_inner).contains(path);
+        let replaced_by_us = lock(&self.replaced).contains(path);
         if found < ours && replaced_by_us {
             return Err(LogStoreError::Overwritten { path: path.to_path_buf(), ours, found });
         }

@@ -195,15 +195,13 @@ pub enum LogStoreError {
         /// Why it cannot be used.
         reason: String,
     },
-    /// A fault injected by [`crate::FaultyFileManager`] (tests only).
-    #[error("injected {mode} at {point} writing {}", path.display())]
+    /// A fault injected by the fault-injecting file manager (tests only).
+    #[error("injected {} at {point} writing {}", if *crash { "Crash" } else { "Fail" }, path.display())]
     InjectedFault {
-        /// Where the fault fired (the name of its `FaultPoint`).
+        /// Where the fault fired: the name of the fault point.
         point: String,
-        /// What it did (the name of its `FaultMode`).
-        mode: String,
-        /// Whether it was a crash (stop, leave the disk as it is) rather
-        /// than a failure (an error, cleaned up).
+        /// True for a simulated crash (stop, leave the disk as it is), false
+        /// for a failure (an error, cleaned up).
         crash: bool,
         /// The file being written.
         path: PathBuf,

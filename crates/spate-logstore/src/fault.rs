@@ -22,50 +22,15 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 
+use spate_core::sync::lock;
 use tracing::warn;
 
 use crate::error::{LogStoreError, Result};
-use crate::file_manager::{self, CheckpointFileManager, Observer, Overwrite, PublishCheck, parent_of};
+use crate::file_manager::{self, CheckpointFileManager, FaultPoint, Observer, Overwrite, PublishCheck, parent_of};
 use crate::lock::{LeaseOptions, LockStatus, WriterLock};
 use spate_core::Clock;
-
-/// A point in the atomic write protocol where a fault can be injected.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum FaultPoint {
-    /// Before the temp file is created.
-    BeforeTempWrite,
-    /// After half of the bytes reached the temp file.
-    PartialTempWrite,
-    /// After all bytes were written, before the fsync.
-    AfterTempWrite,
-    /// In place of the temp file's fsync (a failing fsync, or a crash just before it).
-    TempFsync,
-    /// In place of the link/rename to the target name.
-    Rename,
-    /// After the target name exists, before the temp name is removed.
-    AfterRename,
-    /// In place of the directory fsync.
-    DirFsync,
-    /// After everything, before the call returns.
-    AfterDirFsync,
-}
-
-impl FaultPoint {
-    /// Every point, in the order a write reaches them.
-    pub const ALL: [FaultPoint; 8] = [
-        FaultPoint::BeforeTempWrite,
-        FaultPoint::PartialTempWrite,
-        FaultPoint::AfterTempWrite,
-        FaultPoint::TempFsync,
-        FaultPoint::Rename,
-        FaultPoint::AfterRename,
-        FaultPoint::DirFsync,
-        FaultPoint::AfterDirFsync,
-    ];
-}
 
 /// What an injected fault does.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -159,7 +124,7 @@ impl FaultyFileManager {
 
     /// Injects `mode` at `point` of the next atomic write that reaches it (once).
     pub fn arm(&self, point: FaultPoint, mode: FaultMode) {
-        *self.armed.lock().unwrap_or_else(PoisonError::into_inner) = Some((point, mode));
+        *lock(&self.armed) = Some((point, mode));
     }
 
     /// Runs `hook` when the next atomic write reaches `point` (once), then
@@ -168,7 +133,7 @@ impl FaultyFileManager {
     /// the window the fence cannot close; a hook at an earlier point plays
     /// one the fence must catch.
     pub fn on(&self, point: FaultPoint, hook: impl FnOnce() + Send + 'static) {
-        *self.hook.lock().unwrap_or_else(PoisonError::into_inner) = Some((point, Box::new(hook)));
+        *lock(&self.hook) = Some((point, Box::new(hook)));
     }
 
     /// Every `write(2)` from now on takes at most `max_bytes` (at least 1).
@@ -197,7 +162,7 @@ impl FaultyFileManager {
     }
 
     fn run_hook(&self, point: FaultPoint) {
-        let mut slot = self.hook.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut slot = lock(&self.hook);
         let hook = match slot.take() {
             Some((at, hook)) if at == point => Some(hook),
             other => {
@@ -217,7 +182,7 @@ impl FaultyFileManager {
     }
 
     fn unsynced(&self) -> std::sync::MutexGuard<'_, Vec<Unsynced>> {
-        self.unsynced.lock().unwrap_or_else(PoisonError::into_inner)
+        lock(&self.unsynced)
     }
 
     /// Records what the write has made (not yet) durable on reaching `point`.
@@ -225,7 +190,7 @@ impl FaultyFileManager {
         if !self.tracking() {
             return;
         }
-        let mut replaced = self.replaced.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut replaced = lock(&self.replaced);
         match point {
             // The temp file exists from here, its data not synced.
             FaultPoint::PartialTempWrite => self.unsynced().push(Unsynced::Data(temp.to_path_buf())),
@@ -256,7 +221,7 @@ impl FaultyFileManager {
 
     fn maybe_fire(&self, point: FaultPoint, path: &Path, temp: &Path) -> Result<()> {
         self.run_hook(point);
-        let mut armed = self.armed.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut armed = lock(&self.armed);
         match *armed {
             Some((at, mode)) if at == point => {
                 *armed = None;
@@ -276,7 +241,6 @@ impl FaultyFileManager {
                 }
                 Err(LogStoreError::InjectedFault {
                     point: format!("{point:?}"),
-                    mode: format!("{mode:?}"),
                     crash: mode == FaultMode::Crash,
                     path: path.to_path_buf(),
                 })
@@ -403,7 +367,9 @@ mod tests {
         let fm = FaultyFileManager::new();
         fm.arm(FaultPoint::PartialTempWrite, FaultMode::Crash);
         let err = fm.create_atomic(&dir.path().join("0"), b"0123456789", NO_FENCE).unwrap_err();
-        assert!(matches!(&err, LogStoreError::InjectedFault { point, crash: true, .. } if point == "PartialTempWrite"));
+        assert!(
+            matches!(err, LogStoreError::InjectedFault { ref point, crash: true, .. } if point == "PartialTempWrite")
+        );
         assert!(fm.has_crashed());
         assert!(matches!(fm.list(dir.path()), Err(LogStoreError::Crashed)));
         // The half-written temp file is left on disk, as a dead process would leave it.

@@ -20,7 +20,6 @@ use spate_core::{BatchId, Clock};
 use tracing::{debug, warn};
 
 use crate::error::{LogStoreError, Result};
-use crate::fault::FaultPoint;
 use crate::lock::{LeaseOptions, LockStatus, WriterLock};
 use crate::log::{BatchName, batch_name};
 
@@ -474,6 +473,44 @@ pub(crate) fn rename_no_replace(from: &Path, to: &Path, observer: &dyn Observer)
     fs::remove_file(from).map_err(|e| LogStoreError::io("remove after move", from, e))?;
     fsync_dir_observed(parent_of(to), observer)?;
     fsync_dir_observed(parent_of(from), observer)
+}
+
+/// A step of the atomic write protocol, as the protocol reports it to an
+/// observer: where a fault-injecting layer (feature `failpoints`) can fail
+/// or crash a write.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum FaultPoint {
+    /// Before the temp file is created.
+    BeforeTempWrite,
+    /// After half of the bytes reached the temp file.
+    PartialTempWrite,
+    /// After all bytes were written, before the fsync.
+    AfterTempWrite,
+    /// In place of the temp file's fsync (a failing fsync, or a crash just before it).
+    TempFsync,
+    /// In place of the link/rename to the target name.
+    Rename,
+    /// After the target name exists, before the temp name is removed.
+    AfterRename,
+    /// In place of the directory fsync.
+    DirFsync,
+    /// After everything, before the call returns.
+    AfterDirFsync,
+}
+
+impl FaultPoint {
+    /// Every point, in the order a write reaches them.
+    pub const ALL: [FaultPoint; 8] = [
+        FaultPoint::BeforeTempWrite,
+        FaultPoint::PartialTempWrite,
+        FaultPoint::AfterTempWrite,
+        FaultPoint::TempFsync,
+        FaultPoint::Rename,
+        FaultPoint::AfterRename,
+        FaultPoint::DirFsync,
+        FaultPoint::AfterDirFsync,
+    ];
 }
 
 /// What the write protocol tells a fault-injecting layer as it goes; the

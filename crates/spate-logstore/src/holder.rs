@@ -1,5 +1,7 @@
 //! Who holds a checkpoint's writer lock: the plain record that the lock
-//! file (or an object store's lease) carries and errors name.
+//! file and the lease carry, and that [`crate::LogStoreError::Locked`]
+//! reports. Kept apart from the lock itself so the error type can name it
+//! without depending on the locking code.
 
 use std::fmt;
 

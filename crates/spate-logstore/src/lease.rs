@@ -39,13 +39,15 @@ use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::thread::JoinHandle;
 
 use serde::{Deserialize, Serialize};
+use spate_core::sync::lock;
 use spate_core::{Clock, Time};
 use tracing::{info, warn};
 
 use crate::error::{LogStoreError, Result};
 use crate::file_manager::{CheckpointFileManager, FileVersion, NO_FENCE};
+use crate::holder::LockHolder;
 use crate::lock::{
-    LOCK_FILE, LeaseOptions, LockHolder, LockStatus, MAX_LOCK_FILE_BYTES, OnDisk, WriterLock, host_name, next_epoch,
+    LOCK_FILE, LeaseOptions, LockStatus, MAX_LOCK_FILE_BYTES, OnDisk, WriterLock, host_name, next_epoch,
 };
 use crate::log::{Json, decode_entry, encode_entry};
 use crate::process::{Liveness, ProcessIdentity, liveness};
@@ -329,7 +331,7 @@ impl LeaseState {
     }
 
     fn current(&self) -> std::sync::MutexGuard<'_, Current> {
-        self.current.lock().unwrap_or_else(PoisonError::into_inner)
+        lock(&self.current)
     }
 
     /// Ok while the lease is ours and runs for longer than the safety margin.
@@ -444,7 +446,7 @@ impl LeaseState {
     /// holder (an earlier renewal whose answer was lost had landed) is not
     /// a loss: that version is taken and the renewal made again, once.
     pub(crate) fn renew(&self) -> Result<()> {
-        let _renewing = self.renewing.lock().unwrap_or_else(PoisonError::into_inner);
+        let _renewing = lock(&self.renewing);
         for _ in 0..2 {
             let (now, expected) = self.before_renewal()?;
             let lease = Lease {
@@ -520,7 +522,7 @@ impl LeaseState {
     /// Ends the lease now, so the next writer need not wait for it to run
     /// out. From here on this writer's fence refuses.
     fn release(&self) {
-        let _renewing = self.renewing.lock().unwrap_or_else(PoisonError::into_inner);
+        let _renewing = lock(&self.renewing);
         let now = self.clock.now();
         let version = {
             let mut current = self.current();
@@ -583,7 +585,7 @@ impl LeaseKeeper {
 
 fn renew_until_stopped(state: &LeaseState, stop: &(Mutex<bool>, Condvar)) {
     let (stopped, wake) = stop;
-    let mut guard = stopped.lock().unwrap_or_else(PoisonError::into_inner);
+    let mut guard = lock(stopped);
     loop {
         // Real time here: the renewal cadence is the one thing that must follow the wall clock.
         let every = std::time::Duration::from_millis(state.options.renew_every.as_millis());
@@ -606,7 +608,7 @@ fn renew_until_stopped(state: &LeaseState, stop: &(Mutex<bool>, Condvar)) {
 impl Drop for LeaseKeeper {
     fn drop(&mut self) {
         let (stopped, wake) = &*self.stop;
-        *stopped.lock().unwrap_or_else(PoisonError::into_inner) = true;
+        *lock(stopped) = true;
         wake.notify_all();
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();

@@ -9,10 +9,11 @@
 //!   fsync), conditional replace, append, delete, the writer lock;
 //!   [`file_manager_for`] picks one by location: `ObjectStoreFileManager`
 //!   for `s3://bucket/prefix` (feature `s3`: conditional puts, no rename,
-//!   the lock a lease), [`LocalFileManager`] on the local file system and
-//!   [`FaultyFileManager`], which fails (an error, a full disk) or "crashes"
-//!   at every step of a write, with short writes, and with crashes that lose
-//!   what was not synced;
+//!   the lock a lease), [`LocalFileManager`] on the local file system and,
+//!   with the `failpoints` feature, `FaultyFileManager`, which fails (an
+//!   error, a full disk) or "crashes" at every step of a write
+//!   ([`FaultPoint`]), with short writes, and with crashes that lose what
+//!   was not synced;
 //! - [`MetadataLog`] with Spark's `HDFSMetadataLog` semantics: write-once
 //!   entries named by their decimal batch id, a `v1` line then JSON ending in
 //!   a checksum field that Spark ignores; [`OffsetLog`] (readable from a
@@ -66,6 +67,7 @@
 mod checkpoint;
 mod entries;
 mod error;
+#[cfg(feature = "failpoints")]
 mod fault;
 mod file_manager;
 mod holder;
@@ -73,7 +75,7 @@ mod lease;
 mod location;
 mod lock;
 mod log;
-#[cfg(feature = "s3")]
+#[cfg(all(feature = "s3", feature = "failpoints"))]
 mod object_faults;
 #[cfg(feature = "s3")]
 mod object_files;
@@ -88,20 +90,21 @@ pub use checkpoint::{
 };
 pub use entries::{CommitLog, CommitMetadata, NO_OFFSET, OffsetLog, OffsetSeq, SourceOffset};
 pub use error::{LogStoreError, Result};
-pub use fault::{FaultMode, FaultPoint, FaultyFileManager};
+#[cfg(feature = "failpoints")]
+pub use fault::{FaultMode, FaultyFileManager};
 pub use file_manager::{
-    CheckpointFileManager, DIR_MODE, FILE_MODE, FileVersion, LocalFileManager, LogListing, NO_FENCE, PublishCheck,
-    Tightened,
+    CheckpointFileManager, DIR_MODE, FILE_MODE, FaultPoint, FileVersion, LocalFileManager, LogListing, NO_FENCE,
+    PublishCheck, Tightened,
 };
+pub use holder::LockHolder;
 pub use location::{ObjectStoreSettings, S3_SCHEME, file_manager_for, is_object_store_location, redacted};
 pub use lock::{
-    EpochFence, LOCK_FILE, LeaseOptions, LockHolder, LockStatus, WriterLock, decode_lock_file, encode_lock_file,
-    read_lock_holder,
+    EpochFence, LOCK_FILE, LeaseOptions, LockStatus, WriterLock, decode_lock_file, encode_lock_file, read_lock_holder,
 };
 pub use log::{
     BodyError, Json, LogEntry, MAX_LOG_FILE_BYTES, MetadataLog, decode_entry, encode_entry, parse_batch_file_name,
 };
-#[cfg(feature = "s3")]
+#[cfg(all(feature = "s3", feature = "failpoints"))]
 pub use object_faults::{FaultyObjectStore, HeldWrite, ObjectFault};
 #[cfg(feature = "s3")]
 pub use object_files::ObjectStoreFileManager;

@@ -31,7 +31,7 @@ use tracing::{info, warn};
 
 use crate::error::{LogStoreError, Result};
 use crate::file_manager::{FILE_MODE, fsync_dir};
-pub use crate::holder::LockHolder;
+use crate::holder::LockHolder;
 use crate::log::{Json, decode_entry, encode_entry};
 
 /// The lock file's name in a checkpoint directory.

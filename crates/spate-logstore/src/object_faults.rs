@@ -12,7 +12,7 @@
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError, mpsc};
+use std::sync::{Arc, Mutex, mpsc};
 
 use async_trait::async_trait;
 use futures::StreamExt;
@@ -23,6 +23,7 @@ use object_store::{
     CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore, ObjectStoreExt,
     PutMultipartOptions, PutOptions, PutPayload, PutResult,
 };
+use spate_core::sync::lock;
 
 /// When the chosen write fails.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -72,12 +73,12 @@ pub struct HeldWrite {
 impl HeldWrite {
     /// Blocks until the held write has been requested (and is waiting).
     pub fn wait_until_reached(&self) {
-        let _ = self.reached.lock().unwrap_or_else(PoisonError::into_inner).recv();
+        let _ = lock(&self.reached).recv();
     }
 
     /// Lets the held write go on to the store.
     pub fn release(&self) {
-        if let Some(release) = self.release.lock().unwrap_or_else(PoisonError::into_inner).take() {
+        if let Some(release) = lock(&self.release).take() {
             let _ = release.send(());
         }
     }
@@ -105,7 +106,7 @@ impl Faults {
         match self.fail_at {
             Some((at, fault)) if at == n => {
                 self.fired.store(true, Ordering::SeqCst);
-                *self.fired_on.lock().unwrap_or_else(PoisonError::into_inner) = Some(location.to_string());
+                *lock(&self.fired_on) = Some(location.to_string());
                 match fault {
                     ObjectFault::BeforeApply => Err(injected(location)),
                     // Applied; only the answer is lost.
@@ -126,7 +127,7 @@ impl Faults {
     /// Waits for the test to let write `n` go when it is the held one.
     async fn hold_if_chosen(&self, n: usize) {
         let chosen = {
-            let mut held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut held = lock(&self.held);
             match held.take() {
                 Some((at, reached, release)) if at == n => Some((reached, release)),
                 other => {
@@ -186,7 +187,7 @@ impl FaultyObjectStore {
 
     /// The key of the object the failed write was for, once it failed.
     pub fn fired_on(&self) -> Option<String> {
-        self.faults.fired_on.lock().unwrap_or_else(PoisonError::into_inner).clone()
+        lock(&self.faults.fired_on).clone()
     }
 }
 

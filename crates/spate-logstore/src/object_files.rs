@@ -135,7 +135,7 @@ impl ObjectStoreFileManager {
     }
 
     /// The file manager of `location` on `store` (the bucket), its keys under
-    /// `prefix`: an in-memory store or a [`crate::FaultyObjectStore`] in tests.
+    /// `prefix`: an in-memory store or a `FaultyObjectStore` in tests.
     pub fn with_store(location: &Path, prefix: &str, store: Arc<dyn ObjectStore>) -> Result<Self> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)

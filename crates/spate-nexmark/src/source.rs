@@ -15,16 +15,16 @@
 //! source continues at `U` on the logged timeline (its resume hook).
 
 use std::ops::Range;
-use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 
 use serde::{Deserialize, Serialize};
 use spate_core::Time;
+use spate_core::sync::{lock, read, write};
 use spate_dstream::{BatchLimits, BoxError, InputSource};
 
 use crate::error::NexmarkError;
 use crate::generator::NexmarkGenerator;
 use crate::model::Event;
-use spate_core::sync::lock;
 
 /// Below this many events a batch is generated on the calling thread.
 const PARALLEL_THRESHOLD: u64 = 4096;
@@ -95,7 +95,7 @@ impl NexmarkSource {
 
     /// The generator the next batch plans from.
     pub fn generator(&self) -> NexmarkGenerator {
-        self.generator.read().unwrap_or_else(PoisonError::into_inner).clone()
+        read(&self.generator).clone()
     }
 
     /// The first position no batch has planned yet.
@@ -113,7 +113,7 @@ impl NexmarkSource {
     pub fn resume_from(&self, offsets: &str) -> Result<(), NexmarkError> {
         let planned = Planned::parse(offsets)?;
         let generator = self.generator_for(&planned)?;
-        *self.generator.write().unwrap_or_else(PoisonError::into_inner) = generator;
+        *write(&self.generator) = generator;
         *lock(&self.position) = planned.until;
         Ok(())
     }

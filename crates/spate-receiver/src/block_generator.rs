@@ -19,6 +19,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 
 use crossbeam::channel::{Receiver, Sender};
+use spate_core::sync::lock;
 use spate_core::{Clock, Duration, InPlace, StreamBlockId, StreamId, Time};
 use tracing::{debug, warn};
 
@@ -323,7 +324,7 @@ impl<T: Record> BlockGenerator<T> {
             .name(name.clone())
             .spawn(body)
             .map_err(|e| ReceiverError::Runtime { what: name, reason: e.to_string() })?;
-        self.threads.lock().unwrap_or_else(PoisonError::into_inner).push(handle);
+        lock(&self.threads).push(handle);
         Ok(())
     }
 
@@ -534,7 +535,7 @@ impl<T: Record> BlockGenerator<T> {
     }
 
     fn join(&self) -> Result<(), ReceiverError> {
-        let threads = std::mem::take(&mut *self.threads.lock().unwrap_or_else(PoisonError::into_inner));
+        let threads = std::mem::take(&mut *lock(&self.threads));
         let mut result = Ok(());
         for thread in threads {
             let name = thread.thread().name().unwrap_or("block generator").to_string();
@@ -642,11 +643,11 @@ fn next_or_oldest_done<T>(queue: &Receiver<QueuedBlock<T>>, oldest: &Pending<()>
 
 impl<T: Record> Shared<T> {
     fn lock_buffer(&self) -> MutexGuard<'_, Buffer<T>> {
-        self.buffer.lock().unwrap_or_else(PoisonError::into_inner)
+        lock(&self.buffer)
     }
 
     fn lock_progress(&self) -> MutexGuard<'_, PushProgress> {
-        self.progress.lock().unwrap_or_else(PoisonError::into_inner)
+        lock(&self.progress)
     }
 
     /// How many of `wanted` more records fit in the block under its caps
@@ -696,7 +697,7 @@ impl<T: Record> Shared<T> {
         };
         buffer.bytes = 0;
         let seq = self.cut_seq.load(Ordering::Acquire) + 1;
-        let queue = self.queue.lock().unwrap_or_else(PoisonError::into_inner).clone();
+        let queue = lock(&self.queue).clone();
         let sent = queue.map(|q| q.send(QueuedBlock { seq, block_id, block }));
         match sent {
             Some(Ok(())) => {
@@ -712,7 +713,7 @@ impl<T: Record> Shared<T> {
     /// not shrink the next one).
     fn next_buffer(&self, full: &Vec<T>) -> Vec<T> {
         let wanted = full.capacity().min(self.config.block_records_cap()).max(full.len());
-        let spare = self.spare_buffers.lock().unwrap_or_else(PoisonError::into_inner).pop();
+        let spare = lock(&self.spare_buffers).pop();
         let mut next = spare.unwrap_or_default();
         next.reserve(wanted);
         next
@@ -722,7 +723,7 @@ impl<T: Record> Shared<T> {
     /// [`SPARE_BUFFERS`] are kept (a buffer given back with records in it
     /// is dropped).
     fn give_back(&self, buffer: Vec<T>) {
-        let mut spares = self.spare_buffers.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut spares = lock(&self.spare_buffers);
         if spares.len() < SPARE_BUFFERS && buffer.is_empty() {
             spares.push(buffer);
         }
@@ -742,7 +743,7 @@ impl<T: Record> Shared<T> {
             warn!(stream = %self.stream_id, error = %e, records = buffer.records.len(), "last block was not queued");
         }
         // Closing the queue lets the pusher finish once it is drained.
-        self.queue.lock().unwrap_or_else(PoisonError::into_inner).take();
+        lock(&self.queue).take();
     }
 
     /// Pushes blocks in order, with up to [`MAX_IN_FLIGHT`] started and not

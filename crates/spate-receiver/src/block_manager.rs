@@ -19,6 +19,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
+use spate_core::sync::lock;
 use spate_core::{Clock, MemoryBudget, Reservation, StreamBlockId, StreamId, Time};
 use tracing::{debug, warn};
 
@@ -435,7 +436,7 @@ impl<T: Record> BlockManager<T> {
 
     fn lock(&self) -> MutexGuard<'_, Inner<T>> {
         // Every update of `Inner` completes before anything can panic.
-        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+        lock(&self.inner)
     }
 }
 

@@ -8,10 +8,11 @@
 //! the block survives a crash, and the store result carries its WAL handle.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 use crossbeam::channel::{Receiver, Sender, TryRecvError, bounded, unbounded};
+use spate_core::sync::lock;
 use spate_core::{
     BlockStoreResult, Clock, FrameCodec, StreamBlockId, StreamId, Time, Unfenced, WalRecordHandle, WriterFence,
 };
@@ -425,7 +426,7 @@ impl<T: Record> WriteAheadLogBasedBlockHandler<T> {
     ) -> Result<(Receiver<WalReply>, Receiver<()>), ReceiverError> {
         let (reply_tx, reply_rx) = bounded(1);
         let (answered_tx, answered_rx) = bounded(0);
-        let writer = self.writer.lock().unwrap_or_else(PoisonError::into_inner);
+        let writer = lock(&self.writer);
         let closed = || ReceiverError::Stopped { stream_id: block_id.stream_id, what: "storing a block" };
         let writers = writer.as_ref().ok_or_else(closed)?;
         // The block's own frame checksum gives the log its record checksum
@@ -519,7 +520,7 @@ impl<T: Record> ReceivedBlockHandler<T> for WriteAheadLogBasedBlockHandler<T> {
     }
 
     fn close(&self) -> Result<(), ReceiverError> {
-        let writer = self.writer.lock().unwrap_or_else(PoisonError::into_inner).take();
+        let writer = lock(&self.writer).take();
         if let Some(WalWriters { jobs, threads }) = writer {
             drop(jobs);
             let panicked = threads.into_iter().map(JoinHandle::join).filter(Result::is_err).count();

@@ -2,8 +2,9 @@
 //! runtime's backpressure may change while records flow.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 
+use spate_core::sync::lock;
 use spate_core::{Clock, Time};
 
 /// Missed permits, in milliseconds of the limit, a late caller may still use.
@@ -69,7 +70,7 @@ impl RateLimiter {
             return None;
         }
         let now = self.clock.now();
-        let mut next_free = self.next_free_ms.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut next_free = lock(&self.next_free_ms);
         let start = next_free.max(now.as_millis() as f64 - CATCH_UP_MS);
         *next_free = start + n as f64 * 1000.0 / limit as f64;
         let wait_until = Time::from_millis(start.ceil() as i64);
@@ -80,7 +81,7 @@ impl RateLimiter {
     /// its permits included), to the millisecond; `None` before the first
     /// reservation under a limit.
     pub fn reserved_until(&self) -> Option<Time> {
-        let next_free = *self.next_free_ms.lock().unwrap_or_else(PoisonError::into_inner);
+        let next_free = *lock(&self.next_free_ms);
         (next_free > f64::MIN).then(|| Time::from_millis(next_free.ceil() as i64))
     }
 

@@ -7,6 +7,7 @@
 
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 
+use spate_core::sync::lock;
 use spate_core::{Clock, Time};
 
 /// Longest real-time slice of a clock wait before the clock is read again.
@@ -35,19 +36,19 @@ impl Default for StopSignal {
 impl StopSignal {
     /// Signals the stop and wakes every waiter.
     pub(crate) fn stop(&self) {
-        *self.inner.stopped.lock().unwrap_or_else(PoisonError::into_inner) = true;
+        *lock(&self.inner.stopped) = true;
         self.inner.changed.notify_all();
         self.inner.watch.send_replace(true);
     }
 
     /// True once stopped.
     pub(crate) fn is_stopped(&self) -> bool {
-        *self.inner.stopped.lock().unwrap_or_else(PoisonError::into_inner)
+        *lock(&self.inner.stopped)
     }
 
     /// Blocks until `clock` reaches `deadline` (true) or the signal stops (false).
     pub(crate) fn wait_until(&self, clock: &dyn Clock, deadline: Time) -> bool {
-        let mut stopped = self.inner.stopped.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut stopped = lock(&self.inner.stopped);
         loop {
             if *stopped {
                 return false;

@@ -13,6 +13,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 
 use async_trait::async_trait;
+use spate_core::sync::lock;
 use spate_core::{Clock, Duration, InPlace, ReceivedBlockInfo, StreamId, Time};
 use tracing::{error, info, warn};
 
@@ -205,7 +206,7 @@ struct SupervisorState {
 
 impl SupervisorState {
     fn lock(&self) -> MutexGuard<'_, Status> {
-        self.status.lock().unwrap_or_else(PoisonError::into_inner)
+        lock(&self.status)
     }
 
     fn set_state(&self, state: ReceiverState) {
@@ -341,7 +342,7 @@ impl<T: Record> ReceiverContext<T> {
     pub fn restart(&self, reason: impl Into<String>) {
         let reason = reason.into();
         warn!(stream = %self.shared.stream_id, %reason, "receiver asked to be restarted");
-        *self.run.restart_reason.lock().unwrap_or_else(PoisonError::into_inner) = Some(reason);
+        *lock(&self.run.restart_reason) = Some(reason);
         self.run.cancel.stop();
     }
 
@@ -367,7 +368,7 @@ impl<T: Record> ReceiverContext<T> {
     /// Spawns a task of this run; the supervisor joins it when the run ends.
     pub fn spawn(&self, task: impl Future<Output = ()> + Send + 'static) {
         let handle = self.runtime.spawn(task);
-        self.run.tasks.lock().unwrap_or_else(PoisonError::into_inner).push(handle);
+        lock(&self.run.tasks).push(handle);
     }
 
     /// The current rate limit of stored records, per second.
@@ -499,7 +500,7 @@ impl<T: Record> ReceiverSupervisor<T> {
         self.shared.supervisor.stop.stop();
         self.shared.cancel_current_run();
         self.shared.generator.interrupt_adders();
-        let thread = self.receiver_thread.lock().unwrap_or_else(PoisonError::into_inner).take();
+        let thread = lock(&self.receiver_thread).take();
         let joined = match thread.map(JoinHandle::join) {
             Some(Err(_)) => Err(ReceiverError::Runtime {
                 what: format!("receiver thread of stream {}", self.shared.stream_id),
@@ -525,7 +526,7 @@ impl<T> Drop for ReceiverSupervisor<T> {
 
 impl<T> ContextShared<T> {
     fn cancel_current_run(&self) {
-        if let Some(run) = self.current_run.lock().unwrap_or_else(PoisonError::into_inner).as_ref() {
+        if let Some(run) = lock(&self.current_run).as_ref() {
             run.cancel.stop();
         }
     }
@@ -547,14 +548,14 @@ impl<T: Record> ContextShared<T> {
             self.supervisor.set_state(ReceiverState::Running);
             let started_at = self.clock.now();
             let run = Arc::new(RunState::default());
-            *self.current_run.lock().unwrap_or_else(PoisonError::into_inner) = Some(Arc::clone(&run));
+            *lock(&self.current_run) = Some(Arc::clone(&run));
             if self.supervisor.stop.is_stopped() {
                 break;
             }
             let ctx =
                 ReceiverContext { shared: Arc::clone(&self), run: Arc::clone(&run), runtime: runtime.handle().clone() };
             let outcome = runtime.block_on(self.run_once(&mut receiver, ctx, &run));
-            let restart_reason = run.restart_reason.lock().unwrap_or_else(PoisonError::into_inner).take();
+            let restart_reason = lock(&run.restart_reason).take();
             if self.supervisor.stop.is_stopped() {
                 break;
             }
@@ -590,7 +591,7 @@ impl<T: Record> ContextShared<T> {
         };
         run.cancel.stop();
         receiver.on_stop().await;
-        let tasks = std::mem::take(&mut *run.tasks.lock().unwrap_or_else(PoisonError::into_inner));
+        let tasks = std::mem::take(&mut *lock(&run.tasks));
         // The run is over: a task still waiting is cancelled at its await,
         // as the run itself was, and then joined.
         for task in tasks {

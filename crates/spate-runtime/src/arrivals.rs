@@ -26,6 +26,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crossbeam::channel::{Receiver, Sender};
+use spate_core::sync::lock;
 use spate_core::{CoreError, MemoryBudget, StreamBlockId};
 use spate_dstream::{ArrivalStage, ProcessedBlock};
 use spate_receiver::{BlockData, BlockManager, Record, block_payload};
@@ -234,7 +235,7 @@ impl<T: Record + Send + 'static> Arrivals<T> {
 
     fn lock(&self) -> MutexGuard<'_, HashMap<StreamBlockId, State>> {
         // Every update of the map completes before anything can panic.
-        self.states.lock().unwrap_or_else(PoisonError::into_inner)
+        lock(&self.states)
     }
 }
 

@@ -15,6 +15,7 @@ use std::time::Instant;
 
 use crossbeam::channel::{Receiver, Sender};
 use serde_json::{Value, json};
+use spate_core::sync::lock;
 use spate_core::{BatchId, Clock, Duration, MemoryBudget, Time};
 use spate_dstream::{BatchLimits, Graph, PlannedOffsets};
 use spate_logstore::{OffsetSeq, SourceOffset};
@@ -78,18 +79,18 @@ struct StatusState {
 
 impl SharedStatus {
     fn update(&self, f: impl FnOnce(&mut StatusState)) {
-        f(&mut self.state.lock().unwrap_or_else(PoisonError::into_inner));
+        f(&mut lock(&self.state));
         self.changed.notify_all();
     }
 
     pub(crate) fn last_committed(&self) -> Option<BatchId> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner).last_committed
+        lock(&self.state).last_committed
     }
 
     /// Waits (real time, up to `timeout`) until `batch` committed; false on
     /// timeout or when the driver ended first.
     pub(crate) fn wait_committed(&self, batch: BatchId, timeout: std::time::Duration) -> bool {
-        let state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let state = lock(&self.state);
         let (state, _) = self
             .changed
             .wait_timeout_while(state, timeout, |s| s.last_committed.is_none_or(|c| c < batch) && !s.finished)
@@ -99,7 +100,7 @@ impl SharedStatus {
 
     /// The failure that ended the driver, if it failed.
     pub(crate) fn failure(&self) -> Option<String> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner).failure.clone()
+        lock(&self.state).failure.clone()
     }
 }
 

@@ -1,7 +1,8 @@
 //! Test hooks that stop or break the driver at a known point of a batch, so
 //! tests of crashes, signals and panics do not depend on timing. They are
 //! off unless the environment variable `SPATE_FAILPOINTS` names one when a
-//! context is created; nothing else reads it.
+//! context is created; nothing else reads it. Only a build with the
+//! `failpoints` feature has them: without it, nothing ever fires.
 //!
 //! `SPATE_FAILPOINTS` is one of:
 //!
@@ -19,6 +20,7 @@
 //! N is the first batch whose id is at least `SPATE_FAILPOINT_BATCH`
 //! (default 0); each failpoint fires once per context.
 
+#[cfg(feature = "failpoints")]
 use std::path::PathBuf;
 
 use spate_core::BatchId;
@@ -26,11 +28,13 @@ use spate_core::BatchId;
 use crate::error::RuntimeError;
 
 /// The variable that names the failpoint.
-pub(crate) const FAILPOINTS_VAR: &str = "SPATE_FAILPOINTS";
+const FAILPOINTS_VAR: &str = "SPATE_FAILPOINTS";
 /// The variable that names the directory of a hold's `held` and `release` files.
-pub(crate) const FAILPOINT_DIR_VAR: &str = "SPATE_FAILPOINT_DIR";
+#[cfg(feature = "failpoints")]
+const FAILPOINT_DIR_VAR: &str = "SPATE_FAILPOINT_DIR";
 /// The variable that names the first batch a failpoint may fire in.
-pub(crate) const FAILPOINT_BATCH_VAR: &str = "SPATE_FAILPOINT_BATCH";
+#[cfg(feature = "failpoints")]
+const FAILPOINT_BATCH_VAR: &str = "SPATE_FAILPOINT_BATCH";
 
 /// Where in a batch a failpoint sits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -44,6 +48,7 @@ pub(crate) enum Point {
 }
 
 /// What the failpoint does.
+#[cfg(feature = "failpoints")]
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum Action {
     Hold { at: Point, dir: PathBuf },
@@ -54,9 +59,32 @@ enum Action {
 /// The configured failpoint of one context (usually none).
 #[derive(Debug, Default)]
 pub(crate) struct Failpoints {
+    #[cfg(feature = "failpoints")]
     armed: Option<(Action, BatchId)>,
 }
 
+#[cfg(not(feature = "failpoints"))]
+impl Failpoints {
+    /// None: this build has no failpoints. One named in the environment is
+    /// reported, since a test that sets it would otherwise wait for a hold
+    /// that never comes.
+    pub(crate) fn from_env() -> Result<Self, RuntimeError> {
+        if std::env::var_os(FAILPOINTS_VAR).is_some_and(|name| !name.is_empty()) {
+            tracing::warn!("{FAILPOINTS_VAR} is set, but this build has no failpoints (feature `failpoints`)");
+        }
+        Ok(Failpoints::default())
+    }
+
+    /// Never fires.
+    pub(crate) fn reach(&mut self, _point: Point, _batch: BatchId) {}
+
+    /// Never fires.
+    pub(crate) fn output_panics(&mut self, _batch: BatchId) -> bool {
+        false
+    }
+}
+
+#[cfg(feature = "failpoints")]
 impl Failpoints {
     /// Reads the environment; a failpoint that is named but malformed is an error.
     pub(crate) fn from_env() -> Result<Self, RuntimeError> {
@@ -112,6 +140,7 @@ impl Failpoints {
     }
 }
 
+#[cfg(feature = "failpoints")]
 /// Writes `held`, then waits for `release`. Polling is fine: this is a test
 /// hook, and the test waits on `held` rather than on time.
 fn hold(dir: &std::path::Path, batch: BatchId) {

@@ -37,8 +37,8 @@
 //!   once per process), and [`StreamingSettings::with_ui_addr`] serves a
 //!   web page of the last batches, live charts, the inputs, the checkpoint
 //!   and the recovery, every asset from the job itself;
-//! - test hooks: the environment variable `SPATE_FAILPOINTS` (off unless
-//!   set) holds the driver at a named point of a batch until a file appears,
+//! - test hooks (feature `failpoints`): the environment variable
+//!   `SPATE_FAILPOINTS` (off unless set) holds the driver at a named point of a batch until a file appears,
 //!   or makes it panic there, so crash and signal tests need no timing;
 //! - [`demo`]: the windowed word count of seeded random words.
 //!

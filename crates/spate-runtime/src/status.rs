@@ -10,10 +10,11 @@
 //! (a batch starting, each input's records).
 
 use std::collections::{BTreeMap, VecDeque};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Mutex, MutexGuard};
 
 use serde::Serialize;
 use serde_json::Value;
+use spate_core::sync::lock;
 use spate_core::{BatchId, Time};
 use spate_logstore::LockHolder;
 
@@ -136,7 +137,7 @@ impl StatusBoard {
     }
 
     fn lock(&self) -> MutexGuard<'_, Board> {
-        self.board.lock().unwrap_or_else(PoisonError::into_inner)
+        lock(&self.board)
     }
 
     /// The checkpoint the context holds.

@@ -9,19 +9,17 @@
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, OnceLock, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, Condvar, Mutex, OnceLock, PoisonError, RwLock};
 
+use spate_core::sync::{lock, read, write};
 use spate_core::{Clock, ReceivedBlockInfo, StreamId, Time};
 use spate_wal::{FileWriteAheadLog, WalOptions, WriteAheadLog};
 use tracing::{debug, error, info, warn};
 
-// A panic while a lock was held poisons the tracker itself (see
-// `PoisonOnPanic`), which refuses every later change: readers may go on.
 use crate::error::TrackerError;
 use crate::event::{TrackerEvent, encode_batch, for_each_event};
 use crate::report::RecoveryReport;
 use crate::state::{AllocatedBlocks, TrackedBlock, TrackerState};
-use spate_core::sync::lock;
 
 /// The directory of the tracker's event log inside a checkpoint directory.
 pub const EVENT_LOG_DIR: &str = "receivedBlockMetadata";
@@ -510,12 +508,4 @@ pub fn replay_event_log(
     state.mark_recovered();
     let report = RecoveryReport::of_state(&state, Some(log_dir.to_path_buf()), records, events);
     Ok((state, report))
-}
-
-fn read(state: &RwLock<TrackerState>) -> RwLockReadGuard<'_, TrackerState> {
-    state.read().unwrap_or_else(PoisonError::into_inner)
-}
-
-fn write(state: &RwLock<TrackerState>) -> RwLockWriteGuard<'_, TrackerState> {
-    state.write().unwrap_or_else(PoisonError::into_inner)
 }

@@ -30,7 +30,9 @@ use std::io;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
+
+use spate_core::sync::lock;
 
 use crate::files::{SegmentWriter, owner_only};
 use crate::record::{MIN_DIRECT, PAGE};
@@ -115,7 +117,7 @@ impl DirectSegment {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, DirectState> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+        lock(&self.state)
     }
 
     /// Writes the next `bytes` of `source` at `pos` through the page cache.

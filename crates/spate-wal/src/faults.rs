@@ -19,8 +19,9 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 
-use crate::files::{FileLayer, RealFiles, SegmentWriter};
 use spate_core::sync::lock;
+
+use crate::files::{FileLayer, RealFiles, SegmentWriter};
 
 /// How an append chosen with [`FaultInjection::fault_append_number`] fails.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -600,7 +601,7 @@ mod tests {
     fn hook_counts_and_fails_the_chosen_sync() {
         let dir = tempfile::tempdir().unwrap();
         let hook = FaultInjection::new();
-        let files = file_layer(Some(&hook));
+        let files = file_layer(&crate::WalOptions::default().with_fault_injection(hook.clone()));
         let (seg, len) = files.open_append(&dir.path().join("f"), false, None).unwrap();
         assert_eq!(len, 0);
         hook.fail_sync_number(2);

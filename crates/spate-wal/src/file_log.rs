@@ -8,8 +8,9 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicUsize;
-use std::sync::{Arc, Condvar, Mutex, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, Condvar, Mutex, RwLock};
 
+use spate_core::sync::{lock, read, write};
 use spate_core::{Time, WalRecordHandle};
 
 use crate::cleaner::Cleaner;
@@ -24,7 +25,6 @@ use crate::spares::Spares;
 use crate::takeover::{check_fence, open_segments, refuse_later_epochs, restrict_files};
 use crate::telemetry::WalMetrics;
 use crate::writer::{CommitOrder, CommitQueue, Writer};
-use spate_core::sync::lock;
 
 /// A write-ahead log in a directory of segment files.
 ///
@@ -82,7 +82,7 @@ impl FileWriteAheadLog {
         // so a handle's length, header included, fits in a u32).
         options.max_record_size = options.max_record_size.min(PADDING - 1);
         let epoch = options.fence.epoch();
-        let files = file_layer(options.fault_injection.as_ref());
+        let files = file_layer(&options);
         files.create_dir_all(&dir).map_err(WalError::io("create directory", &dir))?;
         let names = files.list(&dir).map_err(WalError::io("list", &dir))?;
         refuse_later_epochs(&dir, &names, epoch)?;
@@ -146,7 +146,7 @@ impl FileWriteAheadLog {
     /// The file names of the live segments, oldest first (those of earlier
     /// epochs included, however much of them this writer reads).
     pub fn segment_names(&self) -> Vec<String> {
-        read_lock(&self.shared.segments).iter().map(|s| s.name.clone()).collect()
+        read(&self.shared.segments).iter().map(|s| s.name.clone()).collect()
     }
 
     fn retire_in_background(&self, victims: Vec<Arc<Segment>>) {
@@ -193,14 +193,14 @@ impl WriteAheadLog for FileWriteAheadLog {
     }
 
     fn read_all(&self) -> Result<RecordIter<'_>, WalError> {
-        let snapshot = read_lock(&self.shared.segments).iter().map(|s| (Arc::clone(s), s.readable_len())).collect();
+        let snapshot = read(&self.shared.segments).iter().map(|s| (Arc::clone(s), s.readable_len())).collect();
         Ok(Box::new(AllRecords::new(&self.shared, snapshot)))
     }
 
     fn clean(&self, threshold: Time, wait_for_completion: bool) -> Result<(), WalError> {
         self.shared.fence_writer("clean")?;
         let victims: Vec<Arc<Segment>> = {
-            let mut segments = write_lock(&self.shared.segments);
+            let mut segments = write(&self.shared.segments);
             let (old, keep) = segments.drain(..).partition(|s| s.end < threshold && !s.is_active());
             *segments = keep;
             old
@@ -253,12 +253,4 @@ impl Shared {
         }
         first_error.map_or(Ok(()), Err)
     }
-}
-
-pub(crate) fn read_lock<T>(lock: &RwLock<T>) -> RwLockReadGuard<'_, T> {
-    lock.read().unwrap_or_else(PoisonError::into_inner)
-}
-
-pub(crate) fn write_lock<T>(lock: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
-    lock.write().unwrap_or_else(PoisonError::into_inner)
 }

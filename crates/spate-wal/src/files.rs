@@ -1,10 +1,10 @@
 //! The file layer: every file operation the log makes goes through the
 //! [`FileLayer`] trait, so tests can count `fdatasync`s and inject failures.
 //!
-//! [`RealFiles`] is the operating system; [`HookedFiles`] (in
-//! [`crate::faults`]) wraps it with a public [`FaultInjection`] hook that
-//! tests (in this crate and others) hand to the log through
-//! [`crate::WalOptions::fault_injection`].
+//! [`RealFiles`] is the operating system; with the `failpoints` feature,
+//! `HookedFiles` (in `faults.rs`) wraps it with a public `FaultInjection`
+//! hook that tests (in this crate and others) hand to the log through
+//! `WalOptions::fault_injection`.
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, IoSlice, Seek, SeekFrom, Write};
@@ -12,7 +12,9 @@ use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::faults::{FaultInjection, HookedFiles};
+#[cfg(feature = "failpoints")]
+use crate::faults::HookedFiles;
+use crate::options::WalOptions;
 
 /// An open segment, appended to by the one active writer. A commit syncs
 /// it while the next commit may already append (both take `&self`, as the
@@ -233,10 +235,19 @@ fn zero_file(_path: &Path) -> io::Result<()> {
     Err(io::Error::new(io::ErrorKind::Unsupported, "zeroing a file in place needs Linux"))
 }
 
-/// The file layer for `hook`: the real one, counted and failed on request when a hook is given.
-pub(crate) fn file_layer(hook: Option<&FaultInjection>) -> Arc<dyn FileLayer> {
-    match hook {
+/// The file layer a log with `options` uses: the real one, counted and
+/// failed on request when the options carry a fault-injection hook.
+#[cfg(feature = "failpoints")]
+pub(crate) fn file_layer(options: &WalOptions) -> Arc<dyn FileLayer> {
+    match &options.fault_injection {
         Some(hook) => Arc::new(HookedFiles::new(RealFiles::default(), hook.clone())),
         None => Arc::new(RealFiles::default()),
     }
+}
+
+/// The file layer a log with `options` uses: the real one (this build has
+/// no fault injection).
+#[cfg(not(feature = "failpoints"))]
+pub(crate) fn file_layer(_options: &WalOptions) -> Arc<dyn FileLayer> {
+    Arc::new(RealFiles::default())
 }

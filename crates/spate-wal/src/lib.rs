@@ -63,10 +63,10 @@
 //!   which on thin-provisioned disks is much faster than writing new files;
 //! - a log that refuses every write after a failed append, sync or
 //!   directory sync ([`WalError::Poisoned`]);
-//! - a [`FaultInjection`] hook for tests: counts operations; fails a chosen
+//! - with the `failpoints` feature, a `FaultInjection` hook for tests: counts operations; fails a chosen
 //!   sync, append, truncation, directory sync or rename; fills the device
-//!   or cuts an append short ([`AppendFault`]); holds a sync or an append
-//!   until the test releases it ([`SyncHold`]); and simulates a crash that
+//!   or cuts an append short (`AppendFault`); holds a sync or an append
+//!   until the test releases it (`SyncHold`); and simulates a crash that
 //!   loses every byte written since the last successful sync.
 //!
 //! It is not a key-value store, nor a replicated log, and it does not
@@ -117,6 +117,7 @@ mod cleaner;
 #[cfg(target_os = "linux")]
 mod direct;
 mod error;
+#[cfg(feature = "failpoints")]
 mod faults;
 mod file_log;
 mod files;
@@ -133,6 +134,7 @@ mod telemetry;
 mod writer;
 
 pub use error::WalError;
+#[cfg(feature = "failpoints")]
 pub use faults::{AppendFault, FaultInjection, SyncHold};
 pub use file_log::FileWriteAheadLog;
 pub use log::{RecordIter, WriteAheadLog};

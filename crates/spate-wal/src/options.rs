@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use spate_core::{Clock, Duration, SystemClock, Unfenced, WriterFence};
 
+#[cfg(feature = "failpoints")]
 use crate::faults::FaultInjection;
 
 /// When the log calls `fdatasync` on the active segment.
@@ -72,7 +73,9 @@ pub struct WalOptions {
     pub fence: Arc<dyn WriterFence>,
     /// The clock behind [`SyncPolicy::Interval`]. Default: [`SystemClock`].
     pub clock: Arc<dyn Clock>,
-    /// A test hook that counts and fails file operations. Default: none.
+    /// A test hook that counts and fails file operations (feature
+    /// `failpoints`). Default: none.
+    #[cfg(feature = "failpoints")]
     pub fault_injection: Option<FaultInjection>,
 }
 
@@ -91,6 +94,7 @@ impl Default for WalOptions {
             salvage: false,
             fence: Arc::new(Unfenced),
             clock: Arc::new(SystemClock),
+            #[cfg(feature = "failpoints")]
             fault_injection: None,
         }
     }
@@ -152,6 +156,7 @@ impl WalOptions {
     }
 
     /// Sets [`WalOptions::fault_injection`].
+    #[cfg(feature = "failpoints")]
     pub fn with_fault_injection(mut self, hook: FaultInjection) -> Self {
         self.fault_injection = Some(hook);
         self

@@ -29,8 +29,9 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::files::FileLayer;
 use spate_core::sync::lock;
+
+use crate::files::FileLayer;
 
 /// The file name prefix of spares; no segment name starts with it.
 const SPARE_PREFIX: &str = "spare-";

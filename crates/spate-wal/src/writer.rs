@@ -27,17 +27,17 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::Thread;
 use std::time::{Duration, Instant};
 
+use spate_core::sync::{lock, write};
 use spate_core::{Time, WalRecordHandle};
 
 use crate::error::WalError;
-use crate::file_log::{Shared, write_lock};
+use crate::file_log::Shared;
 use crate::files::SegmentWriter;
 use crate::header::{SEGMENT_HEADER_LEN, SegmentHeader, encode_segment_header};
 use crate::options::SyncPolicy;
 use crate::record::{HEADER_LEN, MIN_DIRECT, PAGE, ZEROS, encode_frame, header_with_crc, padding_header};
 use crate::segment::{Segment, SegmentId, segment_name};
 use crate::takeover::check_fence;
-use spate_core::sync::lock;
 
 /// The longest a new leader waits for the last commit's writers to queue
 /// again; below one `fdatasync`, and only reached when writers leave.
@@ -730,7 +730,7 @@ impl Shared {
         let path = self.dir.join(&name);
         // A segment of that name may be live already (a restart writing at a
         // time seen before); then the writer appends to it.
-        let existing = write_lock(&self.segments).iter().find(|s| s.name == name).cloned();
+        let existing = write(&self.segments).iter().find(|s| s.name == name).cloned();
         let recycled = existing.is_none() && self.spares.take_as(self.files.as_ref(), &path);
         let at = recycled.then_some(0);
         let (file, len) =
@@ -747,7 +747,7 @@ impl Shared {
                 }
                 let id = SegmentId { start: time, end: time + self.options.rolling_interval, epoch: self.epoch };
                 let segment = Arc::new(Segment::new(name, path, id, len));
-                let mut segments = write_lock(&self.segments);
+                let mut segments = write(&self.segments);
                 let at = segments.partition_point(|s| s.sort_key() < segment.sort_key());
                 segments.insert(at, Arc::clone(&segment));
                 segment
