@@ -25,7 +25,7 @@ use criterion::{Criterion, criterion_group, criterion_main};
 use spate::core::{
     BatchId, BlockStoreResult, Clock, Duration, ManualClock, ReceivedBlockInfo, StreamBlockId, StreamId, Time,
 };
-use spate::logstore::{Checkpoint, CheckpointOptions, CommitMetadata, OffsetSeq};
+use spate::logstore::{Checkpoint, CheckpointSettings, CommitMetadata, OffsetSeq};
 use spate::tracker::ReceivedBlockTracker;
 
 const INTERVAL: Duration = Duration::from_millis(1000);
@@ -48,7 +48,7 @@ impl Driver {
     fn open(dir: &Path) -> Driver {
         let clock = ManualClock::new(Time::from_millis(1_700_000_000_000));
         let checkpoint =
-            Checkpoint::open_for_write(dir, CheckpointOptions::new().clock(Arc::new(clock.clone()))).unwrap();
+            Checkpoint::open_for_write(dir, CheckpointSettings::new().with_clock(Arc::new(clock.clone()))).unwrap();
         let (tracker, _) = ReceivedBlockTracker::open(Some(dir), Arc::new(clock.clone())).unwrap();
         Driver { checkpoint, tracker, clock, next: 0 }
     }

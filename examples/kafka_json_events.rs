@@ -39,10 +39,10 @@ use clap::Parser;
 use serde::{Deserialize, Serialize};
 use spate::core::{BatchId, Duration, Time};
 use spate::kafka::{
-    DirectKafkaConfig, DirectKafkaStream, KafkaRecord, OffsetCommit, OffsetRanges, OutputRecord, StartingOffsets,
+    DirectKafkaSettings, DirectKafkaStream, KafkaRecord, OffsetCommit, OffsetRanges, OutputRecord, StartingOffsets,
     TransactionalKafkaSink,
 };
-use spate::logstore::{Checkpoint, CheckpointOptions};
+use spate::logstore::{Checkpoint, CheckpointSettings};
 use spate::runtime::{OffsetsHook, PipelineBuilder, StreamingContext, StreamingSettings};
 
 use common::{Error, Produced, brokers, ensure_topic, produce, run_until};
@@ -150,7 +150,7 @@ fn sample_events(n: u64) -> Vec<Produced> {
 
 /// The offset ranges batch `id` read, from `offsets/<id>` (durable before any output runs).
 fn logged_ranges(checkpoint: &Path, id: BatchId) -> Result<OffsetRanges, Error> {
-    let log = Checkpoint::open_read_only(checkpoint, CheckpointOptions::new())?;
+    let log = Checkpoint::open_read_only(checkpoint, CheckpointSettings::new())?;
     let entry = log.offsets().get(id)?.ok_or_else(|| format!("offsets/{id} is missing"))?;
     OffsetRanges::from_offset_seq(&entry, INPUT)?.ok_or_else(|| format!("offsets/{id} has no {INPUT} offsets").into())
 }
@@ -245,10 +245,10 @@ fn run(args: &Args) -> Result<Summary, Error> {
     }
 
     let batch = Duration::from_millis(args.batch_ms);
-    let config = DirectKafkaConfig::subscribe(&brokers, "kafka-json-events", [args.input_topic.clone()])
-        .starting_offsets(StartingOffsets::Earliest)
+    let config = DirectKafkaSettings::subscribe(&brokers, "kafka-json-events", [args.input_topic.clone()])
+        .with_starting_offsets(StartingOffsets::Earliest)
         // The transactions hold the offsets; the group is only their home.
-        .commit(OffsetCommit::CheckpointOnly);
+        .with_commit(OffsetCommit::CheckpointOnly);
     let shared = Shared {
         stream: Arc::new(DirectKafkaStream::new(config)?),
         sink: Arc::new(OnceLock::new()),
@@ -265,7 +265,7 @@ fn run(args: &Args) -> Result<Summary, Error> {
     }
     // The context holds the writer lock now. The transactional id is the
     // query's: opening the sink fences an older instance of this job.
-    let query = Checkpoint::open_read_only(&args.checkpoint, CheckpointOptions::new())?
+    let query = Checkpoint::open_read_only(&args.checkpoint, CheckpointSettings::new())?
         .metadata()
         .map(|m| m.id.clone())
         .ok_or("the checkpoint has no metadata")?;

@@ -39,7 +39,7 @@ use clap::{Parser, ValueEnum};
 use spate::core::Duration;
 use spate::dstream::{DStream, Data};
 use spate::runtime::{PipelineBuilder, StreamingContext, StreamingSettings};
-use spate_nexmark::{Event, GeneratorConfig, NexmarkGenerator, NexmarkSource, queries};
+use spate_nexmark::{Event, GeneratorSettings, NexmarkGenerator, NexmarkSource, queries};
 
 use common::{Error, run_until};
 
@@ -153,10 +153,10 @@ fn declare(p: &mut PipelineBuilder, args: &Args, source: &Arc<NexmarkSource>, sh
 }
 
 /// The generator's config: the timeline starts `backlog_seconds` before now.
-fn config(args: &Args) -> Result<GeneratorConfig, Error> {
+fn config(args: &Args) -> Result<GeneratorSettings, Error> {
     let now = i64::try_from(SystemTime::now().duration_since(UNIX_EPOCH)?.as_millis())?;
     let backlog = i64::try_from(args.backlog_seconds.saturating_mul(1000))?;
-    let mut config = GeneratorConfig::new(args.seed, now - backlog).with_rate(args.rate);
+    let mut config = GeneratorSettings::new(args.seed, now - backlog).with_rate(args.rate);
     if let Some(events) = args.events {
         config = config.with_max_events(events);
     }

@@ -38,8 +38,8 @@ use std::time::{Duration as StdDuration, Instant};
 
 use clap::Parser;
 use spate::core::Duration;
-use spate::receiver::{SocketConfig, SocketTextReceiver};
-use spate::runtime::{PipelineBuilder, ReceiverOptions, StreamingContext, StreamingSettings};
+use spate::receiver::{SocketSettings, SocketTextReceiver};
+use spate::runtime::{PipelineBuilder, ReceiverSettings, StreamingContext, StreamingSettings};
 
 use common::{Error, run_until};
 
@@ -145,13 +145,14 @@ fn declare(
     totals: Arc<Mutex<BTreeMap<String, u64>>>,
     quiet: bool,
 ) {
-    let options = ReceiverOptions {
+    let options = ReceiverSettings {
         // On by default; said here because it is the point of this example.
         write_ahead_log: true,
         block_interval: Duration::from_millis(batch.as_millis().clamp(50, 200)),
-        ..ReceiverOptions::default()
+        ..ReceiverSettings::default()
     };
-    let lines = p.receiver_stream("lines", options, move |_resume| SocketTextReceiver::new(SocketConfig::new(address)));
+    let lines =
+        p.receiver_stream("lines", options, move |_resume| SocketTextReceiver::new(SocketSettings::new(address)));
     let per_batch = lines.flat_map(|l: String| words(&l)).map(|w| (w, 1u64)).reduce_by_key(|a, b| a + b);
     per_batch
         .update_state_by_key(|counts: Vec<u64>, total: Option<u64>| {

@@ -39,10 +39,10 @@ use std::sync::{Arc, Mutex, PoisonError};
 use clap::Parser;
 use spate::core::Duration;
 use spate::kafka::{
-    DirectKafkaConfig, DirectKafkaStream, KafkaRecord, OffsetCommit, OffsetRanges, PartitionOffsets, StartingOffsets,
+    DirectKafkaSettings, DirectKafkaStream, KafkaRecord, OffsetCommit, OffsetRanges, PartitionOffsets, StartingOffsets,
     TopicPartition, partition_offsets_from_json, partition_offsets_to_json,
 };
-use spate::logstore::{Checkpoint, CheckpointOptions, Verdict};
+use spate::logstore::{Checkpoint, CheckpointSettings, Verdict};
 use spate::runtime::{OffsetsHook, StreamingContext, StreamingSettings};
 
 use common::{Error, Produced, brokers, ensure_topic, produce, run_until};
@@ -92,7 +92,7 @@ struct Handover {
 
 /// Reads the Spark checkpoint's verdict and its last committed Kafka offsets.
 fn spark_handover(dir: &Path, source: &str) -> Result<Handover, Error> {
-    let spark = Checkpoint::open_read_only(dir, CheckpointOptions::new())?;
+    let spark = Checkpoint::open_read_only(dir, CheckpointSettings::new())?;
     let query_id = spark.metadata().map(|m| m.id.clone()).unwrap_or_default();
     let (committed, state) = match spark.verdict()?.into_consistent()? {
         Verdict::Fresh => return Err(format!("the Spark checkpoint {} has no batch", dir.display()).into()),
@@ -171,9 +171,9 @@ fn run(args: &Args) -> Result<Summary, Error> {
         produce_records(&brokers, &topic, &start, n)?;
     }
     let batch = Duration::from_millis(args.batch_ms);
-    let config = DirectKafkaConfig::subscribe(&brokers, "spark-migration", [topic.clone()])
-        .starting_offsets(StartingOffsets::Spec(start.clone()))
-        .commit(OffsetCommit::CheckpointOnly);
+    let config = DirectKafkaSettings::subscribe(&brokers, "spark-migration", [topic.clone()])
+        .with_starting_offsets(StartingOffsets::Spec(start.clone()))
+        .with_commit(OffsetCommit::CheckpointOnly);
     let stream = Arc::new(DirectKafkaStream::new(config)?);
     let read: Arc<Mutex<BTreeMap<i32, Vec<i64>>>> = Arc::default();
     let (input, seen) = (Arc::clone(&stream), Arc::clone(&read));
@@ -222,7 +222,7 @@ fn run(args: &Args) -> Result<Summary, Error> {
         count >= to_read
     })?;
 
-    let spate = Checkpoint::open_read_only(&args.checkpoint, CheckpointOptions::new())?;
+    let spate = Checkpoint::open_read_only(&args.checkpoint, CheckpointSettings::new())?;
     if let Some(entry) = spate.offsets().get(spate::core::BatchId(0))? {
         summary.first_batch = OffsetRanges::from_offset_seq(&entry, INPUT)?;
     }

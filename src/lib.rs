@@ -31,7 +31,7 @@
 //! use std::sync::{Arc, Mutex};
 //! use spate::core::{BatchId, Duration, Time};
 //! use spate::dstream::{GraphBuilder, QueueSource};
-//! use spate::logstore::{Checkpoint, CheckpointOptions, CommitMetadata, OffsetSeq, Verdict};
+//! use spate::logstore::{Checkpoint, CheckpointSettings, CommitMetadata, OffsetSeq, Verdict};
 //!
 //! // A graph: words counted per batch.
 //! let builder = GraphBuilder::new(Duration::from_secs(1));
@@ -48,7 +48,7 @@
 //!
 //! // One batch the way the runtime runs it: offsets logged, outputs, commit.
 //! let dir = tempfile::tempdir()?;
-//! let checkpoint = Checkpoint::open_for_write(dir.path(), CheckpointOptions::new())?;
+//! let checkpoint = Checkpoint::open_for_write(dir.path(), CheckpointSettings::new())?;
 //! checkpoint.offsets().add(BatchId(0), &OffsetSeq::default())?;
 //! lines.push(vec!["to be or not to be".to_string()]);
 //! graph.run_batch(Time::from_millis(1000), BatchId(0))?;

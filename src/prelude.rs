@@ -27,11 +27,11 @@ pub use spate_dstream::{
     Watermarks, Window, WindowResult,
 };
 pub use spate_kafka::{
-    DirectKafkaConfig, DirectKafkaStream, KafkaRecord, KafkaSink, OffsetCommit, OffsetRanges, OutputRecord,
+    DirectKafkaSettings, DirectKafkaStream, KafkaRecord, KafkaSink, OffsetCommit, OffsetRanges, OutputRecord,
     StartingOffsets, TopicPartition, TransactionalKafkaSink,
 };
-pub use spate_logstore::CheckpointOptions;
+pub use spate_logstore::CheckpointSettings;
 pub use spate_runtime::{
-    BackpressureSettings, OffsetsHook, PipelineBuilder, ProgressListener, ReceiverOptions, RuntimeError, StopHandle,
+    BackpressureSettings, OffsetsHook, PipelineBuilder, ProgressListener, ReceiverSettings, RuntimeError, StopHandle,
     StopReport, StreamingContext, StreamingSettings,
 };

@@ -15,14 +15,14 @@ use std::sync::Arc;
 use common::s3;
 use spate::core::{BatchId, Duration, ManualClock, Time};
 use spate::logstore::{
-    Checkpoint, CheckpointOptions, CommitMetadata, LeaseOptions, LockStatus, LogStoreError, OffsetSeq, SourceOffset,
+    Checkpoint, CheckpointSettings, CommitMetadata, LeaseSettings, LockStatus, LogStoreError, OffsetSeq, SourceOffset,
     Verdict,
 };
 
 const START: i64 = 1_700_000_000_000;
 
-fn lease() -> LeaseOptions {
-    LeaseOptions {
+fn lease() -> LeaseSettings {
+    LeaseSettings {
         duration: Duration::from_millis(10_000),
         renew_every: Duration::from_millis(3_000),
         safety_margin: Duration::from_millis(2_000),
@@ -30,8 +30,8 @@ fn lease() -> LeaseOptions {
     }
 }
 
-fn options(clock: &Arc<ManualClock>) -> CheckpointOptions {
-    CheckpointOptions::new().clock(clock.clone()).object_store(s3::settings()).lease(lease())
+fn options(clock: &Arc<ManualClock>) -> CheckpointSettings {
+    CheckpointSettings::new().with_clock(clock.clone()).with_object_store(s3::settings()).with_lease(lease())
 }
 
 fn offsets(n: u64) -> OffsetSeq {

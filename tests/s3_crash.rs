@@ -16,7 +16,7 @@ use object_store::ObjectStore;
 use object_store::memory::InMemory;
 use spate::core::{BatchId, Duration, ManualClock, Time};
 use spate::logstore::{
-    Checkpoint, CheckpointFileManager, CheckpointOptions, CommitMetadata, FaultyObjectStore, LeaseOptions,
+    Checkpoint, CheckpointFileManager, CheckpointSettings, CommitMetadata, FaultyObjectStore, LeaseSettings,
     LogStoreError, ObjectFault, ObjectStoreFileManager, OffsetSeq, SourceOffset, Verdict,
 };
 
@@ -31,9 +31,13 @@ fn offsets(n: u64) -> OffsetSeq {
     }
 }
 
-fn options(files: Arc<dyn CheckpointFileManager>, clock: &Arc<ManualClock>) -> CheckpointOptions {
-    let lease = LeaseOptions { renew_in_background: false, ..LeaseOptions::default() };
-    CheckpointOptions::new().clock(clock.clone()).file_manager(files).lease(lease).retain_batches(1)
+fn options(files: Arc<dyn CheckpointFileManager>, clock: &Arc<ManualClock>) -> CheckpointSettings {
+    let lease = LeaseSettings { renew_in_background: false, ..LeaseSettings::default() };
+    CheckpointSettings::new()
+        .with_clock(clock.clone())
+        .with_file_manager(files)
+        .with_lease(lease)
+        .with_retained_batches(1)
 }
 
 fn files_on(store: Arc<dyn ObjectStore>) -> Arc<dyn CheckpointFileManager> {

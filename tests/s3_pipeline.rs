@@ -14,7 +14,7 @@ use std::time::Duration as StdDuration;
 use common::s3;
 use spate::core::{BatchId, Duration, ManualClock, Time};
 use spate::logstore::file_manager_for;
-use spate::runtime::demo::{DemoOptions, demo_settings, verify_output, word_count_context};
+use spate::runtime::demo::{DemoSettings, demo_settings, verify_output, word_count_context};
 use spate::runtime::{BackpressureSettings, RuntimeError, StreamingContext, StreamingSettings, read_progress};
 
 const TOTAL: u64 = 20_000;
@@ -27,8 +27,8 @@ fn settings(clock: &ManualClock) -> StreamingSettings {
         .with_object_store(s3::settings())
 }
 
-fn options(out: &Path, rate: Option<u64>) -> DemoOptions {
-    DemoOptions { total_records: Some(TOTAL), output_dir: Some(out.to_path_buf()), rate, ..DemoOptions::new(SEED) }
+fn options(out: &Path, rate: Option<u64>) -> DemoSettings {
+    DemoSettings { total_records: Some(TOTAL), output_dir: Some(out.to_path_buf()), rate, ..DemoSettings::new(SEED) }
 }
 
 fn run_until(ctx: &StreamingContext, clock: &ManualClock, out: &Path, records: u64) -> u64 {

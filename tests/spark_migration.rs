@@ -10,7 +10,7 @@ use std::path::Path;
 
 use spate::core::{BatchId, Time};
 use spate::kafka::{StartingOffsets, TopicPartition, partition_offsets_from_json};
-use spate::logstore::{Checkpoint, CheckpointOptions, Verdict};
+use spate::logstore::{Checkpoint, CheckpointSettings, Verdict};
 
 const CONF: &str = r#"{"spark.sql.streaming.stateStore.providerClass":"org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider","spark.sql.streaming.multipleWatermarkPolicy":"min","spark.sql.shuffle.partitions":"200"}"#;
 
@@ -45,7 +45,7 @@ fn a_spark_checkpoint_gives_the_kafka_starting_offsets_of_its_last_committed_bat
     let dir = tempfile::tempdir().unwrap();
     spark_checkpoint(dir.path());
 
-    let checkpoint = Checkpoint::open_read_only(dir.path(), CheckpointOptions::new()).unwrap();
+    let checkpoint = Checkpoint::open_read_only(dir.path(), CheckpointSettings::new()).unwrap();
     assert_eq!(checkpoint.metadata().unwrap().id, "9d3c0a57-1e2f-4b6a-8c7d-0e1f2a3b4c5d");
     let Verdict::Rerun { batch, offsets, .. } = checkpoint.verdict().unwrap() else { panic!("expected a re-run") };
     assert_eq!(batch, BatchId(2));

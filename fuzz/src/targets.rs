@@ -11,7 +11,7 @@ use spate_logstore::{
     decode_metadata, encode_entry, encode_lock_file,
 };
 use spate_tracker::{EVENT_FORMAT_VERSION, StreamBlocks, TrackerEvent};
-use spate_wal::{FileWriteAheadLog, WalOptions, WriteAheadLog};
+use spate_wal::{FileWriteAheadLog, WalSettings, WriteAheadLog};
 
 use crate::{Target, mode, raw, wrapped};
 
@@ -287,7 +287,7 @@ fn wal_record_seeds() -> Vec<Vec<u8>> {
 
 /// Opens the log at `dir` and reads every record; `None` when it does not open.
 fn read_back(dir: &Path) -> Option<FileWriteAheadLog> {
-    let log = FileWriteAheadLog::open(dir, WalOptions::default()).ok()?;
+    let log = FileWriteAheadLog::open(dir, WalSettings::default()).ok()?;
     if let Ok(records) = log.read_all() {
         for record in records.take(1 << 12) {
             if record.is_err() {
@@ -300,7 +300,7 @@ fn read_back(dir: &Path) -> Option<FileWriteAheadLog> {
 
 /// Writes `records` through a log at `dir` (all into [`SEGMENT`]) and closes it.
 fn write_records(dir: &Path, records: &[&[u8]]) -> Result<Vec<WalRecordHandle>, spate_wal::WalError> {
-    let log = FileWriteAheadLog::open(dir, WalOptions::default())?;
+    let log = FileWriteAheadLog::open(dir, WalSettings::default())?;
     let handles = records.iter().map(|r| log.write(r, Time::from_millis(0))).collect::<Result<Vec<_>, _>>()?;
     log.close()?;
     Ok(handles)

@@ -15,7 +15,7 @@ use spate_kafka::{
     partition_count,
 };
 use spate_logstore::{
-    LeaseOptions, LogStoreError, ObjectStoreSettings, WriterLock, file_manager_for, is_object_store_location,
+    LeaseSettings, LogStoreError, ObjectStoreSettings, WriterLock, file_manager_for, is_object_store_location,
 };
 use spate_runtime::{BackpressureSettings, BatchProgress, StreamingSettings};
 use tracing::{info, warn};
@@ -238,9 +238,9 @@ fn task_settings(settings: &MemberSettings) -> StreamingSettings {
 
 /// A task's lease in an object store: as long as the group's session, so
 /// a dead member's tasks can move as soon as the group has noticed.
-fn task_lease(session: StdDuration) -> LeaseOptions {
+fn task_lease(session: StdDuration) -> LeaseSettings {
     let ms = u64::try_from(session.as_millis()).unwrap_or(u64::MAX).max(3_000);
-    LeaseOptions {
+    LeaseSettings {
         duration: Duration::from_millis(ms),
         renew_every: Duration::from_millis(ms / 4),
         safety_margin: Duration::from_millis(ms / 5),
@@ -300,7 +300,7 @@ fn lock_member_id(app: &str, settings: &MemberSettings) -> Result<WriterLock, Ap
 /// dead holder's lease (as long as this member's: the application's
 /// members share their session timeout) has run out by this member's
 /// clock, while a live holder's, renewed every `renew_every`, never does.
-fn lease_patience(lease: &LeaseOptions) -> StdDuration {
+fn lease_patience(lease: &LeaseSettings) -> StdDuration {
     StdDuration::from(lease.duration) + StdDuration::from(lease.safety_margin)
 }
 

@@ -20,7 +20,7 @@ use std::time::Duration as StdDuration;
 use spate_core::Time;
 use spate_core::sync::lock;
 use spate_dstream::{ArrivalStage, BatchLimits, BoxError, InputSource, SourceContext};
-use spate_kafka::{DirectKafkaConfig, DirectKafkaStream, KafkaRecord, OffsetCommit, OffsetRanges, TopicPartition};
+use spate_kafka::{DirectKafkaSettings, DirectKafkaStream, KafkaRecord, OffsetCommit, OffsetRanges, TopicPartition};
 use spate_runtime::{
     BatchProgress, OffsetsHook, PipelineBuilder, ProgressListener, RuntimeError, StopHandle, StreamingContext,
 };
@@ -297,13 +297,13 @@ impl Supervisor {
     /// read with `read_committed`, so only committed transactions count.
     fn stream(&self) -> Result<DirectKafkaStream, AppError> {
         let settings = &self.shared.settings;
-        let mut config = DirectKafkaConfig::subscribe(&settings.brokers, &self.shared.app, [self.id.topic.clone()])
-            .assign([TopicPartition::new(self.id.topic.clone(), self.id.partition)])
-            .starting_offsets(settings.starting_offsets.clone())
-            .commit(OffsetCommit::CheckpointOnly)
-            .consumer_property("isolation.level", "read_committed");
+        let mut config = DirectKafkaSettings::subscribe(&settings.brokers, &self.shared.app, [self.id.topic.clone()])
+            .with_partitions([TopicPartition::new(self.id.topic.clone(), self.id.partition)])
+            .with_starting_offsets(settings.starting_offsets.clone())
+            .with_commit(OffsetCommit::CheckpointOnly)
+            .with_consumer_property("isolation.level", "read_committed");
         if let Some(rate) = settings.max_rate_per_partition {
-            config = config.max_rate_per_partition(rate);
+            config = config.with_max_rate_per_partition(rate);
         }
         let stream = DirectKafkaStream::new(config).map_err(|source| AppError::Kafka {
             app: self.shared.app.clone(),

@@ -194,7 +194,7 @@ fn a_member_restarted_after_a_crash_on_s3_takes_its_id_back_once_the_dead_runs_l
     {
         let files = spate_logstore::file_manager_for(&location, &object_store).unwrap();
         let dir = location.join("members").join("m1");
-        let lease = spate_logstore::LeaseOptions {
+        let lease = spate_logstore::LeaseSettings {
             duration: Duration::from_secs(6),
             renew_every: Duration::from_millis(1_500),
             safety_margin: Duration::from_millis(1_200),

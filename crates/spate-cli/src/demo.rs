@@ -15,7 +15,7 @@ use std::sync::Arc;
 use spate_core::Duration;
 use spate_logstore::ObjectStoreSettings;
 use spate_runtime::StreamingSettings;
-use spate_runtime::demo::{DemoOptions, TopWords, word_count_context};
+use spate_runtime::demo::{DemoSettings, TopWords, word_count_context};
 
 use crate::args::DemoArgs;
 use crate::error::CliError;
@@ -112,7 +112,7 @@ pub(crate) fn run(args: &DemoArgs) -> Result<String, CliError> {
     refuse_inconsistent(&demo.checkpoint, &demo.object_store, ACTION)?;
     let lines = Arc::new(Lines::default());
     let window = demo.batch.times(WINDOW_BATCHES);
-    let mut options = DemoOptions::new(demo.seed);
+    let mut options = DemoSettings::new(demo.seed);
     options.rate = Some(demo.rate);
     options.window = window;
     options.slide = demo.batch.times(SLIDE_BATCHES);

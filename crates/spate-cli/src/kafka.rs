@@ -15,7 +15,7 @@ use std::sync::{Arc, OnceLock};
 use serde_json::json;
 use spate_core::{BatchId, Duration};
 use spate_kafka::{
-    DirectKafkaConfig, DirectKafkaStream, KafkaRecord, KafkaSink, OffsetCommit, OffsetRanges, OutputRecord,
+    DirectKafkaSettings, DirectKafkaStream, KafkaRecord, KafkaSink, OffsetCommit, OffsetRanges, OutputRecord,
     StartingOffsets, TransactionalKafkaSink,
 };
 use spate_logstore::{Checkpoint, ObjectStoreSettings};
@@ -156,12 +156,12 @@ fn open_sink(args: &RunArgs, settings: &ObjectStoreSettings) -> Result<OutputSin
 }
 
 /// The direct stream's configuration from the command line.
-fn stream_config(args: &RunArgs) -> Result<DirectKafkaConfig, CliError> {
-    let mut config = DirectKafkaConfig::subscribe(&args.kafka, &args.group, [args.topic.clone()])
-        .starting_offsets(starting_offsets(&args.starting_offsets)?)
-        .commit(if args.exactly_once { OffsetCommit::CheckpointOnly } else { OffsetCommit::KafkaGroup });
+fn stream_config(args: &RunArgs) -> Result<DirectKafkaSettings, CliError> {
+    let mut config = DirectKafkaSettings::subscribe(&args.kafka, &args.group, [args.topic.clone()])
+        .with_starting_offsets(starting_offsets(&args.starting_offsets)?)
+        .with_commit(if args.exactly_once { OffsetCommit::CheckpointOnly } else { OffsetCommit::KafkaGroup });
     if let Some(rate) = args.max_rate_per_partition {
-        config = config.max_rate_per_partition(rate);
+        config = config.with_max_rate_per_partition(rate);
     }
     Ok(config)
 }

@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use spate_logstore::{CheckpointOptions, ObjectStoreSettings};
+use spate_logstore::{CheckpointSettings, ObjectStoreSettings};
 
 use crate::args::S3Args;
 use crate::error::CliError;
@@ -27,8 +27,8 @@ pub(crate) fn object_store_settings(args: &S3Args) -> Result<ObjectStoreSettings
 }
 
 /// Opening options that reach the checkpoint with `settings`.
-pub(crate) fn checkpoint_options(settings: &ObjectStoreSettings) -> CheckpointOptions {
-    CheckpointOptions::new().object_store(settings.clone())
+pub(crate) fn checkpoint_options(settings: &ObjectStoreSettings) -> CheckpointSettings {
+    CheckpointSettings::new().with_object_store(settings.clone())
 }
 
 /// The secret in `path`, without the newline an editor or `echo` leaves at its end.

@@ -78,14 +78,14 @@ mod tests {
     use super::*;
     use crate::error::ExitCode;
     use spate_core::BatchId;
-    use spate_logstore::{CheckpointOptions, CommitMetadata, OffsetSeq, Verdict};
+    use spate_logstore::{CheckpointSettings, CommitMetadata, OffsetSeq, Verdict};
 
     fn local() -> ObjectStoreSettings {
         ObjectStoreSettings::default()
     }
 
     fn commit_ahead(dir: &Path) {
-        let ck = Checkpoint::open_for_write(dir, CheckpointOptions::new()).unwrap();
+        let ck = Checkpoint::open_for_write(dir, CheckpointSettings::new()).unwrap();
         for id in 0..3 {
             ck.offsets().add(BatchId(id), &OffsetSeq::default()).unwrap();
             ck.commits().add(BatchId(id), &CommitMetadata::default()).unwrap();
@@ -148,7 +148,7 @@ mod tests {
         let root = tempfile::tempdir().unwrap();
         let dir = root.path().join("ck");
         commit_ahead(&dir);
-        let _writer = Checkpoint::open_for_write(&dir, CheckpointOptions::new()).unwrap();
+        let _writer = Checkpoint::open_for_write(&dir, CheckpointSettings::new()).unwrap();
         let error = run(&dir, &local(), true).unwrap_err();
         assert_eq!(error.exit_code(), ExitCode::Locked);
         assert!(dir.join("commits/3").exists());

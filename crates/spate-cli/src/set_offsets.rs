@@ -125,7 +125,7 @@ mod tests {
     use super::*;
     use crate::error::ExitCode;
     use serde_json::json;
-    use spate_logstore::CheckpointOptions;
+    use spate_logstore::CheckpointSettings;
 
     const LOCAL: &ObjectStoreSettings = &ObjectStoreSettings {
         endpoint: None,
@@ -140,7 +140,7 @@ mod tests {
     }
 
     fn committed_batch(dir: &Path) {
-        let ck = Checkpoint::open_for_write(dir, CheckpointOptions::new()).unwrap();
+        let ck = Checkpoint::open_for_write(dir, CheckpointSettings::new()).unwrap();
         let seq = OffsetSeq {
             batch_timestamp: Time::from_millis(1_700_000_000_000),
             sources: vec![SourceOffset::new("events", Some(json!({"t": {"0": 10}}))), SourceOffset::new("other", None)],
@@ -189,7 +189,7 @@ mod tests {
         let error = run(&unknown).unwrap_err();
         assert!(error.to_string().contains("events, other"), "{error}");
         assert!(!root.path().join("offsets/1").exists());
-        let _writer = Checkpoint::open_for_write(root.path(), CheckpointOptions::new()).unwrap();
+        let _writer = Checkpoint::open_for_write(root.path(), CheckpointSettings::new()).unwrap();
         assert_eq!(run(&request(root.path(), "1", false)).unwrap_err().exit_code(), ExitCode::Locked);
     }
 }

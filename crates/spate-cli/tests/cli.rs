@@ -697,8 +697,8 @@ fn everything_the_demo_writes_under_its_checkpoint_is_owner_only() {
 /// `0..planned` logged (the one source read up to `(id + 1) * 100`), those
 /// in `committed` committed; returned open, holding its lock.
 fn app_task(app: &Path, name: &str, planned: u64, committed: &[u64]) -> spate_logstore::Checkpoint {
-    use spate_logstore::{Checkpoint, CheckpointOptions, CommitMetadata, OffsetSeq, SourceOffset};
-    let writer = Checkpoint::open_for_write(app.join("tasks").join(name), CheckpointOptions::new()).unwrap();
+    use spate_logstore::{Checkpoint, CheckpointSettings, CommitMetadata, OffsetSeq, SourceOffset};
+    let writer = Checkpoint::open_for_write(app.join("tasks").join(name), CheckpointSettings::new()).unwrap();
     for id in 0..planned {
         let range = serde_json::json!({"lines": {"0": {"from": id * 100, "until": (id + 1) * 100}}});
         let seq = OffsetSeq {

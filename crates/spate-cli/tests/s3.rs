@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use spate_core::{BatchId, Time};
 use spate_logstore::{
-    Checkpoint, CheckpointOptions, CommitMetadata, Json, LOCK_FILE, NO_FENCE, ObjectStoreSettings, OffsetSeq,
+    Checkpoint, CheckpointSettings, CommitMetadata, Json, LOCK_FILE, NO_FENCE, ObjectStoreSettings, OffsetSeq,
     SourceOffset, encode_entry, file_manager_for,
 };
 use spate_runtime::demo::verify_output;
@@ -140,8 +140,8 @@ fn offsets(n: u64) -> OffsetSeq {
 }
 
 /// The in-process writer's options: the file manager the location names.
-fn options_for(s3: &S3) -> CheckpointOptions {
-    CheckpointOptions::new().object_store(s3.settings.clone())
+fn options_for(s3: &S3) -> CheckpointSettings {
+    CheckpointSettings::new().with_object_store(s3.settings.clone())
 }
 
 /// Three committed batches and a commit of a fourth without its offsets:

@@ -19,7 +19,7 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use rdkafka::{Message, Offset, TopicPartitionList};
 use spate_core::Time;
-use spate_kafka::{DirectKafkaConfig, DirectKafkaStream, OffsetRanges};
+use spate_kafka::{DirectKafkaSettings, DirectKafkaStream, OffsetRanges};
 
 const PARTITIONS: i32 = 3;
 const VALUE_BYTES: usize = 100;
@@ -135,7 +135,7 @@ fn main() {
     let topic = setup(&brokers, records);
 
     // One batch covers the whole topic: planned without limits, the ranges are the same as the bare reads'.
-    let config = DirectKafkaConfig::subscribe(brokers.as_str(), "bench-direct", [topic.as_str()]);
+    let config = DirectKafkaSettings::subscribe(brokers.as_str(), "bench-direct", [topic.as_str()]);
     let stream = DirectKafkaStream::new(config).unwrap();
     let ranges = stream.plan_batch(Time::from_millis(1_000), spate_dstream::BatchLimits::UNLIMITED).unwrap();
     assert_eq!(ranges.count(), records);

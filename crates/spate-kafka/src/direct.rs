@@ -108,7 +108,7 @@ pub enum OffsetCommit {
 
 /// The configuration of a [`DirectKafkaStream`].
 #[derive(Clone, Debug)]
-pub struct DirectKafkaConfig {
+pub struct DirectKafkaSettings {
     /// Brokers, group, poll timeout, data-loss policy, librdkafka properties.
     pub consumer: ConsumerSettings,
     /// The partitions read.
@@ -121,14 +121,14 @@ pub struct DirectKafkaConfig {
     pub commit: OffsetCommit,
 }
 
-impl DirectKafkaConfig {
+impl DirectKafkaSettings {
     /// A stream over `topics` from the earliest offsets, committing to the checkpoint only.
     pub fn subscribe(
         brokers: impl Into<String>,
         group_id: impl Into<String>,
         topics: impl IntoIterator<Item = impl Into<String>>,
     ) -> Self {
-        DirectKafkaConfig {
+        DirectKafkaSettings {
             consumer: ConsumerSettings::new(brokers, group_id),
             topics: TopicSelection::Subscribe(topics.into_iter().map(Into::into).collect()),
             starting_offsets: StartingOffsets::Earliest,
@@ -138,48 +138,48 @@ impl DirectKafkaConfig {
     }
 
     /// Reads exactly `partitions` instead.
-    pub fn assign(mut self, partitions: impl IntoIterator<Item = TopicPartition>) -> Self {
+    pub fn with_partitions(mut self, partitions: impl IntoIterator<Item = TopicPartition>) -> Self {
         self.topics = TopicSelection::Assign(partitions.into_iter().collect());
         self
     }
 
     /// Sets where a stream without a stored position starts.
-    pub fn starting_offsets(mut self, starting: StartingOffsets) -> Self {
+    pub fn with_starting_offsets(mut self, starting: StartingOffsets) -> Self {
         self.starting_offsets = starting;
         self
     }
 
     /// Starting offsets from Spark's JSON spec (`{"topic":{"0":36,"1":-2}}`).
-    pub fn starting_offsets_json(self, json: &str) -> Result<Self> {
-        Ok(self.starting_offsets(StartingOffsets::Spec(crate::offsets::partition_offsets_from_json(json)?)))
+    pub fn with_starting_offsets_json(self, json: &str) -> Result<Self> {
+        Ok(self.with_starting_offsets(StartingOffsets::Spec(crate::offsets::partition_offsets_from_json(json)?)))
     }
 
     /// Caps each partition at `records_per_second`.
-    pub fn max_rate_per_partition(mut self, records_per_second: u64) -> Self {
+    pub fn with_max_rate_per_partition(mut self, records_per_second: u64) -> Self {
         self.max_rate_per_partition = Some(records_per_second);
         self
     }
 
     /// Sets where offsets are committed.
-    pub fn commit(mut self, commit: OffsetCommit) -> Self {
+    pub fn with_commit(mut self, commit: OffsetCommit) -> Self {
         self.commit = commit;
         self
     }
 
     /// Sets the data-loss policy.
-    pub fn on_data_loss(mut self, policy: DataLossPolicy) -> Self {
+    pub fn with_data_loss_policy(mut self, policy: DataLossPolicy) -> Self {
         self.consumer.data_loss = policy;
         self
     }
 
     /// Sets how long a poll waits for a record a range needs.
-    pub fn poll_timeout(mut self, timeout: StdDuration) -> Self {
+    pub fn with_poll_timeout(mut self, timeout: StdDuration) -> Self {
         self.consumer.poll_timeout = timeout;
         self
     }
 
     /// Adds a librdkafka property for the reading consumers.
-    pub fn consumer_property(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+    pub fn with_consumer_property(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
         self.consumer.properties.push((key.into(), value.into()));
         self
     }
@@ -206,7 +206,7 @@ impl DirectKafkaConfig {
 /// otherwise (`map_partitions`, `window`, `transform`, two operators) is
 /// computed at the boundary as before.
 pub struct DirectKafkaStream {
-    config: DirectKafkaConfig,
+    config: DirectKafkaSettings,
     pool: Arc<ConsumerPool>,
     /// Metadata, watermarks and group commits only; records go through the pool.
     admin: Mutex<BaseConsumer>,
@@ -248,7 +248,7 @@ impl std::fmt::Debug for DirectKafkaStream {
 
 impl DirectKafkaStream {
     /// A stream with `config`; nothing is asked of the broker until the first plan.
-    pub fn new(config: DirectKafkaConfig) -> Result<Self> {
+    pub fn new(config: DirectKafkaSettings) -> Result<Self> {
         let admin: BaseConsumer =
             config.consumer.client_config().create().map_err(client("create the metadata consumer"))?;
         Ok(DirectKafkaStream {
@@ -295,7 +295,7 @@ impl DirectKafkaStream {
     }
 
     /// The configuration.
-    pub fn config(&self) -> &DirectKafkaConfig {
+    pub fn config(&self) -> &DirectKafkaSettings {
         &self.config
     }
 
@@ -710,7 +710,7 @@ mod tests {
 
     #[test]
     fn a_rate_needs_the_context_and_a_stream_keeps_to_one_interval() {
-        let config = DirectKafkaConfig::subscribe("127.0.0.1:1", "g", ["t"]).max_rate_per_partition(10);
+        let config = DirectKafkaSettings::subscribe("127.0.0.1:1", "g", ["t"]).with_max_rate_per_partition(10);
         let stream = DirectKafkaStream::new(config).unwrap();
         let unregistered = stream.limits(BatchLimits::UNLIMITED).unwrap_err();
         assert!(unregistered.to_string().contains("register"), "{unregistered}");

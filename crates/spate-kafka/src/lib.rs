@@ -83,7 +83,7 @@ pub use consumer::{
     CheckedOutConsumer, ConsumerPool, ConsumerSettings, DataLossPolicy, KafkaRecord, PartitionConsumer,
     record_footprint,
 };
-pub use direct::{DirectKafkaConfig, DirectKafkaStream, OffsetCommit, StartingOffsets, TopicSelection};
+pub use direct::{DirectKafkaSettings, DirectKafkaStream, OffsetCommit, StartingOffsets, TopicSelection};
 pub use error::{KafkaError, Result};
 pub use group::{AssignmentListener, GroupMember, GroupProtocol, GroupSettings};
 pub use offset_store::{CommitOutcome, ResultWrites, RocksOffsetStore};
@@ -91,6 +91,6 @@ pub use offsets::{
     EARLIEST, LATEST, MAX_OFFSETS_JSON_BYTES, OffsetRange, OffsetRanges, PartitionOffsets, TopicPartition,
     partition_offsets_from_json, partition_offsets_from_json_bytes, partition_offsets_to_json,
 };
-pub use receiver::{DEFAULT_MAX_BLOCK_BYTES, KafkaReceiver, KafkaReceiverConfig};
+pub use receiver::{DEFAULT_MAX_BLOCK_BYTES, KafkaReceiver, KafkaReceiverSettings};
 pub use sink::{KafkaSink, MemberTransactions, OutputRecord, TransactionalKafkaSink};
 pub use topics::{ensure_topic, partition_count};

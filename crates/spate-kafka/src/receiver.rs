@@ -31,7 +31,7 @@ pub const DEFAULT_MAX_BLOCK_BYTES: u64 = 16 << 20;
 
 /// The configuration of a [`KafkaReceiver`].
 #[derive(Clone, Debug)]
-pub struct KafkaReceiverConfig {
+pub struct KafkaReceiverSettings {
     /// Bootstrap servers.
     pub brokers: String,
     /// The consumer group whose committed offsets mark what is stored.
@@ -49,11 +49,11 @@ pub struct KafkaReceiverConfig {
     pub auto_offset_reset: String,
 }
 
-impl KafkaReceiverConfig {
+impl KafkaReceiverSettings {
     /// Subscribes `group_id` to `topics`; blocks of up to 10,000 records,
     /// [`DEFAULT_MAX_BLOCK_BYTES`] or 200 ms.
     pub fn new(brokers: impl Into<String>, group_id: impl Into<String>, topics: Vec<String>) -> Self {
-        KafkaReceiverConfig {
+        KafkaReceiverSettings {
             brokers: brokers.into(),
             group_id: group_id.into(),
             topics,
@@ -68,7 +68,7 @@ impl KafkaReceiverConfig {
 /// A receiver reading Kafka topics through a consumer group.
 #[derive(Debug)]
 pub struct KafkaReceiver {
-    config: KafkaReceiverConfig,
+    config: KafkaReceiverSettings,
     stored_records: u64,
     /// A record received but left out of the last block (it would have
     /// passed the byte cap): the first of the next block.
@@ -77,7 +77,7 @@ pub struct KafkaReceiver {
 
 impl KafkaReceiver {
     /// A receiver with `config`.
-    pub fn new(config: KafkaReceiverConfig) -> Self {
+    pub fn new(config: KafkaReceiverSettings) -> Self {
         KafkaReceiver { config, stored_records: 0, pending: None }
     }
 
@@ -200,7 +200,7 @@ mod tests {
         assert!(block_has_room(3, 60, 40, 100));
         assert!(!block_has_room(3, 61, 40, 100));
         assert!(!block_has_room(1, u64::MAX, 1, u64::MAX - 1), "no overflow near the top");
-        let config = KafkaReceiverConfig::new("b", "g", vec!["t".into()]);
+        let config = KafkaReceiverSettings::new("b", "g", vec!["t".into()]);
         assert_eq!(config.max_block_bytes, DEFAULT_MAX_BLOCK_BYTES);
         assert!(
             DEFAULT_MAX_BLOCK_BYTES < u64::from(spate_wal::DEFAULT_MAX_RECORD_SIZE),

@@ -13,15 +13,15 @@ use common::{BATCH, SOURCE, brokers, commit, create_topic, log_offsets, produce,
 use spate_core::BatchId;
 use spate_dstream::{GraphBuilder, InputSource};
 use spate_kafka::{
-    DataLossPolicy, DirectKafkaConfig, KafkaError, KafkaRecord, OffsetCommit, OffsetRange, OffsetRanges,
+    DataLossPolicy, DirectKafkaSettings, KafkaError, KafkaRecord, OffsetCommit, OffsetRange, OffsetRanges,
     StartingOffsets, TopicPartition,
 };
-use spate_logstore::{Checkpoint, CheckpointOptions, Verdict};
+use spate_logstore::{Checkpoint, CheckpointSettings, Verdict};
 
-fn config(topic: &str, rate_per_partition: u64) -> DirectKafkaConfig {
-    DirectKafkaConfig::subscribe(brokers(), unique("group"), [topic])
-        .max_rate_per_partition(rate_per_partition)
-        .poll_timeout(std::time::Duration::from_secs(20))
+fn config(topic: &str, rate_per_partition: u64) -> DirectKafkaSettings {
+    DirectKafkaSettings::subscribe(brokers(), unique("group"), [topic])
+        .with_max_rate_per_partition(rate_per_partition)
+        .with_poll_timeout(std::time::Duration::from_secs(20))
 }
 
 fn assert_within(ranges: &OffsetRanges, records: &[Vec<KafkaRecord>]) {
@@ -40,7 +40,7 @@ fn every_record_is_read_exactly_once_and_the_offset_log_matches() {
     produce(&topic, 3, values(0..3_000));
     let stream = common::registered(config(&topic, 4_000)).unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let checkpoint = Checkpoint::open_for_write(dir.path(), CheckpointOptions::new()).unwrap();
+    let checkpoint = Checkpoint::open_for_write(dir.path(), CheckpointSettings::new()).unwrap();
 
     let mut seen = Vec::new();
     let mut planned = Vec::new();
@@ -143,7 +143,7 @@ fn a_batch_cut_short_after_its_offsets_were_logged_is_read_again_with_the_same_r
     let first_read;
     {
         let stream = make();
-        let checkpoint = Checkpoint::open_for_write(dir.path(), CheckpointOptions::new()).unwrap();
+        let checkpoint = Checkpoint::open_for_write(dir.path(), CheckpointSettings::new()).unwrap();
         for batch in 0..2 {
             let ranges = stream.plan_batch(time_of(batch), spate_dstream::BatchLimits::UNLIMITED).unwrap();
             log_offsets(&checkpoint, batch, &ranges);
@@ -157,7 +157,7 @@ fn a_batch_cut_short_after_its_offsets_were_logged_is_read_again_with_the_same_r
     }
 
     let stream = make();
-    let checkpoint = Checkpoint::open_for_write(dir.path(), CheckpointOptions::new()).unwrap();
+    let checkpoint = Checkpoint::open_for_write(dir.path(), CheckpointSettings::new()).unwrap();
     let Verdict::Rerun { batch, offsets, .. } = checkpoint.verdict().unwrap() else { panic!("expected a re-run") };
     assert_eq!(batch, BatchId(2));
     let planned = offsets.offset_of(SOURCE).unwrap().unwrap().to_string();
@@ -193,7 +193,7 @@ fn starting_offsets_from_a_json_spec_and_from_the_groups_commits() {
     let p1 = TopicPartition::new(topic.clone(), 1);
 
     let spec = format!(r#"{{"{topic}":{{"0":10,"1":-2}}}}"#);
-    let stream = common::registered(config(&topic, 1_000_000).starting_offsets_json(&spec).unwrap()).unwrap();
+    let stream = common::registered(config(&topic, 1_000_000).with_starting_offsets_json(&spec).unwrap()).unwrap();
     let position = stream.position().unwrap();
     assert_eq!((position[&p0], position[&p1]), (10, 0));
     let ranges = stream.plan_batch(time_of(0), spate_dstream::BatchLimits::UNLIMITED).unwrap();
@@ -202,12 +202,12 @@ fn starting_offsets_from_a_json_spec_and_from_the_groups_commits() {
     assert_eq!(records.iter().flatten().filter(|r| r.partition == 0).map(|r| r.offset).min(), Some(10));
 
     let spec = format!(r#"{{"{topic}":{{"0":-1,"1":7}}}}"#);
-    let stream = common::registered(config(&topic, 1_000_000).starting_offsets_json(&spec).unwrap()).unwrap();
+    let stream = common::registered(config(&topic, 1_000_000).with_starting_offsets_json(&spec).unwrap()).unwrap();
     let position = stream.position().unwrap();
     assert_eq!((position[&p0], position[&p1]), (50, 7));
 
     // Commit a batch of 20 a partition to the group, then start from the group's offsets.
-    let group_config = config(&topic, 200).commit(OffsetCommit::KafkaGroup);
+    let group_config = config(&topic, 200).with_commit(OffsetCommit::KafkaGroup);
     let group = group_config.consumer.group_id.clone();
     let stream = common::registered(group_config).unwrap();
     let ranges = stream.plan_batch(time_of(0), spate_dstream::BatchLimits::UNLIMITED).unwrap();
@@ -216,12 +216,13 @@ fn starting_offsets_from_a_json_spec_and_from_the_groups_commits() {
     stream.on_batch_completed(&ranges).unwrap();
 
     let fallback = Box::new(StartingOffsets::Latest);
-    let mut resumed = config(&topic, 200).starting_offsets(StartingOffsets::Committed { fallback: fallback.clone() });
+    let mut resumed =
+        config(&topic, 200).with_starting_offsets(StartingOffsets::Committed { fallback: fallback.clone() });
     resumed.consumer.group_id = group;
     let position = common::registered(resumed).unwrap().position().unwrap();
     assert_eq!((position[&p0], position[&p1]), (20, 20));
     // A group without commits falls back (here: latest).
-    let fresh = config(&topic, 200).starting_offsets(StartingOffsets::Committed { fallback });
+    let fresh = config(&topic, 200).with_starting_offsets(StartingOffsets::Committed { fallback });
     let position = common::registered(fresh).unwrap().position().unwrap();
     assert_eq!((position[&p0], position[&p1]), (50, 50));
 }
@@ -244,7 +245,7 @@ fn deleted_records_fail_the_batch_or_are_skipped_as_configured() {
         other => panic!("expected a data-loss error, got {other:?}"),
     }
 
-    let skipping = common::registered(config(&topic, 1_000).on_data_loss(DataLossPolicy::Skip)).unwrap();
+    let skipping = common::registered(config(&topic, 1_000).with_data_loss_policy(DataLossPolicy::Skip)).unwrap();
     let records = skipping.read(&range).unwrap();
     let offsets: Vec<i64> = records.iter().flatten().map(|r| r.offset).collect();
     assert_eq!(offsets, (40..100).collect::<Vec<_>>());
@@ -272,10 +273,10 @@ fn backpressure_and_the_runtimes_record_limit_cap_a_batch_shared_by_lag() {
 /// checking every batch against the caps; returns each batch's records.
 /// Every third batch is also read by a fresh stream from its logged offsets,
 /// as a re-run after a crash would, and must give the same records.
-fn drain_capped(config: &DirectKafkaConfig, record_cap: u64, byte_cap: u64) -> Vec<Vec<KafkaRecord>> {
+fn drain_capped(config: &DirectKafkaSettings, record_cap: u64, byte_cap: u64) -> Vec<Vec<KafkaRecord>> {
     let stream = common::registered(config.clone()).unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let checkpoint = Checkpoint::open_for_write(dir.path(), CheckpointOptions::new()).unwrap();
+    let checkpoint = Checkpoint::open_for_write(dir.path(), CheckpointSettings::new()).unwrap();
     let mut batches = Vec::new();
     let mut previous: Option<OffsetRanges> = None;
     for batch in 0.. {
@@ -323,8 +324,8 @@ fn a_backlog_over_the_record_cap_is_read_over_several_batches_nothing_lost_or_re
     create_topic(&topic, 3);
     let all = values(0..900);
     produce(&topic, 3, all.clone());
-    let config = DirectKafkaConfig::subscribe(brokers(), unique("group"), [topic.as_str()])
-        .poll_timeout(std::time::Duration::from_secs(20));
+    let config = DirectKafkaSettings::subscribe(brokers(), unique("group"), [topic.as_str()])
+        .with_poll_timeout(std::time::Duration::from_secs(20));
     let batches = drain_capped(&config, 100, u64::MAX);
     // The cap is shared by lag, what is left over to the partitions that
     // lag most: 100 a batch, never more.
@@ -342,8 +343,8 @@ fn a_backlog_over_the_byte_cap_is_read_over_several_batches_nothing_lost_or_repe
     produce(&topic, 3, all.clone());
     let footprint = spate_kafka::record_footprint(0, 200);
     let byte_cap = 45 * footprint; // 15 records a partition a batch
-    let config = DirectKafkaConfig::subscribe(brokers(), unique("group"), [topic.as_str()])
-        .poll_timeout(std::time::Duration::from_secs(20));
+    let config = DirectKafkaSettings::subscribe(brokers(), unique("group"), [topic.as_str()])
+        .with_poll_timeout(std::time::Duration::from_secs(20));
     let batches = drain_capped(&config, u64::MAX, byte_cap);
     assert_eq!(batches.len(), 14, "200 records a partition at 15 a batch");
     assert!(batches[..13].iter().all(|b| b.len() == 45), "{:?}", batches.iter().map(Vec::len).collect::<Vec<_>>());
@@ -356,8 +357,8 @@ fn a_record_larger_than_the_byte_cap_is_still_read_one_at_a_time() {
     create_topic(&topic, 2);
     let all = values(0..6);
     produce(&topic, 2, all.clone());
-    let config = DirectKafkaConfig::subscribe(brokers(), unique("group"), [topic.as_str()])
-        .poll_timeout(std::time::Duration::from_secs(20));
+    let config = DirectKafkaSettings::subscribe(brokers(), unique("group"), [topic.as_str()])
+        .with_poll_timeout(std::time::Duration::from_secs(20));
     let stream = common::registered(config).unwrap();
     let mut batches = Vec::new();
     for batch in 0.. {
@@ -476,9 +477,9 @@ fn a_range_ending_in_a_transaction_marker_is_read_without_waiting_for_a_later_re
     let ranges = OffsetRanges::new(vec![OffsetRange::new(topic.clone(), 0, 0, 1)]);
     let records = (0..3).map(|i| spate_kafka::OutputRecord::value(format!("in-txn-{i}")));
     sink.write_batch(BatchId(0), &ranges, records).unwrap();
-    let config = DirectKafkaConfig::subscribe(brokers(), unique("group"), [output.clone()])
-        .consumer_property("isolation.level", "read_committed")
-        .poll_timeout(std::time::Duration::from_secs(5));
+    let config = DirectKafkaSettings::subscribe(brokers(), unique("group"), [output.clone()])
+        .with_consumer_property("isolation.level", "read_committed")
+        .with_poll_timeout(std::time::Duration::from_secs(5));
     let stream = common::registered(config).unwrap();
     let planned = stream.plan_batch(time_of(0), spate_dstream::BatchLimits::UNLIMITED).unwrap();
     assert_eq!(planned.ranges()[0].until, 4, "three records and the marker");
@@ -486,9 +487,9 @@ fn a_range_ending_in_a_transaction_marker_is_read_without_waiting_for_a_later_re
     assert_eq!(read, ["in-txn-0", "in-txn-1", "in-txn-2"]);
     // Read again from the log (a re-run): the same records, the marker passed over.
     let again = common::registered(
-        DirectKafkaConfig::subscribe(brokers(), unique("group"), [output.clone()])
-            .consumer_property("isolation.level", "read_committed")
-            .poll_timeout(std::time::Duration::from_secs(5)),
+        DirectKafkaSettings::subscribe(brokers(), unique("group"), [output.clone()])
+            .with_consumer_property("isolation.level", "read_committed")
+            .with_poll_timeout(std::time::Duration::from_secs(5)),
     )
     .unwrap();
     assert_eq!(again.read(&planned).unwrap().iter().flatten().count(), 3);

@@ -14,10 +14,10 @@ use common::{
 use spate_core::BatchId;
 use spate_dstream::InputSource;
 use spate_kafka::{
-    CommitOutcome, DirectKafkaConfig, KafkaRecord, OffsetCommit, OffsetRanges, OutputRecord, RocksOffsetStore,
+    CommitOutcome, DirectKafkaSettings, KafkaRecord, OffsetCommit, OffsetRanges, OutputRecord, RocksOffsetStore,
     StartingOffsets, TransactionalKafkaSink,
 };
-use spate_logstore::{Checkpoint, CheckpointOptions, Verdict};
+use spate_logstore::{Checkpoint, CheckpointSettings, Verdict};
 
 /// The re-run a restart must do: the logged ranges of the batch after the last commit.
 fn rerun_of(checkpoint: &Checkpoint) -> (u64, String) {
@@ -53,16 +53,16 @@ fn the_transactional_store_holds_every_record_once_across_crashes_and_a_lost_che
     let store = Arc::new(RocksOffsetStore::open(store_dir.path()).unwrap());
     let checkpoint_dir = tempfile::tempdir().unwrap();
     let make = |group: &str, starting: StartingOffsets| {
-        let config = DirectKafkaConfig::subscribe(brokers(), group, [topic.as_str()])
-            .max_rate_per_partition(2_000)
-            .starting_offsets(starting)
-            .commit(OffsetCommit::TransactionalStore(Arc::clone(&store)));
+        let config = DirectKafkaSettings::subscribe(brokers(), group, [topic.as_str()])
+            .with_max_rate_per_partition(2_000)
+            .with_starting_offsets(starting)
+            .with_commit(OffsetCommit::TransactionalStore(Arc::clone(&store)));
         common::registered(config).unwrap()
     };
 
     {
         let stream = make("app-v1", StartingOffsets::Earliest);
-        let checkpoint = Checkpoint::open_for_write(checkpoint_dir.path(), CheckpointOptions::new()).unwrap();
+        let checkpoint = Checkpoint::open_for_write(checkpoint_dir.path(), CheckpointSettings::new()).unwrap();
         let ranges = stream.plan_batch(time_of(0), spate_dstream::BatchLimits::UNLIMITED).unwrap();
         log_offsets(&checkpoint, 0, &ranges);
         assert_eq!(apply_to_store(&store, 0, &ranges, &stream.read(&ranges).unwrap()), CommitOutcome::Committed);
@@ -75,7 +75,7 @@ fn the_transactional_store_holds_every_record_once_across_crashes_and_a_lost_che
     {
         // Restart: batch 1 is re-run with its logged ranges and recognised by the store.
         let stream = make("app-v1", StartingOffsets::Earliest);
-        let checkpoint = Checkpoint::open_for_write(checkpoint_dir.path(), CheckpointOptions::new()).unwrap();
+        let checkpoint = Checkpoint::open_for_write(checkpoint_dir.path(), CheckpointSettings::new()).unwrap();
         let (batch, planned) = rerun_of(&checkpoint);
         assert_eq!(batch, 1);
         let records = stream.compute(time_of(1), Some(&planned)).unwrap();
@@ -92,7 +92,7 @@ fn the_transactional_store_holds_every_record_once_across_crashes_and_a_lost_che
     drop(checkpoint_dir);
     let checkpoint_dir = tempfile::tempdir().unwrap();
     let stream = make("app-v2", StartingOffsets::Latest);
-    let checkpoint = Checkpoint::open_for_write(checkpoint_dir.path(), CheckpointOptions::new()).unwrap();
+    let checkpoint = Checkpoint::open_for_write(checkpoint_dir.path(), CheckpointSettings::new()).unwrap();
     assert_eq!(checkpoint.verdict().unwrap(), Verdict::Fresh);
     for batch in 0.. {
         let ranges = stream.plan_batch(time_of(batch), spate_dstream::BatchLimits::UNLIMITED).unwrap();
@@ -130,9 +130,9 @@ fn the_transactional_kafka_sink_writes_every_record_once_across_crashes_and_fenc
     let transactional_id = unique("txn-app");
     let checkpoint_dir = tempfile::tempdir().unwrap();
     let make_stream = || {
-        let config = DirectKafkaConfig::subscribe(brokers(), group.as_str(), [input.as_str()])
-            .max_rate_per_partition(1_000)
-            .starting_offsets(StartingOffsets::Committed { fallback: Box::new(StartingOffsets::Earliest) });
+        let config = DirectKafkaSettings::subscribe(brokers(), group.as_str(), [input.as_str()])
+            .with_max_rate_per_partition(1_000)
+            .with_starting_offsets(StartingOffsets::Committed { fallback: Box::new(StartingOffsets::Earliest) });
         common::registered(config).unwrap()
     };
     let make_sink = || TransactionalKafkaSink::new(&brokers(), output.as_str(), &transactional_id, &group).unwrap();
@@ -142,7 +142,7 @@ fn the_transactional_kafka_sink_writes_every_record_once_across_crashes_and_fenc
 
     {
         let (stream, sink) = (make_stream(), make_sink());
-        let checkpoint = Checkpoint::open_for_write(checkpoint_dir.path(), CheckpointOptions::new()).unwrap();
+        let checkpoint = Checkpoint::open_for_write(checkpoint_dir.path(), CheckpointSettings::new()).unwrap();
         let ranges = stream.plan_batch(time_of(0), spate_dstream::BatchLimits::UNLIMITED).unwrap();
         log_offsets(&checkpoint, 0, &ranges);
         let records = stream.read(&ranges).unwrap();
@@ -156,7 +156,7 @@ fn the_transactional_kafka_sink_writes_every_record_once_across_crashes_and_fenc
     }
     {
         let (stream, sink) = (make_stream(), make_sink());
-        let checkpoint = Checkpoint::open_for_write(checkpoint_dir.path(), CheckpointOptions::new()).unwrap();
+        let checkpoint = Checkpoint::open_for_write(checkpoint_dir.path(), CheckpointSettings::new()).unwrap();
         let (batch, planned) = rerun_of(&checkpoint);
         assert_eq!(batch, 1);
         let records = stream.compute(time_of(1), Some(&planned)).unwrap();
@@ -171,7 +171,7 @@ fn the_transactional_kafka_sink_writes_every_record_once_across_crashes_and_fenc
     let zombie = make_sink();
     let stream = make_stream();
     let sink = make_sink(); // fences the zombie
-    let checkpoint = Checkpoint::open_for_write(checkpoint_dir.path(), CheckpointOptions::new()).unwrap();
+    let checkpoint = Checkpoint::open_for_write(checkpoint_dir.path(), CheckpointSettings::new()).unwrap();
     let (batch, planned) = rerun_of(&checkpoint);
     assert_eq!(batch, 2);
     let records = stream.compute(time_of(2), Some(&planned)).unwrap();
@@ -225,8 +225,8 @@ fn the_transactional_kafka_sink_recognises_a_committed_empty_batch_after_a_crash
     let transactional_id = unique("txn-empty-app");
     let checkpoint_dir = tempfile::tempdir().unwrap();
     let make_stream = || {
-        let config = DirectKafkaConfig::subscribe(brokers(), group.as_str(), [input.as_str()])
-            .starting_offsets(StartingOffsets::Committed { fallback: Box::new(StartingOffsets::Earliest) });
+        let config = DirectKafkaSettings::subscribe(brokers(), group.as_str(), [input.as_str()])
+            .with_starting_offsets(StartingOffsets::Committed { fallback: Box::new(StartingOffsets::Earliest) });
         common::registered(config).unwrap()
     };
     let make_sink = || TransactionalKafkaSink::new(&brokers(), output.as_str(), &transactional_id, &group).unwrap();
@@ -237,7 +237,7 @@ fn the_transactional_kafka_sink_recognises_a_committed_empty_batch_after_a_crash
         out.push(OutputRecord::value(format!("summary-{batch}")));
         out
     };
-    let open = || Checkpoint::open_for_write(checkpoint_dir.path(), CheckpointOptions::new()).unwrap();
+    let open = || Checkpoint::open_for_write(checkpoint_dir.path(), CheckpointSettings::new()).unwrap();
 
     produce(&input, 2, values(0..100));
     {

@@ -9,7 +9,7 @@ use std::time::Duration;
 use rdkafka::config::ClientConfig;
 use rdkafka::mocking::MockCluster;
 use rdkafka::producer::{BaseProducer, BaseRecord, DefaultProducerContext, Producer};
-use spate_kafka::{DirectKafkaConfig, DirectKafkaStream, KafkaError, OffsetRange, OffsetRanges, TopicPartition};
+use spate_kafka::{DirectKafkaSettings, DirectKafkaStream, KafkaError, OffsetRange, OffsetRanges, TopicPartition};
 
 const TOPIC: &str = "faults";
 
@@ -27,9 +27,9 @@ fn produce(cluster: &MockCluster<'_, DefaultProducerContext>, count: u32) {
 }
 
 fn stream(cluster: &MockCluster<'_, DefaultProducerContext>, poll_timeout: Duration) -> DirectKafkaStream {
-    let config = DirectKafkaConfig::subscribe(cluster.bootstrap_servers(), "faults", [TOPIC])
-        .assign([TopicPartition::new(TOPIC, 0)])
-        .poll_timeout(poll_timeout);
+    let config = DirectKafkaSettings::subscribe(cluster.bootstrap_servers(), "faults", [TOPIC])
+        .with_partitions([TopicPartition::new(TOPIC, 0)])
+        .with_poll_timeout(poll_timeout);
     DirectKafkaStream::new(config).unwrap()
 }
 

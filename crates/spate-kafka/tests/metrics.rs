@@ -16,7 +16,7 @@ use rdkafka::mocking::MockCluster;
 use rdkafka::producer::{BaseProducer, BaseRecord, DefaultProducerContext, Producer};
 use spate_core::BatchId;
 use spate_core::Time;
-use spate_kafka::{CommitOutcome, DirectKafkaConfig, OutputRecord, TopicPartition, TransactionalKafkaSink};
+use spate_kafka::{CommitOutcome, DirectKafkaSettings, OutputRecord, TopicPartition, TransactionalKafkaSink};
 
 const TOPIC: &str = "metered";
 
@@ -38,9 +38,9 @@ fn a_planned_batch_records_the_lag_left_and_the_records_and_bytes_read() {
     let cluster = MockCluster::new(1).unwrap();
     cluster.create_topic(TOPIC, 1, 1).unwrap();
     produce(&cluster, 100);
-    let config = DirectKafkaConfig::subscribe(cluster.bootstrap_servers(), "metered", [TOPIC])
-        .assign([TopicPartition::new(TOPIC, 0)])
-        .max_rate_per_partition(30);
+    let config = DirectKafkaSettings::subscribe(cluster.bootstrap_servers(), "metered", [TOPIC])
+        .with_partitions([TopicPartition::new(TOPIC, 0)])
+        .with_max_rate_per_partition(30);
     let stream = common::registered(config).unwrap();
     let recorder = PrometheusBuilder::new().build_recorder();
     let handle = recorder.handle();
@@ -64,8 +64,8 @@ fn output_transactions_committed_and_aborted_are_counted_per_topic() {
     common::create_topic(&output, 1);
     common::produce(&input, 1, common::values(0..20));
     let group = common::unique("metered-group");
-    let config =
-        DirectKafkaConfig::subscribe(common::brokers(), group.as_str(), [input.as_str()]).max_rate_per_partition(100);
+    let config = DirectKafkaSettings::subscribe(common::brokers(), group.as_str(), [input.as_str()])
+        .with_max_rate_per_partition(100);
     let stream = common::registered(config).unwrap();
     let sink = TransactionalKafkaSink::new(&common::brokers(), output.as_str(), &common::unique("metered-app"), &group)
         .unwrap();

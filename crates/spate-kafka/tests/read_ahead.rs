@@ -15,7 +15,7 @@ use std::time::Duration as StdDuration;
 use common::{BATCH, SOURCE, brokers, create_topic, produce, time_of, unique, value, values};
 use spate_core::BatchId;
 use spate_dstream::{Graph, GraphBuilder};
-use spate_kafka::{DirectKafkaConfig, DirectKafkaStream, KafkaRecord, OffsetRanges};
+use spate_kafka::{DirectKafkaSettings, DirectKafkaStream, KafkaRecord, OffsetRanges};
 
 /// A guard against a hang, never an expected duration: the read-ahead is
 /// waited for by the records it has read.
@@ -26,8 +26,8 @@ type Row = (i32, i64, String);
 /// Batches as the graph's output saw them: per batch, its partitions.
 type Seen = Arc<Mutex<BTreeMap<u64, Vec<Vec<Row>>>>>;
 
-fn config(topic: &str) -> DirectKafkaConfig {
-    DirectKafkaConfig::subscribe(brokers(), unique("group"), [topic]).poll_timeout(StdDuration::from_secs(20))
+fn config(topic: &str) -> DirectKafkaSettings {
+    DirectKafkaSettings::subscribe(brokers(), unique("group"), [topic]).with_poll_timeout(StdDuration::from_secs(20))
 }
 
 /// The record-wise operator under test: drops a tenth of the records and
@@ -138,7 +138,7 @@ fn records_read_during_the_interval_give_the_whole_batch_result_and_a_rerun_give
 fn reading_ahead_stays_within_the_batch_caps_and_reads_every_record_once() {
     let topic = unique("read-ahead-caps");
     create_topic(&topic, 2);
-    let stream = Arc::new(common::registered(config(&topic).max_rate_per_partition(3_000)).unwrap());
+    let stream = Arc::new(common::registered(config(&topic).with_max_rate_per_partition(3_000)).unwrap());
     // 3,000 records a second a partition at 100 ms batches: 300 a batch.
     // The context caps every batch at 500 records.
     let caps = BTreeMap::from([(SOURCE.to_string(), spate_dstream::BatchLimits::records(500))]);

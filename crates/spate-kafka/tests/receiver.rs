@@ -14,12 +14,12 @@ use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::{Offset, TopicPartitionList};
 use spate_core::{StreamId, SystemClock};
-use spate_kafka::{KafkaReceiver, KafkaReceiverConfig, KafkaRecord, record_footprint};
+use spate_kafka::{KafkaReceiver, KafkaReceiverSettings, KafkaRecord, record_footprint};
 use spate_receiver::{
-    BlockManager, BlockManagerConfig, FnSink, ReceiverSupervisor, StorageLevel, SupervisorConfig, WalHandlerConfig,
-    WriteAheadLogBasedBlockHandler, open_receiver_wal, read_block_from_wal,
+    BlockManager, BlockManagerSettings, FnSink, ReceiverSupervisor, StorageLevel, SupervisorSettings,
+    WalHandlerSettings, WriteAheadLogBasedBlockHandler, open_receiver_wal, read_block_from_wal,
 };
-use spate_wal::WalOptions;
+use spate_wal::WalSettings;
 
 fn committed(group: &str, topic: &str, partitions: i32) -> Vec<i64> {
     let consumer: BaseConsumer =
@@ -52,15 +52,15 @@ fn the_receiver_stores_every_record_in_the_wal_before_committing_its_offsets() {
     let checkpoint = tempfile::tempdir().unwrap();
     let stream = StreamId(0);
     let clock = Arc::new(SystemClock);
-    let wal = open_receiver_wal(checkpoint.path(), stream, WalOptions::default()).unwrap();
+    let wal = open_receiver_wal(checkpoint.path(), stream, WalSettings::default()).unwrap();
     let blocks =
-        Arc::new(BlockManager::<KafkaRecord>::open(BlockManagerConfig::in_memory(64 << 20), clock.clone()).unwrap());
+        Arc::new(BlockManager::<KafkaRecord>::open(BlockManagerSettings::in_memory(64 << 20), clock.clone()).unwrap());
     let handler = WriteAheadLogBasedBlockHandler::new(
         blocks,
         wal.clone(),
         stream,
         StorageLevel::default(),
-        WalHandlerConfig::default(),
+        WalHandlerSettings::default(),
         clock.clone(),
     )
     .unwrap();
@@ -83,14 +83,14 @@ fn the_receiver_stores_every_record_in_the_wal_before_committing_its_offsets() {
         Ok(())
     });
 
-    let mut config = KafkaReceiverConfig::new(brokers(), group.clone(), vec![topic.clone()]);
+    let mut config = KafkaReceiverSettings::new(brokers(), group.clone(), vec![topic.clone()]);
     config.max_block_records = 128;
     // About 40 records: the byte cap, not the record cap, ends most blocks.
     let max_block_bytes = 40 * record_footprint(0, "record-1000".len());
     config.max_block_bytes = max_block_bytes;
     let supervisor = ReceiverSupervisor::start(
         KafkaReceiver::new(config),
-        SupervisorConfig::new(stream),
+        SupervisorSettings::new(stream),
         Arc::new(handler),
         Arc::new(sink),
         clock,

@@ -27,7 +27,7 @@ use criterion::{Criterion, criterion_group, criterion_main};
 use serde_json::json;
 use spate_core::{BatchId, Time};
 use spate_logstore::{
-    Checkpoint, CheckpointOptions, CommitMetadata, OffsetSeq, SourceOffset, Verdict, encode_entry, inspect,
+    Checkpoint, CheckpointSettings, CommitMetadata, OffsetSeq, SourceOffset, Verdict, encode_entry, inspect,
 };
 
 fn bench_mode() -> bool {
@@ -78,7 +78,7 @@ fn add_latency(c: &mut Criterion) {
     let raw_dir = root.path().join("raw");
     std::fs::create_dir(&raw_dir).unwrap();
     // Through a writer's checkpoint, as the runtime adds: the epoch check is part of the cost.
-    let checkpoint = Checkpoint::open_for_write(root.path().join("ck"), CheckpointOptions::new()).unwrap();
+    let checkpoint = Checkpoint::open_for_write(root.path().join("ck"), CheckpointSettings::new()).unwrap();
     let log = checkpoint.offsets();
     let mut next_raw = 0u64;
     let mut next_add = 0u64;

@@ -21,7 +21,7 @@ use crate::error::{LogStoreError, Result};
 use crate::file_manager::{CheckpointFileManager, FileVersion, Tightened, parent_of, read_bounded};
 use crate::holder::LockHolder;
 use crate::location::{ObjectStoreSettings, file_manager_for};
-use crate::lock::{EpochFence, LOCK_FILE, LeaseOptions, LockStatus, WriterLock, decode_lock_file};
+use crate::lock::{EpochFence, LOCK_FILE, LeaseSettings, LockStatus, WriterLock, decode_lock_file};
 use crate::log::{Json, decode_entry, encode_entry};
 use crate::repair::{QUARANTINE_DIR, RepairPlan, apply_repair_fenced, plan_repair};
 use crate::verdict::{Verdict, inspect_with};
@@ -102,28 +102,28 @@ fn new_query_id(now: Time) -> String {
 
 /// How a [`Checkpoint`] is opened.
 #[derive(Clone, Debug)]
-pub struct CheckpointOptions {
+pub struct CheckpointSettings {
     retain_batches: u64,
     clock: Arc<dyn Clock>,
     /// `None`: chosen by the location (see [`crate::file_manager_for`]).
     files: Option<Arc<dyn CheckpointFileManager>>,
     object_store: ObjectStoreSettings,
-    lease: LeaseOptions,
+    lease: LeaseSettings,
 }
 
-impl Default for CheckpointOptions {
+impl Default for CheckpointSettings {
     fn default() -> Self {
-        CheckpointOptions {
+        CheckpointSettings {
             retain_batches: DEFAULT_RETAIN_BATCHES,
             clock: Arc::new(SystemClock),
             files: None,
             object_store: ObjectStoreSettings::default(),
-            lease: LeaseOptions::default(),
+            lease: LeaseSettings::default(),
         }
     }
 }
 
-impl CheckpointOptions {
+impl CheckpointSettings {
     /// The defaults: keep 100 batches, system clock, the file manager of the
     /// location (local file system for a path, S3 for `s3://bucket/prefix`).
     pub fn new() -> Self {
@@ -131,32 +131,32 @@ impl CheckpointOptions {
     }
 
     /// Keeps at least `n` batches (at least 1) when purging.
-    pub fn retain_batches(mut self, n: u64) -> Self {
+    pub fn with_retained_batches(mut self, n: u64) -> Self {
         self.retain_batches = n.max(1);
         self
     }
 
     /// The clock for lock times, leases and quarantine names.
-    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
         self.clock = clock;
         self
     }
 
     /// The file manager (a `FaultyFileManager` in crash tests),
     /// instead of the one the location names.
-    pub fn file_manager(mut self, files: Arc<dyn CheckpointFileManager>) -> Self {
+    pub fn with_file_manager(mut self, files: Arc<dyn CheckpointFileManager>) -> Self {
         self.files = Some(files);
         self
     }
 
     /// How to reach the object store of an `s3://` location.
-    pub fn object_store(mut self, settings: ObjectStoreSettings) -> Self {
+    pub fn with_object_store(mut self, settings: ObjectStoreSettings) -> Self {
         self.object_store = settings;
         self
     }
 
     /// The writer's lease on an object store.
-    pub fn lease(mut self, lease: LeaseOptions) -> Self {
+    pub fn with_lease(mut self, lease: LeaseSettings) -> Self {
         self.lease = lease;
         self
     }
@@ -178,7 +178,7 @@ impl CheckpointOptions {
 /// ```
 pub struct Checkpoint {
     dir: PathBuf,
-    options: CheckpointOptions,
+    options: CheckpointSettings,
     files: Arc<dyn CheckpointFileManager>,
     lock: Option<WriterLock>,
     metadata: Option<CheckpointMetadata>,
@@ -205,7 +205,7 @@ impl Checkpoint {
     /// was wider), writes the `metadata` file on first use and removes temp
     /// files left by a crash. It does not judge the logs: call
     /// [`Checkpoint::verdict`] for that.
-    pub fn open_for_write(dir: impl AsRef<Path>, options: CheckpointOptions) -> Result<Checkpoint> {
+    pub fn open_for_write(dir: impl AsRef<Path>, options: CheckpointSettings) -> Result<Checkpoint> {
         let dir = dir.as_ref().to_path_buf();
         let files = options.files_for(&dir)?;
         files.mkdirs(&dir)?;
@@ -223,7 +223,7 @@ impl Checkpoint {
 
     /// Opens the existing checkpoint `dir` without the lock and without
     /// changing anything (for `inspect`); every change is refused.
-    pub fn open_read_only(dir: impl AsRef<Path>, options: CheckpointOptions) -> Result<Checkpoint> {
+    pub fn open_read_only(dir: impl AsRef<Path>, options: CheckpointSettings) -> Result<Checkpoint> {
         let dir = dir.as_ref().to_path_buf();
         let files = options.files_for(&dir)?;
         if !files.exists(&dir)? {
@@ -293,7 +293,7 @@ impl Checkpoint {
 
     /// Renews this writer's lease now (an object store's lock; nothing to do
     /// for a local one, whose OS lock needs no renewal). A writer renews in
-    /// the background unless [`LeaseOptions::renew_in_background`] is off.
+    /// the background unless [`LeaseSettings::renew_in_background`] is off.
     pub fn renew_lease(&self) -> Result<()> {
         self.lock.as_ref().ok_or_else(|| LogStoreError::ReadOnly { path: self.dir.clone() })?.renew()
     }
@@ -601,8 +601,8 @@ mod tests {
     use spate_core::ManualClock;
     use std::os::unix::fs::PermissionsExt;
 
-    fn options() -> CheckpointOptions {
-        CheckpointOptions::new().clock(Arc::new(ManualClock::new(Time::from_millis(1_700_000_000_000))))
+    fn options() -> CheckpointSettings {
+        CheckpointSettings::new().with_clock(Arc::new(ManualClock::new(Time::from_millis(1_700_000_000_000))))
     }
 
     #[test]
@@ -643,7 +643,7 @@ mod tests {
     #[test]
     fn purge_keeps_the_newest_batches() {
         let root = tempfile::tempdir().unwrap();
-        let ck = Checkpoint::open_for_write(root.path(), options().retain_batches(3)).unwrap();
+        let ck = Checkpoint::open_for_write(root.path(), options().with_retained_batches(3)).unwrap();
         assert_eq!(ck.purge_old_batches().unwrap(), None);
         for id in 0..9 {
             ck.offsets().add(BatchId(id), &OffsetSeq::default()).unwrap();

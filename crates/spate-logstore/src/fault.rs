@@ -29,7 +29,7 @@ use tracing::warn;
 
 use crate::error::{LogStoreError, Result};
 use crate::file_manager::{self, CheckpointFileManager, FaultPoint, Observer, Overwrite, PublishCheck, parent_of};
-use crate::lock::{LeaseOptions, LockStatus, WriterLock};
+use crate::lock::{LeaseSettings, LockStatus, WriterLock};
 use spate_core::Clock;
 
 /// What an injected fault does.
@@ -345,7 +345,7 @@ impl CheckpointFileManager for FaultyFileManager {
         file_manager::list_files_recursive(dir)
     }
 
-    fn acquire_lock(&self, dir: &Path, clock: Arc<dyn Clock>, _lease: &LeaseOptions) -> Result<WriterLock> {
+    fn acquire_lock(&self, dir: &Path, clock: Arc<dyn Clock>, _lease: &LeaseSettings) -> Result<WriterLock> {
         self.alive()?;
         WriterLock::acquire(dir, clock.as_ref())
     }

@@ -20,7 +20,7 @@ use spate_core::{BatchId, Clock};
 use tracing::{debug, warn};
 
 use crate::error::{LogStoreError, Result};
-use crate::lock::{LeaseOptions, LockStatus, WriterLock};
+use crate::lock::{LeaseSettings, LockStatus, WriterLock};
 use crate::log::{BatchName, batch_name};
 
 /// Permission bits of every directory spate creates: owner only, since
@@ -139,7 +139,7 @@ pub trait CheckpointFileManager: Send + Sync + std::fmt::Debug {
     fn list_files_recursive(&self, dir: &Path) -> Result<Vec<(PathBuf, u64)>>;
 
     /// Takes the writer lock of the checkpoint `dir` (see [`crate::WriterLock`]).
-    fn acquire_lock(&self, dir: &Path, clock: Arc<dyn Clock>, lease: &LeaseOptions) -> Result<WriterLock>;
+    fn acquire_lock(&self, dir: &Path, clock: Arc<dyn Clock>, lease: &LeaseSettings) -> Result<WriterLock>;
 
     /// Whether a live writer holds the lock of `dir`, without changing anything.
     fn lock_status(&self, dir: &Path, clock: &dyn Clock) -> LockStatus;
@@ -259,7 +259,7 @@ impl CheckpointFileManager for LocalFileManager {
         list_files_recursive(dir)
     }
 
-    fn acquire_lock(&self, dir: &Path, clock: Arc<dyn Clock>, _lease: &LeaseOptions) -> Result<WriterLock> {
+    fn acquire_lock(&self, dir: &Path, clock: Arc<dyn Clock>, _lease: &LeaseSettings) -> Result<WriterLock> {
         WriterLock::acquire(dir, clock.as_ref())
     }
 

@@ -47,7 +47,7 @@ use crate::error::{LogStoreError, Result};
 use crate::file_manager::{CheckpointFileManager, FileVersion, NO_FENCE};
 use crate::holder::LockHolder;
 use crate::lock::{
-    LOCK_FILE, LeaseOptions, LockStatus, MAX_LOCK_FILE_BYTES, OnDisk, WriterLock, host_name, next_epoch,
+    LOCK_FILE, LeaseSettings, LockStatus, MAX_LOCK_FILE_BYTES, OnDisk, WriterLock, host_name, next_epoch,
 };
 use crate::log::{Json, decode_entry, encode_entry};
 use crate::process::{Liveness, ProcessIdentity, liveness};
@@ -106,7 +106,7 @@ enum Decision {
     Refuse,
 }
 
-fn decide(found: &Found, now: Time, options: &LeaseOptions) -> Decision {
+fn decide(found: &Found, now: Time, options: &LeaseSettings) -> Decision {
     let lease = match found {
         Found::Missing => return Decision::Take(OnDisk::Missing, FileVersion::Absent),
         // Its expiry cannot be read: held until it has not changed for a whole lease.
@@ -188,7 +188,7 @@ pub(crate) fn acquire(
     files: Arc<dyn CheckpointFileManager>,
     dir: &Path,
     clock: Arc<dyn Clock>,
-    options: &LeaseOptions,
+    options: &LeaseSettings,
 ) -> Result<WriterLock> {
     let path = dir.join(LOCK_FILE);
     let (previous, expected) = wait_until_free(files.as_ref(), dir, &path, clock.as_ref(), options)?;
@@ -232,7 +232,7 @@ fn wait_until_free(
     dir: &Path,
     path: &Path,
     clock: &dyn Clock,
-    options: &LeaseOptions,
+    options: &LeaseSettings,
 ) -> Result<(OnDisk, FileVersion)> {
     let locked = |found: &Found| LogStoreError::Locked { dir: dir.to_path_buf(), holder: recorded_holder(found) };
     let found = read_lease(files, path)?;
@@ -298,7 +298,7 @@ pub(crate) struct LeaseState {
     /// This process, as each lease it writes records it.
     process: Option<ProcessIdentity>,
     clock: Arc<dyn Clock>,
-    options: LeaseOptions,
+    options: LeaseSettings,
     /// Held across a renewal's or the release's request, so that two never
     /// race; never taken by [`LeaseState::check`].
     renewing: Mutex<()>,
@@ -632,8 +632,8 @@ mod tests {
     const START: i64 = 1_700_000_000_000;
     const LOCATION: &str = "s3://bucket/ck";
 
-    fn options() -> LeaseOptions {
-        LeaseOptions {
+    fn options() -> LeaseSettings {
+        LeaseSettings {
             duration: Duration::from_millis(10_000),
             renew_every: Duration::from_millis(3_000),
             safety_margin: Duration::from_millis(2_000),

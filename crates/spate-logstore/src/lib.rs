@@ -41,10 +41,10 @@
 //!
 //! ```
 //! use spate_core::{BatchId, Time};
-//! use spate_logstore::{Checkpoint, CheckpointOptions, CommitMetadata, OffsetSeq, SourceOffset, Verdict};
+//! use spate_logstore::{Checkpoint, CheckpointSettings, CommitMetadata, OffsetSeq, SourceOffset, Verdict};
 //!
 //! let dir = tempfile::tempdir()?;
-//! let checkpoint = Checkpoint::open_for_write(dir.path(), CheckpointOptions::new())?;
+//! let checkpoint = Checkpoint::open_for_write(dir.path(), CheckpointSettings::new())?;
 //! assert_eq!(checkpoint.verdict()?, Verdict::Fresh);
 //!
 //! let offsets = OffsetSeq {
@@ -85,7 +85,7 @@ mod state;
 mod verdict;
 
 pub use checkpoint::{
-    COMMITS_DIR, Checkpoint, CheckpointMetadata, CheckpointOptions, DEFAULT_RETAIN_BATCHES, MAX_CHECKPOINT_FILE_BYTES,
+    COMMITS_DIR, Checkpoint, CheckpointMetadata, CheckpointSettings, DEFAULT_RETAIN_BATCHES, MAX_CHECKPOINT_FILE_BYTES,
     MAX_METADATA_BYTES, METADATA_FILE, OFFSETS_DIR, decode_metadata, read_metadata_file,
 };
 pub use entries::{CommitLog, CommitMetadata, NO_OFFSET, OffsetLog, OffsetSeq, SourceOffset};
@@ -99,7 +99,7 @@ pub use file_manager::{
 pub use holder::LockHolder;
 pub use location::{ObjectStoreSettings, S3_SCHEME, file_manager_for, is_object_store_location, redacted};
 pub use lock::{
-    EpochFence, LOCK_FILE, LeaseOptions, LockStatus, WriterLock, decode_lock_file, encode_lock_file, read_lock_holder,
+    EpochFence, LOCK_FILE, LeaseSettings, LockStatus, WriterLock, decode_lock_file, encode_lock_file, read_lock_holder,
 };
 pub use log::{
     BodyError, Json, LogEntry, MAX_LOG_FILE_BYTES, MetadataLog, decode_entry, encode_entry, parse_batch_file_name,

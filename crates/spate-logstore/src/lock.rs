@@ -17,7 +17,7 @@
 //! before the version line existed (bare JSON) are still read.
 //!
 //! In an object store there is no OS lock: `LOCK` is a lease with an expiry
-//! time, renewed while the writer runs (see [`LeaseOptions`] and the
+//! time, renewed while the writer runs (see [`LeaseSettings`] and the
 //! `lease` module); the fence then checks the lease instead of the file.
 
 use std::fs::{File, OpenOptions, TryLockError};
@@ -186,7 +186,7 @@ enum Held {
 /// new writer takes the lease over only once it has run out by the new
 /// writer's clock.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct LeaseOptions {
+pub struct LeaseSettings {
     /// How long a lease lasts from its last renewal.
     pub duration: Duration,
     /// How often the holder renews it.
@@ -198,9 +198,9 @@ pub struct LeaseOptions {
     pub renew_in_background: bool,
 }
 
-impl Default for LeaseOptions {
+impl Default for LeaseSettings {
     fn default() -> Self {
-        LeaseOptions {
+        LeaseSettings {
             duration: Duration::from_millis(15_000),
             renew_every: Duration::from_millis(4_000),
             safety_margin: Duration::from_millis(3_000),
@@ -266,7 +266,7 @@ impl WriterLock {
         Ok(WriterLock { held: Held::File(file), holder, fence })
     }
 
-    /// A lock held as a lease in an object store (see [`LeaseOptions`]).
+    /// A lock held as a lease in an object store (see [`LeaseSettings`]).
     #[cfg_attr(not(feature = "s3"), allow(dead_code))]
     pub(crate) fn leased(dir: &Path, keeper: crate::lease::LeaseKeeper) -> WriterLock {
         let state = keeper.state();

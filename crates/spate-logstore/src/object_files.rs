@@ -42,7 +42,7 @@ use spate_core::Clock;
 use crate::error::{LogStoreError, Result};
 use crate::file_manager::{CheckpointFileManager, FileVersion, LogListing, NO_FENCE, PublishCheck, Tightened};
 use crate::location::{ObjectStoreSettings, parse_s3_location};
-use crate::lock::{LeaseOptions, LockStatus, WriterLock};
+use crate::lock::{LeaseSettings, LockStatus, WriterLock};
 
 /// How long a call waits for a store that does not answer before its error is returned.
 pub(crate) const STORE_OUTAGE_LIMIT: Duration = Duration::from_secs(300);
@@ -477,7 +477,7 @@ impl CheckpointFileManager for ObjectStoreFileManager {
             .collect())
     }
 
-    fn acquire_lock(&self, dir: &Path, clock: Arc<dyn Clock>, lease: &LeaseOptions) -> Result<WriterLock> {
+    fn acquire_lock(&self, dir: &Path, clock: Arc<dyn Clock>, lease: &LeaseSettings) -> Result<WriterLock> {
         crate::lease::acquire(Arc::new(self.clone()), dir, clock, lease)
     }
 
@@ -497,7 +497,7 @@ mod tests {
 
     use super::*;
     use crate::file_manager::NO_FENCE;
-    use crate::{Checkpoint, CheckpointOptions, CommitMetadata, FaultyObjectStore, OffsetSeq};
+    use crate::{Checkpoint, CheckpointSettings, CommitMetadata, FaultyObjectStore, OffsetSeq};
 
     const LOCATION: &str = "s3://bucket/ck";
     const START: i64 = 1_700_000_000_000;
@@ -549,9 +549,9 @@ mod tests {
         Arc::new(ObjectStoreFileManager::with_store(Path::new(LOCATION), "ck", store).unwrap())
     }
 
-    fn options(files: &Arc<dyn CheckpointFileManager>, clock: &Arc<ManualClock>) -> CheckpointOptions {
-        let lease = LeaseOptions { renew_in_background: false, ..LeaseOptions::default() };
-        CheckpointOptions::new().clock(clock.clone()).file_manager(Arc::clone(files)).lease(lease)
+    fn options(files: &Arc<dyn CheckpointFileManager>, clock: &Arc<ManualClock>) -> CheckpointSettings {
+        let lease = LeaseSettings { renew_in_background: false, ..LeaseSettings::default() };
+        CheckpointSettings::new().with_clock(clock.clone()).with_file_manager(Arc::clone(files)).with_lease(lease)
     }
 
     #[test]

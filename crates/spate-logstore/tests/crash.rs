@@ -12,7 +12,7 @@ use std::sync::Arc;
 use serde_json::json;
 use spate_core::{BatchId, Time};
 use spate_logstore::{
-    Checkpoint, CheckpointOptions, FaultMode, FaultPoint, FaultyFileManager, LocalFileManager, LogStoreError,
+    Checkpoint, CheckpointSettings, FaultMode, FaultPoint, FaultyFileManager, LocalFileManager, LogStoreError,
     OffsetLog, OffsetSeq, SourceOffset, Verdict,
 };
 
@@ -150,7 +150,7 @@ fn failure_at_every_step_is_reported_and_cleaned_up() {
 fn short_writes_still_write_whole_entries() {
     let dir = tempfile::tempdir().unwrap();
     let faulty = manager(Setting::ShortWrites);
-    let ck = Checkpoint::open_for_write(dir.path(), CheckpointOptions::new().file_manager(faulty)).unwrap();
+    let ck = Checkpoint::open_for_write(dir.path(), CheckpointSettings::new().with_file_manager(faulty)).unwrap();
     for id in 0..5 {
         ck.offsets().add(BatchId(id), &entry(id)).unwrap();
     }
@@ -168,7 +168,7 @@ fn a_checkpoint_losing_unsynced_data_keeps_every_write_that_returned() {
     let dir = root.path().join("new/ck");
     let faulty = manager(Setting::LosingUnsynced);
     {
-        let ck = Checkpoint::open_for_write(&dir, CheckpointOptions::new().file_manager(faulty.clone())).unwrap();
+        let ck = Checkpoint::open_for_write(&dir, CheckpointSettings::new().with_file_manager(faulty.clone())).unwrap();
         ck.offsets().add(BatchId(0), &entry(0)).unwrap();
         ck.commits().add(BatchId(0), &spate_logstore::CommitMetadata::default()).unwrap();
         ck.write_file("state/op/0", b"state").unwrap();
@@ -176,7 +176,7 @@ fn a_checkpoint_losing_unsynced_data_keeps_every_write_that_returned() {
         faulty.arm(FaultPoint::DirFsync, FaultMode::Crash);
         assert!(ck.commits().add(BatchId(1), &spate_logstore::CommitMetadata::default()).is_err());
     }
-    let ck = Checkpoint::open_for_write(&dir, CheckpointOptions::new()).unwrap();
+    let ck = Checkpoint::open_for_write(&dir, CheckpointSettings::new()).unwrap();
     assert!(matches!(ck.verdict().unwrap(), Verdict::Rerun { batch: BatchId(1), .. }), "{:?}", ck.verdict());
     assert_eq!(ck.read_file("state/op/0").unwrap(), Some(b"state".to_vec()));
 }
@@ -186,7 +186,8 @@ fn checkpoint_open_cleans_temp_files_left_by_a_crash() {
     let dir = tempfile::tempdir().unwrap();
     let faulty = Arc::new(FaultyFileManager::new());
     {
-        let ck = Checkpoint::open_for_write(dir.path(), CheckpointOptions::new().file_manager(faulty.clone())).unwrap();
+        let ck = Checkpoint::open_for_write(dir.path(), CheckpointSettings::new().with_file_manager(faulty.clone()))
+            .unwrap();
         ck.offsets().add(BatchId(0), &entry(0)).unwrap();
         faulty.arm(FaultPoint::TempFsync, FaultMode::Crash);
         assert!(ck.offsets().add(BatchId(1), &entry(1)).is_err());
@@ -198,7 +199,7 @@ fn checkpoint_open_cleans_temp_files_left_by_a_crash() {
             .count()
     };
     assert_eq!(temp_files(), 1);
-    let ck = Checkpoint::open_for_write(dir.path(), CheckpointOptions::new()).unwrap();
+    let ck = Checkpoint::open_for_write(dir.path(), CheckpointSettings::new()).unwrap();
     assert_eq!(temp_files(), 0);
     assert!(matches!(ck.verdict().unwrap(), Verdict::Rerun { batch: BatchId(0), .. }));
 }
@@ -209,13 +210,13 @@ fn a_replace_that_crashes_before_its_directory_fsync_leaves_the_old_file() {
         let root = tempfile::tempdir().unwrap();
         let faulty = manager(Setting::LosingUnsynced);
         {
-            let options = CheckpointOptions::new().file_manager(faulty.clone());
+            let options = CheckpointSettings::new().with_file_manager(faulty.clone());
             let ck = Checkpoint::open_for_write(root.path(), options).unwrap();
             ck.replace_file("graph", b"one").unwrap();
             faulty.arm(point, FaultMode::Crash);
             assert!(ck.replace_file("graph", b"two").is_err());
         }
-        let ck = Checkpoint::open_for_write(root.path(), CheckpointOptions::new()).unwrap();
+        let ck = Checkpoint::open_for_write(root.path(), CheckpointSettings::new()).unwrap();
         let expected: &[u8] = if point == FaultPoint::AfterDirFsync { b"two" } else { b"one" };
         assert_eq!(ck.read_file("graph").unwrap().as_deref(), Some(expected), "{point:?}");
     }

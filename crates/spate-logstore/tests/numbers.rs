@@ -11,14 +11,14 @@ use std::sync::Arc;
 
 use spate_core::{BatchId, ManualClock, Time};
 use spate_logstore::{
-    Checkpoint, CheckpointOptions, CommitMetadata, InconsistencyKind, LOCK_FILE, LogStoreError, OffsetSeq,
+    Checkpoint, CheckpointSettings, CommitMetadata, InconsistencyKind, LOCK_FILE, LogStoreError, OffsetSeq,
     RecoveryPoint, Verdict, encode_entry, inspect,
 };
 
 const MAX_NAME: &str = "18446744073709551615";
 
-fn options() -> CheckpointOptions {
-    CheckpointOptions::new().clock(Arc::new(ManualClock::new(Time::from_millis(1_764_000_000_000))))
+fn options() -> CheckpointSettings {
+    CheckpointSettings::new().with_clock(Arc::new(ManualClock::new(Time::from_millis(1_764_000_000_000))))
 }
 
 fn checkpoint(dir: &Path, o: &[u64], c: &[u64]) -> Checkpoint {
@@ -44,7 +44,7 @@ fn plant(dir: &Path, relative: &str) {
 
 /// A checkpoint keeping 2 batches, with batches 0 to 3 logged and committed.
 fn four_committed_batches(dir: &Path) -> Checkpoint {
-    let ck = Checkpoint::open_for_write(dir, options().retain_batches(2)).unwrap();
+    let ck = Checkpoint::open_for_write(dir, options().with_retained_batches(2)).unwrap();
     for id in 0..4 {
         ck.offsets().add(BatchId(id), &OffsetSeq::default()).unwrap();
         ck.commits().add(BatchId(id), &CommitMetadata::default()).unwrap();

@@ -10,12 +10,12 @@ use std::sync::Arc;
 use serde_json::json;
 use spate_core::{BatchId, ManualClock, Time};
 use spate_logstore::{
-    Checkpoint, CheckpointOptions, CommitMetadata, InconsistencyKind, LogStoreError, OffsetSeq, QUARANTINE_DIR,
+    Checkpoint, CheckpointSettings, CommitMetadata, InconsistencyKind, LogStoreError, OffsetSeq, QUARANTINE_DIR,
     REPAIR_NOTE, RecoveryPoint, SourceOffset, Verdict, inspect,
 };
 
-fn options() -> CheckpointOptions {
-    CheckpointOptions::new().clock(Arc::new(ManualClock::new(Time::from_millis(1_764_000_000_000))))
+fn options() -> CheckpointSettings {
+    CheckpointSettings::new().with_clock(Arc::new(ManualClock::new(Time::from_millis(1_764_000_000_000))))
 }
 
 fn offsets(id: u64) -> OffsetSeq {

@@ -17,7 +17,7 @@ use std::sync::{Arc, Barrier};
 use serde_json::json;
 use spate_core::{BatchId, WriterFence};
 use spate_logstore::{
-    Checkpoint, CheckpointOptions, CommitMetadata, FaultPoint, FaultyFileManager, LocalFileManager, LogStoreError,
+    Checkpoint, CheckpointSettings, CommitMetadata, FaultPoint, FaultyFileManager, LocalFileManager, LogStoreError,
     OffsetLog, OffsetSeq, SourceOffset,
 };
 
@@ -37,7 +37,7 @@ fn child_process_helper() {
     let mut line = String::new();
     match parts.as_slice() {
         ["hold", dir] => {
-            let checkpoint = Checkpoint::open_for_write(dir, CheckpointOptions::new()).unwrap();
+            let checkpoint = Checkpoint::open_for_write(dir, CheckpointSettings::new()).unwrap();
             report(&format!("LOCKED {}", checkpoint.epoch().unwrap()));
             // Hold the lock until the parent kills this process (or closes stdin).
             std::io::stdin().read_line(&mut line).unwrap();
@@ -94,7 +94,7 @@ fn live_holder_refuses_a_second_writer_and_a_killed_one_is_taken_over() {
     let (mut child, mut stdout) = spawn_child(&format!("hold\t{}", dir.display()));
     let child_epoch: u64 = wait_for(&mut stdout, "LOCKED ").parse().unwrap();
 
-    let err = Checkpoint::open_for_write(&dir, CheckpointOptions::new()).unwrap_err();
+    let err = Checkpoint::open_for_write(&dir, CheckpointSettings::new()).unwrap_err();
     let message = err.to_string();
     match &err {
         LogStoreError::Locked { holder: Some(holder), .. } => {
@@ -107,7 +107,7 @@ fn live_holder_refuses_a_second_writer_and_a_killed_one_is_taken_over() {
 
     child.kill().unwrap();
     child.wait().unwrap();
-    let checkpoint = Checkpoint::open_for_write(&dir, CheckpointOptions::new()).unwrap();
+    let checkpoint = Checkpoint::open_for_write(&dir, CheckpointSettings::new()).unwrap();
     assert_eq!(checkpoint.epoch(), Some(child_epoch + 1));
     assert_eq!(checkpoint.writer().map(|w| w.pid), Some(std::process::id()));
     assert!(checkpoint.commits().add(BatchId(0), &CommitMetadata::default()).is_ok());
@@ -164,13 +164,13 @@ fn racing_threads_add_the_same_id_and_exactly_one_wins() {
 #[test]
 fn a_stale_writer_cannot_append() {
     let root = tempfile::tempdir().unwrap();
-    let old = Checkpoint::open_for_write(root.path(), CheckpointOptions::new()).unwrap();
+    let old = Checkpoint::open_for_write(root.path(), CheckpointSettings::new()).unwrap();
     old.offsets().add(BatchId(0), &entry(0)).unwrap();
     // The old writer loses its lock without noticing (the lock file is removed,
     // as a careless clean-up or a shared file system without locks would do),
     // and a second writer takes the checkpoint.
     std::fs::remove_file(root.path().join("LOCK")).unwrap();
-    let new = Checkpoint::open_for_write(root.path(), CheckpointOptions::new()).unwrap();
+    let new = Checkpoint::open_for_write(root.path(), CheckpointSettings::new()).unwrap();
     let (old_epoch, new_epoch) = (old.epoch().unwrap(), new.epoch().unwrap());
     assert_ne!(old_epoch, new_epoch);
 
@@ -194,30 +194,30 @@ fn take_over(dir: &Path, slot: &Arc<std::sync::Mutex<Option<Checkpoint>>>) -> im
     let (dir, slot) = (dir.to_path_buf(), slot.clone());
     move || {
         std::fs::remove_file(dir.join("LOCK")).unwrap();
-        let new = Checkpoint::open_for_write(&dir, CheckpointOptions::new()).unwrap();
+        let new = Checkpoint::open_for_write(&dir, CheckpointSettings::new()).unwrap();
         *slot.lock().unwrap() = Some(new);
     }
 }
 
 fn faulty_checkpoint(dir: &Path) -> (Checkpoint, Arc<FaultyFileManager>) {
     let faulty = Arc::new(FaultyFileManager::new());
-    let ck = Checkpoint::open_for_write(dir, CheckpointOptions::new().file_manager(faulty.clone())).unwrap();
+    let ck = Checkpoint::open_for_write(dir, CheckpointSettings::new().with_file_manager(faulty.clone())).unwrap();
     (ck, faulty)
 }
 
 #[test]
 fn the_epoch_fence_is_a_writer_fence_for_the_layers_below() {
     let root = tempfile::tempdir().unwrap();
-    let old = Checkpoint::open_for_write(root.path(), CheckpointOptions::new()).unwrap();
+    let old = Checkpoint::open_for_write(root.path(), CheckpointSettings::new()).unwrap();
     let fence: Arc<dyn WriterFence> = old.fence().unwrap();
     assert_eq!(fence.epoch(), old.epoch().unwrap());
     fence.check().unwrap();
     std::fs::remove_file(root.path().join("LOCK")).unwrap();
-    let new = Checkpoint::open_for_write(root.path(), CheckpointOptions::new()).unwrap();
+    let new = Checkpoint::open_for_write(root.path(), CheckpointSettings::new()).unwrap();
     let reason = fence.check().unwrap_err();
     assert!(reason.contains(&format!("our epoch is {}", old.epoch().unwrap())), "{reason}");
     assert!(reason.contains(&format!("epoch {}", new.epoch().unwrap())), "{reason}");
-    let read_only = Checkpoint::open_read_only(root.path(), CheckpointOptions::new()).unwrap();
+    let read_only = Checkpoint::open_read_only(root.path(), CheckpointSettings::new()).unwrap();
     assert!(read_only.fence().is_none());
 }
 
@@ -283,10 +283,10 @@ fn a_graph_replaced_in_the_window_the_fence_cannot_close_is_detected() {
 #[test]
 fn a_file_replaced_by_a_newer_writer_is_never_replaced_by_an_older_one() {
     let root = tempfile::tempdir().unwrap();
-    let old = Checkpoint::open_for_write(root.path(), CheckpointOptions::new()).unwrap();
+    let old = Checkpoint::open_for_write(root.path(), CheckpointSettings::new()).unwrap();
     old.replace_file("graph", b"old").unwrap();
     std::fs::remove_file(root.path().join("LOCK")).unwrap();
-    let new = Checkpoint::open_for_write(root.path(), CheckpointOptions::new()).unwrap();
+    let new = Checkpoint::open_for_write(root.path(), CheckpointSettings::new()).unwrap();
     new.replace_file("graph", b"new").unwrap();
     // Even if the lock file said otherwise (a shared file system serving an old copy),
     // the graph itself says a newer writer wrote it.
@@ -306,13 +306,13 @@ fn a_file_replaced_by_a_newer_writer_is_never_replaced_by_an_older_one() {
 #[test]
 fn a_stale_writer_stops_purging_and_deleting() {
     let root = tempfile::tempdir().unwrap();
-    let old = Checkpoint::open_for_write(root.path(), CheckpointOptions::new()).unwrap();
+    let old = Checkpoint::open_for_write(root.path(), CheckpointSettings::new()).unwrap();
     for id in 0..3 {
         old.offsets().add(BatchId(id), &entry(id)).unwrap();
     }
     old.write_file("state/op/0", b"s").unwrap();
     std::fs::remove_file(root.path().join("LOCK")).unwrap();
-    let _new = Checkpoint::open_for_write(root.path(), CheckpointOptions::new()).unwrap();
+    let _new = Checkpoint::open_for_write(root.path(), CheckpointSettings::new()).unwrap();
     assert!(matches!(old.offsets().purge(BatchId(3)), Err(LogStoreError::StaleEpoch { .. })));
     assert!(matches!(old.delete_file("state/op/0"), Err(LogStoreError::StaleEpoch { .. })));
     assert_eq!(old.offsets().ids().unwrap().len(), 3);

@@ -53,7 +53,7 @@ use std::time::{Duration as StdDuration, Instant};
 
 use spate_core::{BatchId, Duration, ManualClock, Time};
 use spate_dstream::{DStream, Data, GraphBuilder};
-use spate_nexmark::{Event, GeneratorConfig, NexmarkGenerator, NexmarkSource, queries};
+use spate_nexmark::{Event, GeneratorSettings, NexmarkGenerator, NexmarkSource, queries};
 use spate_runtime::{BackpressureSettings, StreamingContext, StreamingSettings};
 
 /// Events per second of event time: the generator rate of the Flink runs.
@@ -247,7 +247,7 @@ fn cores() -> usize {
 /// A source of exactly `events` events at `rate` a second from
 /// [`START_MS`], in [`PARTITIONS_PER_CORE`] partitions a core.
 fn source(events: u64, rate: f64) -> Arc<NexmarkSource> {
-    let config = GeneratorConfig::new(SEED, START_MS).with_rate(rate).with_max_events(events);
+    let config = GeneratorSettings::new(SEED, START_MS).with_rate(rate).with_max_events(events);
     Arc::new(NexmarkSource::new(NexmarkGenerator::new(config).unwrap()).with_partitions(PARTITIONS_PER_CORE * cores()))
 }
 

@@ -7,14 +7,14 @@
 
 use std::time::Instant;
 
-use spate_nexmark::{Event, GeneratorConfig, NexmarkGenerator};
+use spate_nexmark::{Event, GeneratorSettings, NexmarkGenerator};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let count: u64 = match std::env::args().nth(1) {
         Some(arg) => arg.parse()?,
         None => 1_000_000,
     };
-    let generator = NexmarkGenerator::new(GeneratorConfig::new(1, 0))?;
+    let generator = NexmarkGenerator::new(GeneratorSettings::new(1, 0))?;
     let started = Instant::now();
     let (mut persons, mut auctions, mut bids, mut extra) = (0u64, 0u64, 0u64, 0usize);
     for position in 0..count {

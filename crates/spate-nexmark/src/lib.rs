@@ -20,7 +20,7 @@
 //!
 //! # What is generated
 //!
-//! The event at position `p` is a pure function of the [`GeneratorConfig`]
+//! The event at position `p` is a pure function of the [`GeneratorSettings`]
 //! and `p` ([`NexmarkGenerator::event`]), as in the spec:
 //!
 //! - kinds cycle in fifties: one person, three auctions, 46 bids;
@@ -49,9 +49,9 @@
 //! tables (see below) over 100,000 events.
 //!
 //! ```
-//! use spate_nexmark::{Event, EventKind, GeneratorConfig, NexmarkGenerator};
+//! use spate_nexmark::{Event, EventKind, GeneratorSettings, NexmarkGenerator};
 //!
-//! let generator = NexmarkGenerator::new(GeneratorConfig::new(42, 1_700_000_000_000))?;
+//! let generator = NexmarkGenerator::new(GeneratorSettings::new(42, 1_700_000_000_000))?;
 //! let events = generator.events(0..50);
 //! let persons = events.iter().filter(|e| e.kind() == EventKind::Person).count();
 //! assert_eq!(persons, 1);
@@ -88,12 +88,12 @@
 //! use std::sync::{Arc, Mutex};
 //! use std::time::Duration as StdDuration;
 //! use spate_core::{BatchId, Duration, ManualClock, Time};
-//! use spate_nexmark::{GeneratorConfig, NexmarkGenerator, NexmarkSource, queries};
+//! use spate_nexmark::{GeneratorSettings, NexmarkGenerator, NexmarkSource, queries};
 //! use spate_runtime::{StreamingContext, StreamingSettings};
 //!
 //! let start = 1_700_000_000_000;
 //! // 1000 events a second from `start`, 3000 in all.
-//! let config = GeneratorConfig::new(42, start).with_rate(1000.0).with_max_events(3000);
+//! let config = GeneratorSettings::new(42, start).with_rate(1000.0).with_max_events(3000);
 //! let source = Arc::new(NexmarkSource::new(NexmarkGenerator::new(config)?));
 //!
 //! let clock = ManualClock::new(Time::from_millis(start));
@@ -151,16 +151,16 @@
 #![deny(clippy::unwrap_used, clippy::expect_used)]
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
 
-mod config;
 mod error;
 mod generator;
 mod model;
 pub mod queries;
 mod random;
+mod settings;
 mod source;
 
-pub use config::{FIRST_AUCTION_ID, FIRST_CATEGORY_ID, FIRST_PERSON_ID, GeneratorConfig};
 pub use error::NexmarkError;
 pub use generator::NexmarkGenerator;
 pub use model::{Auction, Bid, Event, EventKind, Person};
+pub use settings::{FIRST_AUCTION_ID, FIRST_CATEGORY_ID, FIRST_PERSON_ID, GeneratorSettings};
 pub use source::NexmarkSource;

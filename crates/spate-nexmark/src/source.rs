@@ -225,12 +225,12 @@ impl InputSource<Event> for NexmarkSource {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::GeneratorConfig;
+    use crate::settings::GeneratorSettings;
 
     const BASE: i64 = 1_000_000;
 
     fn source(rate: f64, max_events: u64) -> NexmarkSource {
-        let config = GeneratorConfig::new(9, BASE).with_rate(rate).with_max_events(max_events);
+        let config = GeneratorSettings::new(9, BASE).with_rate(rate).with_max_events(max_events);
         NexmarkSource::new(NexmarkGenerator::new(config).unwrap())
     }
 
@@ -285,7 +285,7 @@ mod tests {
         assert_eq!(before.len(), 3);
         // A new process, configured with another base time (as `now` would
         // give), re-runs the logged batch and then continues after it.
-        let config = GeneratorConfig::new(9, BASE + 123_456).with_rate(1000.0).with_max_events(10_000);
+        let config = GeneratorSettings::new(9, BASE + 123_456).with_rate(1000.0).with_max_events(10_000);
         let restarted = NexmarkSource::new(NexmarkGenerator::new(config).unwrap()).with_partitions(3);
         // The logged plan alone decides the events, before any resume too.
         let after = restarted.compute(Time::from_millis(BASE + 9000), Some(&planned)).unwrap();

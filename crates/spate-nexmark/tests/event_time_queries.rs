@@ -20,7 +20,7 @@ use std::time::Duration as StdDuration;
 use spate_core::{BatchId, Duration, ManualClock, Time};
 use spate_dstream::{DStream, Data};
 use spate_nexmark::queries::{self, Q3Row, Q4Row, Q5Row, Q7Row, Q8Row};
-use spate_nexmark::{Auction, Bid, Event, GeneratorConfig, NexmarkGenerator, NexmarkSource, Person};
+use spate_nexmark::{Auction, Bid, Event, GeneratorSettings, NexmarkGenerator, NexmarkSource, Person};
 use spate_runtime::{PipelineBuilder, RecoveryReport, StreamingContext, StreamingSettings};
 
 const WAIT: StdDuration = StdDuration::from_secs(120);
@@ -41,8 +41,8 @@ struct Setup {
 }
 
 impl Setup {
-    fn config(&self) -> GeneratorConfig {
-        GeneratorConfig::new(self.seed, START)
+    fn config(&self) -> GeneratorSettings {
+        GeneratorSettings::new(self.seed, START)
             .with_rate(RATE)
             .with_max_events(EVENTS)
             .with_out_of_order_group_size(self.out_of_order_group)

@@ -11,7 +11,7 @@ use std::time::Duration as StdDuration;
 use spate_core::{BatchId, Duration, ManualClock, Time};
 use spate_dstream::DStream;
 use spate_nexmark::queries::{self, Q0Row, Q1Row, Q2Row};
-use spate_nexmark::{Event, GeneratorConfig, NexmarkGenerator, NexmarkSource};
+use spate_nexmark::{Event, GeneratorSettings, NexmarkGenerator, NexmarkSource};
 use spate_runtime::{PipelineBuilder, StreamingContext, StreamingSettings};
 
 const WAIT: StdDuration = StdDuration::from_secs(60);
@@ -21,8 +21,8 @@ const SEED: u64 = 31;
 /// 1,000 events a second from START: ten one-second batches hold them all.
 const RATE: f64 = 1_000.0;
 
-fn config() -> GeneratorConfig {
-    GeneratorConfig::new(SEED, START).with_rate(RATE).with_max_events(EVENTS)
+fn config() -> GeneratorSettings {
+    GeneratorSettings::new(SEED, START).with_rate(RATE).with_max_events(EVENTS)
 }
 
 fn new_source() -> Arc<NexmarkSource> {

@@ -31,8 +31,8 @@ use std::time::Instant;
 use criterion::{Criterion, SamplingMode, criterion_group, criterion_main};
 use spate_core::{Duration, StreamId, SystemClock, Time};
 use spate_receiver::{
-    BlockManager, BlockManagerBasedBlockHandler, BlockManagerConfig, FnSink, GeneratorConfig, GeneratorReceiver,
-    ReceivedBlockHandler, ReceiverState, ReceiverSupervisor, StorageLevel, SupervisorConfig, WalHandlerConfig,
+    BlockManager, BlockManagerBasedBlockHandler, BlockManagerSettings, FnSink, GeneratorReceiver, GeneratorSettings,
+    ReceivedBlockHandler, ReceiverState, ReceiverSupervisor, StorageLevel, SupervisorSettings, WalHandlerSettings,
     WordGenerator, WriteAheadLogBasedBlockHandler, encode_block, open_receiver_wal, receiver_wal_options,
 };
 use spate_wal::WriteAheadLog;
@@ -75,11 +75,11 @@ fn ten_byte_generator() -> WordGenerator {
 /// Runs the generator for `n` records into `handler`; returns the elapsed
 /// seconds until the last block was stored (durably, with the WAL on).
 fn ingest(n: u64, handler: Arc<dyn ReceivedBlockHandler<String>>, blocks: Arc<BlockManager<String>>) -> f64 {
-    let mut generator = GeneratorConfig::new(42);
+    let mut generator = GeneratorSettings::new(42);
     generator.generator = ten_byte_generator();
     generator.total_records = Some(n);
     generator.batch_size = 4096;
-    let mut config = SupervisorConfig::new(STREAM);
+    let mut config = SupervisorSettings::new(STREAM);
     config.block_generator.block_interval = Duration::from_millis(50);
     config.block_generator.max_block_records = Some(BLOCK_RECORDS);
     // Processed blocks are removed, as the runtime's cleanup would, so memory stays flat.
@@ -104,7 +104,7 @@ fn ingest(n: u64, handler: Arc<dyn ReceivedBlockHandler<String>>, blocks: Arc<Bl
 }
 
 fn block_manager() -> Arc<BlockManager<String>> {
-    Arc::new(BlockManager::open(BlockManagerConfig::in_memory(4 << 30), Arc::new(SystemClock)).unwrap())
+    Arc::new(BlockManager::open(BlockManagerSettings::in_memory(4 << 30), Arc::new(SystemClock)).unwrap())
 }
 
 fn wal_off(n: u64) -> f64 {
@@ -129,7 +129,7 @@ fn wal_on(checkpoint: &Path, n: u64) -> f64 {
         Arc::clone(&wal) as Arc<dyn WriteAheadLog>,
         STREAM,
         StorageLevel::MEMORY_AND_DISK_SER_2,
-        WalHandlerConfig::default(),
+        WalHandlerSettings::default(),
         Arc::new(SystemClock),
     )
     .unwrap();

@@ -32,7 +32,7 @@ use crate::signal::StopSignal;
 
 /// How a [`BlockGenerator`] cuts and queues blocks.
 #[derive(Clone, Debug)]
-pub struct BlockGeneratorConfig {
+pub struct BlockGeneratorSettings {
     /// A block is cut every interval (Spark's `spark.streaming.blockInterval`).
     pub block_interval: Duration,
     /// Blocks cut but not yet pushed, at most (Spark's `blockQueueSize`).
@@ -44,7 +44,7 @@ pub struct BlockGeneratorConfig {
     /// Cuts a block early before its records' serialized size would pass
     /// this many bytes (estimated from samples of the records), so a block
     /// stays under the receiver WAL's largest record
-    /// ([`spate_wal::WalOptions::max_record_size`], 64 MiB by default).
+    /// ([`spate_wal::WalSettings::max_record_size`], 64 MiB by default).
     /// `None`: [`DEFAULT_MAX_BLOCK_BYTES`]. Raising it past the WAL's
     /// limit needs that limit raised too. One record larger than the cap
     /// still makes a block of its own.
@@ -57,9 +57,9 @@ pub struct BlockGeneratorConfig {
     pub initial_rate: Option<u64>,
 }
 
-impl Default for BlockGeneratorConfig {
+impl Default for BlockGeneratorSettings {
     fn default() -> Self {
-        BlockGeneratorConfig {
+        BlockGeneratorSettings {
             block_interval: Duration::from_millis(200),
             queue_capacity: 10,
             max_block_records: None,
@@ -71,16 +71,16 @@ impl Default for BlockGeneratorConfig {
 }
 
 /// The records a block holds at most unless
-/// [`BlockGeneratorConfig::max_block_records`] says otherwise.
+/// [`BlockGeneratorSettings::max_block_records`] says otherwise.
 pub const DEFAULT_MAX_BLOCK_RECORDS: usize = 1_000_000;
 
 /// The serialized bytes a block holds at most unless
-/// [`BlockGeneratorConfig::max_block_bytes`] says otherwise: 16 MiB, a
+/// [`BlockGeneratorSettings::max_block_bytes`] says otherwise: 16 MiB, a
 /// quarter of the receiver WAL's default largest record, leaving room for
 /// the sampled size estimate to be wrong.
 pub const DEFAULT_MAX_BLOCK_BYTES: u64 = 16 << 20;
 
-impl BlockGeneratorConfig {
+impl BlockGeneratorSettings {
     /// The record cap in force.
     pub fn block_records_cap(&self) -> usize {
         self.max_block_records.unwrap_or(DEFAULT_MAX_BLOCK_RECORDS).max(1)
@@ -91,13 +91,13 @@ impl BlockGeneratorConfig {
         self.max_block_bytes.unwrap_or(DEFAULT_MAX_BLOCK_BYTES).max(1)
     }
 
-    /// Sets [`BlockGeneratorConfig::max_block_records`].
+    /// Sets [`BlockGeneratorSettings::max_block_records`].
     pub fn with_max_block_records(mut self, records: usize) -> Self {
         self.max_block_records = Some(records);
         self
     }
 
-    /// Sets [`BlockGeneratorConfig::max_block_bytes`].
+    /// Sets [`BlockGeneratorSettings::max_block_bytes`].
     pub fn with_max_block_bytes(mut self, bytes: u64) -> Self {
         self.max_block_bytes = Some(bytes);
         self
@@ -227,7 +227,7 @@ const PROBE_RECORDS: usize = 16;
 
 struct Shared<T> {
     stream_id: StreamId,
-    config: BlockGeneratorConfig,
+    config: BlockGeneratorSettings,
     clock: Arc<dyn Clock>,
     state: AtomicU8,
     buffer: Mutex<Buffer<T>>,
@@ -267,7 +267,7 @@ impl<T: Record> BlockGenerator<T> {
     /// Starts a generator for `stream_id` that pushes to `listener`.
     pub fn start(
         stream_id: StreamId,
-        config: BlockGeneratorConfig,
+        config: BlockGeneratorSettings,
         clock: Arc<dyn Clock>,
         listener: Arc<dyn BlockGeneratorListener<T>>,
     ) -> Result<Self, ReceiverError> {
@@ -276,7 +276,7 @@ impl<T: Record> BlockGenerator<T> {
 
     pub(crate) fn start_with_ids(
         stream_id: StreamId,
-        config: BlockGeneratorConfig,
+        config: BlockGeneratorSettings,
         clock: Arc<dyn Clock>,
         listener: Arc<dyn BlockGeneratorListener<T>>,
         ids: Arc<BlockIdAllocator>,
@@ -591,7 +591,7 @@ impl<T> Buffer<T> {
     }
 
     /// Records that still fit under both caps, at the last size per record.
-    fn room(&self, config: &BlockGeneratorConfig) -> usize {
+    fn room(&self, config: &BlockGeneratorSettings) -> usize {
         let by_records = config.block_records_cap().saturating_sub(self.len());
         let bytes_left = config.block_bytes_cap().saturating_sub(self.bytes);
         let by_bytes = match self.bytes_per_record {

@@ -48,7 +48,7 @@ pub struct BlockLocation {
 
 /// How a [`BlockManager`] is set up.
 #[derive(Clone, Debug)]
-pub struct BlockManagerConfig {
+pub struct BlockManagerSettings {
     /// Bytes of (estimated) block data kept in memory at most, when no
     /// shared budget is given.
     pub memory_budget_bytes: u64,
@@ -66,15 +66,15 @@ pub struct BlockManagerConfig {
     pub spill_budget: Option<Arc<MemoryBudget>>,
 }
 
-impl BlockManagerConfig {
+impl BlockManagerSettings {
     /// Memory only, with `memory_budget_bytes`.
     pub fn in_memory(memory_budget_bytes: u64) -> Self {
-        BlockManagerConfig { memory_budget_bytes, shared_budget: None, disk_dir: None, spill_budget: None }
+        BlockManagerSettings { memory_budget_bytes, shared_budget: None, disk_dir: None, spill_budget: None }
     }
 
     /// Memory within `memory_budget_bytes` and a disk store in `disk_dir`.
     pub fn with_disk(memory_budget_bytes: u64, disk_dir: impl Into<PathBuf>) -> Self {
-        BlockManagerConfig {
+        BlockManagerSettings {
             memory_budget_bytes,
             shared_budget: None,
             disk_dir: Some(disk_dir.into()),
@@ -83,13 +83,13 @@ impl BlockManagerConfig {
     }
 
     /// Draws on `budget`, shared with other holders, instead of a budget of its own.
-    pub fn sharing(mut self, budget: Arc<MemoryBudget>) -> Self {
+    pub fn with_shared_budget(mut self, budget: Arc<MemoryBudget>) -> Self {
         self.shared_budget = Some(budget);
         self
     }
 
-    /// Keeps the disk store within `budget` (see [`BlockManagerConfig::spill_budget`]).
-    pub fn spilling_within(mut self, budget: Arc<MemoryBudget>) -> Self {
+    /// Keeps the disk store within `budget` (see [`BlockManagerSettings::spill_budget`]).
+    pub fn with_spill_budget(mut self, budget: Arc<MemoryBudget>) -> Self {
         self.spill_budget = Some(budget);
         self
     }
@@ -148,7 +148,7 @@ impl<T: Record> BlockManager<T> {
     /// Opens a block manager. The disk store's directory is created when
     /// missing; one an earlier block manager made is wiped, and a non-empty
     /// one it did not make is refused ([`ReceiverError::DiskDirNotOurs`]).
-    pub fn open(config: BlockManagerConfig, clock: Arc<dyn Clock>) -> Result<Self, ReceiverError> {
+    pub fn open(config: BlockManagerSettings, clock: Arc<dyn Clock>) -> Result<Self, ReceiverError> {
         let disk = config.disk_dir.as_deref().map(DiskStore::open).transpose()?;
         let inner = Inner {
             entries: HashMap::new(),
@@ -511,7 +511,7 @@ mod tests {
     fn the_per_stream_gauges_follow_blocks_in_and_out_of_memory() {
         let clock = ManualClock::new(Time::from_millis(0));
         let bm: BlockManager<String> =
-            BlockManager::open(BlockManagerConfig::in_memory(1 << 20), Arc::new(clock)).unwrap();
+            BlockManager::open(BlockManagerSettings::in_memory(1 << 20), Arc::new(clock)).unwrap();
         let data = |n: usize| BlockData::Bytes(Arc::new(vec![0u8; n]));
         bm.put(block(0, 1), data(100), StorageLevel::MEMORY_ONLY_SER).unwrap();
         bm.put(block(0, 2), data(50), StorageLevel::MEMORY_ONLY_SER).unwrap();

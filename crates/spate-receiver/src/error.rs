@@ -104,7 +104,7 @@ pub enum ReceiverError {
     /// largest record: that record can never be stored durably as it is.
     #[error(
         "block {block_id} holds one record of {bytes} bytes (serialized), more than the receiver write-ahead log's \
-         largest record of {max} bytes; raise the log's max_record_size (WalOptions::with_max_record_size) above it, \
+         largest record of {max} bytes; raise the log's max_record_size (WalSettings::with_max_record_size) above it, \
          or split such records at the source"
     )]
     RecordTooLargeForWal {
@@ -120,7 +120,7 @@ pub enum ReceiverError {
     #[error(
         "block {block_id} ({records} records, {bytes} bytes serialized) is larger than the receiver write-ahead log's \
          largest record of {max} bytes; lower the block generator's max_block_bytes or max_block_records, or raise \
-         the log's max_record_size (WalOptions::with_max_record_size)"
+         the log's max_record_size (WalSettings::with_max_record_size)"
     )]
     BlockTooLargeForWal {
         /// The block.

@@ -93,7 +93,7 @@ impl WordGenerator {
 
 /// How a [`GeneratorReceiver`] produces words.
 #[derive(Clone, Debug)]
-pub struct GeneratorConfig {
+pub struct GeneratorSettings {
     /// The sequence.
     pub generator: WordGenerator,
     /// Words per second, at most (on the supervisor's clock); `None`: as fast as possible.
@@ -108,10 +108,10 @@ pub struct GeneratorConfig {
     pub storage_level: StorageLevel,
 }
 
-impl GeneratorConfig {
+impl GeneratorSettings {
     /// Unlimited words of `seed` over [`VOCABULARY`], in batches of 1024.
     pub fn new(seed: u64) -> Self {
-        GeneratorConfig {
+        GeneratorSettings {
             generator: WordGenerator::new(seed),
             records_per_sec: None,
             total_records: None,
@@ -147,18 +147,18 @@ impl GeneratorProgress {
 /// acknowledged position only moves after a flush returned.
 #[derive(Debug)]
 pub struct GeneratorReceiver {
-    config: GeneratorConfig,
+    config: GeneratorSettings,
     progress: Arc<GeneratorProgress>,
 }
 
 impl GeneratorReceiver {
     /// A receiver starting at word 0.
-    pub fn new(config: GeneratorConfig) -> Self {
+    pub fn new(config: GeneratorSettings) -> Self {
         Self::resuming_at(config, 0)
     }
 
     /// A receiver starting at word `start` (an acknowledged position).
-    pub fn resuming_at(config: GeneratorConfig, start: u64) -> Self {
+    pub fn resuming_at(config: GeneratorSettings, start: u64) -> Self {
         let progress = GeneratorProgress { produced: AtomicU64::new(start), acknowledged: AtomicU64::new(start) };
         GeneratorReceiver { config, progress: Arc::new(progress) }
     }

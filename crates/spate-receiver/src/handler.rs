@@ -16,7 +16,7 @@ use spate_core::sync::lock;
 use spate_core::{
     BlockStoreResult, Clock, FrameCodec, StreamBlockId, StreamId, Time, Unfenced, WalRecordHandle, WriterFence,
 };
-use spate_wal::{FileWriteAheadLog, WalError, WalOptions, WriteAheadLog};
+use spate_wal::{FileWriteAheadLog, WalError, WalSettings, WriteAheadLog};
 use tracing::{debug, warn};
 
 use crate::block::{BlockData, ReceivedBlock, count_block_records, decode_block, encode_block};
@@ -133,15 +133,15 @@ pub fn receiver_wal_dir(checkpoint_dir: &Path, stream_id: StreamId) -> PathBuf {
 }
 
 /// Files of cleaned segments a receiver WAL keeps to start new segments in
-/// ([`WalOptions::recycled_segments`]): a receiver's segments are cleaned
+/// ([`WalSettings::recycled_segments`]): a receiver's segments are cleaned
 /// one or two at a time, once their batches are done.
 pub const RECEIVER_WAL_SPARES: usize = 2;
 
 /// The options a receiver WAL is opened with. Received blocks are large:
 /// direct I/O saves the page cache's copy and writeback, and recycled
 /// segment files are rewritten in place rather than allocated anew.
-pub fn receiver_wal_options() -> WalOptions {
-    WalOptions::default().with_direct_io(true).with_recycled_segments(RECEIVER_WAL_SPARES)
+pub fn receiver_wal_options() -> WalSettings {
+    WalSettings::default().with_direct_io(true).with_recycled_segments(RECEIVER_WAL_SPARES)
 }
 
 /// Opens (creating when missing) the receiver WAL of `stream_id` under
@@ -149,7 +149,7 @@ pub fn receiver_wal_options() -> WalOptions {
 pub fn open_receiver_wal(
     checkpoint_dir: &Path,
     stream_id: StreamId,
-    options: WalOptions,
+    options: WalSettings,
 ) -> Result<Arc<FileWriteAheadLog>, ReceiverError> {
     let dir = receiver_wal_dir(checkpoint_dir, stream_id);
     let wal = FileWriteAheadLog::open(&dir, options).map_err(|source| ReceiverError::Wal { stream_id, source })?;
@@ -293,7 +293,7 @@ impl<T: Record> ReceivedBlockHandler<T> for BlockManagerBasedBlockHandler<T> {
 
 /// How a [`WriteAheadLogBasedBlockHandler`] waits and cleans.
 #[derive(Clone, Debug)]
-pub struct WalHandlerConfig {
+pub struct WalHandlerSettings {
     /// How long storing a block waits for both stores, on the handler's
     /// clock, from when the block was handed to the WAL (Spark's
     /// `spark.streaming.receiver.blockStoreTimeout`, 30 s).
@@ -308,9 +308,9 @@ pub struct WalHandlerConfig {
     pub fence: Arc<dyn WriterFence>,
 }
 
-impl Default for WalHandlerConfig {
+impl Default for WalHandlerSettings {
     fn default() -> Self {
-        WalHandlerConfig {
+        WalHandlerSettings {
             store_timeout: std::time::Duration::from_secs(30),
             wait_for_cleanup: false,
             fence: Arc::new(Unfenced),
@@ -343,7 +343,7 @@ pub struct WriteAheadLogBasedBlockHandler<T> {
     wal: Arc<dyn WriteAheadLog>,
     stream_id: StreamId,
     level: StorageLevel,
-    config: WalHandlerConfig,
+    config: WalHandlerSettings,
     clock: Arc<dyn Clock>,
     /// Taken on close: the WAL writer thread ends when it is dropped.
     writer: Mutex<Option<WalWriters>>,
@@ -368,7 +368,7 @@ impl<T: Record> WriteAheadLogBasedBlockHandler<T> {
         wal: Arc<dyn WriteAheadLog>,
         stream_id: StreamId,
         level: StorageLevel,
-        config: WalHandlerConfig,
+        config: WalHandlerSettings,
         clock: Arc<dyn Clock>,
     ) -> Result<Self, ReceiverError> {
         let adjusted = level.for_write_ahead_log();

@@ -31,20 +31,20 @@
 //! use std::sync::Arc;
 //! use spate_core::{StreamId, SystemClock};
 //! use spate_receiver::{
-//!     BlockManager, BlockManagerBasedBlockHandler, BlockManagerConfig, GeneratorConfig, GeneratorReceiver,
-//!     ReceiverState, ReceiverSupervisor, StorageLevel, SupervisorConfig, WordGenerator,
+//!     BlockManager, BlockManagerBasedBlockHandler, BlockManagerSettings, GeneratorSettings, GeneratorReceiver,
+//!     ReceiverState, ReceiverSupervisor, StorageLevel, SupervisorSettings, WordGenerator,
 //! };
 //!
 //! let clock = Arc::new(SystemClock);
-//! let blocks = Arc::new(BlockManager::<String>::open(BlockManagerConfig::in_memory(64 << 20), clock.clone())?);
+//! let blocks = Arc::new(BlockManager::<String>::open(BlockManagerSettings::in_memory(64 << 20), clock.clone())?);
 //! let handler = Arc::new(BlockManagerBasedBlockHandler::new(blocks.clone(), StorageLevel::MEMORY_ONLY));
 //! let (sink, infos) = crossbeam::channel::unbounded();
 //!
-//! let mut config = GeneratorConfig::new(7);
+//! let mut config = GeneratorSettings::new(7);
 //! config.total_records = Some(10_000);
 //! let supervisor = ReceiverSupervisor::start(
 //!     GeneratorReceiver::new(config),
-//!     SupervisorConfig::new(StreamId(0)),
+//!     SupervisorSettings::new(StreamId(0)),
 //!     handler,
 //!     Arc::new(sink),
 //!     clock,
@@ -79,20 +79,20 @@ mod supervisor;
 
 pub use block::{BlockData, ReceivedBlock, block_payload, count_block_records, decode_block, encode_block};
 pub use block_generator::{
-    BlockGenerator, BlockGeneratorConfig, BlockGeneratorListener, BlockWriter, DEFAULT_MAX_BLOCK_BYTES,
+    BlockGenerator, BlockGeneratorListener, BlockGeneratorSettings, BlockWriter, DEFAULT_MAX_BLOCK_BYTES,
     DEFAULT_MAX_BLOCK_RECORDS,
 };
-pub use block_manager::{BlockLocation, BlockManager, BlockManagerConfig};
+pub use block_manager::{BlockLocation, BlockManager, BlockManagerSettings};
 pub use codec::{BLOCK_FORMAT_VERSION, Record};
 pub use error::{BoxError, ReceiverError};
-pub use generator::{GeneratorConfig, GeneratorProgress, GeneratorReceiver, VOCABULARY, WordGenerator, splitmix64};
+pub use generator::{GeneratorProgress, GeneratorReceiver, GeneratorSettings, VOCABULARY, WordGenerator, splitmix64};
 pub use handler::{
-    BlockManagerBasedBlockHandler, Pending, RECEIVER_WAL_SPARES, ReceivedBlockHandler, WalHandlerConfig,
+    BlockManagerBasedBlockHandler, Pending, RECEIVER_WAL_SPARES, ReceivedBlockHandler, WalHandlerSettings,
     WriteAheadLogBasedBlockHandler, open_receiver_wal, read_block_from_wal, receiver_wal_dir, receiver_wal_options,
 };
 pub use rate_limiter::RateLimiter;
-pub use socket::{InvalidUtf8Policy, SocketConfig, SocketStats, SocketTextReceiver};
+pub use socket::{InvalidUtf8Policy, SocketSettings, SocketStats, SocketTextReceiver};
 pub use storage::StorageLevel;
 pub use supervisor::{
-    BlockInfoSink, FnSink, Receiver, ReceiverContext, ReceiverState, ReceiverSupervisor, SupervisorConfig,
+    BlockInfoSink, FnSink, Receiver, ReceiverContext, ReceiverState, ReceiverSupervisor, SupervisorSettings,
 };

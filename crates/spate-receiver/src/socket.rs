@@ -40,7 +40,7 @@ pub enum InvalidUtf8Policy {
 
 /// How a [`SocketTextReceiver`] connects and reads.
 #[derive(Clone, Debug)]
-pub struct SocketConfig {
+pub struct SocketSettings {
     /// The peer, `host:port`.
     pub address: String,
     /// What to do with invalid UTF-8.
@@ -53,10 +53,10 @@ pub struct SocketConfig {
     pub storage_level: StorageLevel,
 }
 
-impl SocketConfig {
+impl SocketSettings {
     /// Defaults for `address`: replace invalid UTF-8, lines up to 1 MiB.
     pub fn new(address: impl Into<String>) -> Self {
-        SocketConfig {
+        SocketSettings {
             address: address.into(),
             invalid_utf8: InvalidUtf8Policy::Replace,
             max_line_bytes: 1 << 20,
@@ -100,13 +100,13 @@ impl SocketStats {
 /// Stores each line a TCP peer sends; see the module documentation.
 #[derive(Debug)]
 pub struct SocketTextReceiver {
-    config: SocketConfig,
+    config: SocketSettings,
     stats: Arc<SocketStats>,
 }
 
 impl SocketTextReceiver {
     /// A receiver for `config`.
-    pub fn new(config: SocketConfig) -> Self {
+    pub fn new(config: SocketSettings) -> Self {
         SocketTextReceiver { config, stats: Arc::default() }
     }
 

@@ -19,7 +19,7 @@ use tracing::{error, info, warn};
 
 use crate::block::ReceivedBlock;
 use crate::block_generator::{
-    BlockGenerator, BlockGeneratorConfig, BlockGeneratorListener, BlockIdAllocator, BlockWriter,
+    BlockGenerator, BlockGeneratorListener, BlockGeneratorSettings, BlockIdAllocator, BlockWriter,
 };
 use crate::codec::Record;
 use crate::error::{BoxError, ReceiverError};
@@ -83,11 +83,11 @@ impl<F: Fn(ReceivedBlockInfo) -> Result<(), BoxError> + Send + Sync> BlockInfoSi
 
 /// How a [`ReceiverSupervisor`] runs its receiver.
 #[derive(Clone, Debug)]
-pub struct SupervisorConfig {
+pub struct SupervisorSettings {
     /// The input stream the receiver feeds.
     pub stream_id: StreamId,
     /// Blocks: interval, queue, maximum rate.
-    pub block_generator: BlockGeneratorConfig,
+    pub block_generator: BlockGeneratorSettings,
     /// The wait before the first restart after a failure (Spark's
     /// `receiverRestartDelay`, 2 s); it doubles with each failure in a row.
     pub restart_delay: Duration,
@@ -96,12 +96,12 @@ pub struct SupervisorConfig {
     pub max_restart_delay: Duration,
 }
 
-impl SupervisorConfig {
+impl SupervisorSettings {
     /// Defaults for `stream_id`.
     pub fn new(stream_id: StreamId) -> Self {
-        SupervisorConfig {
+        SupervisorSettings {
             stream_id,
-            block_generator: BlockGeneratorConfig::default(),
+            block_generator: BlockGeneratorSettings::default(),
             restart_delay: Duration::from_secs(2),
             max_restart_delay: Duration::from_secs(60),
         }
@@ -401,7 +401,7 @@ impl<T: Record> ReceiverSupervisor<T> {
     /// Blocks are stored through `handler` and described to `sink`.
     pub fn start(
         receiver: impl Receiver<T>,
-        config: SupervisorConfig,
+        config: SupervisorSettings,
         handler: Arc<dyn ReceivedBlockHandler<T>>,
         sink: Arc<dyn BlockInfoSink>,
         clock: Arc<dyn Clock>,
@@ -534,7 +534,7 @@ impl<T> ContextShared<T> {
 
 impl<T: Record> ContextShared<T> {
     /// The receiver thread: run, and restart with backoff, until stopped.
-    fn supervise(self: Arc<Self>, mut receiver: impl Receiver<T>, config: &SupervisorConfig) {
+    fn supervise(self: Arc<Self>, mut receiver: impl Receiver<T>, config: &SupervisorSettings) {
         let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
             Ok(runtime) => runtime,
             Err(e) => {

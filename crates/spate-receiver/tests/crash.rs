@@ -15,11 +15,11 @@ use std::sync::Arc;
 
 use spate_core::{StreamId, SystemClock, WalRecordHandle};
 use spate_receiver::{
-    BlockManager, BlockManagerConfig, FnSink, GeneratorConfig, GeneratorReceiver, ReceiverSupervisor, StorageLevel,
-    SupervisorConfig, WalHandlerConfig, WordGenerator, WriteAheadLogBasedBlockHandler, open_receiver_wal,
+    BlockManager, BlockManagerSettings, FnSink, GeneratorReceiver, GeneratorSettings, ReceiverSupervisor, StorageLevel,
+    SupervisorSettings, WalHandlerSettings, WordGenerator, WriteAheadLogBasedBlockHandler, open_receiver_wal,
     read_block_from_wal, receiver_wal_options,
 };
-use spate_wal::{WalOptions, WriteAheadLog};
+use spate_wal::{WalSettings, WriteAheadLog};
 
 const CHILD_ENV: &str = "SPATE_RECEIVER_CRASH_CHILD";
 const STREAM: StreamId = StreamId(4);
@@ -58,7 +58,7 @@ fn spawn_child(checkpoint: &Path) -> ChildGuard {
 fn child(checkpoint: &Path) {
     let clock = Arc::new(SystemClock);
     let blocks =
-        Arc::new(BlockManager::<String>::open(BlockManagerConfig::in_memory(512 << 20), clock.clone()).unwrap());
+        Arc::new(BlockManager::<String>::open(BlockManagerSettings::in_memory(512 << 20), clock.clone()).unwrap());
     // As the runtime opens the receiver WAL: direct I/O (on a file system
     // without it, appends are buffered and the test is the same).
     let wal = open_receiver_wal(checkpoint, STREAM, receiver_wal_options()).unwrap();
@@ -67,7 +67,7 @@ fn child(checkpoint: &Path) {
         wal,
         STREAM,
         StorageLevel::MEMORY_AND_DISK_SER_2,
-        WalHandlerConfig::default(),
+        WalHandlerSettings::default(),
         clock.clone(),
     )
     .unwrap();
@@ -78,11 +78,11 @@ fn child(checkpoint: &Path) {
         out.flush()?;
         Ok(())
     });
-    let mut generator = GeneratorConfig::new(SEED);
+    let mut generator = GeneratorSettings::new(SEED);
     generator.records_per_sec = Some(200_000);
     generator.batch_size = 500;
     generator.flush_every = Some(5_000);
-    let mut config = SupervisorConfig::new(STREAM);
+    let mut config = SupervisorSettings::new(STREAM);
     config.block_generator.block_interval = spate_core::Duration::from_millis(20);
     let _supervisor =
         ReceiverSupervisor::start(GeneratorReceiver::new(generator), config, Arc::new(handler), Arc::new(sink), clock)
@@ -135,7 +135,7 @@ fn parent() {
     }
     child.kill().unwrap(); // SIGKILL: no destructor, no close, no flush
 
-    let wal = open_receiver_wal(checkpoint.path(), STREAM, WalOptions::default()).unwrap();
+    let wal = open_receiver_wal(checkpoint.path(), STREAM, WalSettings::default()).unwrap();
     let mut received: Vec<String> = Vec::new();
     for (handle, records) in &acked {
         let block: Vec<String> = read_block_from_wal(wal.as_ref(), STREAM, handle).unwrap();

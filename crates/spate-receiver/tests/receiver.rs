@@ -12,9 +12,9 @@ use async_trait::async_trait;
 use crossbeam::channel::Receiver as Channel;
 use spate_core::{Clock, Duration, ManualClock, ReceivedBlockInfo, StreamId, Time};
 use spate_receiver::{
-    BlockManager, BlockManagerBasedBlockHandler, BlockManagerConfig, GeneratorConfig, GeneratorReceiver,
-    InvalidUtf8Policy, Receiver, ReceiverContext, ReceiverError, ReceiverState, ReceiverSupervisor, SocketConfig,
-    SocketTextReceiver, StorageLevel, SupervisorConfig, WordGenerator,
+    BlockManager, BlockManagerBasedBlockHandler, BlockManagerSettings, GeneratorReceiver, GeneratorSettings,
+    InvalidUtf8Policy, Receiver, ReceiverContext, ReceiverError, ReceiverState, ReceiverSupervisor, SocketSettings,
+    SocketTextReceiver, StorageLevel, SupervisorSettings, WordGenerator,
 };
 
 const STREAM: StreamId = StreamId(1);
@@ -28,13 +28,13 @@ struct Harness {
 }
 
 impl Harness {
-    fn start(receiver: impl Receiver<String>, tune: impl FnOnce(&mut SupervisorConfig)) -> Self {
+    fn start(receiver: impl Receiver<String>, tune: impl FnOnce(&mut SupervisorSettings)) -> Self {
         let clock = ManualClock::new(Time::from_millis(1_000_000));
         let blocks =
-            Arc::new(BlockManager::open(BlockManagerConfig::in_memory(256 << 20), Arc::new(clock.clone())).unwrap());
+            Arc::new(BlockManager::open(BlockManagerSettings::in_memory(256 << 20), Arc::new(clock.clone())).unwrap());
         let handler = Arc::new(BlockManagerBasedBlockHandler::new(Arc::clone(&blocks), StorageLevel::MEMORY_ONLY));
         let (sink, infos) = crossbeam::channel::unbounded();
-        let mut config = SupervisorConfig::new(STREAM);
+        let mut config = SupervisorSettings::new(STREAM);
         tune(&mut config);
         let supervisor =
             ReceiverSupervisor::start(receiver, config, handler, Arc::new(sink), Arc::new(clock.clone())).unwrap();
@@ -72,7 +72,7 @@ fn eventually(what: &str, cond: impl Fn() -> bool) {
 fn records_in_equal_records_out_under_a_changing_rate_limit() {
     const TOTAL: u64 = 1000;
     const BATCH: u64 = 10;
-    let mut config = GeneratorConfig::new(11);
+    let mut config = GeneratorSettings::new(11);
     config.total_records = Some(TOTAL);
     config.batch_size = BATCH as usize;
     let receiver = GeneratorReceiver::new(config);
@@ -260,7 +260,7 @@ fn peer(bytes: &'static [u8]) -> (String, std::thread::JoinHandle<()>) {
     (address, thread)
 }
 
-fn socket_harness(config: SocketConfig) -> (Harness, Arc<spate_receiver::SocketStats>) {
+fn socket_harness(config: SocketSettings) -> (Harness, Arc<spate_receiver::SocketStats>) {
     let receiver = SocketTextReceiver::new(config);
     let stats = receiver.stats();
     let h = Harness::start(receiver, |c| c.restart_delay = Duration::from_secs(3600));
@@ -270,7 +270,7 @@ fn socket_harness(config: SocketConfig) -> (Harness, Arc<spate_receiver::SocketS
 #[test]
 fn socket_lines_with_invalid_utf8_replaced_and_a_partial_last_line_dropped() {
     let (address, peer) = peer(b"alpha\nbeta\r\n\xff\xfegamma\n\ndelta\nparti");
-    let (h, stats) = socket_harness(SocketConfig::new(address));
+    let (h, stats) = socket_harness(SocketSettings::new(address));
     h.wait_for(|s| matches!(s, ReceiverState::BackingOff { .. }));
     peer.join().unwrap();
     h.supervisor.stop().unwrap();
@@ -285,7 +285,7 @@ fn socket_lines_with_invalid_utf8_replaced_and_a_partial_last_line_dropped() {
 #[test]
 fn socket_invalid_utf8_fails_the_run_when_asked_naming_the_line() {
     let (address, peer) = peer(b"ok\nfine\n\xc3(\nafter\n");
-    let mut config = SocketConfig::new(address);
+    let mut config = SocketSettings::new(address);
     config.invalid_utf8 = InvalidUtf8Policy::Fail;
     let (h, stats) = socket_harness(config);
     h.wait_for(|s| matches!(s, ReceiverState::BackingOff { .. }));
@@ -300,7 +300,7 @@ fn socket_invalid_utf8_fails_the_run_when_asked_naming_the_line() {
 #[test]
 fn socket_line_longer_than_the_maximum_is_an_error_not_a_growing_buffer() {
     let (address, peer) = peer(b"short\nthis line is far too long\nnext\n");
-    let mut config = SocketConfig::new(address);
+    let mut config = SocketSettings::new(address);
     config.max_line_bytes = 8;
     let (h, _) = socket_harness(config);
     h.wait_for(|s| matches!(s, ReceiverState::BackingOff { .. }));
@@ -325,7 +325,7 @@ fn socket_receiver_reconnects_after_the_backoff() {
             served.store(true, Ordering::SeqCst);
         })
     };
-    let receiver = SocketTextReceiver::new(SocketConfig::new(address));
+    let receiver = SocketTextReceiver::new(SocketSettings::new(address));
     let stats = receiver.stats();
     let h = Harness::start(receiver, |c| c.restart_delay = Duration::from_secs(1));
     let first = h.wait_for(|s| matches!(s, ReceiverState::BackingOff { .. }));
@@ -389,7 +389,8 @@ impl Receiver<String> for Flushing {
 #[test]
 fn a_failed_block_fails_every_later_flush_so_nothing_is_acknowledged_wrongly() {
     let clock = ManualClock::new(Time::from_millis(1_000_000));
-    let blocks = Arc::new(BlockManager::open(BlockManagerConfig::in_memory(1 << 20), Arc::new(clock.clone())).unwrap());
+    let blocks =
+        Arc::new(BlockManager::open(BlockManagerSettings::in_memory(1 << 20), Arc::new(clock.clone())).unwrap());
     let inner = BlockManagerBasedBlockHandler::new(Arc::clone(&blocks), StorageLevel::MEMORY_ONLY);
     let handler = Arc::new(FailingHandler { inner, stores: AtomicU64::new(0), fail_at: 2 });
     let (sink, infos) = crossbeam::channel::unbounded();
@@ -397,7 +398,7 @@ fn a_failed_block_fails_every_later_flush_so_nothing_is_acknowledged_wrongly() {
     let receiver = Flushing { results: Arc::clone(&results) };
     let supervisor = ReceiverSupervisor::start(
         receiver,
-        SupervisorConfig::new(STREAM),
+        SupervisorSettings::new(STREAM),
         handler,
         Arc::new(sink),
         Arc::new(clock.clone()),
@@ -417,7 +418,7 @@ fn generator_cutting_every(
     records: usize,
     listener: Arc<dyn spate_receiver::BlockGeneratorListener<String>>,
 ) -> spate_receiver::BlockGenerator<String> {
-    let config = spate_receiver::BlockGeneratorConfig {
+    let config = spate_receiver::BlockGeneratorSettings {
         block_interval: Duration::from_secs(3600),
         max_block_records: Some(records),
         ..Default::default()
@@ -614,7 +615,7 @@ fn records_filled_in_place_under_a_low_limit_flow_in_slices_of_100_ms() {
 
 fn large_batch_flows_in_slices(add: Adder) {
     let listener = Arc::new(CountingListener::default());
-    let config = spate_receiver::BlockGeneratorConfig {
+    let config = spate_receiver::BlockGeneratorSettings {
         block_interval: Duration::from_secs(3600),
         max_block_records: Some(1),
         initial_rate: Some(100),
@@ -664,11 +665,11 @@ impl<T: spate_receiver::Record> spate_receiver::BlockGeneratorListener<T> for Si
 /// Runs `add` on a generator of `config` that only its caps (and the end)
 /// cut, and returns each block's records and bytes.
 fn blocks_cut_by_caps<T: spate_receiver::Record>(
-    config: spate_receiver::BlockGeneratorConfig,
+    config: spate_receiver::BlockGeneratorSettings,
     add: impl FnOnce(&spate_receiver::BlockGenerator<T>),
 ) -> Vec<(usize, usize)> {
     let listener = Arc::new(SizingListener::default());
-    let config = spate_receiver::BlockGeneratorConfig { block_interval: Duration::from_secs(3600), ..config };
+    let config = spate_receiver::BlockGeneratorSettings { block_interval: Duration::from_secs(3600), ..config };
     let clock = Arc::new(ManualClock::new(Time::from_millis(0)));
     let generator =
         spate_receiver::BlockGenerator::start(StreamId(0), config, clock, Arc::clone(&listener) as _).unwrap();
@@ -685,7 +686,7 @@ fn big_records() -> Vec<String> {
 
 #[test]
 fn blocks_are_cut_at_a_default_byte_cap_under_the_wal_record_limit() {
-    let default = spate_receiver::BlockGeneratorConfig::default();
+    let default = spate_receiver::BlockGeneratorSettings::default();
     assert!(default.block_bytes_cap() < u64::from(spate_wal::DEFAULT_MAX_RECORD_SIZE));
     let adders: [(&str, Adder); 4] = [
         ("add_records", |g| g.add_records(big_records())),
@@ -701,7 +702,7 @@ fn blocks_are_cut_at_a_default_byte_cap_under_the_wal_record_limit() {
         }),
     ];
     for (how, add) in adders {
-        let blocks = blocks_cut_by_caps(spate_receiver::BlockGeneratorConfig::default(), |g| add(g).unwrap());
+        let blocks = blocks_cut_by_caps(spate_receiver::BlockGeneratorSettings::default(), |g| add(g).unwrap());
         assert_eq!(blocks.iter().map(|(n, _)| n).sum::<usize>(), 40, "{how}");
         assert!(blocks.len() >= 2, "{how}: {blocks:?}");
         for (records, bytes) in &blocks {
@@ -712,7 +713,7 @@ fn blocks_are_cut_at_a_default_byte_cap_under_the_wal_record_limit() {
         }
     }
     // A user may raise the cap.
-    let raised = spate_receiver::BlockGeneratorConfig::default().with_max_block_bytes(64 << 20);
+    let raised = spate_receiver::BlockGeneratorSettings::default().with_max_block_bytes(64 << 20);
     let blocks =
         blocks_cut_by_caps(raised, |g: &spate_receiver::BlockGenerator<String>| g.add_records(big_records()).unwrap());
     assert_eq!(blocks.iter().map(|(n, _)| *n).collect::<Vec<_>>(), [40]);
@@ -722,12 +723,12 @@ fn blocks_are_cut_at_a_default_byte_cap_under_the_wal_record_limit() {
 fn blocks_are_cut_at_a_default_record_cap() {
     let count = spate_receiver::DEFAULT_MAX_BLOCK_RECORDS + 10;
     let blocks = blocks_cut_by_caps(
-        spate_receiver::BlockGeneratorConfig::default(),
+        spate_receiver::BlockGeneratorSettings::default(),
         |g: &spate_receiver::BlockGenerator<u8>| g.add_records(vec![7u8; count]).unwrap(),
     );
     let sizes: Vec<usize> = blocks.iter().map(|(n, _)| *n).collect();
     assert_eq!(sizes, [spate_receiver::DEFAULT_MAX_BLOCK_RECORDS, 10]);
-    let raised = spate_receiver::BlockGeneratorConfig::default().with_max_block_records(count);
+    let raised = spate_receiver::BlockGeneratorSettings::default().with_max_block_records(count);
     let blocks =
         blocks_cut_by_caps(raised, |g: &spate_receiver::BlockGenerator<u8>| g.add_records(vec![7u8; count]).unwrap());
     assert_eq!(blocks.iter().map(|(n, _)| *n).collect::<Vec<_>>(), [count]);
@@ -767,7 +768,7 @@ fn generator_cut_by<L: spate_receiver::BlockGeneratorListener<String>>(
     listener: &Arc<L>,
     max_block_records: usize,
 ) -> spate_receiver::BlockGenerator<String> {
-    let config = spate_receiver::BlockGeneratorConfig {
+    let config = spate_receiver::BlockGeneratorSettings {
         block_interval: Duration::from_secs(3600),
         max_block_records: Some(max_block_records),
         ..Default::default()

@@ -7,11 +7,11 @@ use std::sync::{Arc, Mutex};
 
 use spate_core::{Clock, Duration, ManualClock, MemoryBudget, StreamBlockId, StreamId, Time, WalRecordHandle};
 use spate_receiver::{
-    BlockData, BlockManager, BlockManagerBasedBlockHandler, BlockManagerConfig, ReceivedBlock, ReceivedBlockHandler,
-    ReceiverError, StorageLevel, WalHandlerConfig, WriteAheadLogBasedBlockHandler, encode_block, open_receiver_wal,
+    BlockData, BlockManager, BlockManagerBasedBlockHandler, BlockManagerSettings, ReceivedBlock, ReceivedBlockHandler,
+    ReceiverError, StorageLevel, WalHandlerSettings, WriteAheadLogBasedBlockHandler, encode_block, open_receiver_wal,
     read_block_from_wal, receiver_wal_dir,
 };
-use spate_wal::{FileWriteAheadLog, RecordIter, WalError, WalOptions, WriteAheadLog};
+use spate_wal::{FileWriteAheadLog, RecordIter, WalError, WalSettings, WriteAheadLog};
 
 const STREAM: StreamId = StreamId(3);
 
@@ -40,7 +40,7 @@ fn block_bytes() -> u64 {
 fn memory_and_disk_blocks_spill_least_recently_used_first_and_read_back() {
     let dir = tempfile::tempdir().unwrap();
     let budget = block_bytes() * 3 + block_bytes() / 2; // room for three blocks
-    let config = BlockManagerConfig::with_disk(budget, dir.path().join("blocks"));
+    let config = BlockManagerSettings::with_disk(budget, dir.path().join("blocks"));
     let bm = BlockManager::<String>::open(config, Arc::new(clock())).unwrap();
     let level = StorageLevel::MEMORY_AND_DISK_SER;
     for b in 0..3 {
@@ -68,7 +68,7 @@ fn memory_and_disk_blocks_spill_least_recently_used_first_and_read_back() {
 #[test]
 fn a_memory_only_block_larger_than_the_whole_budget_is_refused_clearly() {
     let budget = block_bytes() * 2;
-    let bm = BlockManager::<String>::open(BlockManagerConfig::in_memory(budget), Arc::new(clock())).unwrap();
+    let bm = BlockManager::<String>::open(BlockManagerSettings::in_memory(budget), Arc::new(clock())).unwrap();
     bm.put(id(0), BlockData::Records(Arc::new(words(0, 100))), StorageLevel::MEMORY_ONLY_SER).unwrap();
     let err = bm.put(id(2), BlockData::Records(Arc::new(words(2, 300))), StorageLevel::MEMORY_ONLY_SER).unwrap_err();
     assert!(matches!(err, ReceiverError::MemoryBudgetExceeded { block_id, .. } if block_id == id(2)), "{err:?}");
@@ -84,7 +84,7 @@ fn memory_only_blocks_are_never_spilled_to_make_room_for_a_block_that_may_go_to_
     let budget = block_bytes() * 2;
     let dir = tempfile::tempdir().unwrap();
     let with_disk =
-        BlockManager::<String>::open(BlockManagerConfig::with_disk(budget, dir.path()), Arc::new(clock())).unwrap();
+        BlockManager::<String>::open(BlockManagerSettings::with_disk(budget, dir.path()), Arc::new(clock())).unwrap();
     with_disk.put(id(0), BlockData::Records(Arc::new(words(0, 100))), StorageLevel::MEMORY_ONLY_SER).unwrap();
     with_disk.put(id(1), BlockData::Records(Arc::new(words(1, 100))), StorageLevel::MEMORY_ONLY_SER).unwrap();
     let loc = with_disk.put(id(2), BlockData::Records(Arc::new(words(2, 100))), StorageLevel::MEMORY_AND_DISK).unwrap();
@@ -104,7 +104,7 @@ fn eventually(what: &str, cond: impl Fn() -> bool) {
 #[test]
 fn a_memory_only_block_that_does_not_fit_waits_until_a_block_is_read_out() {
     let budget = Arc::new(MemoryBudget::new(block_bytes() * 2));
-    let config = BlockManagerConfig::in_memory(0).sharing(Arc::clone(&budget));
+    let config = BlockManagerSettings::in_memory(0).with_shared_budget(Arc::clone(&budget));
     let bm = Arc::new(BlockManager::<String>::open(config, Arc::new(clock())).unwrap());
     for b in 0..2 {
         bm.put(id(b), BlockData::Records(Arc::new(words(b, 100))), StorageLevel::MEMORY_ONLY_SER).unwrap();
@@ -130,8 +130,8 @@ fn a_full_spill_area_holds_the_next_block_back_until_a_batch_reads_one_out() {
     let dir = tempfile::tempdir().unwrap();
     let spill = Arc::new(MemoryBudget::new(block_bytes() * 2));
     // Memory for one block, the spill area for two.
-    let config = BlockManagerConfig::with_disk(block_bytes() + block_bytes() / 2, dir.path().join("blocks"))
-        .spilling_within(Arc::clone(&spill));
+    let config = BlockManagerSettings::with_disk(block_bytes() + block_bytes() / 2, dir.path().join("blocks"))
+        .with_spill_budget(Arc::clone(&spill));
     let bm = Arc::new(BlockManager::<String>::open(config, Arc::new(clock())).unwrap());
     let level = StorageLevel::MEMORY_AND_DISK_SER;
     for b in 0..3 {
@@ -159,7 +159,7 @@ fn a_full_spill_area_holds_the_next_block_back_until_a_batch_reads_one_out() {
 fn a_block_larger_than_the_whole_spill_area_is_refused_naming_the_limit() {
     let dir = tempfile::tempdir().unwrap();
     let spill = Arc::new(MemoryBudget::new(block_bytes() / 2));
-    let config = BlockManagerConfig::with_disk(block_bytes() / 2, dir.path()).spilling_within(Arc::clone(&spill));
+    let config = BlockManagerSettings::with_disk(block_bytes() / 2, dir.path()).with_spill_budget(Arc::clone(&spill));
     let bm = BlockManager::<String>::open(config, Arc::new(clock())).unwrap();
     let err =
         bm.put(id(0), BlockData::Records(Arc::new(words(0, 100))), StorageLevel::MEMORY_AND_DISK_SER).unwrap_err();
@@ -173,7 +173,7 @@ fn a_block_larger_than_the_whole_spill_area_is_refused_naming_the_limit() {
 fn block_managers_sharing_a_budget_hold_each_other_back_and_give_it_back_when_dropped() {
     let budget = Arc::new(MemoryBudget::new(block_bytes() * 2));
     let open = || {
-        let config = BlockManagerConfig::in_memory(0).sharing(Arc::clone(&budget));
+        let config = BlockManagerSettings::in_memory(0).with_shared_budget(Arc::clone(&budget));
         Arc::new(BlockManager::<String>::open(config, Arc::new(clock())).unwrap())
     };
     let (first, second) = (open(), open());
@@ -195,7 +195,7 @@ fn block_managers_sharing_a_budget_hold_each_other_back_and_give_it_back_when_dr
 #[test]
 fn once_the_budget_stops_waiting_a_stopping_receivers_last_blocks_are_kept() {
     let budget = Arc::new(MemoryBudget::new(block_bytes()));
-    let config = BlockManagerConfig::in_memory(0).sharing(Arc::clone(&budget));
+    let config = BlockManagerSettings::in_memory(0).with_shared_budget(Arc::clone(&budget));
     let bm = Arc::new(BlockManager::<String>::open(config, Arc::new(clock())).unwrap());
     bm.put(id(0), BlockData::Records(Arc::new(words(0, 100))), StorageLevel::MEMORY_ONLY_SER).unwrap();
     let last = {
@@ -214,7 +214,7 @@ fn once_the_budget_stops_waiting_a_stopping_receivers_last_blocks_are_kept() {
 fn disk_only_and_deserialized_levels_and_duplicates() {
     let dir = tempfile::tempdir().unwrap();
     let bm =
-        BlockManager::<String>::open(BlockManagerConfig::with_disk(1 << 20, dir.path()), Arc::new(clock())).unwrap();
+        BlockManager::<String>::open(BlockManagerSettings::with_disk(1 << 20, dir.path()), Arc::new(clock())).unwrap();
     let loc = bm.put(id(0), BlockData::Records(Arc::new(words(0, 10))), StorageLevel::DISK_ONLY).unwrap();
     assert!(loc.on_disk && !loc.in_memory);
     assert_eq!(bm.memory_used(), 0);
@@ -226,7 +226,7 @@ fn disk_only_and_deserialized_levels_and_duplicates() {
     let dup = bm.put(id(1), BlockData::Records(Arc::new(words(9, 1))), StorageLevel::MEMORY_ONLY).unwrap_err();
     assert!(matches!(dup, ReceiverError::DuplicateBlock { .. }));
     // Without a disk store, disk levels are refused by name.
-    let no_disk = BlockManager::<String>::open(BlockManagerConfig::in_memory(1 << 20), Arc::new(clock())).unwrap();
+    let no_disk = BlockManager::<String>::open(BlockManagerSettings::in_memory(1 << 20), Arc::new(clock())).unwrap();
     let err = no_disk.put(id(0), BlockData::Records(Arc::new(words(0, 1))), StorageLevel::DISK_ONLY).unwrap_err();
     assert!(matches!(err, ReceiverError::NoDiskStore { .. }), "{err:?}");
 }
@@ -235,7 +235,7 @@ fn disk_only_and_deserialized_levels_and_duplicates() {
 fn block_manager_handler_stores_and_cleans_old_blocks() {
     let clock = clock();
     let bm = Arc::new(
-        BlockManager::<String>::open(BlockManagerConfig::in_memory(1 << 20), Arc::new(clock.clone())).unwrap(),
+        BlockManager::<String>::open(BlockManagerSettings::in_memory(1 << 20), Arc::new(clock.clone())).unwrap(),
     );
     let handler = BlockManagerBasedBlockHandler::new(Arc::clone(&bm), StorageLevel::MEMORY_ONLY);
     let first = handler.store_block(id(0), ReceivedBlock::Records(words(0, 5))).unwrap();
@@ -257,9 +257,10 @@ fn wal_handler(
     clock: &ManualClock,
     level: StorageLevel,
 ) -> (Arc<BlockManager<String>>, Arc<FileWriteAheadLog>, WriteAheadLogBasedBlockHandler<String>) {
-    let bm = Arc::new(BlockManager::open(BlockManagerConfig::in_memory(64 << 20), Arc::new(clock.clone())).unwrap());
-    let wal = open_receiver_wal(checkpoint, STREAM, WalOptions::default().with_clock(Arc::new(clock.clone()))).unwrap();
-    let config = WalHandlerConfig { wait_for_cleanup: true, ..WalHandlerConfig::default() };
+    let bm = Arc::new(BlockManager::open(BlockManagerSettings::in_memory(64 << 20), Arc::new(clock.clone())).unwrap());
+    let wal =
+        open_receiver_wal(checkpoint, STREAM, WalSettings::default().with_clock(Arc::new(clock.clone()))).unwrap();
+    let config = WalHandlerSettings { wait_for_cleanup: true, ..WalHandlerSettings::default() };
     let handler = WriteAheadLogBasedBlockHandler::new(
         Arc::clone(&bm),
         wal.clone(),
@@ -286,7 +287,7 @@ fn handlers_give_back_the_buffer_of_a_block_they_keep_serialized_only() {
     assert_eq!(records(bm.get(id(0)).unwrap().unwrap()), words(0, 40));
 
     let bm = Arc::new(
-        BlockManager::<String>::open(BlockManagerConfig::in_memory(1 << 20), Arc::new(clock.clone())).unwrap(),
+        BlockManager::<String>::open(BlockManagerSettings::in_memory(1 << 20), Arc::new(clock.clone())).unwrap(),
     );
     let serialized = BlockManagerBasedBlockHandler::new(Arc::clone(&bm), StorageLevel::MEMORY_AND_DISK_SER);
     let (pending, spent) = serialized.start_store_records(id(1), words(1, 8));
@@ -322,7 +323,7 @@ fn wal_handler_blocks_survive_a_drop_without_close() {
         // Everything dropped here without `close`: as after a crash.
     }
     assert!(receiver_wal_dir(checkpoint.path(), STREAM).is_dir());
-    let reopened = open_receiver_wal(checkpoint.path(), STREAM, WalOptions::default()).unwrap();
+    let reopened = open_receiver_wal(checkpoint.path(), STREAM, WalSettings::default()).unwrap();
     for (handle, block) in &acknowledged {
         let back: Vec<String> = read_block_from_wal(reopened.as_ref(), STREAM, handle).unwrap();
         assert_eq!(&back, block, "{handle}");
@@ -391,7 +392,7 @@ type StoreAnswer = crossbeam::channel::Receiver<Result<spate_core::BlockStoreRes
 fn store_in_background(
     bm: &Arc<BlockManager<String>>,
     wal: Arc<dyn WriteAheadLog>,
-    config: WalHandlerConfig,
+    config: WalHandlerSettings,
     clock: &ManualClock,
 ) -> (Arc<WriteAheadLogBasedBlockHandler<String>>, StoreAnswer) {
     let handler = Arc::new(
@@ -420,7 +421,8 @@ fn wal_handler_times_out_on_its_clock_or_fails_and_keeps_nothing() {
     // An hour: only the handler's (manual) clock can make it pass.
     let timeout = std::time::Duration::from_secs(3600);
     for fail in [false, true] {
-        let bm = Arc::new(BlockManager::open(BlockManagerConfig::in_memory(1 << 20), Arc::new(clock.clone())).unwrap());
+        let bm =
+            Arc::new(BlockManager::open(BlockManagerSettings::in_memory(1 << 20), Arc::new(clock.clone())).unwrap());
         let (entered_tx, entered) = crossbeam::channel::unbounded();
         let wal = Arc::new(StuckWal {
             release: Mutex::new(false),
@@ -428,7 +430,8 @@ fn wal_handler_times_out_on_its_clock_or_fails_and_keeps_nothing() {
             fail,
             entered: entered_tx,
         });
-        let config = WalHandlerConfig { store_timeout: timeout, wait_for_cleanup: true, ..WalHandlerConfig::default() };
+        let config =
+            WalHandlerSettings { store_timeout: timeout, wait_for_cleanup: true, ..WalHandlerSettings::default() };
         let (handler, done) = store_in_background(&bm, wal.clone(), config, &clock);
         // The block is inside the WAL's write: its deadline is set.
         entered.recv_timeout(PATIENCE).expect("the WAL write started");
@@ -476,7 +479,7 @@ impl spate_core::WriterFence for PausedFence {
 fn a_block_waiting_for_the_lease_is_not_timed_out_and_is_stored_once_writes_go_on() {
     let clock = clock();
     let timeout = std::time::Duration::from_secs(30);
-    let bm = Arc::new(BlockManager::open(BlockManagerConfig::in_memory(1 << 20), Arc::new(clock.clone())).unwrap());
+    let bm = Arc::new(BlockManager::open(BlockManagerSettings::in_memory(1 << 20), Arc::new(clock.clone())).unwrap());
     let (entered_tx, entered) = crossbeam::channel::unbounded();
     let wal = Arc::new(StuckWal {
         release: Mutex::new(false),
@@ -486,7 +489,7 @@ fn a_block_waiting_for_the_lease_is_not_timed_out_and_is_stored_once_writes_go_o
     });
     let (asked_tx, asked) = crossbeam::channel::unbounded();
     let fence = Arc::new(PausedFence { asked: asked_tx });
-    let config = WalHandlerConfig { store_timeout: timeout, fence, ..WalHandlerConfig::default() };
+    let config = WalHandlerSettings { store_timeout: timeout, fence, ..WalHandlerSettings::default() };
     let (handler, done) = store_in_background(&bm, wal.clone(), config, &clock);
     entered.recv_timeout(PATIENCE).expect("the WAL write started");
     // The store is away far longer than the timeout while the lease waits.
@@ -504,15 +507,15 @@ fn a_block_waiting_for_the_lease_is_not_timed_out_and_is_stored_once_writes_go_o
 fn a_record_larger_than_the_wal_allows_is_refused_naming_the_limit() {
     let checkpoint = tempfile::tempdir().unwrap();
     let clock = clock();
-    let bm = Arc::new(BlockManager::open(BlockManagerConfig::in_memory(64 << 20), Arc::new(clock.clone())).unwrap());
-    let options = WalOptions::default().with_clock(Arc::new(clock.clone())).with_max_record_size(4096);
+    let bm = Arc::new(BlockManager::open(BlockManagerSettings::in_memory(64 << 20), Arc::new(clock.clone())).unwrap());
+    let options = WalSettings::default().with_clock(Arc::new(clock.clone())).with_max_record_size(4096);
     let wal = open_receiver_wal(checkpoint.path(), STREAM, options).unwrap();
     let handler = WriteAheadLogBasedBlockHandler::new(
         Arc::clone(&bm),
         wal,
         STREAM,
         StorageLevel::MEMORY_AND_DISK_SER,
-        WalHandlerConfig::default(),
+        WalHandlerSettings::default(),
         Arc::new(clock.clone()),
     )
     .unwrap();
@@ -545,7 +548,7 @@ fn the_disk_store_refuses_a_directory_it_did_not_make_and_leaves_it_alone() {
     std::fs::write(theirs.join("000007.sst"), b"their data").unwrap();
     std::fs::write(theirs.join("notes.txt"), b"keep me").unwrap();
     let err =
-        BlockManager::<String>::open(BlockManagerConfig::with_disk(1 << 20, &theirs), Arc::new(clock())).unwrap_err();
+        BlockManager::<String>::open(BlockManagerSettings::with_disk(1 << 20, &theirs), Arc::new(clock())).unwrap_err();
     assert!(matches!(err, ReceiverError::DiskDirNotOurs { entries: 3, .. }), "{err:?}");
     let message = err.to_string();
     assert!(message.contains("their-database") && message.contains("refusing to wipe"), "{message}");
@@ -560,7 +563,7 @@ fn the_disk_store_refuses_a_directory_it_did_not_make_and_leaves_it_alone() {
 fn the_disk_store_directory_is_owner_only_and_only_its_own_is_wiped_on_reopen() {
     let dir = tempfile::tempdir().unwrap();
     let spill = dir.path().join("spill").join("blocks");
-    let open = || BlockManager::<String>::open(BlockManagerConfig::with_disk(1 << 20, &spill), Arc::new(clock()));
+    let open = || BlockManager::<String>::open(BlockManagerSettings::with_disk(1 << 20, &spill), Arc::new(clock()));
     let bm = open().unwrap();
     assert_eq!(mode(&spill), 0o700, "a new spill directory is owner-only");
     bm.put(id(0), BlockData::Records(Arc::new(words(0, 10))), StorageLevel::DISK_ONLY).unwrap();
@@ -577,6 +580,6 @@ fn the_disk_store_directory_is_owner_only_and_only_its_own_is_wiped_on_reopen() 
     let empty = dir.path().join("empty");
     std::fs::create_dir(&empty).unwrap();
     std::fs::set_permissions(&empty, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-    BlockManager::<String>::open(BlockManagerConfig::with_disk(1 << 20, &empty), Arc::new(clock())).unwrap();
+    BlockManager::<String>::open(BlockManagerSettings::with_disk(1 << 20, &empty), Arc::new(clock())).unwrap();
     assert_eq!(mode(&empty), 0o700);
 }

@@ -15,8 +15,8 @@ use std::time::{Duration as StdDuration, Instant};
 
 use criterion::{Criterion, SamplingMode, criterion_group, criterion_main};
 use spate_core::{BatchId, Duration, ManualClock, Time};
-use spate_receiver::{GeneratorConfig, GeneratorReceiver};
-use spate_runtime::{BackpressureSettings, PipelineBuilder, ReceiverOptions, StreamingContext, StreamingSettings};
+use spate_receiver::{GeneratorReceiver, GeneratorSettings};
+use spate_runtime::{BackpressureSettings, PipelineBuilder, ReceiverSettings, StreamingContext, StreamingSettings};
 
 const START: i64 = 1_000_000;
 const BOUND_MS: f64 = 500.0;
@@ -35,9 +35,9 @@ fn settings(clock: &ManualClock) -> StreamingSettings {
 /// Words from the generator (WAL on), counted over a 10 s window with an
 /// inverse, written by an output that fails while `crash` is set.
 fn pipeline(p: &mut PipelineBuilder, rate: u64, crash: Arc<AtomicBool>) {
-    let mut generator = GeneratorConfig::new(7);
+    let mut generator = GeneratorSettings::new(7);
     generator.records_per_sec = Some(rate);
-    let words = p.receiver_stream("words", ReceiverOptions::default(), move |resume| {
+    let words = p.receiver_stream("words", ReceiverSettings::default(), move |resume| {
         GeneratorReceiver::resuming_at(generator, resume.records_stored)
     });
     words

@@ -14,7 +14,7 @@ use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
 use spate_core::{BatchId, Duration, ManualClock, Time};
 use spate_dstream::QueueSource;
 use spate_receiver::WordGenerator;
-use spate_runtime::demo::{DemoOptions, word_count_context};
+use spate_runtime::demo::{DemoSettings, word_count_context};
 use spate_runtime::{
     BackpressureSettings, BatchProgress, PidSettings, ProgressListener, StreamingContext, StreamingSettings,
 };
@@ -80,7 +80,7 @@ fn steady_state_throughput(interval: Duration, run: StdDuration, warm_up: usize)
         pid: PidSettings { proportional: 0.5, ..PidSettings::default() },
         ..BackpressureSettings::default()
     });
-    let mut ctx = word_count_context(Some(dir.path()), settings, &DemoOptions::new(7)).unwrap();
+    let mut ctx = word_count_context(Some(dir.path()), settings, &DemoSettings::new(7)).unwrap();
     let commits = Arc::new(Commits::default());
     ctx.add_progress_listener(commits.clone());
     ctx.start().unwrap();

@@ -14,7 +14,7 @@ use crossbeam::channel::{Receiver as EventReceiver, Sender, unbounded};
 use metrics_exporter_prometheus::PrometheusHandle;
 use spate_core::{BatchId, MemoryBudget, StreamId, Time};
 use spate_dstream::{DStream, Data, FedSource, GraphBuilder, InputSource};
-use spate_logstore::{Checkpoint, CheckpointOptions};
+use spate_logstore::{Checkpoint, CheckpointSettings};
 use spate_receiver::{Receiver, Record};
 use spate_tracker::ReceivedBlockTracker;
 use tracing::{info, warn};
@@ -23,7 +23,7 @@ use crate::driver::{Engine, Event, InputHooks, SharedStatus, StopMode, StopRepor
 use crate::error::RuntimeError;
 use crate::failpoints::Failpoints;
 use crate::http::{HttpServer, Routes};
-use crate::inputs::{CheckpointHome, ReceiverInput, ReceiverOptions, ReceiverResume, SpillPlace, TypedReceiverInput};
+use crate::inputs::{CheckpointHome, ReceiverInput, ReceiverResume, ReceiverSettings, SpillPlace, TypedReceiverInput};
 use crate::progress::{PROGRESS_DIR, ProgressFiles, ProgressListener};
 use crate::rate_controller::RateController;
 use crate::recovery::{RecoveryReport, recover, recover_tracker};
@@ -78,7 +78,7 @@ impl PipelineBuilder {
 
     /// An input fed by a receiver: `make_receiver` is called once when the
     /// context starts, with where the stream resumes after a restart.
-    pub fn receiver_stream<T, R, F>(&mut self, name: &str, options: ReceiverOptions, make_receiver: F) -> DStream<T>
+    pub fn receiver_stream<T, R, F>(&mut self, name: &str, options: ReceiverSettings, make_receiver: F) -> DStream<T>
     where
         T: Record + Data,
         R: Receiver<T>,
@@ -255,12 +255,12 @@ impl StreamingContext {
         // Before any log opens: they register their metrics when they open.
         let exporter = exporter_for(&settings)?;
         let dir = checkpoint_dir.as_ref().to_path_buf();
-        let mut options = CheckpointOptions::new()
-            .clock(Arc::clone(&settings.clock))
-            .retain_batches(settings.retained_batches)
-            .object_store(settings.object_store.clone());
+        let mut options = CheckpointSettings::new()
+            .with_clock(Arc::clone(&settings.clock))
+            .with_retained_batches(settings.retained_batches)
+            .with_object_store(settings.object_store.clone());
         if let Some(lease) = settings.lease.clone() {
-            options = options.lease(lease);
+            options = options.with_lease(lease);
         }
         let checkpoint = Checkpoint::open_for_write(&dir, options).map_err(|e| log_store_error(&dir, e))?;
         let store = CheckpointStore::new(checkpoint);

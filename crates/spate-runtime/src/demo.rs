@@ -16,11 +16,11 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 use spate_core::{BatchId, Duration, Time};
 use spate_dstream::{KeyHashMap, Views};
-use spate_receiver::{GeneratorConfig, GeneratorReceiver, WordGenerator};
+use spate_receiver::{GeneratorReceiver, GeneratorSettings, WordGenerator};
 
 use crate::context::{PipelineBuilder, StreamingContext};
 use crate::error::RuntimeError;
-use crate::inputs::ReceiverOptions;
+use crate::inputs::ReceiverSettings;
 use crate::settings::StreamingSettings;
 
 /// The top words of one window.
@@ -39,7 +39,7 @@ pub type TopWordsCallback = Arc<dyn Fn(&TopWords) + Send + Sync>;
 
 /// How the demo runs.
 #[derive(Clone)]
-pub struct DemoOptions {
+pub struct DemoSettings {
     /// The generator's seed: the same seed gives the same words.
     pub seed: u64,
     /// Words per second (`None`: as fast as the engine takes them).
@@ -61,9 +61,9 @@ pub struct DemoOptions {
     pub output_dir: Option<PathBuf>,
 }
 
-impl fmt::Debug for DemoOptions {
+impl fmt::Debug for DemoSettings {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("DemoOptions")
+        f.debug_struct("DemoSettings")
             .field("seed", &self.seed)
             .field("rate", &self.rate)
             .field("total_records", &self.total_records)
@@ -76,10 +76,10 @@ impl fmt::Debug for DemoOptions {
     }
 }
 
-impl DemoOptions {
+impl DemoSettings {
     /// The demo of `seed`: unlimited words, WAL on, 30 s window sliding by 2 s, top 10.
     pub fn new(seed: u64) -> Self {
-        DemoOptions {
+        DemoSettings {
             seed,
             rate: None,
             total_records: None,
@@ -110,16 +110,16 @@ pub struct BatchCounts {
 }
 
 /// Declares the demo pipeline on `p`.
-pub fn word_count_pipeline(p: &mut PipelineBuilder, options: &DemoOptions) -> Result<(), RuntimeError> {
+pub fn word_count_pipeline(p: &mut PipelineBuilder, options: &DemoSettings) -> Result<(), RuntimeError> {
     if let Some(dir) = &options.output_dir {
         create_private_dir(dir).map_err(|e| RuntimeError::io("create", dir, e))?;
     }
-    let receiver_options = ReceiverOptions {
+    let receiver_options = ReceiverSettings {
         write_ahead_log: options.write_ahead_log,
         max_block_records: Some(256 * 1024),
-        ..ReceiverOptions::default()
+        ..ReceiverSettings::default()
     };
-    let mut generator = GeneratorConfig::new(options.seed);
+    let mut generator = GeneratorSettings::new(options.seed);
     generator.records_per_sec = options.rate;
     generator.total_records = options.total_records;
     // Large hand-overs to the block generator (fewer round trips per word);
@@ -194,7 +194,7 @@ fn count_words(words: Views<'_, String>) -> Vec<(String, u64)> {
 pub fn word_count_context(
     checkpoint_dir: Option<&Path>,
     settings: StreamingSettings,
-    options: &DemoOptions,
+    options: &DemoSettings,
 ) -> Result<StreamingContext, RuntimeError> {
     let build = |p: &mut PipelineBuilder| word_count_pipeline(p, options).map_err(Into::into);
     match checkpoint_dir {

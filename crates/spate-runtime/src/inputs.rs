@@ -9,10 +9,10 @@ use std::sync::Arc;
 use spate_core::{Clock, Duration, MemoryBudget, StreamBlockId, StreamId, Time, WriterFence};
 use spate_dstream::{Data, FedSource, ProcessedBlock};
 use spate_receiver::{
-    BlockData, BlockGeneratorConfig, BlockInfoSink, BlockManager, BlockManagerBasedBlockHandler, BlockManagerConfig,
-    DEFAULT_MAX_BLOCK_BYTES, FnSink, ReceivedBlockHandler, Receiver, ReceiverError, ReceiverState, ReceiverSupervisor,
-    Record, StorageLevel, SupervisorConfig, WalHandlerConfig, WriteAheadLogBasedBlockHandler, read_block_from_wal,
-    receiver_wal_dir, receiver_wal_options,
+    BlockData, BlockGeneratorSettings, BlockInfoSink, BlockManager, BlockManagerBasedBlockHandler,
+    BlockManagerSettings, DEFAULT_MAX_BLOCK_BYTES, FnSink, ReceivedBlockHandler, Receiver, ReceiverError,
+    ReceiverState, ReceiverSupervisor, Record, StorageLevel, SupervisorSettings, WalHandlerSettings,
+    WriteAheadLogBasedBlockHandler, read_block_from_wal, receiver_wal_dir, receiver_wal_options,
 };
 use spate_tracker::{BlockLocation, ReceivedBlockTracker, TrackedBlock};
 use spate_wal::{FileWriteAheadLog, WriteAheadLog};
@@ -25,7 +25,7 @@ use crate::telemetry;
 
 /// How a receiver input stores what it receives.
 #[derive(Clone, Debug, PartialEq)]
-pub struct ReceiverOptions {
+pub struct ReceiverSettings {
     /// Write every block to the receiver write-ahead log before it is
     /// acknowledged (needs a checkpoint directory): nothing received is lost
     /// in a crash.
@@ -39,9 +39,9 @@ pub struct ReceiverOptions {
     pub max_block_records: Option<usize>,
 }
 
-impl Default for ReceiverOptions {
+impl Default for ReceiverSettings {
     fn default() -> Self {
-        ReceiverOptions {
+        ReceiverSettings {
             write_ahead_log: true,
             block_interval: Duration::from_millis(200),
             max_rate: None,
@@ -145,7 +145,7 @@ struct Stores<T> {
 pub(crate) struct TypedReceiverInput<T, R> {
     name: String,
     stream_id: StreamId,
-    options: ReceiverOptions,
+    options: ReceiverSettings,
     source: Arc<FedSource<T>>,
     factory: Option<ReceiverFactory<R>>,
     stores: Option<Stores<T>>,
@@ -206,7 +206,7 @@ impl<T: Record + Data, R: Receiver<T>> TypedReceiverInput<T, R> {
     pub(crate) fn new(
         name: &str,
         stream_id: StreamId,
-        options: ReceiverOptions,
+        options: ReceiverSettings,
         source: Arc<FedSource<T>>,
         factory: ReceiverFactory<R>,
     ) -> Self {
@@ -267,7 +267,7 @@ impl<T: Record + Data, R: Receiver<T>> TypedReceiverInput<T, R> {
             Arc::clone(&wal),
             self.stream_id,
             level,
-            WalHandlerConfig { fence: Arc::clone(fence), ..WalHandlerConfig::default() },
+            WalHandlerSettings { fence: Arc::clone(fence), ..WalHandlerSettings::default() },
             Arc::clone(clock),
         )
         .map_err(|e| self.receiver_error(e))?;
@@ -462,7 +462,7 @@ impl<T: Record + Data, R: Receiver<T>> ReceiverInput for TypedReceiverInput<T, R
         memory: &Arc<MemoryBudget>,
         spill: SpillPlace<'_>,
     ) -> Result<(), RuntimeError> {
-        let mut config = BlockManagerConfig::in_memory(memory.limit()).sharing(Arc::clone(memory));
+        let mut config = BlockManagerSettings::in_memory(memory.limit()).with_shared_budget(Arc::clone(memory));
         // An eighth: a block's size in memory may be several times its
         // serialized size, which is what the cap estimates.
         self.max_block_bytes = DEFAULT_MAX_BLOCK_BYTES.min(memory.limit() / 8).max(1);
@@ -530,13 +530,13 @@ impl<T: Record + Data, R: Receiver<T>> ReceiverInput for TypedReceiverInput<T, R
             }
             added.map_err(|e| e.into())
         }));
-        let mut config = SupervisorConfig::new(self.stream_id);
-        config.block_generator = BlockGeneratorConfig {
+        let mut config = SupervisorSettings::new(self.stream_id);
+        config.block_generator = BlockGeneratorSettings {
             block_interval: self.options.block_interval,
             max_rate: self.options.max_rate,
             max_block_records: self.options.max_block_records,
             max_block_bytes: Some(self.max_block_bytes),
-            ..BlockGeneratorConfig::default()
+            ..BlockGeneratorSettings::default()
         };
         let supervisor =
             ReceiverSupervisor::start(receiver, config, handler, sink, clock).map_err(|e| self.receiver_error(e))?;

@@ -106,7 +106,7 @@ mod telemetry;
 pub use context::{OffsetsHook, PipelineBuilder, StopHandle, StreamingContext};
 pub use driver::StopReport;
 pub use error::RuntimeError;
-pub use inputs::{ReceiverOptions, ReceiverResume};
+pub use inputs::{ReceiverResume, ReceiverSettings};
 pub use process_server::{ProcessServer, ProcessStatus};
 pub use progress::{
     BatchProgress, PhaseTimes, ProgressHistory, ProgressListener, ProgressRecord, ProgressRotation, ReceiverStatus,

@@ -18,7 +18,7 @@ use spate_core::{BatchId, Clock, Time, WriterFence};
 use spate_dstream::RestorePolicy;
 use spate_logstore::{OffsetSeq, Verdict};
 use spate_tracker::{ReceivedBlockTracker, event_log_dir};
-use spate_wal::{FileWriteAheadLog, WalOptions};
+use spate_wal::{FileWriteAheadLog, WalSettings};
 use tracing::warn;
 
 use crate::driver::{Engine, QueuedBatch};
@@ -107,7 +107,7 @@ pub(crate) fn recover_tracker(
     fence: &Arc<dyn WriterFence>,
 ) -> Result<(Arc<ReceivedBlockTracker>, Vec<String>), RuntimeError> {
     let log_dir = event_log_dir(wal_root);
-    let options = WalOptions::default().with_clock(Arc::clone(clock)).with_fence(Arc::clone(fence));
+    let options = WalSettings::default().with_clock(Arc::clone(clock)).with_fence(Arc::clone(fence));
     let checkpoint_error = |message: String| RuntimeError::Checkpoint { dir: dir.to_path_buf(), message };
     let wal = FileWriteAheadLog::open(&log_dir, options).map_err(|e| checkpoint_error(e.to_string()))?;
     let (tracker, report) = ReceivedBlockTracker::recover(Arc::new(wal), log_dir, Arc::clone(clock))

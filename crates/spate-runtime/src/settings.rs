@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 use spate_core::{Clock, Duration, SystemClock};
 use spate_dstream::BatchLimits;
-use spate_logstore::{LeaseOptions, ObjectStoreSettings};
+use spate_logstore::{LeaseSettings, ObjectStoreSettings};
 
 use crate::error::RuntimeError;
 use crate::progress::ProgressRotation;
@@ -120,7 +120,7 @@ pub struct StreamingSettings {
     /// The writer lease of an object-store checkpoint; `None`: the log
     /// store's default (15 s, renewed every 4 s). A member of an
     /// application shortens it so a dead member's partitions move soon.
-    pub lease: Option<LeaseOptions>,
+    pub lease: Option<LeaseSettings>,
 }
 
 impl fmt::Debug for StreamingSettings {
@@ -176,7 +176,7 @@ impl StreamingSettings {
     }
 
     /// Uses `lease` as the writer lease of an object-store checkpoint.
-    pub fn with_lease(mut self, lease: LeaseOptions) -> Self {
+    pub fn with_lease(mut self, lease: LeaseSettings) -> Self {
         self.lease = Some(lease);
         self
     }

@@ -210,18 +210,18 @@ mod tests {
     use super::*;
     use object_store::memory::InMemory;
     use spate_core::ManualClock;
-    use spate_logstore::{CheckpointOptions, LeaseOptions, ObjectStoreFileManager};
+    use spate_logstore::{CheckpointSettings, LeaseSettings, ObjectStoreFileManager};
 
     const LOCATION: &str = "s3://bucket/ck";
 
     /// A checkpoint in an in-memory object store (the same keys as S3).
     fn store_in_memory() -> CheckpointStore {
         let files = ObjectStoreFileManager::with_store(Path::new(LOCATION), "ck", Arc::new(InMemory::new())).unwrap();
-        let lease = LeaseOptions { renew_in_background: false, ..LeaseOptions::default() };
-        let options = CheckpointOptions::new()
-            .clock(Arc::new(ManualClock::new(Time::from_millis(0))))
-            .file_manager(Arc::new(files))
-            .lease(lease);
+        let lease = LeaseSettings { renew_in_background: false, ..LeaseSettings::default() };
+        let options = CheckpointSettings::new()
+            .with_clock(Arc::new(ManualClock::new(Time::from_millis(0))))
+            .with_file_manager(Arc::new(files))
+            .with_lease(lease);
         CheckpointStore::new(Checkpoint::open_for_write(LOCATION, options).unwrap())
     }
 

@@ -9,8 +9,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration as StdDuration;
 
 use spate_core::{BatchId, Duration, ManualClock, Time};
-use spate_receiver::{GeneratorConfig, GeneratorReceiver};
-use spate_runtime::{BackpressureSettings, ReceiverOptions, StreamingContext, StreamingSettings};
+use spate_receiver::{GeneratorReceiver, GeneratorSettings};
+use spate_runtime::{BackpressureSettings, ReceiverSettings, StreamingContext, StreamingSettings};
 
 const WORDS: u64 = 5_000;
 
@@ -37,8 +37,8 @@ where
 {
     let totals = Arc::clone(totals);
     StreamingContext::get_or_create(dir, settings(clock), move |p| {
-        let options = ReceiverOptions { max_block_records: Some(1_000), ..ReceiverOptions::default() };
-        let mut generator = GeneratorConfig::new(3);
+        let options = ReceiverSettings { max_block_records: Some(1_000), ..ReceiverSettings::default() };
+        let mut generator = GeneratorSettings::new(3);
         generator.total_records = Some(WORDS);
         let words = p.receiver_stream("words", options, move |resume| {
             GeneratorReceiver::resuming_at(generator, resume.records_stored)

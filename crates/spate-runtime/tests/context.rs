@@ -11,7 +11,7 @@ use std::time::Duration as StdDuration;
 use serde_json::json;
 use spate_core::{BatchId, Duration, ManualClock, Time};
 use spate_dstream::{BatchLimits, BoxError, InputSource};
-use spate_logstore::{Checkpoint, CheckpointOptions, CommitMetadata, OffsetSeq, SourceOffset};
+use spate_logstore::{Checkpoint, CheckpointSettings, CommitMetadata, OffsetSeq, SourceOffset};
 use spate_runtime::{
     BatchProgress, PipelineBuilder, ProgressListener, RuntimeError, StreamingContext, StreamingSettings,
 };
@@ -167,7 +167,7 @@ fn open_collecting(
 
 /// Writes offsets (and commits) of batches by hand, as a crashed run left them.
 fn write_logs(dir: &Path, batches: &[(u64, i64, u64, u64)], commits: &[u64]) {
-    let checkpoint = Checkpoint::open_for_write(dir, CheckpointOptions::new()).unwrap();
+    let checkpoint = Checkpoint::open_for_write(dir, CheckpointSettings::new()).unwrap();
     for &(batch, time, from, until) in batches {
         let offsets = OffsetSeq {
             batch_timestamp: Time::from_millis(time),
@@ -300,7 +300,7 @@ fn a_job_whose_checkpoint_is_taken_over_stops_with_its_own_error() {
     // The lock is lost without the job noticing (removed by a careless
     // clean-up), and another writer takes the checkpoint.
     std::fs::remove_file(dir.path().join("LOCK")).unwrap();
-    let _other = Checkpoint::open_for_write(dir.path(), CheckpointOptions::new()).unwrap();
+    let _other = Checkpoint::open_for_write(dir.path(), CheckpointSettings::new()).unwrap();
     clock.advance(Duration::from_secs(1));
     let err = ctx.await_termination().unwrap_err();
     assert!(matches!(&err, RuntimeError::TakenOver { dir: d, .. } if d == dir.path()), "{err:?}");
@@ -612,7 +612,7 @@ fn a_panic_on_the_driver_ends_the_run_with_an_error_and_the_batch_re_runs() {
 
 /// "free" when another writer can take the checkpoint's lock now, else "held".
 fn read_lock_state(dir: &Path) -> &'static str {
-    match Checkpoint::open_for_write(dir, CheckpointOptions::new()) {
+    match Checkpoint::open_for_write(dir, CheckpointSettings::new()) {
         Ok(_) => "free",
         Err(_) => "held",
     }
@@ -704,7 +704,7 @@ fn a_state_snapshot_newer_than_the_last_commit_is_refused_then_repaired_and_coun
     assert!(err.to_string().contains("taken after batch 2, but the last commit is 1"), "{err}");
 
     // The repair takes the state back with the commit: batch 2 re-runs and is counted once.
-    let writer = Checkpoint::open_for_write(dir.path(), CheckpointOptions::new()).unwrap();
+    let writer = Checkpoint::open_for_write(dir.path(), CheckpointSettings::new()).unwrap();
     let plan = writer.repair_plan().unwrap().unwrap();
     writer.apply_repair(&plan).unwrap();
     drop(writer);

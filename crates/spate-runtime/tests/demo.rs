@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration as StdDuration;
 
 use spate_core::{BatchId, Duration, ManualClock, Time};
-use spate_runtime::demo::{DemoOptions, TopWords, demo_settings, verify_output, word_count_context};
+use spate_runtime::demo::{DemoSettings, TopWords, demo_settings, verify_output, word_count_context};
 use spate_runtime::{BackpressureSettings, RuntimeError, StreamingContext, StreamingSettings};
 
 const TOTAL: u64 = 20_000;
@@ -21,13 +21,13 @@ fn settings(clock: &ManualClock) -> StreamingSettings {
         .with_backpressure(BackpressureSettings { enabled: false, ..BackpressureSettings::default() })
 }
 
-fn options(out: &Path, windows: &Arc<Mutex<Vec<TopWords>>>) -> DemoOptions {
+fn options(out: &Path, windows: &Arc<Mutex<Vec<TopWords>>>) -> DemoSettings {
     let windows = Arc::clone(windows);
-    DemoOptions {
+    DemoSettings {
         total_records: Some(TOTAL),
         output_dir: Some(out.to_path_buf()),
         on_top_words: Some(Arc::new(move |top: &TopWords| windows.lock().unwrap().push(top.clone()))),
-        ..DemoOptions::new(SEED)
+        ..DemoSettings::new(SEED)
     }
 }
 
@@ -71,7 +71,7 @@ fn immediate_stop_and_restart_lose_and_repeat_nothing() {
     let clock = ManualClock::new(Time::from_millis(1_000_000));
     let windows = Arc::new(Mutex::new(Vec::new()));
     // 4 000 words per second of the manual clock: the stop comes mid-stream.
-    let options = DemoOptions { rate: Some(4000), ..options(out.path(), &windows) };
+    let options = DemoSettings { rate: Some(4000), ..options(out.path(), &windows) };
     let mut ctx = word_count_context(Some(dir.path()), settings(&clock), &options).unwrap();
     ctx.start().unwrap();
     let first = run_until(&ctx, &clock, out.path(), TOTAL / 4);
@@ -102,7 +102,7 @@ fn a_source_faster_than_the_memory_budget_is_held_back_and_loses_nothing() {
     // blocks (about 8 bytes a word with the WAL on) need several times
     // the budget. Before there was a budget to wait on, the receiver failed
     // here on the block manager's limit.
-    let options = DemoOptions { total_records: Some(WORDS), ..options(out.path(), &windows) };
+    let options = DemoSettings { total_records: Some(WORDS), ..options(out.path(), &windows) };
     let mut settings = settings(&clock);
     settings.max_memory_bytes = 2 << 20;
     let mut ctx = word_count_context(Some(dir.path()), settings, &options).unwrap();
@@ -168,7 +168,7 @@ fn a_receiver_job_whose_checkpoint_is_taken_over_stops_with_its_own_error() {
     // write is the tracker's allocation, through its fenced event log.
     std::fs::remove_file(dir.path().join("LOCK")).unwrap();
     let _other =
-        spate_logstore::Checkpoint::open_for_write(dir.path(), spate_logstore::CheckpointOptions::new()).unwrap();
+        spate_logstore::Checkpoint::open_for_write(dir.path(), spate_logstore::CheckpointSettings::new()).unwrap();
     clock.advance(Duration::from_secs(1));
     let err = ctx.await_termination().unwrap_err();
     assert!(matches!(&err, RuntimeError::TakenOver { dir: d, .. } if d == dir.path()), "{err:?}");

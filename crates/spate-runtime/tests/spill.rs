@@ -13,8 +13,8 @@ use std::time::Duration as StdDuration;
 
 use spate_core::{BatchId, Duration, ManualClock, Time};
 use spate_dstream::Batch;
-use spate_receiver::{GeneratorConfig, GeneratorReceiver, WordGenerator};
-use spate_runtime::{BackpressureSettings, ReceiverOptions, StreamingContext, StreamingSettings};
+use spate_receiver::{GeneratorReceiver, GeneratorSettings, WordGenerator};
+use spate_runtime::{BackpressureSettings, ReceiverSettings, StreamingContext, StreamingSettings};
 
 const WORDS: u64 = 20_000;
 
@@ -50,8 +50,8 @@ fn blocks_waiting_for_a_whole_batch_operator_spill_past_the_budget_and_the_batch
     let progress = Arc::new(Mutex::new(None));
     let progress_slot = Arc::clone(&progress);
     let mut ctx = StreamingContext::get_or_create(dir.path(), settings, move |p| {
-        let options = ReceiverOptions { max_block_records: Some(500), ..ReceiverOptions::default() };
-        let mut generator = GeneratorConfig::new(11);
+        let options = ReceiverSettings { max_block_records: Some(500), ..ReceiverSettings::default() };
+        let mut generator = GeneratorSettings::new(11);
         generator.total_records = Some(WORDS);
         let words = p.receiver_stream("words", options, move |resume| {
             let receiver = GeneratorReceiver::resuming_at(generator, resume.records_stored);
@@ -114,8 +114,8 @@ fn a_full_spill_area_holds_the_receiver_back_until_batches_read_it_out_and_every
     let gathered = Arc::new(Mutex::new(Vec::new()));
     let sink = Arc::clone(&gathered);
     let mut ctx = StreamingContext::get_or_create(dir.path(), settings, move |p| {
-        let options = ReceiverOptions { max_block_records: Some(500), ..ReceiverOptions::default() };
-        let mut generator = GeneratorConfig::new(11);
+        let options = ReceiverSettings { max_block_records: Some(500), ..ReceiverSettings::default() };
+        let mut generator = GeneratorSettings::new(11);
         generator.total_records = Some(WORDS);
         let words = p.receiver_stream("words", options, move |resume| {
             GeneratorReceiver::resuming_at(generator, resume.records_stored)

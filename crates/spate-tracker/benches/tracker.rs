@@ -18,7 +18,7 @@ use spate_core::{
     BlockStoreResult, Duration, ManualClock, ReceivedBlockInfo, StreamBlockId, StreamId, Time, WalRecordHandle,
 };
 use spate_tracker::ReceivedBlockTracker;
-use spate_wal::{FaultInjection, SyncPolicy, WalOptions};
+use spate_wal::{FaultInjection, SyncPolicy, WalSettings};
 
 /// A directory on the real disk (not tmpfs), so syncs reach the device.
 const BENCH_DIR: &str = "/var/tmp";
@@ -89,8 +89,8 @@ fn clock_now(clock: &ManualClock) -> Time {
     spate_core::Clock::now(clock)
 }
 
-fn log_options() -> WalOptions {
-    WalOptions::default().with_sync_policy(SyncPolicy::Never).with_rolling_interval(Duration::from_secs(24 * 3600))
+fn log_options() -> WalSettings {
+    WalSettings::default().with_sync_policy(SyncPolicy::Never).with_rolling_interval(Duration::from_secs(24 * 3600))
 }
 
 /// Opens the tracker on `checkpoint` (replaying its log) and returns the
@@ -150,7 +150,7 @@ fn concurrent_adds(checkpoint: &Path, per_thread: u64) -> (u64, u64, StdDuration
     let hook = FaultInjection::new();
     let clock = Arc::new(ManualClock::new(Time::from_millis(1000)));
     let options =
-        WalOptions::default().with_fault_injection(hook.clone()).with_rolling_interval(Duration::from_secs(60));
+        WalSettings::default().with_fault_injection(hook.clone()).with_rolling_interval(Duration::from_secs(60));
     let (tracker, _) = ReceivedBlockTracker::open_with(Some(checkpoint), options, clock).unwrap();
     let tracker = Arc::new(tracker);
     let base = tracker.stats().events_logged;

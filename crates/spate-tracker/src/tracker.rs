@@ -13,7 +13,7 @@ use std::sync::{Arc, Condvar, Mutex, OnceLock, PoisonError, RwLock};
 
 use spate_core::sync::{lock, read, write};
 use spate_core::{Clock, ReceivedBlockInfo, StreamId, Time};
-use spate_wal::{FileWriteAheadLog, WalOptions, WriteAheadLog};
+use spate_wal::{FileWriteAheadLog, WalSettings, WriteAheadLog};
 use tracing::{debug, error, info, warn};
 
 use crate::error::TrackerError;
@@ -119,7 +119,7 @@ impl ReceivedBlockTracker {
     /// own WAL: without it a restarted driver would not know which blocks
     /// each batch had.
     pub fn open(checkpoint_dir: Option<&Path>, clock: Arc<dyn Clock>) -> Result<(Self, RecoveryReport), TrackerError> {
-        let options = WalOptions::default().with_clock(clock.clone());
+        let options = WalSettings::default().with_clock(clock.clone());
         Self::open_with(checkpoint_dir, options, clock)
     }
 
@@ -127,7 +127,7 @@ impl ReceivedBlockTracker {
     /// interval, sync policy, fault injection for tests).
     pub fn open_with(
         checkpoint_dir: Option<&Path>,
-        options: WalOptions,
+        options: WalSettings,
         clock: Arc<dyn Clock>,
     ) -> Result<(Self, RecoveryReport), TrackerError> {
         let Some(checkpoint_dir) = checkpoint_dir else {

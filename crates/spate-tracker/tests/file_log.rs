@@ -11,7 +11,7 @@ use spate_core::{
     BlockStoreResult, Duration, ManualClock, ReceivedBlockInfo, StreamBlockId, StreamId, Time, WalRecordHandle,
 };
 use spate_tracker::{ReceivedBlockTracker, RecoveryReport, TrackerState, event_log_dir};
-use spate_wal::{FaultInjection, WalOptions};
+use spate_wal::{FaultInjection, WalSettings};
 
 fn block(stream: u32, id: u64) -> ReceivedBlockInfo {
     ReceivedBlockInfo {
@@ -119,7 +119,7 @@ fn replay_stops_cleanly_before_a_torn_last_record() {
 fn cleanup_deletes_old_segments_and_keeps_what_replay_needs() {
     let dir = tempfile::tempdir().unwrap();
     let clock = ManualClock::new(t(0));
-    let options = WalOptions::default().with_rolling_interval(Duration::from_millis(250));
+    let options = WalSettings::default().with_rolling_interval(Duration::from_millis(250));
     let (tracker, _) =
         ReceivedBlockTracker::open_with(Some(dir.path()), options.clone(), Arc::new(clock.clone())).unwrap();
     let mut id = 0;
@@ -155,7 +155,7 @@ fn a_failed_fdatasync_queues_nothing_and_a_retry_after_restart_is_not_a_duplicat
     let dir = tempfile::tempdir().unwrap();
     let clock = ManualClock::new(t(1000));
     let hook = FaultInjection::new();
-    let options = WalOptions::default().with_fault_injection(hook.clone());
+    let options = WalSettings::default().with_fault_injection(hook.clone());
     let (tracker, _) = ReceivedBlockTracker::open_with(Some(dir.path()), options, Arc::new(clock.clone())).unwrap();
     assert!(tracker.add_block(block(0, 1)));
     hook.fail_sync_number(hook.sync_count() + 1);
@@ -215,7 +215,7 @@ fn a_crash_at_any_step_losing_unsynced_data_keeps_every_acknowledged_event() {
         let hook = FaultInjection::new();
         hook.lose_unsynced_data();
         hook.crash_after_operations(n);
-        let options = WalOptions::default().with_fault_injection(hook.clone());
+        let options = WalSettings::default().with_fault_injection(hook.clone());
         let acked = match ReceivedBlockTracker::open_with(Some(dir.path()), options, Arc::new(clock.clone())) {
             Ok((tracker, _)) => {
                 let acked = crash_workload(&tracker);

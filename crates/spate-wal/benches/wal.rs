@@ -35,7 +35,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use spate_core::Time;
-use spate_wal::{FileWriteAheadLog, SyncPolicy, WalOptions, WriteAheadLog};
+use spate_wal::{FileWriteAheadLog, SyncPolicy, WalSettings, WriteAheadLog};
 
 fn bench_mode() -> bool {
     std::env::args().any(|a| a == "--bench")
@@ -82,7 +82,7 @@ fn write_latency(c: &mut Criterion) {
         })
     });
 
-    let log = FileWriteAheadLog::open(dir.path().join("wal"), WalOptions::default()).unwrap();
+    let log = FileWriteAheadLog::open(dir.path().join("wal"), WalSettings::default()).unwrap();
     group.bench_function("wal_write", |b| b.iter(|| log.write(&record, Time::from_millis(1_000)).unwrap()));
     group.finish();
 
@@ -151,7 +151,7 @@ fn group_commit(c: &mut Criterion) {
     group.sample_size(10).warm_up_time(Duration::from_secs(1)).measurement_time(Duration::from_secs(5));
     group.throughput(Throughput::Elements(1));
 
-    let log = Arc::new(FileWriteAheadLog::open(dir.path().join("wal"), WalOptions::default()).unwrap());
+    let log = Arc::new(FileWriteAheadLog::open(dir.path().join("wal"), WalSettings::default()).unwrap());
     group.bench_function("one_writer", |b| b.iter_custom(|iters| run_writers(&log, 1, iters, &record)));
     group.bench_function("eight_writers", |b| {
         b.iter_custom(|iters| {
@@ -221,7 +221,7 @@ fn read_all(c: &mut Criterion) {
     const RECORD: usize = 64 * 1024;
     let total_bytes: u64 = if bench_mode() { 1 << 30 } else { 1 << 20 };
     let dir = bench_dir();
-    let options = WalOptions::default().with_sync_policy(SyncPolicy::Never);
+    let options = WalSettings::default().with_sync_policy(SyncPolicy::Never);
     let log = FileWriteAheadLog::open(dir.path(), options).unwrap();
     let record = vec![0x7eu8; RECORD];
     let records = total_bytes / RECORD as u64;

@@ -46,7 +46,7 @@ pub enum AppendFault {
 /// a crash that loses unsynced data.
 ///
 /// Clones share their state, so a test keeps one clone and gives the
-/// other to [`crate::WalOptions::with_fault_injection`]. Counting starts at
+/// other to [`crate::WalSettings::with_fault_injection`]. Counting starts at
 /// zero when the hook is created; numbers passed to the `fail_*` methods are
 /// 1-based positions in that count (the 3rd sync is number 3), and 0 turns
 /// a failure off. A failed operation does nothing (unless said otherwise)
@@ -601,7 +601,7 @@ mod tests {
     fn hook_counts_and_fails_the_chosen_sync() {
         let dir = tempfile::tempdir().unwrap();
         let hook = FaultInjection::new();
-        let files = file_layer(&crate::WalOptions::default().with_fault_injection(hook.clone()));
+        let files = file_layer(&crate::WalSettings::default().with_fault_injection(hook.clone()));
         let (seg, len) = files.open_append(&dir.path().join("f"), false, None).unwrap();
         assert_eq!(len, 0);
         hook.fail_sync_number(2);

@@ -17,10 +17,10 @@ use crate::cleaner::Cleaner;
 use crate::error::WalError;
 use crate::files::{FileLayer, file_layer};
 use crate::log::{RecordIter, WriteAheadLog};
-use crate::options::WalOptions;
 use crate::reader::{AllRecords, read_record};
 use crate::record::PADDING;
 use crate::segment::Segment;
+use crate::settings::WalSettings;
 use crate::spares::Spares;
 use crate::takeover::{check_fence, open_segments, refuse_later_epochs, restrict_files};
 use crate::telemetry::WalMetrics;
@@ -35,7 +35,7 @@ use crate::writer::{CommitOrder, CommitQueue, Writer};
 /// Opening a directory repairs it: a torn record at the end of the last
 /// segment (never acknowledged) is cut off; damage anywhere else is a
 /// [`WalError::Corrupt`] naming the segment and offset, unless
-/// [`WalOptions::salvage`] is on. Open a directory with one log at a time.
+/// [`WalSettings::salvage`] is on. Open a directory with one log at a time.
 pub struct FileWriteAheadLog {
     pub(crate) shared: Arc<Shared>,
     cleaner: Mutex<Option<Cleaner>>,
@@ -44,7 +44,7 @@ pub struct FileWriteAheadLog {
 /// What the writer, readers and cleaner of one log share.
 pub(crate) struct Shared {
     pub(crate) dir: PathBuf,
-    pub(crate) options: WalOptions,
+    pub(crate) options: WalSettings,
     /// The fence's epoch, read once: it goes into every name this writer makes.
     pub(crate) epoch: u64,
     pub(crate) files: Arc<dyn FileLayer>,
@@ -68,14 +68,14 @@ impl FileWriteAheadLog {
     /// Opens (creating when missing) the log in `dir`, repairing a torn tail
     /// of its last segment.
     ///
-    /// With a fence of epoch `E` ([`WalOptions::fence`]): refuses a
+    /// With a fence of epoch `E` ([`WalSettings::fence`]): refuses a
     /// directory that holds a file of a later epoch
     /// ([`WalError::NewerEpoch`]) and one whose fence check fails
     /// ([`WalError::Fenced`]); on the first open at `E`, seals the earlier
     /// epochs' segments (see the crate documentation) before anything is
     /// appended. The directory and every file of the log are made
     /// owner-only.
-    pub fn open(dir: impl AsRef<Path>, options: WalOptions) -> Result<Self, WalError> {
+    pub fn open(dir: impl AsRef<Path>, options: WalSettings) -> Result<Self, WalError> {
         let dir = dir.as_ref().to_path_buf();
         let mut options = options;
         // A record's length must leave the header's padding bit clear (and
@@ -137,7 +137,7 @@ impl FileWriteAheadLog {
     }
 
     /// Bytes appended with direct I/O (`O_DIRECT`) so far: 0 when
-    /// [`WalOptions::direct_io`] is off, or the file system refuses it
+    /// [`WalSettings::direct_io`] is off, or the file system refuses it
     /// (then appends are buffered).
     pub fn direct_io_bytes(&self) -> u64 {
         self.shared.files.direct_bytes()

@@ -4,7 +4,7 @@
 //! [`RealFiles`] is the operating system; with the `failpoints` feature,
 //! `HookedFiles` (in `faults.rs`) wraps it with a public `FaultInjection`
 //! hook that tests (in this crate and others) hand to the log through
-//! `WalOptions::fault_injection`.
+//! `WalSettings::fault_injection`.
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, IoSlice, Seek, SeekFrom, Write};
@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 #[cfg(feature = "failpoints")]
 use crate::faults::HookedFiles;
-use crate::options::WalOptions;
+use crate::settings::WalSettings;
 
 /// An open segment, appended to by the one active writer. A commit syncs
 /// it while the next commit may already append (both take `&self`, as the
@@ -238,7 +238,7 @@ fn zero_file(_path: &Path) -> io::Result<()> {
 /// The file layer a log with `options` uses: the real one, counted and
 /// failed on request when the options carry a fault-injection hook.
 #[cfg(feature = "failpoints")]
-pub(crate) fn file_layer(options: &WalOptions) -> Arc<dyn FileLayer> {
+pub(crate) fn file_layer(options: &WalSettings) -> Arc<dyn FileLayer> {
     match &options.fault_injection {
         Some(hook) => Arc::new(HookedFiles::new(RealFiles::default(), hook.clone())),
         None => Arc::new(RealFiles::default()),
@@ -248,6 +248,6 @@ pub(crate) fn file_layer(options: &WalOptions) -> Arc<dyn FileLayer> {
 /// The file layer a log with `options` uses: the real one (this build has
 /// no fault injection).
 #[cfg(not(feature = "failpoints"))]
-pub(crate) fn file_layer(_options: &WalOptions) -> Arc<dyn FileLayer> {
+pub(crate) fn file_layer(_options: &WalSettings) -> Arc<dyn FileLayer> {
     Arc::new(RealFiles::default())
 }

@@ -9,7 +9,7 @@
 //! It features:
 //! - a directory of segments named `log-<startMs>-<endMs>`, a new one every
 //!   rolling interval (by the records' times), deleted whole by [`WriteAheadLog::clean`];
-//! - fencing ([`WalOptions::with_fence`]): the writer's
+//! - fencing ([`WalSettings::with_fence`]): the writer's
 //!   [`spate_core::WriterFence`] is checked before every append (by the
 //!   group-commit leader, under the writer lock, right before the bytes are
 //!   written) and before every roll, truncation, deletion and recycling; a
@@ -55,10 +55,10 @@
 //!   and each gets its handle only after the sync that covers its record;
 //! - recovery on open: a torn record at the end of the last segment is cut
 //!   off; damage anywhere else is an error (or skipped in salvage mode);
-//! - optional direct I/O for logs of large records ([`WalOptions::direct_io`]):
+//! - optional direct I/O for logs of large records ([`WalSettings::direct_io`]):
 //!   a large record is padded so that its pages go to the device straight
 //!   from the caller's buffer;
-//! - optional recycling of cleaned segment files ([`WalOptions::recycled_segments`]):
+//! - optional recycling of cleaned segment files ([`WalSettings::recycled_segments`]):
 //!   kept zeroed, with their blocks allocated, and rewritten by new segments,
 //!   which on thin-provisioned disks is much faster than writing new files;
 //! - a log that refuses every write after a failed append, sync or
@@ -75,10 +75,10 @@
 //!
 //! ```
 //! use spate_core::Time;
-//! use spate_wal::{FileWriteAheadLog, WalOptions, WriteAheadLog};
+//! use spate_wal::{FileWriteAheadLog, WalSettings, WriteAheadLog};
 //!
 //! let dir = tempfile::tempdir()?;
-//! let log = FileWriteAheadLog::open(dir.path(), WalOptions::default())?;
+//! let log = FileWriteAheadLog::open(dir.path(), WalSettings::default())?;
 //! let handle = log.write(b"block 1", Time::from_millis(1_000))?;
 //! log.write(b"block 2", Time::from_millis(61_000))?; // a new segment
 //! assert_eq!(log.read(&handle)?, b"block 1");
@@ -99,14 +99,14 @@
 //!     fn epoch(&self) -> u64 { 2 }
 //!     fn check(&self) -> Result<(), String> { Ok(()) }
 //! }
-//! let options = WalOptions::default().with_fence(std::sync::Arc::new(Epoch2));
+//! let options = WalSettings::default().with_fence(std::sync::Arc::new(Epoch2));
 //! let log = FileWriteAheadLog::open(dir.path(), options)?;
 //! log.write(b"block 3", Time::from_millis(61_500))?;
 //! assert_eq!(log.segment_names(), vec!["log-61000-121000", "log-61500-121500-e2"]);
 //! let all: Vec<Vec<u8>> = log.read_all()?.collect::<Result<_, _>>()?;
 //! assert_eq!(all, vec![b"block 2".to_vec(), b"block 3".to_vec()]);
 //! // An unfenced writer (epoch 0) may no longer open it.
-//! assert!(FileWriteAheadLog::open(dir.path(), WalOptions::default()).is_err());
+//! assert!(FileWriteAheadLog::open(dir.path(), WalSettings::default()).is_err());
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
@@ -123,11 +123,11 @@ mod file_log;
 mod files;
 mod header;
 mod log;
-mod options;
 mod reader;
 mod record;
 mod seal;
 mod segment;
+mod settings;
 mod spares;
 mod takeover;
 mod telemetry;
@@ -138,5 +138,5 @@ pub use error::WalError;
 pub use faults::{AppendFault, FaultInjection, SyncHold};
 pub use file_log::FileWriteAheadLog;
 pub use log::{RecordIter, WriteAheadLog};
-pub use options::{DEFAULT_MAX_RECORD_SIZE, SyncPolicy, WalOptions};
+pub use settings::{DEFAULT_MAX_RECORD_SIZE, SyncPolicy, WalSettings};
 pub use spate_core::WalRecordHandle;

@@ -13,9 +13,9 @@ use crate::error::WalError;
 use crate::file_log::Shared;
 use crate::files::FileLayer;
 use crate::header::{RecordsStart, SEGMENT_HEADER_LEN, read_segment_header};
-use crate::options::WalOptions;
 use crate::record::{BadRecord, HEADER_LEN, RecordScanner, Step, decode_header, read_payload};
 use crate::segment::{Segment, parse_segment_name};
+use crate::settings::WalSettings;
 
 /// Read buffer of the sequential readers: large enough that a scan runs at
 /// memory speed, small enough to keep one per open iterator.
@@ -233,7 +233,7 @@ pub(crate) fn valid_len(
     files: &dyn FileLayer,
     segment: &Segment,
     len: u64,
-    options: &WalOptions,
+    options: &WalSettings,
 ) -> Result<u64, WalError> {
     let path = &segment.path;
     let mut file = files.open_read(path).map_err(WalError::io("open", path))?;

@@ -1,5 +1,5 @@
 //! Recycled segment files ("spares"): cleaning keeps up to
-//! [`crate::WalOptions::recycled_segments`] old segment files, zeroed, and
+//! [`crate::WalSettings::recycled_segments`] old segment files, zeroed, and
 //! new segments are started in them instead of in new files.
 //!
 //! Writing over blocks a file already owns is much faster than writing new

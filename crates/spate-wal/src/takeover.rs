@@ -24,10 +24,10 @@ use std::sync::Arc;
 
 use crate::error::WalError;
 use crate::files::FileLayer;
-use crate::options::WalOptions;
 use crate::reader::valid_len;
 use crate::seal::{Seal, parse_seal_name, parse_seal_temp_name, read_seal, seal_name, write_seal};
 use crate::segment::{Segment, parse_segment_name};
+use crate::settings::WalSettings;
 use crate::spares::parse_spare_name;
 
 /// The epoch of the writer that wrote a file of the log, or `None` for a
@@ -52,7 +52,7 @@ pub(crate) fn refuse_later_epochs(dir: &Path, names: &[String], epoch: u64) -> R
 }
 
 /// A [`WalError::Fenced`] unless `options`' fence still holds.
-pub(crate) fn check_fence(dir: &Path, options: &WalOptions, op: &'static str) -> Result<(), WalError> {
+pub(crate) fn check_fence(dir: &Path, options: &WalSettings, op: &'static str) -> Result<(), WalError> {
     options.fence.check().map_err(|reason| {
         tracing::error!(dir = %dir.display(), epoch = options.fence.epoch(), op, %reason,
             "the writer fence refused a write-ahead log operation; the log refuses every later change");
@@ -97,7 +97,7 @@ pub(crate) fn open_segments(
     files: &dyn FileLayer,
     dir: &Path,
     names: &[String],
-    options: &WalOptions,
+    options: &WalSettings,
 ) -> Result<Vec<Arc<Segment>>, WalError> {
     let epoch = options.fence.epoch();
     let segments = list_segments(files, dir, names)?;
@@ -144,7 +144,7 @@ fn own_seal(
     dir: &Path,
     names: &[String],
     segments: &[Arc<Segment>],
-    options: &WalOptions,
+    options: &WalSettings,
 ) -> Result<Seal, WalError> {
     let epoch = options.fence.epoch();
     if names.iter().any(|name| parse_seal_name(name) == Some(epoch)) {
@@ -192,7 +192,7 @@ fn remove_obsolete_seals(files: &dyn FileLayer, dir: &Path, names: &[String], ep
 }
 
 /// Cuts a torn record off the end of this writer's own last segment.
-fn repair_tail(files: &dyn FileLayer, dir: &Path, segment: &Segment, options: &WalOptions) -> Result<(), WalError> {
+fn repair_tail(files: &dyn FileLayer, dir: &Path, segment: &Segment, options: &WalSettings) -> Result<(), WalError> {
     let len = segment.readable_len();
     let valid = valid_len(files, segment, len, options)?;
     if valid < len {

@@ -34,9 +34,9 @@ use crate::error::WalError;
 use crate::file_log::Shared;
 use crate::files::SegmentWriter;
 use crate::header::{SEGMENT_HEADER_LEN, SegmentHeader, encode_segment_header};
-use crate::options::SyncPolicy;
 use crate::record::{HEADER_LEN, MIN_DIRECT, PAGE, ZEROS, encode_frame, header_with_crc, padding_header};
 use crate::segment::{Segment, SegmentId, segment_name};
+use crate::settings::SyncPolicy;
 use crate::takeover::check_fence;
 
 /// The longest a new leader waits for the last commit's writers to queue

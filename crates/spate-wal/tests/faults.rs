@@ -11,10 +11,10 @@ use std::sync::Arc;
 
 use common::Epoch;
 use spate_core::{Duration, Time};
-use spate_wal::{AppendFault, FaultInjection, FileWriteAheadLog, SyncPolicy, WalError, WalOptions, WriteAheadLog};
+use spate_wal::{AppendFault, FaultInjection, FileWriteAheadLog, SyncPolicy, WalError, WalSettings, WriteAheadLog};
 
-fn options(hook: &FaultInjection) -> WalOptions {
-    WalOptions::default().with_rolling_interval(Duration::from_secs(1)).with_fault_injection(hook.clone())
+fn options(hook: &FaultInjection) -> WalSettings {
+    WalSettings::default().with_rolling_interval(Duration::from_secs(1)).with_fault_injection(hook.clone())
 }
 
 fn read_all(log: &FileWriteAheadLog) -> Vec<Vec<u8>> {

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use spate_core::{Duration, Time, WriterFence};
-use spate_wal::{FileWriteAheadLog, WalError, WalOptions, WriteAheadLog};
+use spate_wal::{FileWriteAheadLog, WalError, WalSettings, WriteAheadLog};
 
 /// A fence a test revokes by hand.
 #[derive(Debug)]
@@ -43,8 +43,8 @@ impl WriterFence for TestFence {
     }
 }
 
-fn options() -> WalOptions {
-    WalOptions::default().with_rolling_interval(Duration::from_secs(1))
+fn options() -> WalSettings {
+    WalSettings::default().with_rolling_interval(Duration::from_secs(1))
 }
 
 fn open(dir: &Path, epoch: u64) -> FileWriteAheadLog {

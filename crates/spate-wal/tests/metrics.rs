@@ -5,7 +5,7 @@
 
 use metrics_exporter_prometheus::PrometheusBuilder;
 use spate_core::Time;
-use spate_wal::{FileWriteAheadLog, WalOptions, WriteAheadLog};
+use spate_wal::{FileWriteAheadLog, WalSettings, WriteAheadLog};
 
 #[test]
 fn appends_bytes_and_syncs_are_counted_under_the_logs_directory() {
@@ -15,7 +15,7 @@ fn appends_bytes_and_syncs_are_counted_under_the_logs_directory() {
     let handle = recorder.handle();
     // The log takes its metric handles when it opens.
     let log =
-        metrics::with_local_recorder(&recorder, || FileWriteAheadLog::open(&log_dir, WalOptions::default())).unwrap();
+        metrics::with_local_recorder(&recorder, || FileWriteAheadLog::open(&log_dir, WalSettings::default())).unwrap();
     let handles: Vec<_> =
         (0..3u8).map(|i| log.write(&vec![i; 100 + usize::from(i)], Time::from_millis(1000)).unwrap()).collect();
     let framed: u64 = handles.iter().map(|h| u64::from(h.length)).sum();

@@ -7,10 +7,10 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 
 use spate_core::{Duration, Time, WalRecordHandle};
-use spate_wal::{FileWriteAheadLog, WalOptions, WriteAheadLog};
+use spate_wal::{FileWriteAheadLog, WalSettings, WriteAheadLog};
 
-fn options(spares: usize) -> WalOptions {
-    WalOptions::default().with_rolling_interval(Duration::from_secs(1)).with_recycled_segments(spares)
+fn options(spares: usize) -> WalSettings {
+    WalSettings::default().with_rolling_interval(Duration::from_secs(1)).with_recycled_segments(spares)
 }
 
 /// Writes records of 1000 bytes, `count` of them at time `at` (ms).

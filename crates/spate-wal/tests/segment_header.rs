@@ -12,12 +12,12 @@ use std::sync::Arc;
 
 use common::Epoch;
 use spate_core::{Duration, Time};
-use spate_wal::{FileWriteAheadLog, WalError, WalOptions, WriteAheadLog};
+use spate_wal::{FileWriteAheadLog, WalError, WalSettings, WriteAheadLog};
 
 const HEADER_PAGE: usize = 4096;
 
-fn options() -> WalOptions {
-    WalOptions::default().with_rolling_interval(Duration::from_secs(1))
+fn options() -> WalSettings {
+    WalSettings::default().with_rolling_interval(Duration::from_secs(1))
 }
 
 fn read_all(log: &FileWriteAheadLog) -> Result<Vec<Vec<u8>>, WalError> {

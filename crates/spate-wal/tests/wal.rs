@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use proptest::prelude::*;
 use spate_core::{Duration, ManualClock, Time, WalRecordHandle};
-use spate_wal::{FaultInjection, FileWriteAheadLog, SyncPolicy, WalError, WalOptions, WriteAheadLog};
+use spate_wal::{FaultInjection, FileWriteAheadLog, SyncPolicy, WalError, WalSettings, WriteAheadLog};
 
 fn record(i: usize) -> Vec<u8> {
     // Varied lengths, including empty records, with content that identifies the record.
@@ -25,8 +25,8 @@ fn record(i: usize) -> Vec<u8> {
 /// Bytes of the header page at the start of every new segment.
 const HEADER_PAGE: u64 = 4096;
 
-fn options() -> WalOptions {
-    WalOptions::default().with_rolling_interval(Duration::from_secs(1))
+fn options() -> WalSettings {
+    WalSettings::default().with_rolling_interval(Duration::from_secs(1))
 }
 
 fn read_all(log: &FileWriteAheadLog) -> Vec<Vec<u8>> {
@@ -388,7 +388,7 @@ fn concurrent_writers_share_syncs_and_every_handle_reads_its_own_record() {
     let dir = tempfile::tempdir().unwrap();
     let hook = FaultInjection::new();
     let log = Arc::new(
-        FileWriteAheadLog::open(dir.path(), WalOptions::default().with_fault_injection(hook.clone())).unwrap(),
+        FileWriteAheadLog::open(dir.path(), WalSettings::default().with_fault_injection(hook.clone())).unwrap(),
     );
     let workers: Vec<_> = (0..THREADS)
         .map(|t| {

@@ -374,7 +374,7 @@ mod tests {
     use super::*;
     use crate::inspect::run;
     use spate_core::Time;
-    use spate_logstore::{CheckpointOptions, CommitMetadata, SourceOffset};
+    use spate_logstore::{CheckpointSettings, CommitMetadata, SourceOffset};
 
     fn local() -> ObjectStoreSettings {
         ObjectStoreSettings::default()
@@ -392,7 +392,7 @@ mod tests {
     /// A task checkpoint under `<root>/tasks/<name>` with `planned` offsets
     /// entries and `committed` commits, still open for writing.
     fn task(root: &Path, name: &str, planned: u64, committed: &[u64]) -> Checkpoint {
-        let writer = Checkpoint::open_for_write(root.join(TASKS_DIR).join(name), CheckpointOptions::new()).unwrap();
+        let writer = Checkpoint::open_for_write(root.join(TASKS_DIR).join(name), CheckpointSettings::new()).unwrap();
         for id in 0..planned {
             writer.offsets().add(BatchId(id), &task_offsets(id)).unwrap();
         }
@@ -506,7 +506,7 @@ mod tests {
         assert!(text.contains("Members (by the pid and host of their task locks):\n  none recorded"), "{text}");
 
         // A checkpoint of its own (it has `metadata`) stays one, whatever else it holds.
-        drop(Checkpoint::open_for_write(&app, CheckpointOptions::new()).unwrap());
+        drop(Checkpoint::open_for_write(&app, CheckpointSettings::new()).unwrap());
         assert!(!is_application(&app, &local()));
         assert!(run(&app, &local(), false).unwrap().starts_with(&format!("Checkpoint {} (spate)", app.display())));
     }

@@ -358,7 +358,7 @@ pub(super) fn lock_json(lock: &LockStatus) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use spate_logstore::{CheckpointOptions, CommitMetadata, SourceOffset};
+    use spate_logstore::{CheckpointSettings, CommitMetadata, SourceOffset};
 
     fn local() -> ObjectStoreSettings {
         ObjectStoreSettings::default()
@@ -376,7 +376,7 @@ mod tests {
     fn a_spate_checkpoint_is_described_with_its_lock_holder() {
         let root = tempfile::tempdir().unwrap();
         let dir = root.path().join("ck");
-        let writer = Checkpoint::open_for_write(&dir, CheckpointOptions::new()).unwrap();
+        let writer = Checkpoint::open_for_write(&dir, CheckpointSettings::new()).unwrap();
         let seq = OffsetSeq {
             batch_timestamp: Time::from_millis(1_700_000_000_000),
             sources: vec![SourceOffset::new("words", Some(json!({"words": 120})))],
@@ -432,7 +432,7 @@ mod tests {
     fn progress_lines_of_a_writer_that_lost_the_lock_are_ignored() {
         let root = tempfile::tempdir().unwrap();
         let dir = root.path().join("ck");
-        drop(Checkpoint::open_for_write(&dir, CheckpointOptions::new()).unwrap());
+        drop(Checkpoint::open_for_write(&dir, CheckpointSettings::new()).unwrap());
         std::fs::create_dir(dir.join("progress")).unwrap();
         // Epoch 2 took over after batch 0; epoch 1 wrote one more line after that.
         let lines = [progress_line(1, 0), progress_line(2, 1), progress_line(1, 5)].join("\n");

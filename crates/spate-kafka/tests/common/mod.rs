@@ -168,7 +168,7 @@ pub fn value(record: &spate_kafka::KafkaRecord) -> String {
 /// A direct stream of `config`, registered as a streaming context of
 /// [`BATCH`] would (a rate needs the batch interval).
 #[allow(dead_code)]
-pub fn registered(config: spate_kafka::DirectKafkaConfig) -> spate_kafka::Result<spate_kafka::DirectKafkaStream> {
+pub fn registered(config: spate_kafka::DirectKafkaSettings) -> spate_kafka::Result<spate_kafka::DirectKafkaStream> {
     let stream = spate_kafka::DirectKafkaStream::new(config)?;
     stream.register(&spate_dstream::SourceContext::new(BATCH, 256 << 20))?;
     Ok(stream)

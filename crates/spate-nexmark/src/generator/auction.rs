@@ -1,9 +1,9 @@
 //! Auctions, and the choice of an auction for a bid.
 
 use super::{EventContext, next_price};
-use crate::config::{FIRST_AUCTION_ID, FIRST_CATEGORY_ID, FIRST_PERSON_ID, GeneratorConfig};
 use crate::model::Auction;
 use crate::random::SplitMix;
+use crate::settings::{FIRST_AUCTION_ID, FIRST_CATEGORY_ID, FIRST_PERSON_ID, GeneratorSettings};
 
 /// Few categories, so that queries find matches on small inputs.
 const NUM_CATEGORIES: i32 = 5;
@@ -61,7 +61,7 @@ fn next_auction_length_ms(cx: &mut EventContext<'_>) -> i64 {
 
 /// A random auction id (from 0) for a bid: one of the last
 /// `num_in_flight_auctions` auctions, or of the next [`AUCTION_ID_LEAD`].
-pub(crate) fn next_base0_auction_id(config: &GeneratorConfig, event_id: i64, rng: &mut SplitMix) -> i64 {
+pub(crate) fn next_base0_auction_id(config: &GeneratorSettings, event_id: i64, rng: &mut SplitMix) -> i64 {
     let max = config.last_base0_auction_id(event_id);
     let min = (max - i64::from(config.num_in_flight_auctions)).max(0);
     min + rng.next_long(max - min + 1 + AUCTION_ID_LEAD)

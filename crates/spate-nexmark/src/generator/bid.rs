@@ -3,8 +3,8 @@
 use super::auction::next_base0_auction_id;
 use super::person::next_base0_person_id;
 use super::{EventContext, HOT_CHANNELS, next_price};
-use crate::config::{FIRST_AUCTION_ID, FIRST_PERSON_ID};
 use crate::model::Bid;
+use crate::settings::{FIRST_AUCTION_ID, FIRST_PERSON_ID};
 
 /// Hot auctions are the first of each block of this many.
 const HOT_AUCTION_RATIO: i64 = 100;

@@ -16,10 +16,10 @@ mod strings;
 use std::ops::Range;
 use std::sync::Arc;
 
-use crate::config::GeneratorConfig;
 use crate::error::NexmarkError;
 use crate::model::{Event, EventKind};
 use crate::random::SplitMix;
+use crate::settings::GeneratorSettings;
 
 /// Channels that most bids come from, with one URL each.
 const HOT_CHANNELS: [&str; 4] = ["Google", "Facebook", "Baidu", "Apple"];
@@ -76,7 +76,7 @@ impl Tables {
 
 /// Everything one event's fields are computed from.
 pub(crate) struct EventContext<'a> {
-    pub(crate) config: &'a GeneratorConfig,
+    pub(crate) config: &'a GeneratorSettings,
     /// The event's id.
     pub(crate) event_id: i64,
     /// The event's time, in milliseconds.
@@ -106,30 +106,30 @@ pub(crate) fn next_price(rng: &mut SplitMix) -> i64 {
 }
 
 /// The Nexmark generator: the event at any position, the same for the same
-/// [`GeneratorConfig`]. Cloning is cheap (the tables are shared).
+/// [`GeneratorSettings`]. Cloning is cheap (the tables are shared).
 #[derive(Clone, Debug)]
 pub struct NexmarkGenerator {
-    config: GeneratorConfig,
+    config: GeneratorSettings,
     tables: Arc<Tables>,
 }
 
 impl NexmarkGenerator {
     /// A generator for `config`; draws the shared tables (a few
     /// milliseconds: ten thousand URLs and 1 MiB of padding).
-    pub fn new(config: GeneratorConfig) -> Result<Self, NexmarkError> {
+    pub fn new(config: GeneratorSettings) -> Result<Self, NexmarkError> {
         config.validate()?;
         let tables = Arc::new(Tables::new(config.seed));
         Ok(NexmarkGenerator { config, tables })
     }
 
     /// The config.
-    pub fn config(&self) -> &GeneratorConfig {
+    pub fn config(&self) -> &GeneratorSettings {
         &self.config
     }
 
     /// The same generator with another base time (the tables are shared).
     pub fn with_base_time(&self, base_time_ms: i64) -> Self {
-        let config = GeneratorConfig { base_time_ms, ..self.config.clone() };
+        let config = GeneratorSettings { base_time_ms, ..self.config.clone() };
         NexmarkGenerator { config, tables: Arc::clone(&self.tables) }
     }
 

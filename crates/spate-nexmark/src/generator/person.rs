@@ -1,9 +1,9 @@
 //! Persons, and the choice of a person for an auction or a bid.
 
 use super::{EventContext, strings};
-use crate::config::{FIRST_PERSON_ID, GeneratorConfig};
 use crate::model::Person;
 use crate::random::SplitMix;
+use crate::settings::{FIRST_PERSON_ID, GeneratorSettings};
 
 /// People not created yet that an auction or bid may name (so that a
 /// person and their first auction seem to have swapped in time).
@@ -65,7 +65,7 @@ fn push_four_digits(out: &mut String, n: i32) {
 
 /// A random person id (from 0) for an auction or bid: one of the last
 /// `num_active_people` people, or of the next [`PERSON_ID_LEAD`] ones.
-pub(crate) fn next_base0_person_id(config: &GeneratorConfig, event_id: i64, rng: &mut SplitMix) -> i64 {
+pub(crate) fn next_base0_person_id(config: &GeneratorSettings, event_id: i64, rng: &mut SplitMix) -> i64 {
     let people = config.last_base0_person_id(event_id) + 1;
     let active = people.min(i64::from(config.num_active_people));
     people - active + rng.next_long(active + PERSON_ID_LEAD)

@@ -10,12 +10,12 @@ use crate::model::{Auction, Bid, Person};
 
 const BASE: i64 = 1_700_000_000_000;
 
-fn generator(config: GeneratorConfig) -> NexmarkGenerator {
+fn generator(config: GeneratorSettings) -> NexmarkGenerator {
     NexmarkGenerator::new(config).unwrap()
 }
 
 fn default_generator(seed: u64) -> NexmarkGenerator {
-    generator(GeneratorConfig::new(seed, BASE))
+    generator(GeneratorSettings::new(seed, BASE))
 }
 
 struct Split {
@@ -40,7 +40,7 @@ fn split(g: &NexmarkGenerator, n: u64) -> Split {
 fn every_fifty_consecutive_events_are_one_person_three_auctions_and_46_bids() {
     // With the default first id (0) and with the Flink table source's (1,
     // numbers from 1): the kinds cycle on the id, so any 50 in a row match.
-    for config in [GeneratorConfig::new(5, BASE), GeneratorConfig::new(5, BASE).with_first_event(1, 1)] {
+    for config in [GeneratorSettings::new(5, BASE), GeneratorSettings::new(5, BASE).with_first_event(1, 1)] {
         let g = generator(config);
         let kinds: Vec<EventKind> = (0..5_000).map(|p| g.event(p).kind()).collect();
         for (start, window) in kinds.windows(50).enumerate() {
@@ -179,13 +179,13 @@ fn times_are_the_base_plus_the_event_number_times_the_delay_and_never_decrease()
         last = t;
     }
     // With the Flink table source's first number (1), position 0 is number 1.
-    let g = generator(GeneratorConfig::new(4, BASE).with_first_event(1, 1).with_rate(1000.0));
+    let g = generator(GeneratorSettings::new(4, BASE).with_first_event(1, 1).with_rate(1000.0));
     assert_eq!(g.event(0).timestamp_ms(), BASE + 1);
 }
 
 #[test]
 fn out_of_order_groups_keep_times_above_the_watermark() {
-    let g = generator(GeneratorConfig::new(6, BASE).with_rate(100.0).with_out_of_order_group_size(16));
+    let g = generator(GeneratorSettings::new(6, BASE).with_rate(100.0).with_out_of_order_group_size(16));
     let mut watermark = i64::MIN;
     let mut out_of_order = 0;
     for p in 0..1_600u64 {
@@ -218,7 +218,7 @@ fn the_same_seed_gives_the_same_events_in_any_order_and_another_seed_others() {
     let differ = (0..2_000).filter(|&p| other.event(p) != forward[usize::try_from(p).unwrap()]).count();
     assert!(differ > 1_900, "only {differ} of 2000 events differ with another seed");
     // The bound only cuts ranges; it never changes an event.
-    let bounded = generator(GeneratorConfig::new(11, BASE).with_max_events(1_000));
+    let bounded = generator(GeneratorSettings::new(11, BASE).with_max_events(1_000));
     assert_eq!(bounded.events(900..2_000), forward[900..1_000].to_vec());
     assert_eq!(bounded.event(1_500), forward[1_500]);
 }
@@ -312,7 +312,7 @@ fn values_worked_out_by_hand_from_the_formulas() {
     assert_eq!(b.date_time, BASE + 104);
     // The Flink table source starts ids and numbers at 1: position 0 is id
     // 2, an auction, id 1000 + (2 - 1) = 1001, at BASE + 0.1 ms = BASE.
-    let flink = generator(GeneratorConfig::new(21, BASE).with_first_event(1, 1));
+    let flink = generator(GeneratorSettings::new(21, BASE).with_first_event(1, 1));
     let Event::Auction(a) = flink.event(0) else { panic!("Flink's first event is not an auction") };
     assert_eq!((a.id, a.date_time), (1001, BASE));
     // Its position 48 is id 50, the second person (1001), number 49 at 4.9 ms.
@@ -320,7 +320,7 @@ fn values_worked_out_by_hand_from_the_formulas() {
     assert_eq!((p.id, p.date_time), (1001, BASE + 4));
     // 3 events a second: number 7 is at 7 * 333333.33 us, truncated to
     // 2333333 us, then divided: 2333 ms.
-    let slow = generator(GeneratorConfig::new(21, BASE).with_rate(3.0));
+    let slow = generator(GeneratorSettings::new(21, BASE).with_rate(3.0));
     assert_eq!(slow.event(7).timestamp_ms(), BASE + 2333);
 }
 
@@ -372,7 +372,7 @@ fn checksum(g: &NexmarkGenerator, n: u64) -> i64 {
 }
 
 /// The spec's own Java generator classes (`PersonGenerator`,
-/// `AuctionGenerator`, `BidGenerator`, `GeneratorConfig` of nexmark/nexmark,
+/// `AuctionGenerator`, `BidGenerator`, `GeneratorSettings` of nexmark/nexmark,
 /// run on Java 17), each event given a `new SplittableRandom` seeded as
 /// [`SplitMix::for_event`] seeds it, produced these checksums over 100,000
 /// events (with one `FIRST_PERSON_ID` taken off its bidders, issue 30), and
@@ -380,9 +380,10 @@ fn checksum(g: &NexmarkGenerator, n: u64) -> i64 {
 /// padding length here is the spec's.
 #[test]
 fn events_match_the_spec_code_driven_by_the_same_random_streams() {
-    let g = generator(GeneratorConfig::new(7, 1_700_000_000_000));
+    let g = generator(GeneratorSettings::new(7, 1_700_000_000_000));
     assert_eq!(checksum(&g, 100_000), -1_143_125_591_896_855_870);
-    let ooo = generator(GeneratorConfig::new(3, 1_600_000_000_000).with_rate(1000.0).with_out_of_order_group_size(16));
+    let ooo =
+        generator(GeneratorSettings::new(3, 1_600_000_000_000).with_rate(1000.0).with_out_of_order_group_size(16));
     assert_eq!(checksum(&ooo, 100_000), 906_683_639_615_237_016);
 
     // 0 P 1000 John Walton|dmct@szh.com|0091 4736 7763 9919|San Francisco|CA|1700000000000|153

@@ -25,7 +25,7 @@ pub const FIRST_CATEGORY_ID: i64 = 10;
 /// the same config always yields the same events.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[non_exhaustive]
-pub struct GeneratorConfig {
+pub struct GeneratorSettings {
     /// Seeds every random choice.
     pub seed: u64,
     /// Event time of event number 0, in milliseconds since the epoch.
@@ -73,9 +73,9 @@ pub struct GeneratorConfig {
     pub max_events: Option<u64>,
 }
 
-impl Default for GeneratorConfig {
+impl Default for GeneratorSettings {
     fn default() -> Self {
-        GeneratorConfig {
+        GeneratorSettings {
             seed: 0,
             base_time_ms: 0,
             first_event_id: 0,
@@ -99,10 +99,10 @@ impl Default for GeneratorConfig {
     }
 }
 
-impl GeneratorConfig {
+impl GeneratorSettings {
     /// The spec's defaults with this seed and base time.
     pub fn new(seed: u64, base_time_ms: i64) -> Self {
-        GeneratorConfig { seed, base_time_ms, ..GeneratorConfig::default() }
+        GeneratorSettings { seed, base_time_ms, ..GeneratorSettings::default() }
     }
 
     /// With this rate, in events per second of event time.
@@ -263,7 +263,7 @@ mod tests {
 
     #[test]
     fn last_ids_follow_the_cycle_of_fifty() {
-        let c = GeneratorConfig::default();
+        let c = GeneratorSettings::default();
         // Event 0 is the first person; events 1-3 auctions 0-2; 4-49 bids.
         assert_eq!(c.last_base0_person_id(0), 0);
         assert_eq!(c.last_base0_person_id(49), 0);
@@ -282,9 +282,9 @@ mod tests {
     fn timestamps_truncate_microseconds_then_divide() {
         // 3 events per second: 333333.33 us apart; number 7 is at
         // 2333333.33 us, truncated to 2333333 us, i.e. 2333 ms.
-        let c = GeneratorConfig::new(0, 1_000).with_rate(3.0);
+        let c = GeneratorSettings::new(0, 1_000).with_rate(3.0);
         assert_eq!(c.timestamp_for_event(7), 1_000 + 2_333);
-        let c = GeneratorConfig::new(0, 0);
+        let c = GeneratorSettings::new(0, 0);
         assert_eq!(c.inter_event_delay_us(), 100.0);
         assert_eq!(c.timestamp_for_event(19), 1);
         assert_eq!(c.timestamp_for_event(20), 2);
@@ -292,7 +292,7 @@ mod tests {
 
     #[test]
     fn out_of_order_groups_shuffle_within_the_group() {
-        let c = GeneratorConfig::new(0, 0).with_out_of_order_group_size(10);
+        let c = GeneratorSettings::new(0, 0).with_out_of_order_group_size(10);
         let mut numbers: Vec<i64> = (20..30).map(|p| c.adjusted_event_number(p)).collect();
         // 21 * 953 = 20013, 20013 mod 10 = 3: position 21 takes number 23.
         assert_eq!(numbers[1], 23);
@@ -303,12 +303,12 @@ mod tests {
 
     #[test]
     fn validation_names_the_field() {
-        let err = GeneratorConfig { auction_proportion: 0, ..GeneratorConfig::default() }.validate().unwrap_err();
+        let err = GeneratorSettings { auction_proportion: 0, ..GeneratorSettings::default() }.validate().unwrap_err();
         assert!(err.to_string().contains("auction_proportion"), "{err}");
-        let err = GeneratorConfig::default().with_rate(0.0).validate().unwrap_err();
+        let err = GeneratorSettings::default().with_rate(0.0).validate().unwrap_err();
         assert!(err.to_string().contains("events_per_second"), "{err}");
-        let err = GeneratorConfig::default().with_out_of_order_group_size(953).validate().unwrap_err();
+        let err = GeneratorSettings::default().with_out_of_order_group_size(953).validate().unwrap_err();
         assert!(err.to_string().contains("953"), "{err}");
-        GeneratorConfig::default().validate().unwrap();
+        GeneratorSettings::default().validate().unwrap();
     }
 }

@@ -29,11 +29,11 @@ pub enum SyncPolicy {
 
 /// The options of a [`crate::FileWriteAheadLog`].
 ///
-/// Start from [`WalOptions::default`] and change what you need with the
+/// Start from [`WalSettings::default`] and change what you need with the
 /// `with_*` methods.
 #[derive(Clone, Debug)]
 #[non_exhaustive]
-pub struct WalOptions {
+pub struct WalSettings {
     /// A new segment starts when a record's time reaches the end of the
     /// active one; each segment covers `[start, start + rolling_interval)`.
     /// Default: 60 s.
@@ -79,12 +79,12 @@ pub struct WalOptions {
     pub fault_injection: Option<FaultInjection>,
 }
 
-/// The default [`WalOptions::max_record_size`]: 64 MiB.
+/// The default [`WalSettings::max_record_size`]: 64 MiB.
 pub const DEFAULT_MAX_RECORD_SIZE: u32 = 64 << 20;
 
-impl Default for WalOptions {
+impl Default for WalSettings {
     fn default() -> Self {
-        WalOptions {
+        WalSettings {
             rolling_interval: Duration::from_secs(60),
             sync_policy: SyncPolicy::EveryWrite,
             max_record_size: DEFAULT_MAX_RECORD_SIZE,
@@ -100,62 +100,62 @@ impl Default for WalOptions {
     }
 }
 
-impl WalOptions {
-    /// Sets [`WalOptions::rolling_interval`] (a zero interval is taken as 1 ms).
+impl WalSettings {
+    /// Sets [`WalSettings::rolling_interval`] (a zero interval is taken as 1 ms).
     pub fn with_rolling_interval(mut self, interval: Duration) -> Self {
         self.rolling_interval = interval.max(Duration::from_millis(1));
         self
     }
 
-    /// Sets [`WalOptions::sync_policy`].
+    /// Sets [`WalSettings::sync_policy`].
     pub fn with_sync_policy(mut self, policy: SyncPolicy) -> Self {
         self.sync_policy = policy;
         self
     }
 
-    /// Sets [`WalOptions::max_record_size`].
+    /// Sets [`WalSettings::max_record_size`].
     pub fn with_max_record_size(mut self, bytes: u32) -> Self {
         self.max_record_size = bytes;
         self
     }
 
-    /// Sets [`WalOptions::close_file_after_write`].
+    /// Sets [`WalSettings::close_file_after_write`].
     pub fn with_close_file_after_write(mut self, close: bool) -> Self {
         self.close_file_after_write = close;
         self
     }
 
-    /// Sets [`WalOptions::direct_io`].
+    /// Sets [`WalSettings::direct_io`].
     pub fn with_direct_io(mut self, direct: bool) -> Self {
         self.direct_io = direct;
         self
     }
 
-    /// Sets [`WalOptions::recycled_segments`].
+    /// Sets [`WalSettings::recycled_segments`].
     pub fn with_recycled_segments(mut self, spares: usize) -> Self {
         self.recycled_segments = spares;
         self
     }
 
-    /// Sets [`WalOptions::salvage`].
+    /// Sets [`WalSettings::salvage`].
     pub fn with_salvage(mut self, salvage: bool) -> Self {
         self.salvage = salvage;
         self
     }
 
-    /// Sets [`WalOptions::fence`].
+    /// Sets [`WalSettings::fence`].
     pub fn with_fence(mut self, fence: Arc<dyn WriterFence>) -> Self {
         self.fence = fence;
         self
     }
 
-    /// Sets [`WalOptions::clock`].
+    /// Sets [`WalSettings::clock`].
     pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
         self.clock = clock;
         self
     }
 
-    /// Sets [`WalOptions::fault_injection`].
+    /// Sets [`WalSettings::fault_injection`].
     #[cfg(feature = "failpoints")]
     pub fn with_fault_injection(mut self, hook: FaultInjection) -> Self {
         self.fault_injection = Some(hook);
