@@ -228,7 +228,11 @@ impl PartitionConsumer {
     }
 
     fn earliest_offset(&self) -> Result<i64> {
-        let (low, _) = crate::retry::watermarks(&self.consumer, &self.partition, self.settings.poll_timeout)?;
+        // A failed read poisons this consumer: its pool opens a new one.
+        let (low, _) = self
+            .consumer
+            .fetch_watermarks(&self.partition.topic, self.partition.partition, self.settings.poll_timeout)
+            .map_err(client(format!("fetch watermarks of {}", self.partition)))?;
         Ok(low)
     }
 

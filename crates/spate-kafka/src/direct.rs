@@ -589,7 +589,8 @@ impl DirectKafkaStream {
     }
 
     fn watermarks(&self, tp: &TopicPartition) -> Result<(i64, i64)> {
-        retry_unavailable(|| crate::retry::watermarks(&lock(&self.admin), tp, self.config.consumer.poll_timeout))
+        let fresh = || self.config.consumer.client_config().create().map_err(client("create the metadata consumer"));
+        retry_unavailable(|| crate::retry::watermarks(&self.admin, fresh, tp, self.config.consumer.poll_timeout))
     }
 
     fn latest_offsets(&self, partitions: &[TopicPartition]) -> Result<PartitionOffsets> {

@@ -135,6 +135,8 @@ struct Shared {
     pool: Arc<ConsumerPool>,
     /// Latest offsets for the thread (the stream's own is busy planning).
     admin: Mutex<BaseConsumer>,
+    /// How to open a new one when its metadata goes stale.
+    consumer: ConsumerSettings,
     poll_timeout: StdDuration,
     /// How long the thread waits when there is nothing to read, ms.
     idle: AtomicU64,
@@ -162,6 +164,7 @@ impl ReadAhead {
             stage,
             pool,
             admin: Mutex::new(admin),
+            consumer: consumer.clone(),
             poll_timeout: consumer.poll_timeout,
             idle,
             progress: Mutex::new(Progress::default()),
@@ -310,13 +313,13 @@ impl Shared {
     /// its latest offset, within `chunk` records shared by lag and what is
     /// left of the partition's own cap.
     fn chunk_ranges(&self, progress: &Progress, limits: Limits, chunk: u64) -> Result<OffsetRanges> {
-        let admin = lock(&self.admin);
+        let fresh =
+            || self.consumer.client_config().create().map_err(client("create the read-ahead metadata consumer"));
         let mut latest = PartitionOffsets::new();
         for tp in progress.next.keys() {
-            let (_, high) = crate::retry::watermarks(&admin, tp, self.poll_timeout)?;
+            let (_, high) = crate::retry::watermarks(&self.admin, fresh, tp, self.poll_timeout)?;
             latest.insert(tp.clone(), high);
         }
-        drop(admin);
         let partitions: Vec<TopicPartition> = progress.next.keys().cloned().collect();
         ranges_within(&partitions, &progress.next, &latest, chunk, limits.per_partition, &progress.records)
     }

@@ -25,6 +25,7 @@ use rdkafka::error::KafkaError as RdKafkaError;
 use rdkafka::types::RDKafkaErrorCode;
 use tracing::{debug, warn};
 
+use crate::error::client as client_error;
 use crate::error::{KafkaError, client};
 use crate::offsets::TopicPartition;
 
@@ -62,27 +63,36 @@ pub(crate) fn is_broker_unavailable(error: &RdKafkaError) -> bool {
         )
 }
 
-/// The low and high watermarks of `tp`, asked of the broker by `consumer`.
+/// The low and high watermarks of `tp`, asked of the broker by the client
+/// in `admin`.
 ///
 /// A client that met the broker while it restarted can keep a metadata
 /// cache that lacks the partition or names an old leader, and then fails
-/// every watermark request locally (*unknown partition*) until its
-/// periodic refresh, minutes later. On such an error the topic's metadata
-/// is asked for again, so the retry that follows meets the broker as it
-/// is now; the error is still returned, for the caller's retry to count.
+/// every watermark request locally (*unknown partition*), even after asking
+/// for the topic's metadata again; only a new client, which bootstraps
+/// afresh, finds the broker as it is now. On such an error the client in
+/// `admin` is replaced by one `fresh` makes, and the error is returned for
+/// the caller's retry to count.
 pub(crate) fn watermarks(
-    consumer: &BaseConsumer,
+    admin: &std::sync::Mutex<BaseConsumer>,
+    fresh: impl FnOnce() -> Result<BaseConsumer, KafkaError>,
     tp: &TopicPartition,
     timeout: Duration,
 ) -> Result<(i64, i64), KafkaError> {
-    consumer.fetch_watermarks(&tp.topic, tp.partition, timeout).map_err(|error| {
-        if is_stale_metadata(&error) {
-            // Best effort: a failed refresh leaves the retry to try again.
-            let refreshed = consumer.fetch_metadata(Some(&tp.topic), timeout);
-            debug!(%tp, refreshed = refreshed.is_ok(), "refreshed the topic's metadata after a stale answer");
+    let mut client = spate_core::sync::lock(admin);
+    match client.fetch_watermarks(&tp.topic, tp.partition, timeout) {
+        Ok(marks) => Ok(marks),
+        Err(error) => {
+            if is_stale_metadata(&error) {
+                match fresh() {
+                    Ok(new) => *client = new,
+                    Err(e) => debug!(%tp, error = %e, "could not open a new metadata client; keeping the old one"),
+                }
+                debug!(%tp, "a new metadata client replaces one whose metadata went stale");
+            }
+            Err(client_error(format!("fetch watermarks of {tp}"))(error))
         }
-        client(format!("fetch watermarks of {tp}"))(error)
-    })
+    }
 }
 
 /// Whether `error` says the client's idea of the partition's place is out of date.
