@@ -6,9 +6,10 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 
 use serde::Serialize;
+use spate_core::sync::lock;
 use spate_runtime::{ProcessServer, ProcessStatus, StreamingSettings};
 
 use crate::error::AppError;
@@ -46,7 +47,7 @@ pub(crate) struct TaskBoard {
 impl TaskBoard {
     /// Takes in what `event` says of a task.
     pub(crate) fn record(&self, event: &MemberEvent) {
-        let mut guard = self.rows.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut guard = lock(&self.rows);
         let rows = &mut *guard;
         match event {
             MemberEvent::Assigned { tasks } => tasks.iter().for_each(|id| row(rows, id).state = "assigned"),
@@ -89,7 +90,7 @@ fn row<'a>(rows: &'a mut BTreeMap<TaskId, TaskRow>, id: &TaskId) -> &'a mut Task
 
 impl TaskBoard {
     fn status(&self, app: &str, member: &str) -> serde_json::Value {
-        let tasks: Vec<TaskRow> = self.rows.lock().unwrap_or_else(PoisonError::into_inner).values().cloned().collect();
+        let tasks: Vec<TaskRow> = lock(&self.rows).values().cloned().collect();
         serde_json::json!({ "application": app, "member": member, "tasks": tasks })
     }
 }

@@ -19,6 +19,7 @@ use spate_receiver::{Receiver, Record};
 use spate_tracker::ReceivedBlockTracker;
 use tracing::{info, warn};
 
+use crate::checkpoint_store::{CheckpointStore, log_store_error};
 use crate::driver::{Engine, Event, InputHooks, SharedStatus, StopMode, StopReport, run_timer};
 use crate::error::RuntimeError;
 use crate::failpoints::Failpoints;
@@ -29,7 +30,6 @@ use crate::rate_controller::RateController;
 use crate::recovery::{RecoveryReport, recover, recover_tracker};
 use crate::settings::StreamingSettings;
 use crate::status::{CheckpointRow, StatusBoard};
-use crate::store::{CheckpointStore, log_store_error};
 use crate::telemetry;
 
 /// A hook called with an input's offsets (the JSON its source planned).

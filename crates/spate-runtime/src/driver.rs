@@ -22,6 +22,7 @@ use spate_logstore::{OffsetSeq, SourceOffset};
 use spate_tracker::ReceivedBlockTracker;
 use tracing::{info, warn};
 
+use crate::checkpoint_store::{CheckpointStore, GraphManifest};
 use crate::error::{RuntimeError, taken_over};
 use crate::failpoints::{Failpoints, Point};
 use crate::inputs::{Fed, ReceiverInput};
@@ -30,7 +31,6 @@ use crate::rate_controller::{BatchTiming, RateController};
 use crate::scheduler::{CommitDecision, CommitOrder, JobOutcome, JobScheduler, NamedJob, OutcomeSink, panic_message};
 use crate::settings::StreamingSettings;
 use crate::status::StatusBoard;
-use crate::store::{CheckpointStore, GraphManifest};
 use crate::telemetry;
 
 /// How to stop.

@@ -84,6 +84,7 @@
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
 
 mod arrivals;
+mod checkpoint_store;
 mod context;
 pub mod demo;
 mod driver;
@@ -100,7 +101,6 @@ mod scheduler;
 mod settings;
 mod settings_file;
 mod status;
-mod store;
 mod telemetry;
 
 pub use context::{OffsetsHook, PipelineBuilder, StopHandle, StreamingContext};

@@ -11,9 +11,9 @@ use serde::{Deserialize, Serialize};
 use spate_core::{BatchId, Time, WriterFence};
 use spate_logstore::{CheckpointFileManager, LogStoreError};
 
+use crate::checkpoint_store::log_store_error;
 use crate::error::RuntimeError;
 use crate::recovery::RecoveryReport;
-use crate::store::log_store_error;
 
 /// Milliseconds spent in each phase of a batch.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -21,10 +21,10 @@ use spate_tracker::{ReceivedBlockTracker, event_log_dir};
 use spate_wal::{FileWriteAheadLog, WalSettings};
 use tracing::warn;
 
+use crate::checkpoint_store::GraphManifest;
 use crate::driver::{Engine, QueuedBatch};
 use crate::error::RuntimeError;
 use crate::inputs::ReceiverResume;
-use crate::store::GraphManifest;
 
 /// One operator whose state was restored from the checkpoint.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
