@@ -381,8 +381,7 @@ impl Supervisor {
 }
 
 /// Says when a task that writes internal topics goes idle (it sent them
-/// nothing in a batch: readers stop waiting for it) and when it has records
-/// for them again.
+/// nothing in a batch) and when it has records for them again.
 fn report_idle(
     task: &str,
     was_idle: &Mutex<Option<bool>>,
@@ -397,9 +396,9 @@ fn report_idle(
     let mut was = lock(was_idle);
     if *was != Some(idle) {
         if idle {
-            info!(task, batch = %batch_id, "sent nothing on: idle, the readers' watermarks do not wait for it");
+            info!(task, batch = %batch_id, "sent nothing on: idle (readers hold their watermark at what it sent last, or leave it out after their idle timeout)");
         } else if was.is_some() {
-            info!(task, batch = %batch_id, "sends records on again: the readers' watermarks wait for it");
+            info!(task, batch = %batch_id, "sends records on again");
         }
         *was = Some(idle);
     }

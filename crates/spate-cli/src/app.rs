@@ -57,8 +57,11 @@ fn topology(args: &RunArgs, app: &AppArgs, name: &str) -> Topology {
     let top_topic = app.top_topic(&args.output_topic);
     let windows = EventWindows::sliding(Duration::from_millis(app.window_ms), Duration::from_millis(app.slide_ms))
         .allowed_lateness(Duration::from_millis(app.allowed_lateness_ms));
-    let watermarks = Watermarks::bounded_out_of_orderness(Duration::from_millis(app.out_of_orderness_ms))
+    let mut watermarks = Watermarks::bounded_out_of_orderness(Duration::from_millis(app.out_of_orderness_ms))
         .with_max_future(Duration::from_millis(app.max_future_ms));
+    if let Some(idle) = app.idle_timeout_ms {
+        watermarks = watermarks.with_idle_timeout(Duration::from_millis(idle));
+    }
     let counts = WindowCounts { output: args.output_topic.clone(), late: app.late_topic.clone(), windows, watermarks };
     let (top, keep) = (usize::try_from(args.top).unwrap_or(usize::MAX), app.window_ms + app.allowed_lateness_ms);
     let topology = if app.without_repartition {

@@ -226,6 +226,11 @@ pub struct AppArgs {
     /// moves the watermark and goes to the late records (--late-topic) instead of a window.
     #[arg(long, value_name = "MS", default_value_t = 3_600_000, value_parser = clap::value_parser!(u64).range(1..))]
     pub max_future_ms: u64,
+    /// Let an upstream task whose input stays empty this long stop holding the count stage's
+    /// watermark, so the others' windows close (default: it holds it at its last record; its
+    /// records are late if they come back behind the watermark after the timeout).
+    #[arg(long, value_name = "MS", value_parser = clap::value_parser!(u64).range(1..))]
+    pub idle_timeout_ms: Option<u64>,
     /// Where the words counted late go: behind the watermark when every window they belong to is
     /// gone, or stamped more than --max-future-ms ahead (default: only counted, in
     /// spate_late_records_total and `spate checkpoint inspect`).

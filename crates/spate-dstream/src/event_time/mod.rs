@@ -138,7 +138,9 @@ impl Watermarks {
     }
 
     /// A partition without records for `timeout` of batch time is left out
-    /// of the stream's watermark until it has records again. Without it, a
+    /// of the stream's watermark until it has records again; so is a writer
+    /// that reported itself idle for that long, on a stream whose progress
+    /// its writers report ([`DStream::with_progress`]). Without it, a
     /// partition that never delivers holds the watermark back for ever.
     pub fn with_idle_timeout(mut self, timeout: Duration) -> Self {
         self.idle_timeout = Some(timeout);
@@ -349,7 +351,13 @@ impl WatermarkTracker {
     ) -> Option<Time> {
         match marks {
             Some(marks) => {
-                self.watermark = self.writers.advance(marks, strategy.out_of_orderness, self.watermark);
+                self.watermark = self.writers.advance(
+                    marks,
+                    batch_time,
+                    strategy.out_of_orderness,
+                    strategy.idle_timeout,
+                    self.watermark,
+                );
                 self.watermark
             }
             None => self.advance(batch_time, seen, strategy),

@@ -14,14 +14,20 @@
 //! - until every writer of a group has reported once, the watermark waits
 //!   (a writer that has not started holds it back, as a partition that has
 //!   delivered nothing does);
-//! - a writer whose input had nothing for it reports itself idle and stops
-//!   holding the watermark back until it reports progress again; a writer
-//!   that comes back from idleness counts again at once, holding the
-//!   watermark where it is until it catches up, so that none of its records
-//!   is made late by the others running on (Flink leaves such a writer out
-//!   until it catches up, which loses its records; spate prefers to wait);
-//! - when every writer is idle, the watermark moves to the furthest one, so
-//!   the windows of a finished backlog close.
+//! - a writer whose input had nothing for it reports itself idle; it still
+//!   holds the watermark at the event time it last reported (one that has
+//!   reported none holds it entirely), as a partition that has delivered
+//!   nothing does. Idleness in one batch says only that the writer's input
+//!   was empty when it planned that batch: the writers of a stage plan
+//!   their batches each on its own, so when a backlog lands, one writer may
+//!   pick its share up a batch after the others, and none of its records
+//!   may be made late by that;
+//! - with an idle timeout ([`crate::Watermarks::with_idle_timeout`]), a
+//!   writer idle for that long (of the reader's batch time) stops holding
+//!   the watermark until it sends again, so an upstream task whose input
+//!   stays empty lets the others' windows close; its records are then late
+//!   if they come back behind the watermark, as Flink's idle inputs' are.
+//!   When every writer has stopped holding, the watermark stays where it is.
 //!
 //! The clocks are operator state: checkpointed with the operator, restored
 //! with it, so a task that moves resumes with the watermarks it had.
@@ -52,8 +58,9 @@ pub struct ProgressMark {
     /// The largest event time of what the writer sent in the batch, `None`
     /// when it sent nothing with an event time.
     pub max_event_time: Option<Time>,
-    /// The writer's input had nothing for it in the batch: it holds nobody
-    /// back until it reports progress again.
+    /// The writer's input had nothing for it in the batch. It still holds
+    /// the watermark at what it reported before, unless the reader's idle
+    /// timeout runs out first (see the module docs).
     pub idle: bool,
 }
 
@@ -64,6 +71,12 @@ struct WriterClock {
     max_event_time: Option<Time>,
     /// Its last report said it was idle.
     idle: bool,
+    /// The reader's batch time when the writer's current idleness began.
+    /// Not checkpointed (the state's format stays as it was): after a
+    /// restore, an idle writer's timeout starts again, which only holds
+    /// the watermark longer.
+    #[serde(skip)]
+    idle_since: Option<Time>,
 }
 
 /// The clocks of every writer that feeds an operator (see the module docs).
@@ -76,27 +89,37 @@ pub(crate) struct WriterClocks {
 }
 
 impl WriterClocks {
-    /// Takes in a batch's marks, in the order they were read, and returns
-    /// the watermark after them, given the one before (`current`).
-    pub(crate) fn advance(&mut self, marks: &[ProgressMark], bound: Duration, current: Option<Time>) -> Option<Time> {
+    /// Takes in the marks the reader read in its batch at `batch_time`, in
+    /// the order they were read, and returns the watermark after them,
+    /// given the one before (`current`).
+    pub(crate) fn advance(
+        &mut self,
+        marks: &[ProgressMark],
+        batch_time: Time,
+        bound: Duration,
+        idle_timeout: Option<Duration>,
+        current: Option<Time>,
+    ) -> Option<Time> {
         for mark in marks {
-            self.take(mark);
+            self.take(mark, batch_time);
         }
-        match self.candidate(bound) {
+        match self.candidate(batch_time, bound, idle_timeout) {
             Some(candidate) => Some(current.map_or(candidate, |old| old.max(candidate))),
             None => current,
         }
     }
 
-    fn take(&mut self, mark: &ProgressMark) {
+    fn take(&mut self, mark: &ProgressMark, batch_time: Time) {
         let writers = self.groups.entry(mark.group.clone()).or_insert(0);
         *writers = (*writers).max(mark.writers);
-        let clock = self
-            .writers
-            .entry((mark.group.clone(), mark.writer))
-            .or_insert(WriterClock { max_event_time: None, idle: mark.idle });
+        let clock = self.writers.entry((mark.group.clone(), mark.writer)).or_insert(WriterClock {
+            max_event_time: None,
+            idle: mark.idle,
+            idle_since: None,
+        });
         clock.max_event_time = clock.max_event_time.max(mark.max_event_time);
         clock.idle = mark.idle;
+        clock.idle_since = if mark.idle { clock.idle_since.or(Some(batch_time)) } else { None };
     }
 
     /// True when every writer of every group has reported at least once.
@@ -109,20 +132,19 @@ impl WriterClocks {
     }
 
     /// The watermark the clocks allow, before "never goes back".
-    fn candidate(&self, bound: Duration) -> Option<Time> {
+    fn candidate(&self, batch_time: Time, bound: Duration, idle_timeout: Option<Duration>) -> Option<Time> {
         if !self.complete() {
             return None;
         }
-        let watermark_of = |clock: &WriterClock| clock.max_event_time.map(|max| max - bound);
-        let mut active = self.writers.values().filter(|clock| !clock.idle).peekable();
-        if active.peek().is_none() {
-            // Everyone is idle: nothing older is on its way.
-            return self.writers.values().filter_map(watermark_of).max();
-        }
-        // A writer back from idleness behind the others holds the watermark
-        // until it catches up, so none of its records is made late; one
-        // that has sent nothing with a time yet holds it too.
-        active.map(watermark_of).min().flatten()
+        let timed_out = |clock: &WriterClock| match (clock.idle_since, idle_timeout) {
+            (Some(since), Some(timeout)) => clock.idle && batch_time.since(since) >= timeout,
+            _ => false,
+        };
+        // A writer idle or not holds the watermark at what it reported; one
+        // that has reported no event time yet holds it entirely.
+        let mut holding = self.writers.values().filter(|clock| !timed_out(clock)).peekable();
+        holding.peek()?;
+        holding.map(|clock| clock.max_event_time.map(|max| max - bound)).min().flatten()
     }
 }
 
@@ -221,38 +243,98 @@ mod tests {
         ProgressMark { group: "split".into(), writer, writers: 3, max_event_time: max.map(t), idle }
     }
 
+    /// Takes in `marks` in the reader's batch at `at` ms, without an idle timeout.
+    fn advance(
+        clocks: &mut WriterClocks,
+        marks: &[ProgressMark],
+        at: i64,
+        bound: Duration,
+        w: Option<Time>,
+    ) -> Option<Time> {
+        clocks.advance(marks, t(at), bound, None, w)
+    }
+
     #[test]
     fn the_watermark_waits_for_every_writer_then_follows_the_slowest() {
         let bound = Duration::from_millis(100);
         let mut clocks = WriterClocks::default();
         // Writer 2 has not reported: nothing moves, however far the others are.
-        let w = clocks.advance(&[mark(0, Some(90_000), false), mark(1, Some(5_000), false)], bound, None);
+        let w = advance(&mut clocks, &[mark(0, Some(90_000), false), mark(1, Some(5_000), false)], 0, bound, None);
         assert_eq!(w, None);
-        let w = clocks.advance(&[mark(2, Some(7_000), false)], bound, w);
+        let w = advance(&mut clocks, &[mark(2, Some(7_000), false)], 1_000, bound, w);
         assert_eq!(w, Some(t(4_900)));
-        let w = clocks.advance(&[mark(1, Some(8_000), false)], bound, w);
+        let w = advance(&mut clocks, &[mark(1, Some(8_000), false)], 2_000, bound, w);
         assert_eq!(w, Some(t(6_900)));
     }
 
     #[test]
-    fn idle_writers_hold_nobody_back_and_all_idle_flushes_to_the_furthest() {
-        let bound = Duration::ZERO;
+    fn a_writer_that_picks_up_a_backlog_a_batch_late_has_none_of_its_records_made_late() {
+        // Three writers idle since they started; a backlog lands, and
+        // writers 0 and 1 plan their next batch after it did, writer 2
+        // just before: its idle mark must not let the others' 120 s move
+        // the watermark past the records it sends a batch later.
+        let bound = Duration::from_millis(60_000);
         let mut clocks = WriterClocks::default();
-        let w = clocks.advance(
-            &[mark(0, Some(1_000), false), mark(1, Some(2_000), false), mark(2, None, true)],
+        let idle = [mark(0, None, true), mark(1, None, true), mark(2, None, true)];
+        let mut w = None;
+        for at in [0, 1_000, 2_000] {
+            w = advance(&mut clocks, &idle, at, bound, w);
+            assert_eq!(w, None);
+        }
+        let w = advance(
+            &mut clocks,
+            &[mark(0, Some(120_000), false), mark(1, Some(119_000), false), mark(2, None, true)],
+            3_000,
             bound,
+            w,
+        );
+        assert_eq!(w, None, "writer 2 has reported no event time yet: it holds the watermark");
+        let w = advance(
+            &mut clocks,
+            &[mark(0, None, true), mark(1, None, true), mark(2, Some(118_000), false)],
+            4_000,
+            bound,
+            w,
+        );
+        assert_eq!(w, Some(t(58_000)), "the slowest writer decides");
+        let w = advance(&mut clocks, &idle, 5_000, bound, w);
+        assert_eq!(w, Some(t(58_000)), "idle writers hold at what they reported");
+    }
+
+    #[test]
+    fn with_an_idle_timeout_a_writer_idle_that_long_stops_holding_until_it_sends_again() {
+        let bound = Duration::ZERO;
+        let timeout = Some(Duration::from_millis(2_000));
+        let mut clocks = WriterClocks::default();
+        let step = |clocks: &mut WriterClocks, marks: &[ProgressMark], at: i64, w| {
+            clocks.advance(marks, t(at), bound, timeout, w)
+        };
+        let w = step(
+            &mut clocks,
+            &[mark(0, Some(1_000), false), mark(1, Some(2_000), false), mark(2, None, true)],
+            0,
             None,
         );
-        assert_eq!(w, Some(t(1_000)));
-        let w = clocks.advance(&[mark(0, None, true)], bound, w);
-        assert_eq!(w, Some(t(2_000)));
-        let w = clocks.advance(&[mark(1, Some(9_000), false), mark(1, None, true)], bound, w);
-        assert_eq!(w, Some(t(9_000)), "every writer idle: the furthest one decides");
-        // Writer 2 comes back behind the watermark: it does not pull it back,
+        assert_eq!(w, None, "writer 2 has been idle for less than the timeout");
+        let w = step(&mut clocks, &[mark(0, Some(3_000), false), mark(2, None, true)], 1_000, w);
+        assert_eq!(w, None);
+        let w = step(
+            &mut clocks,
+            &[mark(0, Some(4_000), false), mark(1, Some(5_000), false), mark(2, None, true)],
+            2_000,
+            w,
+        );
+        assert_eq!(w, Some(t(4_000)), "idle for the timeout: writer 2 holds nobody back");
+        // Back from idleness behind the watermark: it does not pull it back,
         // and the others wait for it to catch up.
-        let w = clocks.advance(&[mark(2, Some(500), false), mark(0, Some(9_500), false)], bound, w);
-        assert_eq!(w, Some(t(9_000)));
-        let w = clocks.advance(&[mark(2, Some(9_700), false)], bound, w);
+        let w = step(&mut clocks, &[mark(2, Some(500), false), mark(0, Some(9_500), false)], 3_000, w);
+        assert_eq!(w, Some(t(4_000)));
+        let w = step(&mut clocks, &[mark(2, Some(9_700), false), mark(1, Some(9_800), false)], 4_000, w);
+        assert_eq!(w, Some(t(9_500)));
+        // Every writer idle past the timeout: the watermark stays.
+        let idle = [mark(0, None, true), mark(1, None, true), mark(2, None, true)];
+        let w = step(&mut clocks, &idle, 5_000, w);
+        let w = step(&mut clocks, &idle, 8_000, w);
         assert_eq!(w, Some(t(9_500)));
     }
 }
