@@ -44,6 +44,7 @@
 //! ```no_run
 //! use spate_app::{Emit, Member, MemberSettings, Topology};
 //! use spate_core::Duration;
+//! use spate_runtime::StreamingSettings;
 //!
 //! // Lines of `lines` split into words, counted per word across members.
 //! let topology = Topology::new("wordcount")
@@ -58,7 +59,8 @@
 //!         let counts = task.repartitioned::<String, u64>().records().reduce_by_key(|a, b| a + b);
 //!         Ok(counts.map(|(word, n)| Emit::to_topic("counts", Some(word.into_bytes()), n.to_string().into_bytes())))
 //!     });
-//! let settings = MemberSettings::new("127.0.0.1:9092", "/var/lib/wordcount", Duration::from_secs(1), "host-a");
+//! let streaming = StreamingSettings::new(Duration::from_secs(1)).with_max_memory_bytes(256 << 20);
+//! let settings = MemberSettings::new("127.0.0.1:9092", "/var/lib/wordcount", streaming, "host-a");
 //! let member = Member::start(topology, settings, None)?;
 //! // … until asked to stop:
 //! member.leave()?;
@@ -71,6 +73,7 @@
 mod error;
 mod internal;
 mod member;
+mod memory;
 mod task;
 mod topology;
 mod watch;

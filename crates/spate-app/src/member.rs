@@ -21,6 +21,7 @@ use spate_runtime::{BackpressureSettings, BatchProgress, StreamingSettings};
 use tracing::{info, warn};
 
 use crate::error::AppError;
+use crate::memory::MemberMemory;
 use crate::task::{RunningTask, StopKind};
 use crate::topology::{InternalTopic, Stage, StageInput, TaskId, Topology};
 use crate::watch::TaskBoard;
@@ -36,8 +37,13 @@ pub struct MemberSettings {
     pub location: PathBuf,
     /// How to reach an `s3://` location.
     pub object_store: ObjectStoreSettings,
-    /// The batch interval of every task.
-    pub batch_interval: Duration,
+    /// What every task's streaming context starts from: the batch
+    /// interval, the caps of a batch and how often state is checkpointed.
+    /// Its memory budget ([`StreamingSettings::max_memory_bytes`]) is the
+    /// member's, shared by all of its tasks: the Kafka batches they read
+    /// and read ahead stay within it (see [`Member`]). The checkpoint, the
+    /// lease, backpressure and the metric labels are set per task.
+    pub streaming: StreamingSettings,
     /// Session timeout, heartbeat and protocol of the group membership.
     pub group: GroupSettings,
     /// The broker aborts an open transaction of a member that died after
@@ -53,14 +59,6 @@ pub struct MemberSettings {
     pub starting_offsets: StartingOffsets,
     /// At most this many records a second per partition.
     pub max_rate_per_partition: Option<u64>,
-    /// At most this many records a task's batch reads (default: the
-    /// streaming context's, 500,000).
-    pub max_records_per_batch: Option<u64>,
-    /// At most this many bytes a task's batch reads (default: the
-    /// streaming context's, a quarter of its memory budget up to 64 MiB).
-    pub max_bytes_per_batch: Option<u64>,
-    /// How often each task checkpoints its operator state.
-    pub checkpoint_interval: Option<Duration>,
     /// An event time further than this ahead of a batch's time is not
     /// believed: the progress a task reports to the readers of its
     /// internal topics leaves it out (default one hour).
@@ -77,21 +75,20 @@ pub struct MemberSettings {
 
 impl MemberSettings {
     /// Settings for a member named `member_id` on `brokers`, with its
-    /// application's checkpoints at `location`.
-    pub fn new(brokers: &str, location: impl Into<PathBuf>, batch_interval: Duration, member_id: &str) -> Self {
+    /// application's checkpoints at `location` and its tasks' streaming
+    /// contexts made from `streaming` (at least a batch interval:
+    /// `StreamingSettings::new(interval)`).
+    pub fn new(brokers: &str, location: impl Into<PathBuf>, streaming: StreamingSettings, member_id: &str) -> Self {
         MemberSettings {
             brokers: brokers.to_string(),
             location: location.into(),
             object_store: ObjectStoreSettings::default(),
-            batch_interval,
+            streaming,
             group: GroupSettings::default(),
             transaction_timeout: StdDuration::from_secs(10),
             member_id: member_id.to_string(),
             starting_offsets: StartingOffsets::Earliest,
             max_rate_per_partition: None,
-            max_records_per_batch: None,
-            max_bytes_per_batch: None,
-            checkpoint_interval: None,
             max_future: spate_dstream::DEFAULT_MAX_FUTURE,
             metrics_addr: None,
             ui_addr: None,
@@ -170,6 +167,8 @@ pub(crate) struct MemberShared {
     listener: Option<MemberListener>,
     /// The tasks as the member's page shows them.
     board: Arc<TaskBoard>,
+    /// The member's memory budget, which every task's batches draw on.
+    pub(crate) memory: Arc<MemberMemory>,
 }
 
 impl MemberShared {
@@ -216,20 +215,16 @@ impl MemberShared {
 /// turn, so the rate estimator would read the whole member's load as the
 /// task's own and hold it at its floor (100 records a second) for as long
 /// as the scheduling delay of a backlog's first batches lasted. Each
-/// task's batch stays within the stream's records and bytes caps.
+/// task's batch stays within the stream's records and bytes caps and its
+/// share of the member's memory budget (see [`crate::memory`]).
 fn task_settings(settings: &MemberSettings) -> StreamingSettings {
-    let mut streaming = StreamingSettings::new(settings.batch_interval)
+    let mut streaming = settings
+        .streaming
+        .clone()
         .with_object_store(settings.object_store.clone())
         .with_backpressure(BackpressureSettings { enabled: false, ..BackpressureSettings::default() });
-    if let Some(interval) = settings.checkpoint_interval {
-        streaming = streaming.with_checkpoint_interval(interval);
-    }
-    if let Some(records) = settings.max_records_per_batch {
-        streaming = streaming.with_max_records_per_batch(records);
-    }
-    if let Some(bytes) = settings.max_bytes_per_batch {
-        streaming = streaming.with_max_bytes_per_batch(bytes);
-    }
+    streaming.checkpoint = None;
+    streaming.metric_labels.clear();
     if is_object_store_location(&settings.location) {
         streaming = streaming.with_lease(task_lease(settings.group.session_timeout));
     }
@@ -464,8 +459,10 @@ impl Member {
         let stages: BTreeMap<String, Stage> =
             topology.stages.iter().map(|stage| (topology.input_topic(stage), stage.clone())).collect();
         let topics: Vec<String> = stages.keys().cloned().collect();
+        let memory = MemberMemory::new(settings.streaming.max_memory_bytes);
         let shared = Arc::new(MemberShared {
             app: app.clone(),
+            memory,
             settings,
             internal,
             stage_tasks,
@@ -597,10 +594,12 @@ mod tests {
     #[test]
     fn tasks_run_without_backpressure_on_a_directory_and_in_s3() {
         for location in ["/var/lib/app", "s3://bucket/app"] {
-            let settings = MemberSettings::new("127.0.0.1:9092", location, Duration::from_secs(1), "m1");
+            let streaming = StreamingSettings::new(Duration::from_secs(1)).with_metric_label("job", "x");
+            let settings = MemberSettings::new("127.0.0.1:9092", location, streaming, "m1");
             let streaming = task_settings(&settings);
             assert!(!streaming.backpressure.enabled, "{location}");
             assert_eq!(streaming.batch_interval, Duration::from_secs(1));
+            assert!(streaming.metric_labels.is_empty(), "each task labels its own figures");
         }
     }
 }

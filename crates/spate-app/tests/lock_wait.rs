@@ -13,6 +13,7 @@ use std::time::{Duration as StdDuration, Instant};
 use spate_core::sync::lock;
 
 use common::{brokers, unique};
+use spate_runtime::StreamingSettings;
 use spate_app::{Emit, Member, MemberEvent, MemberSettings, Topology};
 use spate_core::{Duration, SystemClock};
 use spate_kafka::KafkaRecord;
@@ -86,7 +87,7 @@ fn a_task_waiting_for_its_checkpoint_opens_one_kafka_stream() {
         let output = output_topic.clone();
         Ok(task.records().map(move |r: KafkaRecord| Emit::to_topic(&output, None, r.value.unwrap_or_default())))
     });
-    let settings = MemberSettings::new(&brokers(), dir.path(), Duration::from_millis(200), "a");
+    let settings = MemberSettings::new(&brokers(), dir.path(), StreamingSettings::new(Duration::from_millis(200)), "a");
     let member = Member::start(topology, settings, Some(listener)).unwrap();
 
     // The task looks at the lock again and again while it is held.

@@ -15,6 +15,7 @@ use spate_core::sync::lock;
 use common::{brokers, unique};
 use rdkafka::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
+use spate_runtime::StreamingSettings;
 use spate_app::{Emit, Member, MemberEvent, MemberSettings, Topology};
 use spate_core::Duration;
 use spate_kafka::{GroupSettings, KafkaRecord};
@@ -29,7 +30,7 @@ fn copy(app: &str, input: &str, output: &str) -> Topology {
 }
 
 fn settings(location: &std::path::Path, member: &str) -> MemberSettings {
-    let mut s = MemberSettings::new(&brokers(), location, Duration::from_millis(200), member);
+    let mut s = MemberSettings::new(&brokers(), location, StreamingSettings::new(Duration::from_millis(200)), member);
     s.group = GroupSettings {
         session_timeout: StdDuration::from_secs(6),
         heartbeat_interval: StdDuration::from_secs(1),

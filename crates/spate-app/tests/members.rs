@@ -18,6 +18,7 @@ use rdkafka::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use spate_runtime::StreamingSettings;
 use spate_app::{Emit, Member, MemberEvent, MemberListener, MemberSettings, Topology};
 use spate_core::{Duration, Time};
 use spate_dstream::{EventWindows, Watermarks};
@@ -131,7 +132,7 @@ fn topology(app: &str, input: &str, output: &str, late: &str, held: Option<Arc<G
 }
 
 fn settings(location: &Path, object_store: &ObjectStoreSettings, member: &str) -> MemberSettings {
-    let mut s = MemberSettings::new(&brokers(), location, Duration::from_millis(200), member);
+    let mut s = MemberSettings::new(&brokers(), location, StreamingSettings::new(Duration::from_millis(200)), member);
     s.object_store = object_store.clone();
     s.group = GroupSettings {
         session_timeout: StdDuration::from_secs(6),

@@ -219,7 +219,7 @@ fn member_settings(args: &RunArgs, app: &AppArgs) -> Result<MemberSettings, CliE
     let object_store = object_store_settings(&args.s3)?;
     // The tasks' streaming settings, checked as a job's would be: the member passes them on.
     let job = crate::kafka::run_settings(args, &object_store)?;
-    let mut settings = MemberSettings::new(&args.kafka, &args.checkpoint, job.batch_interval, &member_id);
+    let mut settings = MemberSettings::new(&args.kafka, &args.checkpoint, job, &member_id);
     settings.object_store = object_store;
     settings.group = GroupSettings {
         session_timeout: StdDuration::from_millis(app.session_timeout_ms),
@@ -234,8 +234,6 @@ fn member_settings(args: &RunArgs, app: &AppArgs) -> Result<MemberSettings, CliE
     settings.transaction_timeout = StdDuration::from_millis(app.transaction_timeout_ms());
     settings.starting_offsets = starting_offsets(&args.starting_offsets)?;
     settings.max_rate_per_partition = args.max_rate_per_partition;
-    settings.max_records_per_batch = Some(job.max_records_per_batch);
-    settings.max_bytes_per_batch = Some(job.batch_bytes());
     settings.max_future = Duration::from_millis(app.max_future_ms);
     settings.metrics_addr = args.watch.metrics_addr;
     settings.ui_addr = args.watch.ui;
