@@ -20,10 +20,16 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use spate_core::sync::lock;
-use spate_core::{CoreError, MemoryBudget, Time};
+use spate_core::{CoreError, MemoryBudget, Reservation, Time};
 
 /// No batch is planned within fewer bytes than this: a record must fit.
 const MIN_SHARE: u64 = 1 << 20;
+
+/// The bytes the member's batches hold now, and its budget.
+const MEMBER_MEMORY_USED: &str = "spate_member_memory_used_bytes";
+const MEMBER_MEMORY_LIMIT: &str = "spate_member_memory_limit_bytes";
+/// Reservations that waited for room.
+const MEMBER_MEMORY_WAITS: &str = "spate_member_memory_waits_total";
 
 /// The budget of a member and the tasks drawing on it.
 #[derive(Debug)]
@@ -35,17 +41,17 @@ pub(crate) struct MemberMemory {
 impl MemberMemory {
     /// A member's budget of `limit` bytes.
     pub(crate) fn new(limit: u64) -> Arc<Self> {
+        metrics::gauge!(MEMBER_MEMORY_LIMIT).set(limit as f64);
         Arc::new(MemberMemory { budget: MemoryBudget::new(limit), tasks: AtomicU64::new(0) })
+    }
+
+    fn publish(&self) {
+        metrics::gauge!(MEMBER_MEMORY_USED).set(self.used() as f64);
     }
 
     /// The bytes the member's Kafka batches hold now.
     pub(crate) fn used(&self) -> u64 {
         self.budget.used()
-    }
-
-    /// The budget.
-    pub(crate) fn limit(&self) -> u64 {
-        self.budget.limit()
     }
 
     /// A task's share of a batch now, among the tasks that draw on the budget.
@@ -82,8 +88,11 @@ impl TaskMemory {
     pub(crate) fn reserve_batch(&self, time: Time) -> Result<u64, CoreError> {
         self.release_batch(time);
         let share = self.member.batch_share();
-        self.member.budget.reserve(share)?;
+        if self.member.budget.reserve(share)? == Reservation::Waited {
+            metrics::counter!(MEMBER_MEMORY_WAITS).increment(1);
+        }
         lock(&self.held).insert(time, share);
+        self.member.publish();
         Ok(share)
     }
 
@@ -95,6 +104,7 @@ impl TaskMemory {
         let done = std::mem::replace(&mut *held, later);
         drop(held);
         self.member.budget.release(done.values().sum());
+        self.member.publish();
     }
 }
 
@@ -103,6 +113,7 @@ impl Drop for TaskMemory {
         let held: u64 = lock(&self.held).values().sum();
         self.member.budget.release(held);
         self.member.tasks.fetch_sub(1, Ordering::Relaxed);
+        self.member.publish();
     }
 }
 
@@ -142,23 +153,25 @@ mod tests {
     #[test]
     fn a_task_waits_for_room_rather_than_pass_the_budget() {
         let member = MemberMemory::new(4 * MIB);
-        let (a, b) = (member.join(), member.join());
-        // Two tasks: shares of the 1 MiB floor; fill the budget.
-        for t in 1..=4 {
-            a.reserve_batch(Time::from_millis(t * 1_000)).unwrap();
+        // Five tasks: shares of the 1 MiB floor; four of them fill the budget.
+        let mut tasks: Vec<TaskMemory> = (0..5).map(|_| member.join()).collect();
+        let last = tasks.pop().unwrap();
+        for task in &tasks {
+            assert_eq!(task.reserve_batch(Time::from_millis(1_000)).unwrap(), MIB);
         }
         let waiter = std::thread::spawn(move || {
-            let share = b.reserve_batch(Time::from_millis(1_000)).unwrap();
-            (share, b)
+            let share = last.reserve_batch(Time::from_millis(1_000)).unwrap();
+            (share, last)
         });
-        // Only once a batch is given back does the other task's reservation fit.
+        // Only once a batch is given back does the fifth task's reservation fit.
         while member.budget.waiting() == 0 {
             std::thread::yield_now();
         }
-        a.release_batch(Time::from_millis(1_000));
-        let (share, _b) = waiter.join().unwrap();
+        assert_eq!(member.used(), 4 * MIB);
+        tasks[0].release_batch(Time::from_millis(1_000));
+        let (share, _last) = waiter.join().unwrap();
         assert_eq!(share, MIB);
         assert_eq!(member.budget.waits(), 1);
-        assert_eq!(member.used(), member.limit());
+        assert_eq!(member.used(), member.budget.limit());
     }
 }

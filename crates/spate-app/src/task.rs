@@ -28,8 +28,8 @@ use tracing::{debug, info, warn};
 
 use crate::error::AppError;
 use crate::internal::progress_marks;
-use crate::memory::TaskMemory;
 use crate::member::{MemberEvent, MemberShared};
+use crate::memory::TaskMemory;
 use crate::topology::{Emit, InternalTopic, Stage, TaskBuilder, TaskId};
 
 /// The offsets key of a task's input in `offsets/N`.
@@ -63,7 +63,7 @@ impl InputSource<KafkaRecord> for OnePartition {
     fn plan(&self, time: Time, limits: BatchLimits) -> Result<Option<String>, BoxError> {
         let share = self.memory.reserve_batch(time)?;
         let max_bytes = Some(limits.max_bytes.map_or(share, |bytes| bytes.min(share)));
-        self.stream.plan(time, BatchLimits { max_bytes, ..limits })
+        self.stream.plan(time, BatchLimits::new(limits.max_records, max_bytes))
     }
 
     fn compute(&self, time: Time, planned: Option<&str>) -> Result<Vec<Vec<KafkaRecord>>, BoxError> {

@@ -13,11 +13,11 @@ use std::time::{Duration as StdDuration, Instant};
 use spate_core::sync::lock;
 
 use common::{brokers, unique};
-use spate_runtime::StreamingSettings;
 use spate_app::{Emit, Member, MemberEvent, MemberSettings, Topology};
 use spate_core::{Duration, SystemClock};
 use spate_kafka::KafkaRecord;
 use spate_logstore::WriterLock;
+use spate_runtime::StreamingSettings;
 
 /// The log of the process, as text, with a condition variable to wait on.
 #[derive(Default)]

@@ -15,10 +15,10 @@ use spate_core::sync::lock;
 use common::{brokers, unique};
 use rdkafka::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use spate_runtime::StreamingSettings;
 use spate_app::{Emit, Member, MemberEvent, MemberSettings, Topology};
 use spate_core::Duration;
 use spate_kafka::{GroupSettings, KafkaRecord};
+use spate_runtime::StreamingSettings;
 
 /// Copies each record of `input` to `output`.
 fn copy(app: &str, input: &str, output: &str) -> Topology {

@@ -18,12 +18,12 @@ use rdkafka::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
-use spate_runtime::StreamingSettings;
 use spate_app::{Emit, Member, MemberEvent, MemberListener, MemberSettings, Topology};
 use spate_core::{Duration, Time};
 use spate_dstream::{EventWindows, Watermarks};
 use spate_kafka::{GroupSettings, KafkaRecord};
 use spate_logstore::ObjectStoreSettings;
+use spate_runtime::StreamingSettings;
 
 const WINDOW_MS: i64 = 10_000;
 
