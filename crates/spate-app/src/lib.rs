@@ -73,7 +73,6 @@
 mod error;
 mod internal;
 mod member;
-mod memory;
 mod task;
 mod topology;
 mod watch;

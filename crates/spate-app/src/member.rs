@@ -21,7 +21,6 @@ use spate_runtime::{BackpressureSettings, BatchProgress, StreamingSettings};
 use tracing::{info, warn};
 
 use crate::error::AppError;
-use crate::memory::MemberMemory;
 use crate::task::{RunningTask, StopKind};
 use crate::topology::{InternalTopic, Stage, StageInput, TaskId, Topology};
 use crate::watch::TaskBoard;
@@ -38,11 +37,10 @@ pub struct MemberSettings {
     /// How to reach an `s3://` location.
     pub object_store: ObjectStoreSettings,
     /// What every task's streaming context starts from: the batch
-    /// interval, the caps of a batch and how often state is checkpointed.
-    /// Its memory budget ([`StreamingSettings::max_memory_bytes`]) is the
-    /// member's, shared by all of its tasks: the Kafka batches they read
-    /// and read ahead stay within it (see [`Member`]). The checkpoint, the
-    /// lease, backpressure and the metric labels are set per task.
+    /// interval, the caps of a batch, the memory budget and how often
+    /// state is checkpointed; each task has a context of its own made from
+    /// it. The checkpoint, the lease, backpressure and the metric labels
+    /// are set per task.
     pub streaming: StreamingSettings,
     /// Session timeout, heartbeat and protocol of the group membership.
     pub group: GroupSettings,
@@ -167,8 +165,6 @@ pub(crate) struct MemberShared {
     listener: Option<MemberListener>,
     /// The tasks as the member's page shows them.
     board: Arc<TaskBoard>,
-    /// The member's memory budget, which every task's batches draw on.
-    pub(crate) memory: Arc<MemberMemory>,
 }
 
 impl MemberShared {
@@ -215,8 +211,7 @@ impl MemberShared {
 /// turn, so the rate estimator would read the whole member's load as the
 /// task's own and hold it at its floor (100 records a second) for as long
 /// as the scheduling delay of a backlog's first batches lasted. Each
-/// task's batch stays within the stream's records and bytes caps and its
-/// share of the member's memory budget (see [`crate::memory`]).
+/// task's batch stays within the stream's records and bytes caps.
 fn task_settings(settings: &MemberSettings) -> StreamingSettings {
     let mut streaming = settings
         .streaming
@@ -459,10 +454,8 @@ impl Member {
         let stages: BTreeMap<String, Stage> =
             topology.stages.iter().map(|stage| (topology.input_topic(stage), stage.clone())).collect();
         let topics: Vec<String> = stages.keys().cloned().collect();
-        let memory = MemberMemory::new(settings.streaming.max_memory_bytes);
         let shared = Arc::new(MemberShared {
             app: app.clone(),
-            memory,
             settings,
             internal,
             stage_tasks,

@@ -29,7 +29,6 @@ use tracing::{debug, info, warn};
 use crate::error::AppError;
 use crate::internal::progress_marks;
 use crate::member::{MemberEvent, MemberShared};
-use crate::memory::TaskMemory;
 use crate::topology::{Emit, InternalTopic, Stage, TaskBuilder, TaskId};
 
 /// The offsets key of a task's input in `offsets/N`.
@@ -45,8 +44,6 @@ const RETRY: StdDuration = StdDuration::from_millis(250);
 struct OnePartition {
     stream: Arc<DirectKafkaStream>,
     planned: Mutex<BTreeMap<Time, String>>,
-    /// The task's share of the member's memory budget.
-    memory: TaskMemory,
 }
 
 impl InputSource<KafkaRecord> for OnePartition {
@@ -58,12 +55,8 @@ impl InputSource<KafkaRecord> for OnePartition {
         Ok(self.stream.register(context)?)
     }
 
-    /// Plans within the task's share of the member's budget, waiting for
-    /// the share while the budget is full.
     fn plan(&self, time: Time, limits: BatchLimits) -> Result<Option<String>, BoxError> {
-        let share = self.memory.reserve_batch(time)?;
-        let max_bytes = Some(limits.max_bytes.map_or(share, |bytes| bytes.min(share)));
-        self.stream.plan(time, BatchLimits::new(limits.max_records, max_bytes))
+        self.stream.plan(time, limits)
     }
 
     fn compute(&self, time: Time, planned: Option<&str>) -> Result<Vec<Vec<KafkaRecord>>, BoxError> {
@@ -269,11 +262,7 @@ impl Supervisor {
             Some(stream) => stream,
             None => Arc::new(self.stream()?),
         };
-        let source = Arc::new(OnePartition {
-            stream: Arc::clone(&stream),
-            planned: Mutex::new(BTreeMap::new()),
-            memory: self.shared.memory.join(),
-        });
+        let source = Arc::new(OnePartition { stream: Arc::clone(&stream), planned: Mutex::new(BTreeMap::new()) });
         let settings = self.shared.streaming_settings(&self.id);
         let declared: Mutex<Option<AppError>> = Mutex::new(None);
         let mut ctx = StreamingContext::get_or_create(&checkpoint, settings, |p| {
@@ -308,15 +297,11 @@ impl Supervisor {
     /// read with `read_committed`, so only committed transactions count.
     fn stream(&self) -> Result<DirectKafkaStream, AppError> {
         let settings = &self.shared.settings;
-        // What the client fetches ahead is memory too: a share of the member's.
-        let queue_bytes = self.shared.memory.client_queue_bytes();
         let mut config = DirectKafkaSettings::subscribe(&settings.brokers, &self.shared.app, [self.id.topic.clone()])
             .with_partitions([TopicPartition::new(self.id.topic.clone(), self.id.partition)])
             .with_starting_offsets(settings.starting_offsets.clone())
             .with_commit(OffsetCommit::CheckpointOnly)
-            .with_consumer_property("isolation.level", "read_committed")
-            .with_consumer_property("queued.max.messages.kbytes", (queue_bytes / 1024).to_string())
-            .with_consumer_property("fetch.max.bytes", queue_bytes.to_string());
+            .with_consumer_property("isolation.level", "read_committed");
         if let Some(rate) = settings.max_rate_per_partition {
             config = config.with_max_rate_per_partition(rate);
         }
@@ -388,7 +373,6 @@ impl Supervisor {
                     &ranges,
                     topics.iter().map(String::as_str).zip(records),
                 )?;
-                source.memory.release_batch(info.time);
                 Ok(())
             })
             .name("batch-transaction");
