@@ -42,8 +42,7 @@ fn a_planned_batch_records_the_lag_left_and_the_records_and_bytes_read() {
         .with_partitions([TopicPartition::new(TOPIC, 0)])
         .with_max_rate_per_partition(30);
     // A 1 s interval: 30 records a second are 30 records a batch.
-    let stream = spate_kafka::DirectKafkaStream::new(config).unwrap();
-    stream.register(&spate_dstream::SourceContext::new(spate_core::Duration::from_secs(1), 256 << 20)).unwrap();
+    let stream = common::registered_every(config, spate_core::Duration::from_secs(1)).unwrap();
     let recorder = PrometheusBuilder::new().build_recorder();
     let handle = recorder.handle();
     let ranges = metrics::with_local_recorder(&recorder, || {

@@ -351,13 +351,7 @@ impl WatermarkTracker {
     ) -> Option<Time> {
         match marks {
             Some(marks) => {
-                self.watermark = self.writers.advance(
-                    marks,
-                    batch_time,
-                    strategy.out_of_orderness,
-                    strategy.idle_timeout,
-                    self.watermark,
-                );
+                self.watermark = self.writers.advance(marks, batch_time, strategy, self.watermark);
                 self.watermark
             }
             None => self.advance(batch_time, seen, strategy),

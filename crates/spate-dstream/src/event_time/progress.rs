@@ -35,12 +35,13 @@
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
-use spate_core::{Duration, Time};
+use spate_core::Time;
 
 use std::sync::Arc;
 
 use crate::batch::{Batch, Data, Key};
 use crate::error::DStreamError;
+use crate::event_time::Watermarks;
 use crate::graph::Job;
 use crate::node::{Node, NodeMeta, Slot, StepCtx};
 use crate::stream::{DStream, ProgressFeed};
@@ -96,14 +97,13 @@ impl WriterClocks {
         &mut self,
         marks: &[ProgressMark],
         batch_time: Time,
-        bound: Duration,
-        idle_timeout: Option<Duration>,
+        strategy: &Watermarks,
         current: Option<Time>,
     ) -> Option<Time> {
         for mark in marks {
             self.take(mark, batch_time);
         }
-        match self.candidate(batch_time, bound, idle_timeout) {
+        match self.candidate(batch_time, strategy) {
             Some(candidate) => Some(current.map_or(candidate, |old| old.max(candidate))),
             None => current,
         }
@@ -132,12 +132,14 @@ impl WriterClocks {
     }
 
     /// The watermark the clocks allow, before "never goes back".
-    fn candidate(&self, batch_time: Time, bound: Duration, idle_timeout: Option<Duration>) -> Option<Time> {
+    fn candidate(&self, batch_time: Time, strategy: &Watermarks) -> Option<Time> {
         if !self.complete() {
             return None;
         }
-        let timed_out = |clock: &WriterClock| match (clock.idle_since, idle_timeout) {
-            (Some(since), Some(timeout)) => clock.idle && batch_time.since(since) >= timeout,
+        let bound = strategy.out_of_orderness();
+        // `idle_since` is set only while the writer is idle.
+        let timed_out = |clock: &WriterClock| match (clock.idle_since, strategy.idle_timeout()) {
+            (Some(since), Some(timeout)) => batch_time.since(since) >= timeout,
             _ => false,
         };
         // A writer idle or not holds the watermark at what it reported; one
@@ -234,6 +236,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+    use spate_core::Duration;
 
     fn t(ms: i64) -> Time {
         Time::from_millis(ms)
@@ -251,7 +254,7 @@ mod tests {
         bound: Duration,
         w: Option<Time>,
     ) -> Option<Time> {
-        clocks.advance(marks, t(at), bound, None, w)
+        clocks.advance(marks, t(at), &Watermarks::bounded_out_of_orderness(bound), w)
     }
 
     #[test]
@@ -303,12 +306,11 @@ mod tests {
 
     #[test]
     fn with_an_idle_timeout_a_writer_idle_that_long_stops_holding_until_it_sends_again() {
-        let bound = Duration::ZERO;
-        let timeout = Some(Duration::from_millis(2_000));
+        let strategy =
+            Watermarks::bounded_out_of_orderness(Duration::ZERO).with_idle_timeout(Duration::from_millis(2_000));
         let mut clocks = WriterClocks::default();
-        let step = |clocks: &mut WriterClocks, marks: &[ProgressMark], at: i64, w| {
-            clocks.advance(marks, t(at), bound, timeout, w)
-        };
+        let step =
+            |clocks: &mut WriterClocks, marks: &[ProgressMark], at: i64, w| clocks.advance(marks, t(at), &strategy, w);
         let w = step(
             &mut clocks,
             &[mark(0, Some(1_000), false), mark(1, Some(2_000), false), mark(2, None, true)],

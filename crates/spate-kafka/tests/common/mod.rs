@@ -169,7 +169,17 @@ pub fn value(record: &spate_kafka::KafkaRecord) -> String {
 /// [`BATCH`] would (a rate needs the batch interval).
 #[allow(dead_code)]
 pub fn registered(config: spate_kafka::DirectKafkaSettings) -> spate_kafka::Result<spate_kafka::DirectKafkaStream> {
+    registered_every(config, BATCH)
+}
+
+/// A direct stream of `config`, registered as a streaming context with
+/// batches of `interval` would.
+#[allow(dead_code)]
+pub fn registered_every(
+    config: spate_kafka::DirectKafkaSettings,
+    interval: spate_core::Duration,
+) -> spate_kafka::Result<spate_kafka::DirectKafkaStream> {
     let stream = spate_kafka::DirectKafkaStream::new(config)?;
-    stream.register(&spate_dstream::SourceContext::new(BATCH, 256 << 20))?;
+    stream.register(&spate_dstream::SourceContext::new(interval, 256 << 20))?;
     Ok(stream)
 }
