@@ -12,16 +12,18 @@
 //! passed to it (`--events N`, query names). It needs neither server.
 //!
 //! `cargo xtask bench app [ARGS]` runs only the application benchmark
-//! (`spate-cli`'s `app` bench: `spate run --app` on 1, 2 and 3 member
+//! (xtask's `app-bench` binary: `spate run --app` on 1, 2 and 3 member
 //! processes, the repartition hop's cost, the pause after a member is
 //! killed), with `ARGS` passed to it (`--lines N`, `throughput`, `hop`,
-//! `rebalance`). It starts the Kafka broker (or uses the running one).
+//! `rebalance`). It starts the Kafka broker (or uses the running one) and
+//! builds the release `spate` binary the members run.
 
 use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use crate::Result;
-use crate::env::cargo;
+use crate::env::{cargo, run_step, target_dir};
 use crate::{kafka, s3, setup};
 
 pub(crate) fn run(args: &[String]) -> Result {
@@ -40,8 +42,13 @@ pub(crate) fn run(args: &[String]) -> Result {
     command.arg("--").args(args);
     broker.export_to(&mut command);
     s3.export_to(&mut command);
-    println!("==> benchmarks (release build; criterion output follows)");
-    run_and_summarise(command)
+    // The application benchmark is a binary of its own (see `app`).
+    let spate = build_spate(Profile::Release)?;
+    let mut app = app_bench(Profile::Release, &spate);
+    app.arg("--full");
+    broker.export_to(&mut app);
+    println!("==> benchmarks (release build; criterion output follows, then the application benchmark)");
+    run_and_summarise([command, app])
 }
 
 /// The Nexmark benchmark alone. Its build is spate-nexmark and the engine
@@ -51,7 +58,7 @@ fn nexmark(args: &[String]) -> Result {
     // `cargo xtask bench nexmark -- q1` and `cargo xtask bench nexmark q1` mean the same.
     command.arg("--").args(args.strip_prefix(&["--".to_string()]).unwrap_or(args));
     println!("==> nexmark benchmark (release build)");
-    run_and_summarise(command)
+    run_and_summarise([command])
 }
 
 /// The application benchmark alone: member processes of `spate run --app`
@@ -59,31 +66,81 @@ fn nexmark(args: &[String]) -> Result {
 fn app(args: &[String]) -> Result {
     setup::ensure(setup::ALL)?;
     let broker = kafka::Broker::start_for_tests()?;
-    let mut command = cargo(&["bench", "--package", "spate-cli", "--bench", "app"]);
+    let spate = build_spate(Profile::Release)?;
+    let mut command = app_bench(Profile::Release, &spate);
+    command.arg("--full");
     // `cargo xtask bench app -- rebalance` and `cargo xtask bench app rebalance` mean the same.
-    command.arg("--").args(args.strip_prefix(&["--".to_string()]).unwrap_or(args));
+    command.args(args.strip_prefix(&["--".to_string()]).unwrap_or(args));
     broker.export_to(&mut command);
     println!("==> app benchmark (release build)");
-    run_and_summarise(command)
+    run_and_summarise([command])
 }
 
-/// Runs `command`, passing its output through, then repeats its `BENCH` lines.
-fn run_and_summarise(mut command: Command) -> Result {
-    command.stdout(Stdio::piped());
-    let mut child = command.spawn().map_err(|e| format!("could not start cargo bench: {e}"))?;
-    let mut summary = Vec::new();
-    if let Some(out) = child.stdout.take() {
-        for line in BufReader::new(out).lines().map_while(std::result::Result::ok) {
-            println!("{line}");
-            if line.starts_with("BENCH ") {
-                summary.push(line);
-            }
+/// How the application benchmark and the `spate` binary it runs are built.
+#[derive(Clone, Copy)]
+pub(crate) enum Profile {
+    /// For figures.
+    Release,
+    /// For the short check `cargo xtask test` runs: the build the tests made.
+    Dev,
+}
+
+impl Profile {
+    fn flags(self) -> &'static [&'static str] {
+        match self {
+            Profile::Release => &["--release"],
+            Profile::Dev => &[],
         }
     }
-    let status = child.wait().map_err(|e| format!("cargo bench: {e}"))?;
+
+    fn folder(self) -> &'static str {
+        match self {
+            Profile::Release => "release",
+            Profile::Dev => "debug",
+        }
+    }
+}
+
+/// Builds the `spate` binary (with Kafka) and returns its path.
+pub(crate) fn build_spate(profile: Profile) -> Result<PathBuf> {
+    let mut command = cargo(&["build", "--quiet", "--package", "spate-cli", "--bin", "spate"]);
+    command.args(profile.flags());
+    run_step("spate binary", command)?;
+    Ok(target_dir().join(profile.folder()).join("spate"))
+}
+
+/// The application benchmark's driver, its members running `spate`.
+pub(crate) fn app_bench(profile: Profile, spate: &Path) -> Command {
+    let mut command = cargo(&["run", "--quiet", "--package", "xtask", "--bin", "app-bench", "--features", "app-bench"]);
+    command.args(profile.flags()).arg("--").arg("--spate").arg(spate);
+    command
+}
+
+/// Runs `commands` one after the other, passing their output through, then
+/// repeats their `BENCH` lines.
+fn run_and_summarise(commands: impl IntoIterator<Item = Command>) -> Result {
+    let mut summary = Vec::new();
+    let mut failed = Vec::new();
+    for mut command in commands {
+        command.stdout(Stdio::piped());
+        let program = format!("{:?}", command.get_program());
+        let mut child = command.spawn().map_err(|e| format!("could not start {program}: {e}"))?;
+        if let Some(out) = child.stdout.take() {
+            for line in BufReader::new(out).lines().map_while(std::result::Result::ok) {
+                println!("{line}");
+                if line.starts_with("BENCH ") {
+                    summary.push(line);
+                }
+            }
+        }
+        let status = child.wait().map_err(|e| format!("{program}: {e}"))?;
+        if !status.success() {
+            failed.push(format!("{:?} ({status})", command.get_args().collect::<Vec<_>>()));
+        }
+    }
     println!("\n== summary: {} figure(s)", summary.len());
     for line in &summary {
         println!("{line}");
     }
-    if status.success() { Ok(()) } else { Err(format!("cargo bench failed ({status})")) }
+    if failed.is_empty() { Ok(()) } else { Err(format!("failed: {}", failed.join("; "))) }
 }

@@ -125,6 +125,7 @@ fn test(_args: &[String]) -> Result {
     docs::check_links(&workspace_root())?;
     docs::build_guide(&workspace_root())?;
     run_step("clippy", cargo(&["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"]))?;
+    run_step("clippy (app benchmark)", cargo(APP_BENCH_CLIPPY))?;
     run_step("hello example", cargo(HELLO))?;
     let broker = kafka::Broker::start_for_tests()?;
     let s3 = s3::S3Server::start_for_tests()?;
@@ -140,12 +141,28 @@ fn test(_args: &[String]) -> Result {
         c
     });
     let doctests = run_step("doc tests", cargo(&["test", "--workspace", "--doc"]));
+    let app_bench = app_bench_check(&broker);
     drop(s3);
     drop(broker);
     tests?;
     doctests?;
+    app_bench?;
     println!("xtask test: all green in {:.0?}", started.elapsed());
     Ok(())
+}
+
+/// The application benchmark's binary is built only with its feature, so
+/// the workspace's clippy run does not see it.
+const APP_BENCH_CLIPPY: &[&str] =
+    &["clippy", "--package", "xtask", "--features", "app-bench", "--all-targets", "--", "-D", "warnings"];
+
+/// The application benchmark's short check: one member on a backlog of
+/// 3,000 lines, every closed window exact, and one rebalance pause.
+fn app_bench_check(broker: &kafka::Broker) -> Result {
+    let spate = bench::build_spate(bench::Profile::Dev)?;
+    let mut command = bench::app_bench(bench::Profile::Dev, &spate);
+    broker.export_to(&mut command);
+    run_step("app benchmark (short check)", command)
 }
 
 /// The smallest job (`examples/hello.rs`), which must run and end by
