@@ -49,28 +49,32 @@ pub(super) fn line(words: &[String], draws: &mut Draws) -> String {
     text
 }
 
-/// Each word's count per window of what was produced, and the latest time.
+/// Each word's count per window of what was produced, and the latest time
+/// of each input partition.
 #[derive(Default)]
 pub(super) struct Reference {
     counts: BTreeMap<(String, i64), u64>,
-    latest: i64,
+    latest: BTreeMap<i32, i64>,
 }
 
 impl Reference {
-    pub(super) fn add(&mut self, ts: i64, line: &str) {
+    pub(super) fn add(&mut self, partition: i32, ts: i64, line: &str) {
         let size: i64 = WINDOW_MS.parse().unwrap();
         for word in line.split_whitespace() {
             *self.counts.entry((word.to_string(), ts.div_euclid(size) * size)).or_default() += 1;
         }
-        self.latest = self.latest.max(ts);
+        let latest = self.latest.entry(partition).or_insert(ts);
+        *latest = (*latest).max(ts);
     }
 
     /// Checks the counts `output` holds against the windows the watermark
-    /// closed: those ending by the latest time less the bound on
-    /// out-of-orderness (every split task idle once its backlog is done).
+    /// closed: those ending by the earliest of the partitions' latest times
+    /// less the bound on out-of-orderness (every split task idle once its
+    /// backlog is done holds the watermark at what it sent last).
     pub(super) fn check(&self, output: &BTreeMap<(String, i64), (u64, u64)>, late_words: u64) -> Windows {
         let size: i64 = WINDOW_MS.parse().unwrap();
-        let watermark = self.latest - OUT_OF_ORDERNESS_MS.parse::<i64>().unwrap();
+        let slowest = self.latest.values().min().copied().unwrap_or(i64::MIN);
+        let watermark = slowest.saturating_sub(OUT_OF_ORDERNESS_MS.parse::<i64>().unwrap());
         let closed: Vec<_> = self.counts.iter().filter(|((_, start), _)| start + size <= watermark).collect();
         let exact = closed.iter().filter(|(key, count)| output.get(*key).map(|(c, _)| c) == Some(*count)).count();
         let revised = output.values().filter(|(_, revision)| *revision > 0).count();

@@ -84,8 +84,9 @@ pub(super) fn produce_backlog(topic: &str, lines: u64) -> Reference {
     for i in 0..lines {
         let ts = base + (i as i64 * EVENT_SPAN_MS) / lines as i64;
         let line = line(&words, &mut draws);
-        reference.add(ts, &line);
-        send(&producer, topic, (i % PARTITIONS as u64) as i32, ts, &line);
+        let partition = (i % PARTITIONS as u64) as i32;
+        reference.add(partition, ts, &line);
+        send(&producer, topic, partition, ts, &line);
         producer.poll(Duration::ZERO);
     }
     producer.flush(Duration::from_secs(60)).unwrap();
