@@ -207,8 +207,8 @@ impl MemberShared {
 /// The settings of a task's streaming context under `settings`.
 ///
 /// Backpressure is off: a task's batch time is mostly its wait for the
-/// member's one producer, whose transactions the member's tasks take in
-/// turn, so the rate estimator would read the whole member's load as the
+/// member's one producer, whose transactions the member's tasks share
+/// (see `MemberTransactions::write_batch`), so the rate estimator would read the whole member's load as the
 /// task's own and hold it at its floor (100 records a second) for as long
 /// as the scheduling delay of a backlog's first batches lasted. Each
 /// task's batch stays within the stream's records and bytes caps.

@@ -28,7 +28,6 @@ use spate_core::BatchId;
 use spate_core::sync::lock;
 use tracing::{debug, info, warn};
 
-use crate::direct::to_list;
 use crate::error::{KafkaError, Result, client};
 use crate::group::GroupMember;
 use crate::offset_store::CommitOutcome;
@@ -241,6 +240,8 @@ struct Transactions {
     /// abort waits for the delivery reports of what was sent, which its own
     /// thread serves. Replaced when it reports a fatal error.
     producer: Mutex<ThreadedProducer<DeliveryErrors>>,
+    /// Batches waiting for the next transaction (see [`Transactions::write_batch`]).
+    queue: Mutex<Vec<Arc<QueuedBatch>>>,
     /// Reads the group's committed offsets; never reads records.
     group: BaseConsumer,
     brokers: String,
@@ -262,6 +263,64 @@ enum Reopen {
     /// (checked by the broker on each transaction's offsets, KIP-447)
     /// fences when the member is a zombie, not the transactional id.
     WhenFatal,
+}
+
+/// One batch waiting to be written in a transaction.
+struct QueuedBatch {
+    marker_id: String,
+    batch: BatchId,
+    ranges: OffsetRanges,
+    records: Vec<(Arc<str>, OutputRecord)>,
+    /// How the transaction that wrote it ended, set by its writer when
+    /// that was another batch's.
+    outcome: Mutex<Option<std::result::Result<(), Failure>>>,
+}
+
+impl QueuedBatch {
+    fn new<'t>(
+        marker_id: &str,
+        batch: BatchId,
+        ranges: &OffsetRanges,
+        records: impl IntoIterator<Item = (&'t str, OutputRecord)>,
+    ) -> Self {
+        // A batch writes to a few topics: one name each, shared by its records.
+        let mut names: Vec<Arc<str>> = Vec::new();
+        let records = records
+            .into_iter()
+            .map(|(topic, record)| {
+                let name = match names.iter().find(|n| &***n == topic) {
+                    Some(name) => Arc::clone(name),
+                    None => {
+                        let name: Arc<str> = Arc::from(topic);
+                        names.push(Arc::clone(&name));
+                        name
+                    }
+                };
+                (name, record)
+            })
+            .collect();
+        QueuedBatch {
+            marker_id: marker_id.to_string(),
+            batch,
+            ranges: ranges.clone(),
+            records,
+            outcome: Mutex::new(None),
+        }
+    }
+}
+
+/// Why a shared transaction failed, as each of its batches is told.
+#[derive(Clone, Debug)]
+struct Failure {
+    /// The group's generation moved on (the batch may be tried again).
+    rebalance: bool,
+    reason: String,
+}
+
+impl Failure {
+    fn of(error: &KafkaError) -> Self {
+        Failure { rebalance: is_rebalance_error(error), reason: error.to_string() }
+    }
 }
 
 impl Transactions {
@@ -286,6 +345,7 @@ impl Transactions {
         info!(transactional_id, group_id, "transactional producer ready");
         Ok(Transactions {
             producer: Mutex::new(producer),
+            queue: Mutex::new(Vec::new()),
             group,
             brokers: brokers.to_string(),
             transactional_id: transactional_id.to_string(),
@@ -319,6 +379,13 @@ impl Transactions {
     /// one transaction whose offsets commit with `metadata`; or nothing,
     /// when the group's offsets show the batch committed before. The
     /// transaction is counted for each topic written and each of `topics`.
+    ///
+    /// Batches written at once share a transaction (group commit): each
+    /// batch joins the queue, then waits for the producer; whoever takes it
+    /// with its batch still queued writes every queued batch in one
+    /// transaction and tells each how it ended. A member's tasks so commit
+    /// in a few transactions a round instead of one each, and a batch's
+    /// records and offsets still commit together or not at all.
     fn write_batch<'t>(
         &self,
         topics: &[&str],
@@ -333,9 +400,9 @@ impl Transactions {
                 "batch {batch} has no offset range: the transaction would not record the batch"
             )));
         }
-        let records: Vec<(&str, OutputRecord)> = records.into_iter().collect();
+        let request = Arc::new(QueuedBatch::new(marker_id, batch, ranges, records));
         let mut topics: std::collections::BTreeSet<String> = topics.iter().map(|t| t.to_string()).collect();
-        topics.extend(records.iter().map(|(topic, _)| topic.to_string()));
+        topics.extend(request.records.iter().map(|(topic, _)| topic.to_string()));
         let mut attempt = 1;
         loop {
             // Each try asks again: the task's next owner may have committed it meanwhile.
@@ -347,32 +414,23 @@ impl Transactions {
                 info!(batch = batch.0, marker_id, "batch already committed to Kafka; not written again");
                 return Ok(CommitOutcome::AlreadyCommitted);
             }
-            let result = {
-                let mut producer = lock(&self.producer);
-                let result = (group.metadata)()
-                    .and_then(|metadata| self.attempt(&producer, marker_id, batch, ranges, &records, &metadata));
-                if result.is_err() {
-                    self.reopen_if_fatal(&mut producer)?;
-                }
-                result
-            };
-            let error = match result {
+            let failure = match self.commit_queued(&request, group) {
                 Ok(()) => {
                     for topic in &topics {
                         metrics::counter!(TRANSACTIONS_COMMITTED, "topic" => topic.clone()).increment(1);
                     }
                     return Ok(CommitOutcome::Committed);
                 }
-                Err(e) => e,
+                Err(failure) => failure,
             };
             for topic in &topics {
                 metrics::counter!(TRANSACTIONS_ABORTED, "topic" => topic.clone()).increment(1);
             }
-            if is_rebalance_error(&error) && attempt < GENERATION_ATTEMPTS && (group.may_retry)() {
+            if failure.rebalance && attempt < GENERATION_ATTEMPTS && (group.may_retry)() {
                 // A rebalance moved the group on while the batch ran, and the
                 // member still owns the batch's partitions: its next
                 // generation may commit it.
-                warn!(batch = batch.0, attempt, error = %error, "the group's generation changed; trying the transaction again");
+                warn!(batch = batch.0, attempt, error = %failure.reason, "the group's generation changed; trying the transaction again");
                 std::thread::sleep(GENERATION_PAUSE);
                 attempt += 1;
                 continue;
@@ -380,51 +438,80 @@ impl Transactions {
             return Err(KafkaError::Transaction {
                 batch,
                 transactional_id: self.transactional_id.clone(),
-                reason: error.to_string(),
+                reason: failure.reason,
             });
         }
     }
 
-    /// One transaction: begin, fill, commit; aborted when any step fails.
+    /// Queues `request` and waits for the producer: returns how the
+    /// transaction that wrote it ended, whether another batch's writer ran
+    /// it or it runs here with every batch queued now.
+    fn commit_queued(&self, request: &Arc<QueuedBatch>, group: Generation<'_>) -> std::result::Result<(), Failure> {
+        *lock(&request.outcome) = None;
+        lock(&self.queue).push(Arc::clone(request));
+        let mut producer = lock(&self.producer);
+        // Set, under the producer, by the writer of an earlier transaction.
+        if let Some(outcome) = lock(&request.outcome).take() {
+            return outcome;
+        }
+        let queued = std::mem::take(&mut *lock(&self.queue));
+        let result = (group.metadata)().and_then(|metadata| self.attempt(&producer, &queued, &metadata));
+        let outcome = result.as_ref().map(|_| ()).map_err(Failure::of);
+        for other in queued.iter().filter(|q| !Arc::ptr_eq(q, request)) {
+            *lock(&other.outcome) = Some(outcome.clone());
+        }
+        if result.is_err()
+            && let Err(reopen) = self.reopen_if_fatal(&mut producer)
+        {
+            return Err(Failure::of(&reopen));
+        }
+        outcome
+    }
+
+    /// One transaction of the `queued` batches: begin, fill, commit;
+    /// aborted when any step fails.
     fn attempt(
         &self,
         producer: &ThreadedProducer<DeliveryErrors>,
-        marker_id: &str,
-        batch: BatchId,
-        ranges: &OffsetRanges,
-        records: &[(&str, OutputRecord)],
+        queued: &[Arc<QueuedBatch>],
         metadata: &ConsumerGroupMetadata,
     ) -> Result<()> {
         producer.begin_transaction().map_err(client("begin the transaction"))?;
         let transaction = producer.context().next_transaction();
-        let marker = batch_marker(marker_id, batch);
-        let result = self.fill_and_commit(producer, transaction, &marker, ranges, records, metadata);
+        let result = self.fill_and_commit(producer, transaction, queued, metadata);
         if let Err(e) = &result {
-            warn!(batch = batch.0, error = %e, "aborting the transaction");
+            let batches: Vec<String> = queued.iter().map(|q| batch_marker(&q.marker_id, q.batch)).collect();
+            warn!(batches = %batches.join(", "), error = %e, "aborting the transaction");
             if let Err(abort) = producer.abort_transaction(self.timeout) {
-                warn!(batch = batch.0, error = %abort, "abort failed");
+                warn!(error = %abort, "abort failed");
             }
         }
         result
     }
 
-    /// Sends `records` and the ends of `ranges` (marked `marker`) in
-    /// `transaction`, then commits it.
+    /// Sends the `queued` batches' records and the ends of their ranges
+    /// (each marked with its batch) in `transaction`, then commits it.
     fn fill_and_commit(
         &self,
         producer: &ThreadedProducer<DeliveryErrors>,
         transaction: usize,
-        marker: &str,
-        ranges: &OffsetRanges,
-        records: &[(&str, OutputRecord)],
+        queued: &[Arc<QueuedBatch>],
         metadata: &ConsumerGroupMetadata,
     ) -> Result<()> {
-        for (topic, record) in records {
-            send_threaded(producer, topic, record, transaction)?;
-        }
-        let offsets = to_list(&ranges.until_offsets())?;
-        for mut element in offsets.elements() {
-            element.set_metadata(marker);
+        let mut offsets = TopicPartitionList::new();
+        for request in queued {
+            for (topic, record) in &request.records {
+                send_threaded(producer, topic, record, transaction)?;
+            }
+            let marker = batch_marker(&request.marker_id, request.batch);
+            for (tp, until) in request.ranges.until_offsets() {
+                offsets
+                    .add_partition_offset(&tp.topic, tp.partition, Offset::Offset(until))
+                    .map_err(client(format!("offset list entry {tp}")))?;
+                if let Some(mut element) = offsets.find_partition(&tp.topic, tp.partition) {
+                    element.set_metadata(&marker);
+                }
+            }
         }
         retry_coordinator("send offsets to the transaction", self.timeout, |left| {
             producer.send_offsets_to_transaction(&offsets, metadata, left)
@@ -432,7 +519,8 @@ impl Transactions {
         retry_coordinator("commit the transaction", self.timeout, |left| producer.commit_transaction(left))?;
         match producer.context().take(transaction) {
             Some(source) => {
-                let topic = records.first().map(|(topic, _)| topic.to_string()).unwrap_or_default();
+                let topic =
+                    queued.iter().find_map(|q| q.records.first()).map(|(t, _)| t.to_string()).unwrap_or_default();
                 Err(KafkaError::Delivery { topic, source })
             }
             None => Ok(()),
@@ -527,9 +615,10 @@ impl TransactionalKafkaSink {
 }
 
 /// The transactional producer of one group member (KIP-447): every task the
-/// member runs writes its batches through it, each batch one transaction
-/// with the task's consumed offsets committed under the member's current
-/// group metadata. A member the group has dropped (a zombie whose session
+/// member runs writes its batches through it, each batch's records in a
+/// transaction with the task's consumed offsets committed under the
+/// member's current group metadata. Batches of several tasks written at
+/// once share the transaction (see [`MemberTransactions::write_batch`]). A member the group has dropped (a zombie whose session
 /// ran out) has an old generation, so the broker refuses its offsets and
 /// the transaction aborts: it cannot commit anything. Batches are marked
 /// per task, so a task's new owner recognises batches the old owner
@@ -570,7 +659,10 @@ impl MemberTransactions {
     /// Writes batch `batch` of `task`: `records` (each to its topic) and
     /// the ends of `ranges` in one transaction, or nothing when the group's
     /// offsets show that `task` committed the batch before (under any
-    /// member). Refused when the member is not in the group.
+    /// member). Refused when the member is not in the group. Other tasks'
+    /// batches written at the same time go in the same transaction: it
+    /// commits all of them or none, and a batch it could not commit is
+    /// tried again (by each of its tasks) as when it ran alone.
     pub fn write_batch<'t>(
         &self,
         task: &str,
@@ -678,5 +770,60 @@ mod tests {
         assert_eq!(marked_batch("spate-other", &marker), None, "another sink's batches are not ours");
         assert_eq!(marked_batch("spate-app@1", ""), None);
         assert_eq!(marked_batch("spate-app@1", "spate-app@1@x"), None);
+    }
+
+    /// The broker of the tests (`cargo xtask test` starts one).
+    fn brokers() -> String {
+        match std::env::var("SPATE_KAFKA_BROKERS") {
+            Ok(b) if !b.trim().is_empty() => b,
+            _ => panic!(
+                "this test needs a Kafka broker: run through `cargo xtask test` or set SPATE_KAFKA_BROKERS \
+                 (e.g. after `cargo xtask kafka start`)"
+            ),
+        }
+    }
+
+    #[test]
+    fn batches_queued_while_the_producer_is_taken_commit_in_one_transaction_each_once() {
+        let brokers = brokers();
+        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos();
+        let (input, output) = (format!("group-commit-in-{nanos}"), format!("group-commit-out-{nanos}"));
+        crate::topics::ensure_topic(&brokers, &input, 3).unwrap();
+        crate::topics::ensure_topic(&brokers, &output, 1).unwrap();
+        let transactional_id = format!("group-commit-{nanos}");
+        let group = format!("group-commit-app-{nanos}");
+        let transactions = Arc::new(
+            Transactions::open(&brokers, &transactional_id, &group, Duration::from_secs(10), Reopen::Never).unwrap(),
+        );
+        let ranges = |p: i32| OffsetRanges::new(vec![crate::offsets::OffsetRange::new(input.clone(), p, 0, 0)]);
+        // Taken here, so that every writer queues its batch and waits.
+        let held = lock(&transactions.producer);
+        let writers: Vec<_> = (0..3)
+            .map(|p| {
+                let (t, ranges, output) = (Arc::clone(&transactions), ranges(p), output.clone());
+                std::thread::spawn(move || {
+                    let metadata = || {
+                        t.group.group_metadata().map(Arc::new).ok_or_else(|| KafkaError::Config("no metadata".into()))
+                    };
+                    let record = (output.as_str(), OutputRecord::value(format!("from task {p}")));
+                    let generation = Generation { metadata: &metadata, may_retry: &|| false };
+                    t.write_batch(&[], &format!("task-{p}"), BatchId(0), &ranges, [record], generation)
+                })
+            })
+            .collect();
+        while lock(&transactions.queue).len() < 3 {
+            std::thread::yield_now();
+        }
+        let before = held.context().lock().transaction;
+        drop(held);
+        for writer in writers {
+            assert_eq!(writer.join().unwrap().unwrap(), CommitOutcome::Committed);
+        }
+        let after = lock(&transactions.producer).context().lock().transaction;
+        assert_eq!(after - before, 1, "the three batches shared one transaction");
+        for p in 0..3 {
+            let committed = transactions.already_committed(&format!("task-{p}"), BatchId(0), &ranges(p)).unwrap();
+            assert!(committed, "task {p}'s offsets carry its own batch marker");
+        }
     }
 }
