@@ -73,6 +73,7 @@
 mod error;
 mod internal;
 mod member;
+mod memory;
 mod task;
 mod topology;
 mod watch;

@@ -21,6 +21,7 @@ use spate_runtime::{BackpressureSettings, BatchProgress, StreamingSettings};
 use tracing::{info, warn};
 
 use crate::error::AppError;
+use crate::memory::MemberMemory;
 use crate::task::{RunningTask, StopKind};
 use crate::topology::{InternalTopic, Stage, StageInput, TaskId, Topology};
 use crate::watch::TaskBoard;
@@ -165,6 +166,8 @@ pub(crate) struct MemberShared {
     listener: Option<MemberListener>,
     /// The tasks as the member's page shows them.
     board: Arc<TaskBoard>,
+    /// The member's memory budget, which every task's batches draw on.
+    pub(crate) memory: Arc<MemberMemory>,
 }
 
 impl MemberShared {
@@ -454,8 +457,10 @@ impl Member {
         let stages: BTreeMap<String, Stage> =
             topology.stages.iter().map(|stage| (topology.input_topic(stage), stage.clone())).collect();
         let topics: Vec<String> = stages.keys().cloned().collect();
+        let memory = MemberMemory::new(settings.streaming.max_memory_bytes);
         let shared = Arc::new(MemberShared {
             app: app.clone(),
+            memory,
             settings,
             internal,
             stage_tasks,

@@ -29,6 +29,7 @@ use tracing::{debug, info, warn};
 use crate::error::AppError;
 use crate::internal::progress_marks;
 use crate::member::{MemberEvent, MemberShared};
+use crate::memory::{BatchSize, TaskMemory};
 use crate::topology::{Emit, InternalTopic, Stage, TaskBuilder, TaskId};
 
 /// The offsets key of a task's input in `offsets/N`.
@@ -44,6 +45,8 @@ const RETRY: StdDuration = StdDuration::from_millis(250);
 struct OnePartition {
     stream: Arc<DirectKafkaStream>,
     planned: Mutex<BTreeMap<Time, String>>,
+    /// The task's claim on the member's memory budget.
+    memory: TaskMemory,
 }
 
 impl InputSource<KafkaRecord> for OnePartition {
@@ -55,8 +58,12 @@ impl InputSource<KafkaRecord> for OnePartition {
         Ok(self.stream.register(context)?)
     }
 
+    /// Plans within the task's share of the member's budget as well as
+    /// the context's limits.
     fn plan(&self, time: Time, limits: BatchLimits) -> Result<Option<String>, BoxError> {
-        self.stream.plan(time, limits)
+        let share = self.memory.batch_records();
+        let max_records = Some(limits.max_records.map_or(share, |records| records.min(share)));
+        self.stream.plan(time, BatchLimits::new(max_records, limits.max_bytes))
     }
 
     fn compute(&self, time: Time, planned: Option<&str>) -> Result<Vec<Vec<KafkaRecord>>, BoxError> {
@@ -262,7 +269,11 @@ impl Supervisor {
             Some(stream) => stream,
             None => Arc::new(self.stream()?),
         };
-        let source = Arc::new(OnePartition { stream: Arc::clone(&stream), planned: Mutex::new(BTreeMap::new()) });
+        let source = Arc::new(OnePartition {
+            stream: Arc::clone(&stream),
+            planned: Mutex::new(BTreeMap::new()),
+            memory: self.shared.memory.join(),
+        });
         let settings = self.shared.streaming_settings(&self.id);
         let declared: Mutex<Option<AppError>> = Mutex::new(None);
         let mut ctx = StreamingContext::get_or_create(&checkpoint, settings, |p| {
@@ -363,6 +374,11 @@ impl Supervisor {
                 }
                 report_idle(&task, &was_idle, &writes, batch, info.batch_id);
                 let horizon = info.time + shared.settings.max_future;
+                source.memory.observe(BatchSize {
+                    input_records: ranges.count(),
+                    output_records: batch.len() as u64,
+                    output_bytes: batch.iter().map(Emit::encoded_len).sum(),
+                });
                 let sent = batch.iter().cloned().map(|e| e.within_horizon(horizon, &writes));
                 let (topics, records): (Vec<String>, Vec<spate_kafka::OutputRecord>) =
                     sent.chain(marks).map(Emit::into_output).unzip();

@@ -53,6 +53,11 @@ pub struct Emit {
 }
 
 impl Emit {
+    /// Its key's and value's bytes.
+    pub(crate) fn encoded_len(&self) -> u64 {
+        (self.key.as_ref().map_or(0, Vec::len) + self.value.len()) as u64
+    }
+
     /// A record for a topic of the user's.
     pub fn to_topic(topic: &str, key: Option<Vec<u8>>, value: Vec<u8>) -> Self {
         Emit { topic: topic.to_string(), key, value, partition: None, timestamp: None }
