@@ -43,10 +43,7 @@ pub(crate) fn run(args: &[String]) -> Result {
     broker.export_to(&mut command);
     s3.export_to(&mut command);
     // The application benchmark is a binary of its own (see `app`).
-    let spate = build_spate(Profile::Release)?;
-    let mut app = app_bench(Profile::Release, &spate);
-    app.arg("--full");
-    broker.export_to(&mut app);
+    let app = full_app_bench(&broker)?;
     println!("==> benchmarks (release build; criterion output follows, then the application benchmark)");
     run_and_summarise([command, app])
 }
@@ -66,14 +63,20 @@ fn nexmark(args: &[String]) -> Result {
 fn app(args: &[String]) -> Result {
     setup::ensure(setup::ALL)?;
     let broker = kafka::Broker::start_for_tests()?;
+    let mut command = full_app_bench(&broker)?;
+    // `cargo xtask bench app -- rebalance` and `cargo xtask bench app rebalance` mean the same.
+    command.args(args.strip_prefix(&["--".to_string()]).unwrap_or(args));
+    println!("==> app benchmark (release build)");
+    run_and_summarise([command])
+}
+
+/// The application benchmark for figures: release builds, against `broker`.
+fn full_app_bench(broker: &kafka::Broker) -> Result<Command> {
     let spate = build_spate(Profile::Release)?;
     let mut command = app_bench(Profile::Release, &spate);
     command.arg("--full");
-    // `cargo xtask bench app -- rebalance` and `cargo xtask bench app rebalance` mean the same.
-    command.args(args.strip_prefix(&["--".to_string()]).unwrap_or(args));
     broker.export_to(&mut command);
-    println!("==> app benchmark (release build)");
-    run_and_summarise([command])
+    Ok(command)
 }
 
 /// How the application benchmark and the `spate` binary it runs are built.

@@ -211,10 +211,12 @@ impl MemberShared {
 ///
 /// Backpressure is off: a task's batch time is mostly its wait for the
 /// member's one producer, whose transactions the member's tasks share
-/// (see `MemberTransactions::write_batch`), so the rate estimator would read the whole member's load as the
-/// task's own and hold it at its floor (100 records a second) for as long
-/// as the scheduling delay of a backlog's first batches lasted. Each
-/// task's batch stays within the stream's records and bytes caps.
+/// (see `MemberTransactions::write_batch`), so the rate estimator would
+/// read the whole member's load as the task's own and hold it at its floor
+/// (100 records a second) for as long as the scheduling delay of a
+/// backlog's first batches lasted. Each task's batch stays within the
+/// stream's records and bytes caps and its share of the member's budget
+/// (see `memory.rs`).
 fn task_settings(settings: &MemberSettings) -> StreamingSettings {
     let mut streaming = settings
         .streaming

@@ -7,10 +7,12 @@
 //! clients fetch ahead (librdkafka's queues, left at their defaults:
 //! capping them starved the counting tasks, which read tens of thousands
 //! of small records a batch). The shares shrink as the member takes on
-//! more tasks and grow as it gives some up. A task plans each batch within its share: it caps the batch's
-//! records at its share divided by what one input record has cost it in
-//! memory, which it learns from its last batch. What a record costs
-//! depends on the stage: a split task holds each line and the words it
+//! more tasks and grow as it gives some up.
+//!
+//! A task plans each batch within its share: it caps the batch's records
+//! at its share divided by what one input record has cost it in memory,
+//! which it learns from its last batch. What a record costs depends on the
+//! stage: a split task holds each line and the words it
 //! sends on (the stage's output, the records handed to the producer and the
 //! producer's queue), so its cost grows with its fan-out; a counting task
 //! holds little beyond its input. A task that has not run a batch yet plans
@@ -29,7 +31,7 @@ use std::sync::{Arc, Mutex};
 use spate_core::sync::lock;
 
 /// Records the first batch of a task plans, before it knows their cost.
-pub(crate) const FIRST_BATCH_RECORDS: u64 = 1_000;
+const FIRST_BATCH_RECORDS: u64 = 1_000;
 
 /// No batch plans fewer records than this, however small its share: a
 /// batch must make progress.
@@ -85,7 +87,7 @@ pub(crate) struct TaskMemory {
 }
 
 /// What a batch read and sent on, as a task counts it.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug)]
 pub(crate) struct BatchSize {
     /// Input records.
     pub(crate) input_records: u64,

@@ -374,14 +374,17 @@ impl Supervisor {
                 }
                 report_idle(&task, &was_idle, &writes, batch, info.batch_id);
                 let horizon = info.time + shared.settings.max_future;
-                source.memory.observe(BatchSize {
-                    input_records: ranges.count(),
-                    output_records: batch.len() as u64,
-                    output_bytes: batch.iter().map(Emit::encoded_len).sum(),
-                });
-                let sent = batch.iter().cloned().map(|e| e.within_horizon(horizon, &writes));
+                // Counted on the way, not in a pass of its own over the batch.
+                let mut output_bytes = 0;
+                let sent = batch
+                    .iter()
+                    .inspect(|e| output_bytes += e.encoded_len())
+                    .cloned()
+                    .map(|e| e.within_horizon(horizon, &writes));
                 let (topics, records): (Vec<String>, Vec<spate_kafka::OutputRecord>) =
                     sent.chain(marks).map(Emit::into_output).unzip();
+                let output_records = batch.len() as u64;
+                source.memory.observe(BatchSize { input_records: ranges.count(), output_records, output_bytes });
                 let transactions = shared.transactions()?;
                 transactions.write_batch(
                     &task,

@@ -618,9 +618,10 @@ impl TransactionalKafkaSink {
 /// member runs writes its batches through it, each batch's records in a
 /// transaction with the task's consumed offsets committed under the
 /// member's current group metadata. Batches of several tasks written at
-/// once share the transaction (see [`MemberTransactions::write_batch`]). A member the group has dropped (a zombie whose session
-/// ran out) has an old generation, so the broker refuses its offsets and
-/// the transaction aborts: it cannot commit anything. Batches are marked
+/// once share the transaction (see [`MemberTransactions::write_batch`]).
+/// A member the group has dropped (a zombie whose session ran out) has an
+/// old generation, so the broker refuses its offsets and the transaction
+/// aborts: it cannot commit anything. Batches are marked
 /// per task, so a task's new owner recognises batches the old owner
 /// committed.
 pub struct MemberTransactions {
