@@ -15,6 +15,13 @@
 //! - incremental windows: with an inverse function a slide costs the batches
 //!   that enter and leave; without one, a two-stack queue of panes makes a
 //!   slide cost the same whatever the window's length;
+//! - aggregation per key without a window, as an upsert stream of the keys
+//!   each batch changed (`aggregate_by_key`), and on it the latest record
+//!   per key (`dedup_latest_by_key`), the top N per key (`top_n_by_key`)
+//!   and exact distinct counts (`distinct_count_by_key`, [`DistinctCount`]);
+//! - tumbling windows of processing time (`processing_time_window`), a
+//!   join with a bounded side input ([`SideInput`], `join_side_input`) and
+//!   SQL's scalar string and time functions ([`functions`]);
 //! - event time ([`event_time`]): per-partition watermarks, tumbling,
 //!   sliding and session windows with allowed lateness and a late output,
 //!   and keyed timers, with results that do not depend on batching;
@@ -97,23 +104,31 @@
 
 mod arrival;
 mod batch;
+mod dedup;
 mod descriptor;
+mod distinct;
 mod error;
 pub mod event_time;
+pub mod functions;
 mod graph;
 mod hash;
 mod node;
 mod output;
 mod pair;
 mod pool;
+mod processing_time;
+mod side_input;
 mod source;
 mod state;
 mod stream;
+mod top_n;
+mod upsert;
 mod window;
 
 pub use arrival::{ArrivalStage, ProcessedBlock};
 pub use batch::{Batch, Data, Key};
 pub use descriptor::{DESCRIPTOR_FORMAT_VERSION, GraphDescriptor, OperatorDescriptor, RestorePolicy, RestoreReport};
+pub use distinct::DistinctCount;
 pub use error::{BoxError, DStreamError, GraphProblem};
 pub use event_time::{
     DEFAULT_MAX_FUTURE, EventTimeProcessed, EventTimeWindowed, EventWindows, MAX_WINDOWS_PER_RECORD, ProgressMark,
@@ -123,6 +138,7 @@ pub use graph::{BatchInfo, Graph, GraphBuilder, InputInfo, Job};
 pub use hash::{FxHasher, KeyHashMap, KeyHashState, fx_hash, partition_of};
 pub use node::PlannedOffsets;
 pub use output::Output;
+pub use side_input::SideInput;
 pub use source::{BatchLimits, FedSource, InputSource, QueueSource, SourceContext};
 pub use spate_core::{InPlace, Views};
 pub use state::{MapWithStateStream, State};
