@@ -36,4 +36,12 @@ pub enum NexmarkError {
         /// Where it ends.
         until: u64,
     },
+    /// A line of a side-input file (q13) that is not `key,value`.
+    #[error("side input line {line}: {reason}")]
+    BadSideInput {
+        /// The line's number, from 1.
+        line: usize,
+        /// What is wrong with it.
+        reason: String,
+    },
 }

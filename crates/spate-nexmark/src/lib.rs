@@ -129,24 +129,35 @@
 //! to a stream of rows (`queries::q5(&events)`), following the Flink SQL
 //! of `nexmark/nexmark`:
 //!
-//! - q0 pass-through, q1 currency conversion, q2 selection: per record;
-//! - q3, local item suggestion: an incremental join of persons and
-//!   auctions in keyed state, each match once, as soon as both sides came;
-//! - q4, average price for a category: each auction's highest bid in its
-//!   lifetime, final when the watermark passes its expiry (keyed state and
-//!   an event-time timer), averaged per category;
+//! - q0 pass-through, q1 currency conversion, q2 selection, q13 bounded
+//!   side input join, q14 a user function, q21 channel ids, q22 URL
+//!   directories: per record;
+//! - q3, local item suggestion, and q20, bids with their category-10
+//!   auction: incremental joins in keyed state, each match once, as soon as
+//!   both sides came;
+//! - q4, average price for a category, q9, winning bids, and q6, average
+//!   selling price by seller: each auction's highest bid in its lifetime,
+//!   final when the watermark passes its expiry (keyed state and an
+//!   event-time timer), averaged per category, listed, or averaged over
+//!   each seller's last closed auctions;
 //! - q5, hot items: the auctions with the most bids per event-time window
 //!   of 10 s sliding by 2 s;
 //! - q7, highest bid: the highest bids per tumbling 10 s window;
 //! - q8, monitor new users: persons who registered and opened an auction in
-//!   the same tumbling 10 s window.
+//!   the same tumbling 10 s window;
+//! - q11, user sessions: bids per bidder per session window; q12: bids per
+//!   bidder per tumbling window of processing time;
+//! - q15 to q17, statistics per day with exact distinct counts, q18, each
+//!   bidder's last bid per auction, q19, the top ten bids per auction: over
+//!   the whole stream, as upsert streams of the groups each batch changed.
 //!
-//! The windowed ones emit a window's rows in the batch whose watermark
+//! q10 (events logged to files) needs a file sink and is not here. The
+//! windowed ones emit a window's rows in the batch whose watermark
 //! (4 s behind the events of the slowest source partition) passes its
 //! end. Their stateful operators are named, so their state is checkpointed
 //! and restored across restarts. Tests check each query against a
-//! reference computed from the generated events in plain Rust (q3 to q8
-//! batch by batch, also across a crash and a restart).
+//! reference computed by brute force from the generated events in plain
+//! Rust, batch by batch, also across a crash and a restart.
 
 #![deny(clippy::unwrap_used, clippy::expect_used)]
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]

@@ -11,8 +11,18 @@
 //! - [`q2`], selection: auction and price of the bids on every 123rd
 //!   auction (`MOD(auction, 123) = 0`).
 //!
+//! - [`q13`], bounded side input join: every bid with the value of the
+//!   row of a side table keyed by its auction modulo 10,000 (loaded once,
+//!   before the stream starts: [`q13_side_input`]);
+//! - [`q14`], a filter and a user function: bids of a price range in
+//!   euros, with the part of the day (UTC) and the count of `c` in `extra`;
+//! - [`q21`], channel ids: each bid's channel id, a named channel's number
+//!   or its URL's `channel_id` parameter;
+//! - [`q22`], URL directories: each bid with its URL's first three
+//!   directories.
+//!
 //! Each of these is a per-record function ([`q0_row`], [`q1_row`],
-//! [`q2_row`]) mapped over the stream.
+//! [`q2_row`], [`q14_row`], …) mapped over the stream.
 //!
 //! With keyed state:
 //!
@@ -22,7 +32,24 @@
 //! - [`q4`], average price for a category: each auction's highest bid
 //!   between its opening and expiry, final once the watermark passes the
 //!   expiry, averaged per category: after each batch, a row for each
-//!   category with auctions closed in it.
+//!   category with auctions closed in it;
+//! - [`q6`], average selling price by seller: for each auction closing
+//!   with a winning bid, the average winning price of it and its seller's
+//!   10 auctions closed before;
+//! - [`q9`], winning bids: each auction with its winning bid, once the
+//!   watermark passes its expiry;
+//! - [`q20`], bids joined with their category-10 auction, an incremental
+//!   join as q3's.
+//!
+//! Over the whole stream, as upsert streams (after each batch, the current
+//! row of every group the batch changed, replacing the group's earlier
+//! rows, as the spec's unwindowed `GROUP BY` and `ROW_NUMBER()` queries
+//! update their results):
+//!
+//! - [`q15`], [`q16`], [`q17`]: bidding statistics per day (UTC), per
+//!   channel and day, per auction and day, with exact distinct counts;
+//! - [`q18`], each bidder's last bid on each auction;
+//! - [`q19`], the ten highest bids of each auction, ranked.
 //!
 //! Over event-time windows (from the epoch), each window's rows in the
 //! batch whose watermark passes its end:
@@ -32,7 +59,14 @@
 //! - [`q7`], highest bid: the bids at the highest price of each tumbling
 //!   10 s window;
 //! - [`q8`], monitor new users: the persons who registered and opened an
-//!   auction in the same tumbling 10 s window.
+//!   auction in the same tumbling 10 s window;
+//! - [`q11`], user sessions: each bidder's bids per session (bids at most
+//!   10 s apart).
+//!
+//! Over processing time: [`q12`], each bidder's bids per tumbling 10 s
+//! window of processing time (the time of the batch that reads them).
+//!
+//! q10 (every event written to files) is not here: it needs a file sink.
 //!
 //! Event time is each event's `date_time`. Watermarks allow
 //! [`OUT_OF_ORDERNESS`] (4 s, the watermark of the spec's table
@@ -54,19 +88,33 @@ use spate_dstream::{DStream, Watermarks};
 
 use crate::model::{Bid, Event};
 
+mod bid_functions;
+mod bidder_windows;
 mod category_average;
+mod category_join;
+mod daily_stats;
 #[cfg(test)]
 mod harness;
 mod highest_bid;
 mod hot_items;
 mod local_items;
 mod new_users;
+mod ranked_bids;
+mod side_input;
+mod winning_bids;
 
+pub use bid_functions::{BidTimeType, Q14Row, Q21Row, Q22Row, channel_id, q14, q14_row, q21, q21_row, q22, q22_row};
+pub use bidder_windows::{BidderCount, Q11_GAP, Q12_WINDOW, q11, q12};
 pub use category_average::{Q4Row, q4};
+pub use category_join::{Q20_CATEGORY, Q20Row, q20};
+pub use daily_stats::{BidCounts, Q15Row, Q16Row, Q17Row, price_rank, q15, q16, q17};
 pub use highest_bid::{Q7_WINDOW, Q7Row, q7};
 pub use hot_items::{Q5_SLIDE, Q5_WINDOW, Q5Row, q5};
 pub use local_items::{Q3_CATEGORY, Q3_STATES, Q3Row, q3};
 pub use new_users::{Q8_WINDOW, Q8Row, q8};
+pub use ranked_bids::{BidRow, Q19_TOP, Q19Row, q18, q18_later, q19, q19_higher};
+pub use side_input::{Q13_KEY_MODULUS, Q13Row, Q13SideInput, q13, q13_key, q13_side_input, q13_side_input_from_text};
+pub use winning_bids::{Q6_ROWS, Q6Row, Q9Row, better_bid, q6, q9};
 
 /// How far behind the latest event of its input partition an event may
 /// come and still count: 4 s, as the spec's tables declare
