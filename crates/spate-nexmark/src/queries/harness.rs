@@ -1,5 +1,6 @@
-//! For the queries' unit tests: events made by hand, and a query run on a
-//! graph batch by batch, one second of batch time apiece.
+//! For the queries' unit tests: events made by hand, a query run on a
+//! graph batch by batch, one second of batch time apiece, and random
+//! out-of-order batches for the property tests.
 
 use std::sync::{Arc, Mutex};
 
@@ -72,4 +73,34 @@ where
         graph.run_batch(Time::from_millis(1000 * (n as i64 + 1)), BatchId(n)).unwrap();
     }
     rows.lock().unwrap().clone()
+}
+
+/// How many input partitions [`out_of_order`] spreads events over.
+pub(super) const PARTITIONS: usize = 3;
+
+/// One event as a property test arranges it: `delay` (0 to 3,000 ms, less
+/// than the 4 s the watermarks allow) puts it after the events made up to
+/// that much later; `partition` (modulo [`PARTITIONS`]) is where it goes;
+/// `cut` ends the batch after it.
+pub(super) type Arranged = (Event, i64, usize, bool);
+
+/// The events in the order of their time plus their delay, cut into
+/// batches of [`PARTITIONS`] partitions, then a batch with an event at
+/// `flush_at` in every partition, which moves the watermark past every
+/// window before it. No event is behind the watermark: one that comes after
+/// another is at most 3 s older than it.
+pub(super) fn out_of_order(mut events: Vec<Arranged>, flush_at: i64) -> Vec<Vec<Vec<Event>>> {
+    events.sort_by_key(|(event, delay, _, _)| event.timestamp_ms() + delay);
+    let empty = || (0..PARTITIONS).map(|_| Vec::new()).collect::<Vec<Vec<Event>>>();
+    let mut batches = vec![empty()];
+    for (event, _, partition, cut) in events {
+        if let Some(part) = batches.last_mut().and_then(|b| b.get_mut(partition % PARTITIONS)) {
+            part.push(event);
+        }
+        if cut {
+            batches.push(empty());
+        }
+    }
+    batches.push((0..PARTITIONS).map(|_| vec![bid(0, 0, flush_at)]).collect());
+    batches
 }
