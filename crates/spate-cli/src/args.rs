@@ -88,6 +88,15 @@ pub struct DemoArgs {
     /// with an s3:// checkpoint.
     #[arg(long, value_name = "DIR")]
     pub output: Option<PathBuf>,
+    /// Also write every word count of each window as JSON lines, exactly
+    /// once, partitioned by the window's end (UTC):
+    /// LOCATION/dt=YYYY-MM-DD/hour=HH/part-*.jsonl, one line a word
+    /// (`{"window_start_ms":…,"window_end_ms":…,"word":…,"count":…}`).
+    /// LOCATION is a directory or s3://bucket/prefix (reached with the
+    /// --s3-* flags, as an s3:// checkpoint). Readers skip names starting
+    /// with `_` or `.`.
+    #[arg(long, value_name = "LOCATION")]
+    pub window_files: Option<PathBuf>,
     /// Stop gracefully once this batch id has committed (for tests and reproducible runs).
     #[arg(long, value_name = "ID", hide = true)]
     pub until_batch: Option<u64>,

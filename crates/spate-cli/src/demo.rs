@@ -5,17 +5,23 @@
 //! top words of each window, and the runtime's exactly-once file output
 //! (`batch-<N>.json`, `window-<N>.json`, default `<checkpoint>/output`).
 //!
+//! With `--window-files LOCATION`, every word count of each window also goes,
+//! exactly once, to JSON lines files partitioned by the window's end under
+//! a directory or `s3://bucket/prefix` (spate-files).
+//!
 //! With an `s3://bucket/prefix` checkpoint the receiver's write-ahead log
 //! and the block tracker's event log stay on a local disk (`--wal-dir`,
 //! required), and so does the output (default `<wal-dir>/output`).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use spate_core::Duration;
+use serde::{Deserialize, Serialize};
+use spate_core::{Duration, Time};
+use spate_files::{FileSink, FileSinkSettings};
 use spate_logstore::ObjectStoreSettings;
 use spate_runtime::StreamingSettings;
-use spate_runtime::demo::{DemoSettings, TopWords, word_count_context};
+use spate_runtime::demo::{DemoSettings, TopWords, WindowCountsCallback, word_count_context};
 
 use crate::args::DemoArgs;
 use crate::error::CliError;
@@ -36,6 +42,7 @@ struct StreamingDemo {
     checkpoint: PathBuf,
     object_store: ObjectStoreSettings,
     output: PathBuf,
+    window_files: Option<PathBuf>,
     seed: u64,
     rate: u64,
     batch: Duration,
@@ -80,6 +87,7 @@ impl StreamingDemo {
             checkpoint: args.checkpoint.clone(),
             object_store,
             output,
+            window_files: args.window_files.clone(),
             seed: args.seed,
             rate: args.rate,
             batch: settings.batch_interval,
@@ -94,6 +102,45 @@ impl StreamingDemo {
     fn settings(&self) -> StreamingSettings {
         self.settings.clone()
     }
+}
+
+/// One word's count in one window: a line of the `--window-files` output.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct WindowCount {
+    /// The window's start (exclusive: the batch before the window's first).
+    pub window_start_ms: i64,
+    /// The window's end: the time of the batch that closed it; the files
+    /// are partitioned by it.
+    pub window_end_ms: i64,
+    /// The word.
+    pub word: String,
+    /// Its count in the window.
+    pub count: u64,
+}
+
+/// The output of every window's counts through an exactly-once file sink at `location`.
+fn window_files(
+    location: &Path,
+    object_store: &ObjectStoreSettings,
+    window: Duration,
+) -> Result<WindowCountsCallback, CliError> {
+    let settings = FileSinkSettings::new().object_store(object_store.clone());
+    let sink = FileSink::open(location, settings, |w: &WindowCount| Time::from_millis(w.window_end_ms))
+        .map_err(|source| CliError::Files { location: location.to_path_buf(), source: Box::new(source) })?;
+    Ok(Arc::new(move |counts, info| {
+        let (start, end) = ((info.time - window).as_millis(), info.time.as_millis());
+        let lines: Vec<WindowCount> = counts
+            .iter()
+            .map(|(word, count)| WindowCount {
+                window_start_ms: start,
+                window_end_ms: end,
+                word: word.clone(),
+                count: *count,
+            })
+            .collect();
+        sink.write_batch(&lines, info)?;
+        Ok(())
+    }))
 }
 
 /// The demo's receiver appends to its write-ahead log many times a second:
@@ -118,6 +165,9 @@ pub(crate) fn run(args: &DemoArgs) -> Result<String, CliError> {
     options.slide = demo.batch.times(SLIDE_BATCHES);
     options.top_n = demo.top;
     options.output_dir = Some(demo.output.clone());
+    if let Some(location) = &demo.window_files {
+        options.on_window_counts = Some(window_files(location, &demo.object_store, window)?);
+    }
     if !demo.quiet {
         let lines = Arc::clone(&lines);
         options.on_top_words = Some(Arc::new(move |top: &TopWords| lines.say(&top_words_line(top, window))));
@@ -133,8 +183,11 @@ pub(crate) fn run(args: &DemoArgs) -> Result<String, CliError> {
     };
     let report = drive(ctx, &control, lines)?;
     let last = report.last_committed.map_or("none".to_string(), |b| b.to_string());
+    let window_files =
+        demo.window_files.as_ref().map_or(String::new(), |l| format!(", window counts in {}", l.display()));
     Ok(format!(
-        "stopped gracefully: last committed batch {last} ({} committed in this run); checkpoint {} released, output in {}",
+        "stopped gracefully: last committed batch {last} ({} committed in this run); checkpoint {} released, output in \
+         {}{window_files}",
         report.batches_committed,
         demo.checkpoint.display(),
         demo.output.display()
@@ -167,6 +220,36 @@ mod tests {
         let local = StreamingDemo::from_args(&demo_args(&["--checkpoint", "/ck", "--wal-dir", "/w"])).unwrap();
         assert_eq!(local.output, PathBuf::from("/ck/output"));
         assert_eq!(StreamingDemo::from_args(&demo_args(&["--checkpoint", "/ck"])).unwrap().settings().wal_dir, None);
+    }
+
+    #[test]
+    fn window_counts_go_to_hourly_json_lines_files_once_a_batch() {
+        let dir = tempfile::tempdir().unwrap();
+        let location = dir.path().join("windows");
+        let args = demo_args(&["--checkpoint", "/ck", "--window-files", location.to_str().unwrap()]);
+        let demo = StreamingDemo::from_args(&args).unwrap();
+        assert_eq!(demo.window_files.as_deref(), Some(location.as_path()));
+        let write = window_files(&location, &demo.object_store, Duration::from_secs(30)).unwrap();
+        // 2026-12-05T18:07:09Z.
+        let info = spate_files::BatchInfo { time: Time::from_millis(1_796_494_029_000), batch_id: BatchId(9) };
+        let counts = [("spate".to_string(), 3), ("flow".to_string(), 1)];
+        write(&counts, info).unwrap();
+        write(&counts, info).unwrap(); // the batch re-run: nothing new
+        let file = location.join("dt=2026-12-05/hour=18/part-1796494029000-9-00000.jsonl");
+        assert_eq!(
+            std::fs::read_to_string(file).unwrap(),
+            "{\"window_start_ms\":1796493999000,\"window_end_ms\":1796494029000,\"word\":\"spate\",\"count\":3}\n\
+             {\"window_start_ms\":1796493999000,\"window_end_ms\":1796494029000,\"word\":\"flow\",\"count\":1}\n"
+        );
+        assert_eq!(std::fs::read_dir(location.join("dt=2026-12-05/hour=18")).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn window_files_in_s3_without_the_s3_feature_or_with_a_bad_location_are_usage_errors() {
+        let error =
+            window_files(Path::new("s3://"), &ObjectStoreSettings::default(), Duration::from_secs(30)).err().unwrap();
+        assert_eq!(error.exit_code(), crate::error::ExitCode::Usage, "{error}");
+        assert!(error.to_string().starts_with("cannot write files to s3://"), "{error}");
     }
 
     #[test]

@@ -110,6 +110,15 @@ pub enum CliError {
         #[source]
         source: Box<spate_kafka::KafkaError>,
     },
+    /// The file sink of a job's output could not be opened.
+    #[error("cannot write files to {}", location.display())]
+    Files {
+        /// The sink's location.
+        location: PathBuf,
+        /// What spate-files said.
+        #[source]
+        source: Box<spate_files::FilesError>,
+    },
     /// The job was stopped at once by a second signal.
     #[error("stopped at once by a second signal; the last batch was not committed and will re-run at the next start")]
     Interrupted,
@@ -143,6 +152,11 @@ impl CliError {
             },
             CliError::Runtime { source, .. } => runtime_exit_code(source),
             CliError::Io { .. } => ExitCode::Runtime,
+            CliError::Files { source, .. } => match source.as_ref() {
+                spate_files::FilesError::Settings { .. }
+                | spate_files::FilesError::Store { source: LogStoreError::Location { .. }, .. } => ExitCode::Usage,
+                _ => ExitCode::Runtime,
+            },
             #[cfg(feature = "kafka")]
             CliError::Kafka { .. } => ExitCode::Runtime,
             #[cfg(feature = "kafka")]

@@ -97,6 +97,95 @@ fn check_windows(output: &Path, batch_ms: i64) -> usize {
     windows.len()
 }
 
+/// The lines of `--window-files` under `root` as a reader takes them (files
+/// under `dt=…` whose names start with neither `_` nor `.`): each window's
+/// counts by its end, with no word twice in a window.
+fn window_file_counts(root: &Path) -> BTreeMap<i64, BTreeMap<String, u64>> {
+    let mut windows: BTreeMap<i64, BTreeMap<String, u64>> = BTreeMap::new();
+    let mut dirs = vec![root.to_path_buf()];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            let name = path.file_name().unwrap().to_str().unwrap().to_string();
+            if name.starts_with('_') || name.starts_with('.') {
+                continue;
+            }
+            if path.is_dir() {
+                dirs.push(path);
+                continue;
+            }
+            let partition = path.parent().unwrap().strip_prefix(root).unwrap().to_str().unwrap().to_string();
+            assert!(partition.starts_with("dt=") && partition.contains("/hour="), "{}", path.display());
+            for line in std::fs::read_to_string(&path).unwrap().lines() {
+                let value: Value = serde_json::from_str(line).unwrap();
+                let end = value["window_end_ms"].as_i64().unwrap();
+                let word = value["word"].as_str().unwrap().to_string();
+                let count = value["count"].as_u64().unwrap();
+                assert!(windows.entry(end).or_default().insert(word.clone(), count).is_none(), "{word} twice at {end}");
+            }
+        }
+    }
+    windows
+}
+
+/// The counts of each window (by its end) recomputed from the batch files
+/// of the batches inside it, for every window the demo closed.
+fn window_counts_from_batches(output: &Path, batch_ms: i64) -> BTreeMap<i64, BTreeMap<String, u64>> {
+    let batches = batch_counts(output);
+    let mut windows = BTreeMap::new();
+    for bytes in read_outputs(output, "window-").values() {
+        let top: TopWords = serde_json::from_slice(bytes).unwrap();
+        let end = top.batch_time.as_millis();
+        let mut totals: BTreeMap<String, u64> = BTreeMap::new();
+        for batch in batches
+            .values()
+            .filter(|b| b.batch_time.as_millis() > end - 30 * batch_ms && b.batch_time.as_millis() <= end)
+        {
+            for (word, n) in &batch.counts {
+                *totals.entry(word.clone()).or_default() += n;
+            }
+        }
+        if !totals.is_empty() {
+            windows.insert(end, totals);
+        }
+    }
+    windows
+}
+
+#[test]
+fn window_files_hold_every_window_once_across_kills_after_its_outputs() {
+    let root = tempfile::tempdir().unwrap();
+    let checkpoint = root.path().join("ck");
+    let ck = path_str(&checkpoint);
+    let files = root.path().join("windows");
+    let extra = ["--quiet", "--window-files", path_str(&files)];
+    // Killed twice once a batch's outputs ran (its files published), before its commit:
+    // on consecutive batches, so one of them closes a window (every second batch does).
+    let mut next = 3;
+    for _ in 0..2 {
+        let mut held = spawn_with_failpoint(ck, &extra, "hold-in-batch", next);
+        let batch = held.wait_held();
+        held.child.kill().unwrap();
+        held.child.wait().unwrap();
+        assert_eq!(logged_and_committed(&checkpoint, batch), (true, false));
+        next = batch + 1;
+    }
+    let until = (next + 6).to_string();
+    let finish = spate(&demo_args(ck, &[&extra[..], &["--until-batch", &until]].concat()));
+    assert_eq!(finish.status.code(), Some(0), "{}", text(&finish.stderr));
+    assert!(
+        text(&finish.stdout).contains(&format!("window counts in {}", files.display())),
+        "{}",
+        text(&finish.stdout)
+    );
+
+    let written = window_file_counts(&files);
+    let expected = window_counts_from_batches(&checkpoint.join("output"), 20);
+    assert!(expected.len() >= 3, "{} windows", expected.len());
+    assert_eq!(written, expected);
+    assert_eq!(std::fs::read_dir(files.join("_staging")).map_or(0, |d| d.count()), 0);
+}
+
 /// A small xorshift generator: the failpoints and batches the kill test
 /// stops at vary with the seed, which is printed.
 struct Moments(u64);

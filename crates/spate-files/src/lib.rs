@@ -131,5 +131,6 @@ pub use sink::{
     BYTES_PUBLISHED, BatchOutcome, DEFAULT_MAX_FILE_BYTES, DEFAULT_RETAINED_MANIFESTS, FILES_PUBLISHED, FileSink,
     FileSinkSettings, MANIFESTS_DIR, MAX_FILE_BYTES_LIMIT, PENDING_MANIFEST, RECORDS_PUBLISHED, Recovery, STAGING_DIR,
 };
+pub use spate_dstream::BatchInfo;
 pub use spate_logstore::{CheckpointFileManager, ObjectStoreSettings};
 pub use stream::WriteFiles;

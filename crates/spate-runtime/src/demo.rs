@@ -1,7 +1,8 @@
 //! The demo pipeline: seeded random words from the generator receiver
 //! (write-ahead log on), counted per batch and over a sliding window
 //! (`reduce_by_key_and_window` with an inverse), the top words of each
-//! window handed to a callback, and an exactly-once file output keyed by
+//! window handed to a callback (and, when asked, all of its counts to
+//! another, such as a file sink), and an exactly-once file output keyed by
 //! batch id that [`verify_output`] checks against the generator's seed.
 //! The output is owner-only (0700 directories, 0600 files), as everything
 //! under a checkpoint is: it is usually inside one.
@@ -15,7 +16,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use spate_core::{BatchId, Duration, Time};
-use spate_dstream::{KeyHashMap, Views};
+use spate_dstream::{BatchInfo, BoxError, KeyHashMap, Views};
 use spate_receiver::{GeneratorReceiver, GeneratorSettings, WordGenerator};
 
 use crate::context::{PipelineBuilder, StreamingContext};
@@ -36,6 +37,12 @@ pub struct TopWords {
 
 /// Called with the top words of every window.
 pub type TopWordsCallback = Arc<dyn Fn(&TopWords) + Send + Sync>;
+
+/// Called in the window output with every word count of a window and the
+/// batch that closed it (its time is the window's end); an error fails the
+/// batch, which then runs again: a sink that writes them must be idempotent
+/// by batch (`spate-files` is).
+pub type WindowCountsCallback = Arc<dyn Fn(&[(String, u64)], BatchInfo) -> Result<(), BoxError> + Send + Sync>;
 
 /// How the demo runs.
 #[derive(Clone)]
@@ -59,6 +66,8 @@ pub struct DemoSettings {
     /// Where the exactly-once output goes: `batch-<N>.json` per batch
     /// (the batch's word counts) and `window-<N>.json` per window; `None`: no files.
     pub output_dir: Option<PathBuf>,
+    /// Called with every word count of each window, before its top words.
+    pub on_window_counts: Option<WindowCountsCallback>,
 }
 
 impl fmt::Debug for DemoSettings {
@@ -89,6 +98,7 @@ impl DemoSettings {
             top_n: 10,
             on_top_words: None,
             output_dir: None,
+            on_window_counts: None,
         }
     }
 }
@@ -156,9 +166,13 @@ pub fn word_count_pipeline(p: &mut PipelineBuilder, options: &DemoSettings) -> R
         )
         .name("window-counts");
     let (top_n, callback, output_dir) = (options.top_n, options.on_top_words.clone(), options.output_dir.clone());
+    let on_counts = options.on_window_counts.clone();
     windowed
         .foreach_batch(move |batch, info| {
             let mut words: Vec<(String, u64)> = batch.iter().cloned().collect();
+            if let Some(on_counts) = &on_counts {
+                on_counts(&words, info)?;
+            }
             words.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
             words.truncate(top_n);
             let top = TopWords { batch_id: info.batch_id, batch_time: info.time, words };
