@@ -15,6 +15,8 @@
 //! - [`tracker`]: the received-block tracker and its event log;
 //! - [`dstream`]: the DStream graph: transformations, windows, named state;
 //! - [`kafka`]: the direct Kafka stream, the consumer pool, exactly-once sinks;
+//! - [`files`]: the exactly-once file sink, JSON lines partitioned by
+//!   event-time date and hour, on a disk or in S3;
 //! - [`runtime`]: `StreamingContext`, recovery, scheduling, progress, the demo pipeline;
 //! - [`app`]: an application of tasks, one per input partition, run by
 //!   members that share them out through a Kafka consumer group.
@@ -62,6 +64,7 @@
 pub use spate_app as app;
 pub use spate_core as core;
 pub use spate_dstream as dstream;
+pub use spate_files as files;
 pub use spate_kafka as kafka;
 pub use spate_logstore as logstore;
 pub use spate_receiver as receiver;

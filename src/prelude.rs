@@ -2,9 +2,9 @@
 //!
 //! The types a typical job names: the context that runs it and its
 //! settings, the graph and its streams, inputs and sources, time and batch
-//! ids, the checkpoint's options, the Kafka direct stream and sinks,
-//! event-time windows and watermarks, and an application's tasks and
-//! members. Anything else is one path away, under the module of its crate
+//! ids, the checkpoint's options, the Kafka direct stream and sinks, the
+//! file sink, event-time windows and watermarks, and an application's tasks
+//! and members. Anything else is one path away, under the module of its crate
 //! (`spate::runtime::…`, `spate::kafka::…`).
 //!
 //! ```
@@ -26,6 +26,7 @@ pub use spate_dstream::{
     BatchLimits, BoxError, DStream, Data, EventWindows, GraphBuilder, InputSource, QueueSource, SourceContext, State,
     Watermarks, Window, WindowResult,
 };
+pub use spate_files::{FileSink, FileSinkSettings, Partitioning, WriteFiles};
 pub use spate_kafka::{
     DirectKafkaSettings, DirectKafkaStream, KafkaRecord, KafkaSink, OffsetCommit, OffsetRanges, OutputRecord,
     StartingOffsets, TopicPartition, TransactionalKafkaSink,
