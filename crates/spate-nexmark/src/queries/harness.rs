@@ -85,11 +85,11 @@ pub(super) const PARTITIONS: usize = 3;
 pub(super) type Arranged = (Event, i64, usize, bool);
 
 /// The events in the order of their time plus their delay, cut into
-/// batches of [`PARTITIONS`] partitions, then a batch with an event at
-/// `flush_at` in every partition, which moves the watermark past every
-/// window before it. No event is behind the watermark: one that comes after
+/// batches of [`PARTITIONS`] partitions, then a batch with `flush` (an
+/// event the query reads, far later) in every partition, which moves the
+/// watermark past every window before it. No event is behind the watermark: one that comes after
 /// another is at most 3 s older than it.
-pub(super) fn out_of_order(mut events: Vec<Arranged>, flush_at: i64) -> Vec<Vec<Vec<Event>>> {
+pub(super) fn out_of_order(mut events: Vec<Arranged>, flush: Event) -> Vec<Vec<Vec<Event>>> {
     events.sort_by_key(|(event, delay, _, _)| event.timestamp_ms() + delay);
     let empty = || (0..PARTITIONS).map(|_| Vec::new()).collect::<Vec<Vec<Event>>>();
     let mut batches = vec![empty()];
@@ -101,6 +101,6 @@ pub(super) fn out_of_order(mut events: Vec<Arranged>, flush_at: i64) -> Vec<Vec<
             batches.push(empty());
         }
     }
-    batches.push((0..PARTITIONS).map(|_| vec![bid(0, 0, flush_at)]).collect());
+    batches.push((0..PARTITIONS).map(|_| vec![flush.clone()]).collect());
     batches
 }

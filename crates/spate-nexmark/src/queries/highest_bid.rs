@@ -234,7 +234,7 @@ mod spec {
         #[test]
         fn q7_emits_the_rows_of_the_spec_sql(events in prop::collection::vec(arranged(), 1..60)) {
             let bids: Vec<Bid> = events.iter().filter_map(|(e, ..)| e.as_bid().cloned()).collect();
-            let rows = run(q7, out_of_order(events, T0 + 1_000_005));
+            let rows = run(q7, out_of_order(events, bid(0, 0, T0 + 1_000_005)));
             let mut got: Vec<Q7Row> = rows.into_iter().flatten().collect();
             got.sort();
             prop_assert_eq!(got, spec(&bids));
