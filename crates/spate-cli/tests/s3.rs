@@ -9,7 +9,8 @@
 //! and repair and set-offsets refusing it. The
 //! demo runs on `s3://` with its receiver's logs in `--wal-dir`, resumes,
 //! refuses to start without `--wal-dir`, and a second writer is refused
-//! naming the holder. The child processes get no `AWS_*` variables: the
+//! naming the holder; the demo's `--window-files` go to `s3://` with each
+//! window once. The child processes get no `AWS_*` variables: the
 //! `--s3-*` flags alone must reach the server (one test uses the variables
 //! alone instead).
 
@@ -494,6 +495,51 @@ fn the_demo_runs_on_s3_with_its_logs_in_the_wal_dir_and_resumes() {
     let check = verify_output(&output_dir, SEED).unwrap();
     assert!(check.batches > last + 3, "{check:?}");
     assert!(check.records > 0, "{check:?}");
+}
+
+#[test]
+fn the_demos_window_files_go_to_s3_with_the_s3_flags_each_window_once() {
+    let s3 = s3();
+    let files = s3.fresh_location("window-files");
+    let checkpoint = tempfile::tempdir().unwrap();
+    let mut args = strings(&["demo", "--checkpoint", checkpoint.path().to_str().unwrap(), "--batch-ms", "20"]);
+    args.extend(strings(&["--rate", "20000", "--seed", "7", "--quiet", "--until-batch", "12", "--window-files"]));
+    args.push(files.to_str().unwrap().to_string());
+    args.extend_from_slice(&s3.flags);
+    let run = spate(&args);
+    assert_eq!(run.status.code(), Some(0), "{}", text(&run.stderr));
+
+    let objects = s3.snapshot(&files, true);
+    assert!(!objects.keys().any(|p| p.starts_with("_staging")), "{:?}", objects.keys());
+    let mut seen: BTreeMap<(i64, String), u64> = BTreeMap::new();
+    for (path, bytes) in objects.iter().filter(|(p, _)| p.to_str().unwrap().starts_with("dt=")) {
+        let partition = path.parent().unwrap().to_str().unwrap();
+        for line in text(bytes).lines() {
+            let value: Value = serde_json::from_str(line).unwrap();
+            let end = value["window_end_ms"].as_i64().unwrap();
+            let expected_partition = spate_files::Partitioning::Hour.directory(Time::from_millis(end));
+            assert_eq!(partition, expected_partition, "{line}");
+            let word = value["word"].as_str().unwrap().to_string();
+            let count = value["count"].as_u64().unwrap();
+            assert!(seen.insert((end, word), count).is_none(), "{line} twice");
+        }
+    }
+    // One manifest a window, and the windows are those the demo closed with words in them.
+    let manifests = objects.keys().filter(|p| p.starts_with("_manifests")).count();
+    let ends: std::collections::BTreeSet<i64> = seen.keys().map(|(end, _)| *end).collect();
+    assert_eq!(manifests, ends.len());
+    let mut closed = std::collections::BTreeSet::new();
+    for entry in std::fs::read_dir(checkpoint.path().join("output")).unwrap() {
+        let path = entry.unwrap().path();
+        if path.file_name().unwrap().to_str().unwrap().starts_with("window-") {
+            let top: spate_runtime::demo::TopWords = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+            if !top.words.is_empty() {
+                closed.insert(top.batch_time.as_millis());
+            }
+        }
+    }
+    assert!(closed.len() >= 3, "{closed:?}");
+    assert_eq!(ends, closed);
 }
 
 #[test]
