@@ -49,8 +49,7 @@
 //! is in exactly one data file, once every publication a crash cut short is
 //! finished, which the sink does before its first batch after a restart.
 //!
-//! The steps of a batch, each durable before the next (see the `sink`
-//! module): stage every file under `_staging/<batch>/`; write the manifest
+//! The steps of a batch, each durable before the next: stage every file under `_staging/<batch>/`; write the manifest
 //! there (the decision); move each file to its final name; record the
 //! manifest in `_manifests/`; clean the staging directory. A crash before
 //! the decision leaves only staged files, which the next run drops (the

@@ -67,6 +67,7 @@ impl Manifest {
 
     /// The manifest as written: one JSON line.
     pub fn encode(&self) -> Vec<u8> {
+        // Numbers and strings only (no map with non-string keys): it cannot fail.
         let mut bytes = serde_json::to_vec(self).unwrap_or_default();
         bytes.push(b'\n');
         bytes

@@ -229,8 +229,9 @@ impl<T: Serialize> FileSink<T> {
         is_object_store_location(&self.root)
     }
 
-    /// Writes the records of batch `info` (see the module documentation for
-    /// the steps). The first call of a sink first settles what earlier runs
+    /// Writes the records of batch `info`: stages them as files, decides
+    /// them with a manifest, publishes them and records the manifest (see
+    /// the crate documentation). The first call of a sink first settles what earlier runs
     /// left ([`FileSink::recover`]). Call it from the batch's output, before
     /// the batch commits; an error fails the batch, and its re-run writes it
     /// again from where this left it.
