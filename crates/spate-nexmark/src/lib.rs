@@ -135,11 +135,12 @@
 //! - q3, local item suggestion, and q20, bids with their category-10
 //!   auction: incremental joins in keyed state, each match once, as soon as
 //!   both sides came;
-//! - q4, average price for a category, q9, winning bids, and q6, average
-//!   selling price by seller: each auction's highest bid in its lifetime,
-//!   final when the watermark passes its expiry (keyed state and an
-//!   event-time timer), averaged per category, listed, or averaged over
-//!   each seller's last closed auctions;
+//! - q4, average price for a category: each auction's highest bid so far,
+//!   averaged per category, in two unwindowed aggregates as the spec's plan;
+//! - q9, winning bids, and q6, average selling price by seller: each
+//!   auction's highest bid in its lifetime, final when the watermark passes
+//!   its expiry (keyed state and an event-time timer), listed, or averaged
+//!   over each seller's last closed auctions;
 //! - q5, hot items: the auctions with the most bids per event-time window
 //!   of 10 s sliding by 2 s;
 //! - q7, highest bid: the highest bids per tumbling 10 s window;

@@ -30,9 +30,9 @@
 //!   category-10 auctions, an incremental join of persons and auctions,
 //!   each match once, in the batch that brings its second side;
 //! - [`q4`], average price for a category: each auction's highest bid
-//!   between its opening and expiry, final once the watermark passes the
-//!   expiry, averaged per category: after each batch, a row for each
-//!   category with auctions closed in it;
+//!   between its opening and expiry so far, averaged per category, as the
+//!   spec's plan of two unwindowed aggregates computes it: after each
+//!   batch, a row for each category whose average it changed;
 //! - [`q6`], average selling price by seller: for each auction closing
 //!   with a winning bid, the average winning price of it and its seller's
 //!   10 auctions closed before;
@@ -77,8 +77,8 @@
 //! than that. Every stateful operator has a stable name (`q4-winning-bids`,
 //! `q5-bids-per-auction`, …), under which its state is checkpointed and
 //! restored. Records behind the watermark (which these bounds do not let
-//! happen with the generator's events) are left out of q4, q5, q7 and q8,
-//! and the log says how many.
+//! happen with the generator's events) are left out of the windowed
+//! queries and of q6 and q9, and the log says how many.
 
 use std::fmt;
 

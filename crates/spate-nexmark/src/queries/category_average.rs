@@ -1,27 +1,25 @@
-//! Query 4, average price for a category: the average winning bid of the
-//! closed auctions of each category, from the winning bid of each auction
-//! (keyed processing with a timer at its expiry) and a running sum and
-//! count per category.
+//! Query 4, average price for a category: the average of the highest bid
+//! of each auction of a category, as the spec's plan computes it, an upsert
+//! stream of each category's average.
 
 use serde::{Deserialize, Serialize};
-use spate_core::{Duration, Time};
-use spate_dstream::{DStream, Timed, TimedState};
+use spate_dstream::{DStream, KeyHashMap};
 
-use super::{event_time, watermarks};
 use crate::model::Event;
 
-/// A row of q4: the average winning price of a category's closed auctions.
+/// A row of q4: the average highest bid of a category's auctions.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct Q4Row {
     /// The category (the spec's `Q.category`).
     pub category: i64,
-    /// The average winning price, in cents, rounded down (the spec's `AVG(Q.final)`).
+    /// The average of its auctions' highest bids, in cents, rounded down
+    /// (the spec's `AVG(Q.final)`).
     pub average: i64,
-    /// How many closed auctions the average is over.
+    /// How many auctions (with a bid in range) the average is over.
     pub auctions: u64,
 }
 
-/// What the winning-bid operator reads, keyed by auction id.
+/// What the highest-bid operator reads, keyed by auction id.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 enum Input {
     /// The auction opens.
@@ -30,30 +28,13 @@ enum Input {
     Bid { price: i64, date_time: i64 },
 }
 
-impl Input {
-    fn date_time(&self) -> i64 {
-        match self {
-            Input::Auction { date_time, .. } | Input::Bid { date_time, .. } => *date_time,
-        }
-    }
-}
-
-/// What the winning-bid operator keeps per auction id.
+/// What the highest-bid operator keeps per auction id.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 enum Kept {
     /// Bids (time, price) whose auction has not arrived.
     Waiting(Vec<(i64, i64)>),
-    /// An open auction and its highest bid in range so far.
+    /// An auction and its highest bid in range so far.
     Open { category: i64, date_time: i64, expires: i64, highest: Option<i64> },
-}
-
-/// A category's winning prices so far.
-#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
-struct Average {
-    sum: i64,
-    count: u64,
-    /// True when the batch just processed added to it.
-    changed: bool,
 }
 
 fn input(event: Event) -> Option<(i64, Input)> {
@@ -66,139 +47,103 @@ fn input(event: Event) -> Option<(i64, Input)> {
     }
 }
 
-/// When an auction expiring at `expires` closes: the first instant after
-/// it, so that a bid at `expires` is still counted.
-fn closing_time(expires: i64) -> Time {
-    event_time(expires) + Duration::from_millis(1)
-}
-
-/// The process function of `q4-winning-bids`: emits (category, winning
-/// price) when an auction closes.
-fn winning_bids(what: Timed<Input>, state: &mut TimedState<Kept>, out: &mut Vec<(i64, i64)>) {
-    match what {
-        Timed::Record { value: Input::Auction { category, date_time, expires }, .. } => {
-            open(state, category, date_time, expires);
+/// Folds one record into an auction's state; true when its highest bid in
+/// range changed (`B.dateTime BETWEEN A.dateTime AND A.expires`).
+fn highest_bid(input: Input, kept: &mut Option<Kept>) -> bool {
+    match (input, kept.as_mut()) {
+        (Input::Auction { category, date_time, expires }, None | Some(Kept::Waiting(_))) => {
+            let in_range = |t: i64| (date_time..=expires).contains(&t);
+            let highest = match kept.take() {
+                Some(Kept::Waiting(bids)) => bids.into_iter().filter(|(t, _)| in_range(*t)).map(|(_, p)| p).max(),
+                _ => None,
+            };
+            *kept = Some(Kept::Open { category, date_time, expires, highest });
+            highest.is_some()
         }
-        Timed::Record { value: Input::Bid { price, date_time }, time } => bid(state, price, date_time, time),
-        Timed::Timer { time } => on_timer(state, time, out),
-    }
-}
-
-/// The auction arrives: the bids that waited for it count if in range.
-fn open(state: &mut TimedState<Kept>, category: i64, date_time: i64, expires: i64) {
-    let waiting = match state.get() {
-        Some(Kept::Waiting(bids)) => bids.clone(),
         // The same auction twice: the first one stands.
-        Some(Kept::Open { .. }) => return,
-        None => Vec::new(),
-    };
-    let in_range = |t: i64| (date_time..=expires).contains(&t);
-    let highest = waiting.iter().filter(|(t, _)| in_range(*t)).map(|(_, price)| *price).max();
-    let pending: Vec<Time> = state.timers().collect();
-    for timer in pending {
-        state.delete_timer(timer);
-    }
-    state.update(Kept::Open { category, date_time, expires, highest });
-    state.set_timer(closing_time(expires));
-}
-
-/// A bid: raises the open auction's highest bid, or waits for the auction.
-fn bid(state: &mut TimedState<Kept>, price: i64, date_time: i64, time: Time) {
-    match state.get_mut() {
-        Some(Kept::Open { date_time: opened, expires, highest, .. }) => {
-            if (*opened..=*expires).contains(&date_time) {
-                *highest = Some(highest.map_or(price, |h| h.max(price)));
+        (Input::Auction { .. }, Some(Kept::Open { .. })) => false,
+        (Input::Bid { price, date_time }, Some(Kept::Open { date_time: opened, expires, highest, .. })) => {
+            let higher = (*opened..=*expires).contains(&date_time) && highest.is_none_or(|h| price > h);
+            if higher {
+                *highest = Some(price);
             }
+            higher
         }
-        Some(Kept::Waiting(bids)) => bids.push((date_time, price)),
-        None => {
-            state.update(Kept::Waiting(vec![(date_time, price)]));
-            // Wakes up to drop the bid once no auction can open before it.
-            state.set_timer(time + Duration::from_millis(1));
+        (Input::Bid { price, date_time }, Some(Kept::Waiting(bids))) => {
+            bids.push((date_time, price));
+            false
+        }
+        (Input::Bid { price, date_time }, None) => {
+            *kept = Some(Kept::Waiting(vec![(date_time, price)]));
+            false
         }
     }
 }
 
-/// A timer: an open auction closes; waiting bids the watermark passed go.
-fn on_timer(state: &mut TimedState<Kept>, time: Time, out: &mut Vec<(i64, i64)>) {
-    let watermark = state.watermark();
-    match state.get_mut() {
-        Some(Kept::Open { category, expires, highest, .. }) if time >= closing_time(*expires) => {
-            if let Some(price) = *highest {
-                out.push((*category, price));
-            }
-            state.remove();
-        }
-        Some(Kept::Waiting(bids)) => {
-            // An auction arriving from now on opens at or after the
-            // watermark (anything earlier would be late), so a bid before it
-            // is out of that auction's range.
-            bids.retain(|(t, _)| watermark.is_none_or(|w| event_time(*t) >= w));
-            match bids.iter().map(|(t, _)| *t).min() {
-                Some(earliest) => state.set_timer(event_time(earliest) + Duration::from_millis(1)),
-                None => state.remove(),
-            }
-        }
-        // An open auction has no timer but its closing (it deleted the others).
-        Some(Kept::Open { .. }) | None => {}
+/// A category's auctions' highest bids, their sum, and the row last emitted.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+struct Category {
+    highest: KeyHashMap<i64, i64>,
+    sum: i64,
+}
+
+impl Category {
+    fn row(&self, category: i64) -> Option<Q4Row> {
+        let auctions = self.highest.len() as u64;
+        let divisor = i64::try_from(auctions).ok().filter(|n| *n > 0)?;
+        Some(Q4Row { category, average: self.sum / divisor, auctions })
+    }
+
+    /// Sets an auction's highest bid; true when the category's row changed.
+    fn set(&mut self, category: i64, auction: i64, price: i64) -> bool {
+        let before = self.row(category);
+        let old = self.highest.insert(auction, price).unwrap_or(0);
+        self.sum = self.sum.saturating_add(price).saturating_sub(old);
+        self.row(category) != before
     }
 }
 
-/// The `update_state_by_key` function of `q4-average-by-category`.
-fn average(prices: Vec<i64>, old: Option<Average>) -> Option<Average> {
-    let mut average = old.unwrap_or(Average { sum: 0, count: 0, changed: false });
-    average.changed = !prices.is_empty();
-    for price in prices {
-        average.sum = average.sum.saturating_add(price);
-        average.count += 1;
-    }
-    Some(average)
-}
-
-fn row(category: i64, average: Average) -> Option<Q4Row> {
-    let divisor = i64::try_from(average.count).ok().filter(|count| *count > 0)?;
-    average.changed.then_some(Q4Row { category, average: average.sum / divisor, auctions: average.count })
-}
-
-/// Query 4, average price for a category.
+/// Query 4, average price for a category: `SELECT category, AVG(final)
+/// FROM (SELECT MAX(B.price) AS final, A.category FROM auction A, bid B
+/// WHERE A.id = B.auction AND B.dateTime BETWEEN A.dateTime AND A.expires
+/// GROUP BY A.id, A.category) GROUP BY category`.
 ///
-/// The spec's SQL takes, per auction, `MAX(B.price)` over its bids with
-/// `B.dateTime BETWEEN A.dateTime AND A.expires`, and averages these per
-/// category. Here an auction's winning bid is final once the watermark
-/// passes its expiry, and only then counted:
+/// The spec's plan, over the whole stream, in two unwindowed aggregates
+/// (upsert streams):
 ///
-/// 1. `process_by_event_time` keyed by auction id (`q4-winning-bids`) keeps
-///    each open auction's highest bid in range, with a timer one
-///    millisecond after `expires` (a bid at `expires` itself still counts,
-///    as `BETWEEN` is inclusive, so the auction closes only when no such
-///    bid can come). When the timer fires the auction emits its category
-///    and winning price, if it had a bid in range, and is forgotten. Bids
-///    that arrive before their auction (from another partition, or on an
-///    auction not opened yet) wait for it until the watermark passes them:
-///    an auction arriving after that opens later than they were made.
-/// 2. `update_state_by_key` keyed by category (`q4-average-by-category`)
-///    adds the batch's winning prices to the category's sum and count.
+/// 1. `q4-winning-bids`, keyed by auction id: each auction's highest bid
+///    in range so far (the join and the inner `GROUP BY`; bids that come
+///    before their auction wait for it), emitting an auction's category and
+///    highest bid after each batch that raised it;
+/// 2. `q4-average-by-category`, keyed by category: the highest bid of each
+///    of its auctions, a raised one replacing the auction's earlier one (the
+///    retraction of the spec's updating aggregate), and their sum.
 ///
-/// So a batch emits one [`Q4Row`] for each category some of whose auctions
-/// closed in it with a bid in range: the average winning price over every
-/// auction of the category closed so far (the spec's `AVG` of a `BIGINT`,
-/// an integer: the sum divided by the count, rounded down) and their
-/// number. A category with no such closing in the batch emits nothing.
+/// After each batch, a [`Q4Row`] for every category whose average or
+/// number of auctions the batch changed: the average (the spec's `AVG` of
+/// a `BIGINT`: the sum divided by the count, rounded down) of the highest
+/// bids of its auctions with a bid in range so far, open or closed. Both
+/// keep an entry per auction for ever, as the spec's unwindowed join and
+/// aggregates do.
 pub fn q4(events: &DStream<Event>) -> DStream<Q4Row> {
     events
         .flat_map(input)
-        .process_by_event_time(
-            |input: &Input| event_time(input.date_time()),
-            watermarks(),
-            |_auction: &i64, what, state: &mut TimedState<Kept>, out: &mut Vec<(i64, i64)>| {
-                winning_bids(what, state, out)
+        .aggregate_by_key(
+            |_auction, input: Input, kept: &mut Option<Kept>| highest_bid(input, kept),
+            |auction: &i64, kept: &Kept, out: &mut Vec<(i64, (i64, i64))>| {
+                if let Kept::Open { category, highest: Some(price), .. } = kept {
+                    out.push((*category, (*auction, *price)));
+                }
             },
         )
         .name("q4-winning-bids")
-        .output()
-        .update_state_by_key(average)
+        .aggregate_by_key(
+            |category: &i64, (auction, price): (i64, i64), kept: &mut Option<Category>| {
+                kept.get_or_insert_with(Category::default).set(*category, auction, price)
+            },
+            |category: &i64, kept: &Category, out: &mut Vec<Q4Row>| out.extend(kept.row(*category)),
+        )
         .name("q4-average-by-category")
-        .flat_map(|(category, average)| row(category, average))
 }
 
 #[cfg(test)]
@@ -207,7 +152,7 @@ mod tests {
     use crate::queries::harness::{auction, bid, run};
 
     #[test]
-    fn an_auction_counts_its_highest_bid_from_opening_to_expiry_once_the_watermark_passes_it() {
+    fn a_category_averages_its_auctions_highest_bids_in_range_as_they_rise() {
         let rows = run(
             q4,
             vec![
@@ -224,17 +169,19 @@ mod tests {
                         auction(3, 7, 11, 1000, 2000),
                     ],
                 ],
-                // The watermark reaches 2001 (6001 - 4 s): auctions 1 and 3
-                // close; the bid after auction 1's expiry does not count.
-                vec![vec![bid(1, 10_000, 2001), bid(9, 1, 6001)], vec![bid(9, 1, 6001)]],
-                // 3000: auction 2 expires at 3000 but a bid then may still come.
-                vec![vec![bid(9, 1, 7000)], vec![bid(9, 1, 7000)]],
-                // It does; 3001: auction 2 closes; (500 + 401) / 2 rounds down.
-                vec![vec![bid(2, 401, 3000), bid(9, 1, 7001)], vec![bid(9, 1, 7001)]],
-                vec![vec![bid(9, 1, 7002)], vec![]],
+                // After auction 1's expiry: does not count; below auction 2's highest.
+                vec![vec![bid(1, 10_000, 2001), bid(2, 300, 2600)]],
+                // Auction 2's highest rises at its expiry: (500 + 402) / 2.
+                vec![vec![bid(2, 402, 3000)]],
+                // It rises again, but (500 + 403) / 2 rounds down to the same.
+                vec![vec![bid(2, 403, 2999)], vec![bid(3, 10, 1000)]],
+                vec![vec![bid(2, 700, 2999)]],
             ],
         );
-        let row = |average, auctions| Q4Row { category: 10, average, auctions };
-        assert_eq!(rows, vec![vec![], vec![row(500, 1)], vec![], vec![row(450, 2)], vec![]]);
+        let row = |category, average, auctions| Q4Row { category, average, auctions };
+        assert_eq!(
+            rows,
+            vec![vec![row(10, 425, 2)], vec![], vec![row(10, 451, 2)], vec![row(11, 10, 1)], vec![row(10, 600, 2)]]
+        );
     }
 }
