@@ -1,8 +1,8 @@
 //! The file sink crashed at every step of writing a batch, on a local disk
 //! (also inside each atomic write, losing what was not synced) and on an
-//! object store: what a reader sees is never a half file nor a duplicate,
-//! and after the restart's re-run of the batch it holds every record
-//! exactly once.
+//! object store (also with each write lost or repeated as a client retry
+//! repeats it): what a reader sees is never a half file nor a duplicate,
+//! and after the re-run of the batch it holds every record exactly once.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -15,10 +15,10 @@ use common::{CrashMode, Event, Steps, hidden_files, visible, visible_records};
 use spate_core::{BatchId, Time};
 use spate_dstream::BatchInfo;
 use spate_files::{
-    BatchOutcome, CheckpointFileManager, FileSink, FileSinkSettings, FilesError, MANIFESTS_DIR, Partitioning,
+    BatchOutcome, CheckpointFileManager, FileSink, FileSinkSettings, FilesError, MANIFESTS_DIR, Partitioning, Recovery,
     STAGING_DIR,
 };
-use spate_logstore::{FaultPoint, LocalFileManager, ObjectStoreFileManager};
+use spate_logstore::{FaultPoint, FaultyObjectStore, LocalFileManager, ObjectFault, ObjectStoreFileManager};
 
 /// 2026-12-05T18:00:00Z.
 const HOUR_18: i64 = 1_796_493_600_000;
@@ -47,8 +47,13 @@ fn sorted(mut events: Vec<Event>) -> Vec<Event> {
 
 /// How many changing steps batch 0 takes on a fresh root, and of which kinds.
 fn steps_of_one_batch(root: &Path, inner: Arc<dyn CheckpointFileManager>) -> Vec<&'static str> {
+    steps_of_batch(root, inner, 0)
+}
+
+/// How many changing steps batch `n` takes on a fresh root, and of which kinds.
+fn steps_of_batch(root: &Path, inner: Arc<dyn CheckpointFileManager>, n: u64) -> Vec<&'static str> {
     let steps = Arc::new(Steps::new(inner, usize::MAX));
-    let (info, events) = batch(0);
+    let (info, events) = batch(n);
     let outcome = sink(root, Arc::clone(&steps) as Arc<dyn CheckpointFileManager>).write_batch(&events, info).unwrap();
     assert!(matches!(outcome, BatchOutcome::Published(ref m) if m.files.len() > 3), "{outcome:?}");
     steps.kinds.lock().unwrap().clone()
@@ -155,6 +160,71 @@ fn a_crash_before_any_step_in_an_object_store_leaves_no_half_object_and_the_reru
         let crashing = Arc::new(Steps::new(Arc::clone(&files), at));
         crash_and_recover(&location, crashing, files, decision, at);
     }
+}
+
+fn object_files(location: &Path, store: Arc<dyn object_store::ObjectStore>) -> Arc<dyn CheckpointFileManager> {
+    Arc::new(ObjectStoreFileManager::with_store(location, "out", store).unwrap())
+}
+
+#[test]
+fn a_lost_or_repeated_object_store_write_anywhere_never_leaves_a_duplicate_or_a_gap() {
+    let location = PathBuf::from("s3://bucket/out");
+    let (info0, events0) = batch(0);
+    let (info1, events1) = batch(1);
+    let counting = Arc::new(FaultyObjectStore::new(Arc::new(object_store::memory::InMemory::new())));
+    sink(&location, object_files(&location, Arc::clone(&counting) as _)).write_batch(&events0, info0).unwrap();
+    let writes = counting.writes();
+    assert!(writes > 20, "{writes} writes");
+    let faults = [ObjectFault::BeforeApply, ObjectFault::AfterApply, ObjectFault::AfterApplyRetried];
+    for (n, fault, crash) in
+        (0..writes).flat_map(|n| faults.into_iter().flat_map(move |f| [(n, f, false), (n, f, true)]))
+    {
+        let context = format!("write {n} failing {fault:?}, crash {crash}");
+        let memory: Arc<dyn object_store::ObjectStore> = Arc::new(object_store::memory::InMemory::new());
+        let faulty = Arc::new(FaultyObjectStore::fail_write(Arc::clone(&memory), n, fault, crash));
+        let first_sink = sink(&location, object_files(&location, Arc::clone(&faulty) as _));
+        let first = first_sink.write_batch(&events0, info0);
+        assert!(faulty.fired(), "{context}");
+        // The re-run: by the same sink when the process lived on, by a new one when it died.
+        let rerun_sink = if crash { sink(&location, object_files(&location, Arc::clone(&memory))) } else { first_sink };
+        if first.is_err() {
+            rerun_sink.write_batch(&events0, info0).unwrap_or_else(|e| panic!("{context}: {e}"));
+        }
+        rerun_sink.write_batch(&events1, info1).unwrap_or_else(|e| panic!("{context}: {e}"));
+        let clean = object_files(&location, memory);
+        let expected = sorted(events0.iter().chain(&events1).cloned().collect());
+        assert_eq!(visible_records(clean.as_ref(), &location), expected, "{context}");
+        assert!(hidden_files(clean.as_ref(), &location, STAGING_DIR).is_empty(), "{context}");
+    }
+}
+
+#[test]
+fn recovery_reports_what_it_published_forward_and_what_it_dropped() {
+    let dir = tempfile::tempdir().unwrap();
+    let kinds = steps_of_batch(tempfile::tempdir().unwrap().path(), Arc::new(LocalFileManager), 1);
+    let first_move = kinds.iter().position(|k| *k == "move").unwrap();
+    // Two sinks that settled the empty root, as two runs would have: batch 0
+    // crashes in one while staging, batch 1 in the other while publishing.
+    let (steps0, steps1) = (
+        Arc::new(Steps::new(Arc::new(LocalFileManager), usize::MAX)),
+        Arc::new(Steps::new(Arc::new(LocalFileManager), usize::MAX)),
+    );
+    let (sink0, sink1) = (sink(dir.path(), Arc::clone(&steps0) as _), sink(dir.path(), Arc::clone(&steps1) as _));
+    assert_eq!(sink0.recover().unwrap(), Recovery::default());
+    assert_eq!(sink1.recover().unwrap(), Recovery::default());
+    let (info0, events0) = batch(0);
+    steps0.crash_in(2);
+    assert!(sink0.write_batch(&events0, info0).is_err());
+    let (info1, events1) = batch(1);
+    steps1.crash_in(first_move + 1);
+    assert!(sink1.write_batch(&events1, info1).is_err());
+    assert_eq!(steps1.kinds.lock().unwrap().iter().filter(|k| **k == "move").count(), 1, "one file published");
+
+    let recovered = sink(dir.path(), Arc::new(LocalFileManager)).recover().unwrap();
+    let key = |info: BatchInfo| spate_files::BatchKey::new(info.time, info.batch_id);
+    assert_eq!(recovered, Recovery { published: vec![key(info1)], dropped: vec![key(info0)] });
+    assert_eq!(visible_records(&LocalFileManager, dir.path()), sorted(events1));
+    assert!(hidden_files(&LocalFileManager, dir.path(), STAGING_DIR).is_empty());
 }
 
 #[test]
