@@ -26,6 +26,7 @@ pub static TARGETS: &[Target] = &[
     Target { name: "block", run: block, seeds: block_seeds },
     Target { name: "wal_segment", run: wal_segment, seeds: wal_segment_seeds },
     Target { name: "wal_record", run: wal_record, seeds: wal_record_seeds },
+    Target { name: "file_manifest", run: file_manifest, seeds: file_manifest_seeds },
 ];
 
 /// A record with the shapes frames carry: integers, strings, sequences, options.
@@ -164,6 +165,33 @@ fn metadata_seeds() -> Vec<Vec<u8>> {
         CheckpointMetadata { id: "6f1f8a52-4a1b-4c36-9d1e-1f2e3d4c5b6a".into(), created_at: Time::from_millis(7) };
     let spark = br#"{"id":"0b5e5b52-3f7a-4ad4-a2d5-b7a5e0f0c6a1"}"#.to_vec();
     encode_entry(&spate_logstore::Json(ours)).into_iter().chain([spark]).map(raw).collect()
+}
+
+/// A file sink's batch manifest (`_manifests/<time>-<id>.json`, and the
+/// decided one in a staging directory), checked against the batch it
+/// claims; and batch names as the sink parses them from listings.
+fn file_manifest(input: &[u8]) {
+    let (_, rest) = mode(input);
+    if let Some(key) = std::str::from_utf8(rest).ok().and_then(spate_files::BatchKey::parse) {
+        assert_eq!(spate_files::BatchKey::parse(&key.name()), Some(key), "batch name round trip changed {key:?}");
+    }
+    let Ok(claimed) = serde_json::from_slice::<spate_files::Manifest>(rest) else { return };
+    if let Ok(manifest) = spate_files::Manifest::decode(rest, claimed.key()) {
+        let again = spate_files::Manifest::decode(&manifest.encode(), manifest.key());
+        assert!(matches!(again, Ok(ref m) if *m == manifest), "manifest round trip changed {manifest:?}");
+    }
+}
+
+fn file_manifest_seeds() -> Vec<Vec<u8>> {
+    let key = spate_files::BatchKey::new(Time::from_millis(1_796_494_029_000), BatchId(7));
+    let file = |index: u32, hour: &str| spate_files::ManifestFile {
+        path: format!("dt=2026-12-05/{hour}/{}", key.file_name(index)),
+        records: 3,
+        bytes: 120,
+        crc32c: 0x0bad_cafe,
+    };
+    let manifest = spate_files::Manifest::new(key, vec![file(0, "hour=18"), file(1, "hm=18%3A07")]);
+    [manifest.encode(), key.name().into_bytes()].into_iter().map(raw).collect()
 }
 
 const TRACKER_CODEC: FrameCodec = FrameCodec::new(EVENT_FORMAT_VERSION);
