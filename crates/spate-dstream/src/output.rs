@@ -36,16 +36,17 @@ impl Output {
     }
 }
 
-struct OutputNode<T, F> {
+/// What an output does with a batch: the batch is shared, and a writer
+/// that wants it by value takes it without a copy when it is the last
+/// holder.
+type WriteBatch<T> = dyn Fn(Arc<Batch<T>>, BatchInfo) -> Result<(), BoxError> + Send + Sync;
+
+struct OutputNode<T> {
     input: Arc<Slot<T>>,
-    write: Arc<F>,
+    write: Arc<WriteBatch<T>>,
 }
 
-impl<T, F> Node for OutputNode<T, F>
-where
-    T: Data,
-    F: Fn(&Batch<T>, BatchInfo) -> Result<(), BoxError> + Send + Sync + 'static,
-{
+impl<T: Data> Node for OutputNode<T> {
     fn step(&mut self, ctx: &StepCtx<'_>) -> Result<Option<Job>, DStreamError> {
         let Some(batch) = ctx.take(&self.input)? else { return Ok(None) };
         let info = BatchInfo { time: ctx.time, batch_id: ctx.batch_id };
@@ -53,7 +54,7 @@ where
         let operator = ctx.operator.to_string();
         let name = operator.clone();
         let run = Box::new(move || {
-            write(&batch, info).map_err(|source| match source.downcast::<DStreamError>() {
+            write(batch, info).map_err(|source| match source.downcast::<DStreamError>() {
                 Ok(own) => *own,
                 Err(source) => {
                     DStreamError::Output { operator: name, batch_id: info.batch_id, time: info.time, source }
@@ -97,10 +98,25 @@ impl<T: Data> DStream<T> {
     where
         F: Fn(&Batch<T>, BatchInfo) -> Result<(), BoxError> + Send + Sync + 'static,
     {
+        self.output(Arc::new(move |batch: Arc<Batch<T>>, info| write(&batch, info)))
+    }
+
+    /// Like [`DStream::foreach_batch`], handing `write` the batch by value:
+    /// without a copy when no other operator still reads it (the usual
+    /// case), so a sink that passes the records on (to a producer, say)
+    /// moves them instead of holding a second copy of the batch.
+    pub fn foreach_batch_owned<F>(&self, write: F) -> Output
+    where
+        F: Fn(Batch<T>, BatchInfo) -> Result<(), BoxError> + Send + Sync + 'static,
+    {
+        self.output(Arc::new(move |batch: Arc<Batch<T>>, info| write(Arc::unwrap_or_clone(batch), info)))
+    }
+
+    fn output(&self, write: Arc<WriteBatch<T>>) -> Output {
         let input = self.reader();
         let mut meta = NodeMeta::new("foreach_batch", vec![self.id], self.slide);
         meta.is_output = true;
-        let node = OutputNode { input, write: Arc::new(write) };
+        let node = OutputNode { input, write };
         let id = self.builder.borrow_mut().push(meta, Box::new(node));
         Output { builder: std::rc::Rc::clone(&self.builder), id }
     }

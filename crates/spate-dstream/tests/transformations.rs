@@ -370,3 +370,51 @@ fn user_types_work_as_keys_and_values_through_shuffles_and_windows() {
     assert_eq!(sorted_at(&counts, t(2)).unwrap(), vec![(page("a", "/"), 3), (page("b", "/x"), 1)]);
     assert_eq!(sorted_at(&paired, t(2)).unwrap(), vec![(page("a", "/"), 1)]);
 }
+
+/// A record that counts how often it is cloned.
+#[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
+struct Counted {
+    value: u32,
+    #[serde(skip)]
+    clones: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Clone for Counted {
+    fn clone(&self) -> Self {
+        self.clones.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Counted { value: self.value, clones: Arc::clone(&self.clones) }
+    }
+}
+
+#[test]
+fn an_owned_output_takes_its_batch_without_a_copy_when_it_is_the_only_reader() {
+    let run_with = |second_reader: bool| {
+        let clones = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let b = builder();
+        let queue = Arc::new(QueueSource::new());
+        let stamped = Arc::clone(&clones);
+        let records = b
+            .input("numbers", Arc::clone(&queue))
+            .map(move |value: u32| Counted { value, clones: Arc::clone(&stamped) });
+        let received = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let sink = Arc::clone(&received);
+        records.foreach_batch_owned(move |batch: Batch<Counted>, _info: BatchInfo| {
+            sink.lock().unwrap().extend(batch.into_vec().into_iter().map(|c| c.value));
+            Ok(())
+        });
+        let other = second_reader.then(|| collect(&records.map(|c| c.value)));
+        let mut graph = b.build().unwrap();
+        queue.push(vec![1, 2, 3]);
+        run(&mut graph, 1..=1);
+        let mut values = received.lock().unwrap().clone();
+        values.sort();
+        assert_eq!(values, vec![1, 2, 3]);
+        if let Some(other) = other {
+            assert_eq!(sorted_at(&other, t(1)).unwrap(), vec![1, 2, 3]);
+        }
+        clones.load(std::sync::atomic::Ordering::Relaxed)
+    };
+    assert_eq!(run_with(false), 0, "the only reader takes the batch as it is");
+    // With another reader the batch may be copied; both get every record.
+    run_with(true);
+}
