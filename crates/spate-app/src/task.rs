@@ -305,7 +305,8 @@ impl Supervisor {
     }
 
     /// The direct stream of the task's one partition. Internal topics are
-    /// read with `read_committed`, so only committed transactions count.
+    /// read with `read_committed`, so only committed transactions count;
+    /// what the client fetches ahead is bounded by the member's budget.
     fn stream(&self) -> Result<DirectKafkaStream, AppError> {
         let settings = &self.shared.settings;
         let mut config = DirectKafkaSettings::subscribe(&settings.brokers, &self.shared.app, [self.id.topic.clone()])
@@ -313,6 +314,9 @@ impl Supervisor {
             .with_starting_offsets(settings.starting_offsets.clone())
             .with_commit(OffsetCommit::CheckpointOnly)
             .with_consumer_property("isolation.level", "read_committed");
+        for (key, value) in self.shared.memory.read_ahead().properties() {
+            config = config.with_consumer_property(key, value);
+        }
         if let Some(rate) = settings.max_rate_per_partition {
             config = config.with_max_rate_per_partition(rate);
         }
@@ -364,7 +368,7 @@ impl Supervisor {
         let writer = self.writer();
         let was_idle = Mutex::new(None);
         emitted
-            .foreach_batch(move |batch, info| {
+            .foreach_batch_owned(move |batch, info| {
                 let ranges = source.offsets_of(info.time)?;
                 let mut marks = Vec::new();
                 for topic in &writes {
@@ -372,26 +376,24 @@ impl Supervisor {
                     let max_future = shared.settings.max_future;
                     marks.extend(progress_marks(topic, (group, index, writers), batch.iter(), info.time, max_future)?);
                 }
-                report_idle(&task, &was_idle, &writes, batch, info.batch_id);
+                report_idle(&task, &was_idle, &writes, &batch, info.batch_id);
                 let horizon = info.time + shared.settings.max_future;
-                // Counted on the way, not in a pass of its own over the batch.
+                let output_records = batch.len() as u64;
+                // The records move to the producer's queue, not copied: a
+                // batch's output is held once until its transaction ends.
+                // Their bytes are counted on the way.
                 let mut output_bytes = 0;
                 let sent = batch
-                    .iter()
+                    .into_partitions()
+                    .into_iter()
+                    .flatten()
                     .inspect(|e| output_bytes += e.encoded_len())
-                    .cloned()
-                    .map(|e| e.within_horizon(horizon, &writes));
-                let (topics, records): (Vec<String>, Vec<spate_kafka::OutputRecord>) =
-                    sent.chain(marks).map(Emit::into_output).unzip();
-                let output_records = batch.len() as u64;
-                source.memory.observe(BatchSize { input_records: ranges.count(), output_records, output_bytes });
+                    .map(|e| e.within_horizon(horizon, &writes))
+                    .chain(marks)
+                    .map(Emit::into_output);
                 let transactions = shared.transactions()?;
-                transactions.write_batch(
-                    &task,
-                    info.batch_id,
-                    &ranges,
-                    topics.iter().map(String::as_str).zip(records),
-                )?;
+                transactions.write_batch(&task, info.batch_id, &ranges, sent)?;
+                source.memory.observe(BatchSize { input_records: ranges.count(), output_records, output_bytes });
                 Ok(())
             })
             .name("batch-transaction");

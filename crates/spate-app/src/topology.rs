@@ -45,7 +45,10 @@ impl fmt::Display for TaskId {
 /// One record a task writes in its batch's transaction.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Emit {
-    topic: String,
+    /// Shared by the records of a topic: an internal topic's records
+    /// (a word each, say) do not each carry a copy of its name.
+    #[serde(with = "spate_core::shared_str")]
+    topic: Arc<str>,
     key: Option<Vec<u8>>,
     value: Vec<u8>,
     partition: Option<i32>,
@@ -60,7 +63,7 @@ impl Emit {
 
     /// A record for a topic of the user's.
     pub fn to_topic(topic: &str, key: Option<Vec<u8>>, value: Vec<u8>) -> Self {
-        Emit { topic: topic.to_string(), key, value, partition: None, timestamp: None }
+        Emit { topic: Arc::from(topic), key, value, partition: None, timestamp: None }
     }
 
     /// The same record stamped with `time` (its event time downstream).
@@ -90,7 +93,7 @@ impl Emit {
     /// set it aside as late.
     pub(crate) fn within_horizon(mut self, horizon: Time, writes: &[InternalTopic]) -> Self {
         let beyond = self.timestamp.is_some_and(|ts| ts > horizon.as_millis());
-        if beyond && writes.iter().any(|w| w.name == self.topic) {
+        if beyond && writes.iter().any(|w| w.name == *self.topic) {
             tracing::warn!(
                 topic = %self.topic,
                 timestamp = self.timestamp,
@@ -103,10 +106,10 @@ impl Emit {
 
     /// A progress mark to one partition of an internal topic.
     pub(crate) fn progress(topic: &str, partition: i32, key: &[u8], value: Vec<u8>) -> Self {
-        Emit { topic: topic.to_string(), key: Some(key.to_vec()), value, partition: Some(partition), timestamp: None }
+        Emit { topic: Arc::from(topic), key: Some(key.to_vec()), value, partition: Some(partition), timestamp: None }
     }
 
-    pub(crate) fn into_output(self) -> (String, OutputRecord) {
+    pub(crate) fn into_output(self) -> (Arc<str>, OutputRecord) {
         let record =
             OutputRecord { key: self.key, value: self.value, partition: self.partition, timestamp: self.timestamp };
         (self.topic, record)
@@ -174,7 +177,7 @@ impl TaskBuilder<'_> {
             reason: format!("no stage reads the repartition of `{operator}`"),
         })?;
         self.writes.borrow_mut().insert(operator.to_string(), internal.clone());
-        let (topic, partitions) = (internal.name.clone(), internal.partitions);
+        let (topic, partitions) = (Arc::<str>::from(internal.name.as_str()), internal.partitions);
         let count = usize::try_from(partitions).unwrap_or(1).max(1);
         Ok(stream.flat_map(move |(key, value)| {
             let partition = i32::try_from(partition_of(&key, count)).unwrap_or(0);
@@ -188,8 +191,13 @@ impl TaskBuilder<'_> {
                     return None;
                 }
             };
-            let emit =
-                Emit { topic: topic.clone(), key: None, value: bytes, partition: Some(partition), timestamp: None };
+            let emit = Emit {
+                topic: Arc::clone(&topic),
+                key: None,
+                value: bytes,
+                partition: Some(partition),
+                timestamp: None,
+            };
             Some(match time {
                 Some(time) => emit.at(time),
                 None => emit,

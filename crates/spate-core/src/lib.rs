@@ -47,6 +47,7 @@ mod frame;
 mod ids;
 mod in_place;
 mod memory;
+pub mod shared_str;
 pub mod sync;
 mod time;
 

@@ -61,7 +61,7 @@ pub enum DataLossPolicy {
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct KafkaRecord {
     /// The topic (shared by every record of a range).
-    #[serde(with = "shared_str")]
+    #[serde(with = "spate_core::shared_str")]
     pub topic: Arc<str>,
     /// The partition.
     pub partition: i32,
@@ -84,21 +84,6 @@ impl KafkaRecord {
     /// for a record written without one (message format before Kafka 0.10).
     pub fn event_time(&self) -> Option<spate_core::Time> {
         self.timestamp.map(spate_core::Time::from_millis)
-    }
-}
-
-/// Serde for `Arc<str>` without serde's `rc` feature: as a plain string.
-mod shared_str {
-    use std::sync::Arc;
-
-    use serde::{Deserialize, Deserializer, Serializer};
-
-    pub(super) fn serialize<S: Serializer>(value: &Arc<str>, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.serialize_str(value)
-    }
-
-    pub(super) fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Arc<str>, D::Error> {
-        String::deserialize(deserializer).map(Arc::from)
     }
 }
 

@@ -277,17 +277,18 @@ struct QueuedBatch {
 }
 
 impl QueuedBatch {
-    fn new<'t>(
+    fn new<S: AsRef<str>>(
         marker_id: &str,
         batch: BatchId,
         ranges: &OffsetRanges,
-        records: impl IntoIterator<Item = (&'t str, OutputRecord)>,
+        records: impl IntoIterator<Item = (S, OutputRecord)>,
     ) -> Self {
         // A batch writes to a few topics: one name each, shared by its records.
         let mut names: Vec<Arc<str>> = Vec::new();
         let records = records
             .into_iter()
             .map(|(topic, record)| {
+                let topic = topic.as_ref();
                 let name = match names.iter().find(|n| &***n == topic) {
                     Some(name) => Arc::clone(name),
                     None => {
@@ -386,13 +387,13 @@ impl Transactions {
     /// transaction and tells each how it ended. A member's tasks so commit
     /// in a few transactions a round instead of one each, and a batch's
     /// records and offsets still commit together or not at all.
-    fn write_batch<'t>(
+    fn write_batch<S: AsRef<str>>(
         &self,
         topics: &[&str],
         marker_id: &str,
         batch: BatchId,
         ranges: &OffsetRanges,
-        records: impl IntoIterator<Item = (&'t str, OutputRecord)>,
+        records: impl IntoIterator<Item = (S, OutputRecord)>,
         group: Generation<'_>,
     ) -> Result<CommitOutcome> {
         if ranges.ranges().is_empty() {
@@ -664,12 +665,12 @@ impl MemberTransactions {
     /// batches written at the same time go in the same transaction: it
     /// commits all of them or none, and a batch it could not commit is
     /// tried again (by each of its tasks) as when it ran alone.
-    pub fn write_batch<'t>(
+    pub fn write_batch<S: AsRef<str>>(
         &self,
         task: &str,
         batch: BatchId,
         ranges: &OffsetRanges,
-        records: impl IntoIterator<Item = (&'t str, OutputRecord)>,
+        records: impl IntoIterator<Item = (S, OutputRecord)>,
     ) -> Result<CommitOutcome> {
         let metadata = || {
             self.member.group_metadata().ok_or_else(|| {
