@@ -303,3 +303,40 @@ pub fn q6(events: &DStream<Event>) -> DStream<Q6Row> {
         .mapped()
         .flat_map(|row: Option<Q6Row>| row)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::queries::harness::{auction, bid, run};
+
+    #[test]
+    fn q9_picks_the_highest_then_earliest_bid_in_range_once_the_auction_closed() {
+        let rows = run(
+            q9,
+            vec![
+                // A bid before its auction arrives (at its expiry: counts),
+                // one before it opened and one after it closed (do not).
+                vec![vec![bid(1, 500, 2000), bid(1, 900, 999)], vec![auction(1, 7, 10, 1000, 2000), bid(1, 950, 2001)]],
+                // Equal to the best, earlier: wins. Watermark 6001 - 4 s: closes.
+                vec![vec![bid(1, 500, 1500), bid(9, 1, 6001)], vec![bid(9, 1, 6001)]],
+            ],
+        );
+        let winners: Vec<Vec<(i64, i64, i64)>> =
+            rows.iter().map(|b| b.iter().map(|r| (r.id, r.price, r.bid_date_time)).collect()).collect();
+        assert_eq!(winners, vec![vec![], vec![(1, 500, 1500)]]);
+    }
+
+    #[test]
+    fn q6_averages_a_sellers_closing_auction_with_the_ten_closed_before() {
+        // Seller 7's auctions 1 to 12 close in order of expiry, one bid each:
+        // prices 100, 200, …, 1200 (auction 12 first in the input).
+        let auctions: Vec<Event> = (1..=12).rev().map(|id| auction(id, 7, 10, 1000, 2000 + id)).collect();
+        let bids: Vec<Event> = (1..=12).map(|id| bid(id, 100 * id, 1500)).collect();
+        let rows = run(q6, vec![vec![auctions, bids], vec![vec![bid(99, 1, 7000)], vec![bid(99, 1, 7000)]]]);
+        let averages: Vec<(i64, i64)> = rows[1].iter().map(|r| (r.auction, r.avg_price)).collect();
+        // Auction 11 averages 1 to 11 (600); 12 averages 2 to 12 (700).
+        assert_eq!(averages.len(), 12);
+        assert!(averages.contains(&(1, 100)) && averages.contains(&(2, 150)));
+        assert!(averages.contains(&(11, 600)) && averages.contains(&(12, 700)));
+    }
+}
