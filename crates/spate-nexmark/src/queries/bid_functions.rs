@@ -121,11 +121,17 @@ const Q21_NAMED_CHANNELS: [(&str, &str); 4] = [("apple", "0"), ("google", "1"), 
 
 /// The channel id of a bid, as q21's `CASE` defines it: a named channel's
 /// number, else `REGEXP_EXTRACT(url, '(&|^)channel_id=([^&]*)', 2)`; `None`
-/// when neither gives one, which q21's `WHERE` drops. The channels' case is
-/// ignored for ASCII letters (`lower()` of the SQL; the named channels are
-/// ASCII).
+/// when neither gives one, which q21's `WHERE` drops. Channels compare by
+/// their lower case (`lower(channel) = 'apple'`), without an allocation for
+/// an ASCII channel.
 pub fn channel_id(bid: &Bid) -> Option<&str> {
-    let named = Q21_NAMED_CHANNELS.iter().find(|(name, _)| bid.channel.eq_ignore_ascii_case(name));
+    let named = if bid.channel.is_ascii() {
+        Q21_NAMED_CHANNELS.iter().find(|(name, _)| bid.channel.eq_ignore_ascii_case(name))
+    } else {
+        // Other characters may lower to ASCII ones (the Kelvin sign to `k`).
+        let lower = bid.channel.to_lowercase();
+        Q21_NAMED_CHANNELS.iter().find(|(name, _)| lower == *name)
+    };
     named.map(|(_, id)| *id).or_else(|| query_param(&bid.url, "channel_id"))
 }
 
@@ -217,6 +223,8 @@ mod tests {
         assert_eq!(id("BAIDU", "https://x/item.htm?query=1"), Some("3".into()));
         assert_eq!(id("channel-7", "https://x/item.htm?query=1&channel_id=1879048192"), Some("1879048192".into()));
         assert_eq!(id("channel-8", "https://x/item.htm?query=1"), None);
+        // The Kelvin sign lowers to `k`, as SQL's lower() has it.
+        assert_eq!(id("FACEBOO\u{212A}", "https://x/item.htm?query=1"), Some("2".into()));
     }
 
     #[test]
