@@ -234,9 +234,10 @@ pub(crate) mod tests {
     use crate::{DStream, Data, RestorePolicy};
 
     /// Runs `op` over `batches` (each a list of partitions), twice: once
-    /// straight through and once restoring a snapshot after each batch into
-    /// a new graph, with 1 and 3 work partitions; asserts both give the same
-    /// rows and returns each batch's rows, sorted.
+    /// straight through on one work partition, and once restoring a
+    /// snapshot after each batch into a new graph with another number of
+    /// work partitions (1 to 3); asserts both give the same rows and returns
+    /// each batch's rows, sorted.
     pub(crate) fn run_both<V: Data, T: Data + Ord + std::fmt::Debug>(
         op: impl Fn(&DStream<V>) -> DStream<T>,
         batches: Vec<Vec<Vec<V>>>,
@@ -252,8 +253,8 @@ pub(crate) mod tests {
         restore_each: bool,
     ) -> Vec<Vec<T>> {
         let rows: Arc<Mutex<Vec<Vec<T>>>> = Arc::default();
-        let build = |queue: &Arc<QueueSource<V>>| {
-            let builder = GraphBuilder::new(Duration::from_secs(1)).checkpointing(true);
+        let build = |queue: &Arc<QueueSource<V>>, partitions: usize| {
+            let builder = GraphBuilder::new(Duration::from_secs(1)).checkpointing(true).partitions(partitions);
             let sink = Arc::clone(&rows);
             op(&builder.input("in", Arc::clone(queue))).name("op").foreach_batch(move |batch, _| {
                 let mut batch: Vec<T> = batch.iter().cloned().collect();
@@ -264,7 +265,7 @@ pub(crate) mod tests {
             builder.build().unwrap()
         };
         let mut queue = Arc::new(QueueSource::new());
-        let mut graph = build(&queue);
+        let mut graph = build(&queue, 1);
         for (n, parts) in batches.iter().enumerate() {
             let time = Time::from_millis(1000 * (n as i64 + 1));
             queue.push_partitions(parts.clone());
@@ -272,7 +273,7 @@ pub(crate) mod tests {
             if restore_each {
                 let (descriptor, state) = (graph.descriptor(), graph.snapshot_state().unwrap());
                 queue = Arc::new(QueueSource::new());
-                graph = build(&queue);
+                graph = build(&queue, 3 - n % 3);
                 graph.restore(&descriptor, state, &RestorePolicy::strict()).unwrap();
                 graph.resume_after(time);
             }
