@@ -374,7 +374,12 @@ impl<T: LogEntry> MetadataLog<T> {
             let reason = format!("batch id {id} is the largest there is; no batch could follow it");
             return Err(LogStoreError::OutOfRange { path, reason });
         }
-        if self.files.exists(&path)? {
+        // On a disk a stat spares writing and syncing a temp file for an entry
+        // that is there. On an object store the put-if-absent is the check
+        // itself: a HEAD first (and a LIST, since a missing object may be a
+        // "directory") would make each entry three requests instead of one.
+        let looked_first = !self.files.is_object_store();
+        if looked_first && self.files.exists(&path)? {
             debug!(path = %path.display(), "entry exists; not overwritten");
             self.check_not_newer(&path)?;
             return Ok(false);
@@ -384,9 +389,13 @@ impl<T: LogEntry> MetadataLog<T> {
         match self.files.create_atomic(&path, &bytes, &|| self.check_writable()) {
             Ok(()) => Ok(true),
             Err(LogStoreError::AlreadyExists { .. }) => {
-                // Lost a race with another writer of the same id (Spark calls this a
-                // concurrent update): theirs stands.
-                warn!(path = %path.display(), "another writer added this entry first");
+                if looked_first {
+                    // Lost a race with another writer of the same id (Spark calls this a
+                    // concurrent update): theirs stands.
+                    warn!(path = %path.display(), "another writer added this entry first");
+                } else {
+                    debug!(path = %path.display(), "entry exists; not overwritten");
+                }
                 self.check_not_newer(&path)?;
                 Ok(false)
             }

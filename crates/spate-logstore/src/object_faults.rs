@@ -54,6 +54,8 @@ struct Faults {
     /// The write to hold, who to tell when it arrives, and what lets it go.
     held: Mutex<Option<Hold>>,
     writes: AtomicUsize,
+    /// Reads (GET, HEAD) and listings requested, counted to check what a step costs.
+    reads: AtomicUsize,
     fired: AtomicBool,
     /// The object the failed write was for.
     fired_on: Mutex<Option<String>>,
@@ -90,6 +92,12 @@ fn injected(location: &Path) -> object_store::Error {
 }
 
 impl Faults {
+    /// [`Faults::alive`] for a read or a listing, which it counts.
+    fn alive_to_read(&self, location: &Path) -> object_store::Result<()> {
+        self.reads.fetch_add(1, Ordering::SeqCst);
+        self.alive(location)
+    }
+
     /// Refused once the process has "died".
     fn alive(&self, location: &Path) -> object_store::Result<()> {
         if self.crash && self.fired.load(Ordering::SeqCst) { Err(injected(location)) } else { Ok(()) }
@@ -149,7 +157,7 @@ impl Faults {
 }
 
 impl FaultyObjectStore {
-    /// A store that passes every request to `inner` and counts the writes.
+    /// A store that passes every request to `inner` and counts the writes and reads.
     pub fn new(inner: Arc<dyn ObjectStore>) -> Self {
         FaultyObjectStore { inner, faults: Arc::default() }
     }
@@ -178,6 +186,11 @@ impl FaultyObjectStore {
     /// The writes requested so far (the failed one included).
     pub fn writes(&self) -> usize {
         self.faults.writes.load(Ordering::SeqCst)
+    }
+
+    /// The reads (GET and HEAD) and listings requested so far.
+    pub fn reads(&self) -> usize {
+        self.faults.reads.load(Ordering::SeqCst)
     }
 
     /// True once the chosen write failed.
@@ -220,7 +233,7 @@ impl ObjectStore for FaultyObjectStore {
     }
 
     async fn get_opts(&self, location: &Path, options: GetOptions) -> object_store::Result<GetResult> {
-        self.faults.alive(location)?;
+        self.faults.alive_to_read(location)?;
         let mut result = self.inner.get_opts(location, options).await?;
         result.meta.e_tag = self.faults.strip_etag(result.meta.e_tag);
         Ok(result)
@@ -244,14 +257,14 @@ impl ObjectStore for FaultyObjectStore {
     }
 
     fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
-        match self.faults.alive(prefix.unwrap_or(&Path::default())) {
+        match self.faults.alive_to_read(prefix.unwrap_or(&Path::default())) {
             Ok(()) => self.inner.list(prefix),
             Err(e) => futures::stream::once(async { Err(e) }).boxed(),
         }
     }
 
     async fn list_with_delimiter(&self, prefix: Option<&Path>) -> object_store::Result<ListResult> {
-        self.faults.alive(prefix.unwrap_or(&Path::default()))?;
+        self.faults.alive_to_read(prefix.unwrap_or(&Path::default()))?;
         self.inner.list_with_delimiter(prefix).await
     }
 

@@ -573,6 +573,24 @@ mod tests {
     }
 
     #[test]
+    fn a_log_entry_is_one_put_if_absent_and_an_existing_one_is_kept() {
+        let store = Arc::new(FaultyObjectStore::new(Arc::new(InMemory::new())));
+        let files = files_on(store.clone());
+        let clock = Arc::new(ManualClock::new(Time::from_millis(START)));
+        let checkpoint = Checkpoint::open_for_write(LOCATION, options(&files, &clock)).unwrap();
+        let (reads, writes) = (store.reads(), store.writes());
+        assert!(checkpoint.offsets().add(BatchId(0), &OffsetSeq::default()).unwrap());
+        assert!(checkpoint.commits().add(BatchId(0), &CommitMetadata::default()).unwrap());
+        // No HEAD or LIST before the PUT: its If-None-Match is the check.
+        assert_eq!((store.reads() - reads, store.writes() - writes), (0, 2));
+
+        // Refused by the store, never overwritten; read once to see which writer wrote it.
+        let other = OffsetSeq { batch_timestamp: Time::from_millis(START), ..OffsetSeq::default() };
+        assert!(!checkpoint.offsets().add(BatchId(0), &other).unwrap());
+        assert_eq!(checkpoint.offsets().get(BatchId(0)).unwrap(), Some(OffsetSeq::default()));
+    }
+
+    #[test]
     fn a_stale_writers_purge_and_deletes_cannot_land() {
         let files = files_on(Arc::new(InMemory::new()));
         // The old writer is paused: its clock stands still, so its lease looks alive to it.
