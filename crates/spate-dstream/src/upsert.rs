@@ -93,7 +93,7 @@ where
     S: Data,
     M: Data,
     U: Fn(&K, V, &mut Option<S>) -> bool + Send + Sync,
-    E: Fn(&K, &S, &mut Vec<M>) + Send + Sync,
+    E: Fn(&K, &mut S, &mut Vec<M>) + Send + Sync,
 {
     /// Folds one work partition's records into its keys, in order, then
     /// emits the keys they changed.
@@ -116,7 +116,7 @@ where
             // once only if it is still flagged.
             if let Some(entry) = part.get_mut(&key).filter(|e| e.changed) {
                 entry.changed = false;
-                emit(&key, &entry.value, &mut out);
+                emit(&key, &mut entry.value, &mut out);
             }
         }
         out
@@ -130,7 +130,7 @@ where
     S: Data,
     M: Data,
     U: Fn(&K, V, &mut Option<S>) -> bool + Send + Sync,
-    E: Fn(&K, &S, &mut Vec<M>) + Send + Sync,
+    E: Fn(&K, &mut S, &mut Vec<M>) + Send + Sync,
 {
     fn step(&mut self, ctx: &StepCtx<'_>) -> Result<Option<Job>, DStreamError> {
         if self.parts.len() != ctx.partitions {
@@ -165,7 +165,7 @@ where
     S: Data,
     M: Data,
     U: Fn(&K, V, &mut Option<S>) -> bool + Send + Sync,
-    E: Fn(&K, &S, &mut Vec<M>) + Send + Sync,
+    E: Fn(&K, &mut S, &mut Vec<M>) + Send + Sync,
 {
     fn snapshot(&self) -> Result<Vec<u8>, CoreError> {
         let entries: Vec<(&K, &S)> = self.parts.iter().flat_map(|p| p.iter()).map(|(k, e)| (k, &e.value)).collect();
@@ -189,8 +189,9 @@ impl<K: Key, V: Data> DStream<(K, V)> {
     /// (`None` before its first record; leaving `None` removes the key) and
     /// returns whether it changed what the key would emit. After the batch,
     /// `emit(key, state, out)` pushes the rows of each key some record
-    /// changed, once per batch whatever the number of its records; a key
-    /// whose records changed nothing emits nothing. Keeps state for every
+    /// changed, once per batch whatever the number of its records (it may
+    /// take what it emits out of the state: what the batch changed, kept by
+    /// `update`); a key whose records changed nothing emits nothing. Keeps state for every
     /// key for ever: needs a checkpoint directory, and the stream's keys
     /// should be bounded (a day, a channel, an auction).
     pub fn aggregate_by_key<S, M, U, E>(&self, update: U, emit: E) -> DStream<M>
@@ -198,7 +199,7 @@ impl<K: Key, V: Data> DStream<(K, V)> {
         S: Data,
         M: Data,
         U: Fn(&K, V, &mut Option<S>) -> bool + Send + Sync + 'static,
-        E: Fn(&K, &S, &mut Vec<M>) + Send + Sync + 'static,
+        E: Fn(&K, &mut S, &mut Vec<M>) + Send + Sync + 'static,
     {
         self.upsert("aggregate_by_key", update, emit)
     }
@@ -209,7 +210,7 @@ impl<K: Key, V: Data> DStream<(K, V)> {
         S: Data,
         M: Data,
         U: Fn(&K, V, &mut Option<S>) -> bool + Send + Sync + 'static,
-        E: Fn(&K, &S, &mut Vec<M>) + Send + Sync + 'static,
+        E: Fn(&K, &mut S, &mut Vec<M>) + Send + Sync + 'static,
     {
         let input = self.reader();
         let mut meta = NodeMeta::new(kind, vec![self.id], self.slide);

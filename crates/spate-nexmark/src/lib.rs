@@ -140,7 +140,7 @@
 //! - q9, winning bids, and q6, average selling price by seller: each
 //!   auction's highest bid in its lifetime, final when the watermark passes
 //!   its expiry (keyed state and an event-time timer), listed, or averaged
-//!   over each seller's last closed auctions;
+//!   over each seller's 11 closed auctions up to it by winning bid time;
 //! - q5, hot items: the auctions with the most bids per event-time window
 //!   of 10 s sliding by 2 s;
 //! - q7, highest bid: the highest bids per tumbling 10 s window;

@@ -33,9 +33,11 @@
 //!   between its opening and expiry so far, averaged per category, as the
 //!   spec's plan of two unwindowed aggregates computes it: after each
 //!   batch, a row for each category whose average it changed;
-//! - [`q6`], average selling price by seller: for each auction closing
-//!   with a winning bid, the average winning price of it and its seller's
-//!   10 auctions closed before;
+//! - [`q6`], average selling price by seller: for each closed auction with
+//!   a winning bid, the average winning price of it and the seller's 10
+//!   closed auctions before it by winning bid time, an upsert stream keyed
+//!   by seller and auction (an auction closing late with an early winning
+//!   bid revises the rows after it);
 //! - [`q9`], winning bids: each auction with its winning bid, once the
 //!   watermark passes its expiry;
 //! - [`q20`], bids joined with their category-10 auction, an incremental

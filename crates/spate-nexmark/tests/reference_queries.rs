@@ -374,25 +374,34 @@ fn q9_reference(events: &Delivered) -> BTreeMap<u64, Vec<Q9Row>> {
     out
 }
 
-/// q6: each seller's closed auctions in closing order (expiry, then id),
-/// each with the average winning price of it and the 10 before it, in the
-/// batch it closed in.
+/// q6: AVG(price) OVER (PARTITION BY seller ORDER BY dateTime ROWS BETWEEN
+/// 10 PRECEDING AND CURRENT ROW) over the winning bids of the auctions
+/// closed so far (ties in time by auction id), evaluated after each batch;
+/// the rows whose value is new or changed in the batch.
 fn q6_reference(events: &Delivered) -> BTreeMap<u64, Vec<Q6Row>> {
-    let mut closed: BTreeMap<i64, Vec<(i64, i64, i64, u64)>> = BTreeMap::new();
-    for (batch, rows) in q9_reference(events) {
-        for r in rows {
-            closed.entry(r.seller).or_default().push((r.expires, r.id, r.price, batch));
+    let winners = q9_reference(events);
+    let mut closed: BTreeMap<i64, Vec<(i64, i64, i64)>> = BTreeMap::new();
+    let mut before: BTreeMap<(i64, i64), i64> = BTreeMap::new();
+    let mut out = BTreeMap::new();
+    for batch in events.keys() {
+        for r in winners.get(batch).into_iter().flatten() {
+            closed.entry(r.seller).or_default().push((r.bid_date_time, r.id, r.price));
         }
-    }
-    let mut out: BTreeMap<u64, Vec<Q6Row>> = BTreeMap::new();
-    for (seller, mut auctions) in closed {
-        auctions.sort();
-        for i in 0..auctions.len() {
-            let window = &auctions[i.saturating_sub(10)..=i];
-            let avg_price = window.iter().map(|a| a.2).sum::<i64>() / window.len() as i64;
-            let (_, auction, _, batch) = auctions[i];
-            out.entry(batch).or_default().push(Q6Row { seller, auction, avg_price });
+        let mut now: BTreeMap<(i64, i64), i64> = BTreeMap::new();
+        for (seller, auctions) in &mut closed {
+            auctions.sort();
+            for i in 0..auctions.len() {
+                let window = &auctions[i.saturating_sub(10)..=i];
+                now.insert((*seller, auctions[i].1), window.iter().map(|a| a.2).sum::<i64>() / window.len() as i64);
+            }
         }
+        let changed = now
+            .iter()
+            .filter(|(key, avg)| before.get(key) != Some(avg))
+            .map(|((seller, auction), avg_price)| Q6Row { seller: *seller, auction: *auction, avg_price: *avg_price })
+            .collect();
+        out.insert(*batch, changed);
+        before = now;
     }
     out
 }
@@ -679,6 +688,9 @@ fn q6_averages_each_sellers_last_closed_auctions() {
     let rows: Vec<&Q6Row> = expected.values().flatten().collect();
     let sellers: BTreeSet<i64> = rows.iter().map(|r| r.seller).collect();
     assert!(sellers.len() < rows.len(), "every seller closed one auction: the window is never tested");
+    // Auctions closing after others with an earlier winning bid revise rows.
+    let keys: BTreeSet<(i64, i64)> = rows.iter().map(|r| (r.seller, r.auction)).collect();
+    assert!(keys.len() < rows.len(), "no row was ever revised");
     check("q6", &out.q6, expected, 100);
 }
 

@@ -130,7 +130,7 @@ pub fn q4(events: &DStream<Event>) -> DStream<Q4Row> {
         .flat_map(input)
         .aggregate_by_key(
             |_auction, input: Input, kept: &mut Option<Kept>| highest_bid(input, kept),
-            |auction: &i64, kept: &Kept, out: &mut Vec<(i64, (i64, i64))>| {
+            |auction: &i64, kept: &mut Kept, out: &mut Vec<(i64, (i64, i64))>| {
                 if let Kept::Open { category, highest: Some(price), .. } = kept {
                     out.push((*category, (*auction, *price)));
                 }
@@ -141,7 +141,7 @@ pub fn q4(events: &DStream<Event>) -> DStream<Q4Row> {
             |category: &i64, (auction, price): (i64, i64), kept: &mut Option<Category>| {
                 kept.get_or_insert_with(Category::default).set(*category, auction, price)
             },
-            |category: &i64, kept: &Category, out: &mut Vec<Q4Row>| out.extend(kept.row(*category)),
+            |category: &i64, kept: &mut Category, out: &mut Vec<Q4Row>| out.extend(kept.row(*category)),
         )
         .name("q4-average-by-category")
 }

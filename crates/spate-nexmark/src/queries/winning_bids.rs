@@ -14,11 +14,10 @@
 //! arriving after that opens later than they were made).
 
 use std::cmp::Ordering;
-use std::collections::VecDeque;
 
 use serde::{Deserialize, Serialize};
 use spate_core::{Duration, Time};
-use spate_dstream::{DStream, State, Timed, TimedState};
+use spate_dstream::{DStream, Timed, TimedState};
 
 use super::{event_time, watermarks};
 use crate::model::{Auction, Bid, Event};
@@ -225,83 +224,105 @@ pub fn q9(events: &DStream<Event>) -> DStream<Q9Row> {
     winners(events, "q9-winning-bids").map(|(auction, bid)| Q9Row::new(auction, bid))
 }
 
-/// How many closed auctions of a seller q6 averages: the current one and
-/// the 10 before it (`ROWS BETWEEN 10 PRECEDING AND CURRENT ROW`).
+/// How many closed auctions of a seller a q6 row averages: its own and the
+/// 10 before it (`ROWS BETWEEN 10 PRECEDING AND CURRENT ROW`).
 pub const Q6_ROWS: usize = 11;
 
-/// A row of q6.
+/// A row of q6: a closed auction of a seller, with the average of its
+/// winning price and of the 10 of the seller's closed auctions before it in
+/// the order of their winning bids' times.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct Q6Row {
     /// The seller.
     pub seller: i64,
-    /// The auction whose closing this row is for.
+    /// The closed auction this row is for.
     pub auction: i64,
     /// The average winning price, in cents, of this auction and the
-    /// seller's 10 closed before it (fewer when there are fewer), rounded
-    /// down as `AVG` of a `BIGINT` is.
+    /// seller's 10 before it (fewer when there are fewer), rounded down as
+    /// `AVG` of a `BIGINT` is.
     pub avg_price: i64,
 }
 
-/// A closed auction of a seller, as q6 orders them.
-#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
-struct Closed {
-    expires: i64,
-    auction: i64,
-    price: i64,
+/// A closed auction in a seller's order: its winning bid's time, its id,
+/// and its winning price.
+type Closed = (i64, i64, i64);
+
+/// What q6 keeps per seller: every closed auction in order, and the rows
+/// the batch being processed may have changed, with their average before
+/// it (`None`: a new row).
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+struct Seller {
+    closed: Vec<Closed>,
+    touched: Vec<(i64, i64, Option<i64>)>,
 }
 
-/// Adds a closed auction's price to a seller's last ones and returns
-/// their average.
-fn average_last(closed: &mut VecDeque<i64>, price: i64) -> i64 {
-    if closed.len() == Q6_ROWS {
-        closed.pop_front();
+impl Seller {
+    /// The average of the row at `index` (in range).
+    fn average(&self, index: usize) -> i64 {
+        let window = self.closed.get(index.saturating_sub(Q6_ROWS - 1)..=index).unwrap_or_default();
+        let sum: i64 = window.iter().map(|(_, _, price)| price).sum();
+        sum / (window.len().max(1) as i64)
     }
-    closed.push_back(price);
-    let sum: i64 = closed.iter().sum();
-    sum / closed.len() as i64
+
+    /// Notes the row at `index` as touched with its current average, unless
+    /// the batch touched it already.
+    fn touch(&mut self, index: usize, new: bool) {
+        let Some(&(time, auction, _)) = self.closed.get(index) else { return };
+        if !self.touched.iter().any(|(_, a, _)| *a == auction) {
+            let before = (!new).then(|| self.average(index));
+            self.touched.push((time, auction, before));
+        }
+    }
+
+    /// Inserts a closed auction in order: its row is new, and the rows of
+    /// the 10 after it have another window.
+    fn insert(&mut self, closed: Closed) {
+        let at = self.closed.partition_point(|c| (c.0, c.1) < (closed.0, closed.1));
+        let after = at..self.closed.len().min(at + Q6_ROWS - 1);
+        for index in after {
+            self.touch(index, false);
+        }
+        self.closed.insert(at, closed);
+        self.touch(at, true);
+    }
+
+    /// The touched rows whose average changed, taking them out.
+    fn changed_rows(&mut self, seller: i64, out: &mut Vec<Q6Row>) {
+        for (time, auction, before) in std::mem::take(&mut self.touched) {
+            let index = self.closed.partition_point(|c| (c.0, c.1) < (time, auction));
+            let avg_price = self.average(index);
+            if before != Some(avg_price) {
+                out.push(Q6Row { seller, auction, avg_price });
+            }
+        }
+    }
 }
 
-/// Query 6, average selling price by seller: for each auction that closes
-/// with a winning bid, its seller's average winning price over it and the
-/// seller's 10 auctions closed before it.
+/// Query 6, average selling price by seller: `AVG(Q.price) OVER (PARTITION
+/// BY Q.seller ORDER BY Q.dateTime ROWS BETWEEN 10 PRECEDING AND CURRENT
+/// ROW)` over each auction's winning bid (`Q.dateTime` is the winning
+/// bid's time), as an upsert stream keyed by seller and auction.
 ///
-/// The spec's `OVER (PARTITION BY seller ORDER BY dateTime ROWS BETWEEN 10
-/// PRECEDING AND CURRENT ROW)` orders by the winning bid's time, which
-/// Flink cannot run over an updating join (FLINK-19059) and which would
-/// revise rows already emitted whenever an auction closing later had an
-/// earlier winning bid. Here a seller's auctions are ordered by when they
-/// close (`expires`, then id): what the query's description ("their last
-/// 10 closed auctions") asks for, final when emitted, and the same
-/// whatever the batching, since auctions close in the watermark's order.
-/// `q6-winning-bids` finds the winners (as q9); `q6-last-closed`, a
-/// `map_with_state` keyed by seller, keeps each seller's last 11 prices and
-/// takes a batch's closings in closing order.
+/// `q6-winning-bids` finds each auction's winning bid once it closed (as
+/// q9); `q6-last-closed`, an `aggregate_by_key` keyed by seller, keeps the
+/// seller's closed auctions in the order of their winning bids' times
+/// (then ids) and, after each batch, emits the row of every auction that
+/// closed in it and of every earlier-closed auction whose window it changed
+/// (an auction that closes late with an early winning bid enters the
+/// windows of up to 10 rows after it). The last row of each (seller,
+/// auction) is the spec's. Keeps every closed auction of a seller for ever,
+/// as the spec's `OVER` window over an unbounded table does.
 pub fn q6(events: &DStream<Event>) -> DStream<Q6Row> {
     winners(events, "q6-winning-bids")
-        .map(|(auction, bid)| {
-            (auction.seller, Closed { expires: auction.expires, auction: auction.id, price: bid.price })
-        })
-        .transform(|batch, _time| {
-            // The closings in closing order, so that each seller's come in
-            // that order; one partition, which the keyed step spreads again.
-            let mut closings = batch.into_vec();
-            closings.sort_unstable_by_key(|(_, c)| (c.expires, c.auction));
-            Ok(spate_dstream::Batch::from_vec(closings))
-        })
-        .map_with_state(
-            |seller: &i64, closed: Option<Closed>, last: &mut State<VecDeque<i64>>| {
-                // No timeout is set, so the function is always called with a value.
-                let closed = closed?;
-                let mut prices = last.get().cloned().unwrap_or_default();
-                let avg_price = average_last(&mut prices, closed.price);
-                last.update(prices);
-                Some(Q6Row { seller: *seller, auction: closed.auction, avg_price })
+        .map(|(auction, bid)| (auction.seller, (bid.date_time, auction.id, bid.price)))
+        .aggregate_by_key(
+            |_seller, closed: Closed, kept: &mut Option<Seller>| {
+                kept.get_or_insert_with(Seller::default).insert(closed);
+                true
             },
-            None,
+            |seller: &i64, kept: &mut Seller, out: &mut Vec<Q6Row>| kept.changed_rows(*seller, out),
         )
         .name("q6-last-closed")
-        .mapped()
-        .flat_map(|row: Option<Q6Row>| row)
 }
 
 #[cfg(test)]
@@ -327,16 +348,52 @@ mod tests {
     }
 
     #[test]
-    fn q6_averages_a_sellers_closing_auction_with_the_ten_closed_before() {
-        // Seller 7's auctions 1 to 12 close in order of expiry, one bid each:
-        // prices 100, 200, …, 1200 (auction 12 first in the input).
-        let auctions: Vec<Event> = (1..=12).rev().map(|id| auction(id, 7, 10, 1000, 2000 + id)).collect();
-        let bids: Vec<Event> = (1..=12).map(|id| bid(id, 100 * id, 1500)).collect();
-        let rows = run(q6, vec![vec![auctions, bids], vec![vec![bid(99, 1, 7000)], vec![bid(99, 1, 7000)]]]);
-        let averages: Vec<(i64, i64)> = rows[1].iter().map(|r| (r.auction, r.avg_price)).collect();
-        // Auction 11 averages 1 to 11 (600); 12 averages 2 to 12 (700).
-        assert_eq!(averages.len(), 12);
-        assert!(averages.contains(&(1, 100)) && averages.contains(&(2, 150)));
-        assert!(averages.contains(&(11, 600)) && averages.contains(&(12, 700)));
+    fn q6_averages_each_closed_auction_with_the_ten_before_it_by_winning_bid_time() {
+        // Seller 7's auctions 1 to 12, one bid each: price 100 * id at time
+        // 1000 + id, so their order is their ids'.
+        let auction_of = |id: i64, expires| auction(id, 7, 10, 1000, expires);
+        let first: Vec<Event> = (1..=11).map(|id| auction_of(id, 2000)).collect();
+        let bids: Vec<Event> = (1..=12).map(|id| bid(id, 100 * id, 1000 + id)).collect();
+        let rows = run(
+            q6,
+            vec![
+                vec![first, bids],
+                // 1 to 11 close (the watermark reaches 3000).
+                vec![vec![auction_of(12, 8000), bid(99, 1, 7000)], vec![bid(99, 1, 7000)]],
+                // 12 closes, last in order: its window is 2 to 12.
+                vec![vec![bid(99, 1, 13_000)], vec![bid(99, 1, 13_000)]],
+            ],
+        );
+        let averages =
+            |batch: usize| -> Vec<(i64, i64)> { rows[batch].iter().map(|r| (r.auction, r.avg_price)).collect() };
+        assert_eq!(averages(0), vec![]);
+        assert_eq!(averages(1).len(), 11);
+        assert!(averages(1).contains(&(1, 100)) && averages(1).contains(&(2, 150)) && averages(1).contains(&(11, 600)));
+        assert_eq!(averages(2), vec![(12, 700)]);
+    }
+
+    #[test]
+    fn q6_revises_the_rows_whose_window_an_earlier_winning_bid_enters() {
+        let mut seller = Seller::default();
+        for (time, auction, price) in [(10, 1, 100), (30, 3, 300)] {
+            seller.insert((time, auction, price));
+        }
+        let mut out = Vec::new();
+        seller.changed_rows(7, &mut out);
+        assert_eq!(out.len(), 2);
+        // Auction 2 closes later with a bid between them: 3's average moves.
+        seller.insert((20, 2, 500));
+        out.clear();
+        seller.changed_rows(7, &mut out);
+        out.sort();
+        let row = |auction, avg_price| Q6Row { seller: 7, auction, avg_price };
+        assert_eq!(out, vec![row(2, 300), row(3, 300)]);
+        // One more between 1 and 2 that leaves the averages of 2 (100, 300,
+        // 500) and 3 (100, 300, 500, 300) as they were: its own row only.
+        seller.insert((15, 4, 300));
+        out.clear();
+        seller.changed_rows(7, &mut out);
+        out.sort();
+        assert_eq!(out, vec![row(4, 200)]);
     }
 }
