@@ -59,10 +59,11 @@ use crate::node::{Node, NodeMeta, Slot, StateMeta, StatefulNode, StepCtx, state_
 use crate::pair::partition_records;
 use crate::stream::DStream;
 
-/// A key's state, and whether the batch being processed changed it (not
-/// checkpointed: it is false between batches).
+/// A key's state (`Some` whenever it is in the map: a key whose update
+/// leaves `None` is removed), and whether the batch being processed changed
+/// it (not checkpointed: it is false between batches).
 struct Entry<S> {
-    value: S,
+    value: Option<S>,
     changed: bool,
 }
 
@@ -80,7 +81,7 @@ fn spread<K: Key, S>(entries: Vec<(K, S)>, partitions: usize) -> Vec<KeyHashMap<
     let count = maps.len();
     for (key, value) in entries {
         if let Some(map) = maps.get_mut(partition_of(&key, count)) {
-            map.insert(key, Entry { value, changed: false });
+            map.insert(key, Entry { value: Some(value), changed: false });
         }
     }
     maps
@@ -98,25 +99,37 @@ where
     /// Folds one work partition's records into its keys, in order, then
     /// emits the keys they changed.
     fn run_part(update: &U, emit: &E, part: &mut KeyHashMap<K, Entry<S>>, records: Vec<(K, V)>) -> Vec<M> {
+        // The keys the batch changed, in the order they first changed.
         let mut changed_keys: Vec<K> = Vec::new();
         for (key, value) in records {
-            let entry = part.remove(&key);
-            let was_changed = entry.as_ref().is_some_and(|e| e.changed);
-            let mut state = entry.map(|e| e.value);
-            let changed = update(&key, value, &mut state);
-            let Some(value) = state else { continue };
-            if changed && !was_changed {
-                changed_keys.push(key.clone());
+            if let Some(entry) = part.get_mut(&key) {
+                let changed = update(&key, value, &mut entry.value);
+                if entry.value.is_none() {
+                    // Removed: if it was listed, it is not emitted.
+                    part.remove(&key);
+                } else if changed && !entry.changed {
+                    entry.changed = true;
+                    changed_keys.push(key);
+                }
+            } else {
+                let mut state = None;
+                let changed = update(&key, value, &mut state);
+                if state.is_some() {
+                    // A key removed and added again in the batch may be
+                    // listed twice: its flag lets it emit once.
+                    if changed {
+                        changed_keys.push(key.clone());
+                    }
+                    part.insert(key, Entry { value: state, changed });
+                }
             }
-            part.insert(key, Entry { value, changed: changed || was_changed });
         }
         let mut out = Vec::with_capacity(changed_keys.len());
         for key in changed_keys {
-            // A key changed, then removed, then added again is in the list
-            // once only if it is still flagged.
-            if let Some(entry) = part.get_mut(&key).filter(|e| e.changed) {
-                entry.changed = false;
-                emit(&key, &mut entry.value, &mut out);
+            let Some(entry) = part.get_mut(&key).filter(|e| e.changed) else { continue };
+            entry.changed = false;
+            if let Some(value) = entry.value.as_mut() {
+                emit(&key, value, &mut out);
             }
         }
         out
@@ -134,7 +147,8 @@ where
 {
     fn step(&mut self, ctx: &StepCtx<'_>) -> Result<Option<Job>, DStreamError> {
         if self.parts.len() != ctx.partitions {
-            let entries: Vec<(K, S)> = self.parts.drain(..).flatten().map(|(k, e)| (k, e.value)).collect();
+            let entries: Vec<(K, S)> =
+                self.parts.drain(..).flatten().filter_map(|(k, e)| Some((k, e.value?))).collect();
             self.parts = spread(entries, ctx.partitions);
         }
         let Some(batch) = ctx.take_owned(&self.input)? else {
@@ -168,7 +182,8 @@ where
     E: Fn(&K, &mut S, &mut Vec<M>) + Send + Sync,
 {
     fn snapshot(&self) -> Result<Vec<u8>, CoreError> {
-        let entries: Vec<(&K, &S)> = self.parts.iter().flat_map(|p| p.iter()).map(|(k, e)| (k, &e.value)).collect();
+        let entries: Vec<(&K, &S)> =
+            self.parts.iter().flat_map(|p| p.iter()).filter_map(|(k, e)| Some((k, e.value.as_ref()?))).collect();
         state_codec().encode(&entries)
     }
 
@@ -303,9 +318,11 @@ pub(crate) mod tests {
             vec![
                 vec![vec![(1, 2), (2, 3)], vec![(1, 4), (3, 0)]],
                 vec![vec![(1, 0), (2, -1)], vec![(3, 1)]],
-                vec![vec![(2, 5), (1, 1)]],
+                // 3 changes and goes in one batch: nothing; 4 comes, goes
+                // and comes again: once.
+                vec![vec![(2, 5), (1, 1), (3, 2), (4, 1)], vec![(3, -1), (4, -1), (4, 2)]],
             ],
         );
-        assert_eq!(rows, vec![vec![(1, 6), (2, 3)], vec![(3, 1)], vec![(1, 7), (2, 5)]]);
+        assert_eq!(rows, vec![vec![(1, 6), (2, 3)], vec![(3, 1)], vec![(1, 7), (2, 5), (4, 2)]]);
     }
 }
