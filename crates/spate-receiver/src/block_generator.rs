@@ -7,10 +7,18 @@
 //! slow the queue fills, cutting blocks waits, and so does the receiver
 //! adding records: memory stays bounded by the queue and the rate limit.
 //!
-//! A block is also cut early when it reaches a cap of records or of bytes
-//! (by default [`DEFAULT_MAX_BLOCK_RECORDS`] and [`DEFAULT_MAX_BLOCK_BYTES`],
-//! well under the receiver WAL's largest record), so one interval of a fast
-//! source cannot make a block that memory or the WAL cannot take.
+//! A block is also cut early when it reaches a cap of records, of bytes or
+//! of memory (by default [`DEFAULT_MAX_BLOCK_RECORDS`],
+//! [`DEFAULT_MAX_BLOCK_BYTES`], well under the receiver WAL's largest
+//! record, and [`DEFAULT_MAX_BLOCK_MEMORY`]), so one interval of a fast
+//! source cannot make a block that memory or the WAL cannot take, nor one
+//! whose records, decoded by a reader, take more than the memory cap.
+//!
+//! When the listener stores blocks serialized (the write-ahead log on, or
+//! a serialized storage level), records stored as they are (`add_record`,
+//! `add_records`, `add_with`) are encoded into the block as they are
+//! added and dropped at once: the block being filled and the blocks
+//! queued hold a few bytes a record, not each record's allocations.
 
 use std::collections::VecDeque;
 use std::marker::PhantomData;
@@ -23,7 +31,9 @@ use spate_core::sync::lock;
 use spate_core::{Clock, Duration, InPlace, StreamBlockId, StreamId, Time};
 use tracing::{debug, warn};
 
-use crate::block::{decode_block, encoded_record_size, estimate_encoded_size, frame_encoded_records};
+use crate::block::{
+    decode_block, encoded_record_size, estimate_encoded_size, estimate_records_size, frame_encoded_records,
+};
 use crate::codec::Record;
 use crate::error::ReceiverError;
 use crate::handler::Pending;
@@ -49,6 +59,12 @@ pub struct BlockGeneratorSettings {
     /// limit needs that limit raised too. One record larger than the cap
     /// still makes a block of its own.
     pub max_block_bytes: Option<u64>,
+    /// Cuts a block early before its records, as records in memory
+    /// (inline size and heap, [`crate::Record::heap_bytes`], estimated from
+    /// samples), would pass this many bytes: what a reader that decodes
+    /// the block holds at once. `None`: [`DEFAULT_MAX_BLOCK_MEMORY`]. Not
+    /// applied to records added in place, which a reader reads in place.
+    pub max_block_memory: Option<u64>,
     /// The highest rate, records per second, the receiver may store at;
     /// backpressure may set lower rates (Spark's `receiver.maxRate`).
     pub max_rate: Option<u64>,
@@ -64,6 +80,7 @@ impl Default for BlockGeneratorSettings {
             queue_capacity: 10,
             max_block_records: None,
             max_block_bytes: None,
+            max_block_memory: None,
             max_rate: None,
             initial_rate: None,
         }
@@ -80,6 +97,10 @@ pub const DEFAULT_MAX_BLOCK_RECORDS: usize = 1_000_000;
 /// the sampled size estimate to be wrong.
 pub const DEFAULT_MAX_BLOCK_BYTES: u64 = 16 << 20;
 
+/// The memory a block's records take at most, as records, unless
+/// [`BlockGeneratorSettings::max_block_memory`] says otherwise: 64 MiB.
+pub const DEFAULT_MAX_BLOCK_MEMORY: u64 = 64 << 20;
+
 impl BlockGeneratorSettings {
     /// The record cap in force.
     pub fn block_records_cap(&self) -> usize {
@@ -89,6 +110,17 @@ impl BlockGeneratorSettings {
     /// The byte cap in force.
     pub fn block_bytes_cap(&self) -> u64 {
         self.max_block_bytes.unwrap_or(DEFAULT_MAX_BLOCK_BYTES).max(1)
+    }
+
+    /// The memory cap in force.
+    pub fn block_memory_cap(&self) -> u64 {
+        self.max_block_memory.unwrap_or(DEFAULT_MAX_BLOCK_MEMORY).max(1)
+    }
+
+    /// Sets [`BlockGeneratorSettings::max_block_memory`].
+    pub fn with_max_block_memory(mut self, bytes: u64) -> Self {
+        self.max_block_memory = Some(bytes);
+        self
     }
 
     /// Sets [`BlockGeneratorSettings::max_block_records`].
@@ -136,6 +168,15 @@ pub trait BlockGeneratorListener<T>: Send + Sync + 'static {
     /// generator fills it with a later block. By default it is not given back.
     fn start_push_reusing(&self, block_id: StreamBlockId, records: Vec<T>) -> (Pending<()>, Option<Vec<T>>) {
         (self.start_push(block_id, records), None)
+    }
+
+    /// Whether blocks are stored serialized: the generator then encodes
+    /// records as they are added, so that their owned form is dropped at
+    /// once, and pushes every block serialized
+    /// ([`BlockGeneratorListener::start_push_serialized`]). By default
+    /// blocks are pushed as records.
+    fn stores_serialized(&self) -> bool {
+        false
     }
 
     /// Told about a block that could not be pushed (its records are lost to
@@ -218,6 +259,12 @@ struct Buffer<T> {
     /// Estimated serialized bytes of one record, from the last records
     /// sized (0 until some were): how many more fit under the byte cap.
     bytes_per_record: u64,
+    /// Estimated memory of the block's records as records (0 for records
+    /// added in place).
+    memory: u64,
+    /// Estimated memory of one record, from the last records sized: how
+    /// many more fit under the memory cap.
+    memory_per_record: u64,
 }
 
 /// Records a fill of unknown record size adds at most before they are
@@ -230,6 +277,9 @@ struct Shared<T> {
     config: BlockGeneratorSettings,
     clock: Arc<dyn Clock>,
     state: AtomicU8,
+    /// Records stored as they are are encoded on the way in
+    /// ([`BlockGeneratorListener::stores_serialized`]).
+    encode_on_store: bool,
     buffer: Mutex<Buffer<T>>,
     /// Emptied buffers of pushed blocks, to fill again (their pages are
     /// already mapped: a new buffer of a fast source's block faults in
@@ -292,12 +342,15 @@ impl<T: Record> BlockGenerator<T> {
             config,
             clock,
             state: AtomicU8::new(ACTIVE),
+            encode_on_store: listener.stores_serialized(),
             buffer: Mutex::new(Buffer {
                 records: Vec::new(),
                 encoded: Vec::new(),
                 encoded_records: 0,
                 bytes: 0,
                 bytes_per_record: 0,
+                memory: 0,
+                memory_per_record: 0,
             }),
             spare_buffers: Mutex::new(Vec::new()),
             queue: Mutex::new(Some(tx)),
@@ -330,14 +383,20 @@ impl<T: Record> BlockGenerator<T> {
 
     /// Adds one record to the current block, waiting for the rate limit.
     pub fn add_record(&self, record: T) -> Result<(), ReceiverError> {
+        let memory = record_memory(&record);
+        if self.shared.encode_on_store {
+            return self.add_encoded(std::iter::once(record), 1, memory);
+        }
         self.admit(1)?;
         let size = encoded_record_size(&record);
         let mut buffer = self.shared.lock_buffer();
         self.shared.cut_if_encoded(&mut buffer)?;
         buffer.bytes_per_record = size;
+        buffer.memory_per_record = memory;
         self.shared.make_room(&mut buffer, 1)?;
         buffer.records.push(record);
         buffer.bytes += size;
+        buffer.memory += memory;
         self.shared.cut_if_full(&mut buffer)
     }
 
@@ -350,6 +409,11 @@ impl<T: Record> BlockGenerator<T> {
     /// wait would be minutes, with empty batches meanwhile, from which
     /// backpressure could not learn to raise the limit again.
     pub fn add_records(&self, records: Vec<T>) -> Result<(), ReceiverError> {
+        if self.shared.encode_on_store {
+            let count = records.len();
+            let memory = estimate_records_size(&records).div_ceil(count.max(1) as u64);
+            return self.add_encoded(records.into_iter(), count, memory);
+        }
         let slice = self.admission_slice();
         if records.len() <= slice {
             return self.add_batch(records);
@@ -375,6 +439,16 @@ impl<T: Record> BlockGenerator<T> {
     /// what still fits in the block under its caps; the slices add up to
     /// `count`.
     pub fn add_with(&self, count: usize, mut fill: impl FnMut(&mut Vec<T>, usize)) -> Result<(), ReceiverError> {
+        if self.shared.encode_on_store {
+            let mut scratch = Vec::new();
+            return self.add_in_slices(count, Shared::cut_if_records, |buffer, n| {
+                fill(&mut scratch, n);
+                debug_assert_eq!(scratch.len(), n, "a fill must append exactly the records asked for");
+                let memory = estimate_records_size(&scratch);
+                let bytes = encode_into(buffer, scratch.drain(..))?;
+                Ok(Added { bytes, memory })
+            });
+        }
         self.add_in_slices(
             count,
             |shared, buffer| shared.cut_if_encoded(buffer),
@@ -382,9 +456,20 @@ impl<T: Record> BlockGenerator<T> {
                 let before = buffer.records.len();
                 fill(&mut buffer.records, n);
                 debug_assert_eq!(buffer.records.len() - before, n, "a fill must append exactly the records asked for");
-                estimate_encoded_size(&buffer.records[before..])
+                let added = &buffer.records[before..];
+                Ok(Added { bytes: estimate_encoded_size(added), memory: estimate_records_size(added) })
             },
         )
+    }
+
+    /// Adds `count` records, each encoded into the block as it comes and
+    /// then dropped, `memory` bytes each as records (for the memory cap).
+    fn add_encoded(&self, records: impl Iterator<Item = T>, count: usize, memory: u64) -> Result<(), ReceiverError> {
+        let mut records = records;
+        self.add_in_slices(count, Shared::cut_if_records, |buffer, n| {
+            let bytes = encode_into(buffer, records.by_ref().take(n))?;
+            Ok(Added { bytes, memory: memory * n as u64 })
+        })
     }
 
     /// Adds `count` records that `fill` writes in place, encoded, into the
@@ -409,19 +494,21 @@ impl<T: Record> BlockGenerator<T> {
             let Buffer { encoded, encoded_records, .. } = buffer;
             fill(&mut BlockWriter { encoded, records: encoded_records, record: PhantomData }, n);
             debug_assert_eq!(buffer.encoded_records - before.1, n, "a fill must push exactly the records asked for");
-            (buffer.encoded.len() - before.0) as u64
+            // Read in place, not decoded: no memory as records to cap.
+            Ok(Added { bytes: (buffer.encoded.len() - before.0) as u64, memory: 0 })
         })
     }
 
     /// Admits `count` records in slices of the rate limit and, with the
     /// block locked, has `fill(buffer, n)` add them, each time as many as
-    /// fit in the current block, returning the bytes they take; `start`
-    /// first cuts a block of the other form (records or encoded).
+    /// fit in the current block, returning the bytes they take encoded and
+    /// as records; `start` first cuts a block of the other form (records
+    /// or encoded).
     fn add_in_slices(
         &self,
         count: usize,
         start: impl Fn(&Shared<T>, &mut Buffer<T>) -> Result<(), ReceiverError>,
-        mut fill: impl FnMut(&mut Buffer<T>, usize) -> u64,
+        mut fill: impl FnMut(&mut Buffer<T>, usize) -> Result<Added, ReceiverError>,
     ) -> Result<(), ReceiverError> {
         let slice = self.admission_slice();
         let mut left = count;
@@ -434,7 +521,7 @@ impl<T: Record> BlockGenerator<T> {
             while to_fill > 0 {
                 let room = self.shared.make_room(&mut buffer, to_fill)?;
                 let n = if buffer.bytes_per_record == 0 { room.min(PROBE_RECORDS) } else { room };
-                let added = fill(&mut buffer, n);
+                let added = fill(&mut buffer, n)?;
                 buffer.note_added(added, n);
                 self.shared.cut_if_full(&mut buffer)?;
                 to_fill -= n;
@@ -458,9 +545,11 @@ impl<T: Record> BlockGenerator<T> {
             return Ok(());
         }
         let per_record = estimate_encoded_size(&records).div_ceil(total.max(1) as u64);
+        let memory = estimate_records_size(&records).div_ceil(total.max(1) as u64);
         let mut buffer = self.shared.lock_buffer();
         self.shared.cut_if_encoded(&mut buffer)?;
         buffer.bytes_per_record = per_record;
+        buffer.memory_per_record = memory;
         let room = self.shared.make_room(&mut buffer, total)?;
         if room == total {
             // All of it fits: the fast path, which may take over the batch's buffer.
@@ -469,7 +558,7 @@ impl<T: Record> BlockGenerator<T> {
             } else {
                 buffer.records.extend(records);
             }
-            buffer.note_added(per_record * total as u64, total);
+            buffer.note_added(Added { bytes: per_record * total as u64, memory: memory * total as u64 }, total);
             return self.shared.cut_if_full(&mut buffer);
         }
         let mut records = records.into_iter();
@@ -477,7 +566,7 @@ impl<T: Record> BlockGenerator<T> {
         while left > 0 {
             let n = self.shared.make_room(&mut buffer, left)?;
             buffer.records.extend(records.by_ref().take(n));
-            buffer.note_added(per_record * n as u64, n);
+            buffer.note_added(Added { bytes: per_record * n as u64, memory: memory * n as u64 }, n);
             self.shared.cut_if_full(&mut buffer)?;
             left -= n;
         }
@@ -590,25 +679,64 @@ impl<T> Buffer<T> {
         self.records.len() + self.encoded_records
     }
 
-    /// Records that still fit under both caps, at the last size per record.
+    /// Records that still fit under every cap, at the last sizes per record.
     fn room(&self, config: &BlockGeneratorSettings) -> usize {
         let by_records = config.block_records_cap().saturating_sub(self.len());
-        let bytes_left = config.block_bytes_cap().saturating_sub(self.bytes);
-        let by_bytes = match self.bytes_per_record {
-            0 if bytes_left > 0 => usize::MAX,
-            0 => 0,
-            per_record => usize::try_from(bytes_left / per_record).unwrap_or(usize::MAX),
-        };
-        by_records.min(by_bytes)
+        let by_bytes = fitting(config.block_bytes_cap(), self.bytes, self.bytes_per_record);
+        let by_memory = fitting(config.block_memory_cap(), self.memory, self.memory_per_record);
+        by_records.min(by_bytes).min(by_memory)
     }
 
-    /// Counts `n` records of `bytes` (estimated) just added.
-    fn note_added(&mut self, bytes: u64, n: usize) {
-        self.bytes = self.bytes.saturating_add(bytes);
+    /// Counts `n` records just added, of the sizes (estimated) `added` says.
+    fn note_added(&mut self, added: Added, n: usize) {
+        self.bytes = self.bytes.saturating_add(added.bytes);
+        self.memory = self.memory.saturating_add(added.memory);
         if n > 0 {
-            self.bytes_per_record = bytes.div_ceil(n as u64).max(1);
+            self.bytes_per_record = added.bytes.div_ceil(n as u64).max(1);
+            self.memory_per_record = added.memory.div_ceil(n as u64);
         }
     }
+}
+
+/// The sizes of records just added to a block, estimated.
+#[derive(Clone, Copy, Debug)]
+struct Added {
+    /// Encoded.
+    bytes: u64,
+    /// As records in memory (0 for records added in place).
+    memory: u64,
+}
+
+/// How many more records of `per_record` bytes fit under `cap` with `used`
+/// taken (any number when their size is not known yet).
+fn fitting(cap: u64, used: u64, per_record: u64) -> usize {
+    let left = cap.saturating_sub(used);
+    match per_record {
+        0 if left > 0 => usize::MAX,
+        0 => 0,
+        per_record => usize::try_from(left / per_record).unwrap_or(usize::MAX),
+    }
+}
+
+/// The memory one record takes as a record: inline and on the heap.
+fn record_memory<T: Record>(record: &T) -> u64 {
+    std::mem::size_of::<T>() as u64 + record.heap_bytes()
+}
+
+/// Encodes `records` onto the end of the block's encoded records, dropping
+/// each once encoded, and returns the bytes they took. A record that does
+/// not encode is an error, and the block keeps only the records before it.
+fn encode_into<T: Record>(buffer: &mut Buffer<T>, records: impl Iterator<Item = T>) -> Result<u64, ReceiverError> {
+    let start = buffer.encoded.len();
+    for record in records {
+        let before = buffer.encoded.len();
+        if let Err(source) = record.write_record(&mut buffer.encoded) {
+            buffer.encoded.truncate(before);
+            return Err(ReceiverError::Codec { block_id: None, source });
+        }
+        buffer.encoded_records += 1;
+    }
+    Ok((buffer.encoded.len() - start) as u64)
 }
 
 /// What the pusher does next while blocks are in flight.
@@ -696,6 +824,7 @@ impl<T: Record> Shared<T> {
             CutBlock::Records(std::mem::replace(&mut buffer.records, next))
         };
         buffer.bytes = 0;
+        buffer.memory = 0;
         let seq = self.cut_seq.load(Ordering::Acquire) + 1;
         let queue = lock(&self.queue).clone();
         let sent = queue.map(|q| q.send(QueuedBlock { seq, block_id, block }));

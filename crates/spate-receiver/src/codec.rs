@@ -46,18 +46,87 @@ pub trait Record: Serialize + DeserializeOwned + Send + Sync + Clone + 'static {
     fn read_block_payload(payload: &[u8]) -> Result<Vec<Self>, CoreError> {
         block_codec().decode_payload::<Vec<Self>>(payload)
     }
+
+    /// Appends this record's encoding alone: its part of a block's payload
+    /// after the count (a block generator encodes records as they are
+    /// stored, so their owned form is dropped at once).
+    fn write_record(&self, out: &mut Vec<u8>) -> Result<(), CoreError> {
+        bincode::serde::encode_into_std_write(self, out, bincode::config::standard())
+            .map(drop)
+            .map_err(|e| CoreError::Encode { reason: e.to_string() })
+    }
+
+    /// The bytes this record holds on the heap, beyond its inline size,
+    /// estimated: what a decoded block costs over its records' inline
+    /// size. By default its encoded size stands in for it (Spark's
+    /// `SizeEstimator` samples the same way); a type that knows its
+    /// allocations counts them with the allocator's overhead
+    /// ([`allocation_bytes`]), as `String` and `Vec<u8>` do.
+    fn heap_bytes(&self) -> u64 {
+        crate::block::encoded_record_size(self)
+    }
+
+    /// Reads the next `n` records off `reader`, at a record of a block's
+    /// payload: a block read in chunks holds one chunk decoded at a time.
+    /// Each record's allocations are bounded as a whole block's are.
+    fn read_records(reader: &mut PayloadReader<'_>, n: usize) -> Result<Vec<Self>, CoreError> {
+        let config = bincode::config::standard().with_limit::<{ 1 << 30 }>();
+        let mut records = Vec::with_capacity(n.min(reader.rest().len()));
+        for _ in 0..n {
+            let (record, used) = bincode::serde::decode_from_slice::<Self, _>(reader.rest(), config)
+                .map_err(|e| CoreError::Decode { reason: e.to_string() })?;
+            reader.take(used as u64)?;
+            records.push(record);
+        }
+        Ok(records)
+    }
+}
+
+/// The memory an allocation of `requested` bytes takes, as glibc's malloc
+/// lays it out: the request and an 8-byte header rounded up to 16 bytes,
+/// 32 at least (none for an empty request). Allocators with size classes
+/// (mimalloc, jemalloc) take no more for the small sizes records have, so
+/// a count made with it is not below what a record really holds.
+pub const fn allocation_bytes(requested: u64) -> u64 {
+    if requested == 0 {
+        return 0;
+    }
+    let chunk = (requested + 8).div_ceil(16) * 16;
+    if chunk < 32 { 32 } else { chunk }
 }
 
 macro_rules! serde_records {
     ($($t:ty),* $(,)?) => { $(impl Record for $t {})* };
 }
 
-serde_records!(u8, u16, u32, u64, u128, usize, i8, i16, i32, i64, i128, isize, bool, char, f32, f64, Vec<u8>);
+serde_records!(u8, u16, u32, u64, u128, usize, i8, i16, i32, i64, i128, isize, bool, char, f32, f64);
 
 impl<T: Record> Record for Option<T> {}
 impl<A: Record, B: Record> Record for (A, B) {}
 impl<A: Record, B: Record, C: Record> Record for (A, B, C) {}
 impl<A: Record, B: Record, C: Record, D: Record> Record for (A, B, C, D) {}
+
+impl Record for Vec<u8> {
+    /// serde's layout of bytes: a varint length, then the bytes.
+    fn write_record(&self, out: &mut Vec<u8>) -> Result<(), CoreError> {
+        write_varint(self.len() as u64, out);
+        out.extend_from_slice(self);
+        Ok(())
+    }
+
+    fn heap_bytes(&self) -> u64 {
+        allocation_bytes(self.capacity() as u64)
+    }
+
+    fn read_records(reader: &mut PayloadReader<'_>, n: usize) -> Result<Vec<Self>, CoreError> {
+        let mut records = Vec::with_capacity(n.min(reader.rest().len()));
+        for _ in 0..n {
+            let len = reader.varint()?;
+            records.push(reader.take(len)?.to_vec());
+        }
+        Ok(records)
+    }
+}
 
 impl Record for String {
     /// The layout serde gives a sequence of strings, written with one
@@ -71,6 +140,27 @@ impl Record for String {
             out.extend_from_slice(record.as_bytes());
         }
         Ok(None)
+    }
+
+    fn write_record(&self, out: &mut Vec<u8>) -> Result<(), CoreError> {
+        write_varint(self.len() as u64, out);
+        out.extend_from_slice(self.as_bytes());
+        Ok(())
+    }
+
+    fn heap_bytes(&self) -> u64 {
+        allocation_bytes(self.capacity() as u64)
+    }
+
+    fn read_records(reader: &mut PayloadReader<'_>, n: usize) -> Result<Vec<Self>, CoreError> {
+        let mut records = Vec::with_capacity(n.min(reader.rest().len()));
+        for index in 0..n {
+            let len = reader.varint()?;
+            let text = std::str::from_utf8(reader.take(len)?)
+                .map_err(|e| CoreError::Decode { reason: format!("string {index} of a chunk is not UTF-8: {e}") })?;
+            records.push(text.to_owned());
+        }
+        Ok(records)
     }
 
     fn read_block_payload(payload: &[u8]) -> Result<Vec<Self>, CoreError> {

@@ -77,13 +77,15 @@ mod socket;
 mod storage;
 mod supervisor;
 
-pub use block::{BlockData, ReceivedBlock, block_payload, count_block_records, decode_block, encode_block};
+pub use block::{
+    BlockData, ReceivedBlock, block_payload, count_block_records, decode_block, decode_block_in_chunks, encode_block,
+};
 pub use block_generator::{
     BlockGenerator, BlockGeneratorListener, BlockGeneratorSettings, BlockWriter, DEFAULT_MAX_BLOCK_BYTES,
-    DEFAULT_MAX_BLOCK_RECORDS,
+    DEFAULT_MAX_BLOCK_MEMORY, DEFAULT_MAX_BLOCK_RECORDS,
 };
 pub use block_manager::{BlockLocation, BlockManager, BlockManagerSettings};
-pub use codec::{BLOCK_FORMAT_VERSION, Record};
+pub use codec::{BLOCK_FORMAT_VERSION, Record, allocation_bytes};
 pub use error::{BoxError, ReceiverError};
 pub use generator::{GeneratorProgress, GeneratorReceiver, GeneratorSettings, VOCABULARY, WordGenerator, splitmix64};
 pub use handler::{

@@ -190,6 +190,12 @@ impl<T: Record> BlockGeneratorListener<T> for BlockPusher<T> {
         pending.then(move |stored| report(sink.as_ref(), stream_id, stored?, None).map(drop))
     }
 
+    /// The handler keeps blocks serialized (the write-ahead log on, or a
+    /// serialized level): records are encoded as they are stored.
+    fn stores_serialized(&self) -> bool {
+        !self.handler.storage_level().deserialized()
+    }
+
     fn on_error(&self, error: ReceiverError) {
         self.supervisor.record_error(format!("pushing a block: {error}"));
     }
