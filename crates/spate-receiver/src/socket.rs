@@ -1,6 +1,10 @@
 //! The socket receiver: connects to a TCP peer and stores each line of text
 //! it sends as one record (Spark's `socketTextStream`).
 //!
+//! Lines are written into the block in place, straight from the read
+//! buffer (`ReceiverContext::store_in_place_with`): no `String` is made for
+//! a line, and a line is copied once, into the block's bytes.
+//!
 //! Policies, as tested:
 //! - a line ends at `\n`; a `\r` before it is dropped;
 //! - bytes that are not UTF-8 are replaced with U+FFFD by default (what
@@ -20,7 +24,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use async_trait::async_trait;
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
+use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::net::TcpStream;
 use tracing::{info, warn};
 
@@ -115,32 +119,140 @@ impl SocketTextReceiver {
         Arc::clone(&self.stats)
     }
 
-    /// Turns one line's bytes (terminator removed) into a record.
-    fn decode(&self, bytes: Vec<u8>, line: u64, byte_offset: u64) -> Result<String, ReceiverError> {
-        match String::from_utf8(bytes) {
-            Ok(text) => Ok(text),
-            Err(e) if self.config.invalid_utf8 == InvalidUtf8Policy::Replace => {
-                self.stats.replaced.fetch_add(1, Ordering::Relaxed);
-                Ok(String::from_utf8_lossy(e.as_bytes()).into_owned())
+    /// Stores the lines of one read, `buffer`: first the line carried over
+    /// from earlier reads when this read ends it, then every complete line
+    /// of the buffer; the bytes after the last line end are carried over.
+    fn take_lines(
+        &self,
+        ctx: &ReceiverContext<String>,
+        state: &mut LineReader,
+        buffer: &[u8],
+    ) -> Result<(), ReceiverError> {
+        let mut rest = buffer;
+        if !state.carried.is_empty() {
+            let Some(end) = rest.iter().position(|b| *b == b'\n') else {
+                state.carried.extend_from_slice(rest);
+                return self.check_carried(state);
+            };
+            state.carried.extend_from_slice(&rest[..=end]);
+            rest = &rest[end + 1..];
+            let carried = std::mem::take(&mut state.carried);
+            let stored = self.store_complete_lines(ctx, state, &carried);
+            // Its buffer is kept for the next line carried over.
+            state.carried = carried;
+            state.carried.clear();
+            stored?;
+        }
+        let consumed = self.store_complete_lines(ctx, state, rest)?;
+        state.carried.extend_from_slice(&rest[consumed..]);
+        self.check_carried(state)
+    }
+
+    /// A line begun and not ended may not pass the maximum either (one
+    /// byte more is allowed: a `\r` that the line end will drop).
+    fn check_carried(&self, state: &LineReader) -> Result<(), ReceiverError> {
+        if state.carried.len() > self.config.max_line_bytes + 1 {
+            return Err(self.line_too_long(state.lines + 1));
+        }
+        Ok(())
+    }
+
+    fn line_too_long(&self, line: u64) -> ReceiverError {
+        ReceiverError::LineTooLong { peer: self.config.address.clone(), line, max: self.config.max_line_bytes }
+    }
+
+    /// Stores the complete lines at the start of `bytes` and returns the
+    /// bytes they took (up to and with the last line end). A line longer
+    /// than the maximum is the error, after the lines before it are stored.
+    fn store_complete_lines(
+        &self,
+        ctx: &ReceiverContext<String>,
+        state: &mut LineReader,
+        bytes: &[u8],
+    ) -> Result<usize, ReceiverError> {
+        let mut spans = std::mem::take(&mut state.spans);
+        spans.clear();
+        let (mut start, mut too_long) = (0, None);
+        for end in bytes.iter().enumerate().filter(|(_, b)| **b == b'\n').map(|(i, _)| i) {
+            let content_end = if end > start && bytes[end - 1] == b'\r' { end - 1 } else { end };
+            state.lines += 1;
+            if content_end - start > self.config.max_line_bytes {
+                too_long = Some(state.lines);
+                break;
             }
-            Err(e) => Err(ReceiverError::InvalidUtf8 {
-                peer: self.config.address.clone(),
-                line,
-                byte_offset,
-                reason: e.utf8_error().to_string(),
-            }),
+            spans.push(Span { start, end: content_end, line: state.lines, offset: state.offset });
+            state.offset += (end + 1 - start) as u64;
+            start = end + 1;
+        }
+        let stored = self.store_lines(ctx, bytes, &spans);
+        state.spans = spans;
+        stored?;
+        match too_long {
+            Some(line) => Err(self.line_too_long(line)),
+            None => Ok(start),
         }
     }
 
-    fn store_batch(&self, ctx: &ReceiverContext<String>, batch: &mut Vec<String>) -> Result<(), ReceiverError> {
-        if batch.is_empty() {
-            return Ok(());
+    /// Stores the lines `spans` of `bytes` (all of them, or those before
+    /// the first that is not UTF-8 under [`InvalidUtf8Policy::Fail`], which
+    /// is then the error), written in place into the block, `batch_lines`
+    /// at a time: no `String` is made for a line.
+    fn store_lines(&self, ctx: &ReceiverContext<String>, bytes: &[u8], spans: &[Span]) -> Result<(), ReceiverError> {
+        let line_bytes = |span: &Span| bytes.get(span.start..span.end).unwrap_or_default();
+        let mut valid = spans.len();
+        let mut failure = None;
+        for (index, span) in spans.iter().enumerate() {
+            if let Err(e) = std::str::from_utf8(line_bytes(span)) {
+                if self.config.invalid_utf8 == InvalidUtf8Policy::Fail {
+                    (valid, failure) = (index, Some((*span, e)));
+                    break;
+                }
+                self.stats.replaced.fetch_add(1, Ordering::Relaxed);
+            }
         }
-        let n = batch.len() as u64;
-        ctx.store_many(std::mem::take(batch))?;
-        self.stats.lines.fetch_add(n, Ordering::Relaxed);
-        Ok(())
+        let mut lines = spans[..valid].iter();
+        for group in spans[..valid].chunks(self.config.batch_lines.max(1)) {
+            ctx.store_in_place_with(group.len(), |block, n| {
+                for span in lines.by_ref().take(n) {
+                    // Borrowed unless the line is not UTF-8 (then replaced).
+                    block.push(&String::from_utf8_lossy(line_bytes(span)));
+                }
+            })?;
+            self.stats.lines.fetch_add(group.len() as u64, Ordering::Relaxed);
+        }
+        match failure {
+            None => Ok(()),
+            Some((span, e)) => Err(ReceiverError::InvalidUtf8 {
+                peer: self.config.address.clone(),
+                line: span.line,
+                byte_offset: span.offset,
+                reason: e.to_string(),
+            }),
+        }
     }
+}
+
+/// One complete line of a read: its bytes (terminator removed), its
+/// number on the connection (from 1) and the byte offset it starts at.
+#[derive(Clone, Copy, Debug)]
+struct Span {
+    start: usize,
+    end: usize,
+    line: u64,
+    offset: u64,
+}
+
+/// Where the reading of one connection is.
+#[derive(Debug, Default)]
+struct LineReader {
+    /// The start of a line whose end has not been read yet.
+    carried: Vec<u8>,
+    /// Lines ended so far.
+    lines: u64,
+    /// The byte offset of the next line's start.
+    offset: u64,
+    /// The lines of the current read, kept from read to read.
+    spans: Vec<Span>,
 }
 
 #[async_trait]
@@ -160,47 +272,22 @@ impl Receiver<String> for SocketTextReceiver {
         self.stats.connections.fetch_add(1, Ordering::Relaxed);
         info!(%peer, "connected");
         let mut reader = BufReader::with_capacity(64 << 10, stream);
-        let (mut line_no, mut offset) = (0u64, 0u64);
-        let mut batch = Vec::with_capacity(self.config.batch_lines.max(1));
-        let limit = self.config.max_line_bytes as u64 + 2; // room for "\r\n"
+        let mut state = LineReader::default();
         loop {
-            let mut bytes = Vec::new();
-            let n = (&mut reader).take(limit).read_until(b'\n', &mut bytes).await.map_err(|e| io_err("read", e))?;
-            line_no += 1;
-            if bytes.last() == Some(&b'\n') {
-                bytes.pop();
-                if bytes.last() == Some(&b'\r') {
-                    bytes.pop();
-                }
-            } else if n as u64 == limit {
-                self.store_batch(&ctx, &mut batch)?;
-                return Err(ReceiverError::LineTooLong { peer, line: line_no, max: self.config.max_line_bytes });
-            } else {
-                // End of stream: store what is complete, drop a partial line.
-                self.store_batch(&ctx, &mut batch)?;
-                if n > 0 {
+            let buffer = reader.fill_buf().await.map_err(|e| io_err("read", e))?;
+            if buffer.is_empty() {
+                // End of stream: what was complete is stored; drop a partial line.
+                if !state.carried.is_empty() {
                     self.stats.dropped_partial.fetch_add(1, Ordering::Relaxed);
-                    warn!(%peer, line = line_no, bytes = n, "peer disconnected mid-line; the partial line is dropped");
+                    let (line, bytes) = (state.lines + 1, state.carried.len());
+                    warn!(%peer, line, bytes, "peer disconnected mid-line; the partial line is dropped");
                 }
                 return Err(ReceiverError::SourceClosed { source_name: peer });
             }
-            if bytes.len() > self.config.max_line_bytes {
-                self.store_batch(&ctx, &mut batch)?;
-                return Err(ReceiverError::LineTooLong { peer, line: line_no, max: self.config.max_line_bytes });
-            }
-            let decoded = self.decode(bytes, line_no, offset);
-            offset += n as u64;
-            match decoded {
-                Ok(line) => batch.push(line),
-                Err(e) => {
-                    self.store_batch(&ctx, &mut batch)?;
-                    return Err(e);
-                }
-            }
-            // Hand lines over before waiting for more, so none linger here.
-            if batch.len() >= self.config.batch_lines || reader.buffer().is_empty() {
-                self.store_batch(&ctx, &mut batch)?;
-            }
+            // Every line of this read is handed over before waiting for more.
+            let (read, taken) = (buffer.len(), self.take_lines(&ctx, &mut state, buffer));
+            reader.consume(read);
+            taken?;
         }
     }
 }

@@ -310,6 +310,74 @@ fn socket_line_longer_than_the_maximum_is_an_error_not_a_growing_buffer() {
     assert!(h.supervisor.errors()[0].contains("maximum line length of 8"), "{:?}", h.supervisor.errors());
 }
 
+/// Stores blocks in a block manager and notes, for each, whether it came
+/// as records made one by one or written in place (serialized).
+struct FormNoting {
+    inner: BlockManagerBasedBlockHandler<String>,
+    serialized: Arc<std::sync::Mutex<Vec<bool>>>,
+}
+
+impl spate_receiver::ReceivedBlockHandler<String> for FormNoting {
+    fn store_block(
+        &self,
+        block_id: spate_core::StreamBlockId,
+        block: spate_receiver::ReceivedBlock<String>,
+    ) -> Result<spate_core::BlockStoreResult, ReceiverError> {
+        let serialized = matches!(block, spate_receiver::ReceivedBlock::Serialized(_));
+        self.serialized.lock().unwrap().push(serialized);
+        self.inner.store_block(block_id, block)
+    }
+    fn clean_old_blocks(&self, threshold: Time) -> Result<(), ReceiverError> {
+        self.inner.clean_old_blocks(threshold)
+    }
+    fn storage_level(&self) -> StorageLevel {
+        self.inner.storage_level()
+    }
+}
+
+#[test]
+fn socket_lines_are_written_into_blocks_in_place_not_made_into_strings() {
+    // Lines split across reads (the peer writes in pieces) and lines many
+    // to a read; a level that keeps records as they are, so a block of
+    // lines made into `String`s would reach the handler as records.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let address = listener.local_addr().unwrap().to_string();
+    let expected: Vec<String> = (0..5000).map(|i| format!("line {i} {}", "x".repeat(i % 50))).collect();
+    let text: String = expected.iter().map(|line| format!("{line}\r\n")).collect();
+    let peer = std::thread::spawn(move || {
+        let (mut socket, _) = listener.accept().unwrap();
+        for piece in text.as_bytes().chunks(977) {
+            socket.write_all(piece).unwrap();
+        }
+    });
+    let clock = ManualClock::new(Time::from_millis(1_000_000));
+    let blocks =
+        Arc::new(BlockManager::open(BlockManagerSettings::in_memory(256 << 20), Arc::new(clock.clone())).unwrap());
+    let serialized = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let handler = Arc::new(FormNoting {
+        inner: BlockManagerBasedBlockHandler::new(Arc::clone(&blocks), StorageLevel::MEMORY_ONLY),
+        serialized: Arc::clone(&serialized),
+    });
+    let (sink, infos) = crossbeam::channel::unbounded();
+    let mut config = SupervisorSettings::new(STREAM);
+    config.restart_delay = Duration::from_secs(3600);
+    let receiver = SocketTextReceiver::new(SocketSettings::new(address));
+    let stats = receiver.stats();
+    let supervisor =
+        ReceiverSupervisor::start(receiver, config, handler, Arc::new(sink), Arc::new(clock.clone())).unwrap();
+    supervisor.wait_for_state(|s| matches!(s, ReceiverState::BackingOff { .. }), PATIENCE).unwrap();
+    peer.join().unwrap();
+    supervisor.stop().unwrap();
+    let mut received = Vec::new();
+    for info in infos.try_iter() {
+        received.extend(blocks.get_records(info.block_id()).unwrap().unwrap().iter().cloned());
+    }
+    assert_eq!(received, expected);
+    assert_eq!((stats.lines(), stats.dropped_partial_lines()), (5000, 0));
+    let forms = serialized.lock().unwrap();
+    assert!(!forms.is_empty() && forms.iter().all(|s| *s), "every block written in place: {forms:?}");
+}
+
 #[test]
 fn socket_receiver_reconnects_after_the_backoff() {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
