@@ -29,8 +29,14 @@ use crossbeam::channel::{Receiver, Sender};
 use spate_core::sync::lock;
 use spate_core::{CoreError, MemoryBudget, StreamBlockId};
 use spate_dstream::{ArrivalStage, ProcessedBlock};
-use spate_receiver::{BlockData, BlockManager, Record, block_payload};
+use spate_receiver::{BlockData, BlockManager, Record, block_payload, decode_block_in_chunks};
 use tracing::warn;
+
+/// Records of a serialized block decoded at once when the stage takes a
+/// block in chunks: a few megabytes of short strings, while each chunk
+/// is still large enough that the per-chunk work of an aggregate (a map
+/// of the chunk's keys, merged into the block's) stays small beside it.
+const DECODED_CHUNK_RECORDS: usize = 128 * 1024;
 
 /// One block's result, processed on arrival.
 pub(crate) struct Arrived {
@@ -117,7 +123,10 @@ impl<T: Record + Send + 'static> Arrivals<T> {
 
     /// Runs the stage on a stored block: on its encoded payload, read in
     /// place, when the block is serialized and the operator reads in place
-    /// (no record is decoded), on its decoded records otherwise.
+    /// (no record is decoded); chunk by chunk of decoded records when the
+    /// operator's results of consecutive chunks join into the block's
+    /// (one chunk is held decoded at a time, not the block); on its
+    /// decoded records otherwise.
     pub(crate) fn process_stored_data(
         &self,
         block_id: StreamBlockId,
@@ -132,6 +141,22 @@ impl<T: Record + Send + 'static> Arrivals<T> {
             if let Some(block) = in_place {
                 return Ok(block);
             }
+        }
+        if let BlockData::Bytes(bytes) = &data
+            && self.stage.is_chunkable()
+        {
+            return self.guarded(|| {
+                let mut joined: Option<ProcessedBlock> = None;
+                decode_block_in_chunks::<T>(bytes, DECODED_CHUNK_RECORDS, |records| {
+                    let part = self.stage.process(records);
+                    joined = Some(match joined.take() {
+                        Some(before) => self.stage.join(vec![before, part]),
+                        None => part,
+                    });
+                })
+                .map_err(failed)?;
+                Ok(joined.unwrap_or_else(|| self.stage.process(Vec::new())))
+            });
         }
         let records = data.records().map_err(failed)?;
         drop(data);

@@ -10,8 +10,8 @@ use spate_core::{Clock, Duration, MemoryBudget, StreamBlockId, StreamId, Time, W
 use spate_dstream::{Data, FedSource, ProcessedBlock};
 use spate_receiver::{
     BlockData, BlockGeneratorSettings, BlockInfoSink, BlockManager, BlockManagerBasedBlockHandler,
-    BlockManagerSettings, DEFAULT_MAX_BLOCK_BYTES, FnSink, ReceivedBlockHandler, Receiver, ReceiverError,
-    ReceiverState, ReceiverSupervisor, Record, StorageLevel, SupervisorSettings, WalHandlerSettings,
+    BlockManagerSettings, DEFAULT_MAX_BLOCK_BYTES, DEFAULT_MAX_BLOCK_MEMORY, FnSink, ReceivedBlockHandler, Receiver,
+    ReceiverError, ReceiverState, ReceiverSupervisor, Record, StorageLevel, SupervisorSettings, WalHandlerSettings,
     WriteAheadLogBasedBlockHandler, read_block_from_wal, receiver_wal_dir, receiver_wal_options,
 };
 use spate_tracker::{BlockLocation, ReceivedBlockTracker, TrackedBlock};
@@ -155,6 +155,10 @@ pub(crate) struct TypedReceiverInput<T, R> {
     /// The largest block, in bytes: a part of the shared memory budget, so
     /// no single block can be larger than the budget and never fit.
     max_block_bytes: u64,
+    /// The largest block as records in memory, in bytes: what a reader
+    /// that decodes a block (one a processor, as blocks arrive) holds of
+    /// it at once, a part of the budget too.
+    max_block_memory: u64,
     /// The input's first operator, run on each block as it arrives.
     arrivals: Option<Arc<Arrivals<T>>>,
     /// The thread running it, and how to tell it a block arrived (`None`: stop).
@@ -224,6 +228,7 @@ impl<T: Record + Data, R: Receiver<T>> TypedReceiverInput<T, R> {
             receiver_name: name.to_string(),
             stopped: false,
             max_block_bytes: DEFAULT_MAX_BLOCK_BYTES,
+            max_block_memory: DEFAULT_MAX_BLOCK_MEMORY,
             arrivals: None,
             arrival_threads: None,
             spill_area: None,
@@ -466,6 +471,11 @@ impl<T: Record + Data, R: Receiver<T>> ReceiverInput for TypedReceiverInput<T, R
         // An eighth: a block's size in memory may be several times its
         // serialized size, which is what the cap estimates.
         self.max_block_bytes = DEFAULT_MAX_BLOCK_BYTES.min(memory.limit() / 8).max(1);
+        // Decoded, a block of short strings is ten times its encoded size
+        // (a 24-byte string and a 32-byte allocation for a 6-byte word).
+        // A stage that takes blocks in chunks holds one chunk decoded, but
+        // one that needs the block whole holds it all: a quarter at most.
+        self.max_block_memory = DEFAULT_MAX_BLOCK_MEMORY.min(memory.limit() / 4).max(1);
         self.arrivals = self.source.arrival_stage().map(|stage| Arrivals::new(stage, Arc::clone(memory)));
         // Blocks processed as they arrive leave the store at once; the
         // budget slows the receiver when processing falls behind. Blocks
@@ -536,6 +546,7 @@ impl<T: Record + Data, R: Receiver<T>> ReceiverInput for TypedReceiverInput<T, R
             max_rate: self.options.max_rate,
             max_block_records: self.options.max_block_records,
             max_block_bytes: Some(self.max_block_bytes),
+            max_block_memory: Some(self.max_block_memory),
             ..BlockGeneratorSettings::default()
         };
         let supervisor =
