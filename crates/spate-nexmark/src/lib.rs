@@ -152,8 +152,11 @@
 //!   bidder's last bid per auction, q19, the top ten bids per auction: over
 //!   the whole stream, as upsert streams of the groups each batch changed.
 //!
-//! q10 (events logged to files) needs a file sink and is not here. The
-//! windowed ones emit a window's rows in the batch whose watermark
+//! - q10, log to file system: every bid with its date and minute, the
+//!   row stream that the caller writes through `spate-files`' sink
+//!   partitioned by minute (`dt=…/hm=…`).
+//!
+//! The windowed ones emit a window's rows in the batch whose watermark
 //! (4 s behind the events of the slowest source partition) passes its
 //! end. Their stateful operators are named, so their state is checkpointed
 //! and restored across restarts. Tests check each query against a

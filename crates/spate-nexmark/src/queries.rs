@@ -19,7 +19,11 @@
 //! - [`q21`], channel ids: each bid's channel id, a named channel's number
 //!   or its URL's `channel_id` parameter;
 //! - [`q22`], URL directories: each bid with its URL's first three
-//!   directories.
+//!   directories;
+//! - [`q10`], log to file system: every bid with its date (`dt`) and
+//!   minute (`hm`) in UTC, the partition columns of the spec's file table.
+//!   The caller writes the rows through `spate-files`' sink partitioned by
+//!   minute (this crate does not depend on it: both are layer 2).
 //!
 //! Each of these is a per-record function ([`q0_row`], [`q1_row`],
 //! [`q2_row`], [`q14_row`], …) mapped over the stream.
@@ -68,8 +72,6 @@
 //! Over processing time: [`q12`], each bidder's bids per tumbling 10 s
 //! window of processing time (the time of the batch that reads them).
 //!
-//! q10 (every event written to files) is not here: it needs a file sink.
-//!
 //! Event time is each event's `date_time`. Watermarks allow
 //! [`OUT_OF_ORDERNESS`] (4 s, the watermark of the spec's table
 //! definitions) within each input partition; the stream's watermark is the
@@ -95,6 +97,7 @@ mod bidder_windows;
 mod category_average;
 mod category_join;
 mod daily_stats;
+mod file_log;
 #[cfg(test)]
 mod harness;
 mod highest_bid;
@@ -110,6 +113,7 @@ pub use bidder_windows::{BidderCount, Q11_GAP, Q12_WINDOW, q11, q12};
 pub use category_average::{Q4Row, q4};
 pub use category_join::{Q20_CATEGORY, Q20Row, q20};
 pub use daily_stats::{BidCounts, Q15Row, Q16Row, Q17Row, price_rank, q15, q16, q17};
+pub use file_log::{Q10Row, q10, q10_row};
 pub use highest_bid::{Q7_WINDOW, Q7Row, q7};
 pub use hot_items::{Q5_SLIDE, Q5_WINDOW, Q5Row, q5};
 pub use local_items::{Q3_CATEGORY, Q3_STATES, Q3Row, q3};
