@@ -6,10 +6,12 @@
 //! at the end so runs can be compared. It starts the local Kafka broker and
 //! S3 server (or uses running ones) for the Kafka and S3 benchmarks.
 //!
-//! `cargo xtask bench nexmark [ARGS]` runs only the Nexmark benchmark
-//! (`spate-nexmark`'s `nexmark` bench: each query's events per CPU-second,
-//! checkpoints on and off, beside Flink's published figures), with `ARGS`
-//! passed to it (`--events N`, query names). It needs neither server.
+//! `cargo xtask bench nexmark [ARGS]` runs only the Nexmark benchmarks
+//! (`spate-nexmark`'s `nexmark` and `nexmark_system_alloc` benches: each
+//! query's events per CPU-second, checkpoints on and off, beside the best
+//! published per-core figures, with mimalloc and then with the system's
+//! allocator), with `ARGS` passed to both (`--events N`, query names). It
+//! needs neither server.
 //!
 //! `cargo xtask bench app [ARGS]` runs only the application benchmark
 //! (xtask's `app-bench` binary: `spate run --app` on 1, 2 and 3 member
@@ -48,10 +50,12 @@ pub(crate) fn run(args: &[String]) -> Result {
     run_and_summarise([command, app])
 }
 
-/// The Nexmark benchmark alone. Its build is spate-nexmark and the engine
+/// The Nexmark benchmarks alone, with mimalloc and with the system's
+/// allocator. Their build is spate-nexmark, the file sink and the engine
 /// without native code, so no system package, broker or S3 server is needed.
 fn nexmark(args: &[String]) -> Result {
-    let mut command = cargo(&["bench", "--package", "spate-nexmark", "--bench", "nexmark"]);
+    let mut command =
+        cargo(&["bench", "--package", "spate-nexmark", "--bench", "nexmark", "--bench", "nexmark_system_alloc"]);
     // `cargo xtask bench nexmark -- q1` and `cargo xtask bench nexmark q1` mean the same.
     command.arg("--").args(args.strip_prefix(&["--".to_string()]).unwrap_or(args));
     println!("==> nexmark benchmark (release build)");
