@@ -28,12 +28,17 @@
 //! the first state checkpoints (at 10, 20 and 30 s) are all inside it, so
 //! every part of the job's state has been built once the samples end.
 //!
+//! The checkpoint (and its write-ahead logs) lives under
+//! `$SPATE_BENCH_DIR`, else `/var/tmp`: a disk, where `/tmp` may be memory
+//! and `fsync` free. At about 7 M words a second the logs write 40 MB a
+//! second and keep the window's worth: a run needs about 2 GB free there.
+//!
 //! Without `--bench` (as `cargo test --all-targets` runs it) one short run
 //! checks that the measuring works and prints no figure.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration as StdDuration, Instant};
@@ -120,7 +125,8 @@ struct Run {
 
 /// Runs the job in a child process for `seconds` and measures it.
 fn measure(seconds: u64) -> Run {
-    let dir = tempfile::tempdir().unwrap();
+    let base = std::env::var_os("SPATE_BENCH_DIR").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/var/tmp"));
+    let dir = tempfile::tempdir_in(&base).unwrap();
     let checkpoint = dir.path().join("checkpoint");
     let mut child = Command::new(std::env::current_exe().unwrap())
         .env(CHILD_ENV, format!("{},{seconds}", checkpoint.display()))
