@@ -159,6 +159,9 @@ pub(crate) struct TypedReceiverInput<T, R> {
     /// that decodes a block (one a processor, as blocks arrive) holds of
     /// it at once, a part of the budget too.
     max_block_memory: u64,
+    /// Blocks cut and waiting for the pusher, at most: they are encoded
+    /// and outside the budget, so together at most an eighth of it.
+    queue_capacity: usize,
     /// The input's first operator, run on each block as it arrives.
     arrivals: Option<Arc<Arrivals<T>>>,
     /// The thread running it, and how to tell it a block arrived (`None`: stop).
@@ -229,6 +232,7 @@ impl<T: Record + Data, R: Receiver<T>> TypedReceiverInput<T, R> {
             stopped: false,
             max_block_bytes: DEFAULT_MAX_BLOCK_BYTES,
             max_block_memory: DEFAULT_MAX_BLOCK_MEMORY,
+            queue_capacity: BlockGeneratorSettings::default().queue_capacity,
             arrivals: None,
             arrival_threads: None,
             spill_area: None,
@@ -476,6 +480,9 @@ impl<T: Record + Data, R: Receiver<T>> ReceiverInput for TypedReceiverInput<T, R
         // A stage that takes blocks in chunks holds one chunk decoded, but
         // one that needs the block whole holds it all: a quarter at most.
         self.max_block_memory = DEFAULT_MAX_BLOCK_MEMORY.min(memory.limit() / 4).max(1);
+        // Two blocks queued at least, so that one is cut while another waits.
+        let queued = usize::try_from(memory.limit() / 8 / self.max_block_bytes).unwrap_or(usize::MAX);
+        self.queue_capacity = queued.clamp(2, BlockGeneratorSettings::default().queue_capacity);
         self.arrivals = self.source.arrival_stage().map(|stage| Arrivals::new(stage, Arc::clone(memory)));
         // Blocks processed as they arrive leave the store at once; the
         // budget slows the receiver when processing falls behind. Blocks
@@ -547,6 +554,7 @@ impl<T: Record + Data, R: Receiver<T>> ReceiverInput for TypedReceiverInput<T, R
             max_block_records: self.options.max_block_records,
             max_block_bytes: Some(self.max_block_bytes),
             max_block_memory: Some(self.max_block_memory),
+            queue_capacity: self.queue_capacity,
             ..BlockGeneratorSettings::default()
         };
         let supervisor =
