@@ -7,8 +7,10 @@
 //! - [`ReceiverSupervisor`] runs a receiver on its own thread, restarts it
 //!   with a backoff after an error and stops it cleanly, joining every task;
 //! - [`BlockGenerator`] buffers records, cuts a block every block interval
-//!   (on the [`spate_core::Clock`]) or earlier at a cap of records or bytes
-//!   (by default well under the receiver WAL's largest record), queues
+//!   (on the [`spate_core::Clock`]) or earlier at a cap of records, bytes
+//!   (by default well under the receiver WAL's largest record) or memory
+//!   as records, encodes records as they are stored when blocks are stored
+//!   serialized (so a receiver's owned records are dropped at once), queues
 //!   blocks in a bounded queue (a slow store holds the receiver back) and
 //!   applies a [`RateLimiter`] that backpressure can change while running;
 //! - [`BlockManager`] keeps blocks by id in memory within a budget and spills
