@@ -247,6 +247,21 @@ fn block(input: &[u8]) {
         let again = spate_receiver::encode_block(&records).map(|b| spate_receiver::decode_block::<String>(&b));
         assert!(matches!(again, Ok(Ok(ref r)) if *r == records), "block round trip changed {} records", records.len());
     }
+    // Read a chunk at a time (as blocks are on arrival), a block reads as it
+    // does whole, or fails as it does whole; through serde too.
+    let whole = spate_receiver::decode_block::<String>(&bytes);
+    let mut chunked = Vec::new();
+    let read = spate_receiver::decode_block_in_chunks::<String>(&bytes, 3, |chunk| chunked.extend(chunk));
+    match (&whole, read) {
+        (Ok(records), Ok(())) => assert_eq!(*records, chunked, "chunks differ from the whole block"),
+        (Err(_), Err(_)) => {}
+        (whole, read) => panic!("whole: {:?}, in chunks: {read:?}", whole.as_ref().map(Vec::len)),
+    }
+    let mut pairs = Vec::new();
+    let read = spate_receiver::decode_block_in_chunks::<(String, u64)>(&bytes, 2, |chunk| pairs.extend(chunk));
+    if let (Ok(()), Ok(decoded)) = (read, spate_receiver::decode_block::<(String, u64)>(&bytes)) {
+        assert_eq!(decoded, pairs, "pairs read in chunks differ from the whole block");
+    }
 }
 
 fn block_seeds() -> Vec<Vec<u8>> {
