@@ -491,8 +491,12 @@ impl<T: Record + Data, R: Receiver<T>> ReceiverInput for TypedReceiverInput<T, R
         // held back by the budget like the others.
         let level = if self.arrivals.is_some() || !cfg!(feature = "disk-store") {
             // Memory only: with the WAL on, the log is the durable copy;
-            // without it, a restart loses unprocessed blocks whatever the level.
-            if self.options.write_ahead_log { StorageLevel::MEMORY_ONLY_SER } else { StorageLevel::MEMORY_ONLY }
+            // without it, a restart loses unprocessed blocks whatever the
+            // level. Serialized either way: records are encoded as they are
+            // stored and a block holds a few bytes a record, which is what
+            // the budget counts, instead of a record each (a `String` and
+            // its allocation); blocks written in place are read in place.
+            StorageLevel::MEMORY_ONLY_SER
         } else {
             let area = SpillArea::create(spill.base, self.stream_id)?;
             config.disk_dir = Some(area.0.clone());
