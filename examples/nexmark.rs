@@ -9,24 +9,30 @@
 //!   partitions; what a batch read is logged, so a re-run reads the same
 //!   events and a second run on the same `--checkpoint` continues the
 //!   timeline;
-//! - the queries of [`spate_nexmark::queries`] (all of the spec's but q10),
+//! - the queries of [`spate_nexmark::queries`] (all 23 of the spec's),
 //!   each a function from the event stream to a stream of rows: q0-q2,
 //!   q13, q14, q21 and q22 per record, q3, q4, q6, q9 and q15-q20 with
 //!   keyed state, q5, q7, q8 and q11 over event-time windows (each
 //!   window's rows in the batch whose watermark passes its end, 4 s behind
 //!   the events), q12 over windows of processing time;
+//! - q10's rows written to `--output` (a directory or `s3://bucket/prefix`)
+//!   by the exactly-once file sink ([`spate::files`]), as JSON lines in
+//!   `dt=YYYY-MM-DD/hm=HH%3Amm/` directories by each bid's minute;
 //! - what it costs: each batch's rows (a sample of them), and at the end
 //!   the events per second of wall time and of processing time.
 //!
 //! ```sh
 //! cargo run --release --example nexmark -- --query q5 --seconds 30
 //! cargo run --release --example nexmark -- --query q4 --events 1000000 --backlog-seconds 100
+//! cargo run --release --example nexmark -- --query q10 --output /tmp/bids --seconds 10
 //! ```
 //!
 //! `--backlog-seconds S` starts the timeline S seconds in the past: the
 //! first batches catch up on those events (at most ten seconds of them a
 //! batch) as fast as the engine goes. The checkpoint defaults to
 //! `nexmark-checkpoint/<query>`; stateful queries keep their state there.
+//! q10's output defaults to `nexmark-output/q10`: one checkpoint writes one
+//! output, so a new checkpoint wants a new output too.
 
 mod common;
 
@@ -40,7 +46,9 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use clap::{Parser, ValueEnum};
 use spate::core::Duration;
 use spate::dstream::{DStream, Data};
+use spate::files::{FileSink, FileSinkSettings, Partitioning, WriteFiles};
 use spate::runtime::{PipelineBuilder, StreamingContext, StreamingSettings};
+use spate_nexmark::queries::Q10Row;
 use spate_nexmark::{Event, GeneratorSettings, NexmarkGenerator, NexmarkSource, queries};
 
 use common::{Error, run_until};
@@ -68,6 +76,8 @@ enum Query {
     Q8,
     /// Winning bids: each auction's highest bid once it closed.
     Q9,
+    /// Log to file system: every bid written to files by its minute.
+    Q10,
     /// User sessions: session windows.
     Q11,
     /// Bids per bidder in windows of processing time.
@@ -133,6 +143,10 @@ struct Args {
     /// The checkpoint directory (default: `nexmark-checkpoint/<query>`).
     #[arg(long)]
     checkpoint: Option<PathBuf>,
+    /// Where q10 writes its files, a directory or `s3://bucket/prefix`
+    /// (default: `nexmark-output/q10`).
+    #[arg(long)]
+    output: Option<PathBuf>,
     /// Print nothing per batch.
     #[arg(long)]
     quiet: bool,
@@ -168,7 +182,24 @@ fn output<T: Data + Debug>(rows: &DStream<T>, args: &Args, shared: &Arc<Shared>)
     .name("print-rows");
 }
 
-fn declare(p: &mut PipelineBuilder, args: &Args, source: &Arc<NexmarkSource>, shared: &Arc<Shared>) {
+/// q10's file sink on `--output`, partitioned by minute as the spec's
+/// `dt`/`hm` columns; `None` for the other queries.
+fn q10_sink(args: &Args) -> Result<Option<FileSink<Q10Row>>, Error> {
+    if args.query != Query::Q10 {
+        return Ok(None);
+    }
+    let location = args.output.clone().unwrap_or_else(|| PathBuf::from("nexmark-output/q10"));
+    let settings = FileSinkSettings::new().partitioned_by(Partitioning::Minute);
+    Ok(Some(FileSink::open(location, settings, Q10Row::event_time)?))
+}
+
+fn declare(
+    p: &mut PipelineBuilder,
+    args: &Args,
+    source: &Arc<NexmarkSource>,
+    shared: &Arc<Shared>,
+    files: Option<FileSink<Q10Row>>,
+) {
     let events: DStream<Event> = p.replayable_input("nexmark", Arc::clone(source), Some(source.resume_hook()), None);
     match args.query {
         Query::Q0 => output(&queries::q0(&events), args, shared),
@@ -181,6 +212,13 @@ fn declare(p: &mut PipelineBuilder, args: &Args, source: &Arc<NexmarkSource>, sh
         Query::Q7 => output(&queries::q7(&events), args, shared),
         Query::Q8 => output(&queries::q8(&events), args, shared),
         Query::Q9 => output(&queries::q9(&events), args, shared),
+        Query::Q10 => {
+            let rows = queries::q10(&events);
+            output(&rows, args, shared);
+            if let Some(sink) = files {
+                rows.write_files(sink).name("q10-files");
+            }
+        }
         Query::Q11 => output(&queries::q11(&events), args, shared),
         Query::Q12 => output(&queries::q12(&events), args, shared),
         Query::Q13 => output(&queries::q13(&events, &queries::q13_side_input(10_000)), args, shared),
@@ -233,8 +271,9 @@ fn run(args: &Args) -> Result<Summary, Error> {
     let checkpoint =
         args.checkpoint.clone().unwrap_or_else(|| PathBuf::from("nexmark-checkpoint").join(args.query.name()));
     let settings = StreamingSettings::new(Duration::from_millis(args.batch_ms));
+    let files = q10_sink(args)?;
     let ctx = StreamingContext::get_or_create(&checkpoint, settings, |p| {
-        declare(p, args, &source, &shared);
+        declare(p, args, &source, &shared, files);
         Ok(())
     })?;
     let recovery = ctx.recovery().map(ToString::to_string).unwrap_or_default();
@@ -310,6 +349,7 @@ mod tests {
             sample: 0,
             seed: 5,
             checkpoint: Some(dir.join(query.name())),
+            output: Some(dir.join("output")),
             quiet: true,
             keep_rows: true,
         }
@@ -389,5 +429,47 @@ mod tests {
         let mut expected: Vec<Q7Row> = closed.iter().flat_map(|start| listed(*start)).collect();
         expected.sort();
         assert_eq!(got, expected);
+    }
+
+    #[test]
+    fn q10_writes_every_bid_once_into_the_directory_of_its_minute() {
+        common::init_logging();
+        let dir = tempfile::tempdir().unwrap();
+        let summary = run(&args(Query::Q10, dir.path())).unwrap();
+        assert_eq!(summary.events, 6000, "{summary:?}");
+        let mut expected: Vec<Q10Row> =
+            summary.generator.events(0..6000).into_iter().filter_map(queries::q10_row).collect();
+        expected.sort();
+        assert_eq!(rows::<Q10Row>(&summary), expected);
+        // The files: every data file under `dt=…/hm=…`, each row in its minute's directory.
+        let mut written = Vec::new();
+        let mut pending = vec![dir.path().join("output")];
+        while let Some(path) = pending.pop() {
+            for entry in std::fs::read_dir(&path).unwrap() {
+                let entry = entry.unwrap();
+                let name = entry.file_name().into_string().unwrap();
+                if name.starts_with('_') {
+                    continue;
+                }
+                if entry.file_type().unwrap().is_dir() {
+                    pending.push(entry.path());
+                    continue;
+                }
+                let text = std::fs::read_to_string(entry.path()).unwrap();
+                for line in text.lines() {
+                    let row: Q10Row = serde_json::from_str(line).unwrap();
+                    let partition = format!("dt={}/hm={}", row.dt, row.hm.replace(':', "%3A"));
+                    assert!(
+                        entry.path().parent().unwrap().ends_with(&partition),
+                        "{}: {row:?}",
+                        entry.path().display()
+                    );
+                    written.push(row);
+                }
+            }
+        }
+        written.sort();
+        assert!(expected.len() > 5000, "{}", expected.len());
+        assert_eq!(written, expected);
     }
 }
