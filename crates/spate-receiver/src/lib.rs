@@ -89,7 +89,10 @@ pub use block_generator::{
 pub use block_manager::{BlockLocation, BlockManager, BlockManagerSettings};
 pub use codec::{BLOCK_FORMAT_VERSION, Record, allocation_bytes};
 pub use error::{BoxError, ReceiverError};
-pub use generator::{GeneratorProgress, GeneratorReceiver, GeneratorSettings, VOCABULARY, WordGenerator, splitmix64};
+pub use generator::{
+    GeneratorProgress, GeneratorReceiver, GeneratorSettings, MAX_KEYS, MAX_ZIPF_KEYS, VOCABULARY, Word, WordGenerator,
+    check_keys, splitmix64,
+};
 pub use handler::{
     BlockManagerBasedBlockHandler, Pending, RECEIVER_WAL_SPARES, ReceivedBlockHandler, WalHandlerSettings,
     WriteAheadLogBasedBlockHandler, open_receiver_wal, read_block_from_wal, receiver_wal_dir, receiver_wal_options,
