@@ -251,9 +251,9 @@ fn write_q10_files(events: &DStream<Event>, out: &Output) {
 }
 
 /// q10's files go to `$NEXMARK_Q10_DIR`, else `/dev/shm` (memory), else
-/// the temporary directory. 10 M events make about 2.5 GB of JSON lines a
-/// run, more than the project machine's disk has free; in memory the run
-/// still pays every write, fsync and link the sink makes (the CPU the
+/// the temporary directory. 10 M events make gigabytes of JSON lines a
+/// run, more than the project machine's disk often has free; in memory the
+/// run still pays every write, fsync and link the sink makes (the CPU the
 /// figure counts), not the disk's latency.
 fn q10_output_dir() -> tempfile::TempDir {
     let base = std::env::var_os("NEXMARK_Q10_DIR").map_or_else(|| PathBuf::from("/dev/shm"), PathBuf::from);
