@@ -79,6 +79,20 @@ pub struct DemoArgs {
     /// The generator's seed: the same seed generates the same words, so runs can be compared.
     #[arg(long, value_name = "N", default_value_t = 42)]
     pub seed: u64,
+    /// How many distinct words the generator draws from (1 to 100 million;
+    /// 10 million at most with a --zipf above 0). The default, 10,000, is
+    /// a realistic vocabulary: the window holds thousands of keys, as a real
+    /// word count does. --keys 32 is the demo's old toy vocabulary size.
+    /// A resumed demo must keep the settings its output was made with.
+    #[arg(long, value_name = "N", default_value_t = spate_runtime::demo::DEFAULT_DEMO_KEYS,
+        value_parser = clap::value_parser!(u64).range(1..=spate_runtime::demo::MAX_DEMO_KEYS))]
+    pub keys: u64,
+    /// The Zipf exponent S of the draw: the r-th most frequent word comes
+    /// 1/r^S as often as the first (0: every word equally often). The
+    /// default, 1, is how word frequencies fall in natural language.
+    #[arg(long, value_name = "S", default_value_t = spate_runtime::demo::DEFAULT_DEMO_ZIPF, value_parser = parse_zipf,
+        allow_negative_numbers = true)]
+    pub zipf: f64,
     /// How many top words to show per window.
     #[arg(long, value_name = "K", default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=1000))]
     pub top: u64,
@@ -115,6 +129,15 @@ pub struct DemoArgs {
     /// How to reach an s3:// checkpoint.
     #[command(flatten)]
     pub s3: S3Args,
+}
+
+/// A Zipf exponent: a finite number of at least 0.
+fn parse_zipf(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(exponent) if exponent.is_finite() && exponent >= 0.0 => Ok(exponent),
+        Ok(_) => Err(format!("{text} is not a finite number of at least 0")),
+        Err(e) => Err(format!("{text} is not a number: {e}")),
+    }
 }
 
 /// `spate run`.
@@ -605,6 +628,27 @@ mod tests {
         let fast = Cli::try_parse_from(["spate", "demo", "--rate", "50000000"]).unwrap();
         let Command::Demo(fast) = fast.command else { panic!("wrong command") };
         assert_eq!(fast.rate, 50_000_000);
+    }
+
+    #[test]
+    fn demo_keys_and_zipf_default_to_a_realistic_vocabulary_and_are_checked() {
+        let Command::Demo(demo) = Cli::try_parse_from(["spate", "demo"]).unwrap().command else { panic!() };
+        assert_eq!((demo.keys, demo.zipf), (10_000, 1.0));
+        let cli = Cli::try_parse_from(["spate", "demo", "--keys", "32", "--zipf", "0"]).unwrap();
+        let Command::Demo(toy) = cli.command else { panic!() };
+        assert_eq!((toy.keys, toy.zipf), (32, 0.0));
+        for (flag, bad, says) in [
+            ("--keys", "0", "0 is not in 1..=100000000"),
+            ("--keys", "100000001", "not in 1..=100000000"),
+            ("--keys", "many", "invalid digit"),
+            ("--zipf", "-1", "-1 is not a finite number of at least 0"),
+            ("--zipf", "NaN", "NaN is not a finite number"),
+            ("--zipf", "inf", "inf is not a finite number"),
+            ("--zipf", "steep", "steep is not a number"),
+        ] {
+            let error = Cli::try_parse_from(["spate", "demo", flag, bad]).unwrap_err().to_string();
+            assert!(error.contains(flag) && error.contains(says), "{flag} {bad}: {error}");
+        }
     }
 
     #[test]

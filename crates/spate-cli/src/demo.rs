@@ -1,6 +1,7 @@
 //! `spate demo`: the word-count job without a broker, on spate-runtime's
-//! demo pipeline: the generator receiver with its write-ahead log on,
-//! words counted per batch and over a window of 30 batches sliding by 2
+//! demo pipeline: the generator receiver with its write-ahead log on
+//! (`--keys` distinct words drawn by Zipf's law of `--zipf`: 10,000 and 1 by
+//! default), words counted per batch and over a window of 30 batches sliding by 2
 //! (30 s and 2 s at the default 1 s interval), a progress line a batch, the
 //! top words of each window, and the runtime's exactly-once file output
 //! (`batch-<N>.json`, `window-<N>.json`, default `<checkpoint>/output`).
@@ -44,6 +45,8 @@ struct StreamingDemo {
     output: PathBuf,
     window_files: Option<PathBuf>,
     seed: u64,
+    keys: u64,
+    zipf: f64,
     rate: u64,
     batch: Duration,
     top: usize,
@@ -64,6 +67,8 @@ impl StreamingDemo {
     /// The demo the flags ask for; refuses an `s3://` checkpoint without
     /// `--wal-dir` before anything is created.
     fn from_args(args: &DemoArgs) -> Result<Self, CliError> {
+        spate_runtime::demo::check_generator_settings(args.keys, args.zipf)
+            .map_err(|reason| CliError::usage(format!("--keys {} --zipf {}: {reason}", args.keys, args.zipf)))?;
         let object_store = object_store_settings(&args.s3)?;
         let mut settings = job_settings(&JobFlags {
             batch_ms: args.batch_ms,
@@ -89,6 +94,8 @@ impl StreamingDemo {
             output,
             window_files: args.window_files.clone(),
             seed: args.seed,
+            keys: args.keys,
+            zipf: args.zipf,
             rate: args.rate,
             batch: settings.batch_interval,
             top: usize::try_from(args.top).unwrap_or(usize::MAX),
@@ -160,6 +167,8 @@ pub(crate) fn run(args: &DemoArgs) -> Result<String, CliError> {
     let lines = Arc::new(Lines::default());
     let window = demo.batch.times(WINDOW_BATCHES);
     let mut options = DemoSettings::new(demo.seed);
+    options.keys = demo.keys;
+    options.zipf = demo.zipf;
     options.rate = Some(demo.rate);
     options.window = window;
     options.slide = demo.batch.times(SLIDE_BATCHES);
@@ -250,6 +259,16 @@ mod tests {
             window_files(Path::new("s3://"), &ObjectStoreSettings::default(), Duration::from_secs(30)).err().unwrap();
         assert_eq!(error.exit_code(), crate::error::ExitCode::Usage, "{error}");
         assert!(error.to_string().starts_with("cannot write files to s3://"), "{error}");
+    }
+
+    #[test]
+    fn more_zipf_keys_than_the_table_takes_are_a_usage_error() {
+        let error = StreamingDemo::from_args(&demo_args(&["--keys", "20000000"])).unwrap_err();
+        assert_eq!(error.exit_code(), crate::error::ExitCode::Usage);
+        assert!(error.to_string().starts_with("--keys 20000000 --zipf 1: "), "{error}");
+        assert!(error.to_string().contains("above 10000000 with a Zipf exponent"), "{error}");
+        let uniform = StreamingDemo::from_args(&demo_args(&["--keys", "20000000", "--zipf", "0"])).unwrap();
+        assert_eq!((uniform.keys, uniform.zipf), (20_000_000, 0.0));
     }
 
     #[test]

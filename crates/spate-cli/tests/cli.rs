@@ -865,3 +865,42 @@ fn an_applications_location_is_inspected_as_its_tasks_and_members_and_not_repair
     }
     assert_eq!(snapshot(&app), before, "inspect, repair or set-offsets changed the application's location");
 }
+
+#[test]
+fn a_demo_resumes_with_its_keys_and_zipf_and_refuses_others() {
+    let root = tempfile::tempdir().unwrap();
+    let checkpoint = root.path().join("ck");
+    let ck = path_str(&checkpoint);
+    let first = spate(&demo_args(ck, &["--keys", "500", "--zipf", "0.7", "--until-batch", "3", "--quiet"]));
+    assert_eq!(first.status.code(), Some(0), "{}", text(&first.stderr));
+    // Other settings would make the output the words of two generators.
+    let other = spate(&demo_args(ck, &["--keys", "600", "--zipf", "0.7", "--until-batch", "6", "--quiet"]));
+    assert_eq!(other.status.code(), Some(2), "{}", text(&other.stderr));
+    let stderr = text(&other.stderr);
+    assert!(stderr.contains("made with seed 7, 500 keys and Zipf exponent 0.7"), "{stderr}");
+    assert!(stderr.contains("asks for seed 7, 600 keys and Zipf exponent 0.7"), "{stderr}");
+    // The default vocabulary is not the recorded one either.
+    let default = spate(&demo_args(ck, &["--until-batch", "6", "--quiet"]));
+    assert_eq!(default.status.code(), Some(2), "{}", text(&default.stderr));
+    let same = spate(&demo_args(ck, &["--keys", "500", "--zipf", "0.7", "--until-batch", "6", "--quiet"]));
+    assert_eq!(same.status.code(), Some(0), "{}", text(&same.stderr));
+    let output = checkpoint.join("output");
+    let check = verify_output(&output, SEED).unwrap();
+    assert!(check.batches >= 7, "{check:?}");
+    let words: std::collections::BTreeSet<String> =
+        batch_counts(&output).into_values().flat_map(|b| b.counts.into_keys()).collect();
+    assert!(words.len() <= 500 && words.len() > 100, "{} distinct words", words.len());
+}
+
+#[test]
+fn demo_keys_and_zipf_out_of_range_are_usage_errors() {
+    for (args, says) in [
+        (&["--keys", "0"][..], "--keys"),
+        (&["--zipf", "-0.5"], "-0.5 is not a finite number of at least 0"),
+        (&["--keys", "10000001"], "above 10000000 with a Zipf exponent"),
+    ] {
+        let run = spate(&[&["demo", "--checkpoint", "/nonexistent/spate-demo"][..], args].concat());
+        assert_eq!(run.status.code(), Some(2), "{args:?}: {}", text(&run.stderr));
+        assert!(text(&run.stderr).contains(says), "{args:?}: {}", text(&run.stderr));
+    }
+}

@@ -1,9 +1,14 @@
 //! The demo pipeline: seeded random words from the generator receiver
-//! (write-ahead log on), counted per batch and over a sliding window
+//! (write-ahead log on) over a vocabulary of a given number of keys, drawn
+//! by Zipf's law (10,000 keys and exponent 1 by default, the shape of a
+//! natural language's words), counted per batch and over a sliding window
 //! (`reduce_by_key_and_window` with an inverse), the top words of each
 //! window handed to a callback (and, when asked, all of its counts to
 //! another, such as a file sink), and an exactly-once file output keyed by
 //! batch id that [`verify_output`] checks against the generator's seed.
+//! The output directory records the generator's settings
+//! (`generator.json`): a resumed demo with other settings is refused, since
+//! its output would no longer be one sequence's.
 //! The output is owner-only (0700 directories, 0600 files), as everything
 //! under a checkpoint is: it is usually inside one.
 
@@ -18,6 +23,31 @@ use serde::{Deserialize, Serialize};
 use spate_core::{BatchId, Duration, Time};
 use spate_dstream::{BatchInfo, BoxError, KeyHashMap, Views};
 use spate_receiver::{GeneratorReceiver, GeneratorSettings, WordGenerator};
+
+/// The demo's default number of distinct words: a realistic vocabulary
+/// (the words of everyday text run to some thousands), so the window holds
+/// thousands of keys rather than a toy handful.
+pub const DEFAULT_DEMO_KEYS: u64 = 10_000;
+
+/// The demo's default Zipf exponent: 1, as word frequencies in natural
+/// language (the `r`-th most frequent word about `1/r` as frequent as the first).
+pub const DEFAULT_DEMO_ZIPF: f64 = 1.0;
+
+/// The most keys the demo's generator takes (uniformly drawn).
+pub const MAX_DEMO_KEYS: u64 = spate_receiver::MAX_KEYS;
+
+/// The most keys the demo's generator takes with a Zipf exponent above 0
+/// (its table of cumulative weights takes 8 bytes a key).
+pub const MAX_DEMO_ZIPF_KEYS: u64 = spate_receiver::MAX_ZIPF_KEYS;
+
+/// Refuses a key count or Zipf exponent the demo's generator cannot take,
+/// saying why, before anything is built.
+pub fn check_generator_settings(keys: u64, zipf: f64) -> Result<(), String> {
+    spate_receiver::check_keys(keys, zipf).map_err(|e| e.to_string())
+}
+
+/// The file of the output directory that records the generator's settings.
+const GENERATOR_FILE: &str = "generator.json";
 
 use crate::context::{PipelineBuilder, StreamingContext};
 use crate::error::RuntimeError;
@@ -49,6 +79,10 @@ pub type WindowCountsCallback = Arc<dyn Fn(&[(String, u64)], BatchInfo) -> Resul
 pub struct DemoSettings {
     /// The generator's seed: the same seed gives the same words.
     pub seed: u64,
+    /// How many distinct words the generator draws from ([`DEFAULT_DEMO_KEYS`]).
+    pub keys: u64,
+    /// The Zipf exponent of the draw (0: uniform; [`DEFAULT_DEMO_ZIPF`]).
+    pub zipf: f64,
     /// Words per second (`None`: as fast as the engine takes them).
     pub rate: Option<u64>,
     /// Stop generating after this many words (`None`: never).
@@ -74,6 +108,8 @@ impl fmt::Debug for DemoSettings {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("DemoSettings")
             .field("seed", &self.seed)
+            .field("keys", &self.keys)
+            .field("zipf", &self.zipf)
             .field("rate", &self.rate)
             .field("total_records", &self.total_records)
             .field("write_ahead_log", &self.write_ahead_log)
@@ -86,10 +122,13 @@ impl fmt::Debug for DemoSettings {
 }
 
 impl DemoSettings {
-    /// The demo of `seed`: unlimited words, WAL on, 30 s window sliding by 2 s, top 10.
+    /// The demo of `seed`: unlimited words over [`DEFAULT_DEMO_KEYS`] keys by
+    /// Zipf's law of [`DEFAULT_DEMO_ZIPF`], WAL on, 30 s window sliding by 2 s, top 10.
     pub fn new(seed: u64) -> Self {
         DemoSettings {
             seed,
+            keys: DEFAULT_DEMO_KEYS,
+            zipf: DEFAULT_DEMO_ZIPF,
             rate: None,
             total_records: None,
             write_ahead_log: true,
@@ -119,17 +158,76 @@ pub struct BatchCounts {
     pub counts: BTreeMap<String, u64>,
 }
 
+/// The generator's settings, as the output directory records them.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct GeneratorRecord {
+    /// The seed.
+    pub seed: u64,
+    /// Distinct words.
+    pub keys: u64,
+    /// The Zipf exponent (0: uniform).
+    pub zipf: f64,
+}
+
+impl GeneratorRecord {
+    /// The word sequence these settings generate.
+    pub fn generator(&self) -> Result<WordGenerator, RuntimeError> {
+        WordGenerator::with_keys(self.seed, self.keys, self.zipf)
+            .map_err(|e| RuntimeError::InvalidSetting { setting: "demo generator".into(), reason: e.to_string() })
+    }
+}
+
+/// Records the generator's settings in `dir` on the first run, and refuses
+/// a later run with other settings: the output must stay the sequence of one
+/// generator for [`verify_output`] (replayed batches are read back from the
+/// write-ahead log, so they would not change, but the words after them would).
+fn record_generator(dir: &Path, record: &GeneratorRecord) -> Result<(), RuntimeError> {
+    let path = dir.join(GENERATOR_FILE);
+    if path.exists() {
+        let recorded = read_generator_record(dir)
+            .map_err(|reason| RuntimeError::InvalidSetting { setting: "demo generator".into(), reason })?;
+        if recorded != *record {
+            return Err(RuntimeError::InvalidSetting {
+                setting: "demo generator".into(),
+                reason: format!(
+                    "the output in {} was made with seed {}, {} keys and Zipf exponent {}, and this run asks for \
+                     seed {}, {} keys and Zipf exponent {}: resume with the recorded settings, or start with a new \
+                     checkpoint and output",
+                    dir.display(),
+                    recorded.seed,
+                    recorded.keys,
+                    recorded.zipf,
+                    record.seed,
+                    record.keys,
+                    record.zipf
+                ),
+            });
+        }
+        return Ok(());
+    }
+    write_once(&path, record).map_err(|e| RuntimeError::InvalidSetting {
+        setting: "demo generator".into(),
+        reason: format!("write {}: {e}", path.display()),
+    })
+}
+
+/// The generator's settings recorded in the output directory `dir`.
+pub fn read_generator_record(dir: &Path) -> Result<GeneratorRecord, String> {
+    let path = dir.join(GENERATOR_FILE);
+    let bytes = fs::read(&path).map_err(|e| format!("read {}: {e}", path.display()))?;
+    serde_json::from_slice(&bytes).map_err(|e| format!("{}: {e}", path.display()))
+}
+
 /// Declares the demo pipeline on `p`.
 pub fn word_count_pipeline(p: &mut PipelineBuilder, options: &DemoSettings) -> Result<(), RuntimeError> {
-    if let Some(dir) = &options.output_dir {
-        create_private_dir(dir).map_err(|e| RuntimeError::io("create", dir, e))?;
-    }
+    let words_generator = prepare_output(options)?;
     let receiver_options = ReceiverSettings {
         write_ahead_log: options.write_ahead_log,
         max_block_records: Some(256 * 1024),
         ..ReceiverSettings::default()
     };
     let mut generator = GeneratorSettings::new(options.seed);
+    generator.generator = words_generator;
     generator.records_per_sec = options.rate;
     generator.total_records = options.total_records;
     // Large hand-overs to the block generator (fewer round trips per word);
@@ -142,7 +240,8 @@ pub fn word_count_pipeline(p: &mut PipelineBuilder, options: &DemoSettings) -> R
     // read in place as it arrives (no `String` per word, no `(word, 1)` copy
     // of the batch); the window sums the per-batch counts (the same result,
     // since the sum is associative), so it handles a few keys per batch
-    // instead of every word.
+    // instead of every word (up to its distinct words: all of a block's
+    // words when the vocabulary is large).
     let per_batch = words.map_partitions_in_place(count_words).reduce_by_key(|a, b| a + b).name("batch-counts");
     let output_dir = options.output_dir.clone();
     per_batch
@@ -188,6 +287,18 @@ pub fn word_count_pipeline(p: &mut PipelineBuilder, options: &DemoSettings) -> R
     Ok(())
 }
 
+/// The generator `options` ask for, once their output directory exists
+/// and records its settings (or recorded the same ones before).
+fn prepare_output(options: &DemoSettings) -> Result<WordGenerator, RuntimeError> {
+    let record = GeneratorRecord { seed: options.seed, keys: options.keys, zipf: options.zipf };
+    let generator = record.generator()?;
+    if let Some(dir) = &options.output_dir {
+        create_private_dir(dir).map_err(|e| RuntimeError::io("create", dir, e))?;
+        record_generator(dir, &record)?;
+    }
+    Ok(generator)
+}
+
 /// Counts the words of one partition: one hash-map probe per word, and a
 /// copy of a word only the first time the partition has it.
 fn count_words(words: Views<'_, String>) -> Vec<(String, u64)> {
@@ -210,6 +321,9 @@ pub fn word_count_context(
     settings: StreamingSettings,
     options: &DemoSettings,
 ) -> Result<StreamingContext, RuntimeError> {
+    // Checked before the checkpoint is opened, so a refused setting is
+    // reported as itself rather than as a pipeline that failed to build.
+    prepare_output(options)?;
     let build = |p: &mut PipelineBuilder| word_count_pipeline(p, options).map_err(Into::into);
     match checkpoint_dir {
         Some(dir) => StreamingContext::get_or_create(dir, settings, build),
@@ -278,11 +392,17 @@ pub struct OutputCheck {
     pub records: u64,
 }
 
-/// Checks the exactly-once output in `dir` against the generator of `seed`:
-/// batch files numbered 0..n without gaps, whose word counts add up to
-/// exactly the counts of the first `records` words of the sequence (a lost
-/// or repeated record changes them).
+/// Checks the exactly-once output in `dir` against the generator of `seed`
+/// (with the key count and exponent the output records): batch files
+/// numbered 0..n without gaps, whose word counts add up to exactly the
+/// counts of the first `records` words of the sequence (a lost or repeated
+/// record changes them).
 pub fn verify_output(dir: &Path, seed: u64) -> Result<OutputCheck, String> {
+    let record = read_generator_record(dir)?;
+    if record.seed != seed {
+        return Err(format!("the output in {} was made with seed {}, not {seed}", dir.display(), record.seed));
+    }
+    let generator = record.generator().map_err(|e| e.to_string())?;
     let mut batches: Vec<u64> = fs::read_dir(dir)
         .map_err(|e| format!("list {}: {e}", dir.display()))?
         .filter_map(Result::ok)
@@ -304,7 +424,6 @@ pub fn verify_output(dir: &Path, seed: u64) -> Result<OutputCheck, String> {
             *totals.entry(word).or_default() += n;
         }
     }
-    let generator = WordGenerator::new(seed);
     let mut expected: BTreeMap<String, u64> = BTreeMap::new();
     for i in 0..records {
         *expected.entry(generator.word_at(i).to_string()).or_default() += 1;
@@ -320,4 +439,69 @@ pub fn verify_output(dir: &Path, seed: u64) -> Result<OutputCheck, String> {
         return Err(format!("word counts over {records} words differ from the seed's: {}", differing.join("; ")));
     }
     Ok(OutputCheck { batches: batches.len() as u64, records })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn options(seed: u64, keys: u64, zipf: f64, out: &Path) -> DemoSettings {
+        DemoSettings { keys, zipf, output_dir: Some(out.to_path_buf()), ..DemoSettings::new(seed) }
+    }
+
+    #[test]
+    fn a_resumed_demo_keeps_its_generator_settings() {
+        let (checkpoint, out) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let open = |options: &DemoSettings| word_count_context(Some(checkpoint.path()), demo_settings(), options);
+        drop(open(&options(7, 1_000, 0.5, out.path())).unwrap());
+        assert_eq!(read_generator_record(out.path()).unwrap(), GeneratorRecord { seed: 7, keys: 1_000, zipf: 0.5 });
+        // The same settings resume.
+        drop(open(&options(7, 1_000, 0.5, out.path())).unwrap());
+        for (seed, keys, zipf) in [(7, 2_000, 0.5), (7, 1_000, 1.0), (8, 1_000, 0.5)] {
+            let Err(error) = open(&options(seed, keys, zipf, out.path())) else { panic!("{keys} {zipf} resumed") };
+            assert!(matches!(error, RuntimeError::InvalidSetting { .. }), "{error}");
+            let message = error.to_string();
+            assert!(message.contains("made with seed 7, 1000 keys and Zipf exponent 0.5"), "{message}");
+            assert!(message.contains(&format!("asks for seed {seed}, {keys} keys and Zipf exponent {zipf}")));
+        }
+        assert_eq!(read_generator_record(out.path()).unwrap().keys, 1_000, "the record is left as it was");
+    }
+
+    #[test]
+    fn settings_the_generator_cannot_take_are_refused_before_anything_is_written() {
+        let (checkpoint, out) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let output = out.path().join("output");
+        let Err(error) = word_count_context(Some(checkpoint.path()), demo_settings(), &options(1, 0, 1.0, &output))
+        else {
+            panic!("0 keys accepted")
+        };
+        assert!(error.to_string().contains("key count 0 is not between 1"), "{error}");
+        assert!(!output.exists());
+        assert_eq!(check_generator_settings(5, f64::NAN).unwrap_err(), check_keys_message(5, f64::NAN));
+    }
+
+    fn check_keys_message(keys: u64, zipf: f64) -> String {
+        spate_receiver::check_keys(keys, zipf).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn the_output_is_verified_against_its_recorded_generator() {
+        let out = tempfile::tempdir().unwrap();
+        let record = GeneratorRecord { seed: 3, keys: 50, zipf: 1.0 };
+        record_generator(out.path(), &record).unwrap();
+        let generator = record.generator().unwrap();
+        let mut counts = BTreeMap::new();
+        for word in generator.words(0, 500) {
+            *counts.entry(word).or_default() += 1;
+        }
+        let batch = BatchCounts { batch_id: BatchId(0), batch_time: Time::ZERO, records: 500, counts };
+        write_once(&out.path().join("batch-0000000000.json"), &batch).unwrap();
+        assert_eq!(verify_output(out.path(), 3).unwrap(), OutputCheck { batches: 1, records: 500 });
+        assert!(verify_output(out.path(), 4).unwrap_err().contains("made with seed 3, not 4"));
+        // The same counts are not the uniform draw's.
+        let uniform = tempfile::tempdir().unwrap();
+        record_generator(uniform.path(), &GeneratorRecord { zipf: 0.0, ..record }).unwrap();
+        fs::copy(out.path().join("batch-0000000000.json"), uniform.path().join("batch-0000000000.json")).unwrap();
+        assert!(verify_output(uniform.path(), 3).unwrap_err().contains("differ from the seed's"));
+    }
 }
