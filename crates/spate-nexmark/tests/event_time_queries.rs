@@ -11,61 +11,25 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::fmt::Debug;
-use std::path::Path;
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::Duration as StdDuration;
 
-use spate_core::{BatchId, Duration, ManualClock, Time};
-use spate_dstream::{DStream, Data};
+use common::{
+    BATCHES, Delivered, IN_ORDER, START, Setup, Sink, Stop, check, delivered, first_batch_reaching, nexmark_events,
+    record, watermarks,
+};
+use spate_core::{BatchId, ManualClock, Time};
 use spate_nexmark::queries::{self, Q3Row, Q4Row, Q5Row, Q7Row, Q8Row};
-use spate_nexmark::{Auction, Bid, Event, GeneratorSettings, NexmarkGenerator, NexmarkSource, Person};
-use spate_runtime::{PipelineBuilder, RecoveryReport, StreamingContext, StreamingSettings};
-
-const WAIT: StdDuration = StdDuration::from_secs(120);
-const START: i64 = 1_700_000_000_000;
-const EVENTS: u64 = 40_000;
-/// 1,000 events a second: 40 s of events, 40 one-second batches.
-const RATE: f64 = 1_000.0;
-/// Batches to run: the 40 with events and two after them.
-const BATCHES: u64 = 42;
-
-/// How the source of a run is set up.
-#[derive(Clone, Copy)]
-struct Setup {
-    seed: u64,
-    partitions: usize,
-    /// Events are shuffled within groups of this many (1: in order).
-    out_of_order_group: u32,
-}
-
-impl Setup {
-    fn config(&self) -> GeneratorSettings {
-        GeneratorSettings::new(self.seed, START)
-            .with_rate(RATE)
-            .with_max_events(EVENTS)
-            .with_out_of_order_group_size(self.out_of_order_group)
-    }
-
-    fn source(&self) -> Arc<NexmarkSource> {
-        let generator = NexmarkGenerator::new(self.config()).unwrap();
-        Arc::new(NexmarkSource::new(generator).with_partitions(self.partitions))
-    }
-
-    fn events(&self) -> Vec<Event> {
-        NexmarkGenerator::new(self.config()).unwrap().events(0..EVENTS)
-    }
-}
-
-/// Rows by batch; a batch run again replaces what it wrote before.
-type Sink<T> = Arc<Mutex<BTreeMap<u64, Vec<T>>>>;
+use spate_nexmark::{Auction, Bid, Event, NexmarkSource, Person};
+use spate_runtime::{PipelineBuilder, RecoveryReport};
 
 /// Everything a pipeline wrote, across the runs on one checkpoint.
 #[derive(Default)]
 struct Recorded {
-    /// Each batch's events, partition by partition.
-    events: Arc<Mutex<BTreeMap<u64, Vec<Vec<Event>>>>>,
+    events: Arc<Mutex<Delivered>>,
+    times: Arc<Mutex<BTreeMap<u64, i64>>>,
     q3: Sink<Q3Row>,
     q4: Sink<Q4Row>,
     q5: Sink<Q5Row>,
@@ -73,25 +37,8 @@ struct Recorded {
     q8: Sink<Q8Row>,
 }
 
-fn record<T: Data>(stream: &DStream<T>, name: &str, sink: &Sink<T>) {
-    let sink = Arc::clone(sink);
-    stream
-        .foreach_batch(move |batch, info| {
-            sink.lock().unwrap().insert(info.batch_id.0, batch.iter().cloned().collect());
-            Ok(())
-        })
-        .name(name);
-}
-
 fn declare(p: &mut PipelineBuilder, source: &Arc<NexmarkSource>, out: &Recorded) {
-    let events = p.replayable_input("nexmark", Arc::clone(source), Some(source.resume_hook()), None);
-    let sink = Arc::clone(&out.events);
-    events
-        .foreach_batch(move |batch, info| {
-            sink.lock().unwrap().insert(info.batch_id.0, batch.partitions().to_vec());
-            Ok(())
-        })
-        .name("events");
+    let events = nexmark_events(p, source, &out.events, &out.times);
     record(&queries::q3(&events), "q3", &out.q3);
     record(&queries::q4(&events), "q4", &out.q4);
     record(&queries::q5(&events), "q5", &out.q5);
@@ -99,47 +46,17 @@ fn declare(p: &mut PipelineBuilder, source: &Arc<NexmarkSource>, out: &Recorded)
     record(&queries::q8(&events), "q8", &out.q8);
 }
 
-/// Runs `batches` in a new context (a new process, as far as the pipeline
-/// can tell) on `dir`, one second of the clock each; returns what the
-/// context recovered from the checkpoint.
+/// Runs `batches` of every query in a new context on `dir`.
 fn run(
-    dir: &Path,
+    dir: &std::path::Path,
     clock: &ManualClock,
     setup: Setup,
     out: &Recorded,
     batches: std::ops::Range<u64>,
     stop: Stop,
 ) -> Option<RecoveryReport> {
-    let source = setup.source();
-    let settings = StreamingSettings::new(Duration::from_secs(1)).with_clock(Arc::new(clock.clone()));
-    let mut ctx = StreamingContext::get_or_create(dir, settings, |p| {
-        declare(p, &source, out);
-        Ok(())
-    })
-    .unwrap();
-    let recovery = ctx.recovery().cloned();
-    ctx.start().unwrap();
-    for batch in batches {
-        clock.advance(Duration::from_secs(1));
-        assert!(ctx.await_committed(BatchId(batch), WAIT), "batch {batch}: {:?}", ctx.failure());
-    }
-    match stop {
-        Stop::Graceful => ctx.stop_handle().stop_gracefully(),
-        Stop::Now => ctx.stop_handle().stop_now(),
-    }
-    ctx.await_termination().unwrap();
-    recovery
+    common::run(dir, clock, setup, batches, stop, |p, source| declare(p, source, out))
 }
-
-/// How a run ends: a graceful stop also snapshots the state of its last
-/// batch; an immediate one leaves the last snapshot where the interval put it.
-#[derive(Clone, Copy)]
-enum Stop {
-    Graceful,
-    Now,
-}
-
-const IN_ORDER: Setup = Setup { seed: 7, partitions: 3, out_of_order_group: 1 };
 
 /// One uninterrupted run of every query, shared by the tests of each.
 fn uninterrupted() -> &'static Recorded {
@@ -155,48 +72,6 @@ fn uninterrupted() -> &'static Recorded {
 // ---------------------------------------------------------------------------
 // The reference: plain Rust over the generated events.
 
-/// Each batch's events with the batch's number, as the run delivered them,
-/// after checking that they are the generator's events, each once, in order.
-fn delivered(out: &Recorded, setup: Setup) -> BTreeMap<u64, Vec<Vec<Event>>> {
-    let events = out.events.lock().unwrap().clone();
-    // Every batch once from 0 (a run after a re-run may get one batch further).
-    let batches: Vec<u64> = events.keys().copied().collect();
-    assert!(batches.len() as u64 >= BATCHES, "{batches:?}");
-    assert_eq!(batches, (0..batches.len() as u64).collect::<Vec<_>>());
-    let flat: Vec<&Event> = events.values().flatten().flatten().collect();
-    let expected = setup.events();
-    assert!(flat.len() == expected.len() && flat.iter().zip(&expected).all(|(a, b)| *a == b));
-    events
-}
-
-/// The watermark after each batch of an operator whose input holds the
-/// events `keep` selects, in the source's partitions: per partition the
-/// largest event time so far, the smallest of these (once every partition
-/// has delivered) minus the bound, never going back.
-fn watermarks(events: &BTreeMap<u64, Vec<Vec<Event>>>, keep: fn(&Event) -> bool) -> BTreeMap<u64, Option<i64>> {
-    let bound = queries::OUT_OF_ORDERNESS.as_millis() as i64;
-    let mut largest: Vec<Option<i64>> = Vec::new();
-    let mut watermark: Option<i64> = None;
-    let mut out = BTreeMap::new();
-    for (batch, parts) in events {
-        largest.resize(largest.len().max(parts.len()), None);
-        for (slot, part) in largest.iter_mut().zip(parts) {
-            let max = part.iter().filter(|e| keep(e)).map(Event::timestamp_ms).max();
-            *slot = (*slot).max(max);
-        }
-        if let Some(lowest) = largest.iter().copied().collect::<Option<Vec<i64>>>().and_then(|v| v.into_iter().min()) {
-            watermark = watermark.max(Some(lowest - bound));
-        }
-        out.insert(*batch, watermark);
-    }
-    out
-}
-
-/// The first batch whose watermark reaches `time`.
-fn first_batch_reaching(watermarks: &BTreeMap<u64, Option<i64>>, time: i64) -> Option<u64> {
-    watermarks.iter().find(|(_, w)| w.is_some_and(|w| w >= time)).map(|(b, _)| *b)
-}
-
 fn window_of(time: i64, size: i64) -> i64 {
     time - time.rem_euclid(size)
 }
@@ -210,14 +85,14 @@ fn auctions(e: &Event) -> Option<&Auction> {
 }
 
 /// Every event with the batch that delivered it.
-fn with_batch(events: &BTreeMap<u64, Vec<Vec<Event>>>) -> impl Iterator<Item = (u64, &Event)> {
+fn with_batch(events: &Delivered) -> impl Iterator<Item = (u64, &Event)> {
     events.iter().flat_map(|(batch, parts)| parts.iter().flatten().map(move |e| (*batch, e)))
 }
 
 /// q3: SELECT P.name, P.city, P.state, A.id FROM auction A JOIN person P
 /// ON A.seller = P.id WHERE A.category = 10 AND P.state IN ('OR', 'ID',
 /// 'CA'); each row in the batch that delivered the later of the two.
-fn q3_reference(events: &BTreeMap<u64, Vec<Vec<Event>>>) -> BTreeMap<u64, Vec<Q3Row>> {
+fn q3_reference(events: &Delivered) -> BTreeMap<u64, Vec<Q3Row>> {
     let people: HashMap<i64, (u64, &Person)> =
         with_batch(events).filter_map(|(b, e)| persons(e).map(|p| (p.id, (b, p)))).collect();
     let mut out: BTreeMap<u64, Vec<Q3Row>> = BTreeMap::new();
@@ -236,7 +111,7 @@ fn q3_reference(events: &BTreeMap<u64, Vec<Vec<Event>>>) -> BTreeMap<u64, Vec<Q3
 /// BETWEEN A.dateTime AND A.expires GROUP BY A.id, A.category) GROUP BY
 /// category, evaluated over the events delivered up to each batch; after
 /// each batch, the rows of the categories whose row changed in it.
-fn q4_reference(events: &BTreeMap<u64, Vec<Vec<Event>>>) -> BTreeMap<u64, Vec<Q4Row>> {
+fn q4_reference(events: &Delivered) -> BTreeMap<u64, Vec<Q4Row>> {
     let mut auctions_so_far: Vec<&Auction> = Vec::new();
     let mut bids_so_far: HashMap<i64, Vec<&Bid>> = HashMap::new();
     let mut before: BTreeMap<i64, Q4Row> = BTreeMap::new();
@@ -274,7 +149,7 @@ fn q4_reference(events: &BTreeMap<u64, Vec<Vec<Event>>>) -> BTreeMap<u64, Vec<Q4
 /// q5: per window of 10 s every 2 s, the count of each auction's bids; the
 /// auctions with the most; in the first batch whose watermark passes the
 /// window's end.
-fn q5_reference(events: &BTreeMap<u64, Vec<Vec<Event>>>) -> BTreeMap<u64, Vec<Q5Row>> {
+fn q5_reference(events: &Delivered) -> BTreeMap<u64, Vec<Q5Row>> {
     let (size, slide) = (10_000, 2_000);
     let mut counts: BTreeMap<i64, HashMap<i64, u64>> = BTreeMap::new();
     for bid in events.values().flatten().flatten().filter_map(Event::as_bid) {
@@ -299,7 +174,7 @@ fn q5_reference(events: &BTreeMap<u64, Vec<Vec<Event>>>) -> BTreeMap<u64, Vec<Q5
 /// every bid at that price with B.dateTime BETWEEN window_end - 10 s AND
 /// window_end (the end included); in the first batch whose watermark
 /// passes the window's end.
-fn q7_reference(events: &BTreeMap<u64, Vec<Vec<Event>>>) -> BTreeMap<u64, Vec<Q7Row>> {
+fn q7_reference(events: &Delivered) -> BTreeMap<u64, Vec<Q7Row>> {
     let size = 10_000;
     let bids: Vec<&Bid> = events.values().flatten().flatten().filter_map(Event::as_bid).collect();
     let mut highest: BTreeMap<i64, i64> = BTreeMap::new();
@@ -327,7 +202,7 @@ fn q7_reference(events: &BTreeMap<u64, Vec<Vec<Event>>>) -> BTreeMap<u64, Vec<Q7
 /// q8: the persons who registered in a tumbling window of 10 s and are the
 /// seller of an auction opened in the same window, in the first batch whose
 /// watermark passes the window's end.
-fn q8_reference(events: &BTreeMap<u64, Vec<Vec<Event>>>) -> BTreeMap<u64, Vec<Q8Row>> {
+fn q8_reference(events: &Delivered) -> BTreeMap<u64, Vec<Q8Row>> {
     let size = 10_000;
     let all: Vec<&Event> = events.values().flatten().flatten().collect();
     let sellers: BTreeSet<(i64, i64)> =
@@ -349,41 +224,17 @@ fn q8_reference(events: &BTreeMap<u64, Vec<Vec<Event>>>) -> BTreeMap<u64, Vec<Q8
 // ---------------------------------------------------------------------------
 // The checks.
 
-/// The rows of each batch, sorted, leaving out batches without any.
-fn by_batch<T: Ord + Clone>(rows: &BTreeMap<u64, Vec<T>>) -> BTreeMap<u64, Vec<T>> {
-    rows.iter()
-        .filter(|(_, rows)| !rows.is_empty())
-        .map(|(batch, rows)| {
-            let mut rows = rows.clone();
-            rows.sort();
-            (*batch, rows)
-        })
-        .collect()
-}
-
-/// Asserts that `got` has the reference's rows in the reference's batches,
-/// and that there are at least `at_least` of them.
-fn check<T: Ord + Clone + Debug>(query: &str, got: &Sink<T>, expected: BTreeMap<u64, Vec<T>>, at_least: usize) {
-    let got = by_batch(&got.lock().unwrap());
-    let expected = by_batch(&expected);
-    let count: usize = expected.values().map(Vec::len).sum();
-    assert!(count >= at_least, "{query}: only {count} reference rows, the check would be weak");
-    for batch in got.keys().chain(expected.keys()).collect::<BTreeSet<_>>() {
-        assert_eq!(got.get(batch), expected.get(batch), "{query}: batch {batch} (left: the run, right: the reference)");
-    }
-}
-
 #[test]
 fn q3_joins_local_sellers_with_their_category_10_auctions_once_both_arrived() {
     let out = uninterrupted();
-    let events = delivered(out, IN_ORDER);
+    let events = delivered(&out.events, IN_ORDER);
     check("q3", &out.q3, q3_reference(&events), 100);
 }
 
 #[test]
 fn q4_averages_the_highest_bids_per_category_as_they_rise() {
     let out = uninterrupted();
-    let events = delivered(out, IN_ORDER);
+    let events = delivered(&out.events, IN_ORDER);
     let expected = q4_reference(&events);
     // Bids come in every batch: the averages move in most, in every category.
     assert!(expected.values().filter(|rows| !rows.is_empty()).count() >= 30, "{expected:?}");
@@ -395,7 +246,7 @@ fn q4_averages_the_highest_bids_per_category_as_they_rise() {
 #[test]
 fn q5_finds_the_auctions_with_the_most_bids_per_sliding_window() {
     let out = uninterrupted();
-    let events = delivered(out, IN_ORDER);
+    let events = delivered(&out.events, IN_ORDER);
     let expected = q5_reference(&events);
     // 40 s of bids: windows ending every 2 s up to the watermark, 36 s in.
     let windows: BTreeSet<i64> = expected.values().flatten().map(|r| r.window_start).collect();
@@ -406,7 +257,7 @@ fn q5_finds_the_auctions_with_the_most_bids_per_sliding_window() {
 #[test]
 fn q7_finds_the_highest_bids_per_tumbling_window() {
     let out = uninterrupted();
-    let events = delivered(out, IN_ORDER);
+    let events = delivered(&out.events, IN_ORDER);
     let expected = q7_reference(&events);
     assert_eq!(expected.len(), 3, "windows ending at 10, 20 and 30 s are passed, the one at 40 s is not");
     check("q7", &out.q7, expected, 3);
@@ -415,7 +266,7 @@ fn q7_finds_the_highest_bids_per_tumbling_window() {
 #[test]
 fn q8_finds_persons_who_opened_an_auction_in_the_window_they_registered_in() {
     let out = uninterrupted();
-    let events = delivered(out, IN_ORDER);
+    let events = delivered(&out.events, IN_ORDER);
     check("q8", &out.q8, q8_reference(&events), 5);
 }
 
@@ -461,7 +312,7 @@ fn out_of_order_events_a_crash_and_a_restart_still_give_exactly_the_reference() 
     assert_restored(&recovery, last);
     assert!(recovery.replayed_for_state.is_empty(), "{recovery}");
 
-    let events = delivered(&out, setup);
+    let events = delivered(&out.events, setup);
     check("q3", &out.q3, q3_reference(&events), 100);
     check("q4", &out.q4, q4_reference(&events), 50);
     check("q5", &out.q5, q5_reference(&events), 15);

@@ -22,69 +22,32 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::fmt::Debug;
-use std::path::Path;
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::Duration as StdDuration;
 
-use spate_core::{BatchId, Duration, ManualClock, Time};
-use spate_dstream::{DStream, Data};
+use common::{
+    BATCHES, Delivered, IN_ORDER, START, Setup, Sink, Stop, check, delivered, first_batch_reaching, nexmark_events,
+    record, watermarks,
+};
+use spate_core::{BatchId, ManualClock, Time};
 use spate_nexmark::queries::{
     self, BidCounts, BidRow, BidTimeType, BidderCount, EuroCents, Q6Row, Q9Row, Q13Row, Q14Row, Q15Row, Q16Row, Q17Row,
     Q19Row, Q20Row, Q21Row, Q22Row,
 };
-use spate_nexmark::{Auction, Bid, Event, GeneratorSettings, NexmarkGenerator, NexmarkSource};
-use spate_runtime::{PipelineBuilder, RecoveryReport, StreamingContext, StreamingSettings};
+use spate_nexmark::{Auction, Bid, Event, NexmarkSource};
+use spate_runtime::{PipelineBuilder, RecoveryReport};
 
-const WAIT: StdDuration = StdDuration::from_secs(120);
-const START: i64 = 1_700_000_000_000;
-const EVENTS: u64 = 40_000;
-/// 1,000 events a second: 40 s of events, 40 one-second batches.
-const RATE: f64 = 1_000.0;
-/// Batches to run: the 40 with events and two after them.
-const BATCHES: u64 = 42;
 /// The rows of q13's side input: keys 0 to 4,999, so that about half of
 /// the bids find theirs.
 const SIDE_ROWS: i64 = 5_000;
 
-/// How the source of a run is set up.
-#[derive(Clone, Copy)]
-struct Setup {
-    seed: u64,
-    partitions: usize,
-    /// Events are shuffled within groups of this many (1: in order).
-    out_of_order_group: u32,
-}
-
-impl Setup {
-    fn config(&self) -> GeneratorSettings {
-        GeneratorSettings::new(self.seed, START)
-            .with_rate(RATE)
-            .with_max_events(EVENTS)
-            .with_out_of_order_group_size(self.out_of_order_group)
-    }
-
-    fn source(&self) -> Arc<NexmarkSource> {
-        let generator = NexmarkGenerator::new(self.config()).unwrap();
-        Arc::new(NexmarkSource::new(generator).with_partitions(self.partitions))
-    }
-
-    fn events(&self) -> Vec<Event> {
-        NexmarkGenerator::new(self.config()).unwrap().events(0..EVENTS)
-    }
-}
-
-/// Rows by batch; a batch run again replaces what it wrote before.
-type Sink<T> = Arc<Mutex<BTreeMap<u64, Vec<T>>>>;
-
 /// Everything a pipeline wrote, across the runs on one checkpoint.
 #[derive(Default)]
 struct Recorded {
-    /// Each batch's events, partition by partition.
-    events: Arc<Mutex<BTreeMap<u64, Vec<Vec<Event>>>>>,
-    /// Each batch's time, in milliseconds.
+    events: Arc<Mutex<Delivered>>,
     times: Arc<Mutex<BTreeMap<u64, i64>>>,
     q6: Sink<Q6Row>,
     q9: Sink<Q9Row>,
@@ -102,26 +65,8 @@ struct Recorded {
     q22: Sink<Q22Row>,
 }
 
-fn record<T: Data>(stream: &DStream<T>, name: &str, sink: &Sink<T>) {
-    let sink = Arc::clone(sink);
-    stream
-        .foreach_batch(move |batch, info| {
-            sink.lock().unwrap().insert(info.batch_id.0, batch.iter().cloned().collect());
-            Ok(())
-        })
-        .name(name);
-}
-
 fn declare(p: &mut PipelineBuilder, source: &Arc<NexmarkSource>, out: &Recorded) {
-    let events = p.replayable_input("nexmark", Arc::clone(source), Some(source.resume_hook()), None);
-    let (sink, times) = (Arc::clone(&out.events), Arc::clone(&out.times));
-    events
-        .foreach_batch(move |batch, info| {
-            sink.lock().unwrap().insert(info.batch_id.0, batch.partitions().to_vec());
-            times.lock().unwrap().insert(info.batch_id.0, info.time.as_millis());
-            Ok(())
-        })
-        .name("events");
+    let events = nexmark_events(p, source, &out.events, &out.times);
     record(&queries::q6(&events), "q6", &out.q6);
     record(&queries::q9(&events), "q9", &out.q9);
     record(&queries::q11(&events), "q11", &out.q11);
@@ -138,46 +83,17 @@ fn declare(p: &mut PipelineBuilder, source: &Arc<NexmarkSource>, out: &Recorded)
     record(&queries::q22(&events), "q22", &out.q22);
 }
 
-/// How a run ends: a graceful stop also snapshots the state of its last
-/// batch; an immediate one leaves the last snapshot where the interval put it.
-#[derive(Clone, Copy)]
-enum Stop {
-    Graceful,
-    Now,
-}
-
-/// Runs `batches` in a new context on `dir`, one second of the clock each;
-/// returns what the context recovered from the checkpoint.
+/// Runs `batches` of every query in a new context on `dir`.
 fn run(
-    dir: &Path,
+    dir: &std::path::Path,
     clock: &ManualClock,
     setup: Setup,
     out: &Recorded,
     batches: std::ops::Range<u64>,
     stop: Stop,
 ) -> Option<RecoveryReport> {
-    let source = setup.source();
-    let settings = StreamingSettings::new(Duration::from_secs(1)).with_clock(Arc::new(clock.clone()));
-    let mut ctx = StreamingContext::get_or_create(dir, settings, |p| {
-        declare(p, &source, out);
-        Ok(())
-    })
-    .unwrap();
-    let recovery = ctx.recovery().cloned();
-    ctx.start().unwrap();
-    for batch in batches {
-        clock.advance(Duration::from_secs(1));
-        assert!(ctx.await_committed(BatchId(batch), WAIT), "batch {batch}: {:?}", ctx.failure());
-    }
-    match stop {
-        Stop::Graceful => ctx.stop_handle().stop_gracefully(),
-        Stop::Now => ctx.stop_handle().stop_now(),
-    }
-    ctx.await_termination().unwrap();
-    recovery
+    common::run(dir, clock, setup, batches, stop, |p, source| declare(p, source, out))
 }
-
-const IN_ORDER: Setup = Setup { seed: 7, partitions: 3, out_of_order_group: 1 };
 
 /// One uninterrupted run of every query, shared by the tests of each.
 fn uninterrupted() -> &'static Recorded {
@@ -192,49 +108,6 @@ fn uninterrupted() -> &'static Recorded {
 
 // ---------------------------------------------------------------------------
 // The reference: plain Rust over the delivered events.
-
-/// Each batch's events, as the run delivered them, after checking that
-/// they are the generator's events, each once, in order.
-type Delivered = BTreeMap<u64, Vec<Vec<Event>>>;
-
-fn delivered(out: &Recorded, setup: Setup) -> Delivered {
-    let events = out.events.lock().unwrap().clone();
-    let batches: Vec<u64> = events.keys().copied().collect();
-    assert!(batches.len() as u64 >= BATCHES, "{batches:?}");
-    assert_eq!(batches, (0..batches.len() as u64).collect::<Vec<_>>());
-    let flat: Vec<&Event> = events.values().flatten().flatten().collect();
-    let expected = setup.events();
-    assert!(flat.len() == expected.len() && flat.iter().zip(&expected).all(|(a, b)| *a == b));
-    events
-}
-
-/// The watermark after each batch of an operator whose input holds the
-/// events `keep` selects: per partition the largest event time so far, the
-/// smallest of these (once every partition has delivered) minus 4 s, never
-/// going back.
-fn watermarks(events: &Delivered, keep: fn(&Event) -> bool) -> BTreeMap<u64, Option<i64>> {
-    let bound = queries::OUT_OF_ORDERNESS.as_millis() as i64;
-    let mut largest: Vec<Option<i64>> = Vec::new();
-    let mut watermark: Option<i64> = None;
-    let mut out = BTreeMap::new();
-    for (batch, parts) in events {
-        largest.resize(largest.len().max(parts.len()), None);
-        for (slot, part) in largest.iter_mut().zip(parts) {
-            let max = part.iter().filter(|e| keep(e)).map(Event::timestamp_ms).max();
-            *slot = (*slot).max(max);
-        }
-        if let Some(lowest) = largest.iter().copied().collect::<Option<Vec<i64>>>().and_then(|v| v.into_iter().min()) {
-            watermark = watermark.max(Some(lowest - bound));
-        }
-        out.insert(*batch, watermark);
-    }
-    out
-}
-
-/// The first batch whose watermark reaches `time`.
-fn first_batch_reaching(watermarks: &BTreeMap<u64, Option<i64>>, time: i64) -> Option<u64> {
-    watermarks.iter().find(|(_, w)| w.is_some_and(|w| w >= time)).map(|(b, _)| *b)
-}
 
 fn bids_of(parts: &[Vec<Event>]) -> impl Iterator<Item = &Bid> {
     parts.iter().flatten().filter_map(Event::as_bid)
@@ -645,44 +518,10 @@ fn q22_reference(events: &Delivered) -> BTreeMap<u64, Vec<Q22Row>> {
 // ---------------------------------------------------------------------------
 // The checks.
 
-/// The rows of each batch, sorted, leaving out batches without any.
-fn by_batch<T: Ord + Clone>(rows: &BTreeMap<u64, Vec<T>>) -> BTreeMap<u64, Vec<T>> {
-    rows.iter()
-        .filter(|(_, rows)| !rows.is_empty())
-        .map(|(batch, rows)| {
-            let mut rows = rows.clone();
-            rows.sort();
-            (*batch, rows)
-        })
-        .collect()
-}
-
-/// Asserts that `got` has the reference's rows in the reference's batches,
-/// and that there are at least `at_least` of them.
-fn check<T: Ord + Clone + Debug>(query: &str, got: &Sink<T>, expected: BTreeMap<u64, Vec<T>>, at_least: usize) {
-    let got = by_batch(&got.lock().unwrap());
-    let expected = by_batch(&expected);
-    let count: usize = expected.values().map(Vec::len).sum();
-    assert!(count >= at_least, "{query}: only {count} reference rows, the check would be weak");
-    for batch in got.keys().chain(expected.keys()).collect::<BTreeSet<_>>() {
-        let (g, e) = (got.get(batch), expected.get(batch));
-        if g != e {
-            let (g, e) = (g.cloned().unwrap_or_default(), e.cloned().unwrap_or_default());
-            let missing: Vec<&T> = e.iter().filter(|r| !g.contains(r)).take(3).collect();
-            let extra: Vec<&T> = g.iter().filter(|r| !e.contains(r)).take(3).collect();
-            panic!(
-                "{query}: batch {batch}: {} rows, the reference {}; missing {missing:?}, not in the reference {extra:?}",
-                g.len(),
-                e.len()
-            );
-        }
-    }
-}
-
 #[test]
 fn q6_averages_each_sellers_last_closed_auctions() {
     let out = uninterrupted();
-    let events = delivered(out, IN_ORDER);
+    let events = delivered(&out.events, IN_ORDER);
     let expected = q6_reference(&events);
     // Some seller closes several auctions: the average is over more than one.
     let rows: Vec<&Q6Row> = expected.values().flatten().collect();
@@ -697,14 +536,14 @@ fn q6_averages_each_sellers_last_closed_auctions() {
 #[test]
 fn q9_finds_each_auctions_winning_bid_when_it_closes() {
     let out = uninterrupted();
-    let events = delivered(out, IN_ORDER);
+    let events = delivered(&out.events, IN_ORDER);
     check("q9", &out.q9, q9_reference(&events), 100);
 }
 
 #[test]
 fn q11_counts_each_bidders_bids_per_session() {
     let out = uninterrupted();
-    let events = delivered(out, IN_ORDER);
+    let events = delivered(&out.events, IN_ORDER);
     let expected = q11_reference(&events);
     assert!(expected.values().flatten().any(|r| r.bid_count > 1), "no session with more than one bid");
     check("q11", &out.q11, expected, 20);
@@ -713,7 +552,7 @@ fn q11_counts_each_bidders_bids_per_session() {
 #[test]
 fn q12_counts_each_bidders_bids_per_processing_time_window() {
     let out = uninterrupted();
-    let events = delivered(out, IN_ORDER);
+    let events = delivered(&out.events, IN_ORDER);
     let expected = q12_reference(&events, &out.times.lock().unwrap());
     let windows: BTreeSet<i64> = expected.values().flatten().map(|r| r.end).collect();
     assert!(windows.len() >= 4, "{windows:?}");
@@ -723,14 +562,14 @@ fn q12_counts_each_bidders_bids_per_processing_time_window() {
 #[test]
 fn q13_joins_bids_with_the_side_input() {
     let out = uninterrupted();
-    let events = delivered(out, IN_ORDER);
+    let events = delivered(&out.events, IN_ORDER);
     check("q13", &out.q13, q13_reference(&events), 1000);
 }
 
 #[test]
 fn q14_filters_converts_and_types_bids() {
     let out = uninterrupted();
-    let events = delivered(out, IN_ORDER);
+    let events = delivered(&out.events, IN_ORDER);
     let expected = q14_reference(&events);
     let types: BTreeSet<BidTimeType> = expected.values().flatten().map(|r| r.bid_time_type).collect();
     assert!(!types.is_empty());
@@ -740,35 +579,35 @@ fn q14_filters_converts_and_types_bids() {
 #[test]
 fn q15_keeps_daily_bid_statistics() {
     let out = uninterrupted();
-    let events = delivered(out, IN_ORDER);
+    let events = delivered(&out.events, IN_ORDER);
     check("q15", &out.q15, q15_reference(&events), 40);
 }
 
 #[test]
 fn q16_keeps_daily_statistics_per_channel() {
     let out = uninterrupted();
-    let events = delivered(out, IN_ORDER);
+    let events = delivered(&out.events, IN_ORDER);
     check("q16", &out.q16, q16_reference(&events), 1000);
 }
 
 #[test]
 fn q17_keeps_daily_statistics_per_auction() {
     let out = uninterrupted();
-    let events = delivered(out, IN_ORDER);
+    let events = delivered(&out.events, IN_ORDER);
     check("q17", &out.q17, q17_reference(&events), 1000);
 }
 
 #[test]
 fn q18_keeps_each_bidders_last_bid_per_auction() {
     let out = uninterrupted();
-    let events = delivered(out, IN_ORDER);
+    let events = delivered(&out.events, IN_ORDER);
     check("q18", &out.q18, q18_reference(&events), 1000);
 }
 
 #[test]
 fn q19_ranks_the_ten_highest_bids_per_auction() {
     let out = uninterrupted();
-    let events = delivered(out, IN_ORDER);
+    let events = delivered(&out.events, IN_ORDER);
     let expected = q19_reference(&events);
     assert!(expected.values().flatten().any(|r| r.rank_number == 10));
     check("q19", &out.q19, expected, 1000);
@@ -777,14 +616,14 @@ fn q19_ranks_the_ten_highest_bids_per_auction() {
 #[test]
 fn q20_joins_bids_with_their_category_10_auction() {
     let out = uninterrupted();
-    let events = delivered(out, IN_ORDER);
+    let events = delivered(&out.events, IN_ORDER);
     check("q20", &out.q20, q20_reference(&events), 100);
 }
 
 #[test]
 fn q21_extracts_channel_ids() {
     let out = uninterrupted();
-    let events = delivered(out, IN_ORDER);
+    let events = delivered(&out.events, IN_ORDER);
     let expected = q21_reference(&events);
     let from_url = expected.values().flatten().filter(|r| r.channel.starts_with("channel-")).count();
     assert!(from_url > 100, "{from_url} ids from URLs");
@@ -794,7 +633,7 @@ fn q21_extracts_channel_ids() {
 #[test]
 fn q22_splits_urls_into_directories() {
     let out = uninterrupted();
-    let events = delivered(out, IN_ORDER);
+    let events = delivered(&out.events, IN_ORDER);
     check("q22", &out.q22, q22_reference(&events), 1000);
 }
 
@@ -838,7 +677,7 @@ fn out_of_order_events_a_crash_and_a_restart_still_give_exactly_the_reference() 
     let last = recovery.last_committed.unwrap();
     assert_restored(&recovery, last);
 
-    let events = delivered(&out, setup);
+    let events = delivered(&out.events, setup);
     check("q6", &out.q6, q6_reference(&events), 100);
     check("q9", &out.q9, q9_reference(&events), 100);
     check("q11", &out.q11, q11_reference(&events), 20);
