@@ -1,10 +1,14 @@
 //! `spate demo` as a user runs it (write-ahead log on, 30 s / 2 s window,
-//! the default `--max-memory`), asked for 20 million words a second: the
-//! resident memory of the process with batch intervals of 100 ms, 1 s and
-//! 10 s, and the time from a batch's end to its commit with 1 s batches at
-//! 10 million words a second.
+//! the default `--max-memory`, words by Zipf's law of exponent 1), asked
+//! for 20 million words a second: the resident memory of the process with
+//! 1 s batches at 32, 10,000 (the demo's default) and 1,000,000 distinct
+//! words, with 100 ms and 10 s batches at 10,000, and the time from a
+//! batch's end to its commit with 1 s batches at 10 million words a second
+//! and 10,000 words. The window holds one key a distinct word, so the key
+//! count, as much as the rate, sets the memory.
 //!
-//! Figures printed as `BENCH <name> <value> <unit> bound=<value> ratio=<r>`:
+//! Figures printed as `BENCH <name> <value> <unit> bound=<value> ratio=<r>`,
+//! each name ending in its key count (`_keys_<N>`):
 //! - `demo_rss_peak_<interval>` and `demo_rss_median_<interval>`: the
 //!   process's peak (`VmHWM`) and median resident memory (`VmRSS`, sampled
 //!   every 100 ms); bound: the target, 200 MB. Beside each: the words a
@@ -28,11 +32,17 @@ use std::time::{Duration, Instant};
 const TARGET_RSS_MB: f64 = 200.0;
 const TARGET_END_TO_COMMIT_MS: f64 = 50.0;
 
-/// What the issue measured before: (interval, quoted figure).
-const QUOTED_RSS: &[(u64, &str)] = &[
-    (100, "the demo benchmark stayed under 200 MB only at 100 ms batches"),
-    (1_000, "at 10 M/s median 180 MB, max 340 MB; 20 M/s would need about 700 MB"),
-    (10_000, "ten times the 1 s figure"),
+/// The demo's default key count.
+const DEFAULT_KEYS: u64 = 10_000;
+
+/// The memory runs: (interval ms, distinct words, what the issue measured
+/// before, with the demo's 32 words).
+const RSS_RUNS: &[(u64, u64, &str)] = &[
+    (1_000, 32, "at 10 M/s median 180 MB, max 340 MB; 20 M/s would need about 700 MB"),
+    (1_000, DEFAULT_KEYS, "not measured"),
+    (1_000, 1_000_000, "not measured"),
+    (100, DEFAULT_KEYS, "the demo benchmark stayed under 200 MB only at 100 ms batches, 32 words"),
+    (10_000, DEFAULT_KEYS, "ten times the 1 s figure, 32 words"),
 ];
 
 struct Run {
@@ -48,20 +58,24 @@ fn main() {
     if !bench {
         // No warm-up to skip: a short run in a debug build only shows that
         // the figures are measured.
-        let run = demo(100, 1_000_000, 3, 0);
+        let run = demo(100, 1_000_000, 3, 0, DEFAULT_KEYS);
         assert!(run.peak_mb > 0.0 && run.median_mb > 0.0, "no memory sampled");
         assert!(run.words_per_sec > 0.0, "the demo committed no words");
         println!("demo_memory: measuring works (run with --bench for the figures)");
         return;
     }
-    println!("demo_memory: `spate demo --rate 20000000`, WAL on, default --max-memory; each run a new checkpoint");
-    for &(interval, quoted) in QUOTED_RSS {
+    println!(
+        "demo_memory: `spate demo --rate 20000000 --keys N` (Zipf 1), WAL on, default --max-memory; each run a new \
+         checkpoint"
+    );
+    for &(interval, keys, quoted) in RSS_RUNS {
         let seconds = (interval * 6 / 1000).max(20);
-        let run = demo(interval, 20_000_000, seconds, WARM_UP_MS);
-        let name = label(interval);
+        let run = demo(interval, 20_000_000, seconds, WARM_UP_MS, keys);
+        let name = format!("{}_keys_{keys}", label(interval));
         println!(
-            "demo_memory: {name} batches, {seconds} s: {:.1} M words/s sustained, RSS peak {:.1} MB, median {:.1} MB \
-             (issue: {quoted})",
+            "demo_memory: {} batches, {keys} keys, {seconds} s: {:.1} M words/s sustained, RSS peak {:.1} MB, median \
+             {:.1} MB (issue: {quoted})",
+            label(interval),
             run.words_per_sec / 1e6,
             run.peak_mb,
             run.median_mb
@@ -69,19 +83,19 @@ fn main() {
         figure(&format!("demo_rss_peak_{name}"), run.peak_mb, "MB", TARGET_RSS_MB);
         figure(&format!("demo_rss_median_{name}"), run.median_mb, "MB", TARGET_RSS_MB);
     }
-    let run = demo(1_000, 10_000_000, 30, WARM_UP_MS);
+    let run = demo(1_000, 10_000_000, 30, WARM_UP_MS, DEFAULT_KEYS);
     let mut latencies = run.end_to_commit_ms.clone();
     latencies.sort_unstable();
     let median = latencies.get(latencies.len() / 2).copied().unwrap_or(0) as f64;
     let max = latencies.last().copied().unwrap_or(0) as f64;
     println!(
-        "demo_memory: 1 s batches at 10 M words/s requested ({:.1} M sustained): batch end to commit p50 {median} ms, \
+        "demo_memory: 1 s batches, {DEFAULT_KEYS} keys, at 10 M words/s requested ({:.1} M sustained): batch end to commit p50 {median} ms, \
          max {max} ms over {} batches (issue: each batch's latency is the interval plus all of its processing)",
         run.words_per_sec / 1e6,
         latencies.len()
     );
-    figure("demo_batch_end_to_commit_p50_1s", median, "ms", TARGET_END_TO_COMMIT_MS);
-    figure("demo_batch_end_to_commit_max_1s", max, "ms", TARGET_END_TO_COMMIT_MS);
+    figure(&format!("demo_batch_end_to_commit_p50_1s_keys_{DEFAULT_KEYS}"), median, "ms", TARGET_END_TO_COMMIT_MS);
+    figure(&format!("demo_batch_end_to_commit_max_1s_keys_{DEFAULT_KEYS}"), max, "ms", TARGET_END_TO_COMMIT_MS);
 }
 
 fn label(interval_ms: u64) -> String {
@@ -96,9 +110,10 @@ fn figure(name: &str, value: f64, unit: &str, bound: f64) {
 /// ramp the rate up: not counted.
 const WARM_UP_MS: u64 = 5_000;
 
-/// Runs the demo for `seconds` at `rate` words a second and `interval_ms`
-/// batches; the figures leave out the batches of the first `warm_up_ms`.
-fn demo(interval_ms: u64, rate: u64, seconds: u64, warm_up_ms: u64) -> Run {
+/// Runs the demo for `seconds` at `rate` words a second over `keys`
+/// distinct words and `interval_ms` batches; the figures leave out the
+/// batches of the first `warm_up_ms`.
+fn demo(interval_ms: u64, rate: u64, seconds: u64, warm_up_ms: u64, keys: u64) -> Run {
     let dir = tempfile::tempdir().unwrap();
     let checkpoint = dir.path().join("checkpoint");
     let mut child = Command::new(env!("CARGO_BIN_EXE_spate"))
@@ -106,7 +121,7 @@ fn demo(interval_ms: u64, rate: u64, seconds: u64, warm_up_ms: u64) -> Run {
         .arg("--checkpoint")
         .arg(&checkpoint)
         .args(["--rate", &rate.to_string(), "--batch-ms", &interval_ms.to_string()])
-        .args(["--seconds", &seconds.to_string(), "--quiet"])
+        .args(["--seconds", &seconds.to_string(), "--keys", &keys.to_string(), "--quiet"])
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
