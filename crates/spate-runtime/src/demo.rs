@@ -182,33 +182,43 @@ impl GeneratorRecord {
 /// generator for [`verify_output`] (replayed batches are read back from the
 /// write-ahead log, so they would not change, but the words after them would).
 fn record_generator(dir: &Path, record: &GeneratorRecord) -> Result<(), RuntimeError> {
-    let path = dir.join(GENERATOR_FILE);
-    if path.exists() {
-        let recorded = read_generator_record(dir)
-            .map_err(|reason| RuntimeError::InvalidSetting { setting: "demo generator".into(), reason })?;
-        if recorded != *record {
-            return Err(RuntimeError::InvalidSetting {
-                setting: "demo generator".into(),
-                reason: format!(
-                    "the output in {} was made with seed {}, {} keys and Zipf exponent {}, and this run asks for \
-                     seed {}, {} keys and Zipf exponent {}: resume with the recorded settings, or start with a new \
-                     checkpoint and output",
-                    dir.display(),
-                    recorded.seed,
-                    recorded.keys,
-                    recorded.zipf,
-                    record.seed,
-                    record.keys,
-                    record.zipf
-                ),
-            });
-        }
+    if check_recorded_generator(dir, record)? {
         return Ok(());
     }
+    let path = dir.join(GENERATOR_FILE);
     write_once(&path, record).map_err(|e| RuntimeError::InvalidSetting {
         setting: "demo generator".into(),
         reason: format!("write {}: {e}", path.display()),
     })
+}
+
+/// Whether `dir` records the generator's settings already (and they are
+/// `record`'s: other settings are refused). Writes nothing, so it can be
+/// asked before the checkpoint's lock is taken.
+fn check_recorded_generator(dir: &Path, record: &GeneratorRecord) -> Result<bool, RuntimeError> {
+    if !dir.join(GENERATOR_FILE).exists() {
+        return Ok(false);
+    }
+    let recorded = read_generator_record(dir)
+        .map_err(|reason| RuntimeError::InvalidSetting { setting: "demo generator".into(), reason })?;
+    if recorded != *record {
+        return Err(RuntimeError::InvalidSetting {
+            setting: "demo generator".into(),
+            reason: format!(
+                "the output in {} was made with seed {}, {} keys and Zipf exponent {}, and this run asks for \
+                 seed {}, {} keys and Zipf exponent {}: resume with the recorded settings, or start with a new \
+                 checkpoint and output",
+                dir.display(),
+                recorded.seed,
+                recorded.keys,
+                recorded.zipf,
+                record.seed,
+                record.keys,
+                record.zipf
+            ),
+        });
+    }
+    Ok(true)
 }
 
 /// The generator's settings recorded in the output directory `dir`.
@@ -322,8 +332,14 @@ pub fn word_count_context(
     options: &DemoSettings,
 ) -> Result<StreamingContext, RuntimeError> {
     // Checked before the checkpoint is opened, so a refused setting is
-    // reported as itself rather than as a pipeline that failed to build.
-    prepare_output(options)?;
+    // reported as itself rather than as a pipeline that failed to build;
+    // nothing is written until the pipeline is declared, with the
+    // checkpoint's lock held (a writer refused by the lock writes nothing).
+    let record = GeneratorRecord { seed: options.seed, keys: options.keys, zipf: options.zipf };
+    record.generator()?;
+    if let Some(dir) = &options.output_dir {
+        check_recorded_generator(dir, &record)?;
+    }
     let build = |p: &mut PipelineBuilder| word_count_pipeline(p, options).map_err(Into::into);
     match checkpoint_dir {
         Some(dir) => StreamingContext::get_or_create(dir, settings, build),
