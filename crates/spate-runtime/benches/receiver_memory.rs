@@ -44,7 +44,7 @@ use std::sync::Arc;
 use std::time::{Duration as StdDuration, Instant};
 
 use async_trait::async_trait;
-use spate_core::Duration;
+use spate_core::{BatchId, Duration};
 use spate_receiver::{Receiver, ReceiverContext, ReceiverError, splitmix64};
 use spate_runtime::{ReceiverSettings, StreamingContext, StreamingSettings};
 
@@ -63,6 +63,12 @@ const CHILD_ENV: &str = "SPATE_BENCH_RECEIVER_MEMORY_CHILD";
 /// find its rate: not counted in the rate.
 const WARM_UP_BATCHES: usize = 5;
 const SAMPLE_EVERY: StdDuration = StdDuration::from_millis(250);
+/// The run length of the short check: until the batches a figure counts
+/// hold words, rather than a number of seconds a loaded machine may need
+/// more than.
+const UNTIL_WORDS: u64 = 0;
+/// How long the short check waits for a batch before it fails.
+const GIVE_UP: StdDuration = StdDuration::from_secs(120);
 
 fn main() {
     if let Ok(spec) = std::env::var(CHILD_ENV) {
@@ -72,7 +78,8 @@ fn main() {
     }
     let bench = std::env::args().any(|a| a == "--bench");
     if !bench {
-        let run = measure(4);
+        // Until the counted batches hold words, however slow the machine.
+        let run = measure(UNTIL_WORDS);
         assert!(run.peak_mb > 0.0 && run.median_mb > 0.0, "no memory sampled");
         assert!(run.committed > 0, "the job committed no words");
         println!("receiver_memory: measuring works (run with --bench for the figures)");
@@ -138,10 +145,7 @@ fn measure(seconds: u64) -> Run {
     let output = child.wait_with_output().unwrap();
     assert!(output.status.success(), "the job failed: {}", String::from_utf8_lossy(&output.stderr));
     let batches = committed_records(&checkpoint);
-    // The last batch may be cut short by the stop: not counted.
-    let measured = batches.len().saturating_sub(1);
-    let warm_up = WARM_UP_BATCHES.min(measured.saturating_sub(1));
-    let steady = &batches[warm_up..measured];
+    let steady = steady(&batches);
     let committed: u64 = steady.iter().sum();
     let (mut rss, mut peak, mut timeline) = (Vec::new(), 0.0f64, Vec::new());
     for &(at, sampled_rss, hwm) in &samples {
@@ -163,6 +167,14 @@ fn measure(seconds: u64) -> Run {
         committed,
         timeline,
     }
+}
+
+/// The batches a rate counts: after the warm-up, and not the last, which
+/// the stop may cut short.
+fn steady(batches: &[u64]) -> &[u64] {
+    let measured = batches.len().saturating_sub(1);
+    let warm_up = WARM_UP_BATCHES.min(measured.saturating_sub(1));
+    &batches[warm_up..measured]
 }
 
 /// Samples the child's memory until it exits: (seconds since start, VmRSS
@@ -203,13 +215,15 @@ fn field_mb(status: &str, field: &str) -> f64 {
     kib / 1024.0
 }
 
-/// Each committed batch's input records, in batch order, from the progress files.
+/// Each committed batch's input records, in batch order, from the progress
+/// files (a line still being written is left out).
 fn committed_records(checkpoint: &Path) -> Vec<u64> {
     let mut batches = Vec::new();
-    for entry in std::fs::read_dir(checkpoint.join("progress")).unwrap() {
-        let text = std::fs::read_to_string(entry.unwrap().path()).unwrap();
+    let Ok(entries) = std::fs::read_dir(checkpoint.join("progress")) else { return Vec::new() };
+    for entry in entries {
+        let text = std::fs::read_to_string(entry.unwrap().path()).unwrap_or_default();
         for line in text.lines().filter(|l| !l.trim().is_empty()) {
-            let value: serde_json::Value = serde_json::from_str(line).unwrap();
+            let Ok(value) = serde_json::from_str::<serde_json::Value>(line) else { continue };
             let field = |name: &str| value[name].as_u64().unwrap_or(0);
             batches.push((field("batch_id"), field("input_records")));
         }
@@ -244,7 +258,8 @@ impl Receiver<String> for UniformWords {
     }
 }
 
-/// The job, in this process, for `seconds`.
+/// The job, in this process, for `seconds` (or, with [`UNTIL_WORDS`],
+/// until the batches a figure counts hold words).
 fn run_job(checkpoint: &Path, seconds: u64) {
     let vocabulary: Arc<Vec<String>> = Arc::new((0..KEYS).map(|i| format!("w{i}")).collect());
     let settings = StreamingSettings::new(Duration::from_secs(1));
@@ -266,7 +281,17 @@ fn run_job(checkpoint: &Path, seconds: u64) {
     })
     .unwrap();
     ctx.start().unwrap();
-    std::thread::sleep(StdDuration::from_secs(seconds));
+    if seconds == UNTIL_WORDS {
+        for batch in 0.. {
+            assert!(ctx.await_committed(BatchId(batch), GIVE_UP), "batch {batch}: {:?}", ctx.failure());
+            // A batch's progress line may trail its commit: this goes on until the lines show words.
+            if batch > 0 && steady(&committed_records(checkpoint)).iter().sum::<u64>() > 0 {
+                break;
+            }
+        }
+    } else {
+        std::thread::sleep(StdDuration::from_secs(seconds));
+    }
     ctx.stop_handle().stop_now();
     ctx.await_termination().unwrap();
 }
