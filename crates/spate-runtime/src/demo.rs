@@ -170,6 +170,11 @@ pub struct GeneratorRecord {
 }
 
 impl GeneratorRecord {
+    /// The generator settings of a demo.
+    fn of(options: &DemoSettings) -> Self {
+        GeneratorRecord { seed: options.seed, keys: options.keys, zipf: options.zipf }
+    }
+
     /// The word sequence these settings generate.
     pub fn generator(&self) -> Result<WordGenerator, RuntimeError> {
         WordGenerator::with_keys(self.seed, self.keys, self.zipf)
@@ -300,7 +305,7 @@ pub fn word_count_pipeline(p: &mut PipelineBuilder, options: &DemoSettings) -> R
 /// The generator `options` ask for, once their output directory exists
 /// and records its settings (or recorded the same ones before).
 fn prepare_output(options: &DemoSettings) -> Result<WordGenerator, RuntimeError> {
-    let record = GeneratorRecord { seed: options.seed, keys: options.keys, zipf: options.zipf };
+    let record = GeneratorRecord::of(options);
     let generator = record.generator()?;
     if let Some(dir) = &options.output_dir {
         create_private_dir(dir).map_err(|e| RuntimeError::io("create", dir, e))?;
@@ -335,8 +340,11 @@ pub fn word_count_context(
     // reported as itself rather than as a pipeline that failed to build;
     // nothing is written until the pipeline is declared, with the
     // checkpoint's lock held (a writer refused by the lock writes nothing).
-    let record = GeneratorRecord { seed: options.seed, keys: options.keys, zipf: options.zipf };
-    record.generator()?;
+    let record = GeneratorRecord::of(options);
+    // Checks the settings without building the generator's table, which
+    // the pipeline builds.
+    check_generator_settings(record.keys, record.zipf)
+        .map_err(|reason| RuntimeError::InvalidSetting { setting: "demo generator".into(), reason })?;
     if let Some(dir) = &options.output_dir {
         check_recorded_generator(dir, &record)?;
     }
