@@ -6,8 +6,11 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
+use spate_core::CoreError;
+
 use crate::error::DStreamError;
 use crate::graph::Graph;
+use crate::node::StatefulNode;
 
 /// The version of the descriptor's layout.
 pub const DESCRIPTOR_FORMAT_VERSION: u32 = 1;
@@ -142,16 +145,36 @@ impl Graph {
         }
     }
 
-    /// Each stateful operator's state, by name, as a `FrameCodec` frame.
-    /// Take it between batches.
-    pub fn snapshot_state(&self) -> Result<Vec<(String, Vec<u8>)>, DStreamError> {
+    /// Each stateful operator's whole state, by name, as a `FrameCodec`
+    /// frame. Take it between batches; changes taken later (see
+    /// [`Graph::snapshot_state_changes`]) are relative to it.
+    pub fn snapshot_state(&mut self) -> Result<Vec<(String, Vec<u8>)>, DStreamError> {
         let mut out = Vec::new();
-        for (node, name) in self.nodes.iter().zip(&self.names) {
-            if let Some(state) = node.state() {
+        for (node, name) in self.nodes.iter_mut().zip(&self.names) {
+            if let Some(state) = node.state_mut() {
                 let bytes =
                     state.snapshot().map_err(|source| DStreamError::StateEncode { operator: name.clone(), source })?;
                 out.push((name.clone(), bytes));
             }
+        }
+        Ok(out)
+    }
+
+    /// Each stateful operator's state, by name: what changed since its
+    /// previous snapshot where the operator can say (its large keyed
+    /// windows), else the whole state. Take it between batches, after a
+    /// snapshot of each operator (whole, or restored from a checkpoint)
+    /// was written where a restore will find it.
+    pub fn snapshot_state_changes(&mut self) -> Result<Vec<(String, StateSnapshot)>, DStreamError> {
+        let mut out = Vec::new();
+        for (node, name) in self.nodes.iter_mut().zip(&self.names) {
+            let Some(state) = node.state_mut() else { continue };
+            let encode_error = |source| DStreamError::StateEncode { operator: name.clone(), source };
+            let snapshot = match state.snapshot_changes() {
+                Some(changes) => StateSnapshot::Changes(changes.map_err(encode_error)?),
+                None => StateSnapshot::Whole(state.snapshot().map_err(encode_error)?),
+            };
+            out.push((name.clone(), snapshot));
         }
         Ok(out)
     }
@@ -165,6 +188,19 @@ impl Graph {
         &mut self,
         descriptor: &GraphDescriptor,
         states: Vec<(String, Vec<u8>)>,
+        policy: &RestorePolicy,
+    ) -> Result<RestoreReport, DStreamError> {
+        let chains = states.into_iter().map(|(name, bytes)| (name, vec![bytes])).collect();
+        self.restore_chains(descriptor, chains, policy)
+    }
+
+    /// Like [`Graph::restore`], each operator's state given as a chain: a
+    /// whole snapshot followed by the changes taken after it, oldest first
+    /// (see [`Graph::snapshot_state_changes`]).
+    pub fn restore_chains(
+        &mut self,
+        descriptor: &GraphDescriptor,
+        states: Vec<(String, Vec<Vec<u8>>)>,
         policy: &RestorePolicy,
     ) -> Result<RestoreReport, DStreamError> {
         if descriptor.format_version > DESCRIPTOR_FORMAT_VERSION {
@@ -196,7 +232,7 @@ impl Graph {
         if !diffs.is_empty() {
             return Err(DStreamError::IncompatibleState { differences: diffs });
         }
-        let mut states: BTreeMap<String, Vec<u8>> = states.into_iter().collect();
+        let mut states: BTreeMap<String, Vec<Vec<u8>>> = states.into_iter().collect();
         let old_names: BTreeSet<&str> = old_stateful.iter().map(|op| op.name.as_str()).collect();
         if let Some(stray) = states.keys().find(|name| !old_names.contains(name.as_str())) {
             return Err(DStreamError::UnexpectedState { operator: stray.clone() });
@@ -210,9 +246,8 @@ impl Graph {
         for (node, name) in self.nodes.iter_mut().zip(&self.names) {
             let Some(state) = node.state_mut() else { continue };
             match states.remove(name) {
-                Some(bytes) => {
-                    state
-                        .restore(&bytes, partitions)
+                Some(chain) => {
+                    restore_chain(state, &chain, partitions)
                         .map_err(|source| DStreamError::StateDecode { operator: name.clone(), source })?;
                     report.resumed.push(name.clone());
                 }
@@ -226,6 +261,37 @@ impl Graph {
             "restored graph state"
         );
         Ok(report)
+    }
+}
+
+/// Restores a whole snapshot, then applies the changes after it in order.
+fn restore_chain(state: &mut dyn StatefulNode, chain: &[Vec<u8>], partitions: usize) -> Result<(), CoreError> {
+    let Some((whole, changes)) = chain.split_first() else {
+        return Err(CoreError::Decode { reason: "an empty chain of snapshots".to_string() });
+    };
+    state.restore(whole, partitions)?;
+    for change in changes {
+        state.apply_changes(change, partitions)?;
+    }
+    Ok(())
+}
+
+/// One stateful operator's snapshot, as [`Graph::snapshot_state_changes`] takes it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StateSnapshot {
+    /// The whole state: a restore starts from it.
+    Whole(Vec<u8>),
+    /// What changed since the operator's previous snapshot: a restore
+    /// applies it after that snapshot (and the changes between).
+    Changes(Vec<u8>),
+}
+
+impl StateSnapshot {
+    /// The snapshot's bytes.
+    pub fn bytes(&self) -> &[u8] {
+        match self {
+            StateSnapshot::Whole(bytes) | StateSnapshot::Changes(bytes) => bytes,
+        }
     }
 }
 

@@ -127,7 +127,9 @@ mod window;
 
 pub use arrival::{ArrivalStage, ProcessedBlock};
 pub use batch::{Batch, Data, Key};
-pub use descriptor::{DESCRIPTOR_FORMAT_VERSION, GraphDescriptor, OperatorDescriptor, RestorePolicy, RestoreReport};
+pub use descriptor::{
+    DESCRIPTOR_FORMAT_VERSION, GraphDescriptor, OperatorDescriptor, RestorePolicy, RestoreReport, StateSnapshot,
+};
 pub use distinct::DistinctCount;
 pub use error::{BoxError, DStreamError, GraphProblem};
 pub use event_time::{

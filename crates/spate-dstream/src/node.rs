@@ -140,11 +140,6 @@ pub(crate) trait Node: Send {
     fn step(&mut self, ctx: &StepCtx<'_>) -> Result<Option<Job>, DStreamError>;
 
     /// The node's state, when it keeps any.
-    fn state(&self) -> Option<&dyn StatefulNode> {
-        None
-    }
-
-    /// The node's state, mutably.
     fn state_mut(&mut self) -> Option<&mut dyn StatefulNode> {
         None
     }
@@ -179,12 +174,30 @@ pub(crate) trait Node: Send {
 }
 
 /// An operator that keeps state across batches.
+///
+/// An operator whose state is large may also snapshot what changed since
+/// its previous snapshot ([`StatefulNode::snapshot_changes`]); a restore
+/// then reads a whole snapshot followed by the changes taken after it.
 pub(crate) trait StatefulNode {
-    /// The state as one [`FrameCodec`] frame.
-    fn snapshot(&self) -> Result<Vec<u8>, CoreError>;
+    /// The whole state as one [`FrameCodec`] frame. Changes taken later
+    /// are relative to it.
+    fn snapshot(&mut self) -> Result<Vec<u8>, CoreError>;
 
-    /// Replaces the state with a snapshot, spreading keys over `partitions`.
+    /// What changed since the previous snapshot (whole or changes), as one
+    /// frame; `None` when the operator only snapshots whole.
+    fn snapshot_changes(&mut self) -> Option<Result<Vec<u8>, CoreError>> {
+        None
+    }
+
+    /// Replaces the state with a whole snapshot, spreading keys over `partitions`.
     fn restore(&mut self, bytes: &[u8], partitions: usize) -> Result<(), CoreError>;
+
+    /// Applies changes taken after the snapshot restored last (and after
+    /// the changes applied since), in the order they were taken.
+    fn apply_changes(&mut self, bytes: &[u8], partitions: usize) -> Result<(), CoreError> {
+        let _ = (bytes, partitions);
+        Err(CoreError::Decode { reason: "this operator's state is only snapshot whole".to_string() })
+    }
 }
 
 /// Facts about a stateful operator that must match across an upgrade.

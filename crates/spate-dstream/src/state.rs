@@ -97,10 +97,6 @@ where
         Ok(None)
     }
 
-    fn state(&self) -> Option<&dyn StatefulNode> {
-        Some(self)
-    }
-
     fn state_mut(&mut self) -> Option<&mut dyn StatefulNode> {
         Some(self)
     }
@@ -113,7 +109,7 @@ where
     S: Data,
     F: Fn(Vec<V>, Option<S>) -> Option<S> + Send + Sync,
 {
-    fn snapshot(&self) -> Result<Vec<u8>, CoreError> {
+    fn snapshot(&mut self) -> Result<Vec<u8>, CoreError> {
         let entries: Vec<(&K, &S)> = self.parts.iter().flat_map(|p| p.iter()).collect();
         state_codec().encode(&entries)
     }
@@ -233,10 +229,6 @@ where
         Ok(None)
     }
 
-    fn state(&self) -> Option<&dyn StatefulNode> {
-        Some(self)
-    }
-
     fn state_mut(&mut self) -> Option<&mut dyn StatefulNode> {
         Some(self)
     }
@@ -260,7 +252,7 @@ where
     M: Data,
     F: Fn(&K, Option<V>, &mut State<S>) -> M + Send + Sync,
 {
-    fn snapshot(&self) -> Result<Vec<u8>, CoreError> {
+    fn snapshot(&mut self) -> Result<Vec<u8>, CoreError> {
         let entries = self.parts.iter().flat_map(|p| p.iter()).map(|(k, (s, t))| (k, s, *t)).collect();
         state_codec().encode(&MapStateRef { entries })
     }

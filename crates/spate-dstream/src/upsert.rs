@@ -163,10 +163,6 @@ where
         Ok(None)
     }
 
-    fn state(&self) -> Option<&dyn StatefulNode> {
-        Some(self)
-    }
-
     fn state_mut(&mut self) -> Option<&mut dyn StatefulNode> {
         Some(self)
     }
@@ -181,7 +177,7 @@ where
     U: Fn(&K, V, &mut Option<S>) -> bool + Send + Sync,
     E: Fn(&K, &mut S, &mut Vec<M>) + Send + Sync,
 {
-    fn snapshot(&self) -> Result<Vec<u8>, CoreError> {
+    fn snapshot(&mut self) -> Result<Vec<u8>, CoreError> {
         let entries: Vec<(&K, &S)> =
             self.parts.iter().flat_map(|p| p.iter()).filter_map(|(k, e)| Some((k, e.value.as_ref()?))).collect();
         state_codec().encode(&entries)

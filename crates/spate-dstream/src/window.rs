@@ -99,17 +99,13 @@ impl<T: Data> Node for WindowNode<T> {
         Ok(None)
     }
 
-    fn state(&self) -> Option<&dyn StatefulNode> {
-        Some(self)
-    }
-
     fn state_mut(&mut self) -> Option<&mut dyn StatefulNode> {
         Some(self)
     }
 }
 
 impl<T: Data> StatefulNode for WindowNode<T> {
-    fn snapshot(&self) -> Result<Vec<u8>, CoreError> {
+    fn snapshot(&mut self) -> Result<Vec<u8>, CoreError> {
         state_codec().encode(&self.retained)
     }
 
@@ -289,10 +285,6 @@ where
 
     combines_on_arrival!();
 
-    fn state(&self) -> Option<&dyn StatefulNode> {
-        Some(self)
-    }
-
     fn state_mut(&mut self) -> Option<&mut dyn StatefulNode> {
         Some(self)
     }
@@ -306,7 +298,7 @@ where
     I: Fn(&V, &V) -> V + Send + Sync,
     P: Fn(&K, &V) -> bool + Send + Sync,
 {
-    fn snapshot(&self) -> Result<Vec<u8>, CoreError> {
+    fn snapshot(&mut self) -> Result<Vec<u8>, CoreError> {
         let mut retained: Vec<Vec<(&K, &V)>> = (0..self.times.len()).map(|_| Vec::new()).collect();
         for part in &self.parts {
             for (slot, batch) in retained.iter_mut().zip(&part.retained) {
@@ -570,10 +562,6 @@ where
 
     combines_on_arrival!();
 
-    fn state(&self) -> Option<&dyn StatefulNode> {
-        Some(self)
-    }
-
     fn state_mut(&mut self) -> Option<&mut dyn StatefulNode> {
         Some(self)
     }
@@ -589,7 +577,7 @@ where
     V: Data,
     R: Fn(&V, &V) -> V + Send + Sync,
 {
-    fn snapshot(&self) -> Result<Vec<u8>, CoreError> {
+    fn snapshot(&mut self) -> Result<Vec<u8>, CoreError> {
         state_codec().encode(&self.to_snapshot())
     }
 

@@ -206,6 +206,6 @@ fn unnamed_stateful_operators_get_positional_names() {
     let b = GraphBuilder::new(INTERVAL).checkpointing(true);
     let s = b.input("in", Arc::new(QueueSource::<(u8, u8)>::new()));
     collect(&s.update_state_by_key(|v: Vec<u8>, st: Option<u8>| Some(st.unwrap_or(0).wrapping_add(v.len() as u8))));
-    let graph = b.build().unwrap();
+    let mut graph = b.build().unwrap();
     assert_eq!(graph.snapshot_state().unwrap()[0].0, "update_state_by_key-1");
 }

@@ -254,10 +254,6 @@ where
         Ok(None)
     }
 
-    fn state(&self) -> Option<&dyn StatefulNode> {
-        Some(self)
-    }
-
     fn state_mut(&mut self) -> Option<&mut dyn StatefulNode> {
         Some(self)
     }
@@ -312,7 +308,7 @@ where
     E: Fn(&V) -> Time + Send + Sync,
     F: Fn(&K, Timed<V>, &mut TimedState<S>, &mut Vec<M>) + Send + Sync,
 {
-    fn snapshot(&self) -> Result<Vec<u8>, CoreError> {
+    fn snapshot(&mut self) -> Result<Vec<u8>, CoreError> {
         let keys = self.parts.iter().flat_map(|p| p.keys.iter()).collect();
         event_time_codec().encode(&SnapshotRef { tracker: &self.tracker, keys })
     }

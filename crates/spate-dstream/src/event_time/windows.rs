@@ -447,10 +447,6 @@ where
         Ok(None)
     }
 
-    fn state(&self) -> Option<&dyn StatefulNode> {
-        Some(self)
-    }
-
     fn state_mut(&mut self) -> Option<&mut dyn StatefulNode> {
         Some(self)
     }
@@ -560,7 +556,7 @@ where
     F: Fn(&mut A, V) + Send + Sync,
     M: Fn(&mut A, &A) + Send + Sync,
 {
-    fn snapshot(&self) -> Result<Vec<u8>, CoreError> {
+    fn snapshot(&mut self) -> Result<Vec<u8>, CoreError> {
         let panes = self
             .parts
             .iter()
