@@ -100,6 +100,18 @@ pub trait CheckpointFileManager: Send + Sync + std::fmt::Debug {
     /// temp file may belong to a write in progress.
     fn clean_temp_files(&self, dir: &Path) -> Result<usize>;
 
+    /// The first `len` bytes of `path` (all of it when shorter), or `None`
+    /// when it does not exist: to tell what a large file is from its
+    /// header. By default the whole file is read and cut; a manager that
+    /// can read a part only does so.
+    fn read_prefix(&self, path: &Path, len: u64) -> Result<Option<Vec<u8>>> {
+        let mut bytes = self.read(path, crate::checkpoint::MAX_CHECKPOINT_FILE_BYTES)?;
+        if let Some(bytes) = &mut bytes {
+            bytes.truncate(usize::try_from(len).unwrap_or(usize::MAX));
+        }
+        Ok(bytes)
+    }
+
     /// [`CheckpointFileManager::read`] with the version of what was read,
     /// for [`CheckpointFileManager::replace_if_unchanged`].
     fn read_versioned(&self, path: &Path, max_len: u64) -> Result<Option<(Vec<u8>, FileVersion)>> {
@@ -212,6 +224,10 @@ impl CheckpointFileManager for LocalFileManager {
 
     fn read(&self, path: &Path, max_len: u64) -> Result<Option<Vec<u8>>> {
         read_bounded(path, max_len)
+    }
+
+    fn read_prefix(&self, path: &Path, len: u64) -> Result<Option<Vec<u8>>> {
+        read_prefix(path, len)
     }
 
     fn create_atomic(&self, path: &Path, bytes: &[u8], fence: PublishCheck<'_>) -> Result<()> {
@@ -344,6 +360,18 @@ pub(crate) fn list_log(dir: &Path) -> Result<LogListing> {
         listing.add(entry.file_name().as_bytes());
     }
     Ok(listing)
+}
+
+/// The first `len` bytes of `path`, reading no more.
+pub(crate) fn read_prefix(path: &Path, len: u64) -> Result<Option<Vec<u8>>> {
+    let file = match File::open(path) {
+        Ok(file) => file,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(LogStoreError::io("open", path, e)),
+    };
+    let mut bytes = Vec::new();
+    file.take(len).read_to_end(&mut bytes).map_err(|e| LogStoreError::io("read", path, e))?;
+    Ok(Some(bytes))
 }
 
 pub(crate) fn read_bounded(path: &Path, max_len: u64) -> Result<Option<Vec<u8>>> {

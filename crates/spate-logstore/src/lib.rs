@@ -109,7 +109,9 @@ pub use object_faults::{FaultyObjectStore, HeldWrite, ObjectFault};
 #[cfg(feature = "s3")]
 pub use object_files::ObjectStoreFileManager;
 pub use repair::{QUARANTINE_DIR, REPAIR_NOTE, RepairAction, RepairPlan, StateRollback, apply_repair, plan_repair};
-pub use state::{GRAPH_FILE, STATE_DIR, StateShape};
+pub use state::{
+    CHANGES_HEADER_LEN, CHANGES_MAGIC, GRAPH_FILE, STATE_DIR, StateLink, StateShape, changes_header, split_state_file,
+};
 pub use verdict::{
     CheckpointShape, Inconsistency, InconsistencyKind, RecoveryPoint, Verdict, classify, inspect, inspect_with,
     repair_command,

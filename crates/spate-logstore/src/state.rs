@@ -13,6 +13,14 @@
 //! points `graph` at an older snapshot of every operator when there is one
 //! the next start can bring up to date, or at none (the next start then
 //! rebuilds the state by replaying every batch from 0).
+//!
+//! Snapshots are incremental: a file is either a whole snapshot (the
+//! operator's frame, as it always was) or the changes since an earlier
+//! snapshot of the same operator, its *base*, named in a short header
+//! ([`changes_header`], [`split_state_file`]). A restore reads the file of
+//! the named batch and follows the bases back to a whole snapshot: the
+//! chain. An older snapshot a repair points `graph` at is only usable when
+//! its whole chain is still there ([`StateShape::links`]).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -30,6 +38,68 @@ pub const GRAPH_FILE: &str = "graph";
 /// The directory of the operator state snapshots, `state/<operator>/<N>`.
 pub const STATE_DIR: &str = "state";
 
+/// The first bytes of a file of changes; a whole snapshot starts with the
+/// frame's own magic (`SPTF`), so the two never read as each other.
+pub const CHANGES_MAGIC: [u8; 4] = *b"SPTD";
+/// The layout version of the header of a file of changes.
+const CHANGES_HEADER_VERSION: u8 = 1;
+/// The header of a file of changes: magic, version, the base batch
+/// (little-endian), and the CRC-32C of those 13 bytes.
+pub const CHANGES_HEADER_LEN: usize = 17;
+
+/// What one state file is, as its first bytes say.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StateLink {
+    /// A whole snapshot: a chain starts here.
+    Whole,
+    /// The changes since the same operator's snapshot of batch `base`.
+    Changes {
+        /// The batch of the previous link of the chain.
+        base: BatchId,
+    },
+    /// The header cannot be read (damaged, or the file is unreadable):
+    /// no chain goes through this file.
+    Unreadable {
+        /// Why.
+        reason: String,
+    },
+}
+
+/// The header that starts a file of changes taken after the snapshot of
+/// batch `base`; the changes' frame follows it.
+pub fn changes_header(base: BatchId) -> [u8; CHANGES_HEADER_LEN] {
+    let mut header = [0u8; CHANGES_HEADER_LEN];
+    header[..4].copy_from_slice(&CHANGES_MAGIC);
+    header[4] = CHANGES_HEADER_VERSION;
+    header[5..13].copy_from_slice(&base.0.to_le_bytes());
+    let crc = crc32c::crc32c(&header[..13]);
+    header[13..].copy_from_slice(&crc.to_le_bytes());
+    header
+}
+
+/// Splits a state file into what it is and its frame: a whole snapshot is
+/// all frame; a file of changes loses its header. `Err` says why a file
+/// that starts like a file of changes is not one (short, another version,
+/// a checksum that does not match).
+pub fn split_state_file(bytes: &[u8]) -> std::result::Result<(StateLink, &[u8]), String> {
+    if !bytes.starts_with(&CHANGES_MAGIC) {
+        return Ok((StateLink::Whole, bytes));
+    }
+    let Some((header, frame)) = bytes.split_first_chunk::<CHANGES_HEADER_LEN>() else {
+        return Err(format!("a header of changes needs {CHANGES_HEADER_LEN} bytes, the file has {}", bytes.len()));
+    };
+    if header[4] != CHANGES_HEADER_VERSION {
+        return Err(format!("header of changes version {}, this build reads {CHANGES_HEADER_VERSION}", header[4]));
+    }
+    let (body, crc) = header.split_at(13);
+    if crc32c::crc32c(body).to_le_bytes() != crc {
+        return Err("the header of changes fails its checksum".to_string());
+    }
+    let mut base = [0u8; 8];
+    base.copy_from_slice(&body[5..13]);
+    Ok((StateLink::Changes { base: BatchId(u64::from_le_bytes(base)) }, frame))
+}
+
 /// The snapshots a checkpoint holds.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct StateShape {
@@ -39,6 +109,12 @@ pub struct StateShape {
     pub batch_interval_ms: Option<u64>,
     /// Every snapshot: its batch and the operators (directory names) that have one.
     pub snapshots: BTreeMap<BatchId, Vec<String>>,
+    /// What each snapshot file is, by operator and batch. Read only when
+    /// inspection finds the checkpoint inconsistent (a repair may then
+    /// point `graph` at an older snapshot, whose chain must be whole), so
+    /// it is empty in a consistent verdict; a file missing from it counts
+    /// as a whole snapshot.
+    pub links: BTreeMap<(String, BatchId), StateLink>,
 }
 
 impl StateShape {
@@ -60,20 +136,42 @@ impl StateShape {
 
     /// The batches, at most `at_most` and newest first, with a snapshot of
     /// every operator that the named snapshot has (of every operator seen,
-    /// when the named snapshot has no files).
+    /// when the named snapshot has no files), each with its whole chain.
     pub(crate) fn complete_at_or_before(&self, at_most: BatchId) -> Vec<BatchId> {
         let named_operators = self.named.and_then(|batch| self.snapshots.get(&batch));
         let all: Vec<&String> = match named_operators {
             Some(operators) => operators.iter().collect(),
             None => self.snapshots.values().flatten().collect(),
         };
-        let has_all = |operators: &Vec<String>| all.iter().all(|op| operators.contains(op));
+        let has_all = |batch: BatchId, operators: &Vec<String>| {
+            all.iter().all(|op| operators.contains(op) && self.chain_is_whole(op, batch))
+        };
         self.snapshots
             .range(..=at_most)
             .rev()
-            .filter(|(_, operators)| has_all(operators))
+            .filter(|(batch, operators)| has_all(**batch, operators))
             .map(|(batch, _)| *batch)
             .collect()
+    }
+
+    /// True when `operator`'s snapshot of `batch` and every earlier link
+    /// its chain goes through are there, down to a whole snapshot.
+    fn chain_is_whole(&self, operator: &str, batch: BatchId) -> bool {
+        let mut link = batch;
+        // Each step goes to an older batch, so the walk ends.
+        loop {
+            match self.links.get(&(operator.to_string(), link)) {
+                None | Some(StateLink::Whole) => return true,
+                Some(StateLink::Unreadable { .. }) => return false,
+                Some(StateLink::Changes { base }) => {
+                    let present = self.snapshots.get(base).is_some_and(|ops| ops.iter().any(|op| op == operator));
+                    if *base >= link || !present {
+                        return false;
+                    }
+                    link = *base;
+                }
+            }
+        }
     }
 }
 
@@ -109,6 +207,24 @@ pub(crate) fn read_state_shape(
         shape.batch_interval_ms = graph.pointer("/descriptor/batch_interval_ms").and_then(Value::as_u64);
     }
     Ok(shape)
+}
+
+/// Fills `shape.links` with what each listed snapshot file is, reading
+/// only its first bytes.
+pub(crate) fn read_state_links(files: &dyn CheckpointFileManager, dir: &Path, shape: &mut StateShape) {
+    for (batch, operators) in &shape.snapshots {
+        for operator in operators {
+            let path = dir.join(snapshot_path(operator, *batch));
+            let link = match files.read_prefix(&path, CHANGES_HEADER_LEN as u64) {
+                Ok(Some(head)) => {
+                    split_state_file(&head).map_or_else(|reason| StateLink::Unreadable { reason }, |(link, _)| link)
+                }
+                Ok(None) => StateLink::Unreadable { reason: "the file vanished while inspecting".to_string() },
+                Err(e) => StateLink::Unreadable { reason: e.to_string() },
+            };
+            shape.links.insert((operator.clone(), *batch), link);
+        }
+    }
 }
 
 /// The `graph` manifest as JSON, without the writer's epoch line; `None`
@@ -153,7 +269,58 @@ mod tests {
                 .iter()
                 .map(|(batch, ops)| (BatchId(*batch), ops.iter().map(|op| op.to_string()).collect()))
                 .collect(),
+            links: BTreeMap::new(),
         }
+    }
+
+    fn changes(state: &mut StateShape, operator: &str, batch: u64, base: u64) {
+        state.links.insert((operator.to_string(), BatchId(batch)), StateLink::Changes { base: BatchId(base) });
+    }
+
+    #[test]
+    fn a_header_of_changes_names_its_base_and_a_whole_snapshot_has_none() {
+        let frame = b"SPTF and the rest of a frame";
+        assert_eq!(split_state_file(frame), Ok((StateLink::Whole, &frame[..])));
+        let mut file = changes_header(BatchId(41)).to_vec();
+        file.extend_from_slice(frame);
+        assert_eq!(split_state_file(&file), Ok((StateLink::Changes { base: BatchId(41) }, &frame[..])));
+        // Only the header, as a prefix read returns it.
+        assert_eq!(split_state_file(&file[..CHANGES_HEADER_LEN]).unwrap().0, StateLink::Changes { base: BatchId(41) });
+    }
+
+    #[test]
+    fn a_damaged_header_of_changes_is_refused_saying_why() {
+        let file = changes_header(BatchId(u64::MAX)).to_vec();
+        assert!(split_state_file(&file[..10]).unwrap_err().contains("needs 17 bytes"));
+        for byte in 5..CHANGES_HEADER_LEN {
+            let mut damaged = file.clone();
+            damaged[byte] ^= 0x01;
+            assert!(split_state_file(&damaged).unwrap_err().contains("checksum"), "byte {byte}");
+        }
+        let mut later = file.clone();
+        later[4] = 2;
+        assert!(split_state_file(&later).unwrap_err().contains("version 2"));
+    }
+
+    #[test]
+    fn an_older_snapshot_counts_only_when_its_whole_chain_is_there() {
+        // a: whole at 2, changes at 4 (on 2) and 6 (on 4); whole at 8.
+        // b: whole at every snapshot.
+        let mut state = shape(Some(8), &[(4, &["a", "b"]), (6, &["a", "b"]), (8, &["a", "b"])]);
+        changes(&mut state, "a", 4, 2);
+        changes(&mut state, "a", 6, 4);
+        // Batch 2 was purged: the chains of 4 and 6 are broken.
+        assert_eq!(state.complete_at_or_before(BatchId(8)), [BatchId(8)]);
+        state.snapshots.insert(BatchId(2), vec!["a".to_string(), "b".to_string()]);
+        assert_eq!(state.complete_at_or_before(BatchId(7)), [BatchId(6), BatchId(4), BatchId(2)]);
+        // A link missing in the middle breaks what follows it only.
+        state.snapshots.insert(BatchId(4), vec!["b".to_string()]);
+        assert_eq!(state.complete_at_or_before(BatchId(7)), [BatchId(2)]);
+        // A base that is not older, or a header that cannot be read, breaks it too.
+        let mut looped = shape(Some(8), &[(6, &["a"]), (8, &["a"])]);
+        changes(&mut looped, "a", 6, 6);
+        looped.links.insert(("a".to_string(), BatchId(8)), StateLink::Unreadable { reason: "bad".to_string() });
+        assert!(looped.complete_at_or_before(BatchId(8)).is_empty());
     }
 
     #[test]

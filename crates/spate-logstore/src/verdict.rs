@@ -15,7 +15,8 @@
 //! [`classify`] is the pure decision on the lists of ids; [`inspect`] adds
 //! the I/O: it lists the two directories and the state snapshots, and reads
 //! only the newest entries, the `metadata` file and the `graph` manifest,
-//! never the whole log.
+//! never the whole log (and, of an inconsistent checkpoint, the header of
+//! each state snapshot, for the repair).
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -28,7 +29,7 @@ use crate::error::{LogStoreError, Result};
 use crate::file_manager::{CheckpointFileManager, LogListing};
 use crate::location::{ObjectStoreSettings, file_manager_for};
 use crate::log::{MAX_LOG_FILE_BYTES, decode_entry};
-use crate::state::{GRAPH_FILE, StateShape, read_state_shape};
+use crate::state::{GRAPH_FILE, StateShape, read_state_links, read_state_shape};
 
 /// Where a consistent checkpoint puts the next run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -384,7 +385,9 @@ pub fn inspect_with(files: &dyn CheckpointFileManager, dir: &Path) -> Result<Ver
     });
     let (offsets, commits) = (offsets?, commits?);
     let mut shape = CheckpointShape { offsets: offsets.ids, commits: commits.ids, ..CheckpointShape::default() };
-    let inconsistent = |kind: InconsistencyKind, shape: CheckpointShape| {
+    let inconsistent = |kind: InconsistencyKind, mut shape: CheckpointShape| {
+        // A repair may point `graph` at an older snapshot: it needs each file's link.
+        read_state_links(files, dir, &mut shape.state);
         let files = files_involved(&kind, &shape);
         Ok(Verdict::Inconsistent(Box::new(Inconsistency { dir: dir.to_path_buf(), kind, files, shape })))
     };

@@ -11,7 +11,7 @@ use serde_json::json;
 use spate_core::{BatchId, ManualClock, Time};
 use spate_logstore::{
     Checkpoint, CheckpointSettings, CommitMetadata, InconsistencyKind, LogStoreError, OffsetSeq, QUARANTINE_DIR,
-    REPAIR_NOTE, RecoveryPoint, SourceOffset, Verdict, inspect,
+    REPAIR_NOTE, RecoveryPoint, SourceOffset, Verdict, changes_header, inspect,
 };
 
 fn options() -> CheckpointSettings {
@@ -353,6 +353,55 @@ fn without_an_older_snapshot_the_state_is_rebuilt_from_batch_0_or_the_plan_says_
         text.contains("cannot rebuild the operator state") && text.contains("before batch 3 were purged"),
         "{text}"
     );
+}
+
+/// A file of changes taken after the snapshot of `base`.
+fn changes_file(base: u64) -> Vec<u8> {
+    let mut file = changes_header(BatchId(base)).to_vec();
+    file.extend_from_slice(b"SPTF changes");
+    file
+}
+
+#[test]
+fn a_repair_rolls_the_state_back_only_to_a_snapshot_whose_chain_of_changes_is_whole() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path();
+    let ids: Vec<u64> = (0..=8).collect();
+    checkpoint(dir, &ids, &ids);
+    let ck = Checkpoint::open_for_write(dir, options()).unwrap();
+    // `a` takes changes: whole at 2, changes at 4 (on 2), 6 (on 4) and 8 (on 6);
+    // `b` snapshots whole every time.
+    ck.write_file("state/a/2", b"SPTF whole").unwrap();
+    for (batch, base) in [(4, 2), (6, 4), (8, 6)] {
+        ck.write_file(format!("state/a/{batch}"), &changes_file(base)).unwrap();
+    }
+    for batch in [2, 4, 6, 8] {
+        ck.write_file(format!("state/b/{batch}"), b"SPTF whole").unwrap();
+    }
+    ck.replace_file("graph", &graph(8)).unwrap();
+    // Batch 4's link of `a` lost: the snapshots of 4 and 6 can no longer be restored.
+    fs::remove_file(dir.join("state/a/4")).unwrap();
+    fs::remove_file(dir.join("offsets/8")).unwrap();
+    let plan = ck.repair_plan().unwrap().unwrap();
+    let state = plan.state.clone().unwrap();
+    assert_eq!((state.from, state.to, state.replay), (BatchId(8), Some(BatchId(2)), Some((BatchId(3), BatchId(7)))));
+    ck.apply_repair(&plan).unwrap();
+    assert_eq!(named_state(dir).0, Some(2));
+    drop(ck);
+
+    // With every link there, the newest older snapshot is the one named.
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path();
+    checkpoint(dir, &ids, &ids);
+    let ck = Checkpoint::open_for_write(dir, options()).unwrap();
+    ck.write_file("state/a/2", b"SPTF whole").unwrap();
+    for (batch, base) in [(4, 2), (6, 4), (8, 6)] {
+        ck.write_file(format!("state/a/{batch}"), &changes_file(base)).unwrap();
+    }
+    ck.replace_file("graph", &graph(8)).unwrap();
+    fs::remove_file(dir.join("offsets/8")).unwrap();
+    let plan = ck.repair_plan().unwrap().unwrap();
+    assert_eq!(plan.state.map(|s| (s.to, s.replay)), Some((Some(BatchId(6)), Some((BatchId(7), BatchId(7))))));
 }
 
 #[test]
