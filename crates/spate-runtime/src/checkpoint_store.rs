@@ -1,14 +1,24 @@
 //! The runtime's side of a checkpoint directory: the offsets and commit logs
 //! through `spate-logstore`, the `graph` manifest and the operator state
 //! snapshots `state/<operator>/<N>`, and purging past retention.
+//!
+//! A state snapshot is whole (the operator's frame) or the changes since
+//! the previous snapshot (a header naming that snapshot's batch, then the
+//! frame), so each operator's snapshot is a chain: a whole snapshot and the
+//! changes after it. [`SnapshotChain`] decides which to take and remembers
+//! where each operator's chain starts, so a purge keeps every link.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use spate_core::{BatchId, Time, Unfenced, WriterFence};
-use spate_dstream::GraphDescriptor;
-use spate_logstore::{Checkpoint, CommitMetadata, LogStoreError, OffsetSeq, Verdict};
+use spate_dstream::{GraphDescriptor, StateSnapshot};
+use spate_logstore::{
+    CHANGES_HEADER_LEN, Checkpoint, CommitMetadata, LogStoreError, OffsetSeq, StateLink, Verdict, changes_header,
+    split_state_file,
+};
 use tracing::{debug, warn};
 
 use crate::error::RuntimeError;
@@ -128,38 +138,106 @@ impl CheckpointStore {
         Path::new(STATE_DIR).join(operator).join(batch.0.to_string())
     }
 
-    /// Writes one operator's snapshot taken after `batch`; returns its size.
-    pub(crate) fn write_state(&self, operator: &str, batch: BatchId, bytes: &[u8]) -> Result<(), RuntimeError> {
-        match self.checkpoint.write_file(Self::state_path(operator, batch), bytes) {
-            Ok(()) => Ok(()),
-            // A previous run crashed after writing it; the state of a committed batch is the same.
-            Err(LogStoreError::AlreadyExists { .. }) => Ok(()),
-            Err(e) => Err(state_error(operator, batch, e)),
+    /// Writes one operator's snapshot taken after `batch`: a whole one as
+    /// it is, changes behind a header naming `base`, the batch of the
+    /// snapshot they follow. Returns the bytes written.
+    pub(crate) fn write_state(
+        &self,
+        operator: &str,
+        batch: BatchId,
+        snapshot: &StateSnapshot,
+        base: Option<BatchId>,
+    ) -> Result<u64, RuntimeError> {
+        let changes;
+        let bytes = match (snapshot, base) {
+            (StateSnapshot::Whole(bytes), _) => bytes.as_slice(),
+            (StateSnapshot::Changes(frame), Some(base)) => {
+                changes = [changes_header(base).as_slice(), frame].concat();
+                changes.as_slice()
+            }
+            (StateSnapshot::Changes(_), None) => {
+                let reason = "changes taken without a snapshot before them".to_string();
+                return Err(RuntimeError::State { operator: operator.to_string(), batch, reason });
+            }
+        };
+        let path = Self::state_path(operator, batch);
+        match self.checkpoint.write_file(&path, bytes) {
+            Ok(()) => {}
+            // A previous run wrote it and crashed before `graph` named it, so
+            // nothing needs it; it may be a link of another chain, so it is
+            // replaced rather than kept.
+            Err(LogStoreError::AlreadyExists { .. }) => {
+                debug!(operator, %batch, "replacing a state snapshot no manifest named");
+                self.checkpoint.delete_file(&path).map_err(|e| state_error(operator, batch, e))?;
+                self.checkpoint.write_file(&path, bytes).map_err(|e| state_error(operator, batch, e))?;
+            }
+            Err(e) => return Err(state_error(operator, batch, e)),
         }
+        Ok(bytes.len() as u64)
     }
 
-    /// Reads one operator's snapshot taken after `batch`.
-    pub(crate) fn read_state(&self, operator: &str, batch: BatchId) -> Result<Vec<u8>, RuntimeError> {
-        match self.checkpoint.read_file(Self::state_path(operator, batch)) {
-            Ok(Some(bytes)) => Ok(bytes),
-            Ok(None) => Err(RuntimeError::State {
+    /// Reads one operator's snapshot of `batch` and the links before it,
+    /// back to a whole snapshot: the frames oldest first, as
+    /// `Graph::restore_chains` takes them.
+    pub(crate) fn read_state_chain(&self, operator: &str, batch: BatchId) -> Result<StateChain, RuntimeError> {
+        let mut frames = Vec::new();
+        let (mut link, mut needed_by) = (batch, None::<BatchId>);
+        loop {
+            let error = |reason: String| RuntimeError::State {
                 operator: operator.to_string(),
-                batch,
-                reason: format!("state/{operator}/{batch} is missing"),
-            }),
-            Err(e) => Err(state_error(operator, batch, e)),
+                batch: needed_by.unwrap_or(batch),
+                reason,
+            };
+            let mut bytes = match self.checkpoint.read_file(Self::state_path(operator, link)) {
+                Ok(Some(bytes)) => bytes,
+                Ok(None) => {
+                    return Err(error(match needed_by {
+                        None => format!("state/{operator}/{link} is missing"),
+                        Some(by) => format!(
+                            "state/{operator}/{link} is missing, and state/{operator}/{by} holds the changes since \
+                             it (a link of the snapshot of batch {batch})"
+                        ),
+                    }));
+                }
+                Err(e) => return Err(state_error(operator, link, e)),
+            };
+            let (kind, _) =
+                split_state_file(&bytes).map_err(|reason| error(format!("state/{operator}/{link}: {reason}")))?;
+            match kind {
+                StateLink::Changes { base } if base < link => {
+                    bytes.drain(..CHANGES_HEADER_LEN);
+                    frames.push(bytes);
+                    (needed_by, link) = (Some(link), base);
+                }
+                StateLink::Changes { base } => {
+                    return Err(error(format!(
+                        "state/{operator}/{link} holds changes since batch {base}, which is not an earlier snapshot"
+                    )));
+                }
+                StateLink::Whole => {
+                    frames.push(bytes);
+                    frames.reverse();
+                    return Ok(StateChain { frames, start: link });
+                }
+                StateLink::Unreadable { reason } => return Err(error(format!("state/{operator}/{link}: {reason}"))),
+            }
         }
     }
 
-    /// Deletes snapshots older than `keep` (the one in the manifest is never older).
-    pub(crate) fn purge_state(&self, keep: BatchId) {
+    /// Deletes the snapshots no restart can need: of each operator, those
+    /// older than the whole snapshot its chain in force starts at
+    /// (`chain_starts`; an operator not in it, one the graph no longer
+    /// has, keeps nothing older than `keep`, the snapshot `graph` names).
+    /// Newer files, written but not yet named, are kept.
+    pub(crate) fn purge_state(&self, keep: BatchId, chain_starts: &BTreeMap<String, BatchId>) {
         let operators = match self.checkpoint.list(STATE_DIR) {
             Ok(operators) => operators,
             Err(e) => return warn!(error = %e, "listing state snapshots failed"),
         };
         for operator in operators {
+            let oldest_needed = chain_starts.get(&operator).map_or(keep, |start| (*start).min(keep));
             let Ok(batches) = self.checkpoint.list(Path::new(STATE_DIR).join(&operator)) else { continue };
-            for batch in batches.iter().filter_map(|b| b.parse::<u64>().ok()).filter(|b| *b < keep.0) {
+            for batch in batches.iter().filter_map(|b| b.parse::<u64>().ok()).filter(|b| *b < oldest_needed.0) {
                 if let Err(e) = self.checkpoint.delete_file(Self::state_path(&operator, BatchId(batch))) {
                     warn!(error = %e, operator, batch, "deleting an old state snapshot failed");
                 }
@@ -182,6 +260,90 @@ impl CheckpointStore {
             Ok((offsets, commits)) => debug!(%threshold, offsets, commits, "purged old batches"),
             Err(e) => warn!(error = %e, %threshold, "purging old batches failed; retried after the next batch"),
         }
+    }
+}
+
+/// One operator's snapshot as a chain: a whole snapshot, then the changes
+/// after it, oldest first.
+#[derive(Debug)]
+pub(crate) struct StateChain {
+    /// The frames, the whole snapshot first.
+    pub(crate) frames: Vec<Vec<u8>>,
+    /// The batch of the whole snapshot the chain starts at.
+    pub(crate) start: BatchId,
+}
+
+/// Which snapshot to take next, whole or the changes since the previous
+/// one, and where each operator's chain in force starts.
+///
+/// A snapshot of changes needs its base durable and named where a restore
+/// finds it, so a whole snapshot is taken first after a start or a restore
+/// (a chain never starts from something this process did not write or
+/// restore), every `full_every`-th time (so a restore reads a bounded
+/// chain), and after a snapshot that was not completed (its changes were
+/// taken relative to a snapshot that may not be durable).
+#[derive(Debug)]
+pub(crate) struct SnapshotChain {
+    full_every: u64,
+    /// Snapshots of changes taken since the last whole one.
+    changes_since_whole: u64,
+    /// The last snapshot completed (written and named in `graph`) or restored.
+    last: Option<BatchId>,
+    /// True until a snapshot completes: set when one begins.
+    whole_due: bool,
+    /// Each operator's whole snapshot that its chain in force starts at.
+    starts: BTreeMap<String, BatchId>,
+}
+
+impl SnapshotChain {
+    /// No snapshot yet; the first will be whole. `full_every` 0 counts as 1.
+    pub(crate) fn new(full_every: u64) -> Self {
+        SnapshotChain {
+            full_every: full_every.max(1),
+            changes_since_whole: 0,
+            last: None,
+            whole_due: true,
+            starts: BTreeMap::new(),
+        }
+    }
+
+    /// The state was restored from the snapshot of `batch`, each operator's
+    /// chain starting at `starts`.
+    pub(crate) fn restored(&mut self, batch: BatchId, starts: BTreeMap<String, BatchId>) {
+        self.last = Some(batch);
+        self.starts = starts;
+        self.whole_due = true;
+    }
+
+    /// Begins a snapshot: `None` when it must be whole, else the batch of
+    /// the snapshot its changes follow. Until [`SnapshotChain::completed`],
+    /// the next one is whole.
+    pub(crate) fn begin(&mut self) -> Option<BatchId> {
+        let whole = self.whole_due || self.changes_since_whole + 1 >= self.full_every;
+        self.whole_due = true;
+        self.last.filter(|_| !whole)
+    }
+
+    /// The snapshot of `batch` begun last is durable and named in `graph`.
+    pub(crate) fn completed(&mut self, batch: BatchId, states: &[(String, StateSnapshot)]) {
+        let mut starts = BTreeMap::new();
+        for (operator, snapshot) in states {
+            let start = match snapshot {
+                StateSnapshot::Changes(_) => self.starts.get(operator).copied().unwrap_or(batch),
+                StateSnapshot::Whole(_) => batch,
+            };
+            starts.insert(operator.clone(), start);
+        }
+        let any_changes = states.iter().any(|(_, s)| matches!(s, StateSnapshot::Changes(_)));
+        self.changes_since_whole = if any_changes { self.changes_since_whole + 1 } else { 0 };
+        self.starts = starts;
+        self.last = Some(batch);
+        self.whole_due = false;
+    }
+
+    /// Each operator's whole snapshot that its chain in force starts at.
+    pub(crate) fn starts(&self) -> &BTreeMap<String, BatchId> {
+        &self.starts
     }
 }
 
@@ -230,16 +392,170 @@ mod tests {
         let store = store_in_memory();
         // Each of these needs percent-encoding in an object key.
         let operators = ["counts[by word]", "top~10", "50% sample", "plain"];
+        let whole = StateSnapshot::Whole(b"state".to_vec());
         for operator in operators {
             for batch in 0..3 {
-                store.write_state(operator, BatchId(batch), b"state").unwrap();
+                store.write_state(operator, BatchId(batch), &whole, None).unwrap();
             }
         }
-        store.purge_state(BatchId(2));
+        store.purge_state(BatchId(2), &BTreeMap::new());
         for operator in operators {
             let left = store.checkpoint().list(Path::new(STATE_DIR).join(operator)).unwrap();
             assert_eq!(left, ["2"], "{operator}: the snapshots before batch 2 are purged");
-            assert_eq!(store.read_state(operator, BatchId(2)).unwrap(), b"state");
+            assert_eq!(store.read_state_chain(operator, BatchId(2)).unwrap().frames, [b"state"]);
         }
+    }
+}
+
+#[cfg(test)]
+mod chain_tests {
+    use super::*;
+    use spate_logstore::CheckpointSettings;
+
+    fn store(dir: &Path) -> CheckpointStore {
+        CheckpointStore::new(Checkpoint::open_for_write(dir, CheckpointSettings::new()).unwrap())
+    }
+
+    fn whole(text: &str) -> StateSnapshot {
+        StateSnapshot::Whole(text.as_bytes().to_vec())
+    }
+
+    fn changes(text: &str) -> StateSnapshot {
+        StateSnapshot::Changes(text.as_bytes().to_vec())
+    }
+
+    fn left(store: &CheckpointStore, operator: &str) -> Vec<u64> {
+        let mut batches: Vec<u64> = store
+            .checkpoint()
+            .list(Path::new(STATE_DIR).join(operator))
+            .unwrap()
+            .iter()
+            .map(|b| b.parse().unwrap())
+            .collect();
+        batches.sort_unstable();
+        batches
+    }
+
+    #[test]
+    fn a_chain_is_read_back_from_its_last_link_to_its_whole_snapshot_oldest_first() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = store(dir.path());
+        assert_eq!(store.write_state("a", BatchId(2), &whole("w2"), None).unwrap(), 2);
+        store.write_state("a", BatchId(4), &changes("c4"), Some(BatchId(2))).unwrap();
+        let written = store.write_state("a", BatchId(6), &changes("c6"), Some(BatchId(4))).unwrap();
+        assert_eq!(written, CHANGES_HEADER_LEN as u64 + 2, "the header, then the frame");
+        let chain = store.read_state_chain("a", BatchId(6)).unwrap();
+        assert_eq!(chain.frames, [b"w2", b"c4", b"c6"]);
+        assert_eq!(chain.start, BatchId(2));
+        // A whole snapshot is its own chain, and its file is the bare frame.
+        let chain = store.read_state_chain("a", BatchId(2)).unwrap();
+        assert_eq!((chain.frames, chain.start), (vec![b"w2".to_vec()], BatchId(2)));
+        assert_eq!(std::fs::read(dir.path().join("state/a/2")).unwrap(), b"w2");
+    }
+
+    #[test]
+    fn a_missing_link_names_the_file_and_the_batch_that_needs_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = store(dir.path());
+        store.write_state("a", BatchId(4), &changes("c4"), Some(BatchId(2))).unwrap();
+        store.write_state("a", BatchId(6), &changes("c6"), Some(BatchId(4))).unwrap();
+        let err = store.read_state_chain("a", BatchId(6)).unwrap_err();
+        assert!(matches!(&err, RuntimeError::State { operator, batch: BatchId(4), .. } if operator == "a"), "{err:?}");
+        let text = err.to_string();
+        assert!(text.contains("state/a/2 is missing") && text.contains("state/a/4 holds the changes"), "{text}");
+        let err = store.read_state_chain("a", BatchId(8)).unwrap_err();
+        assert!(err.to_string().contains("state/a/8 is missing"), "{err}");
+    }
+
+    #[test]
+    fn a_link_to_a_base_that_is_not_older_or_a_damaged_header_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = store(dir.path());
+        store.write_state("a", BatchId(4), &changes("c4"), Some(BatchId(4))).unwrap();
+        let err = store.read_state_chain("a", BatchId(4)).unwrap_err();
+        assert!(err.to_string().contains("not an earlier snapshot"), "{err}");
+        let mut damaged = changes_header(BatchId(2)).to_vec();
+        damaged[6] ^= 0xff;
+        store.checkpoint().write_file("state/b/4", &damaged).unwrap();
+        let err = store.read_state_chain("b", BatchId(4)).unwrap_err();
+        assert!(err.to_string().contains("state/b/4: the header of changes fails its checksum"), "{err}");
+    }
+
+    #[test]
+    fn changes_without_a_base_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = store(dir.path()).write_state("a", BatchId(4), &changes("c4"), None).unwrap_err();
+        assert!(err.to_string().contains("without a snapshot before them"), "{err}");
+    }
+
+    #[test]
+    fn a_snapshot_a_crashed_run_left_unnamed_is_replaced() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = store(dir.path());
+        store.write_state("a", BatchId(6), &changes("old"), Some(BatchId(4))).unwrap();
+        store.write_state("a", BatchId(6), &whole("new"), None).unwrap();
+        assert_eq!(store.read_state_chain("a", BatchId(6)).unwrap().frames, [b"new"]);
+    }
+
+    #[test]
+    fn a_purge_keeps_every_link_of_the_chains_in_force_and_what_is_newer() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = store(dir.path());
+        // `a` takes changes: whole at 0 and 2, changes at 4 and 6, and at 8 (not named yet).
+        for batch in [0, 2] {
+            store.write_state("a", BatchId(batch), &whole("w"), None).unwrap();
+        }
+        for batch in [4, 6, 8] {
+            store.write_state("a", BatchId(batch), &changes("c"), Some(BatchId(batch - 2))).unwrap();
+        }
+        // `b` snapshots whole; `gone` is an operator the graph no longer has.
+        for batch in [0, 2, 4, 6, 8] {
+            store.write_state("b", BatchId(batch), &whole("w"), None).unwrap();
+            store.write_state("gone", BatchId(batch), &whole("w"), None).unwrap();
+        }
+        let starts = BTreeMap::from([("a".to_string(), BatchId(2)), ("b".to_string(), BatchId(6))]);
+        store.purge_state(BatchId(6), &starts);
+        assert_eq!(left(&store, "a"), [2, 4, 6, 8]);
+        assert_eq!(left(&store, "b"), [6, 8]);
+        assert_eq!(left(&store, "gone"), [6, 8]);
+        assert_eq!(store.read_state_chain("a", BatchId(6)).unwrap().frames.len(), 3);
+    }
+
+    /// What `SnapshotChain` asks for at each of `n` snapshots completed in turn: whole (`W`) or changes (`C`).
+    fn pattern(chain: &mut SnapshotChain, first: u64, n: u64) -> String {
+        (first..first + n)
+            .map(|batch| {
+                let base = chain.begin();
+                let kind = if base.is_some() { changes("c") } else { whole("w") };
+                chain.completed(BatchId(batch), &[("a".to_string(), kind)]);
+                if base.is_some() { 'C' } else { 'W' }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn every_full_snapshot_every_th_snapshot_is_whole_and_the_first_of_a_run() {
+        assert_eq!(pattern(&mut SnapshotChain::new(3), 0, 7), "WCCWCCW");
+        assert_eq!(pattern(&mut SnapshotChain::new(1), 0, 4), "WWWW");
+        assert_eq!(pattern(&mut SnapshotChain::new(0), 0, 2), "WW", "0 counts as 1");
+        let mut chain = SnapshotChain::new(10);
+        assert_eq!(pattern(&mut chain, 0, 3), "WCC");
+        assert_eq!(chain.starts(), &BTreeMap::from([("a".to_string(), BatchId(0))]));
+        // Changes follow the last snapshot completed.
+        assert_eq!(chain.begin(), Some(BatchId(2)));
+    }
+
+    #[test]
+    fn after_a_snapshot_that_did_not_complete_or_a_restore_the_next_is_whole() {
+        let mut chain = SnapshotChain::new(10);
+        assert_eq!(pattern(&mut chain, 0, 2), "WC");
+        // Begun, never completed: its changes may be lost with it.
+        assert!(chain.begin().is_some());
+        assert_eq!(pattern(&mut chain, 5, 2), "WC");
+        let mut chain = SnapshotChain::new(10);
+        chain.restored(BatchId(7), BTreeMap::from([("a".to_string(), BatchId(3))]));
+        assert_eq!(chain.starts()["a"], BatchId(3), "the restored chain is kept until the next snapshot");
+        assert_eq!(pattern(&mut chain, 8, 2), "WC");
+        assert_eq!(chain.starts()["a"], BatchId(8));
     }
 }

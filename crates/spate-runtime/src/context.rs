@@ -19,7 +19,7 @@ use spate_receiver::{Receiver, Record};
 use spate_tracker::ReceivedBlockTracker;
 use tracing::{info, warn};
 
-use crate::checkpoint_store::{CheckpointStore, log_store_error};
+use crate::checkpoint_store::{CheckpointStore, SnapshotChain, log_store_error};
 use crate::driver::{Engine, Event, InputHooks, SharedStatus, StopMode, StopReport, run_timer};
 use crate::error::RuntimeError;
 use crate::failpoints::Failpoints;
@@ -606,6 +606,7 @@ fn new_engine(
             epoch: checkpoint.epoch(),
         });
     }
+    let chain = SnapshotChain::new(settings.full_snapshot_every);
     Ok(Engine {
         settings,
         graph,
@@ -623,6 +624,8 @@ fn new_engine(
         state_batch: None,
         batch_times: BTreeMap::new(),
         last_state_bytes: 0,
+        last_state_incremental: false,
+        chain,
         failpoints: Failpoints::from_env()?,
         board,
         memory: Arc::new(MemoryBudget::new(max_memory)),

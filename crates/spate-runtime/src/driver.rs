@@ -17,12 +17,12 @@ use crossbeam::channel::{Receiver, Sender};
 use serde_json::{Value, json};
 use spate_core::sync::lock;
 use spate_core::{BatchId, Clock, Duration, MemoryBudget, Time};
-use spate_dstream::{BatchLimits, Graph, PlannedOffsets};
+use spate_dstream::{BatchLimits, DStreamError, Graph, PlannedOffsets, StateSnapshot};
 use spate_logstore::{OffsetSeq, SourceOffset};
 use spate_tracker::ReceivedBlockTracker;
 use tracing::{info, warn};
 
-use crate::checkpoint_store::{CheckpointStore, GraphManifest};
+use crate::checkpoint_store::{CheckpointStore, GraphManifest, SnapshotChain};
 use crate::error::{RuntimeError, taken_over};
 use crate::failpoints::{Failpoints, Point};
 use crate::inputs::{Fed, ReceiverInput};
@@ -166,7 +166,12 @@ pub(crate) struct Engine {
     pub(crate) state_batch: Option<(BatchId, Time)>,
     /// The time of each batch still retained (for cleanup thresholds).
     pub(crate) batch_times: BTreeMap<BatchId, Time>,
+    /// Bytes the last state snapshot wrote.
     pub(crate) last_state_bytes: u64,
+    /// True when the last state snapshot wrote changes of some operator.
+    pub(crate) last_state_incremental: bool,
+    /// Whole snapshots or changes, and the chains in force.
+    pub(crate) chain: SnapshotChain,
     /// Test hooks (none unless `SPATE_FAILPOINTS` is set).
     pub(crate) failpoints: Failpoints,
     /// What the web page shows, when it is served.
@@ -544,31 +549,38 @@ impl Engine {
     }
 
     /// Snapshots every stateful operator when the batch time is a multiple
-    /// of the checkpoint interval, or when `stopping`: state files first,
-    /// then the manifest.
+    /// of the checkpoint interval, or when `stopping`: whole, or what
+    /// changed since the previous snapshot ([`SnapshotChain`] decides);
+    /// state files first, then the manifest.
     fn checkpoint_state_if_due(&mut self, batch: BatchId, time: Time, stopping: bool) -> Result<bool, RuntimeError> {
         let due = stopping || time.is_multiple_of(self.settings.effective_checkpoint_interval());
         let Some(store) = &self.store else { return Ok(false) };
         if !due || !self.has_stateful_operators() {
             return Ok(false);
         }
-        let states = self.graph.snapshot_state().map_err(|e| RuntimeError::State {
-            operator: "graph".into(),
-            batch,
-            reason: e.to_string(),
-        })?;
+        let base = self.chain.begin();
+        let snapshot_error =
+            |e: DStreamError| RuntimeError::State { operator: "graph".into(), batch, reason: e.to_string() };
+        let states = match base {
+            None => {
+                let whole = self.graph.snapshot_state().map_err(snapshot_error)?;
+                whole.into_iter().map(|(operator, bytes)| (operator, StateSnapshot::Whole(bytes))).collect()
+            }
+            Some(_) => self.graph.snapshot_state_changes().map_err(snapshot_error)?,
+        };
         let mut bytes = 0u64;
         for (operator, state) in &states {
-            store.write_state(operator, batch, state)?;
-            bytes += state.len() as u64;
+            bytes += store.write_state(operator, batch, state, base)?;
         }
         store.write_manifest(&GraphManifest {
             descriptor: self.graph.descriptor(),
             state_batch: Some(batch),
             state_batch_time: Some(time),
         })?;
+        self.chain.completed(batch, &states);
         self.state_batch = Some((batch, time));
         self.last_state_bytes = bytes;
+        self.last_state_incremental = states.iter().any(|(_, state)| matches!(state, StateSnapshot::Changes(_)));
         Ok(true)
     }
 
@@ -627,7 +639,7 @@ impl Engine {
         if let Some(store) = &self.store {
             store.purge_logs(threshold);
             if let Some((snapshot, _)) = self.state_batch {
-                store.purge_state(snapshot);
+                store.purge_state(snapshot, self.chain.starts());
             }
         }
         // Input data: the blocks of batches before the first needed one.
@@ -666,6 +678,7 @@ impl Engine {
             phases: flight.phases.clone(),
             state_bytes: self.last_state_bytes,
             state_checkpointed: checkpointed,
+            state_incremental: checkpointed && self.last_state_incremental,
             rate_limit: self.rate.current(),
             receivers: self.receivers.iter().map(|r| r.status()).collect(),
         };

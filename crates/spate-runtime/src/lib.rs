@@ -115,6 +115,6 @@ pub use progress::{
 pub use rate_estimator::{PidRateEstimator, PidSettings};
 pub use recovery::{RecoveryReport, RestoredOperator};
 pub use settings::{
-    BackpressureSettings, DEFAULT_MAX_BYTES_PER_BATCH, DEFAULT_MAX_MEMORY_BYTES, DEFAULT_MAX_RECORDS_PER_BATCH,
-    DEFAULT_SPILL_PER_MEMORY, StreamingSettings, default_checkpoint_interval,
+    BackpressureSettings, DEFAULT_FULL_SNAPSHOT_EVERY, DEFAULT_MAX_BYTES_PER_BATCH, DEFAULT_MAX_MEMORY_BYTES,
+    DEFAULT_MAX_RECORDS_PER_BATCH, DEFAULT_SPILL_PER_MEMORY, StreamingSettings, default_checkpoint_interval,
 };

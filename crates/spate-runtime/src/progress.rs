@@ -71,10 +71,15 @@ pub struct BatchProgress {
     pub processing_time_ms: u64,
     /// The processing time split by phase.
     pub phases: PhaseTimes,
-    /// Bytes of operator state after the batch (as last snapshotted or estimated).
+    /// Bytes the last state checkpoint wrote: every operator's whole state,
+    /// or for an incremental one what changed since the one before.
     pub state_bytes: u64,
     /// True when a state checkpoint was taken after this batch.
     pub state_checkpointed: bool,
+    /// True when that checkpoint wrote, for at least one operator, only
+    /// what changed since the previous one (absent in older lines: false).
+    #[serde(default)]
+    pub state_incremental: bool,
     /// The backpressure rate limit in force for the next batch, records/s.
     pub rate_limit: Option<f64>,
     /// The receivers' status.
@@ -346,6 +351,7 @@ mod tests {
             phases: PhaseTimes::default(),
             state_bytes: 0,
             state_checkpointed: false,
+            state_incremental: false,
             rate_limit: None,
             receivers: Vec::new(),
         }

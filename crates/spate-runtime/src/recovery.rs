@@ -33,6 +33,10 @@ pub struct RestoredOperator {
     pub name: String,
     /// The batch whose snapshot was loaded.
     pub snapshot_batch: BatchId,
+    /// Files of changes applied after the whole snapshot the operator's
+    /// chain starts at (0: the snapshot was whole).
+    #[serde(default)]
+    pub changes_applied: usize,
 }
 
 /// The account of a recovery, for the CLI to print and tests to check.
@@ -220,7 +224,8 @@ fn refuse_state_past_commit(
     })
 }
 
-/// Restores operator state from the snapshot the manifest names.
+/// Restores operator state from the snapshot the manifest names: each
+/// operator's chain, its whole snapshot and the changes after it.
 fn restore_state(
     engine: &mut Engine,
     manifest: Option<&GraphManifest>,
@@ -228,18 +233,29 @@ fn restore_state(
 ) -> Result<(), RuntimeError> {
     let (Some(manifest), Some(store)) = (manifest, &engine.store) else { return Ok(()) };
     let (Some(batch), Some(time)) = (manifest.state_batch, manifest.state_batch_time) else { return Ok(()) };
-    let mut states = Vec::new();
+    let (mut chains, mut starts, mut changes) = (Vec::new(), BTreeMap::new(), BTreeMap::new());
     for op in manifest.descriptor.operators.iter().filter(|op| op.stateful) {
-        states.push((op.name.clone(), store.read_state(&op.name, batch)?));
+        let chain = store.read_state_chain(&op.name, batch)?;
+        starts.insert(op.name.clone(), chain.start);
+        changes.insert(op.name.clone(), chain.frames.len().saturating_sub(1));
+        chains.push((op.name.clone(), chain.frames));
     }
     let restored = engine
         .graph
-        .restore(&manifest.descriptor, states, &RestorePolicy::strict())
+        .restore_chains(&manifest.descriptor, chains, &RestorePolicy::strict())
         .map_err(|e| RuntimeError::IncompatibleGraph { dir: store.dir().to_path_buf(), reason: e.to_string() })?;
-    report.restored_operators =
-        restored.resumed.into_iter().map(|name| RestoredOperator { name, snapshot_batch: batch }).collect();
+    report.restored_operators = restored
+        .resumed
+        .into_iter()
+        .map(|name| {
+            let changes_applied = changes.get(&name).copied().unwrap_or(0);
+            RestoredOperator { name, snapshot_batch: batch, changes_applied }
+        })
+        .collect();
     report.new_operators = restored.started_empty;
     report.dropped_operators = restored.dropped;
+    // A dropped operator's chain stays on disk until a snapshot is taken without it.
+    engine.chain.restored(batch, starts);
     engine.state_batch = Some((batch, time));
     engine.last_time = Some(time);
     engine.batch_times.insert(batch, time);

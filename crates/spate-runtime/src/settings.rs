@@ -58,6 +58,13 @@ pub struct StreamingSettings {
     /// Batches of `offsets/`, `commits/` and state kept behind the last
     /// commit (at least one state snapshot is always kept).
     pub retained_batches: u64,
+    /// Every this many state snapshots one is whole; the others write only
+    /// what changed since the previous snapshot, for the operators that
+    /// can say (their large keyed windows). The first snapshot after a
+    /// start or a restore is whole too. A restore reads a whole snapshot
+    /// and the changes after it, so this bounds what it reads; 1: every
+    /// snapshot is whole. Default [`DEFAULT_FULL_SNAPSHOT_EVERY`].
+    pub full_snapshot_every: u64,
     /// Backpressure.
     pub backpressure: BackpressureSettings,
     /// Bytes of received records not yet processed that the inputs may
@@ -130,6 +137,7 @@ impl fmt::Debug for StreamingSettings {
             .field("checkpoint_interval", &self.checkpoint_interval)
             .field("concurrent_jobs", &self.concurrent_jobs)
             .field("retained_batches", &self.retained_batches)
+            .field("full_snapshot_every", &self.full_snapshot_every)
             .field("backpressure", &self.backpressure)
             .field("max_memory_bytes", &self.max_memory_bytes)
             .field("spill_dir", &self.spill_dir)
@@ -157,6 +165,7 @@ impl StreamingSettings {
             checkpoint_interval: None,
             concurrent_jobs: 1,
             retained_batches: 100,
+            full_snapshot_every: DEFAULT_FULL_SNAPSHOT_EVERY,
             backpressure: BackpressureSettings::default(),
             max_memory_bytes: DEFAULT_MAX_MEMORY_BYTES,
             spill_dir: None,
@@ -315,6 +324,13 @@ impl StreamingSettings {
         self
     }
 
+    /// Makes every `n`-th state snapshot whole, the others changes only
+    /// (see [`StreamingSettings::full_snapshot_every`]); 1: always whole.
+    pub fn with_full_snapshot_every(mut self, n: u64) -> Self {
+        self.full_snapshot_every = n;
+        self
+    }
+
     /// Sets the backpressure settings.
     pub fn with_backpressure(mut self, backpressure: BackpressureSettings) -> Self {
         self.backpressure = backpressure;
@@ -348,6 +364,9 @@ impl StreamingSettings {
         }
         if self.concurrent_jobs == 0 {
             return invalid("concurrent_jobs", "must be at least 1".into());
+        }
+        if self.full_snapshot_every == 0 {
+            return invalid("full_snapshot_every", "must be at least 1 (1: every state snapshot is whole)".into());
         }
         if self.max_memory_bytes == 0 {
             return invalid("max_memory_bytes", "must be positive".into());
@@ -386,6 +405,12 @@ impl StreamingSettings {
         self.effective_checkpoint_interval().div_duration(self.batch_interval).max(1)
     }
 }
+
+/// How many state snapshots make one whole one unless set
+/// ([`StreamingSettings::full_snapshot_every`]): a restore then reads a
+/// whole snapshot and at most 9 files of changes, and a job whose state
+/// changes little a checkpoint writes about a tenth as much.
+pub const DEFAULT_FULL_SNAPSHOT_EVERY: u64 = 10;
 
 /// The records a batch of a replayable input reads at most unless set
 /// ([`StreamingSettings::max_records_per_batch`]): about half a second of
@@ -437,7 +462,9 @@ mod tests {
         assert_eq!(settings.batches_per_checkpoint(), 5);
         assert!(settings.clone().with_checkpoint_interval(Duration::from_secs(3)).validate().is_err());
         assert!(StreamingSettings::new(Duration::ZERO).validate().is_err());
-        assert!(settings.with_concurrent_jobs(0).validate().is_err());
+        assert!(settings.clone().with_concurrent_jobs(0).validate().is_err());
+        let refused = settings.with_full_snapshot_every(0).validate().unwrap_err();
+        assert!(refused.to_string().contains("full_snapshot_every"), "{refused}");
     }
 
     #[test]

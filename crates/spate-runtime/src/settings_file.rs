@@ -31,6 +31,7 @@ struct SettingsFile {
     checkpoint_interval_ms: Option<u64>,
     concurrent_jobs: Option<usize>,
     retained_batches: Option<u64>,
+    full_snapshot_every: Option<u64>,
     max_memory_bytes: Option<u64>,
     max_records_per_batch: Option<u64>,
     max_bytes_per_batch: Option<u64>,
@@ -86,6 +87,7 @@ impl StreamingSettings {
         set(&mut self.checkpoint_interval, file.checkpoint_interval_ms.map(|ms| Some(millis(ms))));
         set(&mut self.concurrent_jobs, file.concurrent_jobs);
         set(&mut self.retained_batches, file.retained_batches);
+        set(&mut self.full_snapshot_every, file.full_snapshot_every);
         set(&mut self.max_memory_bytes, file.max_memory_bytes);
         set(&mut self.max_records_per_batch, file.max_records_per_batch);
         set(&mut self.max_bytes_per_batch, file.max_bytes_per_batch.map(Some));
@@ -155,6 +157,9 @@ mod tests {
         let base = StreamingSettings::new(Duration::from_secs(1));
         let err = base.clone().overlay_json(r#"{"max_bytes_per_batch": 4096, "max_memory_bytes": 1024}"#).unwrap_err();
         assert!(err.to_string().contains("max_bytes_per_batch"), "{err}");
+        let err = base.clone().overlay_json(r#"{"full_snapshot_every": 0}"#).unwrap_err();
+        assert!(err.to_string().contains("full_snapshot_every"), "{err}");
+        assert_eq!(base.clone().overlay_json(r#"{"full_snapshot_every": 1}"#).unwrap().full_snapshot_every, 1);
         let laid = base.overlay_json(r#"{"max_records_per_batch": 10}"#).unwrap();
         assert_eq!(laid.batch_interval, Duration::from_secs(1));
         assert_eq!(laid.batch_limits(Some(20)).max_records, Some(10));

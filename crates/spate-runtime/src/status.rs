@@ -355,6 +355,7 @@ mod tests {
             phases: Default::default(),
             state_bytes: 0,
             state_checkpointed: false,
+            state_incremental: false,
             rate_limit: Some(500.0),
             receivers: vec![ReceiverStatus {
                 stream_id: 0,

@@ -420,6 +420,7 @@ mod tests {
             phases: spate_runtime::PhaseTimes::default(),
             state_bytes: 0,
             state_checkpointed: false,
+            state_incremental: false,
             rate_limit: None,
             receivers: Vec::new(),
         };
