@@ -112,6 +112,8 @@ pub mod event_time;
 pub mod functions;
 mod graph;
 mod hash;
+mod inverse_window;
+mod keyed;
 mod node;
 mod output;
 mod pair;

@@ -12,7 +12,8 @@
 //! - With an inverse function (Spark's `ReducedWindowedDStream`), the window's
 //!   per-key result is updated in place: each slide adds the batches that
 //!   entered and subtracts (with the inverse) the batches that left, so a
-//!   slide costs the batches moved, not the whole window.
+//!   slide costs the batches moved, not the whole window. Its state is
+//!   compact and snapshot by what changed (see [`crate::inverse_window`]).
 //! - Without an inverse, for an associative function, batches are combined
 //!   into panes of `gcd(L, S)`, and the panes of the window sit in a
 //!   two-stack queue: the back stack keeps a running aggregate, the front
@@ -34,6 +35,7 @@ use crate::batch::{Batch, Data, Key};
 use crate::error::DStreamError;
 use crate::graph::Job;
 use crate::hash::{KeyHashMap, map_with_capacity, partition_of};
+use crate::inverse_window::InverseWindowNode;
 use crate::node::{Node, NodeMeta, Slot, StateMeta, StatefulNode, StepCtx, state_codec};
 use crate::pair::{KeyedCombine, combines_on_arrival};
 use crate::stream::DStream;
@@ -111,219 +113,6 @@ impl<T: Data> StatefulNode for WindowNode<T> {
 
     fn restore(&mut self, bytes: &[u8], _partitions: usize) -> Result<(), CoreError> {
         self.retained = state_codec().decode(bytes)?.value;
-        Ok(())
-    }
-}
-
-// ---------------------------------------------------------------------------
-// Incremental window with an inverse function.
-
-struct InvPart<K, V> {
-    current: KeyHashMap<K, V>,
-    retained: VecDeque<Vec<(K, V)>>,
-}
-
-impl<K, V> Default for InvPart<K, V> {
-    fn default() -> Self {
-        InvPart { current: map_with_capacity(0), retained: VecDeque::new() }
-    }
-}
-
-struct InvWindowNode<K, V, R, I, P> {
-    input: Arc<Slot<(K, V)>>,
-    output: Arc<Slot<(K, V)>>,
-    reduce: Arc<R>,
-    /// Each batch reduced by key, on arrival where it can be.
-    combine: KeyedCombine<K, V, V>,
-    inverse: I,
-    keep: P,
-    length: Duration,
-    slide: Duration,
-    /// The end of the window `current` holds, once one was produced.
-    window_end: Option<Time>,
-    /// The times of the retained batches, oldest first (same in every partition).
-    times: VecDeque<Time>,
-    parts: Vec<InvPart<K, V>>,
-}
-
-/// What a slide does to each partition: how many retained batches leave
-/// (and how many of those had been added), and from which batch on to add.
-#[derive(Clone, Copy)]
-struct SlidePlan {
-    leaving: usize,
-    leaving_added: usize,
-    first_entering: usize,
-}
-
-impl<K, V, R, I, P> InvWindowNode<K, V, R, I, P>
-where
-    K: Key,
-    V: Data,
-    R: Fn(&V, &V) -> V + Send + Sync,
-    I: Fn(&V, &V) -> V + Send + Sync,
-    P: Fn(&K, &V) -> bool + Send + Sync,
-{
-    fn ingest(&mut self, ctx: &StepCtx<'_>, batch: Batch<(K, V)>) -> Result<(), DStreamError> {
-        if self.parts.len() != ctx.partitions {
-            self.repartition(ctx.partitions);
-        }
-        let maps = self.combine.partitioned(ctx, Some(batch))?;
-        let work: Vec<_> = self.parts.iter_mut().zip(maps).collect();
-        ctx.par(work, |(part, map)| part.retained.push_back(map.into_iter().collect()))?;
-        self.times.push_back(ctx.time);
-        Ok(())
-    }
-
-    fn plan_slide(&self, time: Time) -> SlidePlan {
-        let cutoff = time - self.length;
-        let added = |t: &Time| self.window_end.is_some_and(|end| *t <= end);
-        let leaving = self.times.iter().take_while(|t| **t <= cutoff).count();
-        let leaving_added = self.times.iter().take(leaving).filter(|t| added(t)).count();
-        // Added batches are a prefix of the retained ones; those that stay
-        // are skipped when adding the batches that entered.
-        let already_added = self.times.iter().filter(|t| added(t)).count();
-        SlidePlan { leaving, leaving_added, first_entering: already_added - leaving_added }
-    }
-
-    fn slide_to(&mut self, ctx: &StepCtx<'_>) -> Result<Batch<(K, V)>, DStreamError> {
-        if self.parts.len() != ctx.partitions {
-            self.repartition(ctx.partitions);
-        }
-        let plan = self.plan_slide(ctx.time);
-        let (reduce, inverse, keep) = (&*self.reduce, &self.inverse, &self.keep);
-        let work: Vec<&mut InvPart<K, V>> = self.parts.iter_mut().collect();
-        let out = ctx.par(work, |part| {
-            for index in 0..plan.leaving {
-                let Some(old) = part.retained.pop_front() else { break };
-                if index < plan.leaving_added {
-                    for (key, value) in &old {
-                        // A key filtered out earlier has nothing to subtract from (as in Spark).
-                        if let Some(existing) = part.current.get_mut(key) {
-                            *existing = inverse(existing, value);
-                        }
-                    }
-                }
-            }
-            for entering in part.retained.iter().skip(plan.first_entering) {
-                for (key, value) in entering {
-                    merge_ref(&mut part.current, key, value, reduce);
-                }
-            }
-            part.current.retain(|key, value| keep(key, value));
-            part.current.iter().map(|(k, v)| (k.clone(), v.clone())).collect::<Vec<_>>()
-        })?;
-        self.times.drain(..plan.leaving.min(self.times.len()));
-        self.window_end = Some(ctx.time);
-        Ok(Batch::new(out))
-    }
-
-    /// Re-spreads the state over `partitions` (after a restore on a machine
-    /// with another core count, or before the first batch).
-    fn repartition(&mut self, partitions: usize) {
-        let current: Vec<(K, V)> = self.parts.iter_mut().flat_map(|p| std::mem::take(&mut p.current)).collect();
-        let mut retained: Vec<Vec<(K, V)>> = (0..self.times.len()).map(|_| Vec::new()).collect();
-        for part in &mut self.parts {
-            for (slot, batch) in retained.iter_mut().zip(part.retained.drain(..)) {
-                slot.extend(batch);
-            }
-        }
-        self.install(current, retained, partitions);
-    }
-
-    fn install(&mut self, current: Vec<(K, V)>, retained: Vec<Vec<(K, V)>>, partitions: usize) {
-        let mut parts: Vec<InvPart<K, V>> = split_entries(current, partitions)
-            .into_iter()
-            .map(|current| InvPart { current, retained: VecDeque::new() })
-            .collect();
-        for batch in retained {
-            let mut split: Vec<Vec<(K, V)>> = (0..partitions).map(|_| Vec::new()).collect();
-            for (key, value) in batch {
-                if let Some(target) = split.get_mut(partition_of(&key, partitions)) {
-                    target.push((key, value));
-                }
-            }
-            for (part, piece) in parts.iter_mut().zip(split) {
-                part.retained.push_back(piece);
-            }
-        }
-        self.parts = parts;
-    }
-}
-
-#[derive(Serialize)]
-struct InvSnapshotRef<'a, K, V> {
-    window_end: Option<Time>,
-    times: &'a VecDeque<Time>,
-    current: Vec<(&'a K, &'a V)>,
-    retained: Vec<Vec<(&'a K, &'a V)>>,
-}
-
-#[derive(Deserialize)]
-struct InvSnapshot<K, V> {
-    window_end: Option<Time>,
-    times: VecDeque<Time>,
-    current: Vec<(K, V)>,
-    retained: Vec<Vec<(K, V)>>,
-}
-
-impl<K, V, R, I, P> Node for InvWindowNode<K, V, R, I, P>
-where
-    K: Key,
-    V: Data,
-    R: Fn(&V, &V) -> V + Send + Sync,
-    I: Fn(&V, &V) -> V + Send + Sync,
-    P: Fn(&K, &V) -> bool + Send + Sync,
-{
-    fn step(&mut self, ctx: &StepCtx<'_>) -> Result<Option<Job>, DStreamError> {
-        if let Some(batch) = ctx.take_owned(&self.input)? {
-            self.ingest(ctx, batch)?;
-        }
-        let result = if is_slide_time(ctx.time, self.slide) { Some(self.slide_to(ctx)?) } else { None };
-        self.output.put(ctx.time, result);
-        Ok(None)
-    }
-
-    combines_on_arrival!();
-
-    fn state_mut(&mut self) -> Option<&mut dyn StatefulNode> {
-        Some(self)
-    }
-}
-
-impl<K, V, R, I, P> StatefulNode for InvWindowNode<K, V, R, I, P>
-where
-    K: Key,
-    V: Data,
-    R: Fn(&V, &V) -> V + Send + Sync,
-    I: Fn(&V, &V) -> V + Send + Sync,
-    P: Fn(&K, &V) -> bool + Send + Sync,
-{
-    fn snapshot(&mut self) -> Result<Vec<u8>, CoreError> {
-        let mut retained: Vec<Vec<(&K, &V)>> = (0..self.times.len()).map(|_| Vec::new()).collect();
-        for part in &self.parts {
-            for (slot, batch) in retained.iter_mut().zip(&part.retained) {
-                slot.extend(batch.iter().map(|(k, v)| (k, v)));
-            }
-        }
-        let snapshot = InvSnapshotRef {
-            window_end: self.window_end,
-            times: &self.times,
-            current: self.parts.iter().flat_map(|p| p.current.iter()).collect(),
-            retained,
-        };
-        state_codec().encode(&snapshot)
-    }
-
-    fn restore(&mut self, bytes: &[u8], partitions: usize) -> Result<(), CoreError> {
-        let snapshot: InvSnapshot<K, V> = state_codec().decode(bytes)?.value;
-        if snapshot.retained.len() != snapshot.times.len() {
-            return Err(CoreError::Decode {
-                reason: format!("{} retained batches for {} times", snapshot.retained.len(), snapshot.times.len()),
-            });
-        }
-        self.window_end = snapshot.window_end;
-        self.times = snapshot.times;
-        self.install(snapshot.current, snapshot.retained, partitions);
         Ok(())
     }
 }
@@ -753,19 +542,7 @@ impl<K: Key, V: Data> DStream<(K, V)> {
         let reduce = Arc::new(reduce);
         let combine = KeyedCombine::reducing(Arc::clone(&reduce));
         self.add_node(meta, |output| {
-            Box::new(InvWindowNode {
-                input,
-                output,
-                reduce,
-                combine,
-                inverse,
-                keep,
-                length,
-                slide,
-                window_end: None,
-                times: VecDeque::new(),
-                parts: Vec::new(),
-            })
+            Box::new(InverseWindowNode::new(input, output, reduce, combine, inverse, keep, length, slide))
         })
     }
 }

@@ -209,3 +209,26 @@ fn unnamed_stateful_operators_get_positional_names() {
     let mut graph = b.build().unwrap();
     assert_eq!(graph.snapshot_state().unwrap()[0].0, "update_state_by_key-1");
 }
+
+#[test]
+fn an_inverse_window_snapshot_written_before_the_compact_layout_still_restores() {
+    // Version 1 of the inverse window's state: pairs by key, partitions
+    // merged (window end, retained times, the window's values, the slices).
+    type PairsV1 = (Option<spate_core::Time>, Vec<spate_core::Time>, Vec<(String, u64)>, Vec<Vec<(String, u64)>>);
+    let old: PairsV1 = (
+        Some(t(2)),
+        vec![t(1), t(2)],
+        vec![("a".to_string(), 3), ("b".to_string(), 5)],
+        vec![vec![("a".to_string(), 1), ("b".to_string(), 5)], vec![("a".to_string(), 2)]],
+    );
+    let bytes = FrameCodec::new(1).encode(&old).unwrap();
+    let mut p = pipeline(Variant { without_totals: true, ..Variant::default() });
+    let descriptor = p.graph.descriptor();
+    p.graph.restore(&descriptor, vec![("windowed-counts".to_string(), bytes)], &RestorePolicy::strict()).unwrap();
+    p.queue.push(vec![("a".to_string(), 4)]);
+    run(&mut p.graph, 3..=6);
+    let at = |batch| sorted_at(&p.windowed, t(batch)).unwrap();
+    assert_eq!(at(3), [("a".to_string(), 7), ("b".to_string(), 5)]);
+    assert_eq!(at(5), [("a".to_string(), 6), ("b".to_string(), 0)], "batch 1 left the 4 s window at 5");
+    assert_eq!(at(6), [("a".to_string(), 4), ("b".to_string(), 0)], "batch 2 left at 6");
+}

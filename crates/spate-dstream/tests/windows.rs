@@ -10,7 +10,7 @@ use std::sync::Arc;
 use common::{Collected, INTERVAL, collect, run, sorted_at, t};
 use proptest::prelude::*;
 use spate_core::{Duration, Time};
-use spate_dstream::{Graph, GraphBuilder, QueueSource, RestorePolicy};
+use spate_dstream::{Graph, GraphBuilder, QueueSource, RestorePolicy, StateSnapshot};
 
 type Input = Vec<Vec<Vec<(u8, i64)>>>;
 
@@ -131,6 +131,59 @@ proptest! {
             second.queue.push_partitions(batch.clone());
         }
         run(&mut second.graph, cut as i64 + 1..=input.len() as i64);
+        for (from, to) in [
+            (&first.plain, &second.plain), (&first.pane_sum, &second.pane_sum), (&first.pane_max, &second.pane_max),
+            (&first.inv_sum, &second.inv_sum), (&first.inv_filtered, &second.inv_filtered),
+        ] {
+            to.lock().unwrap().extend(from.lock().unwrap().clone());
+        }
+        second.total.lock().unwrap().extend(first.total.lock().unwrap().clone());
+        second.counted.lock().unwrap().extend(first.counted.lock().unwrap().clone());
+        check(&second, &input, length as i64, slide as i64)?;
+    }
+
+    #[test]
+    fn windows_restored_from_a_whole_snapshot_and_later_changes_continue_exactly(
+        input in stream(), length in 1u64..9, slide in 1u64..5, cuts in prop::collection::vec(0usize..40, 1..5),
+        partitions in 1usize..5,
+    ) {
+        let mut cuts: Vec<usize> = cuts.into_iter().map(|c| c.min(input.len())).collect();
+        cuts.sort_unstable();
+        let mut first = build(length, slide, 3);
+        let descriptor = first.graph.descriptor();
+        let mut chains: BTreeMap<String, Vec<Vec<u8>>> = BTreeMap::new();
+        let mut done = 0;
+        for (index, cut) in cuts.iter().enumerate() {
+            for batch in &input[done..*cut] {
+                first.queue.push_partitions(batch.clone());
+            }
+            run(&mut first.graph, done as i64 + 1..=*cut as i64);
+            done = *cut;
+            if index == 0 {
+                for (name, bytes) in first.graph.snapshot_state().unwrap() {
+                    chains.insert(name, vec![bytes]);
+                }
+                continue;
+            }
+            for (name, snapshot) in first.graph.snapshot_state_changes().unwrap() {
+                let chain = chains.get_mut(&name).unwrap();
+                match snapshot {
+                    StateSnapshot::Changes(bytes) => chain.push(bytes),
+                    StateSnapshot::Whole(bytes) => *chain = vec![bytes],
+                }
+            }
+        }
+        // Only the inverse windows take changes; the others are whole each time.
+        prop_assert!(chains.iter().all(|(name, chain)| name.starts_with("inv") || chain.len() == 1));
+        prop_assert!(chains.iter().all(|(name, chain)| !name.starts_with("inv") || chain.len() == cuts.len()));
+
+        // A new process (possibly with another core count) restores the chains and goes on.
+        let mut second = build(length, slide, partitions);
+        second.graph.restore_chains(&descriptor, chains.into_iter().collect(), &RestorePolicy::strict()).unwrap();
+        for batch in &input[done..] {
+            second.queue.push_partitions(batch.clone());
+        }
+        run(&mut second.graph, done as i64 + 1..=input.len() as i64);
         for (from, to) in [
             (&first.plain, &second.plain), (&first.pane_sum, &second.pane_sum), (&first.pane_max, &second.pane_max),
             (&first.inv_sum, &second.inv_sum), (&first.inv_filtered, &second.inv_filtered),

@@ -1,0 +1,613 @@
+//! The incremental window with an inverse function (Spark's
+//! `ReducedWindowedDStream`), kept compact and snapshot by what changed.
+//!
+//! Each slide adds the batches that entered with `reduce` and subtracts the
+//! batches that left with `inverse`, so a slide costs the batches moved, not
+//! the whole window. The window keeps, per partition:
+//!
+//! - its keys once, in a [`KeyTable`] that names each by a dense id;
+//! - the window's value per key, in an array indexed by id;
+//! - each retained batch, reduced by key, as an [`EncodedSlice`] of
+//!   `(id, value)`: a few bytes an entry;
+//! - how many retained slices name each id, so that a key that left the
+//!   window's result and every slice gives its id back.
+//!
+//! A snapshot is either whole (keys, values and slices) or what changed
+//! since the previous one: the keys and values of the ids touched since,
+//! and the slices that entered since. Both are per partition, in ids; a
+//! restore onto another partition count re-keys once the chain is read.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use spate_core::{CoreError, Duration, FrameCodec, Time};
+
+use crate::batch::{Batch, Data, Key};
+use crate::error::DStreamError;
+use crate::graph::Job;
+use crate::hash::{KeyHashMap, partition_of};
+use crate::keyed::{EncodedSlice, KeyTable};
+use crate::node::{Node, Slot, StatefulNode, StepCtx};
+use crate::pair::{KeyedCombine, combines_on_arrival};
+
+/// Version 1 kept `(key, value)` pairs; version 2 is the compact form.
+const INVERSE_WINDOW_STATE_VERSION: u16 = 2;
+
+fn codec() -> FrameCodec {
+    FrameCodec::new(INVERSE_WINDOW_STATE_VERSION).with_max_payload(1 << 30).with_max_decoded(4 << 30)
+}
+
+/// A set of ids, one bit each.
+#[derive(Default)]
+struct IdSet {
+    words: Vec<u64>,
+}
+
+impl IdSet {
+    fn insert(&mut self, id: u32) {
+        let (word, bit) = ((id / 64) as usize, id % 64);
+        if self.words.len() <= word {
+            self.words.resize(word + 1, 0);
+        }
+        if let Some(w) = self.words.get_mut(word) {
+            *w |= 1 << bit;
+        }
+    }
+
+    fn take(&mut self) -> Vec<u32> {
+        let mut out = Vec::new();
+        for (index, word) in std::mem::take(&mut self.words).into_iter().enumerate() {
+            let mut bits = word;
+            while bits != 0 {
+                let bit = bits.trailing_zeros();
+                out.push(index as u32 * 64 + bit);
+                bits &= bits - 1;
+            }
+        }
+        out
+    }
+}
+
+/// The window's values and its retained slices, as pairs by key.
+type ByKey<K, V> = (Vec<(K, V)>, Vec<Vec<(K, V)>>);
+
+/// One partition of the window.
+struct Part<K, V> {
+    keys: KeyTable<K>,
+    /// The window's value by id; `None`: the key is not in the result.
+    current: Vec<Option<V>>,
+    /// How many retained slices name each id.
+    refs: Vec<u32>,
+    /// One slice per retained batch, oldest first.
+    retained: VecDeque<EncodedSlice>,
+    /// Ids whose key changed (given or freed) since the last snapshot.
+    keys_changed: IdSet,
+    /// Ids whose value changed since the last snapshot.
+    values_changed: IdSet,
+    /// How many of the newest retained slices entered since the last snapshot.
+    fresh: usize,
+}
+
+impl<K, V> Default for Part<K, V> {
+    fn default() -> Self {
+        Part {
+            keys: KeyTable::default(),
+            current: Vec::new(),
+            refs: Vec::new(),
+            retained: VecDeque::new(),
+            keys_changed: IdSet::default(),
+            values_changed: IdSet::default(),
+            fresh: 0,
+        }
+    }
+}
+
+impl<K: Key, V: Data> Part<K, V> {
+    /// Makes room for the ids the key table has given.
+    fn grow(&mut self) {
+        let bound = self.keys.id_bound();
+        if self.current.len() < bound {
+            self.current.resize_with(bound, || None);
+            self.refs.resize(bound, 0);
+        }
+    }
+
+    /// Keeps one batch, reduced by key, as a slice.
+    fn ingest(&mut self, batch: KeyHashMap<K, V>) -> Result<(), CoreError> {
+        let mut entries = Vec::with_capacity(batch.len());
+        for (key, value) in batch {
+            let known = self.keys.len();
+            let id = self.keys.insert(key);
+            if self.keys.len() > known {
+                self.keys_changed.insert(id);
+            }
+            entries.push((id, value));
+        }
+        self.grow();
+        for (id, _) in &entries {
+            if let Some(count) = self.refs.get_mut(*id as usize) {
+                *count += 1;
+            }
+        }
+        self.retained.push_back(EncodedSlice::encode(&mut entries)?);
+        self.fresh += 1;
+        Ok(())
+    }
+
+    /// One slide: subtracts the slices that leave (those that had been
+    /// added), adds those that entered, drops the keys `keep` refuses and
+    /// the ids nothing names any more, and returns the window's result.
+    fn slide<R, I, P>(&mut self, plan: SlidePlan, reduce: &R, inverse: &I, keep: &P) -> Result<Vec<(K, V)>, CoreError>
+    where
+        R: Fn(&V, &V) -> V,
+        I: Fn(&V, &V) -> V,
+        P: Fn(&K, &V) -> bool,
+    {
+        for index in 0..plan.leaving {
+            let Some(old) = self.retained.pop_front() else { break };
+            let subtract = index < plan.leaving_added;
+            let (current, refs, changed) = (&mut self.current, &mut self.refs, &mut self.values_changed);
+            old.for_each(|id, value: V| {
+                if let Some(count) = refs.get_mut(id as usize) {
+                    *count = count.saturating_sub(1);
+                }
+                // A key filtered out earlier has nothing to subtract from (as in Spark).
+                if subtract && let Some(Some(existing)) = current.get_mut(id as usize) {
+                    *existing = inverse(existing, &value);
+                    changed.insert(id);
+                }
+            })?;
+        }
+        self.fresh = self.fresh.min(self.retained.len());
+        for entering in self.retained.iter().skip(plan.first_entering) {
+            let (current, changed) = (&mut self.current, &mut self.values_changed);
+            entering.for_each(|id, value: V| {
+                if let Some(slot) = current.get_mut(id as usize) {
+                    *slot = Some(match slot.take() {
+                        Some(existing) => reduce(&existing, &value),
+                        None => value,
+                    });
+                    changed.insert(id);
+                }
+            })?;
+        }
+        Ok(self.settle(keep))
+    }
+
+    /// Applies `keep`, frees unused ids, and lists the window's result.
+    fn settle<P: Fn(&K, &V) -> bool>(&mut self, keep: &P) -> Vec<(K, V)> {
+        let mut out = Vec::with_capacity(self.keys.len());
+        for index in 0..self.current.len() {
+            let id = index as u32;
+            let Some(key) = self.keys.key(id) else { continue };
+            let slot = &mut self.current[index];
+            if let Some(value) = slot {
+                if keep(key, value) {
+                    out.push((key.clone(), value.clone()));
+                    continue;
+                }
+                *slot = None;
+                self.values_changed.insert(id);
+            }
+            if self.refs.get(index).is_some_and(|refs| *refs == 0) {
+                self.keys.remove(id);
+                self.keys_changed.insert(id);
+            }
+        }
+        out
+    }
+
+    /// The window's value and slices by key (for a re-partitioning and for
+    /// reading a version 1 snapshot).
+    fn entries(&self) -> Result<ByKey<K, V>, CoreError> {
+        let current = self
+            .keys
+            .iter()
+            .filter_map(|(id, key)| Some((key.clone(), self.current.get(id as usize)?.clone()?)))
+            .collect();
+        let mut retained = Vec::with_capacity(self.retained.len());
+        for slice in &self.retained {
+            let mut entries = Vec::with_capacity(slice.len());
+            slice.for_each(|id, value: V| {
+                if let Some(key) = self.keys.key(id) {
+                    entries.push((key.clone(), value));
+                }
+            })?;
+            retained.push(entries);
+        }
+        Ok((current, retained))
+    }
+
+    /// Recounts the slices naming each id (after a restore).
+    fn recount(&mut self) -> Result<(), CoreError> {
+        self.grow();
+        self.refs.iter_mut().for_each(|count| *count = 0);
+        let refs = &mut self.refs;
+        for slice in &self.retained {
+            slice.for_each(|id, _: V| {
+                if let Some(count) = refs.get_mut(id as usize) {
+                    *count += 1;
+                }
+            })?;
+        }
+        Ok(())
+    }
+
+    fn whole(&mut self) -> Result<PartWhole<'_, K>, CoreError> {
+        self.keys_changed.take();
+        let mut current: Vec<(u32, &V)> = Vec::with_capacity(self.keys.len());
+        for (id, value) in self.current.iter().enumerate() {
+            if let Some(value) = value {
+                current.push((id as u32, value));
+            }
+        }
+        let current = EncodedSlice::encode(&mut current)?;
+        self.values_changed.take();
+        self.fresh = 0;
+        Ok(PartWhole { keys: self.keys.iter().collect(), current, retained: self.retained.iter().collect() })
+    }
+
+    fn changes(&mut self) -> Result<PartChanges<'_, K>, CoreError> {
+        let keys = self.keys_changed.take().into_iter().map(|id| (id, self.keys.key(id))).collect();
+        let mut values: Vec<(u32, Option<&V>)> = self
+            .values_changed
+            .take()
+            .into_iter()
+            .map(|id| (id, self.current.get(id as usize).and_then(Option::as_ref)))
+            .collect();
+        let values = EncodedSlice::encode(&mut values)?;
+        let fresh = self.retained.iter().skip(self.retained.len() - self.fresh.min(self.retained.len())).collect();
+        self.fresh = 0;
+        Ok(PartChanges { keys, values, fresh })
+    }
+
+    fn install_whole(owned: PartWholeOwned<K>) -> Result<Self, CoreError> {
+        let mut part = Part::default();
+        for (id, key) in owned.keys {
+            part.keys.insert_at(id, key)?;
+        }
+        part.keys.rebuild_free();
+        part.grow();
+        let current = &mut part.current;
+        owned.current.for_each(|id, value: V| {
+            if let Some(slot) = current.get_mut(id as usize) {
+                *slot = Some(value);
+            }
+        })?;
+        part.retained = owned.retained.into();
+        part.recount()?;
+        Ok(part)
+    }
+
+    fn apply(&mut self, changes: PartChangesOwned<K>, slices: usize) -> Result<(), CoreError> {
+        // Every changed id is emptied before any is filled: a key that moved
+        // to another id is then never under two at once.
+        for (id, _) in &changes.keys {
+            self.keys.remove(*id);
+        }
+        for (id, key) in changes.keys {
+            if let Some(key) = key {
+                self.keys.insert_at(id, key)?;
+            }
+        }
+        self.keys.rebuild_free();
+        self.grow();
+        let current = &mut self.current;
+        changes.values.for_each(|id, value: Option<V>| {
+            if let Some(slot) = current.get_mut(id as usize) {
+                *slot = value;
+            }
+        })?;
+        let kept = slices.saturating_sub(changes.fresh.len());
+        while self.retained.len() > kept {
+            self.retained.pop_front();
+        }
+        self.retained.extend(changes.fresh);
+        self.recount()
+    }
+}
+
+#[derive(Serialize)]
+struct PartWhole<'a, K> {
+    keys: Vec<(u32, &'a K)>,
+    current: EncodedSlice,
+    retained: Vec<&'a EncodedSlice>,
+}
+
+#[derive(Deserialize)]
+struct PartWholeOwned<K> {
+    keys: Vec<(u32, K)>,
+    current: EncodedSlice,
+    retained: Vec<EncodedSlice>,
+}
+
+#[derive(Serialize)]
+struct PartChanges<'a, K> {
+    /// Changed ids with their key now (`None`: freed).
+    keys: Vec<(u32, Option<&'a K>)>,
+    /// Changed ids with their value now, as `Option<V>`.
+    values: EncodedSlice,
+    /// The slices that entered, oldest first.
+    fresh: Vec<&'a EncodedSlice>,
+}
+
+#[derive(Deserialize)]
+struct PartChangesOwned<K> {
+    keys: Vec<(u32, Option<K>)>,
+    values: EncodedSlice,
+    fresh: Vec<EncodedSlice>,
+}
+
+/// A snapshot's frame: the window's times, and each partition's whole
+/// state or changes.
+#[derive(Serialize, Deserialize)]
+struct Snapshot<P> {
+    window_end: Option<Time>,
+    times: VecDeque<Time>,
+    parts: Vec<P>,
+}
+
+/// The snapshot version 1 wrote: pairs by key, partitions merged.
+#[derive(Deserialize)]
+struct SnapshotV1<K, V> {
+    window_end: Option<Time>,
+    times: VecDeque<Time>,
+    current: Vec<(K, V)>,
+    retained: Vec<Vec<(K, V)>>,
+}
+
+/// What a slide does to each partition: how many retained batches leave
+/// (and how many of those had been added), and from which batch on to add.
+#[derive(Clone, Copy)]
+struct SlidePlan {
+    leaving: usize,
+    leaving_added: usize,
+    first_entering: usize,
+}
+
+pub(crate) struct InverseWindowNode<K, V, R, I, P> {
+    pub(crate) input: Arc<Slot<(K, V)>>,
+    pub(crate) output: Arc<Slot<(K, V)>>,
+    pub(crate) reduce: Arc<R>,
+    /// Each batch reduced by key, on arrival where it can be.
+    pub(crate) combine: KeyedCombine<K, V, V>,
+    pub(crate) inverse: I,
+    pub(crate) keep: P,
+    pub(crate) length: Duration,
+    pub(crate) slide: Duration,
+    /// The end of the window `current` holds, once one was produced.
+    window_end: Option<Time>,
+    /// The times of the retained batches, oldest first (same in every partition).
+    times: VecDeque<Time>,
+    parts: Vec<Part<K, V>>,
+    /// The ids changed: the next snapshot must be whole.
+    needs_whole: bool,
+}
+
+impl<K, V, R, I, P> InverseWindowNode<K, V, R, I, P>
+where
+    K: Key,
+    V: Data,
+    R: Fn(&V, &V) -> V + Send + Sync,
+    I: Fn(&V, &V) -> V + Send + Sync,
+    P: Fn(&K, &V) -> bool + Send + Sync,
+{
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        input: Arc<Slot<(K, V)>>,
+        output: Arc<Slot<(K, V)>>,
+        reduce: Arc<R>,
+        combine: KeyedCombine<K, V, V>,
+        inverse: I,
+        keep: P,
+        length: Duration,
+        slide: Duration,
+    ) -> Self {
+        InverseWindowNode {
+            input,
+            output,
+            reduce,
+            combine,
+            inverse,
+            keep,
+            length,
+            slide,
+            window_end: None,
+            times: VecDeque::new(),
+            parts: Vec::new(),
+            needs_whole: false,
+        }
+    }
+
+    fn ingest(&mut self, ctx: &StepCtx<'_>, batch: Batch<(K, V)>) -> Result<(), DStreamError> {
+        self.fit(ctx)?;
+        let maps = self.combine.partitioned(ctx, Some(batch))?;
+        let work: Vec<_> = self.parts.iter_mut().zip(maps).collect();
+        for result in ctx.par(work, |(part, map)| part.ingest(map))? {
+            result.map_err(|e| internal(ctx, &e))?;
+        }
+        self.times.push_back(ctx.time);
+        Ok(())
+    }
+
+    fn plan_slide(&self, time: Time) -> SlidePlan {
+        let cutoff = time - self.length;
+        let added = |t: &Time| self.window_end.is_some_and(|end| *t <= end);
+        let leaving = self.times.iter().take_while(|t| **t <= cutoff).count();
+        let leaving_added = self.times.iter().take(leaving).filter(|t| added(t)).count();
+        // Added batches are a prefix of the retained ones; those that stay
+        // are skipped when adding the batches that entered.
+        let already_added = self.times.iter().filter(|t| added(t)).count();
+        SlidePlan { leaving, leaving_added, first_entering: already_added - leaving_added }
+    }
+
+    fn slide_to(&mut self, ctx: &StepCtx<'_>) -> Result<Batch<(K, V)>, DStreamError> {
+        self.fit(ctx)?;
+        let plan = self.plan_slide(ctx.time);
+        let (reduce, inverse, keep) = (&*self.reduce, &self.inverse, &self.keep);
+        let work: Vec<&mut Part<K, V>> = self.parts.iter_mut().collect();
+        let mut out = Vec::with_capacity(work.len());
+        for result in ctx.par(work, |part| part.slide(plan, reduce, inverse, keep))? {
+            out.push(result.map_err(|e| internal(ctx, &e))?);
+        }
+        self.times.drain(..plan.leaving.min(self.times.len()));
+        self.window_end = Some(ctx.time);
+        Ok(Batch::new(out))
+    }
+
+    /// Re-spreads the state when the partition count differs (before the
+    /// first batch, or after a restore on a machine with another core count).
+    fn fit(&mut self, ctx: &StepCtx<'_>) -> Result<(), DStreamError> {
+        if self.parts.len() == ctx.partitions {
+            return Ok(());
+        }
+        let mut current = Vec::new();
+        let mut retained: Vec<Vec<(K, V)>> = (0..self.times.len()).map(|_| Vec::new()).collect();
+        for part in &self.parts {
+            let (values, slices) = part.entries().map_err(|e| internal(ctx, &e))?;
+            current.extend(values);
+            for (slot, slice) in retained.iter_mut().zip(slices) {
+                slot.extend(slice);
+            }
+        }
+        self.install(current, retained, ctx.partitions).map_err(|e| internal(ctx, &e))
+    }
+
+    /// Builds the partitions from pairs by key; the next snapshot is whole.
+    fn install(
+        &mut self,
+        current: Vec<(K, V)>,
+        retained: Vec<Vec<(K, V)>>,
+        partitions: usize,
+    ) -> Result<(), CoreError> {
+        let spread = |entries: Vec<(K, V)>| {
+            let mut split: Vec<KeyHashMap<K, V>> = (0..partitions).map(|_| crate::hash::map_with_capacity(0)).collect();
+            for (key, value) in entries {
+                if let Some(map) = split.get_mut(partition_of(&key, partitions)) {
+                    map.insert(key, value);
+                }
+            }
+            split
+        };
+        let mut parts: Vec<Part<K, V>> = (0..partitions).map(|_| Part::default()).collect();
+        for slice in retained {
+            for (part, map) in parts.iter_mut().zip(spread(slice)) {
+                part.ingest(map)?;
+            }
+        }
+        for (part, map) in parts.iter_mut().zip(spread(current)) {
+            for (key, value) in map {
+                let id = part.keys.insert(key);
+                part.grow();
+                if let Some(slot) = part.current.get_mut(id as usize) {
+                    *slot = Some(value);
+                }
+            }
+        }
+        self.parts = parts;
+        self.needs_whole = true;
+        Ok(())
+    }
+}
+
+fn internal(ctx: &StepCtx<'_>, error: &CoreError) -> DStreamError {
+    DStreamError::Internal { operator: ctx.operator.to_string(), reason: format!("window state: {error}") }
+}
+
+impl<K, V, R, I, P> Node for InverseWindowNode<K, V, R, I, P>
+where
+    K: Key,
+    V: Data,
+    R: Fn(&V, &V) -> V + Send + Sync,
+    I: Fn(&V, &V) -> V + Send + Sync,
+    P: Fn(&K, &V) -> bool + Send + Sync,
+{
+    fn step(&mut self, ctx: &StepCtx<'_>) -> Result<Option<Job>, DStreamError> {
+        if let Some(batch) = ctx.take_owned(&self.input)? {
+            self.ingest(ctx, batch)?;
+        }
+        let result = if ctx.time.is_multiple_of(self.slide) { Some(self.slide_to(ctx)?) } else { None };
+        self.output.put(ctx.time, result);
+        Ok(None)
+    }
+
+    combines_on_arrival!();
+
+    fn state_mut(&mut self) -> Option<&mut dyn StatefulNode> {
+        Some(self)
+    }
+}
+
+impl<K, V, R, I, P> StatefulNode for InverseWindowNode<K, V, R, I, P>
+where
+    K: Key,
+    V: Data,
+    R: Fn(&V, &V) -> V + Send + Sync,
+    I: Fn(&V, &V) -> V + Send + Sync,
+    P: Fn(&K, &V) -> bool + Send + Sync,
+{
+    fn snapshot(&mut self) -> Result<Vec<u8>, CoreError> {
+        let parts = self.parts.iter_mut().map(Part::whole).collect::<Result<Vec<_>, _>>()?;
+        let bytes = codec().encode(&Snapshot { window_end: self.window_end, times: self.times.clone(), parts })?;
+        self.needs_whole = false;
+        Ok(bytes)
+    }
+
+    fn snapshot_changes(&mut self) -> Option<Result<Vec<u8>, CoreError>> {
+        if self.needs_whole {
+            return None;
+        }
+        let (window_end, times) = (self.window_end, self.times.clone());
+        let parts = match self.parts.iter_mut().map(Part::changes).collect::<Result<Vec<_>, _>>() {
+            Ok(parts) => parts,
+            Err(e) => return Some(Err(e)),
+        };
+        Some(codec().encode(&Snapshot { window_end, times, parts }))
+    }
+
+    fn restore(&mut self, bytes: &[u8], partitions: usize) -> Result<(), CoreError> {
+        let codec = codec();
+        let frame = codec.open(bytes)?;
+        if frame.version < INVERSE_WINDOW_STATE_VERSION {
+            let old: SnapshotV1<K, V> = codec.decode_payload(frame.payload)?;
+            if old.retained.len() != old.times.len() {
+                return Err(CoreError::Decode {
+                    reason: format!("{} retained batches for {} times", old.retained.len(), old.times.len()),
+                });
+            }
+            self.window_end = old.window_end;
+            self.times = old.times;
+            return self.install(old.current, old.retained, partitions);
+        }
+        let snapshot: Snapshot<PartWholeOwned<K>> = codec.decode_payload(frame.payload)?;
+        if snapshot.parts.iter().any(|p| p.retained.len() != snapshot.times.len()) {
+            return Err(CoreError::Decode { reason: "a partition's slices and the window's times differ".to_string() });
+        }
+        self.parts = snapshot.parts.into_iter().map(Part::install_whole).collect::<Result<_, _>>()?;
+        self.window_end = snapshot.window_end;
+        self.times = snapshot.times;
+        self.needs_whole = false;
+        Ok(())
+    }
+
+    fn apply_changes(&mut self, bytes: &[u8], _partitions: usize) -> Result<(), CoreError> {
+        let snapshot: Snapshot<PartChangesOwned<K>> = codec().decode(bytes)?.value;
+        if snapshot.parts.len() != self.parts.len() {
+            return Err(CoreError::Decode {
+                reason: format!(
+                    "changes of {} partitions after a snapshot of {}",
+                    snapshot.parts.len(),
+                    self.parts.len()
+                ),
+            });
+        }
+        let slices = snapshot.times.len();
+        for (part, changes) in self.parts.iter_mut().zip(snapshot.parts) {
+            part.apply(changes, slices)?;
+        }
+        self.window_end = snapshot.window_end;
+        self.times = snapshot.times;
+        Ok(())
+    }
+}
