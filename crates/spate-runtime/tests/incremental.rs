@@ -1,0 +1,353 @@
+//! Incremental state checkpoints end to end, on a manual clock: a job whose
+//! state is checkpointed as chains (a whole snapshot, then the changes
+//! after it) and stopped, crashed between a snapshot's files and its
+//! manifest, or restarted at any batch, gives exactly the outputs of a run
+//! that was never interrupted, whatever `full_snapshot_every` is; and what a
+//! purge leaves of each operator is one whole chain.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration as StdDuration;
+
+use proptest::prelude::*;
+use serde_json::json;
+use spate_core::{BatchId, Duration, ManualClock, Time};
+use spate_dstream::{BatchLimits, BoxError, InputSource};
+use spate_logstore::{StateLink, split_state_file};
+use spate_runtime::{
+    BatchProgress, DEFAULT_FULL_SNAPSHOT_EVERY, PipelineBuilder, ProgressListener, RecoveryReport, StreamingContext,
+    StreamingSettings,
+};
+
+const WAIT: StdDuration = StdDuration::from_secs(30);
+const START: i64 = 1_000_000;
+/// The operators whose state is checkpointed.
+const STATEFUL: [&str; 2] = ["totals", "window"];
+
+/// A replayable source of the integers 0, 1, 2, …, `per_batch` a batch.
+#[derive(Debug)]
+struct Numbers {
+    position: Mutex<u64>,
+    per_batch: u64,
+}
+
+fn range_of(planned: &str) -> (u64, u64) {
+    let v: serde_json::Value = serde_json::from_str(planned).unwrap();
+    (v["from"].as_u64().unwrap(), v["until"].as_u64().unwrap())
+}
+
+impl InputSource<u64> for Numbers {
+    fn is_replayable(&self) -> bool {
+        true
+    }
+
+    fn plan(&self, _time: Time, _limits: BatchLimits) -> Result<Option<String>, BoxError> {
+        let mut position = self.position.lock().unwrap();
+        let until = *position + self.per_batch;
+        let planned = json!({"from": *position, "until": until}).to_string();
+        *position = until;
+        Ok(Some(planned))
+    }
+
+    fn compute(&self, _time: Time, planned: Option<&str>) -> Result<Vec<Vec<u64>>, BoxError> {
+        let (from, until) = range_of(planned.ok_or("no plan")?);
+        Ok(vec![(from..until).collect()])
+    }
+}
+
+/// What each output wrote, by batch: the last time the batch ran wins (a
+/// batch re-run after a crash must write what it wrote before).
+type Outputs = Arc<Mutex<BTreeMap<(u64, &'static str), Vec<(u64, u64)>>>>;
+
+/// Running totals by key (whole snapshots) and sums over a 4 s window
+/// sliding by 1 s (keyed windows), each written by an output.
+fn pipeline(p: &mut PipelineBuilder, per_batch: u64, outputs: &Outputs) {
+    let source = Arc::new(Numbers { position: Mutex::new(0), per_batch });
+    let resume = Arc::clone(&source);
+    let numbers = p.replayable_input(
+        "numbers",
+        source,
+        Some(Box::new(move |offsets: &str| {
+            *resume.position.lock().unwrap() = range_of(offsets).1;
+            Ok(())
+        })),
+        None,
+    );
+    let pairs = numbers.map(|n| (n % 7, n));
+    let totals = pairs
+        .update_state_by_key(|values: Vec<u64>, old: Option<u64>| Some(old.unwrap_or(0) + values.iter().sum::<u64>()))
+        .name("totals");
+    let window = pairs
+        .reduce_by_key_and_window_inv(|a, b| a + b, |a, b| a - b, Duration::from_secs(4), Duration::from_secs(1))
+        .name("window");
+    for (stream, name) in [(totals, "totals"), (window, "window")] {
+        let outputs = Arc::clone(outputs);
+        stream
+            .foreach_batch(move |batch, info| {
+                let mut rows: Vec<(u64, u64)> = batch.iter().copied().collect();
+                rows.sort_unstable();
+                outputs.lock().unwrap().insert((info.batch_id.0, name), rows);
+                Ok(())
+            })
+            .name(&format!("{name}-out"));
+    }
+}
+
+/// How a scenario checkpoints.
+#[derive(Clone, Copy, Debug)]
+struct Shape {
+    per_batch: u64,
+    full_snapshot_every: u64,
+    /// Batches a checkpoint interval.
+    checkpoint_every: u64,
+}
+
+fn settings(clock: &ManualClock, shape: Shape) -> StreamingSettings {
+    StreamingSettings::new(Duration::from_secs(1))
+        .with_clock(Arc::new(clock.clone()))
+        .with_checkpoint_interval(Duration::from_secs(shape.checkpoint_every))
+        .with_full_snapshot_every(shape.full_snapshot_every)
+}
+
+/// Progress reports, as a listener hears them.
+#[derive(Default)]
+struct Heard(Mutex<Vec<BatchProgress>>);
+
+impl ProgressListener for Heard {
+    fn on_batch_completed(&self, progress: &BatchProgress) {
+        self.0.lock().unwrap().push(progress.clone());
+    }
+}
+
+/// One start of the job: runs until batch `until` committed, then stops
+/// at once (what a kill after that batch leaves). Returns how it recovered.
+fn run_until(
+    dir: &Path,
+    clock: &ManualClock,
+    shape: Shape,
+    until: u64,
+    outputs: &Outputs,
+    heard: &Arc<Heard>,
+) -> RecoveryReport {
+    let mut ctx = StreamingContext::get_or_create(dir, settings(clock, shape), |p| {
+        pipeline(p, shape.per_batch, outputs);
+        Ok(())
+    })
+    .unwrap();
+    ctx.add_progress_listener(Arc::clone(heard) as Arc<dyn ProgressListener>);
+    let report = ctx.recovery().unwrap().clone();
+    ctx.start().unwrap();
+    let mut next = report.resumed_at.0;
+    // A batch re-run first commits without a tick.
+    if let Some(rerun) = report.rerun_batch {
+        assert!(ctx.await_committed(rerun, WAIT), "batch {rerun} did not commit: {:?}", ctx.failure());
+    }
+    while next <= until {
+        clock.advance(Duration::from_secs(1));
+        assert!(ctx.await_committed(BatchId(next), WAIT), "batch {next} did not commit: {:?}", ctx.failure());
+        next += 1;
+    }
+    ctx.stop_handle().stop_now();
+    ctx.await_termination().unwrap();
+    report
+}
+
+/// The outputs of batches 0..=last run without a stop.
+fn uninterrupted(shape: Shape, last: u64) -> BTreeMap<(u64, &'static str), Vec<(u64, u64)>> {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(Time::from_millis(START));
+    let outputs = Outputs::default();
+    run_until(dir.path(), &clock, shape, last, &outputs, &Arc::default());
+    let written = outputs.lock().unwrap().clone();
+    assert_eq!(written.len() as u64, 2 * (last + 1), "every batch wrote both outputs");
+    written
+}
+
+/// The batch the `graph` manifest names the state of.
+fn named_state(dir: &Path) -> Option<u64> {
+    let bytes = std::fs::read(dir.join("graph")).unwrap();
+    let body = bytes.splitn(2, |b| *b == b'\n').nth(1).unwrap();
+    let graph: serde_json::Value = serde_json::from_slice(body).unwrap();
+    graph["state_batch"].as_u64()
+}
+
+/// The batches of `operator`'s state files, ascending.
+fn state_files(dir: &Path, operator: &str) -> Vec<u64> {
+    let mut batches: Vec<u64> = std::fs::read_dir(dir.join("state").join(operator))
+        .unwrap()
+        .filter_map(|e| e.unwrap().file_name().into_string().ok()?.parse().ok())
+        .collect();
+    batches.sort_unstable();
+    batches
+}
+
+fn link_of(dir: &Path, operator: &str, batch: u64) -> StateLink {
+    let bytes = std::fs::read(dir.join(format!("state/{operator}/{batch}"))).unwrap();
+    split_state_file(&bytes).unwrap().0
+}
+
+/// What is left of each operator's state is one chain: a whole snapshot,
+/// then changes each on the file before, ending at the named snapshot.
+fn assert_one_chain_each(dir: &Path) {
+    let named = named_state(dir).expect("a snapshot is named");
+    for operator in STATEFUL {
+        let files = state_files(dir, operator);
+        assert_eq!(files.last(), Some(&named), "{operator}: {files:?} ends at the named snapshot {named}");
+        assert_eq!(link_of(dir, operator, files[0]), StateLink::Whole, "{operator}: {files:?} starts whole");
+        for pair in files.windows(2) {
+            let link = link_of(dir, operator, pair[1]);
+            assert_eq!(link, StateLink::Changes { base: BatchId(pair[0]) }, "{operator}: {files:?}");
+        }
+    }
+}
+
+/// Copies every file under `from` into `to` where `to` has none of that name.
+fn put_back(from: &Path, to: &Path) {
+    let Ok(entries) = std::fs::read_dir(from) else { return };
+    std::fs::create_dir_all(to).unwrap();
+    for entry in entries {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            put_back(&entry.path(), &target);
+        } else if !target.exists() {
+            std::fs::copy(entry.path(), &target).unwrap();
+        }
+    }
+}
+
+/// The checkpoint's `graph` and `state/` as they are now.
+fn keep_copy(dir: &Path, copy: &Path) {
+    std::fs::copy(dir.join("graph"), copy.join("graph")).unwrap();
+    put_back(&dir.join("state"), &copy.join("state"));
+}
+
+/// Leaves the checkpoint as a crash between the state files of its last
+/// snapshot and its manifest would have: `graph` names the snapshot it
+/// named in `copy`, whose files (purged since) are back, and the newer
+/// files stay, unnamed; of them, those of `lost` are gone too (the crash
+/// came before they were written).
+fn crash_before_manifest(dir: &Path, copy: &Path, lost: &[&str]) {
+    let newest = named_state(dir).unwrap();
+    std::fs::copy(copy.join("graph"), dir.join("graph")).unwrap();
+    put_back(&copy.join("state"), &dir.join("state"));
+    for operator in lost {
+        std::fs::remove_file(dir.join(format!("state/{operator}/{newest}"))).unwrap();
+    }
+}
+
+#[test]
+fn a_restart_from_a_chain_gives_exactly_the_outputs_of_an_uninterrupted_run() {
+    for full_snapshot_every in [1, 3, DEFAULT_FULL_SNAPSHOT_EVERY] {
+        let shape = Shape { per_batch: 9, full_snapshot_every, checkpoint_every: 1 };
+        let expected = uninterrupted(shape, 14);
+        let dir = tempfile::tempdir().unwrap();
+        let clock = ManualClock::new(Time::from_millis(START));
+        let (outputs, heard) = (Outputs::default(), Arc::new(Heard::default()));
+        let mut restored = Vec::new();
+        for stop_after in [4, 9, 14] {
+            let report = run_until(dir.path(), &clock, shape, stop_after, &outputs, &heard);
+            restored.push(report.restored_operators);
+            assert_one_chain_each(dir.path());
+        }
+        assert_eq!(*outputs.lock().unwrap(), expected, "full_snapshot_every {full_snapshot_every}");
+        // Each restart restored every operator from the snapshot of the last batch before it.
+        for (restart, batch) in restored.iter().skip(1).zip([4, 9]) {
+            let snapshots: Vec<(&str, BatchId)> = restart.iter().map(|o| (o.name.as_str(), o.snapshot_batch)).collect();
+            assert_eq!(snapshots, [("totals", BatchId(batch)), ("window", BatchId(batch))]);
+            assert_eq!(restart[0].changes_applied, 0, "totals snapshots whole only");
+        }
+        let progress = heard.0.lock().unwrap();
+        assert_eq!(progress.len(), 15);
+        // The first checkpoint of each start is whole; with 1, all are.
+        for first in [0, 5, 10] {
+            assert!(!progress[first].state_incremental, "batch {first}: {:?}", progress[first]);
+        }
+        if full_snapshot_every == 1 {
+            assert!(progress.iter().all(|p| p.state_checkpointed && !p.state_incremental));
+        }
+        assert!(progress.iter().all(|p| p.state_bytes > 0));
+    }
+}
+
+#[test]
+fn a_crash_between_a_snapshots_files_and_its_manifest_restarts_from_the_snapshot_before() {
+    for (full_snapshot_every, lost) in [(DEFAULT_FULL_SNAPSHOT_EVERY, &[][..]), (3, &["window"][..]), (1, &["totals"])]
+    {
+        let shape = Shape { per_batch: 5, full_snapshot_every, checkpoint_every: 1 };
+        let expected = uninterrupted(shape, 11);
+        let dir = tempfile::tempdir().unwrap();
+        let copy = tempfile::tempdir().unwrap();
+        let clock = ManualClock::new(Time::from_millis(START));
+        let (outputs, heard) = (Outputs::default(), Arc::new(Heard::default()));
+        run_until(dir.path(), &clock, shape, 4, &outputs, &heard);
+        keep_copy(dir.path(), copy.path());
+        // Batch 5 commits and snapshots; the crash comes before `graph` names it.
+        run_until(dir.path(), &clock, shape, 5, &outputs, &heard);
+        crash_before_manifest(dir.path(), copy.path(), lost);
+        let report = run_until(dir.path(), &clock, shape, 11, &outputs, &heard);
+        assert!(report.restored_operators.iter().all(|o| o.snapshot_batch == BatchId(4)), "{report:?}");
+        assert_eq!(report.replayed_for_state, [BatchId(5)], "batch 5 is replayed, not re-run: it committed");
+        assert_eq!(*outputs.lock().unwrap(), expected, "full_snapshot_every {full_snapshot_every}, lost {lost:?}");
+        assert_one_chain_each(dir.path());
+    }
+}
+
+#[test]
+fn a_chain_longer_than_the_checkpoint_interval_and_replays_after_it_recover_exactly() {
+    // Snapshots every 2 batches, a whole one every 4th: restarts land between
+    // snapshots, so each restore is followed by a replay of the batch after it.
+    let shape = Shape { per_batch: 6, full_snapshot_every: 4, checkpoint_every: 2 };
+    let expected = uninterrupted(shape, 20);
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(Time::from_millis(START));
+    let (outputs, heard) = (Outputs::default(), Arc::new(Heard::default()));
+    let mut replayed = Vec::new();
+    for stop_after in [6, 12, 20] {
+        let report = run_until(dir.path(), &clock, shape, stop_after, &outputs, &heard);
+        replayed.extend(report.replayed_for_state);
+    }
+    assert_eq!(*outputs.lock().unwrap(), expected);
+    // Batch times are odd multiples of a second at even batch ids: the
+    // snapshots fall after odd batches, so 6 and 12 are replayed.
+    assert_eq!(replayed, [BatchId(6), BatchId(12)]);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 12, ..ProptestConfig::default() })]
+
+    /// Any checkpoint shape, any restart points, each a clean stop or a crash
+    /// before the last snapshot's manifest: the outputs are exactly those
+    /// of the uninterrupted run.
+    #[test]
+    fn restarts_anywhere_give_the_outputs_of_an_uninterrupted_run(
+        per_batch in 1u64..12,
+        full_snapshot_every in 1u64..5,
+        checkpoint_every in 1u64..4,
+        stops in proptest::collection::vec((1u64..5, any::<bool>()), 1..4),
+    ) {
+        let shape = Shape { per_batch, full_snapshot_every, checkpoint_every };
+        let last = stops.iter().map(|(gap, _)| gap).sum::<u64>() + 2;
+        let expected = uninterrupted(shape, last);
+        let dir = tempfile::tempdir().unwrap();
+        let clock = ManualClock::new(Time::from_millis(START));
+        let (outputs, heard) = (Outputs::default(), Arc::new(Heard::default()));
+        let mut at = 0;
+        for (gap, crash) in stops {
+            let copy = tempfile::tempdir().unwrap();
+            run_until(dir.path(), &clock, shape, at, &outputs, &heard);
+            keep_copy(dir.path(), copy.path());
+            at += gap;
+            run_until(dir.path(), &clock, shape, at, &outputs, &heard);
+            if crash && named_state(dir.path()) != named_state(copy.path()) {
+                crash_before_manifest(dir.path(), copy.path(), &[]);
+            }
+            at += 1;
+        }
+        run_until(dir.path(), &clock, shape, last, &outputs, &heard);
+        prop_assert_eq!(&*outputs.lock().unwrap(), &expected);
+    }
+}
