@@ -7,8 +7,8 @@ use spate_core::{
     BatchId, BlockStoreResult, FrameCodec, ReceivedBlockInfo, StreamBlockId, StreamId, Time, WalRecordHandle,
 };
 use spate_logstore::{
-    CheckpointMetadata, CommitMetadata, LockHolder, OffsetSeq, SourceOffset, decode_entry, decode_lock_file,
-    decode_metadata, encode_entry, encode_lock_file,
+    CheckpointMetadata, CommitMetadata, LockHolder, OffsetSeq, SourceOffset, StateLink, changes_header, decode_entry,
+    decode_lock_file, decode_metadata, encode_entry, encode_lock_file, split_state_file,
 };
 use spate_tracker::{EVENT_FORMAT_VERSION, StreamBlocks, TrackerEvent};
 use spate_wal::{FileWriteAheadLog, WalSettings, WriteAheadLog};
@@ -50,6 +50,20 @@ fn frame(input: &[u8]) {
         assert!(matches!(again, Ok(Ok(ref v)) if *v == decoded.value), "frame round trip changed {decoded:?}");
     }
     let _ = FRAME_CODEC.open(&bytes);
+    state_file(&bytes);
+}
+
+/// An operator state file: a frame (a whole snapshot), or a header of
+/// changes naming its base batch and then a frame.
+fn state_file(bytes: &[u8]) {
+    if let Ok((_, frame)) = split_state_file(bytes) {
+        let _ = FRAME_CODEC.open(frame);
+    }
+    // What a header is put in front of reads back as that header and the same bytes.
+    let base = BatchId(bytes.len() as u64);
+    let changes = [changes_header(base).as_slice(), bytes].concat();
+    let split = split_state_file(&changes);
+    assert_eq!(split, Ok((StateLink::Changes { base }, bytes)), "a header of changes does not read back");
 }
 
 /// `payload` inside a valid frame header with its checksum.
@@ -73,6 +87,7 @@ fn frame_seeds() -> Vec<Vec<u8>> {
     let mut seeds = Vec::new();
     if let Ok(bytes) = FRAME_CODEC.encode(&sample) {
         seeds.push(wrapped(bytes.get(spate_core::FRAME_HEADER_LEN..).unwrap_or_default().to_vec()));
+        seeds.push(raw([changes_header(BatchId(6)).as_slice(), &bytes].concat()));
         seeds.push(raw(bytes));
     }
     seeds
