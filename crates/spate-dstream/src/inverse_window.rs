@@ -113,8 +113,8 @@ impl<K: Key, V: Data> Part<K, V> {
         }
     }
 
-    /// Keeps one batch, reduced by key, as a slice.
-    fn ingest(&mut self, batch: KeyHashMap<K, V>) -> Result<(), CoreError> {
+    /// Keeps one batch, reduced by key (each key once), as a slice.
+    fn ingest(&mut self, batch: impl ExactSizeIterator<Item = (K, V)>) -> Result<(), CoreError> {
         let mut entries = Vec::with_capacity(batch.len());
         for (key, value) in batch {
             let known = self.keys.len();
@@ -376,6 +376,9 @@ pub(crate) struct InverseWindowNode<K, V, R, I, P> {
     pub(crate) keep: P,
     pub(crate) length: Duration,
     pub(crate) slide: Duration,
+    /// The input is reduced by key and partitioned as the window is (it is
+    /// a by-key combine's result): its batches need no combining again.
+    input_reduced: bool,
     /// The end of the window `current` holds, once one was produced.
     window_end: Option<Time>,
     /// The times of the retained batches, oldest first (same in every partition).
@@ -395,6 +398,7 @@ where
 {
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
+        input_reduced: bool,
         input: Arc<Slot<(K, V)>>,
         output: Arc<Slot<(K, V)>>,
         reduce: Arc<R>,
@@ -405,6 +409,7 @@ where
         slide: Duration,
     ) -> Self {
         InverseWindowNode {
+            input_reduced,
             input,
             output,
             reduce,
@@ -422,9 +427,17 @@ where
 
     fn ingest(&mut self, ctx: &StepCtx<'_>, batch: Batch<(K, V)>) -> Result<(), DStreamError> {
         self.fit(ctx)?;
-        let maps = self.combine.partitioned(ctx, Some(batch))?;
-        let work: Vec<_> = self.parts.iter_mut().zip(maps).collect();
-        for result in ctx.par(work, |(part, map)| part.ingest(map))? {
+        let reduced =
+            self.input_reduced && !self.combine.combines_on_arrival() && batch.num_partitions() == ctx.partitions;
+        let results = if reduced {
+            let work: Vec<_> = self.parts.iter_mut().zip(batch.into_partitions()).collect();
+            ctx.par(work, |(part, entries)| part.ingest(entries.into_iter()))?
+        } else {
+            let maps = self.combine.partitioned(ctx, Some(batch))?;
+            let work: Vec<_> = self.parts.iter_mut().zip(maps).collect();
+            ctx.par(work, |(part, map)| part.ingest(map.into_iter()))?
+        };
+        for result in results {
             result.map_err(|e| internal(ctx, &e))?;
         }
         self.times.push_back(ctx.time);
@@ -456,10 +469,20 @@ where
         Ok(Batch::new(out))
     }
 
+    /// True before the first batch's data: no keys, no slices.
+    fn is_empty(&self) -> bool {
+        self.times.is_empty() && self.parts.iter().all(|part| part.keys.len() == 0 && part.retained.is_empty())
+    }
+
     /// Re-spreads the state when the partition count differs (before the
     /// first batch, or after a restore on a machine with another core count).
     fn fit(&mut self, ctx: &StepCtx<'_>) -> Result<(), DStreamError> {
         if self.parts.len() == ctx.partitions {
+            return Ok(());
+        }
+        if self.is_empty() {
+            // Nothing to re-key: changes may still follow the last snapshot.
+            self.parts = (0..ctx.partitions).map(|_| Part::default()).collect();
             return Ok(());
         }
         let mut current = Vec::new();
@@ -493,7 +516,7 @@ where
         let mut parts: Vec<Part<K, V>> = (0..partitions).map(|_| Part::default()).collect();
         for slice in retained {
             for (part, map) in parts.iter_mut().zip(spread(slice)) {
-                part.ingest(map)?;
+                part.ingest(map.into_iter())?;
             }
         }
         for (part, map) in parts.iter_mut().zip(spread(current)) {
@@ -593,6 +616,10 @@ where
 
     fn apply_changes(&mut self, bytes: &[u8], _partitions: usize) -> Result<(), CoreError> {
         let snapshot: Snapshot<PartChangesOwned<K>> = codec().decode(bytes)?.value;
+        if self.is_empty() {
+            // The snapshot before was taken before the first batch.
+            self.parts = (0..snapshot.parts.len()).map(|_| Part::default()).collect();
+        }
         if snapshot.parts.len() != self.parts.len() {
             return Err(CoreError::Decode {
                 reason: format!(

@@ -231,6 +231,9 @@ pub(crate) struct NodeMeta {
     pub(crate) event_time_problem: Option<String>,
     /// Nobody need read it (progress marks that no event-time operator uses).
     pub(crate) may_go_unread: bool,
+    /// Each output partition holds distinct keys, each in the partition
+    /// [`crate::partition_of`] gives it (the result of a by-key combine).
+    pub(crate) keys_partitioned: bool,
 }
 
 impl NodeMeta {
@@ -249,6 +252,7 @@ impl NodeMeta {
             event_time: None,
             event_time_problem: None,
             may_go_unread: false,
+            keys_partitioned: false,
         }
     }
 }

@@ -235,6 +235,11 @@ impl<K: Key, V: Data, C: Data> KeyedCombine<K, V, C> {
         (Box::new(ArrivalStage::<(K, V)>::from_step(&step)), delivered)
     }
 
+    /// True when maps combined on arrival are delivered to it.
+    pub(crate) fn combines_on_arrival(&self) -> bool {
+        self.delivered.is_some()
+    }
+
     /// From now on, takes the combined maps delivered to `delivered`.
     pub(crate) fn take_delivered(&mut self, delivered: Arc<Delivered>) {
         self.delivered = Some(delivered);
@@ -354,7 +359,8 @@ impl<K: Key, V: Data> DStream<(K, V)> {
     /// Adds a node whose result is the batch combined by key with `combine`.
     fn combining<C: Data>(&self, kind: &'static str, combine: KeyedCombine<K, V, C>) -> DStream<(K, C)> {
         let input = self.reader();
-        let meta = NodeMeta::new(kind, vec![self.id], self.slide);
+        let mut meta = NodeMeta::new(kind, vec![self.id], self.slide);
+        meta.keys_partitioned = true;
         self.add_node(meta, |output| Box::new(CombineNode { input, output, combine }))
     }
 

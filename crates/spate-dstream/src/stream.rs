@@ -104,6 +104,12 @@ impl<T: Data> DStream<T> {
         }
     }
 
+    /// True when each of this stream's partitions holds distinct keys, each
+    /// in the partition [`crate::partition_of`] gives it.
+    pub(crate) fn keys_partitioned(&self) -> bool {
+        self.builder.borrow().metas.get(self.id).is_some_and(|meta| meta.keys_partitioned)
+    }
+
     /// Registers a consumer of this stream and returns the slot to read.
     pub(crate) fn reader(&self) -> Arc<Slot<T>> {
         self.slot.add_reader();

@@ -541,8 +541,19 @@ impl<K: Key, V: Data> DStream<(K, V)> {
         let meta = window_meta("reduce_by_key_and_window_inv", self.id, length, slide, state);
         let reduce = Arc::new(reduce);
         let combine = KeyedCombine::reducing(Arc::clone(&reduce));
+        let input_reduced = self.keys_partitioned();
         self.add_node(meta, |output| {
-            Box::new(InverseWindowNode::new(input, output, reduce, combine, inverse, keep, length, slide))
+            Box::new(InverseWindowNode::new(
+                input_reduced,
+                input,
+                output,
+                reduce,
+                combine,
+                inverse,
+                keep,
+                length,
+                slide,
+            ))
         })
     }
 }

@@ -51,6 +51,8 @@ struct Windows {
     pane_max: Collected<(u8, i64)>,
     inv_sum: Collected<(u8, i64)>,
     inv_filtered: Collected<(u8, i64)>,
+    /// The inverse window after a `reduce_by_key`, whose batches it takes as they are.
+    inv_reduced: Collected<(u8, i64)>,
     total: Collected<i64>,
     counted: Collected<u64>,
 }
@@ -68,9 +70,25 @@ fn build(length: u64, slide: u64, partitions: usize) -> Windows {
         &s.reduce_by_key_and_window_inv_filtered(|a, b| a + b, |a, b| a - b, l, sl, |_, v| *v != 0)
             .name("inv-filtered"),
     );
+    let inv_reduced = collect(
+        &s.reduce_by_key(|a, b| a + b)
+            .reduce_by_key_and_window_inv_filtered(|a, b| a + b, |a, b| a - b, l, sl, |_, v| *v != 0)
+            .name("inv-reduced"),
+    );
     let total = collect(&s.map(|(_, v)| v).reduce_by_window(|a, b| a + b, l, sl).name("total"));
     let counted = collect(&s.count_by_window(l, sl).name("counted"));
-    Windows { graph: b.build().unwrap(), queue, plain, pane_sum, pane_max, inv_sum, inv_filtered, total, counted }
+    Windows {
+        graph: b.build().unwrap(),
+        queue,
+        plain,
+        pane_sum,
+        pane_max,
+        inv_sum,
+        inv_filtered,
+        inv_reduced,
+        total,
+        counted,
+    }
 }
 
 fn check(w: &Windows, input: &Input, length: i64, slide: i64) -> Result<(), TestCaseError> {
@@ -87,6 +105,7 @@ fn check(w: &Windows, input: &Input, length: i64, slide: i64) -> Result<(), Test
         prop_assert_eq!(sorted_at(&w.pane_sum, time).unwrap(), sums.clone(), "pane sum at {}", b);
         prop_assert_eq!(sorted_at(&w.pane_max, time).unwrap(), naive_by_key(&records, i64::max), "pane max at {}", b);
         prop_assert_eq!(sorted_at(&w.inv_filtered, time).unwrap(), sums.clone(), "inverse filtered at {}", b);
+        prop_assert_eq!(sorted_at(&w.inv_reduced, time).unwrap(), sums.clone(), "inverse after reduce at {}", b);
         let inv: Vec<(u8, i64)> = sorted_at(&w.inv_sum, time).unwrap();
         let nonzero: Vec<(u8, i64)> = inv.iter().copied().filter(|(_, v)| *v != 0).collect();
         prop_assert_eq!(nonzero, sums, "inverse at {}", b);
@@ -134,6 +153,7 @@ proptest! {
         for (from, to) in [
             (&first.plain, &second.plain), (&first.pane_sum, &second.pane_sum), (&first.pane_max, &second.pane_max),
             (&first.inv_sum, &second.inv_sum), (&first.inv_filtered, &second.inv_filtered),
+            (&first.inv_reduced, &second.inv_reduced),
         ] {
             to.lock().unwrap().extend(from.lock().unwrap().clone());
         }
@@ -187,6 +207,7 @@ proptest! {
         for (from, to) in [
             (&first.plain, &second.plain), (&first.pane_sum, &second.pane_sum), (&first.pane_max, &second.pane_max),
             (&first.inv_sum, &second.inv_sum), (&first.inv_filtered, &second.inv_filtered),
+            (&first.inv_reduced, &second.inv_reduced),
         ] {
             to.lock().unwrap().extend(from.lock().unwrap().clone());
         }
