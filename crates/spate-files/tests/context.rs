@@ -66,7 +66,7 @@ fn last_commit(checkpoint: &Path) -> u64 {
 }
 
 fn key(bid: &Bid) -> (i64, i64, i64, i64, String) {
-    (bid.date_time, bid.auction, bid.bidder, bid.price, bid.extra.clone())
+    (bid.date_time, bid.auction, bid.bidder, bid.price, bid.extra.to_string())
 }
 
 #[test]

@@ -16,7 +16,11 @@
 //! expiry, seller, category) or a [`Bid`] (auction, bidder, price, channel,
 //! URL). Each has a `date_time` (its event time, milliseconds since the
 //! epoch: [`Event::timestamp_ms`]) and an `extra` field of padding that
-//! brings it to the spec's average size (200, 500 and 100 bytes).
+//! brings it to the spec's average size (200, 500 and 100 bytes). The
+//! texts that come from the generator's tables (a bid's channel and URL,
+//! every `extra`) are [`SharedStr`]s: handles to the one copy of the table
+//! entry or slice of the padding, which compare, hash and serialize as the
+//! plain strings.
 //!
 //! # What is generated
 //!
@@ -173,9 +177,11 @@ pub mod queries;
 mod random;
 mod settings;
 mod source;
+mod text;
 
 pub use error::NexmarkError;
 pub use generator::NexmarkGenerator;
 pub use model::{Auction, Bid, Event, EventKind, Person};
 pub use settings::{FIRST_AUCTION_ID, FIRST_CATEGORY_ID, FIRST_PERSON_ID, GeneratorSettings};
 pub use source::NexmarkSource;
+pub use text::SharedStr;

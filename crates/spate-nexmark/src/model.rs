@@ -6,6 +6,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::text::SharedStr;
+
 /// A new person registers.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Person {
@@ -23,8 +25,9 @@ pub struct Person {
     pub state: String,
     /// When the person registered (event time), in milliseconds.
     pub date_time: i64,
-    /// Padding to the configured average size.
-    pub extra: String,
+    /// Padding to the configured average size: a slice of the generator's
+    /// padding text, shared.
+    pub extra: SharedStr,
 }
 
 /// A new auction opens.
@@ -49,8 +52,9 @@ pub struct Auction {
     pub seller: i64,
     /// The category (10 to 14).
     pub category: i64,
-    /// Padding to the configured average size.
-    pub extra: String,
+    /// Padding to the configured average size: a slice of the generator's
+    /// padding text, shared.
+    pub extra: SharedStr,
 }
 
 /// A bid on an auction.
@@ -62,14 +66,16 @@ pub struct Bid {
     pub bidder: i64,
     /// The price, in cents.
     pub price: i64,
-    /// Where the bid came from: one of four hot channels or `channel-N`.
-    pub channel: String,
-    /// The URL the bid came from, fixed per channel.
-    pub url: String,
+    /// Where the bid came from: one of four hot channels or `channel-N`
+    /// (shared with the generator's table of channels).
+    pub channel: SharedStr,
+    /// The URL the bid came from, fixed per channel (shared likewise).
+    pub url: SharedStr,
     /// When the bid was made (event time), in milliseconds.
     pub date_time: i64,
-    /// Padding to the configured average size.
-    pub extra: String,
+    /// Padding to the configured average size: a slice of the generator's
+    /// padding text, shared.
+    pub extra: SharedStr,
 }
 
 /// One Nexmark event.

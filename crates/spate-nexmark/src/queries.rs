@@ -91,6 +91,7 @@ use spate_core::{Duration, Time};
 use spate_dstream::{DStream, Watermarks};
 
 use crate::model::{Bid, Event};
+use crate::text::SharedStr;
 
 mod bid_functions;
 mod bidder_windows;
@@ -156,7 +157,7 @@ pub struct Q0Row {
     /// The bid's time, in milliseconds.
     pub date_time: i64,
     /// The bid's padding.
-    pub extra: String,
+    pub extra: SharedStr,
 }
 
 /// q0's row for an event: `SELECT auction, bidder, price, dateTime, extra
@@ -218,7 +219,7 @@ pub struct Q1Row {
     /// The bid's time, in milliseconds.
     pub date_time: i64,
     /// The bid's padding.
-    pub extra: String,
+    pub extra: SharedStr,
 }
 
 /// q1's row for an event: `SELECT auction, bidder, 0.908 * price AS price,
@@ -283,10 +284,10 @@ mod tests {
                 auction,
                 bidder: 1001,
                 price: 5,
-                channel: String::new(),
-                url: String::new(),
+                channel: SharedStr::default(),
+                url: SharedStr::default(),
                 date_time: 0,
-                extra: String::new(),
+                extra: SharedStr::default(),
             })
         };
         assert_eq!(q2_row(&bid(1107)), Some(Q2Row { auction: 1107, price: 5 }));

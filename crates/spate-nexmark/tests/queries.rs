@@ -11,7 +11,7 @@ use std::time::Duration as StdDuration;
 use spate_core::{BatchId, Duration, ManualClock, Time};
 use spate_dstream::DStream;
 use spate_nexmark::queries::{self, Q0Row, Q1Row, Q2Row};
-use spate_nexmark::{Event, GeneratorSettings, NexmarkGenerator, NexmarkSource};
+use spate_nexmark::{Event, GeneratorSettings, NexmarkGenerator, NexmarkSource, SharedStr};
 use spate_runtime::{PipelineBuilder, StreamingContext, StreamingSettings};
 
 const WAIT: StdDuration = StdDuration::from_secs(60);
@@ -142,10 +142,10 @@ fn q0_q1_and_q2_match_a_reference_computed_from_the_generated_events() {
     assert_eq!(sorted(&out.q0), q0);
 
     // q1: the same with 0.908 * price, exact to three places.
-    let mut q1: Vec<(i64, i64, i128, i64, String)> =
+    let mut q1: Vec<(i64, i64, i128, i64, SharedStr)> =
         bids.iter().map(|b| (b.auction, b.bidder, i128::from(b.price) * 908, b.date_time, b.extra.clone())).collect();
     q1.sort();
-    let mut got: Vec<(i64, i64, i128, i64, String)> = sorted(&out.q1)
+    let mut got: Vec<(i64, i64, i128, i64, SharedStr)> = sorted(&out.q1)
         .into_iter()
         .map(|r| (r.auction, r.bidder, i128::from(r.price.thousandths), r.date_time, r.extra))
         .collect();

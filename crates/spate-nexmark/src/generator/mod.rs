@@ -20,21 +20,25 @@ use crate::error::NexmarkError;
 use crate::model::{Event, EventKind};
 use crate::random::SplitMix;
 use crate::settings::GeneratorSettings;
+use crate::text::SharedStr;
 
 /// Channels that most bids come from, with one URL each.
 const HOT_CHANNELS: [&str; 4] = ["Google", "Facebook", "Baidu", "Apple"];
 /// The other channels, `channel-0` to `channel-9999`.
 const CHANNELS_NUMBER: usize = 10_000;
 
-/// What every event shares: drawn once from the seed.
+/// What every event shares: drawn once from the seed. Events hold shared
+/// handles to these texts rather than copies (see [`SharedStr`]).
 #[derive(Debug)]
 struct Tables {
+    /// The name of each hot channel.
+    hot_channels: [SharedStr; 4],
     /// The URL of each hot channel.
-    hot_urls: [String; 4],
+    hot_urls: [SharedStr; 4],
     /// The name and URL of each other channel.
-    channels: Vec<(String, String)>,
+    channels: Vec<(SharedStr, SharedStr)>,
     /// The padding text that `extra` fields are slices of.
-    padding: String,
+    padding: Arc<str>,
 }
 
 /// A random URL of the spec's shape:
@@ -58,7 +62,8 @@ impl Tables {
     /// leaves the smallest int negative, and so does this).
     fn new(seed: u64) -> Tables {
         let mut rng = SplitMix::for_tables(seed, 0);
-        let hot_urls = std::array::from_fn(|_| base_url(&mut rng));
+        let hot_channels = HOT_CHANNELS.map(SharedStr::from);
+        let hot_urls = std::array::from_fn(|_| SharedStr::from(base_url(&mut rng)));
         let channels = (0..CHANNELS_NUMBER)
             .map(|i| {
                 let mut url = base_url(&mut rng);
@@ -66,11 +71,11 @@ impl Tables {
                     let reversed = (i as i32).reverse_bits().wrapping_abs();
                     url.push_str(&format!("&channel_id={reversed}"));
                 }
-                (format!("channel-{i}"), url)
+                (SharedStr::from(format!("channel-{i}")), SharedStr::from(url))
             })
             .collect();
         let padding = strings::exact_string_from_draws(&mut SplitMix::for_tables(seed, 1), strings::PADDING_LENGTH);
-        Tables { hot_urls, channels, padding }
+        Tables { hot_channels, hot_urls, channels, padding: Arc::from(padding) }
     }
 }
 
@@ -84,12 +89,12 @@ pub(crate) struct EventContext<'a> {
     /// The event's position (the spec's `eventsCountSoFar`).
     pub(crate) position: u64,
     pub(crate) rng: SplitMix,
-    padding: &'a str,
+    padding: &'a Arc<str>,
 }
 
 impl EventContext<'_> {
     /// Padding for an event of `current_size` aiming at `average`.
-    pub(crate) fn extra(&mut self, current_size: usize, average: u32) -> String {
+    pub(crate) fn extra(&mut self, current_size: usize, average: u32) -> SharedStr {
         strings::next_extra(&mut self.rng, self.padding, current_size, average)
     }
 
@@ -172,7 +177,7 @@ impl NexmarkGenerator {
         match config.kind_of(event_id) {
             EventKind::Person => Event::Person(person::next_person(&mut cx)),
             EventKind::Auction => Event::Auction(auction::next_auction(&mut cx)),
-            EventKind::Bid => Event::Bid(bid::next_bid(&mut cx, &self.tables.hot_urls, &self.tables.channels)),
+            EventKind::Bid => Event::Bid(bid::next_bid(&mut cx, &self.tables)),
         }
     }
 

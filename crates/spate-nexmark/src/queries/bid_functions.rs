@@ -10,6 +10,7 @@ use spate_dstream::functions::{UtcDateTime, count_char, query_param, split_index
 
 use super::EuroCents;
 use crate::model::{Bid, Event};
+use crate::text::SharedStr;
 
 /// The part of the day a bid was made in, by its hour in UTC (q14's
 /// `bidTimeType`).
@@ -63,7 +64,7 @@ pub struct Q14Row {
     /// The bid's time, in milliseconds.
     pub date_time: i64,
     /// The bid's padding.
-    pub extra: String,
+    pub extra: SharedStr,
     /// How many `c` characters `extra` has (the spec's user function
     /// `count_char(extra, 'c')`).
     pub c_counts: u64,
@@ -110,7 +111,7 @@ pub struct Q21Row {
     /// The price, in cents.
     pub price: i64,
     /// The channel.
-    pub channel: String,
+    pub channel: SharedStr,
     /// The channel's id: 0 to 3 for the four named channels, else the
     /// URL's `channel_id` parameter.
     pub channel_id: String,
@@ -158,7 +159,7 @@ pub struct Q22Row {
     /// The price, in cents.
     pub price: i64,
     /// The channel.
-    pub channel: String,
+    pub channel: SharedStr,
     /// `SPLIT_INDEX(url, '/', 3)`: the URL's first directory.
     pub dir1: Option<String>,
     /// `SPLIT_INDEX(url, '/', 4)`.

@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 use spate_dstream::{DStream, State};
 
 use crate::model::{Auction, Bid, Event};
+use crate::text::SharedStr;
 
 /// The category q20 keeps.
 pub const Q20_CATEGORY: i64 = 10;
@@ -22,13 +23,13 @@ pub struct Q20Row {
     /// The bid's price, in cents.
     pub price: i64,
     /// The bid's channel.
-    pub channel: String,
+    pub channel: SharedStr,
     /// The bid's URL.
-    pub url: String,
+    pub url: SharedStr,
     /// The bid's time (`B.dateTime`).
     pub bid_date_time: i64,
     /// The bid's padding (`B.extra`).
-    pub bid_extra: String,
+    pub bid_extra: SharedStr,
     /// The item's name.
     pub item_name: String,
     /// The item's description.
@@ -46,7 +47,7 @@ pub struct Q20Row {
     /// The category (10).
     pub category: i64,
     /// The auction's padding (`A.extra`).
-    pub auction_extra: String,
+    pub auction_extra: SharedStr,
 }
 
 /// What the join reads, keyed by auction id.

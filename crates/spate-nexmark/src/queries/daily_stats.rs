@@ -10,6 +10,7 @@ use spate_dstream::functions::{UtcDate, UtcDateTime};
 use spate_dstream::{DStream, DistinctCount};
 
 use crate::model::{Bid, Event};
+use crate::text::SharedStr;
 
 /// The price ranks of the three filtered columns: rank 1 below 10,000
 /// cents, rank 2 up to 1,000,000, rank 3 from there (`price < 10000`,
@@ -108,7 +109,7 @@ pub fn q15(events: &DStream<Event>) -> DStream<Q15Row> {
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct Q16Row {
     /// The channel.
-    pub channel: String,
+    pub channel: SharedStr,
     /// The day, `yyyy-MM-dd`.
     pub day: String,
     /// The latest minute of the day with a bid, `HH:mm`
@@ -138,7 +139,7 @@ pub fn q16(events: &DStream<Event>) -> DStream<Q16Row> {
                 kept.stats.add(&bid);
                 true
             },
-            |(channel, day): &(String, UtcDate), kept, out| {
+            |(channel, day): &(SharedStr, UtcDate), kept, out| {
                 out.push(Q16Row {
                     channel: channel.clone(),
                     day: day.to_string(),

@@ -17,6 +17,7 @@ use spate_dstream::DStream;
 use spate_dstream::functions::UtcDateTime;
 
 use crate::model::Event;
+use crate::text::SharedStr;
 
 /// A row of q10: a bid's columns and the partition columns `dt` and `hm`.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -30,7 +31,7 @@ pub struct Q10Row {
     /// The bid's time, in milliseconds.
     pub date_time: i64,
     /// The bid's padding.
-    pub extra: String,
+    pub extra: SharedStr,
     /// The bid's date in UTC, `DATE_FORMAT(dateTime, 'yyyy-MM-dd')`.
     pub dt: String,
     /// The bid's hour and minute in UTC, `DATE_FORMAT(dateTime, 'HH:mm')`.
@@ -109,7 +110,7 @@ mod tests {
             city: "c".into(),
             state: "OR".into(),
             date_time: 0,
-            extra: String::new(),
+            extra: SharedStr::default(),
         });
         assert_eq!(q10_row(person), None);
     }

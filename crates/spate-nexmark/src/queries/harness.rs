@@ -8,6 +8,7 @@ use spate_core::{BatchId, Duration, Time};
 use spate_dstream::{DStream, Data, GraphBuilder, QueueSource};
 
 use crate::model::{Auction, Bid, Event, Person};
+use crate::text::SharedStr;
 
 pub(super) fn person(id: i64, state: &str, date_time: i64) -> Event {
     Event::Person(Person {
@@ -18,7 +19,7 @@ pub(super) fn person(id: i64, state: &str, date_time: i64) -> Event {
         city: format!("city-{id}"),
         state: state.to_string(),
         date_time,
-        extra: String::new(),
+        extra: SharedStr::default(),
     })
 }
 
@@ -33,7 +34,7 @@ pub(super) fn auction(id: i64, seller: i64, category: i64, date_time: i64, expir
         expires,
         seller,
         category,
-        extra: String::new(),
+        extra: SharedStr::default(),
     })
 }
 
@@ -42,10 +43,10 @@ pub(super) fn bid(auction: i64, price: i64, date_time: i64) -> Event {
         auction,
         bidder: 2000 + price,
         price,
-        channel: String::new(),
-        url: String::new(),
+        channel: SharedStr::default(),
+        url: SharedStr::default(),
         date_time,
-        extra: format!("extra-{price}"),
+        extra: format!("extra-{price}").into(),
     })
 }
 

@@ -8,6 +8,7 @@ use spate_dstream::{DStream, EventWindows, Watermarks, WindowResult};
 
 use super::{OUT_OF_ORDERNESS, event_time};
 use crate::model::{Bid, Event};
+use crate::text::SharedStr;
 
 /// The length of q7's windows.
 pub const Q7_WINDOW: Duration = Duration::from_secs(10);
@@ -24,7 +25,7 @@ pub struct Q7Row {
     /// The bid's time, in milliseconds.
     pub date_time: i64,
     /// The bid's padding.
-    pub extra: String,
+    pub extra: SharedStr,
 }
 
 impl From<Bid> for Q7Row {
@@ -157,7 +158,7 @@ mod tests {
     const T0: i64 = 1_000_000;
 
     fn row(auction: i64, price: i64, date_time: i64) -> Q7Row {
-        Q7Row { auction, bidder: 2000 + price, price, date_time, extra: format!("extra-{price}") }
+        Q7Row { auction, bidder: 2000 + price, price, date_time, extra: format!("extra-{price}").into() }
     }
 
     #[test]

@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 use spate_dstream::DStream;
 
 use crate::model::{Bid, Event};
+use crate::text::SharedStr;
 
 /// A bid as a row of q18 and q19 (`SELECT auction, bidder, price, channel,
 /// url, dateTime, extra`).
@@ -23,13 +24,13 @@ pub struct BidRow {
     /// The price, in cents.
     pub price: i64,
     /// The channel.
-    pub channel: String,
+    pub channel: SharedStr,
     /// The URL.
-    pub url: String,
+    pub url: SharedStr,
     /// The bid's time, in milliseconds.
     pub date_time: i64,
     /// The bid's padding.
-    pub extra: String,
+    pub extra: SharedStr,
 }
 
 impl From<Bid> for BidRow {

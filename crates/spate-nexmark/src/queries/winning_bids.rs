@@ -21,6 +21,7 @@ use spate_dstream::{DStream, Timed, TimedState};
 
 use super::{event_time, watermarks};
 use crate::model::{Auction, Bid, Event};
+use crate::text::SharedStr;
 
 /// What the winning-bid operator reads, keyed by auction id.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -178,7 +179,7 @@ pub struct Q9Row {
     /// The category.
     pub category: i64,
     /// The auction's padding.
-    pub extra: String,
+    pub extra: SharedStr,
     /// The auction bid on (`B.auction`, the same as `id`).
     pub auction: i64,
     /// The winning bidder.
@@ -188,7 +189,7 @@ pub struct Q9Row {
     /// The winning bid's time (`bid_dateTime`).
     pub bid_date_time: i64,
     /// The winning bid's padding (`bid_extra`).
-    pub bid_extra: String,
+    pub bid_extra: SharedStr,
 }
 
 impl Q9Row {
