@@ -268,7 +268,7 @@ fn a_restart_from_a_chain_gives_exactly_the_outputs_of_an_uninterrupted_run() {
         // Whole at the first checkpoint of each start (batches 0, 5, 10) and every
         // full_snapshot_every-th after it; the window's changes in between.
         for (batch, p) in progress.iter().enumerate() {
-            let incremental = (batch as u64 % 5) % full_snapshot_every != 0;
+            let incremental = !(batch as u64 % 5).is_multiple_of(full_snapshot_every);
             assert!(p.state_checkpointed, "batch {batch}");
             assert_eq!(p.state_incremental, incremental, "batch {batch}, full_snapshot_every {full_snapshot_every}");
         }
