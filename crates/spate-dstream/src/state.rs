@@ -178,7 +178,20 @@ struct MapWithStateNode<K, V, S, M, F> {
     func: F,
     timeout: Option<Duration>,
     /// Per partition: each key's state and the last batch time it had data.
-    parts: Vec<KeyHashMap<K, (S, Time)>>,
+    parts: Vec<KeyHashMap<K, Entry<S>>>,
+    /// Keys removed since the last snapshot (a key removed and given state
+    /// again is also in `parts`, marked changed).
+    removed: Vec<K>,
+}
+
+/// One key's state in [`MapWithStateNode`].
+#[derive(Clone)]
+struct Entry<S> {
+    state: S,
+    /// The last batch time the key had data.
+    last: Time,
+    /// Changed since the last snapshot.
+    changed: bool,
 }
 
 impl<K, V, S, M, F> Node for MapWithStateNode<K, V, S, M, F>
@@ -202,28 +215,41 @@ where
         let want_snapshots = self.snapshots.readers() > 0;
         let work: Vec<_> = self.parts.iter_mut().zip(records).collect();
         let out = ctx.par(work, |(part, records)| {
-            let mut mapped = Vec::with_capacity(records.len());
+            let (mut mapped, mut removed) = (Vec::with_capacity(records.len()), Vec::new());
             for (key, value) in records {
-                let mut state = State::new(part.remove(&key).map(|(s, _)| s), false);
+                let old = part.remove(&key);
+                let existed = old.is_some();
+                let mut state = State::new(old.map(|entry| entry.state), false);
                 mapped.push(func(&key, Some(value), &mut state));
-                if let Some(value) = state.value {
-                    part.insert(key, (value, time));
+                match state.value {
+                    Some(value) => {
+                        part.insert(key, Entry { state: value, last: time, changed: true });
+                    }
+                    None if existed => removed.push(key),
+                    None => {}
                 }
             }
             if let Some(threshold) = threshold {
-                for (key, (value, _)) in part.extract_if(|_, (_, last)| *last < threshold) {
-                    let mut state = State::new(Some(value), true);
+                for (key, entry) in part.extract_if(|_, entry| entry.last < threshold) {
+                    let mut state = State::new(Some(entry.state), true);
                     mapped.push(func(&key, None, &mut state));
+                    removed.push(key);
                 }
             }
             let snapshot: Vec<(K, S)> = if want_snapshots {
-                part.iter().map(|(k, (s, _))| (k.clone(), s.clone())).collect()
+                part.iter().map(|(k, entry)| (k.clone(), entry.state.clone())).collect()
             } else {
                 Vec::new()
             };
-            (mapped, snapshot)
+            (mapped, snapshot, removed)
         })?;
-        let (mapped, snapshots): (Vec<_>, Vec<_>) = out.into_iter().unzip();
+        let mut mapped = Vec::with_capacity(out.len());
+        let mut snapshots = Vec::with_capacity(out.len());
+        for (records, snapshot, removed) in out {
+            mapped.push(records);
+            snapshots.push(snapshot);
+            self.removed.extend(removed);
+        }
         self.output.put(ctx.time, Some(Batch::new(mapped)));
         self.snapshots.put(ctx.time, Some(Batch::new(snapshots)));
         Ok(None)
@@ -244,6 +270,30 @@ struct MapStateOwned<K, S> {
     entries: Vec<(K, S, Time)>,
 }
 
+/// What changed since the previous snapshot: the keys removed, then the
+/// keys given state (a key removed and given state again is in both).
+#[derive(Serialize)]
+struct MapStateChangesRef<'a, K, S> {
+    removed: &'a [K],
+    changed: Vec<(&'a K, &'a S, Time)>,
+}
+
+#[derive(Deserialize)]
+struct MapStateChangesOwned<K, S> {
+    removed: Vec<K>,
+    changed: Vec<(K, S, Time)>,
+}
+
+impl<K, V, S, M, F> MapWithStateNode<K, V, S, M, F> {
+    /// Forgets what changed: the next changes are relative to now.
+    fn mark_unchanged(&mut self) {
+        self.removed.clear();
+        for entry in self.parts.iter_mut().flat_map(|p| p.values_mut()) {
+            entry.changed = false;
+        }
+    }
+}
+
 impl<K, V, S, M, F> StatefulNode for MapWithStateNode<K, V, S, M, F>
 where
     K: Key,
@@ -253,13 +303,43 @@ where
     F: Fn(&K, Option<V>, &mut State<S>) -> M + Send + Sync,
 {
     fn snapshot(&mut self) -> Result<Vec<u8>, CoreError> {
-        let entries = self.parts.iter().flat_map(|p| p.iter()).map(|(k, (s, t))| (k, s, *t)).collect();
-        state_codec().encode(&MapStateRef { entries })
+        let entries = self.parts.iter().flat_map(|p| p.iter()).map(|(k, e)| (k, &e.state, e.last)).collect();
+        let bytes = state_codec().encode(&MapStateRef { entries })?;
+        self.mark_unchanged();
+        Ok(bytes)
+    }
+
+    fn snapshot_changes(&mut self) -> Option<Result<Vec<u8>, CoreError>> {
+        let changed =
+            self.parts.iter().flat_map(|p| p.iter()).filter(|(_, e)| e.changed).map(|(k, e)| (k, &e.state, e.last));
+        let bytes = state_codec().encode(&MapStateChangesRef { removed: &self.removed, changed: changed.collect() });
+        if bytes.is_ok() {
+            self.mark_unchanged();
+        }
+        Some(bytes)
     }
 
     fn restore(&mut self, bytes: &[u8], partitions: usize) -> Result<(), CoreError> {
         let owned: MapStateOwned<K, S> = state_codec().decode(bytes)?.value;
-        self.parts = spread(owned.entries.into_iter().map(|(k, s, t)| (k, (s, t))).collect(), partitions);
+        let entries = owned.entries.into_iter().map(|(k, state, last)| (k, Entry { state, last, changed: false }));
+        self.parts = spread(entries.collect(), partitions);
+        self.removed.clear();
+        Ok(())
+    }
+
+    fn apply_changes(&mut self, bytes: &[u8], partitions: usize) -> Result<(), CoreError> {
+        let changes: MapStateChangesOwned<K, S> = state_codec().decode(bytes)?.value;
+        respread(&mut self.parts, partitions);
+        for key in changes.removed {
+            if let Some(part) = self.parts.get_mut(partition_of(&key, partitions)) {
+                part.remove(&key);
+            }
+        }
+        for (key, state, last) in changes.changed {
+            if let Some(part) = self.parts.get_mut(partition_of(&key, partitions)) {
+                part.insert(key, Entry { state, last, changed: false });
+            }
+        }
         Ok(())
     }
 }
@@ -327,7 +407,15 @@ impl<K: Key, V: Data> DStream<(K, V)> {
         let snapshots = Slot::new();
         let node_snapshots = Arc::clone(&snapshots);
         let mapped = self.add_node(meta, |output| {
-            Box::new(MapWithStateNode { input, output, snapshots: node_snapshots, func, timeout, parts: Vec::new() })
+            Box::new(MapWithStateNode {
+                input,
+                output,
+                snapshots: node_snapshots,
+                func,
+                timeout,
+                parts: Vec::new(),
+                removed: Vec::new(),
+            })
         });
         MapWithStateStream { mapped, snapshots }
     }

@@ -6,13 +6,70 @@ mod common;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use common::{INTERVAL, collect, run, sorted_at, t};
+use common::{Collected, INTERVAL, collect, run, sorted_at, t};
 use proptest::prelude::*;
 use spate_core::Duration;
-use spate_dstream::{GraphBuilder, QueueSource, State};
+use spate_dstream::{Graph, GraphBuilder, QueueSource, RestorePolicy, State, StateSnapshot};
 
 fn batches() -> impl Strategy<Value = Vec<Vec<(u8, u32)>>> {
     prop::collection::vec(prop::collection::vec((0u8..10, 1u32..10), 0..15), 1..25)
+}
+
+/// A running total per key with `map_with_state`, idle keys timing out.
+struct Sessions {
+    graph: Graph,
+    queue: Arc<QueueSource<(u8, u32)>>,
+    mapped: Collected<(u8, u64, bool)>,
+    snapshots: Collected<(u8, u64)>,
+}
+
+fn sessions(timeout: u64, partitions: usize) -> Sessions {
+    let b = GraphBuilder::new(INTERVAL).partitions(partitions).workers(2).checkpointing(true);
+    let queue = Arc::new(QueueSource::new());
+    let with_state = b
+        .input("in", Arc::clone(&queue))
+        .map_with_state(
+            |key: &u8, value: Option<u32>, state: &mut State<u64>| match value {
+                Some(v) => {
+                    let total = state.get().copied().unwrap_or(0) + u64::from(v);
+                    state.update(total);
+                    (*key, total, false)
+                }
+                None => (*key, state.get().copied().unwrap_or(0), state.is_timing_out()),
+            },
+            Some(Duration::from_secs(timeout)),
+        )
+        .name("sessions");
+    let mapped = collect(&with_state.mapped());
+    let snapshots = collect(&with_state.state_snapshots());
+    Sessions { graph: b.build().unwrap(), queue, mapped, snapshots }
+}
+
+/// Every batch's mapped records and state against a reference: per key
+/// the running total and the last batch with data.
+fn check_sessions(s: &Sessions, input: &[Vec<(u8, u32)>], timeout: u64) -> Result<(), TestCaseError> {
+    let mut state: BTreeMap<u8, (u64, i64)> = BTreeMap::new();
+    for (index, batch) in input.iter().enumerate() {
+        let now = index as i64 + 1;
+        let mut expected = Vec::new();
+        for (k, v) in batch {
+            let entry = state.entry(*k).or_insert((0, now));
+            entry.0 += u64::from(*v);
+            entry.1 = now;
+            expected.push((*k, entry.0, false));
+        }
+        let threshold = now - timeout as i64;
+        let timed_out: Vec<u8> = state.iter().filter(|(_, (_, last))| *last < threshold).map(|(k, _)| *k).collect();
+        for k in timed_out {
+            let (total, _) = state.remove(&k).unwrap();
+            expected.push((k, total, true));
+        }
+        expected.sort();
+        prop_assert_eq!(sorted_at(&s.mapped, t(now)).unwrap(), expected, "mapped at {}", now);
+        let expected_state: Vec<(u8, u64)> = state.iter().map(|(k, (total, _))| (*k, *total)).collect();
+        prop_assert_eq!(sorted_at(&s.snapshots, t(now)).unwrap(), expected_state, "state at {}", now);
+    }
+    Ok(())
 }
 
 proptest! {
@@ -51,49 +108,48 @@ proptest! {
 
     #[test]
     fn map_with_state_maps_every_record_and_times_out_idle_keys(input in batches(), timeout in 1u64..5) {
-        let b = GraphBuilder::new(INTERVAL).partitions(3).workers(2).checkpointing(true);
-        let queue = Arc::new(QueueSource::new());
-        let with_state = b.input("in", Arc::clone(&queue)).map_with_state(
-            |key: &u8, value: Option<u32>, state: &mut State<u64>| match value {
-                Some(v) => {
-                    let total = state.get().copied().unwrap_or(0) + u64::from(v);
-                    state.update(total);
-                    (*key, total, false)
-                }
-                None => (*key, state.get().copied().unwrap_or(0), state.is_timing_out()),
-            },
-            Some(Duration::from_secs(timeout)),
-        ).name("sessions");
-        let mapped = collect(&with_state.mapped());
-        let snapshots = collect(&with_state.state_snapshots());
-        let mut graph = b.build().unwrap();
+        let mut s = sessions(timeout, 3);
         for batch in &input {
-            queue.push(batch.clone());
+            s.queue.push(batch.clone());
         }
-        run(&mut graph, 1..=input.len() as i64);
+        run(&mut s.graph, 1..=input.len() as i64);
+        check_sessions(&s, &input, timeout)?;
+    }
 
-        // Reference: per key the running total and the last batch with data.
-        let mut state: BTreeMap<u8, (u64, i64)> = BTreeMap::new();
-        for (index, batch) in input.iter().enumerate() {
-            let now = index as i64 + 1;
-            let mut expected = Vec::new();
-            for (k, v) in batch {
-                let entry = state.entry(*k).or_insert((0, now));
-                entry.0 += u64::from(*v);
-                entry.1 = now;
-                expected.push((*k, entry.0, false));
+    #[test]
+    fn map_with_state_restored_from_a_whole_snapshot_and_later_changes_continues_exactly(
+        input in batches(), timeout in 1u64..5, cuts in prop::collection::vec(0usize..25, 1..5), partitions in 1usize..5,
+    ) {
+        let mut cuts: Vec<usize> = cuts.into_iter().map(|c| c.min(input.len())).collect();
+        cuts.sort_unstable();
+        let mut first = sessions(timeout, 3);
+        let descriptor = first.graph.descriptor();
+        let mut chain: Vec<Vec<u8>> = Vec::new();
+        let mut done = 0;
+        for cut in &cuts {
+            for batch in &input[done..*cut] {
+                first.queue.push(batch.clone());
             }
-            let threshold = now - timeout as i64;
-            let timed_out: Vec<u8> = state.iter().filter(|(_, (_, last))| *last < threshold).map(|(k, _)| *k).collect();
-            for k in timed_out {
-                let (total, _) = state.remove(&k).unwrap();
-                expected.push((k, total, true));
+            run(&mut first.graph, done as i64 + 1..=*cut as i64);
+            done = *cut;
+            if chain.is_empty() {
+                chain.push(first.graph.snapshot_state().unwrap().remove(0).1);
+                continue;
             }
-            expected.sort();
-            prop_assert_eq!(sorted_at(&mapped, t(now)).unwrap(), expected);
-            let expected_state: Vec<(u8, u64)> = state.iter().map(|(k, (total, _))| (*k, *total)).collect();
-            prop_assert_eq!(sorted_at(&snapshots, t(now)).unwrap(), expected_state);
+            match first.graph.snapshot_state_changes().unwrap().remove(0).1 {
+                StateSnapshot::Changes(bytes) => chain.push(bytes),
+                StateSnapshot::Whole(_) => prop_assert!(false, "map_with_state snapshots what changed"),
+            }
         }
+        let mut second = sessions(timeout, partitions);
+        second.graph.restore_chains(&descriptor, vec![("sessions".to_string(), chain)], &RestorePolicy::strict()).unwrap();
+        for batch in &input[done..] {
+            second.queue.push(batch.clone());
+        }
+        run(&mut second.graph, done as i64 + 1..=input.len() as i64);
+        second.mapped.lock().unwrap().extend(first.mapped.lock().unwrap().clone());
+        second.snapshots.lock().unwrap().extend(first.snapshots.lock().unwrap().clone());
+        check_sessions(&second, &input, timeout)?;
     }
 }
 
