@@ -354,3 +354,24 @@ proptest! {
         prop_assert_eq!(&*outputs.lock().unwrap(), &expected);
     }
 }
+
+#[test]
+fn a_restart_whose_chain_lost_a_link_stops_naming_the_file_and_the_batch_that_needs_it() {
+    let shape = Shape { per_batch: 4, full_snapshot_every: DEFAULT_FULL_SNAPSHOT_EVERY, checkpoint_every: 1 };
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(Time::from_millis(START));
+    run_until(dir.path(), &clock, shape, 4, &Outputs::default(), &Arc::default());
+    assert_eq!(state_files(dir.path(), "window"), [0, 1, 2, 3, 4], "a whole snapshot and four files of changes");
+    std::fs::remove_file(dir.path().join("state/window/2")).unwrap();
+    let err = StreamingContext::get_or_create(dir.path(), settings(&clock, shape), |p| {
+        pipeline(p, shape.per_batch, &Outputs::default());
+        Ok(())
+    })
+    .err()
+    .expect("a chain without a link does not restore");
+    let text = err.to_string();
+    assert!(
+        text.contains("state/window/2 is missing") && text.contains("state/window/3 holds the changes since it"),
+        "{text}"
+    );
+}
