@@ -363,12 +363,12 @@ fn a_restart_whose_chain_lost_a_link_stops_naming_the_file_and_the_batch_that_ne
     run_until(dir.path(), &clock, shape, 4, &Outputs::default(), &Arc::default());
     assert_eq!(state_files(dir.path(), "window"), [0, 1, 2, 3, 4], "a whole snapshot and four files of changes");
     std::fs::remove_file(dir.path().join("state/window/2")).unwrap();
-    let err = StreamingContext::get_or_create(dir.path(), settings(&clock, shape), |p| {
+    let Err(err) = StreamingContext::get_or_create(dir.path(), settings(&clock, shape), |p| {
         pipeline(p, shape.per_batch, &Outputs::default());
         Ok(())
-    })
-    .err()
-    .expect("a chain without a link does not restore");
+    }) else {
+        panic!("a chain without a link does not restore");
+    };
     let text = err.to_string();
     assert!(
         text.contains("state/window/2 is missing") && text.contains("state/window/3 holds the changes since it"),
