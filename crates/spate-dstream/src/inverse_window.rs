@@ -5,7 +5,7 @@
 //! batches that left with `inverse`, so a slide costs the batches moved, not
 //! the whole window. The window keeps, per partition:
 //!
-//! - its keys once, in a [`KeyTable`] that names each by a dense id;
+//! - its keys once, encoded, in a [`KeyTable`] that names each by a dense id;
 //! - the window's value per key, in an array indexed by id;
 //! - each retained batch, reduced by key, as an [`EncodedSlice`] of
 //!   `(id, value)`: a few bytes an entry;
@@ -27,7 +27,7 @@ use crate::batch::{Batch, Data, Key};
 use crate::error::DStreamError;
 use crate::graph::Job;
 use crate::hash::{KeyHashMap, partition_of};
-use crate::keyed::{EncodedSlice, KeyTable};
+use crate::keyed::{ByteString, EncodedSlice, KeyTable, OwnedByteString};
 use crate::node::{Node, Slot, StatefulNode, StepCtx};
 use crate::pair::{KeyedCombine, combines_on_arrival};
 
@@ -118,7 +118,7 @@ impl<K: Key, V: Data> Part<K, V> {
         let mut entries = Vec::with_capacity(batch.len());
         for (key, value) in batch {
             let known = self.keys.len();
-            let id = self.keys.insert(key);
+            let id = self.keys.insert(&key)?;
             if self.keys.len() > known {
                 self.keys_changed.insert(id);
             }
@@ -172,19 +172,23 @@ impl<K: Key, V: Data> Part<K, V> {
                 }
             })?;
         }
-        Ok(self.settle(keep))
+        self.settle(keep)
     }
 
     /// Applies `keep`, frees unused ids, and lists the window's result.
-    fn settle<P: Fn(&K, &V) -> bool>(&mut self, keep: &P) -> Vec<(K, V)> {
+    fn settle<P: Fn(&K, &V) -> bool>(&mut self, keep: &P) -> Result<Vec<(K, V)>, CoreError> {
         let mut out = Vec::with_capacity(self.keys.len());
         for index in 0..self.current.len() {
             let id = index as u32;
-            let Some(key) = self.keys.key(id) else { continue };
-            let slot = &mut self.current[index];
-            if let Some(value) = slot {
-                if keep(key, value) {
-                    out.push((key.clone(), value.clone()));
+            if !self.keys.contains(id) {
+                continue;
+            }
+            if let Some(slot) = self.current.get_mut(index)
+                && let Some(value) = slot
+            {
+                let key = self.keys.key(id)?.ok_or_else(|| CoreError::Decode { reason: "a key vanished".into() })?;
+                if keep(&key, value) {
+                    out.push((key, value.clone()));
                     continue;
                 }
                 *slot = None;
@@ -195,25 +199,30 @@ impl<K: Key, V: Data> Part<K, V> {
                 self.keys_changed.insert(id);
             }
         }
-        out
+        Ok(out)
     }
 
     /// The window's value and slices by key (for a re-partitioning and for
     /// reading a version 1 snapshot).
     fn entries(&self) -> Result<ByKey<K, V>, CoreError> {
-        let current = self
-            .keys
-            .iter()
-            .filter_map(|(id, key)| Some((key.clone(), self.current.get(id as usize)?.clone()?)))
-            .collect();
+        let mut current = Vec::with_capacity(self.keys.len());
+        for (id, value) in self.current.iter().enumerate() {
+            if let Some(value) = value
+                && let Some(key) = self.keys.key(id as u32)?
+            {
+                current.push((key, value.clone()));
+            }
+        }
         let mut retained = Vec::with_capacity(self.retained.len());
         for slice in &self.retained {
-            let mut entries = Vec::with_capacity(slice.len());
-            slice.for_each(|id, value: V| {
-                if let Some(key) = self.keys.key(id) {
-                    entries.push((key.clone(), value));
+            let mut ids = Vec::with_capacity(slice.len());
+            slice.for_each(|id, value: V| ids.push((id, value)))?;
+            let mut entries = Vec::with_capacity(ids.len());
+            for (id, value) in ids {
+                if let Some(key) = self.keys.key(id)? {
+                    entries.push((key, value));
                 }
-            })?;
+            }
             retained.push(entries);
         }
         Ok((current, retained))
@@ -234,7 +243,7 @@ impl<K: Key, V: Data> Part<K, V> {
         Ok(())
     }
 
-    fn whole(&mut self) -> Result<PartWhole<'_, K>, CoreError> {
+    fn whole(&mut self) -> Result<PartWhole<'_>, CoreError> {
         self.keys_changed.take();
         let mut current: Vec<(u32, &V)> = Vec::with_capacity(self.keys.len());
         for (id, value) in self.current.iter().enumerate() {
@@ -245,11 +254,12 @@ impl<K: Key, V: Data> Part<K, V> {
         let current = EncodedSlice::encode(&mut current)?;
         self.values_changed.take();
         self.fresh = 0;
-        Ok(PartWhole { keys: self.keys.iter().collect(), current, retained: self.retained.iter().collect() })
+        let keys = self.keys.iter_encoded().map(|(id, key)| (id, ByteString(key))).collect();
+        Ok(PartWhole { keys, current, retained: self.retained.iter().collect() })
     }
 
-    fn changes(&mut self) -> Result<PartChanges<'_, K>, CoreError> {
-        let keys = self.keys_changed.take().into_iter().map(|id| (id, self.keys.key(id))).collect();
+    fn changes(&mut self) -> Result<PartChanges<'_>, CoreError> {
+        let keys = self.keys_changed.take().into_iter().map(|id| (id, self.keys.encoded(id).map(ByteString))).collect();
         let mut values: Vec<(u32, Option<&V>)> = self
             .values_changed
             .take()
@@ -262,10 +272,10 @@ impl<K: Key, V: Data> Part<K, V> {
         Ok(PartChanges { keys, values, fresh })
     }
 
-    fn install_whole(owned: PartWholeOwned<K>) -> Result<Self, CoreError> {
+    fn install_whole(owned: PartWholeOwned) -> Result<Self, CoreError> {
         let mut part = Part::default();
-        for (id, key) in owned.keys {
-            part.keys.insert_at(id, key)?;
+        for (id, OwnedByteString(key)) in owned.keys {
+            part.keys.insert_at(id, &key)?;
         }
         part.keys.rebuild_free();
         part.grow();
@@ -280,15 +290,15 @@ impl<K: Key, V: Data> Part<K, V> {
         Ok(part)
     }
 
-    fn apply(&mut self, changes: PartChangesOwned<K>, slices: usize) -> Result<(), CoreError> {
+    fn apply(&mut self, changes: PartChangesOwned, slices: usize) -> Result<(), CoreError> {
         // Every changed id is emptied before any is filled: a key that moved
         // to another id is then never under two at once.
         for (id, _) in &changes.keys {
             self.keys.remove(*id);
         }
         for (id, key) in changes.keys {
-            if let Some(key) = key {
-                self.keys.insert_at(id, key)?;
+            if let Some(OwnedByteString(key)) = key {
+                self.keys.insert_at(id, &key)?;
             }
         }
         self.keys.rebuild_free();
@@ -308,24 +318,25 @@ impl<K: Key, V: Data> Part<K, V> {
     }
 }
 
+/// A partition's whole state: keys as the key table encodes them.
 #[derive(Serialize)]
-struct PartWhole<'a, K> {
-    keys: Vec<(u32, &'a K)>,
+struct PartWhole<'a> {
+    keys: Vec<(u32, ByteString<'a>)>,
     current: EncodedSlice,
     retained: Vec<&'a EncodedSlice>,
 }
 
 #[derive(Deserialize)]
-struct PartWholeOwned<K> {
-    keys: Vec<(u32, K)>,
+struct PartWholeOwned {
+    keys: Vec<(u32, OwnedByteString)>,
     current: EncodedSlice,
     retained: Vec<EncodedSlice>,
 }
 
 #[derive(Serialize)]
-struct PartChanges<'a, K> {
+struct PartChanges<'a> {
     /// Changed ids with their key now (`None`: freed).
-    keys: Vec<(u32, Option<&'a K>)>,
+    keys: Vec<(u32, Option<ByteString<'a>>)>,
     /// Changed ids with their value now, as `Option<V>`.
     values: EncodedSlice,
     /// The slices that entered, oldest first.
@@ -333,8 +344,8 @@ struct PartChanges<'a, K> {
 }
 
 #[derive(Deserialize)]
-struct PartChangesOwned<K> {
-    keys: Vec<(u32, Option<K>)>,
+struct PartChangesOwned {
+    keys: Vec<(u32, Option<OwnedByteString>)>,
     values: EncodedSlice,
     fresh: Vec<EncodedSlice>,
 }
@@ -521,7 +532,7 @@ where
         }
         for (part, map) in parts.iter_mut().zip(spread(current)) {
             for (key, value) in map {
-                let id = part.keys.insert(key);
+                let id = part.keys.insert(&key)?;
                 part.grow();
                 if let Some(slot) = part.current.get_mut(id as usize) {
                     *slot = Some(value);
@@ -603,7 +614,7 @@ where
             self.times = old.times;
             return self.install(old.current, old.retained, partitions);
         }
-        let snapshot: Snapshot<PartWholeOwned<K>> = codec.decode_payload(frame.payload)?;
+        let snapshot: Snapshot<PartWholeOwned> = codec.decode_payload(frame.payload)?;
         if snapshot.parts.iter().any(|p| p.retained.len() != snapshot.times.len()) {
             return Err(CoreError::Decode { reason: "a partition's slices and the window's times differ".to_string() });
         }
@@ -615,7 +626,7 @@ where
     }
 
     fn apply_changes(&mut self, bytes: &[u8], _partitions: usize) -> Result<(), CoreError> {
-        let snapshot: Snapshot<PartChangesOwned<K>> = codec().decode(bytes)?.value;
+        let snapshot: Snapshot<PartChangesOwned> = codec().decode(bytes)?.value;
         if self.is_empty() {
             // The snapshot before was taken before the first batch.
             self.parts = (0..snapshot.parts.len()).map(|_| Part::default()).collect();

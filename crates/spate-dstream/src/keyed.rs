@@ -14,6 +14,8 @@
 //! Ids are per table, not stable across runs: a snapshot writes keys with
 //! their ids, and a restore on another partition count re-keys by value.
 
+use std::marker::PhantomData;
+
 use hashbrown::HashTable;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
@@ -23,22 +25,58 @@ use std::hash::BuildHasher;
 use crate::batch::Key;
 use crate::hash::KeyHashState;
 
-/// The keys of one partition, each stored once and named by a dense id.
-/// Ids of removed keys are reused.
+/// The keys of one partition, each stored once, encoded, and named by a
+/// dense id. Ids of removed keys are reused.
+///
+/// A key is kept as its encoding in the state codec, back to back with the
+/// others in one buffer: a million short words take some 16 MB rather than
+/// the 56 MB of a million `String`s (a 24-byte handle and a 32-byte heap
+/// block each), and none of them is a long-lived allocation scattered
+/// among a batch's short-lived ones. Two keys are the same key when their
+/// encodings are equal, as with Flink's RocksDB state: true of every key
+/// whose `Eq` compares what it serializes (anything with derived `Eq` and
+/// `Serialize`).
 pub(crate) struct KeyTable<K> {
-    /// By id; `None` for a free id.
-    keys: Vec<Option<K>>,
+    /// The encoded keys; a removed key's bytes stay until a compaction.
+    arena: Vec<u8>,
+    /// By id: where its key is in `arena` (`None` for a free id).
+    spans: Vec<Option<Span>>,
     /// Ids, found by their key's hash.
     index: HashTable<u32>,
     hasher: KeyHashState,
     free: Vec<u32>,
+    /// Bytes of `arena` no key uses any more.
+    garbage: usize,
+    /// Where a key being looked up is encoded.
+    scratch: Vec<u8>,
+    _keys: PhantomData<fn(K) -> K>,
+}
+
+/// A key's bytes in the arena.
+#[derive(Clone, Copy, Debug)]
+struct Span {
+    start: u32,
+    len: u32,
 }
 
 impl<K> Default for KeyTable<K> {
     fn default() -> Self {
-        KeyTable { keys: Vec::new(), index: HashTable::new(), hasher: KeyHashState::default(), free: Vec::new() }
+        KeyTable {
+            arena: Vec::new(),
+            spans: Vec::new(),
+            index: HashTable::new(),
+            hasher: KeyHashState::default(),
+            free: Vec::new(),
+            garbage: 0,
+            scratch: Vec::new(),
+            _keys: PhantomData,
+        }
     }
 }
+
+/// A compaction runs when this much of the arena, and at least half of
+/// it, is garbage.
+const COMPACT_AFTER_BYTES: usize = 1 << 20;
 
 impl<K: Key> KeyTable<K> {
     /// The number of keys.
@@ -49,94 +87,139 @@ impl<K: Key> KeyTable<K> {
     /// One more than the highest id ever given: the length arrays indexed
     /// by id need.
     pub(crate) fn id_bound(&self) -> usize {
-        self.keys.len()
-    }
-
-    /// The id of `key`, if it has one.
-    pub(crate) fn get(&self, key: &K) -> Option<u32> {
-        let keys = &self.keys;
-        let hash = self.hasher.hash_one(key);
-        self.index.find(hash, |id| key_at(keys, *id) == Some(key)).copied()
+        self.spans.len()
     }
 
     /// The id of `key`, giving it one if it has none.
-    pub(crate) fn insert(&mut self, key: K) -> u32 {
-        let hash = self.hasher.hash_one(&key);
-        let (keys, hasher) = (&self.keys, &self.hasher);
-        if let Some(id) = self.index.find(hash, |id| key_at(keys, *id) == Some(&key)) {
-            return *id;
-        }
-        let id = match self.free.pop() {
-            Some(id) => id,
-            None => u32::try_from(self.keys.len()).unwrap_or(u32::MAX),
-        };
-        self.index.insert_unique(hash, id, |id| rehash(hasher, keys, *id));
-        self.place(id, key);
+    pub(crate) fn insert(&mut self, key: &K) -> Result<u32, CoreError> {
+        let mut scratch = std::mem::take(&mut self.scratch);
+        scratch.clear();
+        let encoded = bincode::serde::encode_into_std_write(key, &mut scratch, bincode::config::standard())
+            .map_err(|e| CoreError::Encode { reason: format!("a key: {e}") });
+        let id = encoded.and_then(|_| self.insert_encoded(&scratch));
+        self.scratch = scratch;
         id
     }
 
-    /// The key of `id`.
-    pub(crate) fn key(&self, id: u32) -> Option<&K> {
-        key_at(&self.keys, id)
+    /// The id of the key encoded as `bytes`, giving it one if it has none.
+    pub(crate) fn insert_encoded(&mut self, bytes: &[u8]) -> Result<u32, CoreError> {
+        let hash = self.hasher.hash_one(bytes);
+        if let Some(id) = self.index.find(hash, |id| bytes_at(&self.arena, &self.spans, *id) == Some(bytes)) {
+            return Ok(*id);
+        }
+        let id = match self.free.pop() {
+            Some(id) => id,
+            None => u32::try_from(self.spans.len()).map_err(|_| too_many("ids"))?,
+        };
+        self.place(id, bytes, hash)?;
+        Ok(id)
+    }
+
+    /// The key of `id`, decoded.
+    pub(crate) fn key(&self, id: u32) -> Result<Option<K>, CoreError> {
+        let Some(bytes) = self.encoded(id) else { return Ok(None) };
+        bincode::serde::decode_from_slice(bytes, bincode::config::standard())
+            .map(|(key, _)| Some(key))
+            .map_err(|e| CoreError::Decode { reason: format!("a key of the key table: {e}") })
+    }
+
+    /// The encoding of the key of `id`.
+    pub(crate) fn encoded(&self, id: u32) -> Option<&[u8]> {
+        bytes_at(&self.arena, &self.spans, id)
+    }
+
+    /// True when `id` names a key.
+    pub(crate) fn contains(&self, id: u32) -> bool {
+        self.spans.get(id as usize).is_some_and(Option::is_some)
     }
 
     /// Removes the key of `id`, freeing the id.
-    pub(crate) fn remove(&mut self, id: u32) -> Option<K> {
-        let key = self.keys.get_mut(id as usize)?.take()?;
-        let hash = self.hasher.hash_one(&key);
+    pub(crate) fn remove(&mut self, id: u32) -> bool {
+        let Some(bytes) = self.encoded(id) else { return false };
+        let hash = self.hasher.hash_one(bytes);
         if let Ok(entry) = self.index.find_entry(hash, |found| *found == id) {
             entry.remove();
         }
+        if let Some(slot) = self.spans.get_mut(id as usize)
+            && let Some(span) = slot.take()
+        {
+            self.garbage += span.len as usize;
+        }
         self.free.push(id);
-        Some(key)
+        self.compact_if_due();
+        true
     }
 
-    /// Every key with its id, in id order.
-    pub(crate) fn iter(&self) -> impl Iterator<Item = (u32, &K)> {
-        self.keys.iter().enumerate().filter_map(|(id, key)| Some((u32::try_from(id).ok()?, key.as_ref()?)))
+    /// Every key's encoding with its id, in id order.
+    pub(crate) fn iter_encoded(&self) -> impl Iterator<Item = (u32, &[u8])> {
+        (0..self.spans.len()).filter_map(|id| {
+            let id = u32::try_from(id).ok()?;
+            Some((id, self.encoded(id)?))
+        })
     }
 
-    /// Puts `key` at `id` (as a snapshot recorded it), replacing what was
-    /// there. Call [`KeyTable::rebuild_free`] once all are placed.
-    pub(crate) fn insert_at(&mut self, id: u32, key: K) -> Result<(), CoreError> {
-        if self.get(&key).is_some_and(|existing| existing != id) {
+    /// Puts the key encoded as `bytes` at `id` (as a snapshot recorded
+    /// it), replacing what was there. Call [`KeyTable::rebuild_free`] once
+    /// all are placed.
+    pub(crate) fn insert_at(&mut self, id: u32, bytes: &[u8]) -> Result<(), CoreError> {
+        let hash = self.hasher.hash_one(bytes);
+        let elsewhere = self.index.find(hash, |found| bytes_at(&self.arena, &self.spans, *found) == Some(bytes));
+        if elsewhere.is_some_and(|existing| *existing != id) {
             return Err(CoreError::Decode { reason: format!("key table: a key recorded under two ids (one is {id})") });
         }
         self.remove(id);
-        let hash = self.hasher.hash_one(&key);
-        let (keys, hasher) = (&self.keys, &self.hasher);
-        self.index.insert_unique(hash, id, |id| rehash(hasher, keys, *id));
-        self.place(id, key);
-        Ok(())
+        self.place(id, bytes, hash)
     }
 
     /// Recomputes the free ids after keys were placed by id.
     pub(crate) fn rebuild_free(&mut self) {
-        self.free = (0..self.keys.len())
+        self.free = (0..self.spans.len())
             .rev()
-            .filter(|id| self.keys.get(*id).is_some_and(Option::is_none))
+            .filter(|id| self.spans.get(*id).is_some_and(Option::is_none))
             .filter_map(|id| u32::try_from(id).ok())
             .collect();
     }
 
-    fn place(&mut self, id: u32, key: K) {
+    fn place(&mut self, id: u32, bytes: &[u8], hash: u64) -> Result<(), CoreError> {
+        let start = u32::try_from(self.arena.len()).map_err(|_| too_many("bytes of keys"))?;
+        let len = u32::try_from(bytes.len()).map_err(|_| too_many("bytes in one key"))?;
+        self.arena.extend_from_slice(bytes);
         let index = id as usize;
-        if self.keys.len() <= index {
-            self.keys.resize_with(index + 1, || None);
+        if self.spans.len() <= index {
+            self.spans.resize(index + 1, None);
         }
-        if let Some(slot) = self.keys.get_mut(index) {
-            *slot = Some(key);
+        if let Some(slot) = self.spans.get_mut(index) {
+            *slot = Some(Span { start, len });
         }
+        let (arena, spans, hasher) = (&self.arena, &self.spans, &self.hasher);
+        self.index.insert_unique(hash, id, |id| bytes_at(arena, spans, *id).map_or(0, |b| hasher.hash_one(b)));
+        Ok(())
+    }
+
+    /// Copies the keys still in use to a new arena once most of it is garbage.
+    fn compact_if_due(&mut self) {
+        if self.garbage < COMPACT_AFTER_BYTES || self.garbage * 2 < self.arena.len() {
+            return;
+        }
+        let mut arena = Vec::with_capacity(self.arena.len() - self.garbage);
+        for span in self.spans.iter_mut().flatten() {
+            let bytes = self.arena.get(span.start as usize..(span.start + span.len) as usize).unwrap_or_default();
+            // The new arena is smaller than the old, whose offsets fit in u32.
+            span.start = arena.len() as u32;
+            arena.extend_from_slice(bytes);
+        }
+        self.arena = arena;
+        self.garbage = 0;
     }
 }
 
-/// The hash of the key of `id`, as the index needs it when it grows.
-fn rehash<K: Key>(hasher: &KeyHashState, keys: &[Option<K>], id: u32) -> u64 {
-    key_at(keys, id).map_or(0, |key| hasher.hash_one(key))
+fn bytes_at<'a>(arena: &'a [u8], spans: &[Option<Span>], id: u32) -> Option<&'a [u8]> {
+    let span = spans.get(id as usize).copied().flatten()?;
+    arena.get(span.start as usize..span.start as usize + span.len as usize)
 }
 
-fn key_at<K>(keys: &[Option<K>], id: u32) -> Option<&K> {
-    keys.get(id as usize).and_then(Option::as_ref)
+fn too_many(what: &str) -> CoreError {
+    CoreError::Encode { reason: format!("a partition's key table is past 4 Gi {what}") }
 }
 
 /// Entries `(id, value)` of one batch, encoded: ids ascending as varint
@@ -240,7 +323,8 @@ impl<'de> Deserialize<'de> for EncodedSlice {
     }
 }
 
-struct ByteString<'a>(&'a [u8]);
+/// Bytes written as one byte string.
+pub(crate) struct ByteString<'a>(pub(crate) &'a [u8]);
 
 impl Serialize for ByteString<'_> {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
@@ -248,7 +332,8 @@ impl Serialize for ByteString<'_> {
     }
 }
 
-struct OwnedByteString(Vec<u8>);
+/// Bytes read as one byte string.
+pub(crate) struct OwnedByteString(pub(crate) Vec<u8>);
 
 impl<'de> Deserialize<'de> for OwnedByteString {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
@@ -280,36 +365,58 @@ impl<'de> Deserialize<'de> for OwnedByteString {
 mod tests {
     use super::*;
 
+    fn encode<K: Key>(key: &K) -> Vec<u8> {
+        bincode::serde::encode_to_vec(key, bincode::config::standard()).unwrap()
+    }
+
     #[test]
     fn a_key_keeps_its_id_and_a_removed_keys_id_is_reused() {
         let mut table = KeyTable::default();
-        let (a, b) = (table.insert("a".to_string()), table.insert("b".to_string()));
+        let (a, b) = (table.insert(&"a".to_string()).unwrap(), table.insert(&"b".to_string()).unwrap());
         assert_eq!((a, b), (0, 1));
-        assert_eq!(table.insert("a".to_string()), a);
-        assert_eq!(table.get(&"b".to_string()), Some(b));
-        assert_eq!(table.remove(a).as_deref(), Some("a"));
-        assert_eq!(table.get(&"a".to_string()), None);
-        assert_eq!(table.insert("c".to_string()), a, "the freed id is given again");
+        assert_eq!(table.insert(&"a".to_string()).unwrap(), a);
+        assert_eq!(table.key(b).unwrap().as_deref(), Some("b"));
+        assert!(table.remove(a));
+        assert_eq!(table.key(a).unwrap(), None);
+        assert_eq!(table.insert(&"c".to_string()).unwrap(), a, "the freed id is given again");
         assert_eq!((table.len(), table.id_bound()), (2, 2));
-        let listed: Vec<(u32, &str)> = table.iter().map(|(id, k)| (id, k.as_str())).collect();
-        assert_eq!(listed, [(0, "c"), (1, "b")]);
+        let listed: Vec<(u32, Vec<u8>)> = table.iter_encoded().map(|(id, k)| (id, k.to_vec())).collect();
+        assert_eq!(listed, [(0, encode(&"c".to_string())), (1, encode(&"b".to_string()))]);
     }
 
     #[test]
     fn keys_placed_by_id_are_found_and_the_gaps_are_free() {
-        let mut table = KeyTable::default();
-        table.insert_at(3, 30u64).unwrap();
-        table.insert_at(1, 10u64).unwrap();
+        let mut table: KeyTable<u64> = KeyTable::default();
+        table.insert_at(3, &encode(&30u64)).unwrap();
+        table.insert_at(1, &encode(&10u64)).unwrap();
         table.rebuild_free();
-        assert_eq!((table.get(&30), table.get(&10), table.key(3)), (Some(3), Some(1), Some(&30)));
-        let mut given: Vec<u32> = (0..3).map(|k| table.insert(100 + k)).collect();
+        assert_eq!((table.insert(&30).unwrap(), table.insert(&10).unwrap()), (3, 1));
+        assert_eq!(table.key(3).unwrap(), Some(30));
+        let mut given: Vec<u32> = (0..3).map(|k| table.insert(&(100 + k)).unwrap()).collect();
         given.sort_unstable();
         assert_eq!(given, [0, 2, 4]);
-        assert!(table.insert_at(0, 30).is_err(), "a key under two ids is refused");
+        assert!(table.insert_at(0, &encode(&30u64)).is_err(), "a key under two ids is refused");
         // Past many growths of the index every key is still found.
-        let mut many = KeyTable::default();
-        let ids: Vec<u32> = (0..10_000u64).map(|k| many.insert(k)).collect();
-        assert!((0..10_000u64).all(|k| many.get(&k) == ids.get(k as usize).copied()));
+        let mut many: KeyTable<u64> = KeyTable::default();
+        let ids: Vec<u32> = (0..10_000u64).map(|k| many.insert(&k).unwrap()).collect();
+        assert!((0..10_000u64).all(|k| many.insert(&k).ok() == ids.get(k as usize).copied()));
+        assert_eq!(many.len(), 10_000);
+    }
+
+    #[test]
+    fn the_arena_is_compacted_once_most_of_it_is_garbage_and_keys_survive_it() {
+        let mut table: KeyTable<String> = KeyTable::default();
+        let key = |n: u32| format!("key-{n:0>120}");
+        let ids: Vec<u32> = (0..20_000).map(|n| table.insert(&key(n)).unwrap()).collect();
+        let full = table.arena.len();
+        for id in ids.iter().filter(|id| **id % 4 != 0) {
+            assert!(table.remove(*id));
+        }
+        assert!(table.arena.len() < full * 3 / 4, "compacted: {} of {full} bytes", table.arena.len());
+        for (n, id) in ids.iter().enumerate().filter(|(_, id)| **id % 4 == 0) {
+            assert_eq!(table.key(*id).unwrap(), Some(key(n as u32)));
+            assert_eq!(table.insert(&key(n as u32)).unwrap(), *id);
+        }
     }
 
     #[test]
