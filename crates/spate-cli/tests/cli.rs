@@ -298,6 +298,34 @@ fn logged_and_committed(checkpoint: &Path, batch: u64) -> (bool, bool) {
 
 #[test]
 fn sigkill_inside_batches_loses_and_repeats_nothing() {
+    kill_inside_batches(&[], 0, |_| {});
+}
+
+#[test]
+fn sigkill_inside_batches_with_incremental_state_snapshots_loses_and_repeats_nothing() {
+    let settings_dir = tempfile::tempdir().unwrap();
+    let settings = settings_dir.path().join("settings.json");
+    // The state snapshot every other batch, a whole one every third.
+    std::fs::write(&settings, r#"{"batch_interval_ms": 20, "checkpoint_interval_ms": 40, "full_snapshot_every": 3}"#)
+        .unwrap();
+    // Each start commits at least 4 batches before its kill: 2 or 3 snapshots,
+    // so the window's snapshot it leaves named is changes after a whole one,
+    // and the next start restores that chain.
+    kill_inside_batches(&["--settings", path_str(&settings)], 4, |checkpoint| {
+        let graph = std::fs::read(checkpoint.join("graph")).unwrap();
+        let body = graph.splitn(2, |b| *b == b'\n').nth(1).unwrap();
+        let named = serde_json::from_slice::<Value>(body).unwrap()["state_batch"].as_u64().unwrap();
+        let file = std::fs::read(checkpoint.join(format!("state/window-counts/{named}"))).unwrap();
+        let (link, _) = spate_logstore::split_state_file(&file).unwrap();
+        assert!(matches!(link, spate_logstore::StateLink::Changes { .. }), "state/window-counts/{named}: {link:?}");
+    });
+}
+
+/// Twelve starts of the demo, each killed (SIGKILL) where a failpoint holds
+/// it, at least `runs_at_least` batches after the last commit, `after_kill`
+/// looking at the checkpoint each time; then a run to the end, whose output
+/// must hold every word once.
+fn kill_inside_batches(extra: &[&str], runs_at_least: u64, after_kill: impl Fn(&Path)) {
     let root = tempfile::tempdir().unwrap();
     let checkpoint = root.path().join("ck");
     let ck = path_str(&checkpoint);
@@ -307,6 +335,7 @@ fn sigkill_inside_batches_loses_and_repeats_nothing() {
     println!("kill points seed: {seed} (set SPATE_CRASH_SEED to replay)");
     let mut moments = Moments(seed);
     let points = ["hold-before-outputs", "hold-in-batch", "hold-after-commit"];
+    let quiet: Vec<&str> = ["--quiet"].iter().chain(extra).copied().collect();
     for round in 0..12 {
         let point = points[moments.below(3) as usize];
         let next = if checkpoint.exists() {
@@ -314,8 +343,8 @@ fn sigkill_inside_batches_loses_and_repeats_nothing() {
         } else {
             0
         };
-        let from = next + moments.below(3);
-        let mut held = spawn_with_failpoint(ck, &["--quiet"], point, from);
+        let from = next + runs_at_least + moments.below(3);
+        let mut held = spawn_with_failpoint(ck, &quiet, point, from);
         let batch = held.wait_held();
         held.child.kill().unwrap(); // SIGKILL
         held.child.wait().unwrap();
@@ -325,10 +354,12 @@ fn sigkill_inside_batches_loses_and_repeats_nothing() {
         let verdict = inspect_json(&checkpoint)["verdict"].clone();
         let kind = if point == "hold-after-commit" { "resume" } else { "rerun" };
         assert_eq!(verdict["kind"], kind, "round {round}: {point} at batch {batch}: {verdict}");
+        after_kill(&checkpoint);
     }
     let last = inspect_json(&checkpoint)["commits"]["last"].as_u64().unwrap_or(0);
     let until_arg = (last + 4).to_string();
-    let finish = spate(&demo_args(ck, &["--quiet", "--until-batch", &until_arg]));
+    let finish_args: Vec<&str> = quiet.iter().copied().chain(["--until-batch", &until_arg]).collect();
+    let finish = spate(&demo_args(ck, &finish_args));
     assert_eq!(finish.status.code(), Some(0), "{}", text(&finish.stderr));
 
     // Every batch has its output once, and together they hold exactly the
