@@ -37,12 +37,15 @@ use crate::hash::KeyHashState;
 /// whose `Eq` compares what it serializes (anything with derived `Eq` and
 /// `Serialize`).
 pub(crate) struct KeyTable<K> {
-    /// The encoded keys; a removed key's bytes stay until a compaction.
+    /// The encoded keys, each after its length (a varint); a removed key's
+    /// bytes stay until a compaction.
     arena: Vec<u8>,
-    /// By id: where its key is in `arena` (`None` for a free id).
-    spans: Vec<Option<Span>>,
-    /// Ids, found by their key's hash.
-    index: HashTable<u32>,
+    /// By id: where its key's record starts in `arena` ([`FREE`] for a free id).
+    starts: Vec<u32>,
+    /// Ids with where their keys start, found by their key's hash: a
+    /// lookup reads the arena straight from the index, without the
+    /// `starts` array in between (one cache miss fewer a key).
+    index: HashTable<Slot>,
     hasher: KeyHashState,
     free: Vec<u32>,
     /// Bytes of `arena` no key uses any more.
@@ -52,18 +55,21 @@ pub(crate) struct KeyTable<K> {
     _keys: PhantomData<fn(K) -> K>,
 }
 
-/// A key's bytes in the arena.
+/// An index entry: an id and where its key's record starts.
 #[derive(Clone, Copy, Debug)]
-struct Span {
+struct Slot {
+    id: u32,
     start: u32,
-    len: u32,
 }
+
+/// The start of a free id.
+const FREE: u32 = u32::MAX;
 
 impl<K> Default for KeyTable<K> {
     fn default() -> Self {
         KeyTable {
             arena: Vec::new(),
-            spans: Vec::new(),
+            starts: Vec::new(),
             index: HashTable::new(),
             hasher: KeyHashState::default(),
             free: Vec::new(),
@@ -87,7 +93,7 @@ impl<K: Key> KeyTable<K> {
     /// One more than the highest id ever given: the length arrays indexed
     /// by id need.
     pub(crate) fn id_bound(&self) -> usize {
-        self.spans.len()
+        self.starts.len()
     }
 
     /// The id of `key`, giving it one if it has none.
@@ -104,12 +110,12 @@ impl<K: Key> KeyTable<K> {
     /// The id of the key encoded as `bytes`, giving it one if it has none.
     pub(crate) fn insert_encoded(&mut self, bytes: &[u8]) -> Result<u32, CoreError> {
         let hash = self.hasher.hash_one(bytes);
-        if let Some(id) = self.index.find(hash, |id| bytes_at(&self.arena, &self.spans, *id) == Some(bytes)) {
-            return Ok(*id);
+        if let Some(slot) = self.index.find(hash, |slot| record_at(&self.arena, slot.start) == Some(bytes)) {
+            return Ok(slot.id);
         }
         let id = match self.free.pop() {
             Some(id) => id,
-            None => u32::try_from(self.spans.len()).map_err(|_| too_many("ids"))?,
+            None => u32::try_from(self.starts.len()).map_err(|_| too_many("ids"))?,
         };
         self.place(id, bytes, hash)?;
         Ok(id)
@@ -125,26 +131,26 @@ impl<K: Key> KeyTable<K> {
 
     /// The encoding of the key of `id`.
     pub(crate) fn encoded(&self, id: u32) -> Option<&[u8]> {
-        bytes_at(&self.arena, &self.spans, id)
+        let start = *self.starts.get(id as usize)?;
+        if start == FREE { None } else { record_at(&self.arena, start) }
     }
 
     /// True when `id` names a key.
     pub(crate) fn contains(&self, id: u32) -> bool {
-        self.spans.get(id as usize).is_some_and(Option::is_some)
+        self.starts.get(id as usize).is_some_and(|start| *start != FREE)
     }
 
     /// Removes the key of `id`, freeing the id.
     pub(crate) fn remove(&mut self, id: u32) -> bool {
         let Some(bytes) = self.encoded(id) else { return false };
-        let hash = self.hasher.hash_one(bytes);
-        if let Ok(entry) = self.index.find_entry(hash, |found| *found == id) {
+        let (hash, record) = (self.hasher.hash_one(bytes), record_len(bytes.len()));
+        if let Ok(entry) = self.index.find_entry(hash, |slot| slot.id == id) {
             entry.remove();
         }
-        if let Some(slot) = self.spans.get_mut(id as usize)
-            && let Some(span) = slot.take()
-        {
-            self.garbage += span.len as usize;
+        if let Some(start) = self.starts.get_mut(id as usize) {
+            *start = FREE;
         }
+        self.garbage += record;
         self.free.push(id);
         self.compact_if_due();
         true
@@ -152,7 +158,7 @@ impl<K: Key> KeyTable<K> {
 
     /// Every key's encoding with its id, in id order.
     pub(crate) fn iter_encoded(&self) -> impl Iterator<Item = (u32, &[u8])> {
-        (0..self.spans.len()).filter_map(|id| {
+        (0..self.starts.len()).filter_map(|id| {
             let id = u32::try_from(id).ok()?;
             Some((id, self.encoded(id)?))
         })
@@ -163,8 +169,8 @@ impl<K: Key> KeyTable<K> {
     /// all are placed.
     pub(crate) fn insert_at(&mut self, id: u32, bytes: &[u8]) -> Result<(), CoreError> {
         let hash = self.hasher.hash_one(bytes);
-        let elsewhere = self.index.find(hash, |found| bytes_at(&self.arena, &self.spans, *found) == Some(bytes));
-        if elsewhere.is_some_and(|existing| *existing != id) {
+        let elsewhere = self.index.find(hash, |slot| record_at(&self.arena, slot.start) == Some(bytes));
+        if elsewhere.is_some_and(|existing| existing.id != id) {
             return Err(CoreError::Decode { reason: format!("key table: a key recorded under two ids (one is {id})") });
         }
         self.remove(id);
@@ -173,49 +179,67 @@ impl<K: Key> KeyTable<K> {
 
     /// Recomputes the free ids after keys were placed by id.
     pub(crate) fn rebuild_free(&mut self) {
-        self.free = (0..self.spans.len())
+        self.free = (0..self.starts.len())
             .rev()
-            .filter(|id| self.spans.get(*id).is_some_and(Option::is_none))
+            .filter(|id| self.starts.get(*id).is_some_and(|start| *start == FREE))
             .filter_map(|id| u32::try_from(id).ok())
             .collect();
     }
 
     fn place(&mut self, id: u32, bytes: &[u8], hash: u64) -> Result<(), CoreError> {
-        let start = u32::try_from(self.arena.len()).map_err(|_| too_many("bytes of keys"))?;
+        let start = u32::try_from(self.arena.len()).ok().filter(|s| *s != FREE).ok_or_else(|| too_many("bytes of keys"))?;
         let len = u32::try_from(bytes.len()).map_err(|_| too_many("bytes in one key"))?;
+        push_varint(&mut self.arena, len);
         self.arena.extend_from_slice(bytes);
         let index = id as usize;
-        if self.spans.len() <= index {
-            self.spans.resize(index + 1, None);
+        if self.starts.len() <= index {
+            self.starts.resize(index + 1, FREE);
         }
-        if let Some(slot) = self.spans.get_mut(index) {
-            *slot = Some(Span { start, len });
+        if let Some(slot) = self.starts.get_mut(index) {
+            *slot = start;
         }
-        let (arena, spans, hasher) = (&self.arena, &self.spans, &self.hasher);
-        self.index.insert_unique(hash, id, |id| bytes_at(arena, spans, *id).map_or(0, |b| hasher.hash_one(b)));
+        let (arena, hasher) = (&self.arena, &self.hasher);
+        let rehash = |slot: &Slot| record_at(arena, slot.start).map_or(0, |b| hasher.hash_one(b));
+        self.index.insert_unique(hash, Slot { id, start }, rehash);
         Ok(())
     }
 
-    /// Copies the keys still in use to a new arena once most of it is garbage.
+    /// Copies the keys still in use to a new arena once most of it is
+    /// garbage, and points the index at their new places.
     fn compact_if_due(&mut self) {
         if self.garbage < COMPACT_AFTER_BYTES || self.garbage * 2 < self.arena.len() {
             return;
         }
         let mut arena = Vec::with_capacity(self.arena.len() - self.garbage);
-        for span in self.spans.iter_mut().flatten() {
-            let bytes = self.arena.get(span.start as usize..(span.start + span.len) as usize).unwrap_or_default();
+        for start in self.starts.iter_mut().filter(|start| **start != FREE) {
+            let bytes = record_at(&self.arena, *start).unwrap_or_default();
             // The new arena is smaller than the old, whose offsets fit in u32.
-            span.start = arena.len() as u32;
+            *start = arena.len() as u32;
+            push_varint(&mut arena, bytes.len() as u32);
             arena.extend_from_slice(bytes);
+        }
+        for slot in self.index.iter_mut() {
+            slot.start = self.starts.get(slot.id as usize).copied().unwrap_or(FREE);
         }
         self.arena = arena;
         self.garbage = 0;
     }
 }
 
-fn bytes_at<'a>(arena: &'a [u8], spans: &[Option<Span>], id: u32) -> Option<&'a [u8]> {
-    let span = spans.get(id as usize).copied().flatten()?;
-    arena.get(span.start as usize..span.start as usize + span.len as usize)
+/// The key whose record starts at `start`: its length (a varint), then its bytes.
+fn record_at(arena: &[u8], start: u32) -> Option<&[u8]> {
+    let rest = arena.get(start as usize..)?;
+    let (len, used) = read_varint(rest).ok()?;
+    rest.get(used..used + len as usize)
+}
+
+/// The bytes a key of `len` bytes takes in the arena.
+fn record_len(len: usize) -> usize {
+    let mut prefix = 1;
+    while len >> (7 * prefix) != 0 {
+        prefix += 1;
+    }
+    prefix + len
 }
 
 fn too_many(what: &str) -> CoreError {
@@ -406,7 +430,7 @@ mod tests {
     #[test]
     fn the_arena_is_compacted_once_most_of_it_is_garbage_and_keys_survive_it() {
         let mut table: KeyTable<String> = KeyTable::default();
-        let key = |n: u32| format!("key-{n:0>120}");
+        let key = |n: u32| format!("key-{n:0>200}");
         let ids: Vec<u32> = (0..20_000).map(|n| table.insert(&key(n)).unwrap()).collect();
         let full = table.arena.len();
         for id in ids.iter().filter(|id| **id % 4 != 0) {
