@@ -31,7 +31,9 @@
 //!   target, 150 ms per 1 s batch (Spark 4.3 took 3,432 ms, spate 298 ms
 //!   before the window kept its keys once);
 //! - `window_1m_keys_rss_peak` and `_median`: as above; bound: 300 MB
-//!   (Spark 4.3: 2,328 MB peak, spate 2,405 MB before).
+//!   (Spark 4.3: 2,328 MB peak, spate 2,405 MB before);
+//! - `window_1m_keys_fixed_mmap_threshold_*`: the same job with glibc's
+//!   mmap threshold fixed at 256 KiB, as the `spate` binary runs.
 //!
 //! The resident memory is also printed every 2 s, to show it has reached
 //! its plateau. A run lasts 36 s rather than the 75 s: the two
@@ -60,8 +62,17 @@ use spate_receiver::{Receiver, ReceiverContext, ReceiverError, splitmix64};
 use spate_runtime::{ReceiverSettings, StreamingContext, StreamingSettings};
 
 /// The two configurations the targets name.
-const RECEIVER_10K: Shape = Shape { name: "receiver_10k_keys", keys: 10_000, max_rate: None };
-const WINDOW_1M: Shape = Shape { name: "window_1m_keys", keys: 1_000_000, max_rate: Some(1_000_000) };
+const RECEIVER_10K: Shape = Shape { name: "receiver_10k_keys", keys: 10_000, max_rate: None, env: &[] };
+const WINDOW_1M: Shape = Shape { name: "window_1m_keys", keys: 1_000_000, max_rate: Some(1_000_000), env: &[] };
+/// The same job with glibc's mmap threshold fixed as the `spate` binary
+/// fixes it for itself (see docs/src/memory.md): what the allocator's
+/// moving threshold costs a program that embeds the crates.
+const WINDOW_1M_FIXED_MMAP: Shape = Shape {
+    name: "window_1m_keys_fixed_mmap_threshold",
+    keys: 1_000_000,
+    max_rate: Some(1_000_000),
+    env: &[("MALLOC_MMAP_THRESHOLD_", "262144")],
+};
 const TARGET_PROCESSING_MS: f64 = 150.0;
 /// Words a receiver hands over in one `store_many`.
 const STORE_BATCH: u64 = 4_096;
@@ -76,12 +87,16 @@ struct Shape {
     name: &'static str,
     keys: u64,
     max_rate: Option<u64>,
+    /// Environment variables of the job's process.
+    env: &'static [(&'static str, &'static str)],
 }
 
 impl Shape {
     fn describe(&self) -> String {
         let rate = self.max_rate.map_or_else(|| "unlimited rate".to_string(), |r| format!("{r} words/s"));
-        format!("{} keys uniform, {rate}", self.keys)
+        let env: Vec<String> = self.env.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        let env = if env.is_empty() { String::new() } else { format!(", {}", env.join(" ")) };
+        format!("{} keys uniform, {rate}{env}", self.keys)
     }
 }
 
@@ -104,7 +119,7 @@ fn main() {
         let mut next = || fields.next().expect("<checkpoint dir>,<seconds>,<keys>,<rate>");
         let (rate, keys, seconds): (u64, u64, u64) =
             (next().parse().unwrap(), next().parse().unwrap(), next().parse().unwrap());
-        let shape = Shape { name: "child", keys, max_rate: (rate > 0).then_some(rate) };
+        let shape = Shape { name: "child", keys, max_rate: (rate > 0).then_some(rate), env: &[] };
         run_job(Path::new(next()), seconds, shape);
         return;
     }
@@ -118,7 +133,7 @@ fn main() {
         return;
     }
     let only = std::env::args().skip(1).find(|a| !a.starts_with('-'));
-    for shape in [RECEIVER_10K, WINDOW_1M] {
+    for shape in [RECEIVER_10K, WINDOW_1M, WINDOW_1M_FIXED_MMAP] {
         if only.as_deref().is_none_or(|o| shape.name.contains(o)) {
             bench_shape(shape);
         }
@@ -200,6 +215,7 @@ fn measure(seconds: u64, shape: Shape) -> Run {
     let checkpoint = dir.path().join("checkpoint");
     let mut child = Command::new(std::env::current_exe().unwrap())
         .env(CHILD_ENV, format!("{},{seconds},{},{}", checkpoint.display(), shape.keys, shape.max_rate.unwrap_or(0)))
+        .envs(shape.env.iter().copied())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
