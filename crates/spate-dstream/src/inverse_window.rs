@@ -377,16 +377,37 @@ struct SlidePlan {
     first_entering: usize,
 }
 
-pub(crate) struct InverseWindowNode<K, V, R, I, P> {
-    pub(crate) input: Arc<Slot<(K, V)>>,
-    pub(crate) output: Arc<Slot<(K, V)>>,
-    pub(crate) reduce: Arc<R>,
-    /// Each batch reduced by key, on arrival where it can be.
-    pub(crate) combine: KeyedCombine<K, V, V>,
+/// A window's function of two values: its reduce or its inverse.
+pub(crate) trait ValueFn<V>: Fn(&V, &V) -> V + Send + Sync + 'static {}
+impl<V, F: Fn(&V, &V) -> V + Send + Sync + 'static> ValueFn<V> for F {}
+
+/// Whether a key stays in the window's result.
+pub(crate) trait KeepFn<K, V>: Fn(&K, &V) -> bool + Send + Sync + 'static {}
+impl<K, V, F: Fn(&K, &V) -> bool + Send + Sync + 'static> KeepFn<K, V> for F {}
+
+/// What a user asks of an inverse window.
+pub(crate) struct InverseWindow<R, I, P> {
+    pub(crate) reduce: R,
     pub(crate) inverse: I,
+    /// Which keys stay in the window's result.
     pub(crate) keep: P,
     pub(crate) length: Duration,
     pub(crate) slide: Duration,
+    /// The input is reduced by key and partitioned as the window is (it is
+    /// a by-key combine's result): its batches need no combining again.
+    pub(crate) input_reduced: bool,
+}
+
+pub(crate) struct InverseWindowNode<K, V, R, I, P> {
+    input: Arc<Slot<(K, V)>>,
+    output: Arc<Slot<(K, V)>>,
+    reduce: Arc<R>,
+    /// Each batch reduced by key, on arrival where it can be.
+    combine: KeyedCombine<K, V, V>,
+    inverse: I,
+    keep: P,
+    length: Duration,
+    slide: Duration,
     /// The input is reduced by key and partitioned as the window is (it is
     /// a by-key combine's result): its batches need no combining again.
     input_reduced: bool,
@@ -403,28 +424,19 @@ impl<K, V, R, I, P> InverseWindowNode<K, V, R, I, P>
 where
     K: Key,
     V: Data,
-    R: Fn(&V, &V) -> V + Send + Sync,
-    I: Fn(&V, &V) -> V + Send + Sync,
-    P: Fn(&K, &V) -> bool + Send + Sync,
+    R: ValueFn<V>,
+    I: ValueFn<V>,
+    P: KeepFn<K, V>,
 {
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn new(
-        input_reduced: bool,
-        input: Arc<Slot<(K, V)>>,
-        output: Arc<Slot<(K, V)>>,
-        reduce: Arc<R>,
-        combine: KeyedCombine<K, V, V>,
-        inverse: I,
-        keep: P,
-        length: Duration,
-        slide: Duration,
-    ) -> Self {
+    pub(crate) fn new(input: Arc<Slot<(K, V)>>, output: Arc<Slot<(K, V)>>, spec: InverseWindow<R, I, P>) -> Self {
+        let InverseWindow { reduce, inverse, keep, length, slide, input_reduced } = spec;
+        let reduce = Arc::new(reduce);
         InverseWindowNode {
             input_reduced,
             input,
             output,
+            combine: KeyedCombine::reducing(Arc::clone(&reduce)),
             reduce,
-            combine,
             inverse,
             keep,
             length,
@@ -553,9 +565,9 @@ impl<K, V, R, I, P> Node for InverseWindowNode<K, V, R, I, P>
 where
     K: Key,
     V: Data,
-    R: Fn(&V, &V) -> V + Send + Sync,
-    I: Fn(&V, &V) -> V + Send + Sync,
-    P: Fn(&K, &V) -> bool + Send + Sync,
+    R: ValueFn<V>,
+    I: ValueFn<V>,
+    P: KeepFn<K, V>,
 {
     fn step(&mut self, ctx: &StepCtx<'_>) -> Result<Option<Job>, DStreamError> {
         if let Some(batch) = ctx.take_owned(&self.input)? {
@@ -577,9 +589,9 @@ impl<K, V, R, I, P> StatefulNode for InverseWindowNode<K, V, R, I, P>
 where
     K: Key,
     V: Data,
-    R: Fn(&V, &V) -> V + Send + Sync,
-    I: Fn(&V, &V) -> V + Send + Sync,
-    P: Fn(&K, &V) -> bool + Send + Sync,
+    R: ValueFn<V>,
+    I: ValueFn<V>,
+    P: KeepFn<K, V>,
 {
     fn snapshot(&mut self) -> Result<Vec<u8>, CoreError> {
         let parts = self.parts.iter_mut().map(Part::whole).collect::<Result<Vec<_>, _>>()?;

@@ -187,7 +187,8 @@ impl<K: Key> KeyTable<K> {
     }
 
     fn place(&mut self, id: u32, bytes: &[u8], hash: u64) -> Result<(), CoreError> {
-        let start = u32::try_from(self.arena.len()).ok().filter(|s| *s != FREE).ok_or_else(|| too_many("bytes of keys"))?;
+        let start =
+            u32::try_from(self.arena.len()).ok().filter(|s| *s != FREE).ok_or_else(|| too_many("bytes of keys"))?;
         let len = u32::try_from(bytes.len()).map_err(|_| too_many("bytes in one key"))?;
         push_varint(&mut self.arena, len);
         self.arena.extend_from_slice(bytes);

@@ -35,7 +35,7 @@ use crate::batch::{Batch, Data, Key};
 use crate::error::DStreamError;
 use crate::graph::Job;
 use crate::hash::{KeyHashMap, map_with_capacity, partition_of};
-use crate::inverse_window::InverseWindowNode;
+use crate::inverse_window::{InverseWindow, InverseWindowNode};
 use crate::node::{Node, NodeMeta, Slot, StateMeta, StatefulNode, StepCtx, state_codec};
 use crate::pair::{KeyedCombine, combines_on_arrival};
 use crate::stream::DStream;
@@ -539,21 +539,7 @@ impl<K: Key, V: Data> DStream<(K, V)> {
             needs_checkpoint: true,
         };
         let meta = window_meta("reduce_by_key_and_window_inv", self.id, length, slide, state);
-        let reduce = Arc::new(reduce);
-        let combine = KeyedCombine::reducing(Arc::clone(&reduce));
-        let input_reduced = self.keys_partitioned();
-        self.add_node(meta, |output| {
-            Box::new(InverseWindowNode::new(
-                input_reduced,
-                input,
-                output,
-                reduce,
-                combine,
-                inverse,
-                keep,
-                length,
-                slide,
-            ))
-        })
+        let spec = InverseWindow { reduce, inverse, keep, length, slide, input_reduced: self.keys_partitioned() };
+        self.add_node(meta, |output| Box::new(InverseWindowNode::new(input, output, spec)))
     }
 }
