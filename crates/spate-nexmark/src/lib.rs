@@ -18,9 +18,9 @@
 //! epoch: [`Event::timestamp_ms`]) and an `extra` field of padding that
 //! brings it to the spec's average size (200, 500 and 100 bytes). The
 //! texts that come from the generator's tables (a bid's channel and URL,
-//! every `extra`) are [`SharedStr`]s: handles to the one copy of the table
-//! entry or slice of the padding, which compare, hash and serialize as the
-//! plain strings.
+//! every `extra`) are [`SharedStr`]s: references into the tables, which
+//! the process keeps for each seed it generates, so that they cost no
+//! allocation; they compare, hash and serialize as the plain strings.
 //!
 //! # What is generated
 //!

@@ -1,13 +1,16 @@
 //! [`SharedStr`]: an immutable string that many events share instead of
 //! each owning a copy.
 //!
-//! Most of an event's text comes from tables the generator draws once: a
-//! bid's channel and URL are one of ten thousand, and every `extra` is a
-//! slice of one megabyte of padding text. Owned `String`s made each event
-//! pay three allocations for copies of those (made on the generator's
-//! threads and freed on the workers', the slow path of most `malloc`s). A
-//! [`SharedStr`] is a reference-counted handle to a table entry, or to a
-//! slice of the padding, so making and dropping one costs a counter.
+//! Most of an event's text comes from tables the generator draws once per
+//! seed: a bid's channel and URL are one of ten thousand, and every `extra`
+//! is a slice of one megabyte of padding text. Owned `String`s made each
+//! bid pay three allocations for copies of those (made on the generator's
+//! threads and freed on the workers', the slow path of most `malloc`s). The
+//! tables live as long as the process, so a [`SharedStr`] of the generator
+//! is a plain reference into them: making, moving, cloning and dropping it
+//! touches neither the allocator nor a reference count. A text from
+//! elsewhere (read back from a checkpoint, built by hand) is held in an
+//! `Arc<str>`, so that cloning it copies nothing either.
 //!
 //! It behaves as the text it holds: it derefs to `str`, compares, orders
 //! and hashes by content (as `String` does, so it may key a map looked up
@@ -23,54 +26,59 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-/// An immutable string shared by reference count: a whole `Arc<str>`, or a
-/// slice of one (see the module docs). Cloning it copies no text.
+/// An immutable string: a reference to text that lives as long as the
+/// process, or a shared `Arc<str>` (see the module docs). Cloning it copies
+/// no text.
 ///
 /// ```
-/// use std::sync::Arc;
 /// use spate_nexmark::SharedStr;
 ///
-/// let padding: Arc<str> = Arc::from("abcdefgh");
-/// let slice = SharedStr::slice(&padding, 2..5).unwrap();
-/// assert_eq!(slice, "cde");
-/// assert_eq!(slice.len(), 3);
-/// assert_eq!(serde_json::to_string(&slice).unwrap(), "\"cde\"");
-/// assert_eq!(SharedStr::from("cde"), slice);
+/// let channel = SharedStr::from_static("Google");
+/// assert_eq!(channel, "Google");
+/// assert_eq!(channel.len(), 6);
+/// assert_eq!(serde_json::to_string(&channel).unwrap(), "\"Google\"");
+/// assert_eq!(SharedStr::from(String::from("Google")), channel);
 /// ```
 #[derive(Clone)]
 pub struct SharedStr(Repr);
 
-/// Two shapes, so that a whole string needs no bounds (and so has no limit
-/// on its length) while a slice keeps its bounds in 32 bits each: either
-/// way the handle is as large as a `String`.
+/// Each shape is 16 bytes, so the handle is as large as a `String`.
 #[derive(Clone)]
 enum Repr {
-    Whole(Arc<str>),
-    Slice { text: Arc<str>, start: u32, end: u32 },
+    /// Text that lives as long as the process: a literal, or an entry of
+    /// the generator's tables.
+    Static(&'static str),
+    /// The bytes `start..end` of a text that lives as long as the process,
+    /// cut when read: a slice of the padding is made without reading the
+    /// padding, which most queries never do.
+    StaticSlice { text: &'static String, start: u32, end: u32 },
+    /// Any other text.
+    Shared(Arc<str>),
 }
 
 impl SharedStr {
-    /// The whole of `text`, shared.
-    pub fn new(text: Arc<str>) -> SharedStr {
-        SharedStr(Repr::Whole(text))
+    /// `text`, by reference: no allocation.
+    pub const fn from_static(text: &'static str) -> SharedStr {
+        SharedStr(Repr::Static(text))
     }
 
-    /// The bytes `range` of `text`, shared; `None` when the range is out of
-    /// bounds, does not fall on character boundaries, or ends past 4 GiB.
-    pub fn slice(text: &Arc<str>, range: Range<usize>) -> Option<SharedStr> {
-        text.get(range.clone())?;
-        let start = u32::try_from(range.start).ok()?;
-        let end = u32::try_from(range.end).ok()?;
-        Some(SharedStr(Repr::Slice { text: Arc::clone(text), start, end }))
+    /// The bytes `range` of `text`, cut when read; the range is not checked
+    /// here, so it must fall on character boundaries within `text` (an
+    /// ASCII text's are all), else the slice reads as the empty string. A
+    /// range past 4 GiB is cut at once.
+    pub(crate) fn static_slice(text: &'static String, range: Range<usize>) -> SharedStr {
+        match (u32::try_from(range.start), u32::try_from(range.end)) {
+            (Ok(start), Ok(end)) => SharedStr(Repr::StaticSlice { text, start, end }),
+            _ => SharedStr::from_static(text.get(range).unwrap_or_default()),
+        }
     }
 
     /// The text.
     pub fn as_str(&self) -> &str {
         match &self.0 {
-            Repr::Whole(text) => text,
-            // The bounds were checked when the slice was made, and the text
-            // behind an `Arc<str>` never changes.
-            Repr::Slice { text, start, end } => text.get(*start as usize..*end as usize).unwrap_or_default(),
+            Repr::Static(text) => text,
+            Repr::StaticSlice { text, start, end } => text.get(*start as usize..*end as usize).unwrap_or_default(),
+            Repr::Shared(text) => text,
         }
     }
 }
@@ -100,25 +108,27 @@ impl Borrow<str> for SharedStr {
 impl Default for SharedStr {
     /// The empty string.
     fn default() -> Self {
-        SharedStr::new(Arc::from(""))
+        SharedStr::from_static("")
     }
 }
 
 impl From<&str> for SharedStr {
+    /// A shared copy of `text` (see [`SharedStr::from_static`] for a
+    /// literal).
     fn from(text: &str) -> Self {
-        SharedStr::new(Arc::from(text))
+        SharedStr(Repr::Shared(Arc::from(text)))
     }
 }
 
 impl From<String> for SharedStr {
     fn from(text: String) -> Self {
-        SharedStr::new(Arc::from(text))
+        SharedStr(Repr::Shared(Arc::from(text)))
     }
 }
 
 impl From<Arc<str>> for SharedStr {
     fn from(text: Arc<str>) -> Self {
-        SharedStr::new(text)
+        SharedStr(Repr::Shared(text))
     }
 }
 
@@ -231,42 +241,48 @@ mod tests {
         hasher.finish()
     }
 
+    /// A text that lives as long as the process, as the generator's tables do.
+    fn leaked(text: &str) -> &'static String {
+        Box::leak(Box::new(text.to_string()))
+    }
+
     #[test]
-    fn a_slice_is_its_text_in_every_comparison() {
-        let text: Arc<str> = Arc::from("hello, world");
-        let slice = SharedStr::slice(&text, 7..12).unwrap();
-        let owned = SharedStr::from("world");
-        assert_eq!(slice.as_str(), "world");
-        assert_eq!(slice, owned);
-        assert_eq!(hash_of(&slice), hash_of(&owned));
-        assert_eq!(hash_of(&slice), hash_of("world"));
+    fn every_shape_is_its_text_in_every_comparison() {
+        let slice = SharedStr::static_slice(leaked("hello, world"), 7..12);
+        let shared = SharedStr::from("world");
+        let literal = SharedStr::from_static("world");
+        for text in [&slice, &shared, &literal] {
+            assert_eq!(text.as_str(), "world");
+            assert_eq!(*text, slice);
+            assert_eq!(hash_of(text), hash_of("world"));
+            assert_eq!(format!("{text:?} {text:>7}"), "\"world\"   world");
+        }
         let world = String::from("world");
         assert_eq!(slice, "world");
         assert_eq!("world", slice);
         assert_eq!(slice, world);
         assert_eq!(world, slice);
-        assert_eq!(SharedStr::slice(&text, 0..5).unwrap().cmp(&slice), "hello".cmp("world"));
-        assert_eq!(format!("{slice:?} {slice:>7}"), "\"world\"   world");
+        assert_eq!(SharedStr::from_static("hello").cmp(&slice), "hello".cmp("world"));
         let mut counts: HashMap<SharedStr, u32> = HashMap::new();
         counts.insert(slice, 1);
         assert_eq!(counts.get("world"), Some(&1));
         assert_eq!(SharedStr::default(), "");
-        assert_eq!(String::from(SharedStr::slice(&text, 0..0).unwrap()), "");
+        assert_eq!(std::mem::size_of::<SharedStr>(), std::mem::size_of::<String>());
     }
 
     #[test]
-    fn bad_ranges_make_no_slice() {
-        let text: Arc<str> = Arc::from("añb");
-        assert!(SharedStr::slice(&text, 0..5).is_none());
-        assert!(SharedStr::slice(&text, 2..3).is_none(), "inside the two bytes of ñ");
-        assert!(SharedStr::slice(&text, Range { start: 3, end: 1 }).is_none(), "backwards");
-        assert_eq!(SharedStr::slice(&text, 1..3).unwrap(), "ñ");
+    fn a_slice_off_its_text_or_its_boundaries_reads_empty() {
+        let text = leaked("a\u{f1}b");
+        assert_eq!(SharedStr::static_slice(text, 1..3), "\u{f1}");
+        assert_eq!(SharedStr::static_slice(text, 0..5), "");
+        assert_eq!(SharedStr::static_slice(text, 2..3), "", "inside the two bytes of the tilde n");
+        assert_eq!(SharedStr::static_slice(text, Range { start: 3, end: 1 }), "", "backwards");
     }
 
     #[test]
     fn it_serializes_as_the_string_and_reads_back() {
-        let text: Arc<str> = Arc::from("x\"quoted\" \u{e9}y");
-        let slice = SharedStr::slice(&text, 1..text.len() - 1).unwrap();
+        let slice = SharedStr::static_slice(leaked("x\"quoted\" \u{e9}y"), 1..12);
+        assert_eq!(slice, "\"quoted\" \u{e9}");
         let json = serde_json::to_string(&slice).unwrap();
         assert_eq!(json, serde_json::to_string(&slice.to_string()).unwrap());
         let back: SharedStr = serde_json::from_str(&json).unwrap();

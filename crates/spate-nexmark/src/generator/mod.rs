@@ -13,8 +13,12 @@ mod bid;
 mod person;
 mod strings;
 
+use std::collections::HashMap;
+use std::fmt;
 use std::ops::Range;
-use std::sync::Arc;
+use std::sync::{Mutex, OnceLock};
+
+use spate_core::sync::lock;
 
 use crate::error::NexmarkError;
 use crate::model::{Event, EventKind};
@@ -27,19 +31,28 @@ const HOT_CHANNELS: [&str; 4] = ["Google", "Facebook", "Baidu", "Apple"];
 /// The other channels, `channel-0` to `channel-9999`.
 const CHANNELS_NUMBER: usize = 10_000;
 
-/// What every event shares: drawn once from the seed. Events hold shared
-/// handles to these texts rather than copies (see [`SharedStr`]).
-#[derive(Debug)]
+/// What every event shares: drawn once from the seed, and kept for the
+/// life of the process ([`Tables::of`]), so that events refer to these
+/// texts without copying or counting them (see [`SharedStr`]).
 struct Tables {
-    /// The name of each hot channel.
-    hot_channels: [SharedStr; 4],
+    seed: u64,
     /// The URL of each hot channel.
-    hot_urls: [SharedStr; 4],
+    hot_urls: [String; 4],
     /// The name and URL of each other channel.
-    channels: Vec<(SharedStr, SharedStr)>,
-    /// The padding text that `extra` fields are slices of.
-    padding: Arc<str>,
+    channels: Vec<(String, String)>,
+    /// The padding text that `extra` fields are slices of (ASCII).
+    padding: String,
 }
+
+impl fmt::Debug for Tables {
+    /// Which seed's: the megabyte of padding is not worth printing.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Tables").field("seed", &self.seed).finish_non_exhaustive()
+    }
+}
+
+/// The tables of every seed a generator of this process was made for.
+static TABLES: OnceLock<Mutex<HashMap<u64, &'static Tables>>> = OnceLock::new();
 
 /// A random URL of the spec's shape:
 /// `https://www.nexmark.com/xxx/yyy/zzz/item.htm?query=1`.
@@ -62,8 +75,7 @@ impl Tables {
     /// leaves the smallest int negative, and so does this).
     fn new(seed: u64) -> Tables {
         let mut rng = SplitMix::for_tables(seed, 0);
-        let hot_channels = HOT_CHANNELS.map(SharedStr::from);
-        let hot_urls = std::array::from_fn(|_| SharedStr::from(base_url(&mut rng)));
+        let hot_urls = std::array::from_fn(|_| base_url(&mut rng));
         let channels = (0..CHANNELS_NUMBER)
             .map(|i| {
                 let mut url = base_url(&mut rng);
@@ -71,11 +83,22 @@ impl Tables {
                     let reversed = (i as i32).reverse_bits().wrapping_abs();
                     url.push_str(&format!("&channel_id={reversed}"));
                 }
-                (SharedStr::from(format!("channel-{i}")), SharedStr::from(url))
+                (format!("channel-{i}"), url)
             })
             .collect();
         let padding = strings::exact_string_from_draws(&mut SplitMix::for_tables(seed, 1), strings::PADDING_LENGTH);
-        Tables { hot_channels, hot_urls, channels, padding: Arc::from(padding) }
+        Tables { seed, hot_urls, channels, padding }
+    }
+
+    /// The tables of `seed`: drawn by the first generator of the seed, and
+    /// kept (about 1.7 MB a seed) for the life of the process, where every
+    /// later generator of the seed finds them. So an event's texts are
+    /// plain references into them, which cost nothing to make, move or
+    /// drop, on any thread; a process makes generators for a handful of
+    /// seeds at most.
+    fn of(seed: u64) -> &'static Tables {
+        let mut tables = lock(TABLES.get_or_init(Mutex::default));
+        tables.entry(seed).or_insert_with(|| Box::leak(Box::new(Tables::new(seed))))
     }
 }
 
@@ -89,7 +112,7 @@ pub(crate) struct EventContext<'a> {
     /// The event's position (the spec's `eventsCountSoFar`).
     pub(crate) position: u64,
     pub(crate) rng: SplitMix,
-    padding: &'a Arc<str>,
+    padding: &'static String,
 }
 
 impl EventContext<'_> {
@@ -115,15 +138,17 @@ pub(crate) fn next_price(rng: &mut SplitMix) -> i64 {
 #[derive(Clone, Debug)]
 pub struct NexmarkGenerator {
     config: GeneratorSettings,
-    tables: Arc<Tables>,
+    tables: &'static Tables,
 }
 
 impl NexmarkGenerator {
-    /// A generator for `config`; draws the shared tables (a few
-    /// milliseconds: ten thousand URLs and 1 MiB of padding).
+    /// A generator for `config`. The first generator of a seed in a
+    /// process draws the seed's tables (a few milliseconds: ten thousand
+    /// URLs and 1 MiB of padding), which the process keeps: the events'
+    /// channels, URLs and padding refer to them.
     pub fn new(config: GeneratorSettings) -> Result<Self, NexmarkError> {
         config.validate()?;
-        let tables = Arc::new(Tables::new(config.seed));
+        let tables = Tables::of(config.seed);
         Ok(NexmarkGenerator { config, tables })
     }
 
@@ -135,7 +160,7 @@ impl NexmarkGenerator {
     /// The same generator with another base time (the tables are shared).
     pub fn with_base_time(&self, base_time_ms: i64) -> Self {
         let config = GeneratorSettings { base_time_ms, ..self.config.clone() };
-        NexmarkGenerator { config, tables: Arc::clone(&self.tables) }
+        NexmarkGenerator { config, tables: self.tables }
     }
 
     /// How many events there are; `None` for no end.
@@ -177,7 +202,7 @@ impl NexmarkGenerator {
         match config.kind_of(event_id) {
             EventKind::Person => Event::Person(person::next_person(&mut cx)),
             EventKind::Auction => Event::Auction(auction::next_auction(&mut cx)),
-            EventKind::Bid => Event::Bid(bid::next_bid(&mut cx, &self.tables)),
+            EventKind::Bid => Event::Bid(bid::next_bid(&mut cx, self.tables)),
         }
     }
 

@@ -1,8 +1,5 @@
 //! Random strings: names, descriptions, URLs and the padding of `extra`.
 
-use std::ops::Range;
-use std::sync::Arc;
-
 use crate::random::SplitMix;
 use crate::text::SharedStr;
 
@@ -70,23 +67,16 @@ pub(crate) fn exact_string_from_draws(rng: &mut SplitMix, length: usize) -> Stri
 }
 
 /// `length` characters: a slice of the shared padding text at a random
-/// offset when it is less than half as long (shared, not copied), else
-/// made from draws.
-pub(crate) fn next_exact_string(rng: &mut SplitMix, padding: &Arc<str>, length: usize) -> SharedStr {
+/// offset when it is less than half as long (a reference, not a copy),
+/// else made from draws.
+pub(crate) fn next_exact_string(rng: &mut SplitMix, padding: &'static String, length: usize) -> SharedStr {
     if length < padding.len() / 2 {
         let room = i32::try_from(padding.len() - length).unwrap_or(i32::MAX);
         let offset = usize::try_from(rng.next_int(room)).unwrap_or(0);
-        return padding_slice(padding, offset..offset + length);
+        // The padding is ASCII, so any byte offset is a character boundary.
+        return SharedStr::static_slice(padding, offset..offset + length);
     }
     SharedStr::from(exact_string_from_draws(rng, length))
-}
-
-/// The bytes `range` of the padding, shared. The padding is ASCII, so any
-/// byte offset is a character boundary, and it is 1 MiB, so the slice is
-/// always made; the copy is only what a slice that could not be made would
-/// hold.
-fn padding_slice(padding: &Arc<str>, range: Range<usize>) -> SharedStr {
-    SharedStr::slice(padding, range.clone()).unwrap_or_else(|| SharedStr::from(padding.get(range).unwrap_or_default()))
 }
 
 /// Padding that brings an event of `current_size` to `desired_average` on
@@ -94,13 +84,13 @@ fn padding_slice(padding: &Arc<str>, range: Range<usize>) -> SharedStr {
 /// remainder plus or minus a fifth (the spec's `nextExtra`).
 pub(crate) fn next_extra(
     rng: &mut SplitMix,
-    padding: &Arc<str>,
+    padding: &'static String,
     current_size: usize,
     desired_average: u32,
 ) -> SharedStr {
     let desired = usize::try_from(desired_average).unwrap_or(usize::MAX);
     if current_size > desired {
-        return padding_slice(padding, 0..0);
+        return SharedStr::default();
     }
     let rest = desired - current_size;
     // Java's Math.round of a non-negative value rounds halves up, as f64::round does.
@@ -143,12 +133,12 @@ mod tests {
     #[test]
     fn extra_pads_to_the_average_within_a_fifth() {
         let mut rng = SplitMix::new(3);
-        let padding = Arc::from(exact_string_from_draws(&mut rng, 4096));
+        let padding: &'static String = Box::leak(Box::new(exact_string_from_draws(&mut rng, 4096)));
         // 100 - 32 = 68 to pad; a fifth is 13.6, rounded to 14: 54 to 81.
-        let sizes: Vec<usize> = (0..2_000).map(|_| next_extra(&mut rng, &padding, 32, 100).len()).collect();
+        let sizes: Vec<usize> = (0..2_000).map(|_| next_extra(&mut rng, padding, 32, 100).len()).collect();
         assert!(sizes.iter().all(|s| (54..=81).contains(s)), "{:?}", sizes.iter().max());
         assert!(sizes.contains(&54) && sizes.contains(&81));
-        assert_eq!(next_extra(&mut rng, &padding, 101, 100), "");
-        assert_eq!(next_extra(&mut rng, &padding, 100, 100), "");
+        assert_eq!(next_extra(&mut rng, padding, 101, 100), "");
+        assert_eq!(next_extra(&mut rng, padding, 100, 100), "");
     }
 }
