@@ -15,7 +15,7 @@ use std::time::Duration as StdDuration;
 use proptest::prelude::*;
 use serde_json::json;
 use spate_core::{BatchId, Duration, ManualClock, Time};
-use spate_dstream::{BatchLimits, BoxError, InputSource};
+use spate_dstream::{BatchLimits, BoxError, InputSource, State};
 use spate_logstore::{StateLink, split_state_file};
 use spate_runtime::{
     BatchProgress, DEFAULT_FULL_SNAPSHOT_EVERY, PipelineBuilder, ProgressListener, RecoveryReport, StreamingContext,
@@ -25,7 +25,7 @@ use spate_runtime::{
 const WAIT: StdDuration = StdDuration::from_secs(30);
 const START: i64 = 1_000_000;
 /// The operators whose state is checkpointed.
-const STATEFUL: [&str; 2] = ["totals", "window"];
+const STATEFUL: [&str; 3] = ["totals", "window", "sessions"];
 
 /// A replayable source of the integers 0, 1, 2, …, `per_batch` a batch.
 #[derive(Debug)]
@@ -58,12 +58,17 @@ impl InputSource<u64> for Numbers {
     }
 }
 
+/// One output row: a key, its value, and whether the key's state timed out.
+type Row = (u64, u64, bool);
+
 /// What each output wrote, by batch: the last time the batch ran wins (a
 /// batch re-run after a crash must write what it wrote before).
-type Outputs = Arc<Mutex<BTreeMap<(u64, &'static str), Vec<(u64, u64)>>>>;
+type Outputs = Arc<Mutex<BTreeMap<(u64, &'static str), Vec<Row>>>>;
 
-/// Running totals by key (whole snapshots) and sums over a 4 s window
-/// sliding by 1 s (keyed windows), each written by an output.
+/// Running totals by key (`update_state_by_key`, whole snapshots), sums
+/// over a 4 s window sliding by 1 s (keyed windows, changes) and sessions
+/// of keys that time out after 2 s idle (`map_with_state`, changes), each
+/// written by an output.
 fn pipeline(p: &mut PipelineBuilder, per_batch: u64, outputs: &Outputs) {
     let source = Arc::new(Numbers { position: Mutex::new(0), per_batch });
     let resume = Arc::clone(&source);
@@ -83,11 +88,28 @@ fn pipeline(p: &mut PipelineBuilder, per_batch: u64, outputs: &Outputs) {
     let window = pairs
         .reduce_by_key_and_window_inv(|a, b| a + b, |a, b| a - b, Duration::from_secs(4), Duration::from_secs(1))
         .name("window");
-    for (stream, name) in [(totals, "totals"), (window, "window")] {
+    let sessions = numbers
+        .map(|n| (n % 29, n))
+        .map_with_state(
+            |key: &u64, value: Option<u64>, state: &mut State<u64>| match value {
+                Some(n) => {
+                    let total = state.get().copied().unwrap_or(0) + n;
+                    state.update(total);
+                    (*key, total, false)
+                }
+                None => (*key, state.get().copied().unwrap_or(0), state.is_timing_out()),
+            },
+            Some(Duration::from_secs(2)),
+        )
+        .name("sessions")
+        .mapped();
+    let unflagged = |(key, value): (u64, u64)| (key, value, false);
+    for (stream, name) in [(totals.map(unflagged), "totals"), (window.map(unflagged), "window"), (sessions, "sessions")]
+    {
         let outputs = Arc::clone(outputs);
         stream
             .foreach_batch(move |batch, info| {
-                let mut rows: Vec<(u64, u64)> = batch.iter().copied().collect();
+                let mut rows: Vec<Row> = batch.iter().copied().collect();
                 rows.sort_unstable();
                 outputs.lock().unwrap().insert((info.batch_id.0, name), rows);
                 Ok(())
@@ -156,13 +178,13 @@ fn run_until(
 }
 
 /// The outputs of batches 0..=last run without a stop.
-fn uninterrupted(shape: Shape, last: u64) -> BTreeMap<(u64, &'static str), Vec<(u64, u64)>> {
+fn uninterrupted(shape: Shape, last: u64) -> BTreeMap<(u64, &'static str), Vec<Row>> {
     let dir = tempfile::tempdir().unwrap();
     let clock = ManualClock::new(Time::from_millis(START));
     let outputs = Outputs::default();
     run_until(dir.path(), &clock, shape, last, &outputs, &Arc::default());
     let written = outputs.lock().unwrap().clone();
-    assert_eq!(written.len() as u64, 2 * (last + 1), "every batch wrote both outputs");
+    assert_eq!(written.len() as u64, 3 * (last + 1), "every batch wrote every output");
     written
 }
 
@@ -244,6 +266,8 @@ fn a_restart_from_a_chain_gives_exactly_the_outputs_of_an_uninterrupted_run() {
     for full_snapshot_every in [1, 3, DEFAULT_FULL_SNAPSHOT_EVERY] {
         let shape = Shape { per_batch: 9, full_snapshot_every, checkpoint_every: 1 };
         let expected = uninterrupted(shape, 14);
+        let timed_out = expected.iter().any(|((_, name), rows)| *name == "sessions" && rows.iter().any(|r| r.2));
+        assert!(timed_out, "keys time out, so the sessions' changes remove state too");
         let dir = tempfile::tempdir().unwrap();
         let clock = ManualClock::new(Time::from_millis(START));
         let (outputs, heard) = (Outputs::default(), Arc::new(Heard::default()));
@@ -256,12 +280,18 @@ fn a_restart_from_a_chain_gives_exactly_the_outputs_of_an_uninterrupted_run() {
         assert_eq!(*outputs.lock().unwrap(), expected, "full_snapshot_every {full_snapshot_every}");
         // Each restart restored every operator from the snapshot of the last batch before it.
         for (restart, batch) in restored.iter().skip(1).zip([4, 9]) {
-            let snapshots: Vec<(&str, BatchId)> = restart.iter().map(|o| (o.name.as_str(), o.snapshot_batch)).collect();
-            assert_eq!(snapshots, [("totals", BatchId(batch)), ("window", BatchId(batch))]);
-            assert_eq!(restart[0].changes_applied, 0, "totals snapshots whole only");
-            // The window's chain: a whole snapshot at the start's first batch and every
-            // full_snapshot_every-th after it, then the changes up to the 5th.
-            assert_eq!(restart[1].changes_applied as u64, 4 % full_snapshot_every, "{restart:?}");
+            let changes: BTreeMap<&str, (BatchId, usize)> =
+                restart.iter().map(|o| (o.name.as_str(), (o.snapshot_batch, o.changes_applied))).collect();
+            // Totals snapshot whole only; the window's and the sessions' chains are a whole
+            // snapshot at the start's first batch and every full_snapshot_every-th after it,
+            // then the changes up to the 5th.
+            let chain = (4 % full_snapshot_every) as usize;
+            let expected = BTreeMap::from([
+                ("totals", (BatchId(batch), 0)),
+                ("window", (BatchId(batch), chain)),
+                ("sessions", (BatchId(batch), chain)),
+            ]);
+            assert_eq!(changes, expected, "full_snapshot_every {full_snapshot_every}");
         }
         let progress = heard.0.lock().unwrap();
         assert_eq!(progress.len(), 15);
