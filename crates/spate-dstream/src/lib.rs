@@ -117,6 +117,7 @@ mod keyed;
 mod node;
 mod output;
 mod pair;
+mod pane_window;
 mod pool;
 mod processing_time;
 mod side_input;

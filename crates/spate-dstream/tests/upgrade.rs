@@ -232,3 +232,33 @@ fn an_inverse_window_snapshot_written_before_the_compact_layout_still_restores()
     assert_eq!(at(5), [("a".to_string(), 6), ("b".to_string(), 0)], "batch 1 left the 4 s window at 5");
     assert_eq!(at(6), [("a".to_string(), 4), ("b".to_string(), 0)], "batch 2 left at 6");
 }
+
+#[test]
+fn a_pane_window_snapshot_written_before_the_compact_layout_still_restores() {
+    // Version 1 of the pane window's state, as it stood after batch 3 of a
+    // 4 s window sliding by 2 s (panes of 2 s): the panes' end times (front
+    // stack, back stack), then pairs by key with partitions merged: the open
+    // pane, the front stack's aggregates, the back stack's panes and their
+    // aggregate.
+    type Pairs = Vec<(String, u64)>;
+    type PanesV1 = (Vec<spate_core::Time>, Vec<spate_core::Time>, Pairs, Vec<Pairs>, Vec<Pairs>, Pairs);
+    let first_pane = vec![("a".to_string(), 1), ("b".to_string(), 5)];
+    let old: PanesV1 = (vec![], vec![t(2)], vec![("a".to_string(), 2)], vec![], vec![first_pane.clone()], first_pane);
+    let bytes = FrameCodec::new(1).encode(&old).unwrap();
+    let b = GraphBuilder::new(INTERVAL).partitions(2).workers(2).checkpointing(true);
+    let queue = Arc::new(QueueSource::new());
+    let sums = b
+        .input("words", Arc::clone(&queue))
+        .reduce_by_key_and_window(|a: &u64, b: &u64| a + b, Duration::from_secs(4), Duration::from_secs(2))
+        .name("pane-sums");
+    let seen = collect(&sums);
+    let mut graph = b.build().unwrap();
+    let descriptor = graph.descriptor();
+    graph.restore(&descriptor, vec![("pane-sums".to_string(), bytes)], &RestorePolicy::strict()).unwrap();
+    queue.push(vec![("a".to_string(), 4)]);
+    run(&mut graph, 4..=8);
+    let at = |batch| sorted_at(&seen, t(batch)).unwrap();
+    assert_eq!(at(4), [("a".to_string(), 7), ("b".to_string(), 5)]);
+    assert_eq!(at(6), [("a".to_string(), 6)], "the pane of batches 1 and 2 left at 6");
+    assert!(at(8).is_empty(), "the pane of batches 3 and 4 left at 8");
+}
