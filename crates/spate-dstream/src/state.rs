@@ -10,27 +10,113 @@ use spate_core::{CoreError, Duration, Time};
 use crate::batch::{Batch, Data, Key};
 use crate::error::DStreamError;
 use crate::graph::Job;
-use crate::hash::{KeyHashMap, map_with_capacity, partition_of};
+use crate::hash::{KeyHashMap, partition_of};
+use crate::keyed::KeyTable;
 use crate::node::{Node, NodeMeta, Slot, StateMeta, StatefulNode, StepCtx, state_codec};
 use crate::pair::{combine_partitioned, partition_records};
 use crate::stream::DStream;
 
-/// Spreads entries over `partitions` maps by key.
-fn spread<K: Key, S>(entries: Vec<(K, S)>, partitions: usize) -> Vec<KeyHashMap<K, S>> {
-    let mut maps: Vec<KeyHashMap<K, S>> = (0..partitions).map(|_| map_with_capacity(0)).collect();
-    for (key, value) in entries {
-        if let Some(map) = maps.get_mut(partition_of(&key, partitions)) {
-            map.insert(key, value);
-        }
-    }
-    maps
+/// One partition's state by key: each key once, encoded in a
+/// [`KeyTable`], and its state in an array by the key's id.
+struct KeyedStates<K, S> {
+    keys: KeyTable<K>,
+    states: Vec<Option<S>>,
 }
 
-fn respread<K: Key, S>(parts: &mut Vec<KeyHashMap<K, S>>, partitions: usize) {
-    if parts.len() != partitions {
-        let entries: Vec<(K, S)> = parts.drain(..).flatten().collect();
-        *parts = spread(entries, partitions);
+impl<K, S> Default for KeyedStates<K, S> {
+    fn default() -> Self {
+        KeyedStates { keys: KeyTable::default(), states: Vec::new() }
     }
+}
+
+impl<K: Key, S> KeyedStates<K, S> {
+    /// The id of `key`, giving it one (with no state) if it has none.
+    fn id(&mut self, key: &K) -> Result<u32, CoreError> {
+        let id = self.keys.insert(key)?;
+        if self.states.len() < self.keys.id_bound() {
+            self.states.resize_with(self.keys.id_bound(), || None);
+        }
+        Ok(id)
+    }
+
+    /// Takes the state of `id` out (the key keeps its id).
+    fn take(&mut self, id: u32) -> Option<S> {
+        self.states.get_mut(id as usize).and_then(Option::take)
+    }
+
+    fn put(&mut self, id: u32, state: S) {
+        if let Some(slot) = self.states.get_mut(id as usize) {
+            *slot = Some(state);
+        }
+    }
+
+    /// Forgets the key of `id` and its state; the id is given again.
+    fn remove(&mut self, id: u32) {
+        self.take(id);
+        self.keys.remove(id);
+    }
+
+    /// The ids that may have state, for a pass over all of them.
+    fn ids(&self) -> std::ops::Range<u32> {
+        0..u32::try_from(self.states.len()).unwrap_or(u32::MAX)
+    }
+
+    fn key(&self, id: u32) -> Result<K, CoreError> {
+        self.keys.key(id)?.ok_or_else(|| CoreError::Decode { reason: format!("state of id {id} without a key") })
+    }
+
+    fn state(&self, id: u32) -> Option<&S> {
+        self.states.get(id as usize).and_then(Option::as_ref)
+    }
+
+    fn states_mut(&mut self) -> impl Iterator<Item = &mut S> {
+        self.states.iter_mut().flatten()
+    }
+
+    /// Every key with state, decoded, with its state.
+    fn entries(&self) -> Result<Vec<(K, &S)>, CoreError> {
+        self.entries_where(|_| true)
+    }
+
+    /// The keys whose state `pick` takes, decoded, with their state.
+    fn entries_where(&self, pick: impl Fn(&S) -> bool) -> Result<Vec<(K, &S)>, CoreError> {
+        let picked = self.ids().filter_map(|id| Some((id, self.state(id).filter(|s| pick(s))?)));
+        picked.map(|(id, s)| Ok((self.key(id)?, s))).collect()
+    }
+
+    fn insert(&mut self, key: &K, state: S) -> Result<(), CoreError> {
+        let id = self.id(key)?;
+        self.put(id, state);
+        Ok(())
+    }
+}
+
+/// Spreads entries over `partitions` by key.
+fn spread<K: Key, S>(entries: Vec<(K, S)>, partitions: usize) -> Result<Vec<KeyedStates<K, S>>, CoreError> {
+    let mut parts: Vec<KeyedStates<K, S>> = (0..partitions).map(|_| KeyedStates::default()).collect();
+    for (key, state) in entries {
+        if let Some(part) = parts.get_mut(partition_of(&key, partitions)) {
+            part.insert(&key, state)?;
+        }
+    }
+    Ok(parts)
+}
+
+/// Re-spreads the partitions' state when the partition count changed.
+fn respread<K: Key, S: Clone>(parts: &mut Vec<KeyedStates<K, S>>, partitions: usize) -> Result<(), CoreError> {
+    if parts.len() == partitions {
+        return Ok(());
+    }
+    let mut entries = Vec::new();
+    for part in parts.iter() {
+        entries.extend(part.entries()?.into_iter().map(|(k, s)| (k, s.clone())));
+    }
+    *parts = spread(entries, partitions)?;
+    Ok(())
+}
+
+fn internal(ctx: &StepCtx<'_>, error: &CoreError) -> DStreamError {
+    DStreamError::Internal { operator: ctx.operator.to_string(), reason: format!("keyed state: {error}") }
 }
 
 fn state_meta<K, V, S>() -> StateMeta {
@@ -49,7 +135,7 @@ struct UpdateStateNode<K, V, S, F> {
     input: Arc<Slot<(K, V)>>,
     output: Arc<Slot<(K, S)>>,
     update: F,
-    parts: Vec<KeyHashMap<K, S>>,
+    parts: Vec<KeyedStates<K, S>>,
 }
 
 impl<K, V, S, F> Node for UpdateStateNode<K, V, S, F>
@@ -60,7 +146,7 @@ where
     F: Fn(Vec<V>, Option<S>) -> Option<S> + Send + Sync,
 {
     fn step(&mut self, ctx: &StepCtx<'_>) -> Result<Option<Job>, DStreamError> {
-        respread(&mut self.parts, ctx.partitions);
+        respread(&mut self.parts, ctx.partitions).map_err(|e| internal(ctx, &e))?;
         let Some(batch) = ctx.take_owned(&self.input)? else {
             self.output.put(ctx.time, None);
             return Ok(None);
@@ -75,24 +161,10 @@ where
         )?;
         let update = &self.update;
         let work: Vec<_> = self.parts.iter_mut().zip(groups).collect();
-        let out = ctx.par(work, |(part, mut groups)| {
-            let old = std::mem::take(part);
-            let mut next: KeyHashMap<K, S> = map_with_capacity(old.len() + groups.len());
-            for (key, state) in old {
-                let values = groups.remove(&key).unwrap_or_default();
-                if let Some(state) = update(values, Some(state)) {
-                    next.insert(key, state);
-                }
-            }
-            for (key, values) in groups {
-                if let Some(state) = update(values, None) {
-                    next.insert(key, state);
-                }
-            }
-            let snapshot: Vec<(K, S)> = next.iter().map(|(k, s)| (k.clone(), s.clone())).collect();
-            *part = next;
-            snapshot
-        })?;
+        let mut out = Vec::with_capacity(work.len());
+        for part in ctx.par(work, |(part, groups)| update_part(part, groups, update))? {
+            out.push(part.map_err(|e| internal(ctx, &e))?);
+        }
         self.output.put(ctx.time, Some(Batch::new(out)));
         Ok(None)
     }
@@ -110,15 +182,54 @@ where
     F: Fn(Vec<V>, Option<S>) -> Option<S> + Send + Sync,
 {
     fn snapshot(&mut self) -> Result<Vec<u8>, CoreError> {
-        let entries: Vec<(&K, &S)> = self.parts.iter().flat_map(|p| p.iter()).collect();
+        let mut entries: Vec<(K, &S)> = Vec::new();
+        for part in &self.parts {
+            entries.extend(part.entries()?);
+        }
         state_codec().encode(&entries)
     }
 
     fn restore(&mut self, bytes: &[u8], partitions: usize) -> Result<(), CoreError> {
         let entries: Vec<(K, S)> = state_codec().decode(bytes)?.value;
-        self.parts = spread(entries, partitions);
+        self.parts = spread(entries, partitions)?;
         Ok(())
     }
+}
+
+/// One partition's `update_state_by_key` step: every key with state or
+/// values gets `update`; returns the state of every key after it.
+fn update_part<K, V, S, F>(
+    part: &mut KeyedStates<K, S>,
+    groups: KeyHashMap<K, Vec<V>>,
+    update: &F,
+) -> Result<Vec<(K, S)>, CoreError>
+where
+    K: Key,
+    S: Clone,
+    F: Fn(Vec<V>, Option<S>) -> Option<S>,
+{
+    let mut values: Vec<(u32, Vec<V>)> = Vec::with_capacity(groups.len());
+    for (key, group) in groups {
+        values.push((part.id(&key)?, group));
+    }
+    values.sort_unstable_by_key(|(id, _)| *id);
+    let mut values = values.into_iter().peekable();
+    let mut out = Vec::with_capacity(part.keys.len());
+    for id in part.ids() {
+        let group = values.next_if(|(next, _)| *next == id).map(|(_, group)| group);
+        let old = part.take(id);
+        if old.is_none() && group.is_none() {
+            continue;
+        }
+        match update(group.unwrap_or_default(), old) {
+            Some(state) => {
+                out.push((part.key(id)?, state.clone()));
+                part.put(id, state);
+            }
+            None => part.remove(id),
+        }
+    }
+    Ok(out)
 }
 
 // ---------------------------------------------------------------------------
@@ -178,7 +289,7 @@ struct MapWithStateNode<K, V, S, M, F> {
     func: F,
     timeout: Option<Duration>,
     /// Per partition: each key's state and the last batch time it had data.
-    parts: Vec<KeyHashMap<K, Entry<S>>>,
+    parts: Vec<KeyedStates<K, Entry<S>>>,
     /// Keys removed since the last snapshot (a key removed and given state
     /// again is also in `parts`, marked changed).
     removed: Vec<K>,
@@ -203,49 +314,23 @@ where
     F: Fn(&K, Option<V>, &mut State<S>) -> M + Send + Sync,
 {
     fn step(&mut self, ctx: &StepCtx<'_>) -> Result<Option<Job>, DStreamError> {
-        respread(&mut self.parts, ctx.partitions);
+        respread(&mut self.parts, ctx.partitions).map_err(|e| internal(ctx, &e))?;
         let Some(batch) = ctx.take_owned(&self.input)? else {
             self.output.put(ctx.time, None);
             self.snapshots.put(ctx.time, None);
             return Ok(None);
         };
         let records = partition_records(ctx, batch.into_partitions(), ctx.partitions)?;
-        let (func, time) = (&self.func, ctx.time);
-        let threshold = self.timeout.map(|timeout| time - timeout);
-        let want_snapshots = self.snapshots.readers() > 0;
+        let step = MapStep {
+            func: &self.func,
+            time: ctx.time,
+            threshold: self.timeout.map(|timeout| ctx.time - timeout),
+            want_snapshots: self.snapshots.readers() > 0,
+        };
         let work: Vec<_> = self.parts.iter_mut().zip(records).collect();
-        let out = ctx.par(work, |(part, records)| {
-            let (mut mapped, mut removed) = (Vec::with_capacity(records.len()), Vec::new());
-            for (key, value) in records {
-                let old = part.remove(&key);
-                let existed = old.is_some();
-                let mut state = State::new(old.map(|entry| entry.state), false);
-                mapped.push(func(&key, Some(value), &mut state));
-                match state.value {
-                    Some(value) => {
-                        part.insert(key, Entry { state: value, last: time, changed: true });
-                    }
-                    None if existed => removed.push(key),
-                    None => {}
-                }
-            }
-            if let Some(threshold) = threshold {
-                for (key, entry) in part.extract_if(|_, entry| entry.last < threshold) {
-                    let mut state = State::new(Some(entry.state), true);
-                    mapped.push(func(&key, None, &mut state));
-                    removed.push(key);
-                }
-            }
-            let snapshot: Vec<(K, S)> = if want_snapshots {
-                part.iter().map(|(k, entry)| (k.clone(), entry.state.clone())).collect()
-            } else {
-                Vec::new()
-            };
-            (mapped, snapshot, removed)
-        })?;
-        let mut mapped = Vec::with_capacity(out.len());
-        let mut snapshots = Vec::with_capacity(out.len());
-        for (records, snapshot, removed) in out {
+        let (mut mapped, mut snapshots) = (Vec::new(), Vec::new());
+        for part in ctx.par(work, |(part, records)| step.run(part, records))? {
+            let (records, snapshot, removed) = part.map_err(|e| internal(ctx, &e))?;
             mapped.push(records);
             snapshots.push(snapshot);
             self.removed.extend(removed);
@@ -262,7 +347,7 @@ where
 
 #[derive(Serialize)]
 struct MapStateRef<'a, K, S> {
-    entries: Vec<(&'a K, &'a S, Time)>,
+    entries: Vec<(K, &'a S, Time)>,
 }
 
 #[derive(Deserialize)]
@@ -275,7 +360,7 @@ struct MapStateOwned<K, S> {
 #[derive(Serialize)]
 struct MapStateChangesRef<'a, K, S> {
     removed: &'a [K],
-    changed: Vec<(&'a K, &'a S, Time)>,
+    changed: Vec<(K, &'a S, Time)>,
 }
 
 #[derive(Deserialize)]
@@ -284,13 +369,84 @@ struct MapStateChangesOwned<K, S> {
     changed: Vec<(K, S, Time)>,
 }
 
-impl<K, V, S, M, F> MapWithStateNode<K, V, S, M, F> {
+impl<K: Key, V, S, M, F> MapWithStateNode<K, V, S, M, F> {
+    /// Every key's state and last batch with data (only the changed ones
+    /// with `only_changed`), keys decoded.
+    fn entries(&self, only_changed: bool) -> Result<Vec<(K, &S, Time)>, CoreError> {
+        let mut out = Vec::new();
+        for part in &self.parts {
+            let listed = part.entries_where(|entry| !only_changed || entry.changed)?;
+            out.extend(listed.into_iter().map(|(key, entry)| (key, &entry.state, entry.last)));
+        }
+        Ok(out)
+    }
+
     /// Forgets what changed: the next changes are relative to now.
     fn mark_unchanged(&mut self) {
         self.removed.clear();
-        for entry in self.parts.iter_mut().flat_map(|p| p.values_mut()) {
+        for entry in self.parts.iter_mut().flat_map(KeyedStates::states_mut) {
             entry.changed = false;
         }
+    }
+}
+
+/// What one `map_with_state` step does in each partition.
+struct MapStep<'a, F> {
+    func: &'a F,
+    time: Time,
+    /// Keys whose last data is older time out.
+    threshold: Option<Time>,
+    want_snapshots: bool,
+}
+
+/// A partition's mapped records, its state after the step (when read) and
+/// the keys it removed.
+type MapStepOut<K, S, M> = (Vec<M>, Vec<(K, S)>, Vec<K>);
+
+impl<F> MapStep<'_, F> {
+    fn run<K: Key, V, S: Clone, M>(
+        &self,
+        part: &mut KeyedStates<K, Entry<S>>,
+        records: Vec<(K, V)>,
+    ) -> Result<MapStepOut<K, S, M>, CoreError>
+    where
+        F: Fn(&K, Option<V>, &mut State<S>) -> M,
+    {
+        let (mut mapped, mut removed) = (Vec::with_capacity(records.len()), Vec::new());
+        for (key, value) in records {
+            let id = part.id(&key)?;
+            let old = part.take(id);
+            let existed = old.is_some();
+            let mut state = State::new(old.map(|entry| entry.state), false);
+            mapped.push((self.func)(&key, Some(value), &mut state));
+            match state.value {
+                Some(value) => part.put(id, Entry { state: value, last: self.time, changed: true }),
+                None => {
+                    part.remove(id);
+                    if existed {
+                        removed.push(key);
+                    }
+                }
+            }
+        }
+        if let Some(threshold) = self.threshold {
+            for id in part.ids() {
+                if part.state(id).is_none_or(|entry| entry.last >= threshold) {
+                    continue;
+                }
+                let (key, entry) = (part.key(id)?, part.take(id));
+                let mut state = State::new(entry.map(|entry| entry.state), true);
+                mapped.push((self.func)(&key, None, &mut state));
+                part.remove(id);
+                removed.push(key);
+            }
+        }
+        let snapshot = if self.want_snapshots {
+            part.entries()?.into_iter().map(|(k, entry)| (k, entry.state.clone())).collect()
+        } else {
+            Vec::new()
+        };
+        Ok((mapped, snapshot, removed))
     }
 }
 
@@ -303,16 +459,16 @@ where
     F: Fn(&K, Option<V>, &mut State<S>) -> M + Send + Sync,
 {
     fn snapshot(&mut self) -> Result<Vec<u8>, CoreError> {
-        let entries = self.parts.iter().flat_map(|p| p.iter()).map(|(k, e)| (k, &e.state, e.last)).collect();
+        let entries = self.entries(false)?;
         let bytes = state_codec().encode(&MapStateRef { entries })?;
         self.mark_unchanged();
         Ok(bytes)
     }
 
     fn snapshot_changes(&mut self) -> Option<Result<Vec<u8>, CoreError>> {
-        let changed =
-            self.parts.iter().flat_map(|p| p.iter()).filter(|(_, e)| e.changed).map(|(k, e)| (k, &e.state, e.last));
-        let bytes = state_codec().encode(&MapStateChangesRef { removed: &self.removed, changed: changed.collect() });
+        let bytes = self
+            .entries(true)
+            .and_then(|changed| state_codec().encode(&MapStateChangesRef { removed: &self.removed, changed }));
         if bytes.is_ok() {
             self.mark_unchanged();
         }
@@ -322,22 +478,23 @@ where
     fn restore(&mut self, bytes: &[u8], partitions: usize) -> Result<(), CoreError> {
         let owned: MapStateOwned<K, S> = state_codec().decode(bytes)?.value;
         let entries = owned.entries.into_iter().map(|(k, state, last)| (k, Entry { state, last, changed: false }));
-        self.parts = spread(entries.collect(), partitions);
+        self.parts = spread(entries.collect(), partitions)?;
         self.removed.clear();
         Ok(())
     }
 
     fn apply_changes(&mut self, bytes: &[u8], partitions: usize) -> Result<(), CoreError> {
         let changes: MapStateChangesOwned<K, S> = state_codec().decode(bytes)?.value;
-        respread(&mut self.parts, partitions);
+        respread(&mut self.parts, partitions)?;
         for key in changes.removed {
             if let Some(part) = self.parts.get_mut(partition_of(&key, partitions)) {
-                part.remove(&key);
+                let id = part.id(&key)?;
+                part.remove(id);
             }
         }
         for (key, state, last) in changes.changed {
             if let Some(part) = self.parts.get_mut(partition_of(&key, partitions)) {
-                part.insert(key, Entry { state, last, changed: false });
+                part.insert(&key, Entry { state, last, changed: false })?;
             }
         }
         Ok(())
