@@ -258,3 +258,59 @@ fn count_by_value_and_group_by_key_over_windows() {
         vec!["counts", "window-6"]
     );
 }
+
+/// A window over keys that come and go: each batch brings 20 keys, 5 of
+/// them new, and the filtered window drops a key once its batches left,
+/// so ids are freed and given to other keys.
+fn churning(partitions: usize) -> (Graph, Arc<QueueSource<(String, u64)>>, Collected<(String, u64)>) {
+    let b = GraphBuilder::new(INTERVAL).partitions(partitions).workers(2).checkpointing(true);
+    let queue = Arc::new(QueueSource::<(String, u64)>::new());
+    let counts = b
+        .input("words", Arc::clone(&queue))
+        .reduce_by_key(|a, b| a + b)
+        .reduce_by_key_and_window_inv_filtered(|a, b| a + b, |a, b| a - b, secs(3), secs(1), |_, n| *n > 0)
+        .name("counts");
+    let seen = collect(&counts);
+    (b.build().unwrap(), queue, seen)
+}
+
+fn churning_batch(batch: u64) -> Vec<(String, u64)> {
+    (batch * 5..batch * 5 + 20).map(|k| (format!("key-{k}"), k % 3 + 1)).collect()
+}
+
+#[test]
+fn a_window_whose_keys_come_and_go_restores_from_a_chain_onto_other_partitions_exactly() {
+    let (mut whole_run, queue, expected) = churning(3);
+    for batch in 1..=20 {
+        queue.push(churning_batch(batch));
+    }
+    run(&mut whole_run, 1..=20);
+
+    let (mut first, queue, before) = churning(3);
+    let descriptor = first.descriptor();
+    let mut chain = Vec::new();
+    for batch in 1..=12 {
+        queue.push(churning_batch(batch));
+        run(&mut first, batch as i64..=batch as i64);
+        match batch {
+            4 => chain.push(first.snapshot_state().unwrap().remove(0).1),
+            8 | 12 => match first.snapshot_state_changes().unwrap().remove(0).1 {
+                StateSnapshot::Changes(bytes) => chain.push(bytes),
+                StateSnapshot::Whole(_) => panic!("the window snapshots its changes"),
+            },
+            _ => {}
+        }
+    }
+    let (mut second, queue, after) = churning(1);
+    second.restore_chains(&descriptor, vec![("counts".to_string(), chain)], &RestorePolicy::strict()).unwrap();
+    for batch in 13..=20 {
+        queue.push(churning_batch(batch));
+    }
+    run(&mut second, 13..=20);
+    for batch in 1..=20 {
+        let seen = if batch <= 12 { &before } else { &after };
+        assert_eq!(sorted_at(seen, t(batch)), sorted_at(&expected, t(batch)), "batch {batch}");
+    }
+    // Keys of early batches left the window for good.
+    assert!(sorted_at(&after, t(20)).unwrap().iter().all(|(key, _)| key != "key-5"));
+}
