@@ -259,10 +259,13 @@ fn count_by_value_and_group_by_key_over_windows() {
     );
 }
 
+/// The graph, its input and what its window emitted.
+type Churning = (Graph, Arc<QueueSource<(String, u64)>>, Collected<(String, u64)>);
+
 /// A window over keys that come and go: each batch brings 20 keys, 5 of
 /// them new, and the filtered window drops a key once its batches left,
 /// so ids are freed and given to other keys.
-fn churning(partitions: usize) -> (Graph, Arc<QueueSource<(String, u64)>>, Collected<(String, u64)>) {
+fn churning(partitions: usize) -> Churning {
     let b = GraphBuilder::new(INTERVAL).partitions(partitions).workers(2).checkpointing(true);
     let queue = Arc::new(QueueSource::<(String, u64)>::new());
     let counts = b
