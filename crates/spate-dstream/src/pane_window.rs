@@ -21,7 +21,6 @@
 //! A snapshot is whole: per partition, its keys with their ids and its
 //! runs. A restore onto another partition count re-keys by value.
 
-use std::cmp::Ordering;
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
@@ -34,6 +33,7 @@ use crate::hash::{KeyHashMap, map_with_capacity, partition_of};
 use crate::keyed::{ByteString, KeyTable, OwnedByteString};
 use crate::node::{Node, Slot, StatefulNode, StepCtx};
 use crate::pair::{KeyedCombine, combines_on_arrival};
+use crate::runs::{Cursor, Run, Side, walk};
 
 /// Version 1 kept pairs by key, partitions merged; version 2 is the
 /// compact form.
@@ -41,119 +41,6 @@ const PANE_WINDOW_STATE_VERSION: u16 = 2;
 
 fn codec() -> FrameCodec {
     FrameCodec::new(PANE_WINDOW_STATE_VERSION).with_max_payload(1 << 30).with_max_decoded(4 << 30)
-}
-
-/// One pane or aggregate of one partition: values by id, ids ascending.
-/// Two arrays rather than one of pairs, so an entry of a `u64` takes 12
-/// bytes, not 16.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-struct Run<V> {
-    ids: Vec<u32>,
-    values: Vec<V>,
-}
-
-impl<V> Default for Run<V> {
-    fn default() -> Self {
-        Run { ids: Vec::new(), values: Vec::new() }
-    }
-}
-
-/// Where one id of a walk over two runs is: in the older, the newer, or both.
-enum Side<A, B> {
-    Older(A),
-    Newer(B),
-    Both(A, B),
-}
-
-/// Walks two id-ascending sequences together, calling `each` once an id.
-fn walk<A, B>(
-    older: impl Iterator<Item = (u32, A)>,
-    newer: impl Iterator<Item = (u32, B)>,
-    mut each: impl FnMut(u32, Side<A, B>),
-) {
-    let (mut older, mut newer) = (older.peekable(), newer.peekable());
-    loop {
-        let order = match (older.peek(), newer.peek()) {
-            (Some((a, _)), Some((b, _))) => a.cmp(b),
-            (Some(_), None) => Ordering::Less,
-            (None, Some(_)) => Ordering::Greater,
-            (None, None) => return,
-        };
-        match order {
-            Ordering::Less => older.next().into_iter().for_each(|(id, a)| each(id, Side::Older(a))),
-            Ordering::Greater => newer.next().into_iter().for_each(|(id, b)| each(id, Side::Newer(b))),
-            Ordering::Equal => {
-                if let (Some((id, a)), Some((_, b))) = (older.next(), newer.next()) {
-                    each(id, Side::Both(a, b));
-                }
-            }
-        }
-    }
-}
-
-impl<V: Clone> Run<V> {
-    fn len(&self) -> usize {
-        self.ids.len()
-    }
-
-    fn is_empty(&self) -> bool {
-        self.ids.is_empty()
-    }
-
-    fn entries(&self) -> impl Iterator<Item = (u32, &V)> {
-        self.ids.iter().copied().zip(&self.values)
-    }
-
-    /// A run of `entries`, each id once, in any order.
-    fn from_entries(mut entries: Vec<(u32, V)>) -> Self {
-        entries.sort_unstable_by_key(|(id, _)| *id);
-        let (ids, values) = entries.into_iter().unzip();
-        Run { ids, values }
-    }
-
-    /// `older ⊕ newer`: `reduce(older's, newer's)` where both hold an id.
-    /// The result is allocated at its exact size (the union of two panes
-    /// of mostly the same keys is far smaller than their sum).
-    fn merge<R: Fn(&V, &V) -> V>(older: Run<V>, newer: &Run<V>, reduce: &R) -> Run<V> {
-        let mut union = 0;
-        walk(older.ids.iter().map(|id| (*id, ())), newer.ids.iter().map(|id| (*id, ())), |_, _| union += 1);
-        let mut out = Run { ids: Vec::with_capacity(union), values: Vec::with_capacity(union) };
-        walk(older.ids.into_iter().zip(older.values), newer.entries(), |id, side| {
-            out.ids.push(id);
-            out.values.push(match side {
-                Side::Older(value) => value,
-                Side::Newer(value) => value.clone(),
-                Side::Both(old, new) => reduce(&old, new),
-            });
-        });
-        out
-    }
-
-    /// True when ids ascend strictly, each with a value and a key.
-    fn is_well_formed<K: Key>(&self, keys: &KeyTable<K>) -> bool {
-        self.ids.len() == self.values.len()
-            && self.ids.windows(2).all(|pair| pair.first() < pair.last())
-            && self.ids.iter().all(|id| keys.contains(*id))
-    }
-}
-
-/// Answers "does this run hold `id`?" for ascending ids in one pass.
-struct Cursor<'a> {
-    ids: &'a [u32],
-    at: usize,
-}
-
-impl<'a> Cursor<'a> {
-    fn new<V>(run: Option<&'a Run<V>>) -> Self {
-        Cursor { ids: run.map_or(&[], |run| run.ids.as_slice()), at: 0 }
-    }
-
-    fn holds(&mut self, id: u32) -> bool {
-        while self.ids.get(self.at).is_some_and(|found| *found < id) {
-            self.at += 1;
-        }
-        self.ids.get(self.at) == Some(&id)
-    }
 }
 
 /// A place in one partition's queue, for copying it level by level.
@@ -207,15 +94,18 @@ impl<K: Key, V: Data> PanePart<K, V> {
         for (key, value) in batch {
             entries.push((self.keys.insert(&key)?, value));
         }
-        let batch = Run::from_entries(entries);
-        self.open =
-            if self.open.is_empty() { batch } else { Run::merge(std::mem::take(&mut self.open), &batch, reduce) };
+        let batch = Run::from_entries(entries).ok_or_else(|| decode_error("a key twice in a batch"))?;
+        self.open = if self.open.is_empty() {
+            batch
+        } else {
+            Run::merge_from(std::mem::take(&mut self.open), &batch, |a, b| *a = reduce(a, b))
+        };
         Ok(())
     }
 
     fn close_pane<R: Fn(&V, &V) -> V>(&mut self, reduce: &R) {
         let pane = std::mem::take(&mut self.open);
-        self.back_agg = Run::merge(std::mem::take(&mut self.back_agg), &pane, reduce);
+        self.back_agg = Run::merge_from(std::mem::take(&mut self.back_agg), &pane, |a, b| *a = reduce(a, b));
         self.back.push(pane);
     }
 
@@ -246,7 +136,7 @@ impl<K: Key, V: Data> PanePart<K, V> {
         let mut front: Vec<Run<V>> = Vec::with_capacity(panes.len());
         for pane in panes.into_iter().rev() {
             let aggregate = match front.last() {
-                Some(newer) => Run::merge(pane, newer, reduce),
+                Some(newer) => Run::merge_from(pane, newer, |a, b| *a = reduce(a, b)),
                 None => pane,
             };
             front.push(aggregate);
@@ -312,7 +202,7 @@ impl<K: Key, V: Data> PanePart<K, V> {
             return Err(decode_error("a partition's pane stacks and the window's end times differ in length"));
         }
         let mut runs = levels(front_len, back_len).filter_map(|level| part.run(level));
-        if !runs.all(|run| run.is_well_formed(&part.keys)) {
+        if !runs.all(|run| run.is_well_formed(|id| part.keys.contains(id))) {
             return Err(decode_error("a pane whose ids are out of order, without a value or without a key"));
         }
         Ok(part)
@@ -335,7 +225,7 @@ fn spread_level<K: Key, V: Data>(
         }
     }
     for (part, list) in parts.iter_mut().zip(entries) {
-        part.set_level(level, Run::from_entries(list));
+        part.set_level(level, Run::from_entries(list).ok_or_else(|| decode_error("a key twice in a pane"))?);
     }
     Ok(())
 }
@@ -593,20 +483,6 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn run(entries: &[(u32, u64)]) -> Run<u64> {
-        Run::from_entries(entries.to_vec())
-    }
-
-    #[test]
-    fn a_merge_reduces_shared_ids_older_first_and_is_exactly_as_long_as_the_union() {
-        let older = run(&[(5, 10), (1, 1), (9, 90)]);
-        let newer = run(&[(9, 2), (3, 30), (1, 4)]);
-        let merged = Run::merge(older, &newer, &|a: &u64, b: &u64| a * 100 + b);
-        assert_eq!(merged.ids, [1, 3, 5, 9]);
-        assert_eq!(merged.values, [104, 30, 10, 9002]);
-        assert_eq!((merged.ids.capacity(), merged.values.capacity()), (4, 4));
-    }
 
     #[test]
     fn a_key_is_given_back_once_no_pane_holds_it() {

@@ -262,3 +262,121 @@ fn a_pane_window_snapshot_written_before_the_compact_layout_still_restores() {
     assert_eq!(at(6), [("a".to_string(), 6)], "the pane of batches 1 and 2 left at 6");
     assert!(at(8).is_empty(), "the pane of batches 3 and 4 left at 8");
 }
+
+/// Event-time sums per key, records `(key, (event time in ms, value))`.
+struct EventSums {
+    graph: Graph,
+    queue: Arc<QueueSource<(String, (i64, u64))>>,
+    results: Collected<spate_dstream::WindowResult<String, u64>>,
+}
+
+fn event_sums(windows: spate_dstream::EventWindows, partitions: usize) -> EventSums {
+    let b = GraphBuilder::new(INTERVAL).partitions(partitions).workers(2).checkpointing(true);
+    let queue = Arc::new(QueueSource::new());
+    let sums = b
+        .input("events", Arc::clone(&queue))
+        .aggregate_by_event_time(
+            |v: &(i64, u64)| spate_core::Time::from_millis(v.0),
+            spate_dstream::Watermarks::bounded_out_of_orderness(Duration::from_millis(1000)),
+            windows,
+            |(_, v)| v,
+            |acc: &mut u64, (_, v)| *acc += v,
+            |acc: &mut u64, other: &u64| *acc += other,
+        )
+        .name("event-sums");
+    let results = collect(&sums.results());
+    EventSums { graph: b.build().unwrap(), queue, results }
+}
+
+fn all_results(sums: &EventSums) -> Vec<(spate_core::Time, spate_dstream::WindowResult<String, u64>)> {
+    let seen = sums.results.lock().unwrap();
+    let mut out: Vec<_> = seen.iter().flat_map(|(time, rows)| rows.iter().map(|r| (*time, r.clone()))).collect();
+    out.sort();
+    out
+}
+
+#[test]
+fn an_event_time_window_snapshot_written_before_the_compact_layout_still_restores() {
+    // Version 1 of the event-time window state: the watermark tracker (one
+    // partition's clock: its largest event time and last active batch; the
+    // watermark), then pairs by key with partitions merged: panes (start,
+    // key, aggregate), revisions (key, window start, revision), sessions.
+    type Clock = (Option<spate_core::Time>, spate_core::Time);
+    type Sessions = Vec<(String, Vec<()>)>;
+    type StateV1 = (
+        (Vec<Clock>, Option<spate_core::Time>),
+        Vec<(spate_core::Time, String, u64)>,
+        Vec<(String, spate_core::Time, u32)>,
+        Sessions,
+    );
+    let ms = spate_core::Time::from_millis;
+    let old: StateV1 = (
+        (vec![(Some(ms(6_000)), t(1))], Some(ms(5_000))),
+        vec![(ms(0), "a".to_string(), 3), (ms(0), "b".to_string(), 4)],
+        vec![],
+        vec![],
+    );
+    let bytes = FrameCodec::new(1).encode(&old).unwrap();
+    let windows = spate_dstream::EventWindows::tumbling(Duration::from_secs(10));
+    let mut sums = event_sums(windows, 2);
+    let descriptor = sums.graph.descriptor();
+    sums.graph.restore(&descriptor, vec![("event-sums".to_string(), bytes)], &RestorePolicy::strict()).unwrap();
+    sums.queue.push(vec![("a".to_string(), (7_000, 1)), ("c".to_string(), (12_000, 2))]);
+    sums.queue.push(vec![("c".to_string(), (22_000, 1))]);
+    run(&mut sums.graph, 2..=3);
+    let window = |start, end| spate_dstream::Window { start: ms(start), end: ms(end) };
+    let result = |key: &str, start, value| spate_dstream::WindowResult {
+        key: key.to_string(),
+        window: window(start, start + 10_000),
+        value,
+        revision: 0,
+    };
+    assert_eq!(
+        all_results(&sums),
+        [(t(2), result("a", 0, 4)), (t(2), result("b", 0, 4)), (t(3), result("c", 10_000, 2))],
+        "the watermark passed 10 s at batch 2 and 20 s at batch 3"
+    );
+}
+
+#[test]
+fn event_time_windows_restored_onto_another_partition_count_continue_exactly() {
+    let windows = || {
+        spate_dstream::EventWindows::sliding(Duration::from_secs(4), Duration::from_secs(2))
+            .allowed_lateness(Duration::from_secs(3))
+    };
+    // Keys over several partitions; records late but within the lateness
+    // (revisions), and records past it.
+    let batch = |b: i64| -> Vec<(String, (i64, u64))> {
+        (0..12i64)
+            .map(|k| {
+                let late = if (b + k) % 3 == 0 { 2_500 } else { 0 };
+                (format!("k{}", k % 7), (b * 1_000 + k * 40 - late, (b * 10 + k) as u64))
+            })
+            .collect()
+    };
+    let mut whole = event_sums(windows(), 2);
+    for b in 1..=12 {
+        whole.queue.push(batch(b));
+    }
+    run(&mut whole.graph, 1..=12);
+    for (before, after) in [(2, 3), (3, 1)] {
+        let mut first = event_sums(windows(), before);
+        for b in 1..=6 {
+            first.queue.push(batch(b));
+        }
+        run(&mut first.graph, 1..=6);
+        let (descriptor, state) = (first.graph.descriptor(), first.graph.snapshot_state().unwrap());
+        let mut second = event_sums(windows(), after);
+        second.graph.restore(&descriptor, state, &RestorePolicy::strict()).unwrap();
+        for b in 7..=12 {
+            second.queue.push(batch(b));
+        }
+        run(&mut second.graph, 7..=12);
+        let mut resumed = all_results(&first);
+        resumed.extend(all_results(&second));
+        resumed.sort();
+        let revisions = resumed.iter().filter(|(_, r)| r.revision > 0).count();
+        assert!(revisions > 0, "the records behind the watermark revised windows");
+        assert_eq!(resumed, all_results(&whole), "{before} partitions, then {after}");
+    }
+}

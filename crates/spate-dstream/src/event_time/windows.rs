@@ -8,6 +8,13 @@
 //! and pane, not its records), and a window is the merge of its panes when
 //! it is emitted. Sessions keep, per key, the open sessions sorted by
 //! start; a record merges every session it overlaps into one.
+//!
+//! A key is in every pane it has records in (some 15 of a window of 30 s
+//! sliding by 2 s), so each work partition keeps the keys of its panes
+//! once, in a [`KeyTable`], and each pane as a [`Run`] of aggregates
+//! against their ids; a key's id is given back once no pane and no
+//! revision names it. A snapshot writes each partition's keys with their
+//! ids; a restore onto another partition count re-keys by value.
 
 use std::collections::BTreeMap;
 use std::collections::hash_map::Entry;
@@ -15,17 +22,19 @@ use std::marker::PhantomData;
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
-use spate_core::{CoreError, Duration, Time};
+use spate_core::{CoreError, Duration, FrameCodec, Time};
 
 use super::{
     EventWindows, ProgressMark, Shape, TrackerV1, WatermarkTracker, Watermarks, Window, WithLate, decode_snapshot,
-    event_time_codec, take_input,
+    take_input,
 };
 use crate::batch::{Batch, Data, Key};
 use crate::error::DStreamError;
 use crate::graph::Job;
 use crate::hash::{KeyHashMap, map_with_capacity, partition_of};
+use crate::keyed::{ByteString, KeyTable, OwnedByteString};
 use crate::node::{Node, NodeMeta, Slot, StateMeta, StatefulNode, StepCtx};
+use crate::runs::Run;
 use crate::stream::DStream;
 
 /// One emitted result of an event-time window.
@@ -57,19 +66,78 @@ struct Session<A> {
 
 /// The windows of the keys of one partition of the work.
 struct PartState<K, A> {
-    /// Sliding windows: pane start -> each key's aggregate in the pane.
-    panes: BTreeMap<Time, KeyHashMap<K, A>>,
+    /// The keys of the sliding windows, each once.
+    keys: KeyTable<K>,
+    /// How many panes and revisions name each id.
+    refs: Vec<u32>,
+    /// Sliding windows: pane start -> each key's aggregate in the pane, by id.
+    panes: BTreeMap<Time, Run<A>>,
     /// Sliding windows emitted again after late records: the last revision
-    /// by key and window start.
-    revisions: KeyHashMap<(K, Time), u32>,
+    /// by key id and window start.
+    revisions: KeyHashMap<(u32, Time), u32>,
     /// Session windows by key, sorted by start, never overlapping.
     sessions: KeyHashMap<K, Vec<Session<A>>>,
 }
 
 impl<K, A> Default for PartState<K, A> {
     fn default() -> Self {
-        PartState { panes: BTreeMap::new(), revisions: map_with_capacity(0), sessions: map_with_capacity(0) }
+        PartState {
+            keys: KeyTable::default(),
+            refs: Vec::new(),
+            panes: BTreeMap::new(),
+            revisions: map_with_capacity(0),
+            sessions: map_with_capacity(0),
+        }
     }
+}
+
+impl<K: Key, A: Data> PartState<K, A> {
+    /// One more pane or revision names `id`.
+    fn hold(&mut self, id: u32) {
+        let index = id as usize;
+        if self.refs.len() <= index {
+            self.refs.resize(index + 1, 0);
+        }
+        if let Some(count) = self.refs.get_mut(index) {
+            *count += 1;
+        }
+    }
+
+    /// One pane or revision fewer names `id`; the last gives the id back.
+    fn release(&mut self, id: u32) {
+        if let Some(count) = self.refs.get_mut(id as usize) {
+            *count = count.saturating_sub(1);
+            if *count == 0 {
+                self.keys.remove(id);
+            }
+        }
+    }
+
+    /// Merges `entries` (each id once) into the pane at `start`, `merge`
+    /// adding each to what the pane held.
+    fn merge_into_pane(
+        &mut self,
+        start: Time,
+        entries: Vec<(u32, A)>,
+        merge: impl Fn(&mut A, &A),
+    ) -> Result<(), CoreError> {
+        let incoming = Run::from_entries(entries).ok_or_else(|| state_error("a key twice in a pane"))?;
+        let existing = self.panes.remove(&start).unwrap_or_default();
+        let mut fresh = Vec::new();
+        let merged = Run::merge_owned(existing, incoming, |acc, value| merge(acc, &value), |id| fresh.push(id));
+        fresh.into_iter().for_each(|id| self.hold(id));
+        self.panes.insert(start, merged);
+        Ok(())
+    }
+
+    /// The key of `id`, which a pane or revision names.
+    fn key(&self, id: u32) -> Result<K, CoreError> {
+        self.keys.key(id)?.ok_or_else(|| state_error(&format!("no key for id {id}")))
+    }
+}
+
+fn state_error(reason: &str) -> CoreError {
+    CoreError::Decode { reason: format!("event-time window state: {reason}") }
 }
 
 /// What one input partition of a batch contributes.
@@ -193,24 +261,26 @@ where
         state: &mut PartState<K, A>,
         incoming: Vec<Assigned<K, V, A>>,
         progress: Progress,
-    ) -> Emitted<K, V, A> {
+    ) -> Result<Emitted<K, V, A>, CoreError> {
         match self.sliding() {
             Some((size, slide, _)) => {
-                let dirty = self.fold_panes(state, incoming, progress.before, size, slide);
-                let mut out = self.emit_updates(state, dirty, size);
-                self.emit_panes(state, progress, size, slide, &mut out);
+                let dirty = self.fold_panes(state, incoming, progress.before, size, slide)?;
+                let mut out = self.emit_updates(state, dirty, size)?;
+                self.emit_panes(state, progress, size, slide, &mut out)?;
                 self.purge_panes(state, progress.after, size, slide);
-                (out, Vec::new())
+                Ok((out, Vec::new()))
             }
             None => {
                 let late = self.fold_sessions(state, incoming, progress.before);
-                (self.emit_sessions(state, progress.after), late)
+                Ok((self.emit_sessions(state, progress.after), late))
             }
         }
     }
 
-    /// Merges partial pane aggregates; returns the emitted windows they
-    /// change (key and window start).
+    /// Merges partial pane aggregates, one input partition after another
+    /// (so each key's aggregates are merged in the order they always
+    /// were); returns the emitted windows they change (key id and window
+    /// start).
     fn fold_panes(
         &self,
         state: &mut PartState<K, A>,
@@ -218,33 +288,35 @@ where
         before: Option<Time>,
         size: Duration,
         slide: Duration,
-    ) -> Vec<(K, Time)> {
+    ) -> Result<Vec<(u32, Time)>, CoreError> {
         let mut dirty = Vec::new();
-        for (key, pane, value) in incoming.into_iter().flat_map(|a| a.panes).map(|((k, p), v)| (k, p, v)) {
-            for start in Self::starts_holding(pane, size, slide) {
-                let end = start + size;
-                let emitted = before.is_some_and(|w| end <= w);
-                if emitted && !self.purged(end, before) {
-                    dirty.push((key.clone(), start));
+        for assigned in incoming {
+            let mut by_pane: BTreeMap<Time, Vec<(u32, A)>> = BTreeMap::new();
+            for ((key, pane), value) in assigned.panes {
+                let id = state.keys.insert(&key)?;
+                for start in Self::starts_holding(pane, size, slide) {
+                    let end = start + size;
+                    let emitted = before.is_some_and(|w| end <= w);
+                    if emitted && !self.purged(end, before) {
+                        dirty.push((id, start));
+                    }
                 }
+                by_pane.entry(pane).or_default().push((id, value));
             }
-            match state.panes.entry(pane).or_insert_with(|| map_with_capacity(0)).entry(key) {
-                Entry::Occupied(mut slot) => (self.merge)(slot.get_mut(), &value),
-                Entry::Vacant(slot) => {
-                    slot.insert(value);
-                }
+            for (pane, entries) in by_pane {
+                state.merge_into_pane(pane, entries, &self.merge)?;
             }
         }
         dirty.sort_by_key(|(_, start)| *start);
         dirty.dedup();
-        dirty
+        Ok(dirty)
     }
 
-    /// The aggregate of `key` over the panes of the window at `start`.
-    fn window_value(state: &PartState<K, A>, merge: &M, key: &K, start: Time, size: Duration) -> Option<A> {
+    /// The aggregate of `id` over the panes of the window at `start`.
+    fn window_value(state: &PartState<K, A>, merge: &M, id: u32, start: Time, size: Duration) -> Option<A> {
         let mut acc: Option<A> = None;
-        for pane in state.panes.range(start..start + size).map(|(_, keys)| keys) {
-            if let Some(value) = pane.get(key) {
+        for pane in state.panes.range(start..start + size).map(|(_, run)| run) {
+            if let Some(value) = pane.get(id) {
                 match acc.as_mut() {
                     Some(acc) => merge(acc, value),
                     None => acc = Some(value.clone()),
@@ -258,17 +330,27 @@ where
     fn emit_updates(
         &self,
         state: &mut PartState<K, A>,
-        dirty: Vec<(K, Time)>,
+        dirty: Vec<(u32, Time)>,
         size: Duration,
-    ) -> Vec<WindowResult<K, A>> {
+    ) -> Result<Vec<WindowResult<K, A>>, CoreError> {
         let mut out = Vec::with_capacity(dirty.len());
-        for (key, start) in dirty {
-            let Some(value) = Self::window_value(state, &self.merge, &key, start, size) else { continue };
-            let revision = state.revisions.entry((key.clone(), start)).or_insert(0);
-            *revision += 1;
-            out.push(WindowResult { key, window: Window { start, end: start + size }, value, revision: *revision });
+        for (id, start) in dirty {
+            let Some(value) = Self::window_value(state, &self.merge, id, start, size) else { continue };
+            let revision = match state.revisions.entry((id, start)) {
+                Entry::Occupied(mut slot) => {
+                    *slot.get_mut() += 1;
+                    *slot.get()
+                }
+                Entry::Vacant(slot) => {
+                    slot.insert(1);
+                    state.hold(id);
+                    1
+                }
+            };
+            let window = Window { start, end: start + size };
+            out.push(WindowResult { key: state.key(id)?, window, value, revision });
         }
-        out
+        Ok(out)
     }
 
     /// Emits every window whose end the watermark passed in this batch.
@@ -279,8 +361,8 @@ where
         size: Duration,
         slide: Duration,
         out: &mut Vec<WindowResult<K, A>>,
-    ) {
-        let Some(after) = progress.after else { return };
+    ) -> Result<(), CoreError> {
+        let Some(after) = progress.after else { return Ok(()) };
         let newly_due = |end: Time| end <= after && progress.before.is_none_or(|b| end > b);
         let mut starts: Vec<Time> = state
             .panes
@@ -291,26 +373,35 @@ where
         starts.sort_unstable();
         starts.dedup();
         for start in starts {
-            let mut window: KeyHashMap<K, A> = map_with_capacity(0);
-            for pane in state.panes.range(start..start + size).map(|(_, keys)| keys) {
-                for (key, value) in pane {
-                    match window.get_mut(key) {
-                        Some(acc) => (self.merge)(acc, value),
-                        None => {
-                            window.insert(key.clone(), value.clone());
-                        }
-                    }
-                }
+            let mut window: Run<A> = Run::default();
+            for pane in state.panes.range(start..start + size).map(|(_, run)| run) {
+                window = Run::merge_from(window, pane, &self.merge);
             }
             let bounds = Window { start, end: start + size };
-            out.extend(window.into_iter().map(|(key, value)| WindowResult { key, window: bounds, value, revision: 0 }));
+            out.reserve(window.len());
+            for (id, value) in window.ids.into_iter().zip(window.values) {
+                out.push(WindowResult { key: state.key(id)?, window: bounds, value, revision: 0 });
+            }
         }
+        Ok(())
     }
 
     /// Drops the panes and revisions of windows past their lateness.
     fn purge_panes(&self, state: &mut PartState<K, A>, after: Option<Time>, size: Duration, slide: Duration) {
-        state.panes.retain(|pane, _| !self.purged(Self::last_end(*pane, size, slide), after));
-        state.revisions.retain(|(_, start), _| !self.purged(*start + size, after));
+        let gone: Vec<Time> =
+            state.panes.keys().copied().filter(|pane| self.purged(Self::last_end(*pane, size, slide), after)).collect();
+        let mut released = Vec::new();
+        for pane in gone {
+            released.extend(state.panes.remove(&pane).map(|run| run.ids).unwrap_or_default());
+        }
+        state.revisions.retain(|(id, start), _| {
+            let keep = !self.purged(*start + size, after);
+            if !keep {
+                released.push(*id);
+            }
+            keep
+        });
+        released.into_iter().for_each(|id| state.release(id));
     }
 
     /// Adds records to their keys' sessions, merging the sessions each one
@@ -421,7 +512,7 @@ where
 {
     fn step(&mut self, ctx: &StepCtx<'_>) -> Result<Option<Job>, DStreamError> {
         if self.parts.len() != ctx.partitions {
-            self.parts = respread(std::mem::take(&mut self.parts), ctx.partitions);
+            self.parts = respread(std::mem::take(&mut self.parts), ctx.partitions).map_err(|e| internal(ctx, &e))?;
         }
         let Some((batch, marks)) = take_input(ctx, &self.input, self.marks.as_ref())? else {
             self.output.put(ctx.time, None);
@@ -439,6 +530,7 @@ where
         let progress = Progress { before, after };
         let work: Vec<_> = self.parts.iter_mut().zip(shuffle(assigned, ctx.partitions)).collect();
         let out = ctx.par(work, |(state, incoming)| aggregation.fold_and_emit(state, incoming, progress))?;
+        let out = out.into_iter().collect::<Result<Vec<_>, _>>().map_err(|e| internal(ctx, &e))?;
         let (results, session_late): (Vec<_>, Vec<_>) = out.into_iter().unzip();
         late.extend(session_late);
         report_late(ctx, &late, self.late.readers());
@@ -486,42 +578,166 @@ pub(super) fn report_future(ctx: &StepCtx<'_>, count: usize, watermarks: &Waterm
     }
 }
 
-/// Spreads every key's windows over `partitions` work partitions.
-fn respread<K: Key, A>(parts: Vec<PartState<K, A>>, partitions: usize) -> Vec<PartState<K, A>> {
-    let mut out: Vec<PartState<K, A>> = (0..partitions.max(1)).map(|_| PartState::default()).collect();
-    let count = out.len();
-    for part in parts {
-        for (pane, keys) in part.panes {
-            for (key, value) in keys {
-                if let Some(target) = out.get_mut(partition_of(&key, count)) {
-                    target.panes.entry(pane).or_insert_with(|| map_with_capacity(0)).insert(key, value);
-                }
-            }
-        }
-        for ((key, start), revision) in part.revisions {
-            if let Some(target) = out.get_mut(partition_of(&key, count)) {
-                target.revisions.insert((key, start), revision);
-            }
-        }
-        for (key, sessions) in part.sessions {
-            if let Some(target) = out.get_mut(partition_of(&key, count)) {
-                target.sessions.insert(key, sessions);
-            }
-        }
-    }
-    out
+fn internal(ctx: &StepCtx<'_>, error: &CoreError) -> DStreamError {
+    DStreamError::Internal { operator: ctx.operator.to_string(), reason: error.to_string() }
 }
 
-/// The checkpointed form, written from references.
+/// Builds work partitions from windows given by key.
+struct Spreader<K, A> {
+    parts: Vec<PartState<K, A>>,
+    /// Per partition: pane start -> its entries so far.
+    panes: Vec<BTreeMap<Time, Vec<(u32, A)>>>,
+}
+
+impl<K: Key, A: Data> Spreader<K, A> {
+    fn new(partitions: usize) -> Self {
+        let count = partitions.max(1);
+        Spreader {
+            parts: (0..count).map(|_| PartState::default()).collect(),
+            panes: (0..count).map(|_| BTreeMap::new()).collect(),
+        }
+    }
+
+    /// The partition of `key`, and its id there.
+    fn place(&mut self, key: &K) -> Result<(usize, u32), CoreError> {
+        let target = partition_of(key, self.parts.len());
+        let part = self.parts.get_mut(target).ok_or_else(|| state_error("no partition"))?;
+        Ok((target, part.keys.insert(key)?))
+    }
+
+    fn pane(&mut self, pane: Time, key: &K, value: A) -> Result<(), CoreError> {
+        let (target, id) = self.place(key)?;
+        if let Some(panes) = self.panes.get_mut(target) {
+            panes.entry(pane).or_default().push((id, value));
+        }
+        Ok(())
+    }
+
+    fn revision(&mut self, key: &K, start: Time, revision: u32) -> Result<(), CoreError> {
+        let (target, id) = self.place(key)?;
+        if let Some(part) = self.parts.get_mut(target)
+            && part.revisions.insert((id, start), revision).is_none()
+        {
+            part.hold(id);
+        }
+        Ok(())
+    }
+
+    fn sessions(&mut self, key: K, sessions: Vec<Session<A>>) {
+        let count = self.parts.len();
+        if let Some(part) = self.parts.get_mut(partition_of(&key, count)) {
+            part.sessions.insert(key, sessions);
+        }
+    }
+
+    fn finish(mut self) -> Result<Vec<PartState<K, A>>, CoreError> {
+        for (part, panes) in self.parts.iter_mut().zip(self.panes) {
+            for (pane, entries) in panes {
+                let run = Run::from_entries(entries).ok_or_else(|| state_error("a key twice in a pane"))?;
+                run.ids.iter().for_each(|id| part.hold(*id));
+                part.panes.insert(pane, run);
+            }
+        }
+        Ok(self.parts)
+    }
+}
+
+/// Spreads every key's windows over `partitions` work partitions.
+fn respread<K: Key, A: Data>(
+    parts: Vec<PartState<K, A>>,
+    partitions: usize,
+) -> Result<Vec<PartState<K, A>>, CoreError> {
+    let mut out = Spreader::new(partitions);
+    for part in parts {
+        for (pane, run) in &part.panes {
+            for (id, value) in run.ids.iter().zip(&run.values) {
+                out.pane(*pane, &part.key(*id)?, value.clone())?;
+            }
+        }
+        for ((id, start), revision) in &part.revisions {
+            out.revision(&part.key(*id)?, *start, *revision)?;
+        }
+        for (key, sessions) in part.sessions {
+            out.sessions(key, sessions);
+        }
+    }
+    out.finish()
+}
+
+/// Version 1 kept the writers' clocks out of the tracker, version 2 kept
+/// the windows by key with partitions merged; version 3 keeps each work
+/// partition's keys once, with its panes against their ids.
+const WINDOWS_STATE_VERSION: u16 = 3;
+
+fn windows_codec() -> FrameCodec {
+    FrameCodec::new(WINDOWS_STATE_VERSION).with_max_payload(1 << 30).with_max_decoded(4 << 30)
+}
+
+/// One work partition as a snapshot writes it.
 #[derive(Serialize)]
-struct SnapshotRef<'a, K, A> {
-    tracker: &'a WatermarkTracker,
-    panes: Vec<(Time, &'a K, &'a A)>,
-    revisions: Vec<(&'a K, Time, u32)>,
+struct PartRef<'a, K, A> {
+    /// Each key of the panes and revisions: its id and its encoding.
+    keys: Vec<(u32, ByteString<'a>)>,
+    panes: Vec<(Time, &'a Run<A>)>,
+    revisions: Vec<(u32, Time, u32)>,
     sessions: Vec<(&'a K, &'a [Session<A>])>,
 }
 
-/// The checkpointed form, read back.
+/// One work partition as a snapshot is read back.
+#[derive(Deserialize)]
+struct PartOwned<K, A> {
+    keys: Vec<(u32, OwnedByteString)>,
+    panes: Vec<(Time, Run<A>)>,
+    revisions: Vec<(u32, Time, u32)>,
+    sessions: Vec<(K, Vec<Session<A>>)>,
+}
+
+impl<K: Key, A: Data> PartState<K, A> {
+    fn to_snapshot(&self) -> PartRef<'_, K, A> {
+        PartRef {
+            keys: self.keys.iter_encoded().map(|(id, key)| (id, ByteString(key))).collect(),
+            panes: self.panes.iter().map(|(pane, run)| (*pane, run)).collect(),
+            revisions: self.revisions.iter().map(|((id, start), revision)| (*id, *start, *revision)).collect(),
+            sessions: self.sessions.iter().map(|(key, sessions)| (key, sessions.as_slice())).collect(),
+        }
+    }
+
+    /// Rebuilds a partition from a snapshot, checking that its ids name keys.
+    fn install(owned: PartOwned<K, A>) -> Result<Self, CoreError> {
+        let mut part = PartState::default();
+        for (id, OwnedByteString(key)) in owned.keys {
+            part.keys.insert_at(id, &key)?;
+        }
+        part.keys.rebuild_free();
+        for (pane, run) in owned.panes {
+            if !run.is_well_formed(|id| part.keys.contains(id)) {
+                return Err(state_error("a pane whose ids are out of order, without a value or without a key"));
+            }
+            run.ids.iter().for_each(|id| part.hold(*id));
+            part.panes.insert(pane, run);
+        }
+        for (id, start, revision) in owned.revisions {
+            if !part.keys.contains(id) {
+                return Err(state_error("a revision without a key"));
+            }
+            if part.revisions.insert((id, start), revision).is_none() {
+                part.hold(id);
+            }
+        }
+        part.sessions.extend(owned.sessions);
+        Ok(part)
+    }
+}
+
+/// The checkpointed form: the watermarks and each work partition.
+#[derive(Serialize, Deserialize)]
+struct Snapshot<T, P> {
+    tracker: T,
+    parts: Vec<P>,
+}
+
+/// The checkpointed form of versions 2 (and 1, through [`SnapshotV1`]):
+/// the windows by key, partitions merged.
 #[derive(Deserialize)]
 struct SnapshotOwned<K, A> {
     tracker: WatermarkTracker,
@@ -546,6 +762,23 @@ impl<K, A> From<SnapshotV1<K, A>> for SnapshotOwned<K, A> {
     }
 }
 
+impl<K: Key, A: Data> SnapshotOwned<K, A> {
+    /// The windows spread over `partitions` work partitions.
+    fn into_parts(self, partitions: usize) -> Result<(WatermarkTracker, Vec<PartState<K, A>>), CoreError> {
+        let mut out = Spreader::new(partitions);
+        for (pane, key, value) in self.panes {
+            out.pane(pane, &key, value)?;
+        }
+        for (key, start, revision) in self.revisions {
+            out.revision(&key, start, revision)?;
+        }
+        for (key, sessions) in self.sessions {
+            out.sessions(key, sessions);
+        }
+        Ok((self.tracker, out.finish()?))
+    }
+}
+
 impl<K, V, A, E, C, F, M> StatefulNode for EventWindowNode<K, V, A, E, C, F, M>
 where
     K: Key,
@@ -557,28 +790,22 @@ where
     M: Fn(&mut A, &A) + Send + Sync,
 {
     fn snapshot(&mut self) -> Result<Vec<u8>, CoreError> {
-        let panes = self
-            .parts
-            .iter()
-            .flat_map(|p| p.panes.iter())
-            .flat_map(|(pane, keys)| keys.iter().map(move |(k, a)| (*pane, k, a)))
-            .collect();
-        let revisions = self.parts.iter().flat_map(|p| p.revisions.iter()).map(|((k, s), r)| (k, *s, *r)).collect();
-        let sessions =
-            self.parts.iter().flat_map(|p| p.sessions.iter()).map(|(k, sessions)| (k, sessions.as_slice())).collect();
-        event_time_codec().encode(&SnapshotRef { tracker: &self.tracker, panes, revisions, sessions })
+        let parts: Vec<PartRef<'_, K, A>> = self.parts.iter().map(PartState::to_snapshot).collect();
+        windows_codec().encode(&Snapshot { tracker: &self.tracker, parts })
     }
 
     fn restore(&mut self, bytes: &[u8], partitions: usize) -> Result<(), CoreError> {
-        let owned: SnapshotOwned<K, A> = decode_snapshot(bytes, |old: SnapshotV1<K, A>| old.into())?;
-        let mut part = PartState::default();
-        for (pane, key, value) in owned.panes {
-            part.panes.entry(pane).or_insert_with(|| map_with_capacity(0)).insert(key, value);
+        let codec = windows_codec();
+        let frame = codec.open(bytes)?;
+        if frame.version < WINDOWS_STATE_VERSION {
+            let owned: SnapshotOwned<K, A> = decode_snapshot(bytes, |old: SnapshotV1<K, A>| old.into())?;
+            (self.tracker, self.parts) = owned.into_parts(partitions)?;
+            return Ok(());
         }
-        part.revisions.extend(owned.revisions.into_iter().map(|(k, s, r)| ((k, s), r)));
-        part.sessions.extend(owned.sessions);
-        self.tracker = owned.tracker;
-        self.parts = respread(vec![part], partitions);
+        let snapshot: Snapshot<WatermarkTracker, PartOwned<K, A>> = codec.decode_payload(frame.payload)?;
+        let parts = snapshot.parts.into_iter().map(PartState::install).collect::<Result<Vec<_>, _>>()?;
+        self.parts = if parts.len() == partitions { parts } else { respread(parts, partitions)? };
+        self.tracker = snapshot.tracker;
         Ok(())
     }
 }
