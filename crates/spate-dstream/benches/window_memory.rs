@@ -4,6 +4,9 @@
 //! again with `SPATE_WINDOW_MEMORY_CONFIG` set), since its figure is the
 //! process's peak resident memory (`VmHWM` of `/proc/self/status`):
 //!
+//! - `no_window_1m_keys`: the batches summed by key with `reduce_by_key`,
+//!   no window: the floor of the figures below (the batches themselves
+//!   and the work on each).
 //! - `pane_window_1m_keys`: `reduce_by_key_and_window(sum, 30 s, 2 s)`
 //!   (no inverse: panes of 2 s in a two-stack queue) over 1 s batches.
 //! - `event_time_window_1m_keys`: `aggregate_by_event_time` summing the
@@ -37,11 +40,12 @@ const RSS_TARGET_MB: f64 = 300.0;
 const BATCH_TARGET_MS: f64 = 150.0;
 
 /// The configurations, by name.
-const CONFIGS: [&str; 2] = ["pane_window_1m_keys", "event_time_window_1m_keys"];
+const CONFIGS: [&str; 3] = ["no_window_1m_keys", "pane_window_1m_keys", "event_time_window_1m_keys"];
 
 /// Runs the configuration `name` in this process.
 fn run_config(name: &str, full: bool) {
     match name {
+        "no_window_1m_keys" => measure(name, full, |n, draw, _| (format!("w{n}"), count(draw)), no_window),
         "pane_window_1m_keys" => measure(name, full, |n, draw, _| (format!("w{n}"), count(draw)), pane_window),
         "event_time_window_1m_keys" => measure(name, full, timed_record, event_time_window),
         other => panic!("no configuration {other}"),
@@ -69,6 +73,15 @@ fn event_time_window(events: DStream<(String, (u64, i64))>, emitted: Arc<AtomicU
         |sum: &mut u64, other: &u64| *sum += other,
     );
     windowed.results().foreach_batch(move |batch, _| {
+        emitted.fetch_add(batch.len() as u64, Ordering::Relaxed);
+        Ok(())
+    });
+}
+
+/// The same batches summed by key with no window: what the data and the
+/// per-batch work take, the floor of the windows' figures.
+fn no_window(words: DStream<(String, u64)>, emitted: Arc<AtomicU64>) {
+    words.reduce_by_key(|a, b| a + b).foreach_batch(move |batch, _| {
         emitted.fetch_add(batch.len() as u64, Ordering::Relaxed);
         Ok(())
     });
@@ -169,7 +182,8 @@ fn measure<T: Data>(
         times.push(start.elapsed().as_secs_f64() * 1000.0);
         cpu_times.push((cpu_seconds() - cpu_start) * 1000.0);
     }
-    // Each of the 14 or 15 windows emitted holds nearly every key.
+    // Each of the 14 or 15 windows emitted holds nearly every key (and
+    // each of the 30 batches summed by key some 600,000).
     assert!(emitted.load(Ordering::Relaxed) > keys * 10, "the window emitted too little");
     times.sort_by(f64::total_cmp);
     cpu_times.sort_by(f64::total_cmp);
