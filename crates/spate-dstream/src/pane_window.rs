@@ -12,7 +12,10 @@
 //! a busy key is in nearly all of them. So each partition keeps its keys
 //! once, in a [`KeyTable`] that names each by a dense id, and every pane
 //! and aggregate is a [`Run`]: ids ascending in one array, their values in
-//! another. Combining two of them is a merge of sorted arrays. A key's id
+//! another. Combining two of them is a merge of sorted arrays. A slide
+//! reads only three of them (the open pane, the back aggregate and the
+//! oldest front aggregate); the others, read once, are kept encoded until
+//! then, at about 2 bytes an entry for small counts. A key's id
 //! is given back when the oldest pane leaves and no pane or aggregate
 //! still holds it (every pane's keys are in the open pane, the back
 //! aggregate or the oldest front aggregate, so those three are all a pop
@@ -21,16 +24,18 @@
 //! A snapshot is whole: per partition, its keys with their ids and its
 //! runs. A restore onto another partition count re-keys by value.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
-use serde::{Deserialize, Serialize};
+use serde::ser::{Error as _, SerializeSeq};
+use serde::{Deserialize, Serialize, Serializer};
 use spate_core::{CoreError, Duration, FrameCodec, Time};
 
 use crate::batch::{Batch, Data, Key};
 use crate::error::DStreamError;
 use crate::graph::Job;
 use crate::hash::{KeyHashMap, map_with_capacity, partition_of};
-use crate::keyed::{ByteString, KeyTable, OwnedByteString};
+use crate::keyed::{ByteString, EncodedSlice, KeyTable, OwnedByteString};
 use crate::node::{Node, Slot, StatefulNode, StepCtx};
 use crate::pair::{KeyedCombine, combines_on_arrival};
 use crate::runs::{Cursor, Run, Side, walk};
@@ -61,14 +66,22 @@ fn levels(front: usize, back: usize) -> impl Iterator<Item = Level> {
         .chain((0..back).map(Level::Back))
 }
 
-/// One partition's panes. `front` holds suffix aggregates with the oldest
-/// pane last (`front.last()` aggregates the whole front stack); `back`
-/// holds raw panes, oldest first, and `back_agg` their aggregate.
+/// One partition's panes. The front stack holds suffix aggregates with the
+/// oldest pane last: `front` all but the last, `front_last` the last
+/// (which aggregates the whole front stack). `back` holds raw panes,
+/// oldest first, and `back_agg` their aggregate.
+///
+/// A slide reads only the open pane, `front_last` and `back_agg`; the rest
+/// is read once, when the front stack is rebuilt or a pane leaves. So the
+/// rest is kept encoded ([`EncodedSlice`]: ids as varint gaps, values in
+/// the state codec's encoding, about 2 bytes an entry for small counts)
+/// and decoded when it is read.
 struct PanePart<K, V> {
     keys: KeyTable<K>,
     open: Run<V>,
-    front: Vec<Run<V>>,
-    back: Vec<Run<V>>,
+    front: Vec<EncodedSlice>,
+    front_last: Option<Run<V>>,
+    back: Vec<EncodedSlice>,
     back_agg: Run<V>,
 }
 
@@ -78,10 +91,27 @@ impl<K, V> Default for PanePart<K, V> {
             keys: KeyTable::default(),
             open: Run::default(),
             front: Vec::new(),
+            front_last: None,
             back: Vec::new(),
             back_agg: Run::default(),
         }
     }
+}
+
+/// A run, encoded.
+fn pack<V: Data>(run: &Run<V>) -> Result<EncodedSlice, CoreError> {
+    let mut entries: Vec<(u32, &V)> = run.entries().collect();
+    EncodedSlice::encode(&mut entries)
+}
+
+/// An encoded run, decoded.
+fn unpack<V: Data>(slice: &EncodedSlice) -> Result<Run<V>, CoreError> {
+    let mut run = Run { ids: Vec::with_capacity(slice.len()), values: Vec::with_capacity(slice.len()) };
+    slice.for_each(|id, value| {
+        run.ids.push(id);
+        run.values.push(value);
+    })?;
+    Ok(run)
 }
 
 impl<K: Key, V: Data> PanePart<K, V> {
@@ -103,25 +133,28 @@ impl<K: Key, V: Data> PanePart<K, V> {
         Ok(())
     }
 
-    fn close_pane<R: Fn(&V, &V) -> V>(&mut self, reduce: &R) {
+    fn close_pane<R: Fn(&V, &V) -> V>(&mut self, reduce: &R) -> Result<(), CoreError> {
         let pane = std::mem::take(&mut self.open);
         self.back_agg = Run::merge_from(std::mem::take(&mut self.back_agg), &pane, |a, b| *a = reduce(a, b));
-        self.back.push(pane);
+        self.back.push(pack(&pane)?);
+        Ok(())
     }
 
-    fn pop_oldest<R: Fn(&V, &V) -> V>(&mut self, reduce: &R) {
-        if self.front.is_empty() {
-            self.flip(reduce);
+    fn pop_oldest<R: Fn(&V, &V) -> V>(&mut self, reduce: &R) -> Result<(), CoreError> {
+        if self.front_last.is_none() {
+            self.flip(reduce)?;
         }
-        if let Some(oldest) = self.front.pop() {
+        let next = self.front.pop().map(|slice| unpack(&slice)).transpose()?;
+        if let Some(oldest) = std::mem::replace(&mut self.front_last, next) {
             self.free_unheld(&oldest);
         }
+        Ok(())
     }
 
     /// Gives back the ids of `gone` that no pane or aggregate holds any more.
     fn free_unheld(&mut self, gone: &Run<V>) {
         let mut held =
-            [Cursor::new(Some(&self.open)), Cursor::new(Some(&self.back_agg)), Cursor::new(self.front.last())];
+            [Cursor::new(Some(&self.open)), Cursor::new(Some(&self.back_agg)), Cursor::new(self.front_last.as_ref())];
         let unheld: Vec<u32> = gone.ids.iter().copied().filter(|id| !held.iter_mut().any(|c| c.holds(*id))).collect();
         for id in unheld {
             self.keys.remove(id);
@@ -130,24 +163,30 @@ impl<K: Key, V: Data> PanePart<K, V> {
 
     /// Moves the back stack to the front, computing suffix aggregates
     /// newest to oldest (each pane is older than the aggregate it joins).
-    fn flip<R: Fn(&V, &V) -> V>(&mut self, reduce: &R) {
+    fn flip<R: Fn(&V, &V) -> V>(&mut self, reduce: &R) -> Result<(), CoreError> {
         let panes = std::mem::take(&mut self.back);
         self.back_agg = Run::default();
-        let mut front: Vec<Run<V>> = Vec::with_capacity(panes.len());
-        for pane in panes.into_iter().rev() {
-            let aggregate = match front.last() {
-                Some(newer) => Run::merge_from(pane, newer, |a, b| *a = reduce(a, b)),
+        let mut front = Vec::with_capacity(panes.len());
+        let mut newer: Option<Run<V>> = None;
+        for pane in panes.iter().rev() {
+            let pane = unpack(pane)?;
+            newer = Some(match newer.take() {
+                Some(newer) => {
+                    let aggregate = Run::merge_from(pane, &newer, |a, b| *a = reduce(a, b));
+                    front.push(pack(&newer)?);
+                    aggregate
+                }
                 None => pane,
-            };
-            front.push(aggregate);
+            });
         }
-        self.front = front;
+        (self.front, self.front_last) = (front, newer);
+        Ok(())
     }
 
     /// The window's result: the front aggregate ⊕ the back aggregate.
     fn query<R: Fn(&V, &V) -> V>(&self, reduce: &R) -> Result<Vec<(K, V)>, CoreError> {
         let empty = Run::default();
-        let front = self.front.last().unwrap_or(&empty);
+        let front = self.front_last.as_ref().unwrap_or(&empty);
         let mut out = Vec::with_capacity(front.len().max(self.back_agg.len()));
         let mut failed = None;
         walk(front.entries(), self.back_agg.entries(), |id, side| {
@@ -165,29 +204,44 @@ impl<K: Key, V: Data> PanePart<K, V> {
         failed.map_or(Ok(out), Err)
     }
 
-    fn run(&self, level: Level) -> Option<&Run<V>> {
+    /// The run of `level`, decoded if it is kept encoded.
+    fn run(&self, level: Level) -> Result<Option<Cow<'_, Run<V>>>, CoreError> {
+        let packed = |slice: Option<&EncodedSlice>| slice.map(|s| unpack(s).map(Cow::Owned)).transpose();
         match level {
-            Level::Open => Some(&self.open),
-            Level::BackAggregate => Some(&self.back_agg),
-            Level::Front(index) => self.front.get(index),
-            Level::Back(index) => self.back.get(index),
+            Level::Open => Ok(Some(Cow::Borrowed(&self.open))),
+            Level::BackAggregate => Ok(Some(Cow::Borrowed(&self.back_agg))),
+            Level::Front(index) if index == self.front.len() => Ok(self.front_last.as_ref().map(Cow::Borrowed)),
+            Level::Front(index) => packed(self.front.get(index)),
+            Level::Back(index) => packed(self.back.get(index)),
         }
     }
 
-    /// Fills `level` (levels come in the order [`levels`] lists them).
-    fn set_level(&mut self, level: Level, run: Run<V>) {
+    /// Fills `level` (levels come in the order [`levels`] lists them, and
+    /// the front stack is filled oldest last).
+    fn set_level(&mut self, level: Level, run: Run<V>) -> Result<(), CoreError> {
         match level {
             Level::Open => self.open = run,
             Level::BackAggregate => self.back_agg = run,
-            Level::Front(_) => self.front.push(run),
-            Level::Back(_) => self.back.push(run),
+            Level::Front(_) => {
+                if let Some(newer) = self.front_last.replace(run) {
+                    self.front.push(pack(&newer)?);
+                }
+            }
+            Level::Back(_) => self.back.push(pack(&run)?),
         }
+        Ok(())
     }
 
     /// The entries of `level` by key.
-    fn pairs(&self, level: Level) -> impl Iterator<Item = Result<(K, V), CoreError>> + '_ {
-        let entries = self.run(level).into_iter().flat_map(Run::entries);
-        entries.filter_map(|(id, value)| self.keys.key(id).map(|key| Some((key?, value.clone()))).transpose())
+    fn pairs(&self, level: Level) -> Result<Vec<(K, V)>, CoreError> {
+        let Some(run) = self.run(level)? else { return Ok(Vec::new()) };
+        let mut out = Vec::with_capacity(run.len());
+        for (id, value) in run.entries() {
+            if let Some(key) = self.keys.key(id)? {
+                out.push((key, value.clone()));
+            }
+        }
+        Ok(out)
     }
 
     /// Rebuilds a partition from a snapshot, checking that it holds together.
@@ -197,13 +251,17 @@ impl<K: Key, V: Data> PanePart<K, V> {
             part.keys.insert_at(id, &key)?;
         }
         part.keys.rebuild_free();
-        (part.open, part.front, part.back, part.back_agg) = (owned.open, owned.front, owned.back, owned.back_agg);
-        if part.front.len() != front_len || part.back.len() != back_len {
+        if owned.front.len() != front_len || owned.back.len() != back_len {
             return Err(decode_error("a partition's pane stacks and the window's end times differ in length"));
         }
-        let mut runs = levels(front_len, back_len).filter_map(|level| part.run(level));
-        if !runs.all(|run| run.is_well_formed(|id| part.keys.contains(id))) {
-            return Err(decode_error("a pane whose ids are out of order, without a value or without a key"));
+        let open = std::iter::once((Level::Open, owned.open)).chain([(Level::BackAggregate, owned.back_agg)]);
+        let front = owned.front.into_iter().enumerate().map(|(index, run)| (Level::Front(index), run));
+        let back = owned.back.into_iter().enumerate().map(|(index, run)| (Level::Back(index), run));
+        for (level, run) in open.chain(front).chain(back) {
+            if !run.is_well_formed(|id| part.keys.contains(id)) {
+                return Err(decode_error("a pane whose ids are out of order, without a value or without a key"));
+            }
+            part.set_level(level, run)?;
         }
         Ok(part)
     }
@@ -225,7 +283,7 @@ fn spread_level<K: Key, V: Data>(
         }
     }
     for (part, list) in parts.iter_mut().zip(entries) {
-        part.set_level(level, Run::from_entries(list).ok_or_else(|| decode_error("a key twice in a pane"))?);
+        part.set_level(level, Run::from_entries(list).ok_or_else(|| decode_error("a key twice in a pane"))?)?;
     }
     Ok(())
 }
@@ -240,7 +298,11 @@ fn respread<K: Key, V: Data>(
 ) -> Result<Vec<PanePart<K, V>>, CoreError> {
     let mut parts: Vec<PanePart<K, V>> = (0..partitions.max(1)).map(|_| PanePart::default()).collect();
     for level in levels(front_len, back_len) {
-        spread_level(&mut parts, level, old.iter().flat_map(|part| part.pairs(level)))?;
+        let mut pairs = Vec::new();
+        for part in old {
+            pairs.extend(part.pairs(level)?);
+        }
+        spread_level(&mut parts, level, pairs.into_iter().map(Ok))?;
     }
     Ok(parts)
 }
@@ -251,13 +313,34 @@ fn decode_error(reason: &str) -> CoreError {
 
 /// A partition as a snapshot writes it.
 #[derive(Serialize)]
-struct PartRef<'a, V> {
+struct PartRef<'a, V: Data> {
     /// Each key's encoding with its id.
     keys: Vec<(u32, ByteString<'a>)>,
     open: &'a Run<V>,
-    front: &'a [Run<V>],
-    back: &'a [Run<V>],
+    front: StackRef<'a, V>,
+    back: StackRef<'a, V>,
     back_agg: &'a Run<V>,
+}
+
+/// A stack of runs, written as the runs themselves (as a `Vec<Run<V>>`),
+/// each decoded only while it is written.
+struct StackRef<'a, V> {
+    packed: &'a [EncodedSlice],
+    last: Option<&'a Run<V>>,
+}
+
+impl<V: Data> Serialize for StackRef<'_, V> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut seq = serializer.serialize_seq(Some(self.packed.len() + usize::from(self.last.is_some())))?;
+        for slice in self.packed {
+            let run: Run<V> = unpack(slice).map_err(S::Error::custom)?;
+            seq.serialize_element(&run)?;
+        }
+        if let Some(last) = self.last {
+            seq.serialize_element(last)?;
+        }
+        seq.end()
+    }
 }
 
 /// A partition as a snapshot is read back.
@@ -415,10 +498,10 @@ where
         let out = ctx.par(work, |(part, batch)| {
             part.absorb(batch, reduce)?;
             if close {
-                part.close_pane(reduce);
+                part.close_pane(reduce)?;
             }
             for _ in 0..pops {
-                part.pop_oldest(reduce);
+                part.pop_oldest(reduce)?;
             }
             query.then(|| part.query(reduce)).transpose()
         })?;
@@ -451,8 +534,8 @@ where
             .map(|part| PartRef {
                 keys: part.keys.iter_encoded().map(|(id, key)| (id, ByteString(key))).collect(),
                 open: &part.open,
-                front: &part.front,
-                back: &part.back,
+                front: StackRef { packed: &part.front, last: part.front_last.as_ref() },
+                back: StackRef { packed: &part.back, last: None },
                 back_agg: &part.back_agg,
             })
             .collect();
@@ -484,11 +567,57 @@ where
 mod tests {
     use super::*;
 
+    fn batch(keys: &[&str]) -> KeyHashMap<String, u64> {
+        keys.iter().map(|k| (k.to_string(), 1)).collect()
+    }
+
+    /// A run of a snapshot by key, sorted.
+    fn by_key(keys: &[(u32, OwnedByteString)], run: &Run<u64>) -> Vec<(String, u64)> {
+        let key = |id: u32| {
+            let (_, OwnedByteString(bytes)) = keys.iter().find(|(found, _)| *found == id).unwrap();
+            bincode::serde::decode_from_slice::<String, _>(bytes, bincode::config::standard()).unwrap().0
+        };
+        let mut out: Vec<(String, u64)> = run.entries().map(|(id, value)| (key(id), *value)).collect();
+        out.sort();
+        out
+    }
+
+    #[test]
+    fn a_snapshot_writes_the_encoded_panes_as_the_runs_they_hold() {
+        let sum = |a: &u64, b: &u64| a + b;
+        let mut part: PanePart<String, u64> = PanePart::default();
+        for keys in [["a", "b"], ["b", "c"], ["c", "d"]] {
+            part.absorb(batch(&keys), &sum).unwrap();
+            part.close_pane(&sum).unwrap();
+        }
+        // The first pane leaves: the front stack is built, then its oldest goes.
+        part.pop_oldest(&sum).unwrap();
+        part.absorb(batch(&["e"]), &sum).unwrap();
+        part.close_pane(&sum).unwrap();
+        let written = PartRef {
+            keys: part.keys.iter_encoded().map(|(id, key)| (id, ByteString(key))).collect(),
+            open: &part.open,
+            front: StackRef { packed: &part.front, last: part.front_last.as_ref() },
+            back: StackRef { packed: &part.back, last: None },
+            back_agg: &part.back_agg,
+        };
+        let bytes = bincode::serde::encode_to_vec(&written, bincode::config::standard()).unwrap();
+        let (read, _): (PartOwned<u64>, usize) =
+            bincode::serde::decode_from_slice(&bytes, bincode::config::standard()).unwrap();
+        let pairs = |run: &Run<u64>| by_key(&read.keys, run);
+        let front: Vec<Vec<(String, u64)>> = read.front.iter().map(pairs).collect();
+        let one = |k: &str, n: u64| (k.to_string(), n);
+        assert_eq!(front, [vec![one("c", 1), one("d", 1)], vec![one("b", 1), one("c", 2), one("d", 1)]]);
+        assert_eq!(read.back.iter().map(pairs).collect::<Vec<_>>(), [vec![one("e", 1)]]);
+        let mut result = PanePart::<String, u64>::install(read, 2, 1).unwrap().query(&sum).unwrap();
+        result.sort();
+        assert_eq!(result, [one("b", 1), one("c", 2), one("d", 1), one("e", 1)]);
+    }
+
     #[test]
     fn a_key_is_given_back_once_no_pane_holds_it() {
         let sum = |a: &u64, b: &u64| a + b;
         let mut part: PanePart<String, u64> = PanePart::default();
-        let batch = |keys: &[&str]| keys.iter().map(|k| (k.to_string(), 1)).collect::<KeyHashMap<String, u64>>();
         let keys = |part: &PanePart<String, u64>| {
             let ids = part.keys.iter_encoded().map(|(id, _)| id);
             let mut keys: Vec<String> = ids.map(|id| part.keys.key(id).unwrap().unwrap()).collect();
@@ -496,17 +625,17 @@ mod tests {
             keys
         };
         part.absorb(batch(&["a", "b"]), &sum).unwrap();
-        part.close_pane(&sum);
+        part.close_pane(&sum).unwrap();
         part.absorb(batch(&["b", "c"]), &sum).unwrap();
-        part.close_pane(&sum);
+        part.close_pane(&sum).unwrap();
         assert_eq!(keys(&part), ["a", "b", "c"]);
-        part.pop_oldest(&sum);
+        part.pop_oldest(&sum).unwrap();
         // "a" was only in the pane that left; "b" is still in the newer one.
         assert_eq!(keys(&part), ["b", "c"]);
         let mut result = part.query(&sum).unwrap();
         result.sort();
         assert_eq!(result, [("b".to_string(), 1), ("c".to_string(), 1)]);
-        part.pop_oldest(&sum);
+        part.pop_oldest(&sum).unwrap();
         assert_eq!(part.keys.len(), 0, "every key left with the last pane");
         assert!(part.query(&sum).unwrap().is_empty());
     }
