@@ -141,6 +141,30 @@ fn within_the_allowed_lateness_a_late_record_updates_its_window_and_it_is_emitte
 }
 
 #[test]
+fn a_key_late_in_two_input_partitions_of_one_batch_updates_its_window_once() {
+    let (results, late) = (Results::default(), Late::default());
+    let windows = EventWindows::tumbling(ms(1000)).allowed_lateness(ms(1000));
+    let mut s = summed(windows, Watermarks::bounded_out_of_orderness(Duration::ZERO), &results, &late);
+    let keys = 1..=6u8;
+    run_batches(
+        &mut s,
+        &[
+            vec![keys.clone().map(|k| (k, (100, 1))).collect()],
+            vec![vec![(1, (1500, 2))]],
+            // Every key is late in both input partitions.
+            vec![keys.clone().map(|k| (k, (200, 4))).collect(), keys.clone().map(|k| (k, (300, 8))).collect()],
+            // Both partitions pass 2000 (the watermark is the slower one's).
+            vec![vec![(1, (2000, 1))], vec![(2, (2000, 1))]],
+        ],
+    );
+    let mut expected: Vec<(Time, WindowResult<u8, u64>)> =
+        keys.clone().map(|k| (t(2), result(k, 0, 1000, 1, 0))).collect();
+    expected.extend(keys.map(|k| (t(3), result(k, 0, 1000, 13, 1))));
+    expected.push((t(4), result(1, 1000, 2000, 2, 0)));
+    assert_eq!(all(&results), expected);
+}
+
+#[test]
 fn sliding_windows_hold_each_record_in_size_over_slide_windows() {
     let (results, late) = (Results::default(), Late::default());
     let windows = EventWindows::sliding(ms(3000), ms(1000));

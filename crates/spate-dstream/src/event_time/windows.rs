@@ -307,7 +307,9 @@ where
                 state.merge_into_pane(pane, entries, &self.merge)?;
             }
         }
-        dirty.sort_by_key(|(_, start)| *start);
+        // A key late in several input partitions is dirty once a window:
+        // sorted by window and key, so that every copy is adjacent.
+        dirty.sort_unstable_by_key(|(id, start)| (*start, *id));
         dirty.dedup();
         Ok(dirty)
     }
