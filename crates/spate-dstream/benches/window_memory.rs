@@ -34,6 +34,9 @@ use std::time::Instant;
 use spate_core::{BatchId, Duration, Time};
 use spate_dstream::{DStream, Data, EventWindows, Graph, GraphBuilder, QueueSource, Watermarks};
 
+mod common;
+use common::{Rng, full_run};
+
 const CONFIG_VARIABLE: &str = "SPATE_WINDOW_MEMORY_CONFIG";
 const BATCHES: i64 = 30;
 const RSS_TARGET_MB: f64 = 300.0;
@@ -93,23 +96,6 @@ fn pane_window(words: DStream<(String, u64)>, emitted: Arc<AtomicU64>) {
         emitted.fetch_add(batch.len() as u64, Ordering::Relaxed);
         Ok(())
     });
-}
-
-/// True under `cargo bench`; `cargo test --all-targets` runs with small sizes.
-fn full_run() -> bool {
-    std::env::args().any(|arg| arg == "--bench")
-}
-
-/// A tiny deterministic generator (xorshift), so runs are comparable.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
 }
 
 /// One batch: each of `keys` keys (`n`) with probability 0.6, as

@@ -28,27 +28,13 @@ use criterion::{Criterion, criterion_group, criterion_main};
 use spate_core::{BatchId, Duration, Time};
 use spate_dstream::{BoxError, Data, Graph, GraphBuilder, InputSource, Key};
 
+mod common;
+use common::{Rng, full_run};
+
 type Word = [u8; 16];
 
 const VOCABULARY: usize = 10_000;
 const BATCH: Duration = Duration::from_secs(1);
-
-/// True under `cargo bench`; `cargo test --all-targets` runs this once with small sizes.
-fn full_run() -> bool {
-    std::env::args().any(|arg| arg == "--bench")
-}
-
-/// A tiny deterministic generator (xorshift), so runs are comparable.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-}
 
 fn vocabulary() -> Vec<Word> {
     (0..VOCABULARY)

@@ -117,6 +117,22 @@ fn check(w: &Windows, input: &Input, length: i64, slide: i64) -> Result<(), Test
     Ok(())
 }
 
+/// Adds what `first` emitted before the restart to what `second` emitted after it.
+fn add_outputs_before_the_restart(first: &Windows, second: &Windows) {
+    for (from, to) in [
+        (&first.plain, &second.plain),
+        (&first.pane_sum, &second.pane_sum),
+        (&first.pane_max, &second.pane_max),
+        (&first.inv_sum, &second.inv_sum),
+        (&first.inv_filtered, &second.inv_filtered),
+        (&first.inv_reduced, &second.inv_reduced),
+    ] {
+        to.lock().unwrap().extend(from.lock().unwrap().clone());
+    }
+    second.total.lock().unwrap().extend(first.total.lock().unwrap().clone());
+    second.counted.lock().unwrap().extend(first.counted.lock().unwrap().clone());
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(40))]
 
@@ -150,15 +166,7 @@ proptest! {
             second.queue.push_partitions(batch.clone());
         }
         run(&mut second.graph, cut as i64 + 1..=input.len() as i64);
-        for (from, to) in [
-            (&first.plain, &second.plain), (&first.pane_sum, &second.pane_sum), (&first.pane_max, &second.pane_max),
-            (&first.inv_sum, &second.inv_sum), (&first.inv_filtered, &second.inv_filtered),
-            (&first.inv_reduced, &second.inv_reduced),
-        ] {
-            to.lock().unwrap().extend(from.lock().unwrap().clone());
-        }
-        second.total.lock().unwrap().extend(first.total.lock().unwrap().clone());
-        second.counted.lock().unwrap().extend(first.counted.lock().unwrap().clone());
+        add_outputs_before_the_restart(&first, &second);
         check(&second, &input, length as i64, slide as i64)?;
     }
 
@@ -204,15 +212,7 @@ proptest! {
             second.queue.push_partitions(batch.clone());
         }
         run(&mut second.graph, done as i64 + 1..=input.len() as i64);
-        for (from, to) in [
-            (&first.plain, &second.plain), (&first.pane_sum, &second.pane_sum), (&first.pane_max, &second.pane_max),
-            (&first.inv_sum, &second.inv_sum), (&first.inv_filtered, &second.inv_filtered),
-            (&first.inv_reduced, &second.inv_reduced),
-        ] {
-            to.lock().unwrap().extend(from.lock().unwrap().clone());
-        }
-        second.total.lock().unwrap().extend(first.total.lock().unwrap().clone());
-        second.counted.lock().unwrap().extend(first.counted.lock().unwrap().clone());
+        add_outputs_before_the_restart(&first, &second);
         check(&second, &input, length as i64, slide as i64)?;
     }
 }
