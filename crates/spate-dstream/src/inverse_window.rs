@@ -461,7 +461,7 @@ where
             ctx.par(work, |(part, map)| part.ingest(map.into_iter()))?
         };
         for result in results {
-            result.map_err(|e| internal(ctx, &e))?;
+            result.map_err(|e| ctx.state_error(&e))?;
         }
         self.times.push_back(ctx.time);
         Ok(())
@@ -485,7 +485,7 @@ where
         let work: Vec<&mut Part<K, V>> = self.parts.iter_mut().collect();
         let mut out = Vec::with_capacity(work.len());
         for result in ctx.par(work, |part| part.slide(plan, reduce, inverse, keep))? {
-            out.push(result.map_err(|e| internal(ctx, &e))?);
+            out.push(result.map_err(|e| ctx.state_error(&e))?);
         }
         self.times.drain(..plan.leaving.min(self.times.len()));
         self.window_end = Some(ctx.time);
@@ -511,13 +511,13 @@ where
         let mut current = Vec::new();
         let mut retained: Vec<Vec<(K, V)>> = (0..self.times.len()).map(|_| Vec::new()).collect();
         for part in &self.parts {
-            let (values, slices) = part.entries().map_err(|e| internal(ctx, &e))?;
+            let (values, slices) = part.entries().map_err(|e| ctx.state_error(&e))?;
             current.extend(values);
             for (slot, slice) in retained.iter_mut().zip(slices) {
                 slot.extend(slice);
             }
         }
-        self.install(current, retained, ctx.partitions).map_err(|e| internal(ctx, &e))
+        self.install(current, retained, ctx.partitions).map_err(|e| ctx.state_error(&e))
     }
 
     /// Builds the partitions from pairs by key; the next snapshot is whole.
@@ -555,10 +555,6 @@ where
         self.needs_whole = true;
         Ok(())
     }
-}
-
-fn internal(ctx: &StepCtx<'_>, error: &CoreError) -> DStreamError {
-    DStreamError::Internal { operator: ctx.operator.to_string(), reason: format!("window state: {error}") }
 }
 
 impl<K, V, R, I, P> Node for InverseWindowNode<K, V, R, I, P>

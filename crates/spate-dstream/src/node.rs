@@ -101,6 +101,12 @@ pub(crate) struct StepCtx<'a> {
 }
 
 impl StepCtx<'_> {
+    /// An error in the operator's own state (a key table, a slice or a
+    /// pane that does not decode): a defect, reported with the operator.
+    pub(crate) fn state_error(&self, error: &CoreError) -> DStreamError {
+        DStreamError::Internal { operator: self.operator.to_string(), reason: format!("operator state: {error}") }
+    }
+
     /// Adds `count` records to the batch's late records.
     pub(crate) fn count_late(&self, count: usize) {
         self.late.fetch_add(u64::try_from(count).unwrap_or(u64::MAX), Ordering::Relaxed);

@@ -467,10 +467,6 @@ where
     }
 }
 
-fn internal(ctx: &StepCtx<'_>, error: &CoreError) -> DStreamError {
-    DStreamError::Internal { operator: ctx.operator.to_string(), reason: format!("pane window state: {error}") }
-}
-
 fn gcd(a: u64, b: u64) -> u64 {
     if b == 0 { a } else { gcd(b, a % b) }
 }
@@ -482,7 +478,7 @@ where
     R: Fn(&V, &V) -> V + Send + Sync,
 {
     fn step(&mut self, ctx: &StepCtx<'_>) -> Result<Option<Job>, DStreamError> {
-        self.fit(ctx.partitions).map_err(|e| internal(ctx, &e))?;
+        self.fit(ctx.partitions).map_err(|e| ctx.state_error(&e))?;
         let batches: Vec<KeyHashMap<K, V>> = match ctx.take_owned(&self.input)? {
             Some(batch) => self.combine.partitioned(ctx, Some(batch))?,
             None => (0..ctx.partitions).map(|_| map_with_capacity(0)).collect(),
@@ -507,7 +503,7 @@ where
         })?;
         let mut results = Vec::new();
         for part in out {
-            results.extend(part.map_err(|e| internal(ctx, &e))?);
+            results.extend(part.map_err(|e| ctx.state_error(&e))?);
         }
         let result = query.then(|| Batch::new(results));
         self.output.put(ctx.time, result);

@@ -115,10 +115,6 @@ fn respread<K: Key, S: Clone>(parts: &mut Vec<KeyedStates<K, S>>, partitions: us
     Ok(())
 }
 
-fn internal(ctx: &StepCtx<'_>, error: &CoreError) -> DStreamError {
-    DStreamError::Internal { operator: ctx.operator.to_string(), reason: format!("keyed state: {error}") }
-}
-
 fn state_meta<K, V, S>() -> StateMeta {
     StateMeta {
         key_type: Some(std::any::type_name::<K>()),
@@ -146,7 +142,7 @@ where
     F: Fn(Vec<V>, Option<S>) -> Option<S> + Send + Sync,
 {
     fn step(&mut self, ctx: &StepCtx<'_>) -> Result<Option<Job>, DStreamError> {
-        respread(&mut self.parts, ctx.partitions).map_err(|e| internal(ctx, &e))?;
+        respread(&mut self.parts, ctx.partitions).map_err(|e| ctx.state_error(&e))?;
         let Some(batch) = ctx.take_owned(&self.input)? else {
             self.output.put(ctx.time, None);
             return Ok(None);
@@ -163,7 +159,7 @@ where
         let work: Vec<_> = self.parts.iter_mut().zip(groups).collect();
         let mut out = Vec::with_capacity(work.len());
         for part in ctx.par(work, |(part, groups)| update_part(part, groups, update))? {
-            out.push(part.map_err(|e| internal(ctx, &e))?);
+            out.push(part.map_err(|e| ctx.state_error(&e))?);
         }
         self.output.put(ctx.time, Some(Batch::new(out)));
         Ok(None)
@@ -314,7 +310,7 @@ where
     F: Fn(&K, Option<V>, &mut State<S>) -> M + Send + Sync,
 {
     fn step(&mut self, ctx: &StepCtx<'_>) -> Result<Option<Job>, DStreamError> {
-        respread(&mut self.parts, ctx.partitions).map_err(|e| internal(ctx, &e))?;
+        respread(&mut self.parts, ctx.partitions).map_err(|e| ctx.state_error(&e))?;
         let Some(batch) = ctx.take_owned(&self.input)? else {
             self.output.put(ctx.time, None);
             self.snapshots.put(ctx.time, None);
@@ -330,7 +326,7 @@ where
         let work: Vec<_> = self.parts.iter_mut().zip(records).collect();
         let (mut mapped, mut snapshots) = (Vec::new(), Vec::new());
         for part in ctx.par(work, |(part, records)| step.run(part, records))? {
-            let (records, snapshot, removed) = part.map_err(|e| internal(ctx, &e))?;
+            let (records, snapshot, removed) = part.map_err(|e| ctx.state_error(&e))?;
             mapped.push(records);
             snapshots.push(snapshot);
             self.removed.extend(removed);

@@ -514,7 +514,7 @@ where
 {
     fn step(&mut self, ctx: &StepCtx<'_>) -> Result<Option<Job>, DStreamError> {
         if self.parts.len() != ctx.partitions {
-            self.parts = respread(std::mem::take(&mut self.parts), ctx.partitions).map_err(|e| internal(ctx, &e))?;
+            self.parts = respread(std::mem::take(&mut self.parts), ctx.partitions).map_err(|e| ctx.state_error(&e))?;
         }
         let Some((batch, marks)) = take_input(ctx, &self.input, self.marks.as_ref())? else {
             self.output.put(ctx.time, None);
@@ -532,7 +532,7 @@ where
         let progress = Progress { before, after };
         let work: Vec<_> = self.parts.iter_mut().zip(shuffle(assigned, ctx.partitions)).collect();
         let out = ctx.par(work, |(state, incoming)| aggregation.fold_and_emit(state, incoming, progress))?;
-        let out = out.into_iter().collect::<Result<Vec<_>, _>>().map_err(|e| internal(ctx, &e))?;
+        let out = out.into_iter().collect::<Result<Vec<_>, _>>().map_err(|e| ctx.state_error(&e))?;
         let (results, session_late): (Vec<_>, Vec<_>) = out.into_iter().unzip();
         late.extend(session_late);
         report_late(ctx, &late, self.late.readers());
@@ -578,10 +578,6 @@ pub(super) fn report_future(ctx: &StepCtx<'_>, count: usize, watermarks: &Waterm
             "records stamped further ahead of the batch time than the watermarks allow went to the late records"
         );
     }
-}
-
-fn internal(ctx: &StepCtx<'_>, error: &CoreError) -> DStreamError {
-    DStreamError::Internal { operator: ctx.operator.to_string(), reason: error.to_string() }
 }
 
 /// Builds work partitions from windows given by key.
