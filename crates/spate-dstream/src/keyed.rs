@@ -19,7 +19,7 @@ use std::marker::PhantomData;
 use hashbrown::HashTable;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
-use spate_core::CoreError;
+use spate_core::{CoreError, PayloadReader, varint_len, write_varint};
 use std::hash::BuildHasher;
 
 use crate::batch::Key;
@@ -190,7 +190,7 @@ impl<K: Key> KeyTable<K> {
         let start =
             u32::try_from(self.arena.len()).ok().filter(|s| *s != FREE).ok_or_else(|| too_many("bytes of keys"))?;
         let len = u32::try_from(bytes.len()).map_err(|_| too_many("bytes in one key"))?;
-        push_varint(&mut self.arena, len);
+        write_varint(u64::from(len), &mut self.arena);
         self.arena.extend_from_slice(bytes);
         let index = id as usize;
         if self.starts.len() <= index {
@@ -216,7 +216,7 @@ impl<K: Key> KeyTable<K> {
             let bytes = record_at(&self.arena, *start).unwrap_or_default();
             // The new arena is smaller than the old, whose offsets fit in u32.
             *start = arena.len() as u32;
-            push_varint(&mut arena, bytes.len() as u32);
+            write_varint(bytes.len() as u64, &mut arena);
             arena.extend_from_slice(bytes);
         }
         for slot in self.index.iter_mut() {
@@ -229,18 +229,14 @@ impl<K: Key> KeyTable<K> {
 
 /// The key whose record starts at `start`: its length (a varint), then its bytes.
 fn record_at(arena: &[u8], start: u32) -> Option<&[u8]> {
-    let rest = arena.get(start as usize..)?;
-    let (len, used) = read_varint(rest).ok()?;
-    rest.get(used..used + len as usize)
+    let mut reader = PayloadReader::new(arena.get(start as usize..)?);
+    let len = reader.varint().ok()?;
+    reader.take(len).ok()
 }
 
 /// The bytes a key of `len` bytes takes in the arena.
 fn record_len(len: usize) -> usize {
-    let mut prefix = 1;
-    while len >> (7 * prefix) != 0 {
-        prefix += 1;
-    }
-    prefix + len
+    varint_len(len as u64) + len
 }
 
 fn too_many(what: &str) -> CoreError {
@@ -262,7 +258,7 @@ impl EncodedSlice {
         let mut bytes = Vec::with_capacity(entries.len() * 3);
         let mut previous = 0u32;
         for (id, value) in entries.iter() {
-            push_varint(&mut bytes, id - previous);
+            write_varint(u64::from(id - previous), &mut bytes);
             previous = *id;
             bincode::serde::encode_into_std_write(value, &mut bytes, bincode::config::standard())
                 .map_err(|e| CoreError::Encode { reason: format!("a window slice's value: {e}") })?;
@@ -285,21 +281,17 @@ impl EncodedSlice {
 
     /// Calls `each` with every entry, in id order.
     pub(crate) fn for_each<V: DeserializeOwned>(&self, mut each: impl FnMut(u32, V)) -> Result<(), CoreError> {
-        let (mut at, mut id) = (0usize, 0u32);
+        let (mut reader, mut id) = (PayloadReader::new(&self.bytes), 0u32);
         for _ in 0..self.entries {
-            let (gap, used) = read_varint(self.bytes.get(at..).unwrap_or_default())?;
-            at += used;
+            let gap = u32::try_from(reader.varint()?).map_err(|_| corrupt("a gap past u32"))?;
             id = id.checked_add(gap).ok_or_else(|| corrupt("an id past u32"))?;
-            let rest = self.bytes.get(at..).unwrap_or_default();
-            let (value, used): (V, usize) = bincode::serde::decode_from_slice(rest, bincode::config::standard())
-                .map_err(|e| corrupt(&format!("a value: {e}")))?;
-            at += used;
+            let (value, used): (V, usize) =
+                bincode::serde::decode_from_slice(reader.rest(), bincode::config::standard())
+                    .map_err(|e| corrupt(&format!("a value: {e}")))?;
+            reader.take(used as u64)?;
             each(id, value);
         }
-        if at != self.bytes.len() {
-            return Err(corrupt("bytes after the last entry"));
-        }
-        Ok(())
+        reader.finish().map_err(|_| corrupt("bytes after the last entry"))
     }
 
     /// The entries, decoded.
@@ -313,25 +305,6 @@ impl EncodedSlice {
 
 fn corrupt(what: &str) -> CoreError {
     CoreError::Decode { reason: format!("a window slice: {what}") }
-}
-
-fn push_varint(out: &mut Vec<u8>, mut value: u32) {
-    while value >= 0x80 {
-        out.push((value as u8) | 0x80);
-        value >>= 7;
-    }
-    out.push(value as u8);
-}
-
-fn read_varint(bytes: &[u8]) -> Result<(u32, usize), CoreError> {
-    let mut value = 0u32;
-    for (index, byte) in bytes.iter().take(5).enumerate() {
-        value |= u32::from(byte & 0x7f) << (7 * index);
-        if byte & 0x80 == 0 {
-            return Ok((value, index + 1));
-        }
-    }
-    Err(corrupt("a truncated id"))
 }
 
 /// Written as one byte string (a length and the bytes), not byte by byte.
