@@ -15,6 +15,7 @@ use crate::error::{BoxError, DStreamError, GraphProblem};
 use crate::node::{Node, NodeMeta, PlannedOffsets, Slot, StepCtx};
 use crate::pool::Pool;
 use crate::source::{BatchLimits, InputSource, SourceContext};
+use crate::spill::StateSpill;
 use crate::stream::DStream;
 
 /// The batch an output job writes: its time and id, so sinks can be idempotent.
@@ -488,6 +489,19 @@ impl Graph {
     /// stamped further ahead of the batch time than the watermarks allow.
     pub fn late_records(&self) -> u64 {
         self.late_records
+    }
+
+    /// Lets keyed state beyond `spill`'s budget move to its store:
+    /// `map_with_state` moves a partition whose keys and states take more
+    /// than its share of the budget to a table there. Call it before
+    /// restoring state, so a restored state larger than the budget goes
+    /// there as it is read.
+    pub fn spill_state(&mut self, spill: &StateSpill) {
+        for (node, name) in self.nodes.iter_mut().zip(&self.names) {
+            if let Some(state) = node.state_mut() {
+                state.use_spill(name, spill);
+            }
+        }
     }
 
     /// The time of the last batch generated, if any.

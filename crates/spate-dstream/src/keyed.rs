@@ -96,6 +96,14 @@ impl<K: Key> KeyTable<K> {
         self.starts.len()
     }
 
+    /// The bytes the table takes in memory (its buffers' capacities).
+    pub(crate) fn memory_bytes(&self) -> usize {
+        let u32s = (self.starts.capacity() + self.free.capacity()) * std::mem::size_of::<u32>();
+        // An index bucket is its slot and one control byte.
+        let index = self.index.capacity() * (std::mem::size_of::<Slot>() + 1);
+        self.arena.capacity() + self.scratch.capacity() + u32s + index
+    }
+
     /// The id of `key`, giving it one if it has none.
     pub(crate) fn insert(&mut self, key: &K) -> Result<u32, CoreError> {
         let mut scratch = std::mem::take(&mut self.scratch);

@@ -123,6 +123,8 @@ mod processing_time;
 mod runs;
 mod side_input;
 mod source;
+mod spill;
+mod spilled;
 mod state;
 mod stream;
 mod top_n;
@@ -147,6 +149,7 @@ pub use output::Output;
 pub use side_input::SideInput;
 pub use source::{BatchLimits, FedSource, InputSource, QueueSource, SourceContext};
 pub use spate_core::{InPlace, Views};
+pub use spill::{MemorySpillStore, SpillError, SpillStore, SpillTable, SpillWrites, StateSpill};
 pub use state::{MapWithStateStream, State};
 pub use stream::DStream;
 

@@ -204,6 +204,12 @@ pub(crate) trait StatefulNode {
         let _ = (bytes, partitions);
         Err(CoreError::Decode { reason: "this operator's state is only snapshot whole".to_string() })
     }
+
+    /// Lets the operator (named `operator`) move state beyond its budget
+    /// to `spill`; operators that cannot keep it there ignore it.
+    fn use_spill(&mut self, operator: &str, spill: &crate::spill::StateSpill) {
+        let _ = (operator, spill);
+    }
 }
 
 /// Facts about a stateful operator that must match across an upgrade.

@@ -2,10 +2,11 @@
 //! `StateDStream`) and `map_with_state` (Spark's `MapWithStateDStream`, with
 //! an idle timeout per key).
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
-use spate_core::{CoreError, Duration, Time};
+use spate_core::{CoreError, Duration, PayloadReader, Time, write_varint};
 
 use crate::batch::{Batch, Data, Key};
 use crate::error::DStreamError;
@@ -14,6 +15,8 @@ use crate::hash::{KeyHashMap, partition_of};
 use crate::keyed::KeyTable;
 use crate::node::{Node, NodeMeta, Slot, StateMeta, StatefulNode, StepCtx, state_codec};
 use crate::pair::{combine_partitioned, partition_records};
+use crate::spill::StateSpill;
+use crate::spilled::{self, Pending, SpilledStates};
 use crate::stream::DStream;
 
 /// One partition's state by key: each key once, encoded in a
@@ -88,6 +91,12 @@ impl<K: Key, S> KeyedStates<K, S> {
         let id = self.id(key)?;
         self.put(id, state);
         Ok(())
+    }
+
+    /// The bytes the keys and states take in memory (what a state points
+    /// to, a string's bytes, is not counted).
+    fn memory_bytes(&self) -> usize {
+        self.keys.memory_bytes() + self.states.capacity() * std::mem::size_of::<Option<S>>()
     }
 }
 
@@ -285,10 +294,12 @@ struct MapWithStateNode<K, V, S, M, F> {
     func: F,
     timeout: Option<Duration>,
     /// Per partition: each key's state and the last batch time it had data.
-    parts: Vec<KeyedStates<K, Entry<S>>>,
+    parts: Vec<MapPart<K, S>>,
     /// Keys removed since the last snapshot (a key removed and given state
     /// again is also in `parts`, marked changed).
     removed: Vec<K>,
+    /// Where partitions go beyond their share of the state budget.
+    spill: Option<SpillPlace>,
 }
 
 /// One key's state in [`MapWithStateNode`].
@@ -301,6 +312,135 @@ struct Entry<S> {
     changed: bool,
 }
 
+/// One `map_with_state` partition: in memory, or in a spill table once it
+/// took more than its share of the state budget (it stays there).
+enum MapPart<K, S> {
+    Memory(KeyedStates<K, Entry<S>>),
+    Spilled(SpilledStates),
+}
+
+impl<K, S> Default for MapPart<K, S> {
+    fn default() -> Self {
+        MapPart::Memory(KeyedStates::default())
+    }
+}
+
+/// The spill an operator's partitions use, and the operator's name for
+/// its tables.
+struct SpillPlace {
+    operator: String,
+    spill: StateSpill,
+}
+
+impl SpillPlace {
+    fn open(&self) -> Result<Box<dyn crate::spill::SpillTable>, CoreError> {
+        self.spill.open(&self.operator).map_err(|e| CoreError::Encode { reason: e.to_string() })
+    }
+}
+
+impl<K: Key, S: Data> MapPart<K, S> {
+    fn len(&self) -> u64 {
+        match self {
+            MapPart::Memory(states) => states.keys.len() as u64,
+            MapPart::Spilled(spilled) => spilled.len(),
+        }
+    }
+
+    /// Moves the partition to a spill table when it takes more than its
+    /// share of the budget.
+    fn spill_if_over(&mut self, spill: Option<&SpillPlace>, partitions: usize) -> Result<(), CoreError> {
+        let Some(place) = spill else { return Ok(()) };
+        let MapPart::Memory(states) = self else { return Ok(()) };
+        if states.memory_bytes() as u64 <= place.spill.partition_budget(partitions) {
+            return Ok(());
+        }
+        let mut spilled = SpilledStates::new(place.open()?);
+        let entries = states.keys.iter_encoded().filter_map(|(id, key)| {
+            let entry = states.state(id)?;
+            Some((key, &entry.state, entry.last, entry.changed))
+        });
+        spilled.extend(entries)?;
+        tracing::info!(operator = %place.operator, keys = spilled.len(), "map_with_state partition moved its state to disk");
+        *self = MapPart::Spilled(spilled);
+        Ok(())
+    }
+
+    /// Appends each key's `(key, state, last)` encoding (only the changed
+    /// keys' with `only_changed`) and returns how many.
+    fn write_entries(&self, only_changed: bool, out: &mut Vec<u8>) -> Result<u64, CoreError> {
+        let mut written = 0;
+        match self {
+            MapPart::Memory(states) => {
+                for (id, key) in states.keys.iter_encoded() {
+                    let Some(entry) = states.state(id).filter(|e| !only_changed || e.changed) else { continue };
+                    out.extend_from_slice(key);
+                    out.extend_from_slice(&spilled::encode(&(&entry.state, entry.last))?);
+                    written += 1;
+                }
+            }
+            MapPart::Spilled(spilled) => spilled.for_each_encoded(only_changed, &mut |key, value| {
+                out.extend_from_slice(key);
+                out.extend_from_slice(value);
+                written += 1;
+                Ok(())
+            })?,
+        }
+        Ok(written)
+    }
+
+    /// Every key with its state and last time, decoded.
+    fn decoded(&self) -> Result<Vec<(K, S, Time)>, CoreError> {
+        let mut bytes = Vec::new();
+        let count = self.write_entries(false, &mut bytes)?;
+        let mut reader = PayloadReader::new(&bytes);
+        (0..count).map(|_| next_entry(&mut reader)).collect()
+    }
+
+    /// Gives `key` the state `entry`, replacing any.
+    fn insert(&mut self, key: &K, entry: Entry<S>) -> Result<(), CoreError> {
+        match self {
+            MapPart::Memory(states) => states.insert(key, entry),
+            MapPart::Spilled(spilled) => {
+                let encoded = spilled::encode(key)?;
+                let mut pending = HashMap::new();
+                let before = spilled.pending::<S>(&encoded)?.before;
+                pending.insert(encoded, Pending { before, now: Some((entry.state, entry.last)) });
+                spilled.write_pending(pending, entry.changed)
+            }
+        }
+    }
+
+    fn remove(&mut self, key: &K) -> Result<(), CoreError> {
+        match self {
+            MapPart::Memory(states) => {
+                let id = states.id(key)?;
+                states.remove(id);
+                Ok(())
+            }
+            MapPart::Spilled(spilled) => spilled.remove::<S>(&spilled::encode(key)?),
+        }
+    }
+
+    /// Forgets what changed: the next changes are relative to now.
+    fn mark_unchanged(&mut self) -> Result<(), CoreError> {
+        match self {
+            MapPart::Memory(states) => {
+                states.states_mut().for_each(|entry| entry.changed = false);
+                Ok(())
+            }
+            MapPart::Spilled(spilled) => spilled.mark_unchanged(),
+        }
+    }
+}
+
+/// The next `(key, state, last)` of a snapshot's list.
+fn next_entry<T: serde::de::DeserializeOwned>(reader: &mut PayloadReader<'_>) -> Result<T, CoreError> {
+    let (entry, used) = bincode::serde::decode_from_slice(reader.rest(), bincode::config::standard())
+        .map_err(|e| CoreError::Decode { reason: format!("a map_with_state entry: {e}") })?;
+    reader.take(used as u64)?;
+    Ok(entry)
+}
+
 impl<K, V, S, M, F> Node for MapWithStateNode<K, V, S, M, F>
 where
     K: Key,
@@ -310,7 +450,7 @@ where
     F: Fn(&K, Option<V>, &mut State<S>) -> M + Send + Sync,
 {
     fn step(&mut self, ctx: &StepCtx<'_>) -> Result<Option<Job>, DStreamError> {
-        respread(&mut self.parts, ctx.partitions).map_err(|e| ctx.state_error(&e))?;
+        self.respread(ctx.partitions).map_err(|e| ctx.state_error(&e))?;
         let Some(batch) = ctx.take_owned(&self.input)? else {
             self.output.put(ctx.time, None);
             self.snapshots.put(ctx.time, None);
@@ -323,9 +463,15 @@ where
             threshold: self.timeout.map(|timeout| ctx.time - timeout),
             want_snapshots: self.snapshots.readers() > 0,
         };
+        let (spill, partitions) = (self.spill.as_ref(), ctx.partitions);
         let work: Vec<_> = self.parts.iter_mut().zip(records).collect();
         let (mut mapped, mut snapshots) = (Vec::new(), Vec::new());
-        for part in ctx.par(work, |(part, records)| step.run(part, records))? {
+        let results = ctx.par(work, |(part, records)| {
+            let out = step.run(part, records)?;
+            part.spill_if_over(spill, partitions)?;
+            Ok::<_, CoreError>(out)
+        })?;
+        for part in results {
             let (records, snapshot, removed) = part.map_err(|e| ctx.state_error(&e))?;
             mapped.push(records);
             snapshots.push(snapshot);
@@ -341,48 +487,61 @@ where
     }
 }
 
-#[derive(Serialize)]
-struct MapStateRef<'a, K, S> {
-    entries: Vec<(K, &'a S, Time)>,
-}
-
-#[derive(Deserialize)]
-struct MapStateOwned<K, S> {
-    entries: Vec<(K, S, Time)>,
-}
-
-/// What changed since the previous snapshot: the keys removed, then the
-/// keys given state (a key removed and given state again is in both).
-#[derive(Serialize)]
-struct MapStateChangesRef<'a, K, S> {
-    removed: &'a [K],
-    changed: Vec<(K, &'a S, Time)>,
-}
-
-#[derive(Deserialize)]
-struct MapStateChangesOwned<K, S> {
-    removed: Vec<K>,
-    changed: Vec<(K, S, Time)>,
-}
-
-impl<K: Key, V, S, M, F> MapWithStateNode<K, V, S, M, F> {
-    /// Every key's state and last batch with data (only the changed ones
-    /// with `only_changed`), keys decoded.
-    fn entries(&self, only_changed: bool) -> Result<Vec<(K, &S, Time)>, CoreError> {
-        let mut out = Vec::new();
-        for part in &self.parts {
-            let listed = part.entries_where(|entry| !only_changed || entry.changed)?;
-            out.extend(listed.into_iter().map(|(key, entry)| (key, &entry.state, entry.last)));
+impl<K: Key, V, S: Data, M, F> MapWithStateNode<K, V, S, M, F> {
+    /// Re-spreads the partitions' state when the partition count changed.
+    fn respread(&mut self, partitions: usize) -> Result<(), CoreError> {
+        if self.parts.len() == partitions {
+            return Ok(());
         }
-        Ok(out)
+        let mut entries = Vec::new();
+        for part in &self.parts {
+            entries.extend(part.decoded()?);
+        }
+        self.spread(entries.into_iter().map(Ok), partitions)
+    }
+
+    /// Replaces the partitions with `entries` spread over `partitions`,
+    /// each partition moving to a spill table as it outgrows its share.
+    fn spread(
+        &mut self,
+        entries: impl Iterator<Item = Result<(K, S, Time), CoreError>>,
+        partitions: usize,
+    ) -> Result<(), CoreError> {
+        self.parts = (0..partitions).map(|_| MapPart::default()).collect();
+        for entry in entries {
+            let (key, state, last) = entry?;
+            if let Some(part) = self.parts.get_mut(partition_of(&key, partitions)) {
+                part.insert(&key, Entry { state, last, changed: false })?;
+                part.spill_if_over(self.spill.as_ref(), partitions)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Appends the list of every key's `(key, state, last)` (only the
+    /// changed ones with `only_changed`), as bincode writes a `Vec` of them.
+    fn write_list(&self, only_changed: bool, out: &mut Vec<u8>) -> Result<(), CoreError> {
+        if only_changed {
+            let mut entries = Vec::new();
+            let mut count = 0;
+            for part in &self.parts {
+                count += part.write_entries(true, &mut entries)?;
+            }
+            write_varint(count, out);
+            out.extend_from_slice(&entries);
+        } else {
+            write_varint(self.parts.iter().map(MapPart::len).sum(), out);
+            for part in &self.parts {
+                part.write_entries(false, out)?;
+            }
+        }
+        Ok(())
     }
 
     /// Forgets what changed: the next changes are relative to now.
-    fn mark_unchanged(&mut self) {
+    fn mark_unchanged(&mut self) -> Result<(), CoreError> {
         self.removed.clear();
-        for entry in self.parts.iter_mut().flat_map(KeyedStates::states_mut) {
-            entry.changed = false;
-        }
+        self.parts.iter_mut().try_for_each(MapPart::mark_unchanged)
     }
 }
 
@@ -400,11 +559,31 @@ struct MapStep<'a, F> {
 type MapStepOut<K, S, M> = (Vec<M>, Vec<(K, S)>, Vec<K>);
 
 impl<F> MapStep<'_, F> {
-    fn run<K: Key, V, S: Clone, M>(
+    fn run<K: Key, V, S: Data, M>(
+        &self,
+        part: &mut MapPart<K, S>,
+        records: Vec<(K, V)>,
+    ) -> Result<MapStepOut<K, S, M>, CoreError>
+    where
+        F: Fn(&K, Option<V>, &mut State<S>) -> M,
+    {
+        let (mapped, removed) = match part {
+            MapPart::Memory(states) => self.run_in_memory(states, records)?,
+            MapPart::Spilled(spilled) => self.run_spilled(spilled, records)?,
+        };
+        let snapshot = if self.want_snapshots {
+            part.decoded()?.into_iter().map(|(key, state, _)| (key, state)).collect()
+        } else {
+            Vec::new()
+        };
+        Ok((mapped, snapshot, removed))
+    }
+
+    fn run_in_memory<K: Key, V, S: Clone, M>(
         &self,
         part: &mut KeyedStates<K, Entry<S>>,
         records: Vec<(K, V)>,
-    ) -> Result<MapStepOut<K, S, M>, CoreError>
+    ) -> Result<(Vec<M>, Vec<K>), CoreError>
     where
         F: Fn(&K, Option<V>, &mut State<S>) -> M,
     {
@@ -437,13 +616,62 @@ impl<F> MapStep<'_, F> {
                 removed.push(key);
             }
         }
-        let snapshot = if self.want_snapshots {
-            part.entries()?.into_iter().map(|(k, entry)| (k, entry.state.clone())).collect()
-        } else {
-            Vec::new()
-        };
-        Ok((mapped, snapshot, removed))
+        Ok((mapped, removed))
     }
+
+    /// The same step on a partition in a spill table: the keys the batch
+    /// touches are read once, changed in memory, and written at the end.
+    fn run_spilled<K: Key, V, S: Data, M>(
+        &self,
+        part: &mut SpilledStates,
+        records: Vec<(K, V)>,
+    ) -> Result<(Vec<M>, Vec<K>), CoreError>
+    where
+        F: Fn(&K, Option<V>, &mut State<S>) -> M,
+    {
+        let (mut mapped, mut removed) = (Vec::with_capacity(records.len()), Vec::new());
+        let mut touched: HashMap<Vec<u8>, Pending<S>> = HashMap::new();
+        for (key, value) in records {
+            let encoded = spilled::encode(&key)?;
+            let pending = match touched.entry(encoded) {
+                std::collections::hash_map::Entry::Occupied(slot) => slot.into_mut(),
+                std::collections::hash_map::Entry::Vacant(slot) => {
+                    let pending = part.pending(slot.key())?;
+                    slot.insert(pending)
+                }
+            };
+            let old = pending.now.take();
+            let existed = old.is_some();
+            let mut state = State::new(old.map(|(state, _)| state), false);
+            mapped.push((self.func)(&key, Some(value), &mut state));
+            match state.value {
+                Some(value) => pending.now = Some((value, self.time)),
+                None if existed => removed.push(key),
+                None => {}
+            }
+        }
+        if let Some(threshold) = self.threshold {
+            for (encoded, last) in part.idle_before(threshold)? {
+                // A key with data in this batch is not idle.
+                if touched.contains_key(&encoded) {
+                    continue;
+                }
+                let key: K = spilled::decode(&encoded)?;
+                let old = part.pending::<S>(&encoded)?.now.map(|(state, _)| state);
+                let mut state = State::new(old, true);
+                mapped.push((self.func)(&key, None, &mut state));
+                touched.insert(encoded, Pending { before: Some(last), now: None });
+                removed.push(key);
+            }
+        }
+        part.write_pending(touched, true)?;
+        Ok((mapped, removed))
+    }
+}
+
+#[derive(Serialize)]
+struct MapStateChangesRemoved<'a, K> {
+    removed: &'a [K],
 }
 
 impl<K, V, S, M, F> StatefulNode for MapWithStateNode<K, V, S, M, F>
@@ -454,47 +682,68 @@ where
     M: Data,
     F: Fn(&K, Option<V>, &mut State<S>) -> M + Send + Sync,
 {
+    /// The layout of a `Vec<(K, S, Time)>` of every key, written from each
+    /// partition's encoded keys (in memory or spilled) without decoding.
     fn snapshot(&mut self) -> Result<Vec<u8>, CoreError> {
-        let entries = self.entries(false)?;
-        let bytes = state_codec().encode(&MapStateRef { entries })?;
-        self.mark_unchanged();
+        let mut bytes = Vec::new();
+        state_codec().encode_with(&mut bytes, |out| self.write_list(false, out))?;
+        self.mark_unchanged()?;
         Ok(bytes)
     }
 
+    /// The keys removed (a `Vec<K>`), then the changed keys' list.
     fn snapshot_changes(&mut self) -> Option<Result<Vec<u8>, CoreError>> {
-        let bytes = self
-            .entries(true)
-            .and_then(|changed| state_codec().encode(&MapStateChangesRef { removed: &self.removed, changed }));
-        if bytes.is_ok() {
-            self.mark_unchanged();
-        }
-        Some(bytes)
+        let mut bytes = Vec::new();
+        let written = state_codec().encode_with(&mut bytes, |out| {
+            bincode::serde::encode_into_std_write(
+                MapStateChangesRemoved { removed: &self.removed },
+                out,
+                bincode::config::standard(),
+            )
+            .map_err(|e| CoreError::Encode { reason: format!("removed keys: {e}") })?;
+            self.write_list(true, out)
+        });
+        Some(written.and_then(|()| self.mark_unchanged()).map(|()| bytes))
     }
 
     fn restore(&mut self, bytes: &[u8], partitions: usize) -> Result<(), CoreError> {
-        let owned: MapStateOwned<K, S> = state_codec().decode(bytes)?.value;
-        let entries = owned.entries.into_iter().map(|(k, state, last)| (k, Entry { state, last, changed: false }));
-        self.parts = spread(entries.collect(), partitions)?;
+        let frame = state_codec().open(bytes)?;
+        let mut reader = PayloadReader::new(frame.payload);
+        let count = reader.count()?;
+        // Entry by entry, so a state larger than memory goes to its spill
+        // tables as it is read rather than being decoded whole first.
+        let entries = (0..count).map(|_| next_entry(&mut reader));
         self.removed.clear();
-        Ok(())
+        self.spread(entries, partitions)?;
+        reader.finish()
     }
 
     fn apply_changes(&mut self, bytes: &[u8], partitions: usize) -> Result<(), CoreError> {
         let changes: MapStateChangesOwned<K, S> = state_codec().decode(bytes)?.value;
-        respread(&mut self.parts, partitions)?;
+        self.respread(partitions)?;
         for key in changes.removed {
             if let Some(part) = self.parts.get_mut(partition_of(&key, partitions)) {
-                let id = part.id(&key)?;
-                part.remove(id);
+                part.remove(&key)?;
             }
         }
         for (key, state, last) in changes.changed {
             if let Some(part) = self.parts.get_mut(partition_of(&key, partitions)) {
                 part.insert(&key, Entry { state, last, changed: false })?;
+                part.spill_if_over(self.spill.as_ref(), partitions)?;
             }
         }
         Ok(())
     }
+
+    fn use_spill(&mut self, operator: &str, spill: &StateSpill) {
+        self.spill = Some(SpillPlace { operator: operator.to_string(), spill: spill.clone() });
+    }
+}
+
+#[derive(Deserialize)]
+struct MapStateChangesOwned<K, S> {
+    removed: Vec<K>,
+    changed: Vec<(K, S, Time)>,
 }
 
 /// The result of [`DStream::map_with_state`]: the mapped records and, on
@@ -568,6 +817,7 @@ impl<K: Key, V: Data> DStream<(K, V)> {
                 timeout,
                 parts: Vec::new(),
                 removed: Vec::new(),
+                spill: None,
             })
         });
         MapWithStateStream { mapped, snapshots }

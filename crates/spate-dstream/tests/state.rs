@@ -9,7 +9,9 @@ use std::sync::Arc;
 use common::{Collected, INTERVAL, collect, run, sorted_at, t};
 use proptest::prelude::*;
 use spate_core::Duration;
-use spate_dstream::{Graph, GraphBuilder, QueueSource, RestorePolicy, State, StateSnapshot};
+use spate_dstream::{
+    Graph, GraphBuilder, MemorySpillStore, QueueSource, RestorePolicy, State, StateSnapshot, StateSpill,
+};
 
 fn batches() -> impl Strategy<Value = Vec<Vec<(u8, u32)>>> {
     prop::collection::vec(prop::collection::vec((0u8..10, 1u32..10), 0..15), 1..25)
@@ -21,9 +23,13 @@ struct Sessions {
     queue: Arc<QueueSource<(u8, u32)>>,
     mapped: Collected<(u8, u64, bool)>,
     snapshots: Collected<(u8, u64)>,
+    /// The store partitions spill to, when given a budget.
+    spill: Option<Arc<MemorySpillStore>>,
 }
 
-fn sessions(timeout: u64, partitions: usize) -> Sessions {
+/// With `spill_budget`, the state beyond that many bytes moves to an
+/// in-memory spill store (0: every partition with keys moves there).
+fn sessions(timeout: u64, partitions: usize, spill_budget: Option<u64>) -> Sessions {
     let b = GraphBuilder::new(INTERVAL).partitions(partitions).workers(2).checkpointing(true);
     let queue = Arc::new(QueueSource::new());
     let with_state = b
@@ -42,7 +48,28 @@ fn sessions(timeout: u64, partitions: usize) -> Sessions {
         .name("sessions");
     let mapped = collect(&with_state.mapped());
     let snapshots = collect(&with_state.state_snapshots());
-    Sessions { graph: b.build().unwrap(), queue, mapped, snapshots }
+    let mut graph = b.build().unwrap();
+    let spill = spill_budget.map(|budget| {
+        let store = Arc::new(MemorySpillStore::new());
+        graph.spill_state(&StateSpill::new(Arc::clone(&store) as _, budget));
+        store
+    });
+    Sessions { graph, queue, mapped, snapshots, spill }
+}
+
+/// Fails unless a session whose budget is 0 moved its state to the spill
+/// store once it had keys: the spilled path was the one tested.
+fn check_spilled(s: &Sessions, budget: Option<u64>, input: &[Vec<(u8, u32)>]) -> Result<(), TestCaseError> {
+    if let (Some(0), Some(store)) = (budget, &s.spill)
+        && input.iter().any(|batch| !batch.is_empty())
+    {
+        prop_assert!(store.tables_opened() > 0, "no partition moved to the spill store");
+    }
+    Ok(())
+}
+
+fn spill_budgets() -> impl Strategy<Value = Option<u64>> {
+    prop_oneof![Just(None), Just(Some(0)), (1u64..4096).prop_map(Some)]
 }
 
 /// Every batch's mapped records and state against a reference: per key
@@ -107,22 +134,26 @@ proptest! {
     }
 
     #[test]
-    fn map_with_state_maps_every_record_and_times_out_idle_keys(input in batches(), timeout in 1u64..5) {
-        let mut s = sessions(timeout, 3);
+    fn map_with_state_maps_every_record_and_times_out_idle_keys(
+        input in batches(), timeout in 1u64..5, budget in spill_budgets(),
+    ) {
+        let mut s = sessions(timeout, 3, budget);
         for batch in &input {
             s.queue.push(batch.clone());
         }
         run(&mut s.graph, 1..=input.len() as i64);
         check_sessions(&s, &input, timeout)?;
+        check_spilled(&s, budget, &input)?;
     }
 
     #[test]
     fn map_with_state_restored_from_a_whole_snapshot_and_later_changes_continues_exactly(
         input in batches(), timeout in 1u64..5, cuts in prop::collection::vec(0usize..25, 1..5), partitions in 1usize..5,
+        budgets in (spill_budgets(), spill_budgets()),
     ) {
         let mut cuts: Vec<usize> = cuts.into_iter().map(|c| c.min(input.len())).collect();
         cuts.sort_unstable();
-        let mut first = sessions(timeout, 3);
+        let mut first = sessions(timeout, 3, budgets.0);
         let descriptor = first.graph.descriptor();
         let mut chain: Vec<Vec<u8>> = Vec::new();
         let mut done = 0;
@@ -141,7 +172,7 @@ proptest! {
                 StateSnapshot::Whole(_) => prop_assert!(false, "map_with_state snapshots what changed"),
             }
         }
-        let mut second = sessions(timeout, partitions);
+        let mut second = sessions(timeout, partitions, budgets.1);
         second.graph.restore_chains(&descriptor, vec![("sessions".to_string(), chain)], &RestorePolicy::strict()).unwrap();
         for batch in &input[done..] {
             second.queue.push(batch.clone());
@@ -150,7 +181,21 @@ proptest! {
         second.mapped.lock().unwrap().extend(first.mapped.lock().unwrap().clone());
         second.snapshots.lock().unwrap().extend(first.snapshots.lock().unwrap().clone());
         check_sessions(&second, &input, timeout)?;
+        check_spilled(&first, budgets.0, &input[..done])?;
     }
+}
+
+#[test]
+fn a_failing_spill_store_fails_the_batch_with_its_reason() {
+    let mut s = sessions(10, 2, Some(0));
+    s.queue.push(vec![(1, 1), (2, 2), (3, 3)]);
+    s.queue.push(vec![(1, 1)]);
+    run(&mut s.graph, 1..=1);
+    let store = s.spill.as_ref().unwrap();
+    assert!(store.tables_opened() > 0);
+    store.fail_after(0);
+    let error = s.graph.run_batch(t(2), spate_core::BatchId(2)).unwrap_err();
+    assert!(error.to_string().contains("failpoint"), "{error}");
 }
 
 #[test]
@@ -199,4 +244,24 @@ fn removed_state_starts_over() {
     run(&mut graph, 1..=4);
     let all: Vec<u32> = (1..=4).flat_map(|i| sorted_at(&mapped, t(i)).unwrap()).collect();
     assert_eq!(all, vec![2, 4, 6, 2]);
+}
+
+#[test]
+fn a_partition_moving_to_its_spill_table_keeps_its_changes_for_the_next_incremental_snapshot() {
+    let mut first = sessions(10, 2, Some(0));
+    let descriptor = first.graph.descriptor();
+    let whole = first.graph.snapshot_state().unwrap().remove(0).1;
+    // The batch that gives the partitions their first keys also moves them to the store.
+    first.queue.push(vec![(1, 5), (2, 6), (3, 7)]);
+    run(&mut first.graph, 1..=1);
+    assert!(first.spill.as_ref().unwrap().tables_opened() > 0);
+    let StateSnapshot::Changes(changes) = first.graph.snapshot_state_changes().unwrap().remove(0).1 else {
+        panic!("map_with_state snapshots what changed");
+    };
+    let mut second = sessions(10, 2, None);
+    let chain = vec![("sessions".to_string(), vec![whole, changes])];
+    second.graph.restore_chains(&descriptor, chain, &RestorePolicy::strict()).unwrap();
+    second.queue.push(vec![]);
+    run(&mut second.graph, 2..=2);
+    assert_eq!(sorted_at(&second.snapshots, t(2)).unwrap(), vec![(1, 5), (2, 6), (3, 7)]);
 }
