@@ -572,7 +572,7 @@ fn bind_wal_dir(wal_dir: &Path, id: &str) -> Result<(), RuntimeError> {
 
 fn new_engine(
     settings: StreamingSettings,
-    graph: spate_dstream::Graph,
+    mut graph: spate_dstream::Graph,
     store: Option<CheckpointStore>,
     tracker: Option<Arc<ReceivedBlockTracker>>,
     receivers: Vec<Box<dyn ReceiverInput>>,
@@ -583,6 +583,12 @@ fn new_engine(
     graph
         .register_sources(&context)
         .map_err(|e| RuntimeError::InvalidSetting { setting: "input".to_string(), reason: e.to_string() })?;
+    // Before any restore: a restored state beyond the budget goes to disk as it is read.
+    #[cfg(feature = "disk-store")]
+    graph.spill_state(&spate_dstream::StateSpill::new(
+        Arc::new(crate::state_spill::RocksStateStore::new(&settings.spill_base())),
+        settings.max_memory_bytes / crate::state_spill::STATE_SHARE_OF_MEMORY,
+    ));
     let rate = RateController::new(settings.batch_interval, &settings.backpressure)?;
     let (max_memory, max_spill) = (settings.max_memory_bytes, settings.spill_limit());
     let progress_files = match &store {

@@ -100,6 +100,8 @@ mod recovery;
 mod scheduler;
 mod settings;
 mod settings_file;
+#[cfg(feature = "disk-store")]
+mod state_spill;
 mod status;
 mod telemetry;
 

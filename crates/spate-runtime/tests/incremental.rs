@@ -125,22 +125,42 @@ struct Shape {
     full_snapshot_every: u64,
     /// Batches a checkpoint interval.
     checkpoint_every: u64,
+    /// Where keyed state beyond a tiny memory budget goes, if it does.
+    spill_to: Option<&'static Path>,
 }
 
 fn settings(clock: &ManualClock, shape: Shape) -> StreamingSettings {
-    StreamingSettings::new(Duration::from_secs(1))
+    let settings = StreamingSettings::new(Duration::from_secs(1))
         .with_clock(Arc::new(clock.clone()))
         .with_checkpoint_interval(Duration::from_secs(shape.checkpoint_every))
-        .with_full_snapshot_every(shape.full_snapshot_every)
+        .with_full_snapshot_every(shape.full_snapshot_every);
+    match &shape.spill_to {
+        // A budget this small moves every keyed partition to disk at its first keys.
+        Some(dir) => settings.with_max_memory_bytes(1024).with_spill_dir(dir),
+        None => settings,
+    }
 }
 
 /// Progress reports, as a listener hears them.
 #[derive(Default)]
-struct Heard(Mutex<Vec<BatchProgress>>);
+struct Heard(Mutex<Vec<BatchProgress>>, SpillWatch);
+
+/// Whether keyed state was on disk, in a `spate-state-*` directory of
+/// the spill directory, as each batch completed.
+#[derive(Default)]
+struct SpillWatch {
+    dir: Option<&'static Path>,
+    on_disk: Mutex<Vec<bool>>,
+}
 
 impl ProgressListener for Heard {
     fn on_batch_completed(&self, progress: &BatchProgress) {
         self.0.lock().unwrap().push(progress.clone());
+        if let Some(dir) = self.1.dir {
+            let names = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap());
+            let on_disk = names.filter(|name| name.starts_with("spate-state-")).count() == 1;
+            self.1.on_disk.lock().unwrap().push(on_disk);
+        }
     }
 }
 
@@ -264,7 +284,7 @@ fn crash_before_manifest(dir: &Path, copy: &Path, lost: &[&str]) {
 #[test]
 fn a_restart_from_a_chain_gives_exactly_the_outputs_of_an_uninterrupted_run() {
     for full_snapshot_every in [1, 3, DEFAULT_FULL_SNAPSHOT_EVERY] {
-        let shape = Shape { per_batch: 9, full_snapshot_every, checkpoint_every: 1 };
+        let shape = Shape { per_batch: 9, full_snapshot_every, checkpoint_every: 1, spill_to: None };
         let expected = uninterrupted(shape, 14);
         let timed_out = expected.iter().any(|((_, name), rows)| *name == "sessions" && rows.iter().any(|r| r.2));
         assert!(timed_out, "keys time out, so the sessions' changes remove state too");
@@ -310,7 +330,7 @@ fn a_restart_from_a_chain_gives_exactly_the_outputs_of_an_uninterrupted_run() {
 fn a_crash_between_a_snapshots_files_and_its_manifest_restarts_from_the_snapshot_before() {
     for (full_snapshot_every, lost) in [(DEFAULT_FULL_SNAPSHOT_EVERY, &[][..]), (3, &["window"][..]), (1, &["totals"])]
     {
-        let shape = Shape { per_batch: 5, full_snapshot_every, checkpoint_every: 1 };
+        let shape = Shape { per_batch: 5, full_snapshot_every, checkpoint_every: 1, spill_to: None };
         let expected = uninterrupted(shape, 11);
         let dir = tempfile::tempdir().unwrap();
         let copy = tempfile::tempdir().unwrap();
@@ -333,7 +353,7 @@ fn a_crash_between_a_snapshots_files_and_its_manifest_restarts_from_the_snapshot
 fn a_chain_longer_than_the_checkpoint_interval_and_replays_after_it_recover_exactly() {
     // Snapshots every 2 batches, a whole one every 4th: restarts land between
     // snapshots, so each restore is followed by a replay of the batch after it.
-    let shape = Shape { per_batch: 6, full_snapshot_every: 4, checkpoint_every: 2 };
+    let shape = Shape { per_batch: 6, full_snapshot_every: 4, checkpoint_every: 2, spill_to: None };
     let expected = uninterrupted(shape, 20);
     let dir = tempfile::tempdir().unwrap();
     let clock = ManualClock::new(Time::from_millis(START));
@@ -362,7 +382,7 @@ proptest! {
         checkpoint_every in 1u64..3,
         stops in proptest::collection::vec((1u64..9, any::<bool>()), 1..4),
     ) {
-        let shape = Shape { per_batch, full_snapshot_every, checkpoint_every };
+        let shape = Shape { per_batch, full_snapshot_every, checkpoint_every, spill_to: None };
         let last = stops.iter().map(|(gap, _)| gap).sum::<u64>() + 2;
         let expected = uninterrupted(shape, last);
         let dir = tempfile::tempdir().unwrap();
@@ -387,7 +407,8 @@ proptest! {
 
 #[test]
 fn a_restart_whose_chain_lost_a_link_stops_naming_the_file_and_the_batch_that_needs_it() {
-    let shape = Shape { per_batch: 4, full_snapshot_every: DEFAULT_FULL_SNAPSHOT_EVERY, checkpoint_every: 1 };
+    let shape =
+        Shape { per_batch: 4, full_snapshot_every: DEFAULT_FULL_SNAPSHOT_EVERY, checkpoint_every: 1, spill_to: None };
     let dir = tempfile::tempdir().unwrap();
     let clock = ManualClock::new(Time::from_millis(START));
     run_until(dir.path(), &clock, shape, 4, &Outputs::default(), &Arc::default());
@@ -404,4 +425,26 @@ fn a_restart_whose_chain_lost_a_link_stops_naming_the_file_and_the_batch_that_ne
         text.contains("state/window/2 is missing") && text.contains("state/window/3 holds the changes since it"),
         "{text}"
     );
+}
+
+#[test]
+fn keyed_state_on_disk_restarts_exactly_and_its_directory_goes_with_the_context() {
+    let plain = Shape { per_batch: 9, full_snapshot_every: 3, checkpoint_every: 1, spill_to: None };
+    let expected = uninterrupted(plain, 14);
+    let spill = tempfile::tempdir().unwrap();
+    let spill_dir: &'static Path = Box::leak(spill.path().to_path_buf().into_boxed_path());
+    let shape = Shape { spill_to: Some(spill_dir), ..plain };
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(Time::from_millis(START));
+    let outputs = Outputs::default();
+    let heard = Arc::new(Heard(Mutex::default(), SpillWatch { dir: Some(spill_dir), on_disk: Mutex::default() }));
+    for stop_after in [4, 9, 14] {
+        run_until(dir.path(), &clock, shape, stop_after, &outputs, &heard);
+        let left: Vec<_> = std::fs::read_dir(spill_dir).unwrap().collect();
+        assert!(left.is_empty(), "the state's directory goes with the context: {left:?}");
+    }
+    assert_eq!(*outputs.lock().unwrap(), expected, "the same outputs with the sessions' state on disk");
+    let on_disk = heard.1.on_disk.lock().unwrap();
+    assert_eq!(on_disk.len(), 15);
+    assert!(on_disk.iter().all(|d| *d), "the sessions' state was on disk after every batch: {on_disk:?}");
 }

@@ -1,0 +1,192 @@
+//! The store keyed state beyond the memory budget moves to: RocksDB on
+//! local disk.
+//!
+//! One database for the process, opened when the first partition moves
+//! there, in a fresh owner-only directory under the spill directory
+//! (`spate-state-*`) that goes with the context. Each table is a key
+//! prefix in it (four bytes, big-endian table number). The database is
+//! scratch: a checkpoint holds the state, so RocksDB's own log is off and
+//! a table dropped is one range deletion.
+//!
+//! A keyed operator keeps in memory up to a quarter of
+//! [`StreamingSettings::max_memory_bytes`](crate::StreamingSettings::max_memory_bytes)
+//! of state; see `spate_dstream::Graph::spill_state` for what moves.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use spate_dstream::{SpillError, SpillStore, SpillTable, SpillWrites};
+
+/// The share of the memory budget keyed state of one operator keeps in
+/// memory before its partitions move to disk.
+pub(crate) const STATE_SHARE_OF_MEMORY: u64 = 4;
+
+/// RocksDB's write buffer: what a table's recent writes take in memory.
+const WRITE_BUFFER_BYTES: usize = 16 << 20;
+/// RocksDB's block cache: the keys a batch reads again.
+const BLOCK_CACHE_BYTES: usize = 16 << 20;
+
+/// The RocksDB store of spilled keyed state.
+pub(crate) struct RocksStateStore {
+    base: PathBuf,
+    opened: OnceLock<Result<Arc<Opened>, String>>,
+    next_table: AtomicU32,
+}
+
+struct Opened {
+    db: rocksdb::DB,
+    /// Removed (with the database's files) when the store goes.
+    dir: tempfile::TempDir,
+    writes: rocksdb::WriteOptions,
+}
+
+impl std::fmt::Debug for RocksStateStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RocksStateStore").field("base", &self.base).finish_non_exhaustive()
+    }
+}
+
+impl RocksStateStore {
+    /// A store that opens its database under `base` when first used.
+    pub(crate) fn new(base: &Path) -> Self {
+        RocksStateStore { base: base.to_path_buf(), opened: OnceLock::new(), next_table: AtomicU32::new(0) }
+    }
+
+    fn opened(&self) -> Result<Arc<Opened>, SpillError> {
+        let opened = self.opened.get_or_init(|| open(&self.base).map(Arc::new));
+        opened.clone().map_err(|reason| SpillError { store: self.base.display().to_string(), reason })
+    }
+}
+
+fn open(base: &Path) -> Result<Opened, String> {
+    std::fs::create_dir_all(base).map_err(|e| format!("create {}: {e}", base.display()))?;
+    let dir = tempfile::Builder::new()
+        .prefix("spate-state-")
+        .tempdir_in(base)
+        .map_err(|e| format!("make a directory in {}: {e}", base.display()))?;
+    let mut options = rocksdb::Options::default();
+    options.create_if_missing(true);
+    options.set_compression_type(rocksdb::DBCompressionType::Lz4);
+    options.set_write_buffer_size(WRITE_BUFFER_BYTES);
+    options.set_max_write_buffer_number(2);
+    let mut table = rocksdb::BlockBasedOptions::default();
+    let cache = rocksdb::Cache::new_lru_cache(BLOCK_CACHE_BYTES).map_err(|e| format!("a block cache: {e}"))?;
+    table.set_block_cache(&cache);
+    table.set_bloom_filter(10.0, false);
+    options.set_block_based_table_factory(&table);
+    let db = rocksdb::DB::open(&options, dir.path()).map_err(|e| format!("open {}: {e}", dir.path().display()))?;
+    let mut writes = rocksdb::WriteOptions::default();
+    // Scratch: the checkpoint, not this database, is the state's record.
+    writes.disable_wal(true);
+    tracing::info!(path = %dir.path().display(), "keyed state beyond the memory budget goes to this directory");
+    Ok(Opened { db, dir, writes })
+}
+
+impl SpillStore for RocksStateStore {
+    fn open_table(&self, _name: &str) -> Result<Box<dyn SpillTable>, SpillError> {
+        let opened = self.opened()?;
+        let number = self.next_table.fetch_add(1, Ordering::Relaxed);
+        Ok(Box::new(RocksTable { opened, prefix: number.to_be_bytes() }))
+    }
+}
+
+/// One table: the keys of the database that start with its prefix.
+struct RocksTable {
+    opened: Arc<Opened>,
+    prefix: [u8; 4],
+}
+
+impl RocksTable {
+    fn key(&self, key: &[u8]) -> Vec<u8> {
+        let mut out = Vec::with_capacity(key.len() + self.prefix.len());
+        out.extend_from_slice(&self.prefix);
+        out.extend_from_slice(key);
+        out
+    }
+
+    fn error(&self, op: &str, e: rocksdb::Error) -> SpillError {
+        SpillError { store: self.opened.dir.path().display().to_string(), reason: format!("{op}: {e}") }
+    }
+}
+
+impl SpillTable for RocksTable {
+    fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, SpillError> {
+        self.opened.db.get(self.key(key)).map_err(|e| self.error("get", e))
+    }
+
+    fn write(&mut self, writes: &SpillWrites) -> Result<(), SpillError> {
+        if writes.is_empty() {
+            return Ok(());
+        }
+        let mut batch = rocksdb::WriteBatch::default();
+        for (key, value) in writes.iter() {
+            match value {
+                Some(value) => batch.put(self.key(key), value),
+                None => batch.delete(self.key(key)),
+            }
+        }
+        self.opened.db.write_opt(batch, &self.opened.writes).map_err(|e| self.error("write", e))
+    }
+
+    fn scan(&self, prefix: &[u8], visit: &mut dyn FnMut(&[u8], &[u8]) -> bool) -> Result<(), SpillError> {
+        let from = self.key(prefix);
+        let mode = rocksdb::IteratorMode::From(&from, rocksdb::Direction::Forward);
+        for item in self.opened.db.iterator(mode) {
+            let (key, value) = item.map_err(|e| self.error("scan", e))?;
+            let Some(key) = key.strip_prefix(from.as_slice()).map(|_| &key[self.prefix.len()..]) else { break };
+            if !visit(key, &value) {
+                break;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Drop for RocksTable {
+    fn drop(&mut self) {
+        let next = u32::from_be_bytes(self.prefix).checked_add(1).map(u32::to_be_bytes);
+        let end = next.map_or_else(|| vec![0xff; 5], |n| n.to_vec());
+        let mut batch = rocksdb::WriteBatch::default();
+        batch.delete_range(self.prefix.to_vec(), end);
+        if let Err(e) = self.opened.db.write_opt(batch, &self.opened.writes) {
+            tracing::warn!(error = %e, "a spilled state table was not deleted; its space goes with the directory");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tables_are_separate_ordered_and_gone_when_dropped() {
+        let base = tempfile::tempdir().unwrap();
+        let store = RocksStateStore::new(base.path());
+        let (mut a, mut b) = (store.open_table("a").unwrap(), store.open_table("b").unwrap());
+        let mut writes = SpillWrites::default();
+        writes.put(b"k2".to_vec(), b"2".to_vec());
+        writes.put(b"k1".to_vec(), b"1".to_vec());
+        writes.put(b"z".to_vec(), b"z".to_vec());
+        a.write(&writes).unwrap();
+        let mut other = SpillWrites::default();
+        other.put(b"k0".to_vec(), b"b".to_vec());
+        b.write(&other).unwrap();
+        let mut seen = Vec::new();
+        a.scan(b"k", &mut |key, value| {
+            seen.push((key.to_vec(), value.to_vec()));
+            true
+        })
+        .unwrap();
+        assert_eq!(seen, vec![(b"k1".to_vec(), b"1".to_vec()), (b"k2".to_vec(), b"2".to_vec())]);
+        assert_eq!(b.get(b"k1").unwrap(), None);
+        drop(a);
+        let c = store.open_table("c").unwrap();
+        assert_eq!(c.get(b"k1").unwrap(), None);
+        assert_eq!(b.get(b"k0").unwrap(), Some(b"b".to_vec()));
+        let dir = store.opened().unwrap().dir.path().to_path_buf();
+        assert!(dir.starts_with(base.path()) && dir.exists());
+        drop((b, c, store));
+        assert!(!dir.exists(), "the store's directory goes with it");
+    }
+}
