@@ -18,6 +18,7 @@ use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+use spate_core::CoreError;
 use spate_core::sync::lock;
 use thiserror::Error;
 
@@ -35,9 +36,26 @@ pub trait SpillTable: Send {
     /// Applies `writes` at once, in their order.
     fn write(&mut self, writes: &SpillWrites) -> Result<(), SpillError>;
 
+    /// The values of `keys` (sorted, distinct), in their order: one read
+    /// for a batch's keys, which a store may do faster than one by one.
+    fn get_many(&self, keys: &[Vec<u8>]) -> Result<Vec<Option<Vec<u8>>>, SpillError> {
+        keys.iter().map(|key| self.get(key)).collect()
+    }
+
+    /// Calls `visit` with each entry whose key starts with `prefix` and is
+    /// not before `from`, in key order, while it returns `true`.
+    fn scan_from(
+        &self,
+        prefix: &[u8],
+        from: &[u8],
+        visit: &mut dyn FnMut(&[u8], &[u8]) -> bool,
+    ) -> Result<(), SpillError>;
+
     /// Calls `visit` with each entry whose key starts with `prefix`, in key
     /// order, while it returns `true`.
-    fn scan(&self, prefix: &[u8], visit: &mut dyn FnMut(&[u8], &[u8]) -> bool) -> Result<(), SpillError>;
+    fn scan(&self, prefix: &[u8], visit: &mut dyn FnMut(&[u8], &[u8]) -> bool) -> Result<(), SpillError> {
+        self.scan_from(prefix, prefix, visit)
+    }
 }
 
 /// A spill store or table failed: the store's own words.
@@ -111,6 +129,33 @@ impl StateSpill {
         let safe: String =
             operator.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '_' }).collect();
         self.store.open_table(&format!("{safe}-{n}"))
+    }
+}
+
+/// The spill an operator's partitions use, with the operator's name for
+/// its tables.
+pub(crate) struct SpillPlace {
+    operator: String,
+    spill: StateSpill,
+}
+
+impl SpillPlace {
+    pub(crate) fn new(operator: &str, spill: &StateSpill) -> Self {
+        SpillPlace { operator: operator.to_string(), spill: spill.clone() }
+    }
+
+    pub(crate) fn operator(&self) -> &str {
+        &self.operator
+    }
+
+    /// The bytes one of the operator's `partitions` may keep in memory.
+    pub(crate) fn partition_budget(&self, partitions: usize) -> u64 {
+        self.spill.partition_budget(partitions)
+    }
+
+    /// A new table for one of the operator's partitions.
+    pub(crate) fn open(&self) -> Result<Box<dyn SpillTable>, CoreError> {
+        self.spill.open(&self.operator).map_err(|e| CoreError::Encode { reason: e.to_string() })
     }
 }
 
@@ -196,10 +241,15 @@ impl SpillTable for MemoryTable {
         Ok(())
     }
 
-    fn scan(&self, prefix: &[u8], visit: &mut dyn FnMut(&[u8], &[u8]) -> bool) -> Result<(), SpillError> {
+    fn scan_from(
+        &self,
+        prefix: &[u8],
+        from: &[u8],
+        visit: &mut dyn FnMut(&[u8], &[u8]) -> bool,
+    ) -> Result<(), SpillError> {
         self.operation()?;
         let entries = lock(&self.entries);
-        for (key, value) in entries.range(prefix.to_vec()..) {
+        for (key, value) in entries.range(from.max(prefix).to_vec()..) {
             if !key.starts_with(prefix) || !visit(key, value) {
                 break;
             }

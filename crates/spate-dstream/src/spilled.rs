@@ -1,22 +1,23 @@
 //! One `map_with_state` partition whose keys and states live in a
 //! [`SpillTable`] rather than in memory.
 //!
-//! The table holds three kinds of entry, told apart by their first byte:
+//! The table holds two kinds of entry, told apart by their first byte:
 //!
 //! - `S` + key → the key's state and the last batch time it had data;
-//! - `T` + that time (big-endian, order-preserving) + key → nothing: the
-//!   keys by last time, so the keys timing out are a prefix scan, not a
-//!   pass over every key;
-//! - `C` + key → nothing: the keys changed since the last snapshot, for
-//!   the incremental snapshot.
+//! - `T` + that time (big-endian, order-preserving) + key → the same
+//!   value: the keys by last time. The keys timing out are a prefix of it,
+//!   and the keys changed since a snapshot its suffix (a key's state
+//!   changes only in a batch where it has data, which makes that batch its
+//!   last), so neither is a pass over every key, and the changes are read
+//!   in order rather than looked up one by one.
 //!
 //! Keys and states are in the state codec's encoding (bincode), and a
 //! state entry's value is `(state, time)` encoded: a key's bytes followed
 //! by its value are the encoding of the `(key, state, time)` a snapshot
 //! lists, so a snapshot is written from the table without decoding.
 //!
-//! A batch reads the keys it touches, keeps what it changes in memory
-//! (a [`Pending`] a key) and writes it all at once at its end.
+//! A batch reads the keys it touches in one go, keeps what it changes in
+//! memory (a [`Pending`] a key) and writes it all at once at its end.
 
 use std::collections::HashMap;
 
@@ -28,7 +29,6 @@ use crate::spill::{SpillError, SpillTable, SpillWrites};
 
 const STATE: u8 = b'S';
 const BY_TIME: u8 = b'T';
-const CHANGED: u8 = b'C';
 
 /// Writes go to the table in groups of this many keys, so a partition
 /// moving to its table does not hold a second copy of all its state.
@@ -73,6 +73,20 @@ impl SpilledStates {
         Ok(Pending { before: now.as_ref().map(|(_, last)| *last), now })
     }
 
+    /// [`SpilledStates::pending`] of each of `keys` (sorted, distinct), in
+    /// one read.
+    pub(crate) fn pending_many<S: DeserializeOwned>(&self, keys: &[Vec<u8>]) -> Result<Vec<Pending<S>>, CoreError> {
+        let wanted: Vec<Vec<u8>> = keys.iter().map(|key| prefixed(STATE, key)).collect();
+        let found = self.table.get_many(&wanted).map_err(read_error)?;
+        found
+            .into_iter()
+            .map(|bytes| {
+                let now: Option<(S, Time)> = bytes.map(|bytes| decode(&bytes)).transpose()?;
+                Ok(Pending { before: now.as_ref().map(|(_, last)| *last), now })
+            })
+            .collect()
+    }
+
     /// The keys whose last data is older than `threshold`, oldest first,
     /// with that time.
     pub(crate) fn idle_before(&self, threshold: Time) -> Result<Vec<(Vec<u8>, Time)>, CoreError> {
@@ -94,7 +108,6 @@ impl SpilledStates {
     pub(crate) fn write_pending<S: Serialize>(
         &mut self,
         pending: HashMap<Vec<u8>, Pending<S>>,
-        changed: bool,
     ) -> Result<(), CoreError> {
         let mut writes = SpillWrites::default();
         for (key, entry) in pending {
@@ -104,12 +117,11 @@ impl SpilledStates {
             match (&entry.now, entry.before) {
                 (Some((state, last)), before) => {
                     self.len += u64::from(before.is_none());
-                    self.put(&mut writes, &key, state, *last, changed)?;
+                    put(&mut writes, &key, state, *last)?;
                 }
                 (None, Some(_)) => {
                     self.len = self.len.saturating_sub(1);
                     writes.delete(prefixed(STATE, &key));
-                    writes.delete(prefixed(CHANGED, &key));
                 }
                 (None, None) => {}
             }
@@ -124,33 +136,17 @@ impl SpilledStates {
     /// its table or a snapshot is restored into it.
     pub(crate) fn extend<'a, S: Serialize + 'a>(
         &mut self,
-        entries: impl IntoIterator<Item = (&'a [u8], &'a S, Time, bool)>,
+        entries: impl IntoIterator<Item = (&'a [u8], &'a S, Time)>,
     ) -> Result<(), CoreError> {
         let mut writes = SpillWrites::default();
-        for (key, state, last, changed) in entries {
+        for (key, state, last) in entries {
             self.len += 1;
-            self.put(&mut writes, key, state, last, changed)?;
+            put(&mut writes, key, state, last)?;
             if writes.len() >= WRITE_GROUP {
                 self.table.write(&std::mem::take(&mut writes)).map_err(write_error)?;
             }
         }
         self.table.write(&writes).map_err(write_error)
-    }
-
-    fn put<S: Serialize>(
-        &self,
-        writes: &mut SpillWrites,
-        key: &[u8],
-        state: &S,
-        last: Time,
-        changed: bool,
-    ) -> Result<(), CoreError> {
-        writes.put(prefixed(STATE, key), encode(&(state, last))?);
-        writes.put(time_key(last, key), Vec::new());
-        if changed {
-            writes.put(prefixed(CHANGED, key), Vec::new());
-        }
-        Ok(())
     }
 
     /// Removes the key encoded as `key`, if it has state.
@@ -161,13 +157,17 @@ impl SpilledStates {
         }
         let mut single = HashMap::new();
         single.insert(key.to_vec(), Pending::<()> { before: pending.before, now: None });
-        self.write_pending(single, false)
+        self.write_pending(single)
     }
 
     /// Calls `visit` with each key's encoding and its entry's encoding
-    /// (the state, then the last time), in key order; only the keys
-    /// changed since the last snapshot with `only_changed`.
-    pub(crate) fn for_each_encoded(&self, only_changed: bool, visit: &mut EntryVisitor<'_>) -> Result<(), CoreError> {
+    /// (the state, then the last time): every key, in key order, or with
+    /// `changed_after` only the keys with data after that time.
+    pub(crate) fn for_each_encoded(
+        &self,
+        changed_after: Option<Time>,
+        visit: &mut EntryVisitor<'_>,
+    ) -> Result<(), CoreError> {
         let mut failure = None;
         let mut each = |key: &[u8], value: &[u8]| match visit(key, value) {
             Ok(()) => true,
@@ -176,41 +176,30 @@ impl SpilledStates {
                 false
             }
         };
-        if only_changed {
-            let mut keys = Vec::new();
-            self.table
-                .scan(&[CHANGED], &mut |entry, _| {
-                    keys.push(entry.get(1..).unwrap_or_default().to_vec());
-                    true
-                })
-                .map_err(read_error)?;
-            for key in keys {
-                let value = self.table.get(&prefixed(STATE, &key)).map_err(read_error)?.ok_or_else(|| {
-                    CoreError::Decode { reason: "spilled state: a key marked changed has no state".into() }
-                })?;
-                if !each(&key, &value) {
-                    break;
-                }
+        match changed_after {
+            Some(after) => {
+                let from = time_key(Time::from_millis(after.as_millis().saturating_add(1)), &[]);
+                self.table
+                    .scan_from(&[BY_TIME], &from, &mut |entry, value| {
+                        split_time(entry).is_none_or(|(_, key)| each(key, value))
+                    })
+                    .map_err(read_error)?;
             }
-        } else {
-            self.table
+            None => self
+                .table
                 .scan(&[STATE], &mut |entry, value| each(entry.get(1..).unwrap_or_default(), value))
-                .map_err(read_error)?;
+                .map_err(read_error)?,
         }
         failure.map_or(Ok(()), Err)
     }
+}
 
-    /// Forgets which keys changed: the next changes are relative to now.
-    pub(crate) fn mark_unchanged(&mut self) -> Result<(), CoreError> {
-        let mut writes = SpillWrites::default();
-        self.table
-            .scan(&[CHANGED], &mut |entry, _| {
-                writes.delete(entry.to_vec());
-                true
-            })
-            .map_err(read_error)?;
-        self.table.write(&writes).map_err(write_error)
-    }
+/// Adds the puts that give the key encoded as `key` its state and last time.
+fn put<S: Serialize>(writes: &mut SpillWrites, key: &[u8], state: &S, last: Time) -> Result<(), CoreError> {
+    let value = encode(&(state, last))?;
+    writes.put(time_key(last, key), value.clone());
+    writes.put(prefixed(STATE, key), value);
+    Ok(())
 }
 
 fn prefixed(kind: u8, key: &[u8]) -> Vec<u8> {
@@ -273,27 +262,41 @@ mod tests {
         let mut pending = HashMap::new();
         pending.insert(a.clone(), Pending { before: None, now: Some((1u64, Time::from_millis(-5))) });
         pending.insert(b.clone(), Pending { before: None, now: Some((2u64, Time::from_millis(7))) });
-        part.write_pending(pending, true).unwrap();
+        part.write_pending(pending).unwrap();
         assert_eq!(part.len(), 2);
         let got: Pending<u64> = part.pending(&b).unwrap();
         assert_eq!((got.before, got.now), (Some(Time::from_millis(7)), Some((2, Time::from_millis(7)))));
+        let many: Vec<Pending<u64>> = part.pending_many(&[a.clone(), encode("c").unwrap()]).unwrap();
+        assert_eq!(many.iter().map(|p| p.now).collect::<Vec<_>>(), vec![Some((1, Time::from_millis(-5))), None]);
         assert_eq!(part.idle_before(Time::from_millis(7)).unwrap(), vec![(a.clone(), Time::from_millis(-5))]);
-        let mut changed = 0;
-        part.for_each_encoded(true, &mut |_, _| {
-            changed += 1;
+        let mut changed = Vec::new();
+        part.for_each_encoded(Some(Time::from_millis(-5)), &mut |key, _| {
+            changed.push(key.to_vec());
             Ok(())
         })
         .unwrap();
-        assert_eq!(changed, 2);
-        part.mark_unchanged().unwrap();
-        part.for_each_encoded(true, &mut |_, _| {
-            changed += 1;
-            Ok(())
-        })
-        .unwrap();
-        assert_eq!(changed, 2, "nothing is marked changed after a snapshot");
+        assert_eq!(changed, vec![b.clone()], "only b had data after -5");
         part.remove::<u64>(&a).unwrap();
         assert_eq!(part.len(), 1);
         assert!(part.idle_before(Time::from_millis(100)).unwrap().iter().all(|(key, _)| *key == b));
+    }
+
+    #[test]
+    fn the_changed_keys_are_those_with_data_after_the_given_time() {
+        let mut part = spilled();
+        let mut pending = HashMap::new();
+        for n in 0..10u32 {
+            let now = Some((n, Time::from_millis(i64::from(n % 4))));
+            pending.insert(encode(&n).unwrap(), Pending { before: None, now });
+        }
+        part.write_pending(pending).unwrap();
+        let mut changed = Vec::new();
+        part.for_each_encoded(Some(Time::from_millis(0)), &mut |key, _| {
+            changed.push(decode::<u32>(key)?);
+            Ok(())
+        })
+        .unwrap();
+        changed.sort_unstable();
+        assert_eq!(changed, vec![1, 2, 3, 5, 6, 7, 9], "the keys with data after time 0");
     }
 }

@@ -15,7 +15,7 @@ use crate::hash::{KeyHashMap, partition_of};
 use crate::keyed::KeyTable;
 use crate::node::{Node, NodeMeta, Slot, StateMeta, StatefulNode, StepCtx, state_codec};
 use crate::pair::{combine_partitioned, partition_records};
-use crate::spill::StateSpill;
+use crate::spill::{SpillPlace, StateSpill};
 use crate::spilled::{self, Pending, SpilledStates};
 use crate::stream::DStream;
 
@@ -300,6 +300,19 @@ struct MapWithStateNode<K, V, S, M, F> {
     removed: Vec<K>,
     /// Where partitions go beyond their share of the state budget.
     spill: Option<SpillPlace>,
+    /// The time of the last batch stepped.
+    stepped: Option<Time>,
+    /// The time of the last batch before the last snapshot (`None` before
+    /// the first snapshot since the state was made or restored).
+    last_snapshot: Option<Time>,
+}
+
+/// Which keys a snapshot of what changed lists.
+#[derive(Clone, Copy)]
+struct Changes {
+    /// The batch time of the last snapshot: spilled partitions list the
+    /// keys with data after it (every key when unknown).
+    after: Option<Time>,
 }
 
 /// One key's state in [`MapWithStateNode`].
@@ -325,19 +338,6 @@ impl<K, S> Default for MapPart<K, S> {
     }
 }
 
-/// The spill an operator's partitions use, and the operator's name for
-/// its tables.
-struct SpillPlace {
-    operator: String,
-    spill: StateSpill,
-}
-
-impl SpillPlace {
-    fn open(&self) -> Result<Box<dyn crate::spill::SpillTable>, CoreError> {
-        self.spill.open(&self.operator).map_err(|e| CoreError::Encode { reason: e.to_string() })
-    }
-}
-
 impl<K: Key, S: Data> MapPart<K, S> {
     fn len(&self) -> u64 {
         match self {
@@ -351,23 +351,24 @@ impl<K: Key, S: Data> MapPart<K, S> {
     fn spill_if_over(&mut self, spill: Option<&SpillPlace>, partitions: usize) -> Result<(), CoreError> {
         let Some(place) = spill else { return Ok(()) };
         let MapPart::Memory(states) = self else { return Ok(()) };
-        if states.memory_bytes() as u64 <= place.spill.partition_budget(partitions) {
+        if states.memory_bytes() as u64 <= place.partition_budget(partitions) {
             return Ok(());
         }
         let mut spilled = SpilledStates::new(place.open()?);
         let entries = states.keys.iter_encoded().filter_map(|(id, key)| {
             let entry = states.state(id)?;
-            Some((key, &entry.state, entry.last, entry.changed))
+            Some((key, &entry.state, entry.last))
         });
         spilled.extend(entries)?;
-        tracing::info!(operator = %place.operator, keys = spilled.len(), "map_with_state partition moved its state to disk");
+        tracing::info!(operator = %place.operator(), keys = spilled.len(), "map_with_state partition moved its state to disk");
         *self = MapPart::Spilled(spilled);
         Ok(())
     }
 
     /// Appends each key's `(key, state, last)` encoding (only the changed
-    /// keys' with `only_changed`) and returns how many.
-    fn write_entries(&self, only_changed: bool, out: &mut Vec<u8>) -> Result<u64, CoreError> {
+    /// keys' with `changes`) and returns how many.
+    fn write_entries(&self, changes: Option<Changes>, out: &mut Vec<u8>) -> Result<u64, CoreError> {
+        let only_changed = changes.is_some();
         let mut written = 0;
         match self {
             MapPart::Memory(states) => {
@@ -378,12 +379,15 @@ impl<K: Key, S: Data> MapPart<K, S> {
                     written += 1;
                 }
             }
-            MapPart::Spilled(spilled) => spilled.for_each_encoded(only_changed, &mut |key, value| {
-                out.extend_from_slice(key);
-                out.extend_from_slice(value);
-                written += 1;
-                Ok(())
-            })?,
+            // A spilled partition's changed keys are those with data after the last snapshot.
+            MapPart::Spilled(spilled) => {
+                spilled.for_each_encoded(changes.and_then(|c| c.after), &mut |key, value| {
+                    out.extend_from_slice(key);
+                    out.extend_from_slice(value);
+                    written += 1;
+                    Ok(())
+                })?
+            }
         }
         Ok(written)
     }
@@ -391,7 +395,7 @@ impl<K: Key, S: Data> MapPart<K, S> {
     /// Every key with its state and last time, decoded.
     fn decoded(&self) -> Result<Vec<(K, S, Time)>, CoreError> {
         let mut bytes = Vec::new();
-        let count = self.write_entries(false, &mut bytes)?;
+        let count = self.write_entries(None, &mut bytes)?;
         let mut reader = PayloadReader::new(&bytes);
         (0..count).map(|_| next_entry(&mut reader)).collect()
     }
@@ -405,7 +409,7 @@ impl<K: Key, S: Data> MapPart<K, S> {
                 let mut pending = HashMap::new();
                 let before = spilled.pending::<S>(&encoded)?.before;
                 pending.insert(encoded, Pending { before, now: Some((entry.state, entry.last)) });
-                spilled.write_pending(pending, entry.changed)
+                spilled.write_pending(pending)
             }
         }
     }
@@ -421,14 +425,11 @@ impl<K: Key, S: Data> MapPart<K, S> {
         }
     }
 
-    /// Forgets what changed: the next changes are relative to now.
-    fn mark_unchanged(&mut self) -> Result<(), CoreError> {
-        match self {
-            MapPart::Memory(states) => {
-                states.states_mut().for_each(|entry| entry.changed = false);
-                Ok(())
-            }
-            MapPart::Spilled(spilled) => spilled.mark_unchanged(),
+    /// Forgets what changed: the next changes are relative to now (a
+    /// spilled partition's are relative to the node's last snapshot time).
+    fn mark_unchanged(&mut self) {
+        if let MapPart::Memory(states) = self {
+            states.states_mut().for_each(|entry| entry.changed = false);
         }
     }
 }
@@ -451,6 +452,7 @@ where
 {
     fn step(&mut self, ctx: &StepCtx<'_>) -> Result<Option<Job>, DStreamError> {
         self.respread(ctx.partitions).map_err(|e| ctx.state_error(&e))?;
+        self.stepped = Some(ctx.time);
         let Some(batch) = ctx.take_owned(&self.input)? else {
             self.output.put(ctx.time, None);
             self.snapshots.put(ctx.time, None);
@@ -497,7 +499,10 @@ impl<K: Key, V, S: Data, M, F> MapWithStateNode<K, V, S, M, F> {
         for part in &self.parts {
             entries.extend(part.decoded()?);
         }
-        self.spread(entries.into_iter().map(Ok), partitions)
+        // Which keys changed since the last snapshot is not carried over:
+        // the next changes list every key.
+        self.last_snapshot = None;
+        self.spread(entries.into_iter().map(Ok), partitions, true)
     }
 
     /// Replaces the partitions with `entries` spread over `partitions`,
@@ -506,12 +511,13 @@ impl<K: Key, V, S: Data, M, F> MapWithStateNode<K, V, S, M, F> {
         &mut self,
         entries: impl Iterator<Item = Result<(K, S, Time), CoreError>>,
         partitions: usize,
+        changed: bool,
     ) -> Result<(), CoreError> {
         self.parts = (0..partitions).map(|_| MapPart::default()).collect();
         for entry in entries {
             let (key, state, last) = entry?;
             if let Some(part) = self.parts.get_mut(partition_of(&key, partitions)) {
-                part.insert(&key, Entry { state, last, changed: false })?;
+                part.insert(&key, Entry { state, last, changed })?;
                 part.spill_if_over(self.spill.as_ref(), partitions)?;
             }
         }
@@ -519,29 +525,30 @@ impl<K: Key, V, S: Data, M, F> MapWithStateNode<K, V, S, M, F> {
     }
 
     /// Appends the list of every key's `(key, state, last)` (only the
-    /// changed ones with `only_changed`), as bincode writes a `Vec` of them.
-    fn write_list(&self, only_changed: bool, out: &mut Vec<u8>) -> Result<(), CoreError> {
-        if only_changed {
+    /// changed ones with `changes`), as bincode writes a `Vec` of them.
+    fn write_list(&self, changes: Option<Changes>, out: &mut Vec<u8>) -> Result<(), CoreError> {
+        if changes.is_some() {
             let mut entries = Vec::new();
             let mut count = 0;
             for part in &self.parts {
-                count += part.write_entries(true, &mut entries)?;
+                count += part.write_entries(changes, &mut entries)?;
             }
             write_varint(count, out);
             out.extend_from_slice(&entries);
         } else {
             write_varint(self.parts.iter().map(MapPart::len).sum(), out);
             for part in &self.parts {
-                part.write_entries(false, out)?;
+                part.write_entries(None, out)?;
             }
         }
         Ok(())
     }
 
     /// Forgets what changed: the next changes are relative to now.
-    fn mark_unchanged(&mut self) -> Result<(), CoreError> {
+    fn mark_unchanged(&mut self) {
         self.removed.clear();
-        self.parts.iter_mut().try_for_each(MapPart::mark_unchanged)
+        self.parts.iter_mut().for_each(MapPart::mark_unchanged);
+        self.last_snapshot = self.stepped;
     }
 }
 
@@ -630,16 +637,16 @@ impl<F> MapStep<'_, F> {
         F: Fn(&K, Option<V>, &mut State<S>) -> M,
     {
         let (mut mapped, mut removed) = (Vec::with_capacity(records.len()), Vec::new());
-        let mut touched: HashMap<Vec<u8>, Pending<S>> = HashMap::new();
-        for (key, value) in records {
-            let encoded = spilled::encode(&key)?;
-            let pending = match touched.entry(encoded) {
-                std::collections::hash_map::Entry::Occupied(slot) => slot.into_mut(),
-                std::collections::hash_map::Entry::Vacant(slot) => {
-                    let pending = part.pending(slot.key())?;
-                    slot.insert(pending)
-                }
-            };
+        let encoded: Vec<Vec<u8>> = records.iter().map(|(key, _)| spilled::encode(key)).collect::<Result<_, _>>()?;
+        let mut distinct: Vec<Vec<u8>> = encoded.clone();
+        distinct.sort_unstable();
+        distinct.dedup();
+        let found = part.pending_many::<S>(&distinct)?;
+        let mut touched: HashMap<Vec<u8>, Pending<S>> = distinct.into_iter().zip(found).collect();
+        for ((key, value), encoded) in records.into_iter().zip(&encoded) {
+            let pending = touched
+                .get_mut(encoded)
+                .ok_or_else(|| CoreError::Decode { reason: "spilled state: a key of the batch was not read".into() })?;
             let old = pending.now.take();
             let existed = old.is_some();
             let mut state = State::new(old.map(|(state, _)| state), false);
@@ -664,7 +671,7 @@ impl<F> MapStep<'_, F> {
                 removed.push(key);
             }
         }
-        part.write_pending(touched, true)?;
+        part.write_pending(touched)?;
         Ok((mapped, removed))
     }
 }
@@ -686,8 +693,8 @@ where
     /// partition's encoded keys (in memory or spilled) without decoding.
     fn snapshot(&mut self) -> Result<Vec<u8>, CoreError> {
         let mut bytes = Vec::new();
-        state_codec().encode_with(&mut bytes, |out| self.write_list(false, out))?;
-        self.mark_unchanged()?;
+        state_codec().encode_with(&mut bytes, |out| self.write_list(None, out))?;
+        self.mark_unchanged();
         Ok(bytes)
     }
 
@@ -701,9 +708,12 @@ where
                 bincode::config::standard(),
             )
             .map_err(|e| CoreError::Encode { reason: format!("removed keys: {e}") })?;
-            self.write_list(true, out)
+            self.write_list(Some(Changes { after: self.last_snapshot }), out)
         });
-        Some(written.and_then(|()| self.mark_unchanged()).map(|()| bytes))
+        Some(written.map(|()| {
+            self.mark_unchanged();
+            bytes
+        }))
     }
 
     fn restore(&mut self, bytes: &[u8], partitions: usize) -> Result<(), CoreError> {
@@ -714,7 +724,8 @@ where
         // tables as it is read rather than being decoded whole first.
         let entries = (0..count).map(|_| next_entry(&mut reader));
         self.removed.clear();
-        self.spread(entries, partitions)?;
+        (self.stepped, self.last_snapshot) = (None, None);
+        self.spread(entries, partitions, false)?;
         reader.finish()
     }
 
@@ -736,7 +747,7 @@ where
     }
 
     fn use_spill(&mut self, operator: &str, spill: &StateSpill) {
-        self.spill = Some(SpillPlace { operator: operator.to_string(), spill: spill.clone() });
+        self.spill = Some(SpillPlace::new(operator, spill));
     }
 }
 
@@ -818,6 +829,8 @@ impl<K: Key, V: Data> DStream<(K, V)> {
                 parts: Vec::new(),
                 removed: Vec::new(),
                 spill: None,
+                stepped: None,
+                last_snapshot: None,
             })
         });
         MapWithStateStream { mapped, snapshots }

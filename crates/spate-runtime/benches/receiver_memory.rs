@@ -53,10 +53,14 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
+mod common;
+
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::Arc;
-use std::time::{Duration as StdDuration, Instant};
+use std::time::Duration as StdDuration;
+
+use common::{Committed, committed_records, figure, processing_ms, sample_memory};
 
 use async_trait::async_trait;
 use spate_core::{BatchId, Duration};
@@ -107,7 +111,6 @@ const CHILD_ENV: &str = "SPATE_BENCH_RECEIVER_MEMORY_CHILD";
 /// Batches of the first seconds start the receiver and let backpressure
 /// find its rate: not counted in the rate.
 const WARM_UP_BATCHES: usize = 5;
-const SAMPLE_EVERY: StdDuration = StdDuration::from_millis(250);
 /// The run length of the short check: until the batches a figure counts
 /// hold words, rather than a number of seconds a loaded machine may need
 /// more than.
@@ -192,10 +195,6 @@ fn bench_shape(shape: Shape) {
     figure(&format!("{name}_rss_median"), run.median_mb, "MB", TARGET_RSS_MB);
 }
 
-fn figure(name: &str, value: f64, unit: &str, bound: f64) {
-    println!("BENCH {name} {value:.1} {unit} bound={bound:.0} ratio={:.3}", value / bound);
-}
-
 /// What one run measured.
 struct Run {
     peak_mb: f64,
@@ -225,42 +224,23 @@ fn measure(seconds: u64, shape: Shape) -> Run {
         .stderr(Stdio::piped())
         .spawn()
         .expect("start the job's process");
-    let (samples, cpu_seconds) = sample_memory(&mut child);
+    let memory = sample_memory(&mut child);
     let output = child.wait_with_output().unwrap();
     assert!(output.status.success(), "the job failed: {}", String::from_utf8_lossy(&output.stderr));
     let batches = committed_records(&checkpoint);
     let steady = steady(&batches);
     let committed: u64 = steady.iter().map(|b| b.records).sum();
-    let mut processing: Vec<u64> = steady.iter().map(|b| b.processing_ms).collect();
-    processing.sort_unstable();
-    let percentile = |p: f64| {
-        processing
-            .get(((processing.len() as f64 * p) as usize).min(processing.len().saturating_sub(1)))
-            .copied()
-            .unwrap_or(0) as f64
-    };
-    let (mut rss, mut peak, mut timeline) = (Vec::new(), 0.0f64, Vec::new());
-    for &(at, sampled_rss, hwm) in &samples {
-        peak = peak.max(hwm);
-        // The first second is the process starting, not the job.
-        if at > 1.0 {
-            rss.push(sampled_rss);
-        }
-        if timeline.last().is_none_or(|(last, _)| at - last >= 2.0) {
-            timeline.push((at, sampled_rss));
-        }
-    }
-    rss.sort_by(f64::total_cmp);
+    let (processing_ms_mean, processing_ms_median, processing_ms_p90) = processing_ms(steady);
     Run {
-        peak_mb: peak,
-        median_mb: rss.get(rss.len() / 2).copied().unwrap_or(0.0),
+        peak_mb: memory.peak_mb,
+        median_mb: memory.median_mb,
         records_per_sec: if steady.is_empty() { 0.0 } else { committed as f64 / steady.len() as f64 },
-        records_per_cpu_sec: batches.iter().map(|b| b.records).sum::<u64>() as f64 / cpu_seconds.max(0.01),
+        records_per_cpu_sec: batches.iter().map(|b| b.records).sum::<u64>() as f64 / memory.cpu_seconds.max(0.01),
         committed,
-        processing_ms_mean: processing.iter().sum::<u64>() as f64 / processing.len().max(1) as f64,
-        processing_ms_median: percentile(0.5),
-        processing_ms_p90: percentile(0.9),
-        timeline,
+        processing_ms_mean,
+        processing_ms_median,
+        processing_ms_p90,
+        timeline: memory.timeline,
     }
 }
 
@@ -270,73 +250,6 @@ fn steady(batches: &[Committed]) -> &[Committed] {
     let measured = batches.len().saturating_sub(1);
     let warm_up = WARM_UP_BATCHES.min(measured.saturating_sub(1));
     &batches[warm_up..measured]
-}
-
-/// Samples the child's memory until it exits: (seconds since start, VmRSS
-/// MB, VmHWM MB) a sample, and the CPU seconds it had used at the last.
-fn sample_memory(child: &mut Child) -> (Vec<(f64, f64, f64)>, f64) {
-    let (status, stat) = (format!("/proc/{}/status", child.id()), format!("/proc/{}/stat", child.id()));
-    let started = Instant::now();
-    let (mut samples, mut cpu_seconds) = (Vec::new(), 0.0);
-    while child.try_wait().unwrap().is_none() {
-        if let Ok(text) = std::fs::read_to_string(&status) {
-            samples.push((started.elapsed().as_secs_f64(), field_mb(&text, "VmRSS:"), field_mb(&text, "VmHWM:")));
-        }
-        if let Ok(text) = std::fs::read_to_string(&stat) {
-            cpu_seconds = cpu_seconds_of(&text).max(cpu_seconds);
-        }
-        std::thread::sleep(SAMPLE_EVERY);
-    }
-    (samples, cpu_seconds)
-}
-
-/// User and system CPU seconds of a `/proc/<pid>/stat` line.
-fn cpu_seconds_of(stat: &str) -> f64 {
-    // Fields after the command name (which is in parentheses and may hold spaces).
-    let fields: Vec<&str> =
-        stat.rsplit_once(')').map(|(_, rest)| rest.split_whitespace().collect()).unwrap_or_default();
-    let ticks = |i: usize| fields.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
-    // utime and stime are fields 14 and 15 of the line, 12 and 13 after the name; 100 ticks a second.
-    (ticks(11) + ticks(12)) / 100.0
-}
-
-fn field_mb(status: &str, field: &str) -> f64 {
-    let kib: f64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix(field))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0.0);
-    kib / 1024.0
-}
-
-/// What the progress file says of one committed batch.
-#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-struct Committed {
-    batch: u64,
-    records: u64,
-    processing_ms: u64,
-}
-
-/// Each committed batch, in batch order, from the progress files (a line
-/// still being written is left out).
-fn committed_records(checkpoint: &Path) -> Vec<Committed> {
-    let mut batches = Vec::new();
-    let Ok(entries) = std::fs::read_dir(checkpoint.join("progress")) else { return Vec::new() };
-    for entry in entries {
-        let text = std::fs::read_to_string(entry.unwrap().path()).unwrap_or_default();
-        for line in text.lines().filter(|l| !l.trim().is_empty()) {
-            let Ok(value) = serde_json::from_str::<serde_json::Value>(line) else { continue };
-            let field = |name: &str| value[name].as_u64().unwrap_or(0);
-            batches.push(Committed {
-                batch: field("batch_id"),
-                records: field("input_records"),
-                processing_ms: field("processing_time_ms"),
-            });
-        }
-    }
-    batches.sort_unstable();
-    batches
 }
 
 /// The user's receiver: uniformly drawn words, stored as owned `String`s.

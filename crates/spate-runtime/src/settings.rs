@@ -78,11 +78,15 @@ pub struct StreamingSettings {
     /// or `repartition` right after the input; or it has two readers) is
     /// not slowed: its blocks beyond the budget spill, encoded, to a
     /// RocksDB store in [`StreamingSettings::spill_dir`] until their batch
-    /// reads them.
+    /// reads them. Each keyed operator keeps up to a quarter of it of
+    /// state in memory; `map_with_state` partitions beyond that move to a
+    /// RocksDB store there too.
     pub max_memory_bytes: u64,
     /// Where received blocks beyond the memory budget spill (a folder of
     /// the process's own is made in it for each input, and removed when
-    /// the input stops); `None`: the system's temporary folder.
+    /// the input stops), and `map_with_state` state beyond its share of the
+    /// budget (one `spate-state-*` folder, removed with the context);
+    /// `None`: the system's temporary folder.
     pub spill_dir: Option<PathBuf>,
     /// Bytes the spilled blocks of every input may take on disk together.
     /// When the spill areas are full, a receiver waits until a batch has

@@ -24,6 +24,8 @@ pub(crate) const STATE_SHARE_OF_MEMORY: u64 = 4;
 
 /// RocksDB's write buffer: what a table's recent writes take in memory.
 const WRITE_BUFFER_BYTES: usize = 16 << 20;
+/// Keys read at once by [`RocksTable::get_many`].
+const READ_GROUP: usize = 256;
 /// RocksDB's block cache: the keys a batch reads again.
 const BLOCK_CACHE_BYTES: usize = 16 << 20;
 
@@ -67,15 +69,22 @@ fn open(base: &Path) -> Result<Opened, String> {
         .map_err(|e| format!("make a directory in {}: {e}", base.display()))?;
     let mut options = rocksdb::Options::default();
     options.create_if_missing(true);
-    options.set_compression_type(rocksdb::DBCompressionType::Lz4);
+    // Scratch on a local disk: reads that skip decompression are worth more than the space.
+    options.set_compression_type(rocksdb::DBCompressionType::None);
     options.set_write_buffer_size(WRITE_BUFFER_BYTES);
     options.set_max_write_buffer_number(2);
     let mut table = rocksdb::BlockBasedOptions::default();
     let cache = rocksdb::Cache::new_lru_cache(BLOCK_CACHE_BYTES).map_err(|e| format!("a block cache: {e}"))?;
     table.set_block_cache(&cache);
     table.set_bloom_filter(10.0, false);
+    // Index and filter blocks in the cache too, so they count against it
+    // rather than growing with the data.
+    table.set_cache_index_and_filter_blocks(true);
+    table.set_pin_l0_filter_and_index_blocks_in_cache(true);
     options.set_block_based_table_factory(&table);
-    let db = rocksdb::DB::open(&options, dir.path()).map_err(|e| format!("open {}: {e}", dir.path().display()))?;
+    // Opened by name so that `cf_handle` (which batched reads take) finds it.
+    let db = rocksdb::DB::open_cf(&options, dir.path(), [rocksdb::DEFAULT_COLUMN_FAMILY_NAME])
+        .map_err(|e| format!("open {}: {e}", dir.path().display()))?;
     let mut writes = rocksdb::WriteOptions::default();
     // Scratch: the checkpoint, not this database, is the state's record.
     writes.disable_wal(true);
@@ -115,12 +124,34 @@ impl SpillTable for RocksTable {
         self.opened.db.get(self.key(key)).map_err(|e| self.error("get", e))
     }
 
+    fn get_many(&self, keys: &[Vec<u8>]) -> Result<Vec<Option<Vec<u8>>>, SpillError> {
+        let default = self.opened.db.cf_handle(rocksdb::DEFAULT_COLUMN_FAMILY_NAME).ok_or_else(|| SpillError {
+            store: self.opened.dir.path().display().to_string(),
+            reason: "no default column family".into(),
+        })?;
+        let mut values = Vec::with_capacity(keys.len());
+        // In groups: each value found pins its block in the cache until
+        // copied out, so a whole batch's at once would pin most of the data.
+        for group in keys.chunks(READ_GROUP) {
+            let wanted: Vec<Vec<u8>> = group.iter().map(|key| self.key(key)).collect();
+            for value in self.opened.db.batched_multi_get_cf(default, &wanted, true) {
+                values.push(value.map_err(|e| self.error("get", e))?.map(|v| v.to_vec()));
+            }
+        }
+        Ok(values)
+    }
+
     fn write(&mut self, writes: &SpillWrites) -> Result<(), SpillError> {
         if writes.is_empty() {
             return Ok(());
         }
+        // In key order (stable: writes to one key keep theirs): the memtable
+        // then inserts each next to the one before instead of searching for
+        // its place from the top.
+        let mut sorted: Vec<(&[u8], Option<&[u8]>)> = writes.iter().collect();
+        sorted.sort_by(|a, b| a.0.cmp(b.0));
         let mut batch = rocksdb::WriteBatch::default();
-        for (key, value) in writes.iter() {
+        for (key, value) in sorted {
             match value {
                 Some(value) => batch.put(self.key(key), value),
                 None => batch.delete(self.key(key)),
@@ -129,12 +160,17 @@ impl SpillTable for RocksTable {
         self.opened.db.write_opt(batch, &self.opened.writes).map_err(|e| self.error("write", e))
     }
 
-    fn scan(&self, prefix: &[u8], visit: &mut dyn FnMut(&[u8], &[u8]) -> bool) -> Result<(), SpillError> {
-        let from = self.key(prefix);
+    fn scan_from(
+        &self,
+        prefix: &[u8],
+        from: &[u8],
+        visit: &mut dyn FnMut(&[u8], &[u8]) -> bool,
+    ) -> Result<(), SpillError> {
+        let (prefix, from) = (self.key(prefix), self.key(from.max(prefix)));
         let mode = rocksdb::IteratorMode::From(&from, rocksdb::Direction::Forward);
         for item in self.opened.db.iterator(mode) {
             let (key, value) = item.map_err(|e| self.error("scan", e))?;
-            let Some(key) = key.strip_prefix(from.as_slice()).map(|_| &key[self.prefix.len()..]) else { break };
+            let Some(key) = key.strip_prefix(prefix.as_slice()).map(|_| &key[self.prefix.len()..]) else { break };
             if !visit(key, &value) {
                 break;
             }
@@ -180,6 +216,15 @@ mod tests {
         .unwrap();
         assert_eq!(seen, vec![(b"k1".to_vec(), b"1".to_vec()), (b"k2".to_vec(), b"2".to_vec())]);
         assert_eq!(b.get(b"k1").unwrap(), None);
+        let many = a.get_many(&[b"k1".to_vec(), b"k3".to_vec(), b"z".to_vec()]).unwrap();
+        assert_eq!(many, vec![Some(b"1".to_vec()), None, Some(b"z".to_vec())]);
+        let mut after = Vec::new();
+        a.scan_from(b"k", b"k2", &mut |key, _| {
+            after.push(key.to_vec());
+            true
+        })
+        .unwrap();
+        assert_eq!(after, vec![b"k2".to_vec()]);
         drop(a);
         let c = store.open_table("c").unwrap();
         assert_eq!(c.get(b"k1").unwrap(), None);
