@@ -120,6 +120,7 @@ mod pair;
 mod pane_window;
 mod pool;
 mod processing_time;
+mod retained;
 mod runs;
 mod side_input;
 mod source;
