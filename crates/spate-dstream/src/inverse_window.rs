@@ -17,7 +17,6 @@
 //! and the slices that entered since. Both are per partition, in ids; a
 //! restore onto another partition count re-keys once the chain is read.
 
-use std::borrow::Cow;
 use std::collections::VecDeque;
 use std::sync::Arc;
 
@@ -31,8 +30,6 @@ use crate::hash::{KeyHashMap, partition_of};
 use crate::keyed::{ByteString, EncodedSlice, KeyTable, OwnedByteString};
 use crate::node::{Node, Slot, StatefulNode, StepCtx};
 use crate::pair::{KeyedCombine, combines_on_arrival};
-use crate::retained::RetainedSlices;
-use crate::spill::{SpillPlace, StateSpill};
 
 /// Version 1 kept `(key, value)` pairs; version 2 is the compact form.
 const INVERSE_WINDOW_STATE_VERSION: u16 = 2;
@@ -83,7 +80,7 @@ struct Part<K, V> {
     /// How many retained slices name each id.
     refs: Vec<u32>,
     /// One slice per retained batch, oldest first.
-    retained: RetainedSlices,
+    retained: VecDeque<EncodedSlice>,
     /// Ids whose key changed (given or freed) since the last snapshot.
     keys_changed: IdSet,
     /// Ids whose value changed since the last snapshot.
@@ -98,7 +95,7 @@ impl<K, V> Default for Part<K, V> {
             keys: KeyTable::default(),
             current: Vec::new(),
             refs: Vec::new(),
-            retained: RetainedSlices::default(),
+            retained: VecDeque::new(),
             keys_changed: IdSet::default(),
             values_changed: IdSet::default(),
             fresh: 0,
@@ -148,7 +145,7 @@ impl<K: Key, V: Data> Part<K, V> {
         P: Fn(&K, &V) -> bool,
     {
         for index in 0..plan.leaving {
-            let Some(old) = self.retained.pop_front()? else { break };
+            let Some(old) = self.retained.pop_front() else { break };
             let subtract = index < plan.leaving_added;
             let (current, refs, changed) = (&mut self.current, &mut self.refs, &mut self.values_changed);
             old.for_each(|id, value: V| {
@@ -163,7 +160,7 @@ impl<K: Key, V: Data> Part<K, V> {
             })?;
         }
         self.fresh = self.fresh.min(self.retained.len());
-        for entering in self.retained.from(plan.first_entering)? {
+        for entering in self.retained.iter().skip(plan.first_entering) {
             let (current, changed) = (&mut self.current, &mut self.values_changed);
             entering.for_each(|id, value: V| {
                 if let Some(slot) = current.get_mut(id as usize) {
@@ -217,7 +214,7 @@ impl<K: Key, V: Data> Part<K, V> {
             }
         }
         let mut retained = Vec::with_capacity(self.retained.len());
-        for slice in self.retained.from(0)? {
+        for slice in &self.retained {
             let mut ids = Vec::with_capacity(slice.len());
             slice.for_each(|id, value: V| ids.push((id, value)))?;
             let mut entries = Vec::with_capacity(ids.len());
@@ -231,22 +228,12 @@ impl<K: Key, V: Data> Part<K, V> {
         Ok((current, retained))
     }
 
-    /// Moves the oldest retained slices to the spill when the partition
-    /// takes more than `budget` bytes: the keys and values stay.
-    fn spill_if_over(&mut self, place: &SpillPlace, budget: u64) -> Result<(), CoreError> {
-        let fixed = self.keys.memory_bytes()
-            + self.current.capacity() * std::mem::size_of::<Option<V>>()
-            + self.refs.capacity() * std::mem::size_of::<u32>();
-        let for_slices = usize::try_from(budget).unwrap_or(usize::MAX).saturating_sub(fixed);
-        self.retained.spill_beyond(for_slices, || place.open())
-    }
-
     /// Recounts the slices naming each id (after a restore).
     fn recount(&mut self) -> Result<(), CoreError> {
         self.grow();
         self.refs.iter_mut().for_each(|count| *count = 0);
         let refs = &mut self.refs;
-        for slice in self.retained.from(0)? {
+        for slice in &self.retained {
             slice.for_each(|id, _: V| {
                 if let Some(count) = refs.get_mut(id as usize) {
                     *count += 1;
@@ -268,7 +255,7 @@ impl<K: Key, V: Data> Part<K, V> {
         self.values_changed.take();
         self.fresh = 0;
         let keys = self.keys.iter_encoded().map(|(id, key)| (id, ByteString(key))).collect();
-        Ok(PartWhole { keys, current, retained: self.retained.from(0)? })
+        Ok(PartWhole { keys, current, retained: self.retained.iter().collect() })
     }
 
     fn changes(&mut self) -> Result<PartChanges<'_>, CoreError> {
@@ -280,7 +267,7 @@ impl<K: Key, V: Data> Part<K, V> {
             .map(|id| (id, self.current.get(id as usize).and_then(Option::as_ref)))
             .collect();
         let values = EncodedSlice::encode(&mut values)?;
-        let fresh = self.retained.from(self.retained.len() - self.fresh.min(self.retained.len()))?;
+        let fresh = self.retained.iter().skip(self.retained.len() - self.fresh.min(self.retained.len())).collect();
         self.fresh = 0;
         Ok(PartChanges { keys, values, fresh })
     }
@@ -324,9 +311,9 @@ impl<K: Key, V: Data> Part<K, V> {
         })?;
         let kept = slices.saturating_sub(changes.fresh.len());
         while self.retained.len() > kept {
-            self.retained.pop_front()?;
+            self.retained.pop_front();
         }
-        changes.fresh.into_iter().for_each(|slice| self.retained.push_back(slice));
+        self.retained.extend(changes.fresh);
         self.recount()
     }
 }
@@ -336,7 +323,7 @@ impl<K: Key, V: Data> Part<K, V> {
 struct PartWhole<'a> {
     keys: Vec<(u32, ByteString<'a>)>,
     current: EncodedSlice,
-    retained: Vec<Cow<'a, EncodedSlice>>,
+    retained: Vec<&'a EncodedSlice>,
 }
 
 #[derive(Deserialize)]
@@ -353,7 +340,7 @@ struct PartChanges<'a> {
     /// Changed ids with their value now, as `Option<V>`.
     values: EncodedSlice,
     /// The slices that entered, oldest first.
-    fresh: Vec<Cow<'a, EncodedSlice>>,
+    fresh: Vec<&'a EncodedSlice>,
 }
 
 #[derive(Deserialize)]
@@ -431,8 +418,6 @@ pub(crate) struct InverseWindowNode<K, V, R, I, P> {
     parts: Vec<Part<K, V>>,
     /// The ids changed: the next snapshot must be whole.
     needs_whole: bool,
-    /// Where the oldest slices go beyond the partitions' share of the budget.
-    spill: Option<SpillPlace>,
 }
 
 impl<K, V, R, I, P> InverseWindowNode<K, V, R, I, P>
@@ -460,7 +445,6 @@ where
             times: VecDeque::new(),
             parts: Vec::new(),
             needs_whole: false,
-            spill: None,
         }
     }
 
@@ -480,12 +464,6 @@ where
             result.map_err(|e| ctx.state_error(&e))?;
         }
         self.times.push_back(ctx.time);
-        if let Some(place) = &self.spill {
-            let budget = place.partition_budget(ctx.partitions);
-            for part in &mut self.parts {
-                part.spill_if_over(place, budget).map_err(|e| ctx.state_error(&e))?;
-            }
-        }
         Ok(())
     }
 
@@ -616,10 +594,6 @@ where
         let bytes = codec().encode(&Snapshot { window_end: self.window_end, times: self.times.clone(), parts })?;
         self.needs_whole = false;
         Ok(bytes)
-    }
-
-    fn use_spill(&mut self, operator: &str, spill: &StateSpill) {
-        self.spill = Some(SpillPlace::new(operator, spill));
     }
 
     fn snapshot_changes(&mut self) -> Option<Result<Vec<u8>, CoreError>> {

@@ -282,19 +282,9 @@ impl EncodedSlice {
     }
 
     /// The bytes the slice takes.
+    #[cfg(test)]
     pub(crate) fn encoded_bytes(&self) -> usize {
         self.bytes.len()
-    }
-
-    /// The slice of `entries` entries whose encoding is `bytes` (as
-    /// [`EncodedSlice::into_bytes`] gave them).
-    pub(crate) fn from_parts(bytes: Vec<u8>, entries: u32) -> Self {
-        EncodedSlice { bytes, entries }
-    }
-
-    /// The encoding, without the entry count.
-    pub(crate) fn into_bytes(self) -> Vec<u8> {
-        self.bytes
     }
 
     /// Calls `each` with every entry, in id order.

@@ -120,7 +120,6 @@ mod pair;
 mod pane_window;
 mod pool;
 mod processing_time;
-mod retained;
 mod runs;
 mod side_input;
 mod source;

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use common::{Collected, INTERVAL, collect, run, sorted_at, t};
 use proptest::prelude::*;
 use spate_core::{Duration, Time};
-use spate_dstream::{Graph, GraphBuilder, MemorySpillStore, QueueSource, RestorePolicy, StateSnapshot, StateSpill};
+use spate_dstream::{Graph, GraphBuilder, QueueSource, RestorePolicy, StateSnapshot};
 
 type Input = Vec<Vec<Vec<(u8, i64)>>>;
 
@@ -55,13 +55,9 @@ struct Windows {
     inv_reduced: Collected<(u8, i64)>,
     total: Collected<i64>,
     counted: Collected<u64>,
-    /// The store the inverse windows' slices move to, when given a budget.
-    spill: Option<Arc<MemorySpillStore>>,
 }
 
-/// With `spill_budget`, the inverse windows' oldest slices beyond that many
-/// bytes a partition move to an in-memory spill store (0: all of them).
-fn build(length: u64, slide: u64, partitions: usize, spill_budget: Option<u64>) -> Windows {
+fn build(length: u64, slide: u64, partitions: usize) -> Windows {
     let b = GraphBuilder::new(INTERVAL).partitions(partitions).workers(2).checkpointing(true);
     let queue = Arc::new(QueueSource::<(u8, i64)>::new());
     let s = b.input("records", Arc::clone(&queue));
@@ -81,29 +77,18 @@ fn build(length: u64, slide: u64, partitions: usize, spill_budget: Option<u64>) 
     );
     let total = collect(&s.map(|(_, v)| v).reduce_by_window(|a, b| a + b, l, sl).name("total"));
     let counted = collect(&s.count_by_window(l, sl).name("counted"));
-    let mut graph = b.build().unwrap();
-    let spill = spill_budget.map(|budget| {
-        let store = Arc::new(MemorySpillStore::new());
-        // The budget is the operator's, shared by its partitions.
-        graph.spill_state(&StateSpill::new(Arc::clone(&store) as _, budget * partitions as u64));
-        store
-    });
-    Windows { graph, queue, spill, plain, pane_sum, pane_max, inv_sum, inv_filtered, inv_reduced, total, counted }
-}
-
-fn spill_budgets() -> impl Strategy<Value = Option<u64>> {
-    prop_oneof![Just(None), Just(Some(0)), (1u64..64).prop_map(Some)]
-}
-
-/// Fails unless windows whose budget is 0 moved slices to the spill store
-/// once a batch had records: the spilled path was the one tested.
-fn check_spilled(w: &Windows, budget: Option<u64>, input: &[Vec<Vec<(u8, i64)>>]) -> Result<(), TestCaseError> {
-    if let (Some(0), Some(store)) = (budget, &w.spill)
-        && input.iter().flatten().any(|part| !part.is_empty())
-    {
-        prop_assert!(store.tables_opened() > 0, "no slice moved to the spill store");
+    Windows {
+        graph: b.build().unwrap(),
+        queue,
+        plain,
+        pane_sum,
+        pane_max,
+        inv_sum,
+        inv_filtered,
+        inv_reduced,
+        total,
+        counted,
     }
-    Ok(())
 }
 
 fn check(w: &Windows, input: &Input, length: i64, slide: i64) -> Result<(), TestCaseError> {
@@ -152,25 +137,21 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(40))]
 
     #[test]
-    fn windows_equal_naive_recomputation(
-        input in stream(), length in 1u64..9, slide in 1u64..5, budget in spill_budgets(),
-    ) {
-        let mut w = build(length, slide, 3, budget);
+    fn windows_equal_naive_recomputation(input in stream(), length in 1u64..9, slide in 1u64..5) {
+        let mut w = build(length, slide, 3);
         for batch in &input {
             w.queue.push_partitions(batch.clone());
         }
         run(&mut w.graph, 1..=input.len() as i64);
         check(&w, &input, length as i64, slide as i64)?;
-        check_spilled(&w, budget, &input)?;
     }
 
     #[test]
     fn windows_restored_mid_stream_continue_exactly(
         input in stream(), length in 1u64..9, slide in 1u64..5, cut in 0usize..40, partitions in 1usize..5,
-        budgets in (spill_budgets(), spill_budgets()),
     ) {
         let cut = cut.min(input.len());
-        let mut first = build(length, slide, 3, budgets.0);
+        let mut first = build(length, slide, 3);
         for batch in &input[..cut] {
             first.queue.push_partitions(batch.clone());
         }
@@ -179,7 +160,7 @@ proptest! {
         let state = first.graph.snapshot_state().unwrap();
 
         // A new process (possibly with another core count) restores and goes on.
-        let mut second = build(length, slide, partitions, budgets.1);
+        let mut second = build(length, slide, partitions);
         second.graph.restore(&descriptor, state, &RestorePolicy::strict()).unwrap();
         for batch in &input[cut..] {
             second.queue.push_partitions(batch.clone());
@@ -187,17 +168,16 @@ proptest! {
         run(&mut second.graph, cut as i64 + 1..=input.len() as i64);
         add_outputs_before_the_restart(&first, &second);
         check(&second, &input, length as i64, slide as i64)?;
-        check_spilled(&first, budgets.0, &input[..cut])?;
     }
 
     #[test]
     fn windows_restored_from_a_whole_snapshot_and_later_changes_continue_exactly(
         input in stream(), length in 1u64..9, slide in 1u64..5, cuts in prop::collection::vec(0usize..40, 1..5),
-        partitions in 1usize..5, budgets in (spill_budgets(), spill_budgets()),
+        partitions in 1usize..5,
     ) {
         let mut cuts: Vec<usize> = cuts.into_iter().map(|c| c.min(input.len())).collect();
         cuts.sort_unstable();
-        let mut first = build(length, slide, 3, budgets.0);
+        let mut first = build(length, slide, 3);
         let descriptor = first.graph.descriptor();
         let mut chains: BTreeMap<String, Vec<Vec<u8>>> = BTreeMap::new();
         let mut done = 0;
@@ -226,7 +206,7 @@ proptest! {
         prop_assert!(chains.iter().all(|(name, chain)| !name.starts_with("inv") || chain.len() == cuts.len()));
 
         // A new process (possibly with another core count) restores the chains and goes on.
-        let mut second = build(length, slide, partitions, budgets.1);
+        let mut second = build(length, slide, partitions);
         second.graph.restore_chains(&descriptor, chains.into_iter().collect(), &RestorePolicy::strict()).unwrap();
         for batch in &input[done..] {
             second.queue.push_partitions(batch.clone());
@@ -234,7 +214,6 @@ proptest! {
         run(&mut second.graph, done as i64 + 1..=input.len() as i64);
         add_outputs_before_the_restart(&first, &second);
         check(&second, &input, length as i64, slide as i64)?;
-        check_spilled(&first, budgets.0, &input[..done])?;
     }
 }
 
@@ -242,7 +221,7 @@ proptest! {
 fn window_drops_batches_no_window_needs_any_more() {
     // With a 3 s window, a 2 s slide and one record per batch, the window's
     // checkpointed state holds at most the 3 newest batches.
-    let mut w = build(3, 2, 2, None);
+    let mut w = build(3, 2, 2);
     for i in 0..20 {
         w.queue.push(vec![(0, i)]);
         run(&mut w.graph, i + 1..=i + 1);
