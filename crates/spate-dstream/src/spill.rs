@@ -68,6 +68,18 @@ pub struct SpillError {
     pub reason: String,
 }
 
+impl SpillError {
+    /// As the operator's state error when a read failed.
+    pub(crate) fn reading(self) -> CoreError {
+        CoreError::Decode { reason: self.to_string() }
+    }
+
+    /// As the operator's state error when a write (or opening a table) failed.
+    pub(crate) fn writing(self) -> CoreError {
+        CoreError::Encode { reason: self.to_string() }
+    }
+}
+
 /// Puts and deletes to apply to a [`SpillTable`] at once.
 #[derive(Debug, Default)]
 pub struct SpillWrites {
@@ -155,7 +167,7 @@ impl SpillPlace {
 
     /// A new table for one of the operator's partitions.
     pub(crate) fn open(&self) -> Result<Box<dyn SpillTable>, CoreError> {
-        self.spill.open(&self.operator).map_err(|e| CoreError::Encode { reason: e.to_string() })
+        self.spill.open(&self.operator).map_err(SpillError::writing)
     }
 }
 

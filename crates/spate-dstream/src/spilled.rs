@@ -66,25 +66,16 @@ impl SpilledStates {
     /// The state and last time of the key encoded as `key`, as a batch
     /// starts with it.
     pub(crate) fn pending<S: DeserializeOwned>(&self, key: &[u8]) -> Result<Pending<S>, CoreError> {
-        let now: Option<(S, Time)> = match self.table.get(&prefixed(STATE, key)).map_err(read_error)? {
-            Some(bytes) => Some(decode(&bytes)?),
-            None => None,
-        };
-        Ok(Pending { before: now.as_ref().map(|(_, last)| *last), now })
+        let bytes = self.table.get(&prefixed(STATE, key)).map_err(SpillError::reading)?;
+        pending_of(bytes)
     }
 
     /// [`SpilledStates::pending`] of each of `keys` (sorted, distinct), in
     /// one read.
     pub(crate) fn pending_many<S: DeserializeOwned>(&self, keys: &[Vec<u8>]) -> Result<Vec<Pending<S>>, CoreError> {
         let wanted: Vec<Vec<u8>> = keys.iter().map(|key| prefixed(STATE, key)).collect();
-        let found = self.table.get_many(&wanted).map_err(read_error)?;
-        found
-            .into_iter()
-            .map(|bytes| {
-                let now: Option<(S, Time)> = bytes.map(|bytes| decode(&bytes)).transpose()?;
-                Ok(Pending { before: now.as_ref().map(|(_, last)| *last), now })
-            })
-            .collect()
+        let found = self.table.get_many(&wanted).map_err(SpillError::reading)?;
+        found.into_iter().map(pending_of).collect()
     }
 
     /// The keys whose last data is older than `threshold`, oldest first,
@@ -100,7 +91,7 @@ impl SpilledStates {
                 idle.push((key.to_vec(), last));
                 true
             })
-            .map_err(read_error)?;
+            .map_err(SpillError::reading)?;
         Ok(idle)
     }
 
@@ -126,10 +117,10 @@ impl SpilledStates {
                 (None, None) => {}
             }
             if writes.len() >= WRITE_GROUP {
-                self.table.write(&std::mem::take(&mut writes)).map_err(write_error)?;
+                self.table.write(&std::mem::take(&mut writes)).map_err(SpillError::writing)?;
             }
         }
-        self.table.write(&writes).map_err(write_error)
+        self.table.write(&writes).map_err(SpillError::writing)
     }
 
     /// Adds entries (keys not in the table yet), as a partition moves to
@@ -143,10 +134,10 @@ impl SpilledStates {
             self.len += 1;
             put(&mut writes, key, state, last)?;
             if writes.len() >= WRITE_GROUP {
-                self.table.write(&std::mem::take(&mut writes)).map_err(write_error)?;
+                self.table.write(&std::mem::take(&mut writes)).map_err(SpillError::writing)?;
             }
         }
-        self.table.write(&writes).map_err(write_error)
+        self.table.write(&writes).map_err(SpillError::writing)
     }
 
     /// Removes the key encoded as `key`, if it has state.
@@ -183,12 +174,12 @@ impl SpilledStates {
                     .scan_from(&[BY_TIME], &from, &mut |entry, value| {
                         split_time(entry).is_none_or(|(_, key)| each(key, value))
                     })
-                    .map_err(read_error)?;
+                    .map_err(SpillError::reading)?;
             }
             None => self
                 .table
                 .scan(&[STATE], &mut |entry, value| each(entry.get(1..).unwrap_or_default(), value))
-                .map_err(read_error)?,
+                .map_err(SpillError::reading)?,
         }
         failure.map_or(Ok(()), Err)
     }
@@ -200,6 +191,12 @@ fn put<S: Serialize>(writes: &mut SpillWrites, key: &[u8], state: &S, last: Time
     writes.put(time_key(last, key), value.clone());
     writes.put(prefixed(STATE, key), value);
     Ok(())
+}
+
+/// A key's [`Pending`] as a batch starts with it, from its state entry.
+fn pending_of<S: DeserializeOwned>(entry: Option<Vec<u8>>) -> Result<Pending<S>, CoreError> {
+    let now: Option<(S, Time)> = entry.map(|bytes| decode(&bytes)).transpose()?;
+    Ok(Pending { before: now.as_ref().map(|(_, last)| *last), now })
 }
 
 fn prefixed(kind: u8, key: &[u8]) -> Vec<u8> {
@@ -236,14 +233,6 @@ pub(crate) fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, CoreError> 
     bincode::serde::decode_from_slice(bytes, bincode::config::standard())
         .map(|(value, _)| value)
         .map_err(|e| CoreError::Decode { reason: format!("spilled state: {e}") })
-}
-
-fn read_error(e: SpillError) -> CoreError {
-    CoreError::Decode { reason: e.to_string() }
-}
-
-fn write_error(e: SpillError) -> CoreError {
-    CoreError::Encode { reason: e.to_string() }
 }
 
 #[cfg(test)]
