@@ -115,15 +115,14 @@ impl<K: Key, V: Data> Part<K, V> {
 
     /// Keeps one batch, reduced by key (each key once), as a slice.
     fn ingest(&mut self, batch: impl ExactSizeIterator<Item = (K, V)>) -> Result<(), CoreError> {
-        let mut entries = Vec::with_capacity(batch.len());
-        for (key, value) in batch {
-            let known = self.keys.len();
-            let id = self.keys.insert(&key)?;
-            if self.keys.len() > known {
-                self.keys_changed.insert(id);
-            }
-            entries.push((id, value));
-        }
+        let (mut ids, mut values) = (Vec::with_capacity(batch.len()), Vec::with_capacity(batch.len()));
+        let keys = batch.map(|(key, value)| {
+            values.push(value);
+            key
+        });
+        let changed = &mut self.keys_changed;
+        self.keys.insert_many(keys, &mut ids, |id| changed.insert(id))?;
+        let mut entries: Vec<(u32, V)> = ids.into_iter().zip(values).collect();
         self.grow();
         for (id, _) in &entries {
             if let Some(count) = self.refs.get_mut(*id as usize) {

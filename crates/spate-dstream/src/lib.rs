@@ -104,6 +104,7 @@
 
 mod arrival;
 mod batch;
+mod combined;
 mod dedup;
 mod descriptor;
 mod distinct;

@@ -7,11 +7,12 @@
 //! split costs one hash per distinct key, not per record.
 
 use std::any::Any;
-use std::collections::hash_map::Entry;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::arrival::{ArrivalStage, ArrivalStep, Delivered};
 use crate::batch::{Batch, Data, Key};
+use crate::combined::Combined;
 use crate::error::DStreamError;
 use crate::graph::Job;
 use crate::hash::{KeyHashMap, map_with_capacity, partition_of};
@@ -25,7 +26,7 @@ type Buckets<K, C> = Vec<Vec<(K, C)>>;
 
 fn split_by_partition<K: Key, C: Send>(
     ctx: &StepCtx<'_>,
-    maps: Vec<KeyHashMap<K, C>>,
+    maps: Vec<Combined<K, C>>,
     partitions: usize,
 ) -> Result<Vec<Buckets<K, C>>, DStreamError> {
     let split = ctx.par(maps, |map| {
@@ -60,7 +61,7 @@ pub(crate) fn combine_partitioned<K, V, C, CF, MV, MC>(
     create: &CF,
     merge_value: &MV,
     merge_combiners: &MC,
-) -> Result<Vec<KeyHashMap<K, C>>, DStreamError>
+) -> Result<Vec<Combined<K, C>>, DStreamError>
 where
     K: Key,
     V: Send,
@@ -69,59 +70,38 @@ where
     MV: Fn(&mut C, V) + Sync,
     MC: Fn(&mut C, C) + Sync,
 {
-    let local = ctx.par(parts, |part| combine_locally(part, create, merge_value))?;
+    let local = ctx.par(parts, |part| combine_locally(part, 64, create, merge_value))?;
     merge_partitioned(ctx, local, partitions, merge_combiners)
 }
 
 /// One partition's values combined by key (the map-side combine).
 fn combine_locally<K: Key, V, C>(
     part: Vec<(K, V)>,
+    capacity: usize,
     create: &impl Fn(V) -> C,
     merge_value: &impl Fn(&mut C, V),
-) -> KeyHashMap<K, C> {
-    let mut map: KeyHashMap<K, C> = map_with_capacity(64);
-    for (key, value) in part {
-        match map.entry(key) {
-            Entry::Occupied(mut slot) => merge_value(slot.get_mut(), value),
-            Entry::Vacant(slot) => {
-                slot.insert(create(value));
-            }
-        }
-    }
-    map
-}
-
-/// Merges `combiner` into `map`'s entry for `key`.
-fn merge_entry<K: Key, C, M>(map: &mut KeyHashMap<K, C>, key: K, combiner: C, merge_combiners: &M)
-where
-    M: Fn(&mut C, C) + ?Sized,
-{
-    match map.entry(key) {
-        Entry::Occupied(mut slot) => merge_combiners(slot.get_mut(), combiner),
-        Entry::Vacant(slot) => {
-            slot.insert(combiner);
-        }
-    }
+) -> Combined<K, C> {
+    let mut combined = Combined::with_capacity(capacity);
+    combined.fold(part, create, merge_value);
+    combined
 }
 
 /// The partitions' combined maps `local`, in partition order, merged by
 /// key into `partitions` hash-partitioned maps.
 fn merge_partitioned<K: Key, C: Send, M>(
     ctx: &StepCtx<'_>,
-    local: Vec<KeyHashMap<K, C>>,
+    local: Vec<Combined<K, C>>,
     partitions: usize,
     merge_combiners: &M,
-) -> Result<Vec<KeyHashMap<K, C>>, DStreamError>
+) -> Result<Vec<Combined<K, C>>, DStreamError>
 where
     M: Fn(&mut C, C) + Sync + ?Sized,
 {
     let by_output = split_by_partition(ctx, local, partitions)?;
     ctx.par(by_output, |buckets| {
         let total: usize = buckets.iter().map(Vec::len).sum();
-        let mut merged: KeyHashMap<K, C> = map_with_capacity(total);
-        for (key, combiner) in buckets.into_iter().flatten() {
-            merge_entry(&mut merged, key, combiner, merge_combiners);
-        }
+        let mut merged = Combined::with_capacity(total);
+        merged.fold(buckets.into_iter().flatten(), |combiner| combiner, merge_combiners);
         merged
     })
 }
@@ -149,7 +129,7 @@ macro_rules! combines_on_arrival {
 }
 pub(crate) use combines_on_arrival;
 
-type LocalFn<K, V, C> = dyn Fn(Vec<(K, V)>) -> KeyHashMap<K, C> + Send + Sync;
+type LocalFn<K, V, C> = dyn Fn(Vec<(K, V)>) -> Combined<K, C> + Send + Sync;
 type MergeFn<C> = dyn Fn(&mut C, C) + Send + Sync;
 
 /// The per-key aggregation a keyed operator starts each batch with: every
@@ -172,7 +152,15 @@ impl<K: Key, V: Data, C: Data> KeyedCombine<K, V, C> {
         merge_value: impl Fn(&mut C, V) + Send + Sync + 'static,
         merge_combiners: impl Fn(&mut C, C) + Send + Sync + 'static,
     ) -> Self {
-        let local = move |part: Vec<(K, V)>| combine_locally(part, &create, &merge_value);
+        // Blocks of one stream have about as many keys as the one before:
+        // sized for those, a block's table is not grown a dozen times over.
+        let keys_last_time = AtomicUsize::new(0);
+        let local = move |part: Vec<(K, V)>| {
+            let capacity = keys_last_time.load(Ordering::Relaxed).min(part.len());
+            let combined = combine_locally(part, capacity, &create, &merge_value);
+            keys_last_time.store(combined.len(), Ordering::Relaxed);
+            combined
+        };
         KeyedCombine { local: Arc::new(local), merge: Arc::new(merge_combiners), delivered: None }
     }
 
@@ -183,11 +171,11 @@ impl<K: Key, V: Data, C: Data> KeyedCombine<K, V, C> {
         &self,
         ctx: &StepCtx<'_>,
         batch: Option<Batch<(K, V)>>,
-    ) -> Result<Vec<KeyHashMap<K, C>>, DStreamError> {
+    ) -> Result<Vec<Combined<K, C>>, DStreamError> {
         let mut local = Vec::new();
         if let Some(delivered) = &self.delivered {
             for part in delivered.take(ctx.time) {
-                let map = part.downcast::<KeyHashMap<K, C>>().map_err(|_| DStreamError::Internal {
+                let map = part.downcast::<Combined<K, C>>().map_err(|_| DStreamError::Internal {
                     operator: ctx.operator.to_string(),
                     reason: "combined values of another type were delivered".into(),
                 })?;
@@ -216,11 +204,9 @@ impl<K: Key, V: Data, C: Data> KeyedCombine<K, V, C> {
         };
         let merge = Arc::clone(&self.merge);
         let join = move |parts: Vec<Box<dyn Any + Send>>| {
-            let mut maps = parts.into_iter().filter_map(|part| part.downcast::<KeyHashMap<K, C>>().ok());
+            let mut maps = parts.into_iter().filter_map(|part| part.downcast::<Combined<K, C>>().ok());
             let mut all = maps.next().map(|first| *first).unwrap_or_default();
-            for (key, combiner) in maps.flat_map(|map| *map) {
-                merge_entry(&mut all, key, combiner, &*merge);
-            }
+            all.fold(maps.flat_map(|map| *map), |combiner| combiner, &*merge);
             Box::new(all) as Box<dyn Any + Send>
         };
         let delivered = Arc::new(Delivered::default());
@@ -285,7 +271,7 @@ pub(crate) fn partition_records<K: Key, V: Data>(
 /// Turns partitioned maps into a batch, one partition per map.
 pub(crate) fn maps_to_batch<K: Key, V: Data>(
     ctx: &StepCtx<'_>,
-    maps: Vec<KeyHashMap<K, V>>,
+    maps: Vec<Combined<K, V>>,
 ) -> Result<Batch<(K, V)>, DStreamError> {
     Ok(Batch::new(ctx.par(maps, |map| map.into_iter().collect())?))
 }

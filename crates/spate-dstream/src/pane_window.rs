@@ -32,9 +32,10 @@ use serde::{Deserialize, Serialize, Serializer};
 use spate_core::{CoreError, Duration, FrameCodec, Time};
 
 use crate::batch::{Batch, Data, Key};
+use crate::combined::Combined;
 use crate::error::DStreamError;
 use crate::graph::Job;
-use crate::hash::{KeyHashMap, map_with_capacity, partition_of};
+use crate::hash::partition_of;
 use crate::keyed::{ByteString, EncodedSlice, KeyTable, OwnedByteString};
 use crate::node::{Node, Slot, StatefulNode, StepCtx};
 use crate::pair::{KeyedCombine, combines_on_arrival};
@@ -116,14 +117,17 @@ fn unpack<V: Data>(slice: &EncodedSlice) -> Result<Run<V>, CoreError> {
 
 impl<K: Key, V: Data> PanePart<K, V> {
     /// Folds one batch, reduced by key, into the open pane.
-    fn absorb<R: Fn(&V, &V) -> V>(&mut self, batch: KeyHashMap<K, V>, reduce: &R) -> Result<(), CoreError> {
+    fn absorb<R: Fn(&V, &V) -> V>(&mut self, batch: Combined<K, V>, reduce: &R) -> Result<(), CoreError> {
         if batch.is_empty() {
             return Ok(());
         }
-        let mut entries = Vec::with_capacity(batch.len());
-        for (key, value) in batch {
-            entries.push((self.keys.insert(&key)?, value));
-        }
+        let (mut ids, mut values) = (Vec::with_capacity(batch.len()), Vec::with_capacity(batch.len()));
+        let keys = batch.into_iter().map(|(key, value)| {
+            values.push(value);
+            key
+        });
+        self.keys.insert_many(keys, &mut ids, |_| {})?;
+        let entries: Vec<(u32, V)> = ids.into_iter().zip(values).collect();
         let batch = Run::from_entries(entries).ok_or_else(|| decode_error("a key twice in a batch"))?;
         self.open = if self.open.is_empty() {
             batch
@@ -479,9 +483,9 @@ where
 {
     fn step(&mut self, ctx: &StepCtx<'_>) -> Result<Option<Job>, DStreamError> {
         self.fit(ctx.partitions).map_err(|e| ctx.state_error(&e))?;
-        let batches: Vec<KeyHashMap<K, V>> = match ctx.take_owned(&self.input)? {
+        let batches: Vec<Combined<K, V>> = match ctx.take_owned(&self.input)? {
             Some(batch) => self.combine.partitioned(ctx, Some(batch))?,
-            None => (0..ctx.partitions).map(|_| map_with_capacity(0)).collect(),
+            None => (0..ctx.partitions).map(|_| Combined::default()).collect(),
         };
         let close = ctx.time.is_multiple_of(self.pane);
         if close {
@@ -563,8 +567,10 @@ where
 mod tests {
     use super::*;
 
-    fn batch(keys: &[&str]) -> KeyHashMap<String, u64> {
-        keys.iter().map(|k| (k.to_string(), 1)).collect()
+    fn batch(keys: &[&str]) -> Combined<String, u64> {
+        let mut batch = Combined::default();
+        batch.fold(keys.iter().map(|k| (k.to_string(), 1)), |n| n, |a, n| *a += n);
+        batch
     }
 
     /// A run of a snapshot by key, sorted.

@@ -9,9 +9,10 @@ use serde::{Deserialize, Serialize};
 use spate_core::{CoreError, Duration, PayloadReader, Time, write_varint};
 
 use crate::batch::{Batch, Data, Key};
+use crate::combined::Combined;
 use crate::error::DStreamError;
 use crate::graph::Job;
-use crate::hash::{KeyHashMap, partition_of};
+use crate::hash::partition_of;
 use crate::keyed::KeyTable;
 use crate::node::{Node, NodeMeta, Slot, StateMeta, StatefulNode, StepCtx, state_codec};
 use crate::pair::{combine_partitioned, partition_records};
@@ -40,6 +41,16 @@ impl<K: Key, S> KeyedStates<K, S> {
             self.states.resize_with(self.keys.id_bound(), || None);
         }
         Ok(id)
+    }
+
+    /// The ids of `keys`, giving each key without one an id (with no state).
+    fn ids_of(&mut self, keys: impl ExactSizeIterator<Item = K>) -> Result<Vec<u32>, CoreError> {
+        let mut ids = Vec::with_capacity(keys.len());
+        self.keys.insert_many(keys, &mut ids, |_| {})?;
+        if self.states.len() < self.keys.id_bound() {
+            self.states.resize_with(self.keys.id_bound(), || None);
+        }
+        Ok(ids)
     }
 
     /// Takes the state of `id` out (the key keeps its id).
@@ -205,7 +216,7 @@ where
 /// values gets `update`; returns the state of every key after it.
 fn update_part<K, V, S, F>(
     part: &mut KeyedStates<K, S>,
-    groups: KeyHashMap<K, Vec<V>>,
+    groups: Combined<K, Vec<V>>,
     update: &F,
 ) -> Result<Vec<(K, S)>, CoreError>
 where
@@ -213,10 +224,12 @@ where
     S: Clone,
     F: Fn(Vec<V>, Option<S>) -> Option<S>,
 {
-    let mut values: Vec<(u32, Vec<V>)> = Vec::with_capacity(groups.len());
-    for (key, group) in groups {
-        values.push((part.id(&key)?, group));
-    }
+    let mut values = Vec::with_capacity(groups.len());
+    let keys = groups.into_iter().map(|(key, group)| {
+        values.push(group);
+        key
+    });
+    let mut values: Vec<(u32, Vec<V>)> = part.ids_of(keys)?.into_iter().zip(values).collect();
     values.sort_unstable_by_key(|(id, _)| *id);
     let mut values = values.into_iter().peekable();
     let mut out = Vec::with_capacity(part.keys.len());
