@@ -234,6 +234,7 @@ impl GraphBuilder {
         }
         let mut inner = inner;
         fuse_arrival_stages(&mut inner, &names);
+        hand_over_combined_blocks(&mut inner);
         let pool = self.workers.map_or_else(Pool::for_machine, Pool::new);
         let inputs = inner
             .planners
@@ -289,6 +290,22 @@ fn fuse_arrival_stages(inner: &mut BuilderInner, names: &[String]) {
                 inner.nodes[*node].take_delivered(Arc::clone(&step.delivered));
             }
             None => {}
+        }
+    }
+}
+
+/// Hands the blocks a per-key aggregate combined on arrival to the only
+/// reader of its result, when that reader merges them itself (a window
+/// over `reduce_by_key`'s result; see [`crate::pair::CombinedBlocks`]).
+fn hand_over_combined_blocks(inner: &mut BuilderInner) {
+    for reader in 0..inner.nodes.len() {
+        let [aggregate] = inner.metas[reader].parents[..] else { continue };
+        if only_reader(inner, aggregate) != Some(reader) {
+            continue;
+        }
+        let Some(blocks) = inner.nodes[aggregate].combined_hand_over() else { continue };
+        if inner.nodes[reader].take_combined(blocks) {
+            inner.nodes[aggregate].combined_handed_over();
         }
     }
 }
@@ -514,5 +531,46 @@ impl Graph {
     /// count its records twice) is refused with [`DStreamError::TimeNotIncreasing`].
     pub fn resume_after(&mut self, time: Time) {
         self.last_time = Some(time);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use spate_core::Duration;
+
+    use crate::{DStream, FedSource, GraphBuilder};
+
+    /// Builds `job` over a fed input; true when `reduce_by_key-2` still
+    /// merges the blocks it combined on arrival itself.
+    fn aggregate_keeps_its_blocks(job: impl Fn(&DStream<(u32, u64)>)) -> bool {
+        let builder = GraphBuilder::new(Duration::from_secs(1)).checkpointing(true);
+        let words = builder.input("in", Arc::new(FedSource::<u32>::new()));
+        job(&words.map(|w| (w % 7, 1u64)));
+        let graph = builder.build().unwrap();
+        let aggregate = graph.names.iter().position(|name| name == "reduce_by_key-2").unwrap();
+        graph.nodes[aggregate].combined_hand_over().is_some()
+    }
+
+    #[test]
+    fn a_window_reading_an_aggregate_alone_merges_its_blocks_itself() {
+        let (length, slide) = (Duration::from_secs(3), Duration::from_secs(1));
+        let window = move |counts: &DStream<(u32, u64)>| {
+            counts.reduce_by_key_and_window_inv(|a, b| a + b, |a, b| a - b, length, slide)
+        };
+        assert!(!aggregate_keeps_its_blocks(|pairs| {
+            window(&pairs.reduce_by_key(|a, b| a + b)).print(1);
+        }));
+        // A second reader needs the aggregate's result whole.
+        assert!(aggregate_keeps_its_blocks(|pairs| {
+            let counts = pairs.reduce_by_key(|a, b| a + b);
+            window(&counts).print(1);
+            counts.print(1);
+        }));
+        // A window with no inverse merges nothing itself.
+        assert!(aggregate_keeps_its_blocks(|pairs| {
+            pairs.reduce_by_key(|a, b| a + b).reduce_by_key_and_window(|a, b| a + b, length, slide).print(1);
+        }));
     }
 }

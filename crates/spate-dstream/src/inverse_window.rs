@@ -29,7 +29,10 @@ use crate::graph::Job;
 use crate::hash::{KeyHashMap, partition_of};
 use crate::keyed::{ByteString, EncodedSlice, KeyTable, OwnedByteString};
 use crate::node::{Node, Slot, StatefulNode, StepCtx};
-use crate::pair::{KeyedCombine, combines_on_arrival};
+use crate::pair::{
+    Buckets, CombinedBlocks, KeyedCombine, MergeFn, combines_on_arrival, partition_records, split_by_partition,
+    take_combined,
+};
 
 /// Version 1 kept `(key, value)` pairs; version 2 is the compact form.
 const INVERSE_WINDOW_STATE_VERSION: u16 = 2;
@@ -113,9 +116,16 @@ impl<K: Key, V: Data> Part<K, V> {
         }
     }
 
-    /// Keeps one batch, reduced by key (each key once), as a slice.
-    fn ingest(&mut self, batch: impl ExactSizeIterator<Item = (K, V)>) -> Result<(), CoreError> {
-        let (mut ids, mut values) = (Vec::with_capacity(batch.len()), Vec::with_capacity(batch.len()));
+    /// Keeps one batch as a slice: `len` entries, reduced by key (each
+    /// key once) unless `merge` is given to merge a key's values with, in
+    /// the order they come.
+    fn ingest(
+        &mut self,
+        batch: impl Iterator<Item = (K, V)>,
+        len: usize,
+        merge: Option<&MergeFn<V>>,
+    ) -> Result<(), CoreError> {
+        let (mut ids, mut values) = (Vec::with_capacity(len), Vec::with_capacity(len));
         let keys = batch.map(|(key, value)| {
             values.push(value);
             key
@@ -123,6 +133,9 @@ impl<K: Key, V: Data> Part<K, V> {
         let changed = &mut self.keys_changed;
         self.keys.insert_many(keys, &mut ids, |id| changed.insert(id))?;
         let mut entries: Vec<(u32, V)> = ids.into_iter().zip(values).collect();
+        if let Some(merge) = merge {
+            entries = merged_by_id(entries, merge);
+        }
         self.grow();
         for (id, _) in &entries {
             if let Some(count) = self.refs.get_mut(*id as usize) {
@@ -317,6 +330,20 @@ impl<K: Key, V: Data> Part<K, V> {
     }
 }
 
+/// `entries` with each id once, its values merged in the order they come.
+fn merged_by_id<V>(mut entries: Vec<(u32, V)>, merge: &MergeFn<V>) -> Vec<(u32, V)> {
+    // Stable: an id's values stay in the order they came.
+    entries.sort_by_key(|(id, _)| *id);
+    let mut merged: Vec<(u32, V)> = Vec::with_capacity(entries.len());
+    for (id, value) in entries {
+        match merged.last_mut() {
+            Some((last, combined)) if *last == id => merge(combined, value),
+            _ => merged.push((id, value)),
+        }
+    }
+    merged
+}
+
 /// A partition's whole state: keys as the key table encodes them.
 #[derive(Serialize)]
 struct PartWhole<'a> {
@@ -410,6 +437,9 @@ pub(crate) struct InverseWindowNode<K, V, R, I, P> {
     /// The input is reduced by key and partitioned as the window is (it is
     /// a by-key combine's result): its batches need no combining again.
     input_reduced: bool,
+    /// The blocks its input's aggregate combined on arrival, when it took
+    /// them over: it merges them into its slices itself.
+    blocks: Option<CombinedBlocks<K, V>>,
     /// The end of the window `current` holds, once one was produced.
     window_end: Option<Time>,
     /// The times of the retained batches, oldest first (same in every partition).
@@ -432,6 +462,7 @@ where
         let reduce = Arc::new(reduce);
         InverseWindowNode {
             input_reduced,
+            blocks: None,
             input,
             output,
             combine: KeyedCombine::reducing(Arc::clone(&reduce)),
@@ -451,13 +482,27 @@ where
         self.fit(ctx)?;
         let reduced =
             self.input_reduced && !self.combine.combines_on_arrival() && batch.num_partitions() == ctx.partitions;
-        let results = if reduced {
+        let results = if let Some(blocks) = &self.blocks {
+            let merge = &*blocks.merge;
+            let by_part = blocks_with_batch(ctx, blocks, batch)?;
+            let work: Vec<_> = self.parts.iter_mut().zip(by_part).collect();
+            ctx.par(work, |(part, buckets)| {
+                let len = buckets.iter().map(Vec::len).sum();
+                part.ingest(buckets.into_iter().flatten(), len, Some(merge))
+            })?
+        } else if reduced {
             let work: Vec<_> = self.parts.iter_mut().zip(batch.into_partitions()).collect();
-            ctx.par(work, |(part, entries)| part.ingest(entries.into_iter()))?
+            ctx.par(work, |(part, entries)| {
+                let len = entries.len();
+                part.ingest(entries.into_iter(), len, None)
+            })?
         } else {
             let maps = self.combine.partitioned(ctx, Some(batch))?;
             let work: Vec<_> = self.parts.iter_mut().zip(maps).collect();
-            ctx.par(work, |(part, map)| part.ingest(map.into_iter()))?
+            ctx.par(work, |(part, map)| {
+                let len = map.len();
+                part.ingest(map.into_iter(), len, None)
+            })?
         };
         for result in results {
             result.map_err(|e| ctx.state_error(&e))?;
@@ -538,7 +583,8 @@ where
         let mut parts: Vec<Part<K, V>> = (0..partitions).map(|_| Part::default()).collect();
         for slice in retained {
             for (part, map) in parts.iter_mut().zip(spread(slice)) {
-                part.ingest(map.into_iter())?;
+                let len = map.len();
+                part.ingest(map.into_iter(), len, None)?;
             }
         }
         for (part, map) in parts.iter_mut().zip(spread(current)) {
@@ -575,9 +621,43 @@ where
 
     combines_on_arrival!();
 
+    fn take_combined(&mut self, blocks: Box<dyn std::any::Any>) -> bool {
+        if !self.input_reduced || self.combine.combines_on_arrival() {
+            return false;
+        }
+        match blocks.downcast::<CombinedBlocks<K, V>>() {
+            Ok(blocks) => {
+                self.blocks = Some(*blocks);
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
     fn state_mut(&mut self) -> Option<&mut dyn StatefulNode> {
         Some(self)
     }
+}
+
+/// The entries of a batch's blocks combined on arrival, then those of the
+/// aggregate's result for the rest of its records (what the aggregate
+/// would have merged, in its order), split by partition.
+fn blocks_with_batch<K: Key, V: Data>(
+    ctx: &StepCtx<'_>,
+    blocks: &CombinedBlocks<K, V>,
+    batch: Batch<(K, V)>,
+) -> Result<Vec<Buckets<K, V>>, DStreamError> {
+    let tables = take_combined(ctx, &blocks.delivered)?;
+    let mut by_part = split_by_partition(ctx, tables, ctx.partitions)?;
+    let rest = if batch.num_partitions() == ctx.partitions {
+        batch.into_partitions()
+    } else {
+        partition_records(ctx, batch.into_partitions(), ctx.partitions)?
+    };
+    for (buckets, entries) in by_part.iter_mut().zip(rest) {
+        buckets.push(entries);
+    }
+    Ok(by_part)
 }
 
 impl<K, V, R, I, P> StatefulNode for InverseWindowNode<K, V, R, I, P>

@@ -169,6 +169,26 @@ pub(crate) trait Node: Send {
         let _ = delivered;
     }
 
+    /// A per-key aggregate whose blocks combine on arrival: its
+    /// [`CombinedBlocks`](crate::pair::CombinedBlocks), boxed, for the
+    /// only reader of its result to take over.
+    fn combined_hand_over(&self) -> Option<Box<dyn Any>> {
+        None
+    }
+
+    /// The aggregate's blocks were taken over by its reader: from now on
+    /// it combines only the records of its input batches.
+    fn combined_handed_over(&mut self) {}
+
+    /// A reader of a per-key aggregate's result: takes over the
+    /// aggregate's blocks combined on arrival (what
+    /// [`Node::combined_hand_over`] gave) and merges them with the
+    /// aggregate's result itself; false when it does not.
+    fn take_combined(&mut self, blocks: Box<dyn Any>) -> bool {
+        let _ = blocks;
+        false
+    }
+
     /// An input: passes `stage` (an [`ArrivalStage`] of its record type)
     /// followed by as many of `steps` as its source takes, longest chain
     /// first, to the source; how many steps it took, `None` when it runs

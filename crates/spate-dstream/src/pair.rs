@@ -7,6 +7,7 @@
 //! split costs one hash per distinct key, not per record.
 
 use std::any::Any;
+use std::marker::PhantomData;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -22,9 +23,9 @@ use crate::stream::DStream;
 /// Moves every entry of `maps` (one per input partition) into the bucket of
 /// its key's partition; returns the buckets grouped by output partition.
 /// Entries bound for one output partition, one bucket per input partition.
-type Buckets<K, C> = Vec<Vec<(K, C)>>;
+pub(crate) type Buckets<K, C> = Vec<Vec<(K, C)>>;
 
-fn split_by_partition<K: Key, C: Send>(
+pub(crate) fn split_by_partition<K: Key, C: Send>(
     ctx: &StepCtx<'_>,
     maps: Vec<Combined<K, C>>,
     partitions: usize,
@@ -130,7 +131,35 @@ macro_rules! combines_on_arrival {
 pub(crate) use combines_on_arrival;
 
 type LocalFn<K, V, C> = dyn Fn(Vec<(K, V)>) -> Combined<K, C> + Send + Sync;
-type MergeFn<C> = dyn Fn(&mut C, C) + Send + Sync;
+pub(crate) type MergeFn<C> = dyn Fn(&mut C, C) + Send + Sync;
+
+/// The blocks of a per-key aggregate combined on arrival, handed over to
+/// the only reader of its result (a window over `reduce_by_key`'s
+/// result): the reader merges the blocks' tables itself, into its own
+/// keyed state, so the batch's keys are not merged into a table of their
+/// own first and then looked up again (see `Node::take_combined`).
+pub(crate) struct CombinedBlocks<K, C> {
+    pub(crate) delivered: Arc<Delivered>,
+    pub(crate) merge: Arc<MergeFn<C>>,
+    /// The tables delivered are of `Combined<K, C>`.
+    keys: PhantomData<fn() -> K>,
+}
+
+/// The tables delivered to `delivered` for the batch of `ctx`.
+pub(crate) fn take_combined<K: Key, C: Send + 'static>(
+    ctx: &StepCtx<'_>,
+    delivered: &Delivered,
+) -> Result<Vec<Combined<K, C>>, DStreamError> {
+    let mut tables = Vec::new();
+    for part in delivered.take(ctx.time) {
+        let table = part.downcast::<Combined<K, C>>().map_err(|_| DStreamError::Internal {
+            operator: ctx.operator.to_string(),
+            reason: "combined values of another type were delivered".into(),
+        })?;
+        tables.push(*table);
+    }
+    Ok(tables)
+}
 
 /// The per-key aggregation a keyed operator starts each batch with: every
 /// partition's values combined by key, then merged by key into
@@ -172,16 +201,10 @@ impl<K: Key, V: Data, C: Data> KeyedCombine<K, V, C> {
         ctx: &StepCtx<'_>,
         batch: Option<Batch<(K, V)>>,
     ) -> Result<Vec<Combined<K, C>>, DStreamError> {
-        let mut local = Vec::new();
-        if let Some(delivered) = &self.delivered {
-            for part in delivered.take(ctx.time) {
-                let map = part.downcast::<Combined<K, C>>().map_err(|_| DStreamError::Internal {
-                    operator: ctx.operator.to_string(),
-                    reason: "combined values of another type were delivered".into(),
-                })?;
-                local.push(*map);
-            }
-        }
+        let mut local = match &self.delivered {
+            Some(delivered) => take_combined(ctx, delivered)?,
+            None => Vec::new(),
+        };
         if let Some(batch) = batch {
             let combine = &*self.local;
             local.extend(ctx.par(batch.into_partitions(), combine)?);
@@ -224,6 +247,20 @@ impl<K: Key, V: Data, C: Data> KeyedCombine<K, V, C> {
     /// True when maps combined on arrival are delivered to it.
     pub(crate) fn combines_on_arrival(&self) -> bool {
         self.delivered.is_some()
+    }
+
+    /// Its blocks combined on arrival and how it merges them, for the
+    /// only reader of its result to merge itself; `None` when no block is
+    /// combined on arrival.
+    pub(crate) fn hand_over(&self) -> Option<CombinedBlocks<K, C>> {
+        let delivered = Arc::clone(self.delivered.as_ref()?);
+        Some(CombinedBlocks { delivered, merge: Arc::clone(&self.merge), keys: PhantomData })
+    }
+
+    /// Its blocks combined on arrival were handed over: from now on it
+    /// combines only the records of its input batches.
+    pub(crate) fn handed_over(&mut self) {
+        self.delivered = None;
     }
 
     /// From now on, takes the combined maps delivered to `delivered`.
@@ -294,6 +331,14 @@ impl<K: Key, V: Data, C: Data> Node for CombineNode<K, V, C> {
     }
 
     combines_on_arrival!();
+
+    fn combined_hand_over(&self) -> Option<Box<dyn Any>> {
+        self.combine.hand_over().map(|blocks| Box::new(blocks) as Box<dyn Any>)
+    }
+
+    fn combined_handed_over(&mut self) {
+        self.combine.handed_over();
+    }
 }
 
 impl<T: Key> DStream<T> {

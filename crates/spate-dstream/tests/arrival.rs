@@ -73,6 +73,15 @@ fn inverse_window_job(words: &DStream<u16>) -> Vec<Counts> {
     vec![collect(&pairs.reduce_by_key_and_window_inv(|a, b| a + b, |a, b| a - b, Duration::from_secs(3), INTERVAL))]
 }
 
+/// A per-batch aggregate, and the window with an inverse over it as its
+/// only reader, which merges the aggregate's blocks combined on arrival
+/// itself. The aggregate (a maximum) is not the window's sum, so a block's
+/// value merged with the wrong function, or not at all, shows.
+fn aggregated_then_windowed_job(words: &DStream<u16>) -> Vec<Counts> {
+    let counts = words.map(|w| (w % 11, u64::from(w))).reduce_by_key(|a, b| *a.max(b));
+    vec![collect(&counts.reduce_by_key_and_window_inv(|a, b| a + b, |a, b| a - b, Duration::from_secs(3), INTERVAL))]
+}
+
 /// The largest word of each residue, combined by key from the input itself.
 fn combined_job(words: &DStream<u16>) -> Vec<Counts> {
     let pairs = words.map(|w| (w % 5, u64::from(w)));
@@ -150,6 +159,7 @@ proptest! {
         check_pipelined(&input, keyed_job, "map-1 > reduce_by_key-2")?;
         check_pipelined(&input, windowed_job, "filter-1 > map-2 > reduce_by_key_and_window-3")?;
         check_pipelined(&input, inverse_window_job, "map-1 > reduce_by_key_and_window_inv-2")?;
+        check_pipelined(&input, aggregated_then_windowed_job, "map-1 > reduce_by_key-2")?;
         check_pipelined(&input, combined_job, "map-1 > combine_by_key-2")?;
     }
 }
