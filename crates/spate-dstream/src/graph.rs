@@ -234,8 +234,9 @@ impl GraphBuilder {
         }
         let mut inner = inner;
         fuse_arrival_stages(&mut inner, &names);
-        hand_over_combined_blocks(&mut inner);
         let pool = self.workers.map_or_else(Pool::for_machine, Pool::new);
+        let partitions = self.partitions.unwrap_or(pool.workers());
+        hand_over_combined_blocks(&mut inner, partitions);
         let inputs = inner
             .planners
             .into_iter()
@@ -247,7 +248,7 @@ impl GraphBuilder {
             metas: inner.metas,
             names,
             inputs,
-            partitions: self.partitions.unwrap_or(pool.workers()),
+            partitions,
             pool,
             last_time: None,
             late_records: 0,
@@ -297,7 +298,7 @@ fn fuse_arrival_stages(inner: &mut BuilderInner, names: &[String]) {
 /// Hands the blocks a per-key aggregate combined on arrival to the only
 /// reader of its result, when that reader merges them itself (a window
 /// over `reduce_by_key`'s result; see [`crate::pair::CombinedBlocks`]).
-fn hand_over_combined_blocks(inner: &mut BuilderInner) {
+fn hand_over_combined_blocks(inner: &mut BuilderInner, partitions: usize) {
     for reader in 0..inner.nodes.len() {
         let [aggregate] = inner.metas[reader].parents[..] else { continue };
         if only_reader(inner, aggregate) != Some(reader) {
@@ -305,7 +306,7 @@ fn hand_over_combined_blocks(inner: &mut BuilderInner) {
         }
         let Some(blocks) = inner.nodes[aggregate].combined_hand_over() else { continue };
         if inner.nodes[reader].take_combined(blocks) {
-            inner.nodes[aggregate].combined_handed_over();
+            inner.nodes[aggregate].combined_handed_over(partitions);
         }
     }
 }

@@ -27,12 +27,9 @@ use crate::batch::{Batch, Data, Key};
 use crate::error::DStreamError;
 use crate::graph::Job;
 use crate::hash::{KeyHashMap, partition_of};
-use crate::keyed::{ByteString, EncodedSlice, KeyTable, OwnedByteString};
+use crate::keyed::{ByteString, EncodedKeys, EncodedSlice, KeyTable, OwnedByteString};
 use crate::node::{Node, Slot, StatefulNode, StepCtx};
-use crate::pair::{
-    Buckets, CombinedBlocks, KeyedCombine, MergeFn, combines_on_arrival, partition_records, split_by_partition,
-    take_combined,
-};
+use crate::pair::{CombinedBlocks, KeyedCombine, MergeFn, SplitBlock, combines_on_arrival, partition_records};
 
 /// Version 1 kept `(key, value)` pairs; version 2 is the compact form.
 const INVERSE_WINDOW_STATE_VERSION: u16 = 2;
@@ -116,26 +113,49 @@ impl<K: Key, V: Data> Part<K, V> {
         }
     }
 
-    /// Keeps one batch as a slice: `len` entries, reduced by key (each
-    /// key once) unless `merge` is given to merge a key's values with, in
-    /// the order they come.
-    fn ingest(
-        &mut self,
-        batch: impl Iterator<Item = (K, V)>,
-        len: usize,
-        merge: Option<&MergeFn<V>>,
-    ) -> Result<(), CoreError> {
-        let (mut ids, mut values) = (Vec::with_capacity(len), Vec::with_capacity(len));
+    /// Keeps one batch, reduced by key (each key once), as a slice.
+    fn ingest(&mut self, batch: impl ExactSizeIterator<Item = (K, V)>) -> Result<(), CoreError> {
+        let (mut ids, mut values) = (Vec::with_capacity(batch.len()), Vec::with_capacity(batch.len()));
         let keys = batch.map(|(key, value)| {
             values.push(value);
             key
         });
         let changed = &mut self.keys_changed;
         self.keys.insert_many(keys, &mut ids, |id| changed.insert(id))?;
-        let mut entries: Vec<(u32, V)> = ids.into_iter().zip(values).collect();
-        if let Some(merge) = merge {
-            entries = merged_by_id(entries, merge);
+        self.keep_slice(ids.into_iter().zip(values).collect())
+    }
+
+    /// Keeps one batch as a slice from its blocks' entries and then `rest`,
+    /// a key's values merged with `merge` in the order they come.
+    fn ingest_blocks(
+        &mut self,
+        blocks: Vec<(EncodedKeys, Vec<V>)>,
+        rest: Vec<(K, V)>,
+        merge: &MergeFn<V>,
+    ) -> Result<(), CoreError> {
+        let len = blocks.iter().map(|(keys, _)| keys.len()).sum::<usize>() + rest.len();
+        let mut entries: Vec<(u32, V)> = Vec::with_capacity(len);
+        let mut ids = Vec::new();
+        for (keys, values) in blocks {
+            ids.clear();
+            let changed = &mut self.keys_changed;
+            self.keys.insert_many_encoded(&keys, &mut ids, |id| changed.insert(id))?;
+            entries.extend(ids.iter().copied().zip(values));
         }
+        let mut values = Vec::with_capacity(rest.len());
+        let keys = rest.into_iter().map(|(key, value)| {
+            values.push(value);
+            key
+        });
+        ids.clear();
+        let changed = &mut self.keys_changed;
+        self.keys.insert_many(keys, &mut ids, |id| changed.insert(id))?;
+        entries.extend(ids.into_iter().zip(values));
+        self.keep_slice(merged_by_id(entries, merge))
+    }
+
+    /// Keeps `entries` (each id once) as the newest retained slice.
+    fn keep_slice(&mut self, mut entries: Vec<(u32, V)>) -> Result<(), CoreError> {
         self.grow();
         for (id, _) in &entries {
             if let Some(count) = self.refs.get_mut(*id as usize) {
@@ -486,23 +506,14 @@ where
             let merge = &*blocks.merge;
             let by_part = blocks_with_batch(ctx, blocks, batch)?;
             let work: Vec<_> = self.parts.iter_mut().zip(by_part).collect();
-            ctx.par(work, |(part, buckets)| {
-                let len = buckets.iter().map(Vec::len).sum();
-                part.ingest(buckets.into_iter().flatten(), len, Some(merge))
-            })?
+            ctx.par(work, |(part, (blocks, rest))| part.ingest_blocks(blocks, rest, merge))?
         } else if reduced {
             let work: Vec<_> = self.parts.iter_mut().zip(batch.into_partitions()).collect();
-            ctx.par(work, |(part, entries)| {
-                let len = entries.len();
-                part.ingest(entries.into_iter(), len, None)
-            })?
+            ctx.par(work, |(part, entries)| part.ingest(entries.into_iter()))?
         } else {
             let maps = self.combine.partitioned(ctx, Some(batch))?;
             let work: Vec<_> = self.parts.iter_mut().zip(maps).collect();
-            ctx.par(work, |(part, map)| {
-                let len = map.len();
-                part.ingest(map.into_iter(), len, None)
-            })?
+            ctx.par(work, |(part, map)| part.ingest(map.into_iter()))?
         };
         for result in results {
             result.map_err(|e| ctx.state_error(&e))?;
@@ -583,8 +594,7 @@ where
         let mut parts: Vec<Part<K, V>> = (0..partitions).map(|_| Part::default()).collect();
         for slice in retained {
             for (part, map) in parts.iter_mut().zip(spread(slice)) {
-                let len = map.len();
-                part.ingest(map.into_iter(), len, None)?;
+                part.ingest(map.into_iter())?;
             }
         }
         for (part, map) in parts.iter_mut().zip(spread(current)) {
@@ -639,23 +649,41 @@ where
     }
 }
 
-/// The entries of a batch's blocks combined on arrival, then those of the
-/// aggregate's result for the rest of its records (what the aggregate
-/// would have merged, in its order), split by partition.
+/// One partition's share of a batch whose blocks were handed over: the
+/// blocks' keys (encoded) and values, in delivery order, and the entries
+/// of the aggregate's result for the rest of the records.
+type PartOfBlocks<K, V> = (Vec<(EncodedKeys, Vec<V>)>, Vec<(K, V)>);
+
+/// The batch's blocks, split by partition on arrival, then the aggregate's
+/// result for the rest of its records (what the aggregate would have
+/// merged, in its order), by partition.
 fn blocks_with_batch<K: Key, V: Data>(
     ctx: &StepCtx<'_>,
     blocks: &CombinedBlocks<K, V>,
     batch: Batch<(K, V)>,
-) -> Result<Vec<Buckets<K, V>>, DStreamError> {
-    let tables = take_combined(ctx, &blocks.delivered)?;
-    let mut by_part = split_by_partition(ctx, tables, ctx.partitions)?;
+) -> Result<Vec<PartOfBlocks<K, V>>, DStreamError> {
+    let mut by_part: Vec<PartOfBlocks<K, V>> = (0..ctx.partitions).map(|_| (Vec::new(), Vec::new())).collect();
+    for part in blocks.delivered.take(ctx.time) {
+        let block = part.downcast::<SplitBlock<V>>().map_err(|_| DStreamError::Internal {
+            operator: ctx.operator.to_string(),
+            reason: "combined values of another type were delivered".into(),
+        })?;
+        let parts = block.parts.map_err(|e| ctx.state_error(&e))?;
+        if parts.len() != ctx.partitions {
+            let reason = format!("a block split for {} partitions, in a batch of {}", parts.len(), ctx.partitions);
+            return Err(DStreamError::Internal { operator: ctx.operator.to_string(), reason });
+        }
+        for ((blocks, _), part) in by_part.iter_mut().zip(parts) {
+            blocks.push(part);
+        }
+    }
     let rest = if batch.num_partitions() == ctx.partitions {
         batch.into_partitions()
     } else {
         partition_records(ctx, batch.into_partitions(), ctx.partitions)?
     };
-    for (buckets, entries) in by_part.iter_mut().zip(rest) {
-        buckets.push(entries);
+    for ((_, entries), part) in by_part.iter_mut().zip(rest) {
+        *entries = part;
     }
     Ok(by_part)
 }

@@ -139,46 +139,69 @@ impl<K: Key> KeyTable<K> {
         let mut keys = keys.into_iter().peekable();
         let mut group = Group::default();
         let mut scratch = std::mem::take(&mut self.scratch);
-        while keys.peek().is_some() {
-            let outcome = group.encode(&mut keys, &mut scratch).and_then(|()| {
-                self.hash_group(&mut group, &scratch);
-                if self.len() >= LOOK_AHEAD_FROM {
-                    self.look_ahead(&group);
-                }
-                group.hashed().try_for_each(|(hash, range)| {
-                    let bytes = scratch.get(range).unwrap_or_default();
-                    let known = self.len();
-                    let id = self.insert_hashed(bytes, hash)?;
-                    if self.len() > known {
-                        given(id);
-                    }
-                    ids.push(id);
-                    Ok(())
-                })
+        let mut outcome = Ok(());
+        while outcome.is_ok() && keys.peek().is_some() {
+            outcome = group.encode(&mut keys, &mut scratch).and_then(|()| {
+                let slices: [&[u8]; GROUP] = std::array::from_fn(|index| group.key(index, &scratch));
+                self.insert_group(slices.get(..group.len).unwrap_or_default(), ids, &mut given)
             });
-            if outcome.is_err() {
-                self.scratch = scratch;
-                return outcome;
-            }
         }
         self.scratch = scratch;
+        outcome
+    }
+
+    /// [`KeyTable::insert_many`] for keys already encoded.
+    pub(crate) fn insert_many_encoded(
+        &mut self,
+        keys: &EncodedKeys,
+        ids: &mut Vec<u32>,
+        mut given: impl FnMut(u32),
+    ) -> Result<(), CoreError> {
+        let mut keys = keys.iter().peekable();
+        while keys.peek().is_some() {
+            let mut slices: [&[u8]; GROUP] = [&[]; GROUP];
+            let mut len = 0;
+            for (slot, key) in slices.iter_mut().zip(keys.by_ref().take(GROUP)) {
+                *slot = key;
+                len += 1;
+            }
+            self.insert_group(slices.get(..len).unwrap_or_default(), ids, &mut given)?;
+        }
         Ok(())
     }
 
-    /// Hashes a group's keys.
-    fn hash_group(&self, group: &mut Group, scratch: &[u8]) {
-        for index in 0..group.len {
-            let range = group.range(index);
-            group.hashes[index] = self.hasher.hash_one(scratch.get(range).unwrap_or_default());
+    /// Inserts a group of encoded keys: hashes them all, looks them up
+    /// ahead (on a table past the caches), then inserts each.
+    fn insert_group(
+        &mut self,
+        keys: &[&[u8]],
+        ids: &mut Vec<u32>,
+        given: &mut impl FnMut(u32),
+    ) -> Result<(), CoreError> {
+        let mut hashes = [0u64; GROUP];
+        for (hash, key) in hashes.iter_mut().zip(keys) {
+            *hash = self.hasher.hash_one(key);
         }
+        if self.len() >= LOOK_AHEAD_FROM {
+            self.look_ahead(hashes.get(..keys.len()).unwrap_or_default());
+        }
+        for (hash, key) in hashes.iter().zip(keys) {
+            let known = self.len();
+            let id = self.insert_hashed(key, *hash)?;
+            if self.len() > known {
+                given(id);
+            }
+            ids.push(id);
+        }
+        Ok(())
     }
 
-    /// Reads the index buckets and the stored keys a group's lookups will
-    /// compare, each step for the whole group at once (see
-    /// [`KeyTable::insert_many`]).
-    fn look_ahead(&self, group: &Group) {
+    /// Reads the index buckets and the stored keys the lookups of a group
+    /// of `hashes` will compare, each step for the whole group at once
+    /// (see [`KeyTable::insert_many`]).
+    fn look_ahead(&self, hashes: &[u64]) {
         let mut candidates = [FREE; GROUP];
-        for (candidate, hash) in candidates.iter_mut().zip(&group.hashes[..group.len]) {
+        for (candidate, hash) in candidates.iter_mut().zip(hashes) {
             // The first bucket whose tag matches: nearly always the key's own.
             if let Some(slot) = self.index.find(*hash, |_| true) {
                 *candidate = slot.start;
@@ -317,12 +340,11 @@ impl<K: Key> KeyTable<K> {
 }
 
 /// One group of [`KeyTable::insert_many`]: its keys encoded back to back
-/// in a scratch buffer, and their hashes.
+/// in a scratch buffer.
 #[derive(Default)]
 struct Group {
     len: usize,
     ends: [usize; GROUP],
-    hashes: [u64; GROUP],
 }
 
 impl Group {
@@ -339,15 +361,61 @@ impl Group {
         Ok(())
     }
 
-    /// Where the `index`th key's encoding lies in the scratch buffer.
-    fn range(&self, index: usize) -> std::ops::Range<usize> {
-        let start = if index == 0 { 0 } else { self.ends[index - 1] };
-        start..self.ends[index]
+    /// The `index`th key's encoding in `scratch` (empty past the group's end).
+    fn key<'s>(&self, index: usize, scratch: &'s [u8]) -> &'s [u8] {
+        if index >= self.len {
+            return &[];
+        }
+        let start = index.checked_sub(1).and_then(|before| self.ends.get(before)).copied().unwrap_or(0);
+        let end = self.ends.get(index).copied().unwrap_or(start);
+        scratch.get(start..end).unwrap_or_default()
+    }
+}
+
+/// Keys encoded as a key table encodes them, back to back: keys encoded
+/// where they are made (on the thread that processed their block), for a
+/// table to take later without reading the keys themselves (see
+/// [`KeyTable::insert_many_encoded`]).
+#[derive(Debug, Default)]
+pub(crate) struct EncodedKeys {
+    bytes: Vec<u8>,
+    /// Where each key's encoding ends in `bytes`.
+    ends: Vec<u32>,
+}
+
+impl EncodedKeys {
+    /// Appends `key`'s encoding.
+    pub(crate) fn push<K: Key>(&mut self, key: &K) -> Result<(), CoreError> {
+        bincode::serde::encode_into_std_write(key, &mut self.bytes, bincode::config::standard())
+            .map_err(|e| CoreError::Encode { reason: format!("a key: {e}") })?;
+        self.ends.push(u32::try_from(self.bytes.len()).map_err(|_| too_many("bytes of a block's keys"))?);
+        Ok(())
     }
 
-    /// Each key's hash with where its encoding lies.
-    fn hashed(&self) -> impl Iterator<Item = (u64, std::ops::Range<usize>)> + '_ {
-        (0..self.len).map(|index| (self.hashes[index], self.range(index)))
+    /// Appends every key of `other`, in order.
+    pub(crate) fn append(&mut self, other: &EncodedKeys) -> Result<(), CoreError> {
+        let offset = u32::try_from(self.bytes.len()).map_err(|_| too_many("bytes of a block's keys"))?;
+        let last = other.ends.last().copied().unwrap_or(0);
+        offset.checked_add(last).ok_or_else(|| too_many("bytes of a block's keys"))?;
+        self.bytes.extend_from_slice(&other.bytes);
+        self.ends.extend(other.ends.iter().map(|end| end + offset));
+        Ok(())
+    }
+
+    /// The number of keys.
+    pub(crate) fn len(&self) -> usize {
+        self.ends.len()
+    }
+
+    /// The bytes it takes in memory.
+    pub(crate) fn memory_bytes(&self) -> usize {
+        self.bytes.capacity() + self.ends.capacity() * std::mem::size_of::<u32>()
+    }
+
+    /// Each key's encoding, in order.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &[u8]> {
+        let starts = std::iter::once(0).chain(self.ends.iter().copied());
+        starts.zip(&self.ends).map(|(start, end)| self.bytes.get(start as usize..*end as usize).unwrap_or_default())
     }
 }
 
@@ -510,12 +578,23 @@ mod tests {
     fn keys_taken_in_groups_get_the_ids_one_by_one_would_give_at_any_table_size() {
         // Past LOOK_AHEAD_FROM keys the groups are looked up ahead; a
         // removed key frees an id for the next new key to take.
+        // Keys encoded beforehand, in two parts appended, take the same ids.
         let keys = LOOK_AHEAD_FROM as u64 * 3;
         let (mut grouped, mut single) = (KeyTable::<String>::default(), KeyTable::<String>::default());
+        let mut encoded = KeyTable::<String>::default();
         for round in 0..3u64 {
             let batch: Vec<String> = (0..keys).map(|n| format!("w{}", (n * 7 + round * 1_000) % keys)).collect();
             let (mut ids, mut given) = (Vec::new(), Vec::new());
             grouped.insert_many(batch.clone(), &mut ids, |id| given.push(id)).unwrap();
+            let (mut first, mut second) = (EncodedKeys::default(), EncodedKeys::default());
+            let (head, tail) = batch.split_at(batch.len() / 3);
+            head.iter().for_each(|key| first.push(key).unwrap());
+            tail.iter().for_each(|key| second.push(key).unwrap());
+            first.append(&second).unwrap();
+            assert_eq!(first.len(), batch.len());
+            let (mut encoded_ids, mut encoded_given) = (Vec::new(), Vec::new());
+            encoded.insert_many_encoded(&first, &mut encoded_ids, |id| encoded_given.push(id)).unwrap();
+            assert_eq!((&encoded_ids, &encoded_given), (&ids, &given), "round {round}");
             let mut expected_given = Vec::new();
             let expected: Vec<u32> = batch
                 .iter()
@@ -532,6 +611,7 @@ mod tests {
             assert_eq!(given, expected_given, "round {round}");
             for id in [round as u32, 100 + round as u32] {
                 assert_eq!(grouped.remove(id), single.remove(id));
+                encoded.remove(id);
             }
         }
         assert_eq!(grouped.key(5).unwrap(), single.key(5).unwrap());

@@ -176,9 +176,13 @@ pub(crate) trait Node: Send {
         None
     }
 
-    /// The aggregate's blocks were taken over by its reader: from now on
-    /// it combines only the records of its input batches.
-    fn combined_handed_over(&mut self) {}
+    /// The aggregate's blocks were taken over by its reader, in a graph
+    /// of `partitions` partitions: from now on it splits each block for
+    /// the reader on arrival and combines only the records of its input
+    /// batches.
+    fn combined_handed_over(&mut self, partitions: usize) {
+        let _ = partitions;
+    }
 
     /// A reader of a per-key aggregate's result: takes over the
     /// aggregate's blocks combined on arrival (what

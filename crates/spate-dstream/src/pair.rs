@@ -8,8 +8,8 @@
 
 use std::any::Any;
 use std::marker::PhantomData;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use crate::arrival::{ArrivalStage, ArrivalStep, Delivered};
 use crate::batch::{Batch, Data, Key};
@@ -17,15 +17,17 @@ use crate::combined::Combined;
 use crate::error::DStreamError;
 use crate::graph::Job;
 use crate::hash::{KeyHashMap, map_with_capacity, partition_of};
+use crate::keyed::EncodedKeys;
 use crate::node::{Node, NodeMeta, Slot, StepCtx};
 use crate::stream::DStream;
+use spate_core::CoreError;
 
 /// Moves every entry of `maps` (one per input partition) into the bucket of
 /// its key's partition; returns the buckets grouped by output partition.
 /// Entries bound for one output partition, one bucket per input partition.
-pub(crate) type Buckets<K, C> = Vec<Vec<(K, C)>>;
+type Buckets<K, C> = Vec<Vec<(K, C)>>;
 
-pub(crate) fn split_by_partition<K: Key, C: Send>(
+fn split_by_partition<K: Key, C: Send>(
     ctx: &StepCtx<'_>,
     maps: Vec<Combined<K, C>>,
     partitions: usize,
@@ -135,14 +137,65 @@ pub(crate) type MergeFn<C> = dyn Fn(&mut C, C) + Send + Sync;
 
 /// The blocks of a per-key aggregate combined on arrival, handed over to
 /// the only reader of its result (a window over `reduce_by_key`'s
-/// result): the reader merges the blocks' tables itself, into its own
-/// keyed state, so the batch's keys are not merged into a table of their
-/// own first and then looked up again (see `Node::take_combined`).
+/// result): the reader merges the blocks itself, into its own keyed
+/// state, so the batch's keys are not merged into a table of their own
+/// first and then looked up again (see `Node::take_combined`). Each block
+/// comes as a [`SplitBlock`].
 pub(crate) struct CombinedBlocks<K, C> {
     pub(crate) delivered: Arc<Delivered>,
     pub(crate) merge: Arc<MergeFn<C>>,
-    /// The tables delivered are of `Combined<K, C>`.
+    /// The blocks hold the keys of the aggregate's `K`, encoded.
     keys: PhantomData<fn() -> K>,
+}
+
+/// A block's combined values split by partition with their keys encoded,
+/// as a handed-over aggregate delivers them (see [`CombinedBlocks`]). The
+/// split runs on the thread that processed the block, right after its
+/// values were combined: the keys' bytes are read while in cache, the keys
+/// are freed by the thread that made them, and the reader looks the keys
+/// up from one buffer a partition without reading the keys themselves.
+pub(crate) struct SplitBlock<C> {
+    /// Keys and values, one pair a partition; or why a key did not encode.
+    pub(crate) parts: Result<Vec<(EncodedKeys, Vec<C>)>, CoreError>,
+}
+
+impl<C> SplitBlock<C> {
+    fn empty(partitions: usize) -> Self {
+        SplitBlock { parts: Ok((0..partitions).map(|_| (EncodedKeys::default(), Vec::new())).collect()) }
+    }
+
+    fn split<K: Key>(table: Combined<K, C>, partitions: usize) -> Self {
+        let mut block = SplitBlock::empty(partitions);
+        if let Ok(parts) = &mut block.parts {
+            for (key, combiner) in table {
+                let Some((keys, values)) = parts.get_mut(partition_of(&key, partitions)) else { continue };
+                if let Err(e) = keys.push(&key) {
+                    return SplitBlock { parts: Err(e) };
+                }
+                values.push(combiner);
+            }
+        }
+        block
+    }
+
+    /// This block's entries, then `next`'s.
+    fn then(self, next: SplitBlock<C>) -> Self {
+        let parts = self.parts.and_then(|mut parts| {
+            for ((keys, values), (more_keys, more_values)) in parts.iter_mut().zip(next.parts?) {
+                keys.append(&more_keys)?;
+                values.extend(more_values);
+            }
+            Ok(parts)
+        });
+        SplitBlock { parts }
+    }
+
+    fn memory_bytes(&self) -> u64 {
+        let parts = self.parts.as_ref().map_or(0, |parts| {
+            parts.iter().map(|(keys, values)| keys.memory_bytes() + values.capacity() * std::mem::size_of::<C>()).sum()
+        });
+        parts as u64
+    }
 }
 
 /// The tables delivered to `delivered` for the batch of `ctx`.
@@ -171,6 +224,10 @@ pub(crate) struct KeyedCombine<K, V, C> {
     local: Arc<LocalFn<K, V, C>>,
     merge: Arc<MergeFn<C>>,
     delivered: Option<Arc<Delivered>>,
+    /// Set to the graph's partition count once its blocks are handed over:
+    /// each block's table is then split by partition, keys encoded, on the
+    /// thread that processed the block (see [`SplitBlock`]).
+    split_for: Arc<OnceLock<usize>>,
 }
 
 impl<K: Key, V: Data, C: Data> KeyedCombine<K, V, C> {
@@ -190,7 +247,12 @@ impl<K: Key, V: Data, C: Data> KeyedCombine<K, V, C> {
             keys_last_time.store(combined.len(), Ordering::Relaxed);
             combined
         };
-        KeyedCombine { local: Arc::new(local), merge: Arc::new(merge_combiners), delivered: None }
+        KeyedCombine {
+            local: Arc::new(local),
+            merge: Arc::new(merge_combiners),
+            delivered: None,
+            split_for: Arc::new(OnceLock::new()),
+        }
     }
 
     /// The batch's values combined by key into `ctx.partitions`
@@ -215,18 +277,29 @@ impl<K: Key, V: Data, C: Data> KeyedCombine<K, V, C> {
     /// The map-side combine as the last step of an arrival chain; chunks'
     /// maps join by merging in order.
     pub(crate) fn arrival_step(&self, operator: &str) -> ArrivalStep {
-        let local = Arc::clone(&self.local);
+        let (local, split_for) = (Arc::clone(&self.local), Arc::clone(&self.split_for));
         let run = move |part: Box<dyn Any + Send>| match part.downcast::<Vec<(K, V)>>() {
             Ok(records) => {
                 let map = local(*records);
+                if let Some(&partitions) = split_for.get() {
+                    let block = SplitBlock::split(map, partitions);
+                    let bytes = block.memory_bytes();
+                    return (Box::new(block) as Box<dyn Any + Send>, bytes);
+                }
                 let bytes = (map.len() * (std::mem::size_of::<(K, C)>() + 1)) as u64;
                 (Box::new(map) as Box<dyn Any + Send>, bytes)
             }
             // Not in a built graph; `partitioned` reports the mismatch.
             Err(other) => (other, 0),
         };
-        let merge = Arc::clone(&self.merge);
+        let (merge, split_for) = (Arc::clone(&self.merge), Arc::clone(&self.split_for));
         let join = move |parts: Vec<Box<dyn Any + Send>>| {
+            if let Some(&partitions) = split_for.get() {
+                // The reader merges by key; chunks' blocks need only follow each other.
+                let blocks = parts.into_iter().filter_map(|part| part.downcast::<SplitBlock<C>>().ok());
+                let all = blocks.fold(SplitBlock::<C>::empty(partitions), |all, block| all.then(*block));
+                return Box::new(all) as Box<dyn Any + Send>;
+            }
             let mut maps = parts.into_iter().filter_map(|part| part.downcast::<Combined<K, C>>().ok());
             let mut all = maps.next().map(|first| *first).unwrap_or_default();
             all.fold(maps.flat_map(|map| *map), |combiner| combiner, &*merge);
@@ -257,10 +330,14 @@ impl<K: Key, V: Data, C: Data> KeyedCombine<K, V, C> {
         Some(CombinedBlocks { delivered, merge: Arc::clone(&self.merge), keys: PhantomData })
     }
 
-    /// Its blocks combined on arrival were handed over: from now on it
-    /// combines only the records of its input batches.
-    pub(crate) fn handed_over(&mut self) {
+    /// Its blocks combined on arrival were handed over to a reader of a
+    /// graph of `partitions` partitions: from now on each block's table is
+    /// split for it on arrival, and it combines only the records of its
+    /// input batches.
+    pub(crate) fn handed_over(&mut self, partitions: usize) {
         self.delivered = None;
+        // Set once, when the graph is built.
+        let _ = self.split_for.set(partitions);
     }
 
     /// From now on, takes the combined maps delivered to `delivered`.
@@ -336,8 +413,8 @@ impl<K: Key, V: Data, C: Data> Node for CombineNode<K, V, C> {
         self.combine.hand_over().map(|blocks| Box::new(blocks) as Box<dyn Any>)
     }
 
-    fn combined_handed_over(&mut self) {
-        self.combine.handed_over();
+    fn combined_handed_over(&mut self, partitions: usize) {
+        self.combine.handed_over(partitions);
     }
 }
 

@@ -14,7 +14,9 @@ use common::{Collected, INTERVAL, collect, run, sorted_at, t};
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
 use spate_core::Duration;
-use spate_dstream::{DStream, FedSource, GraphBuilder, InPlace, InputSource, QueueSource, Views};
+use spate_dstream::{
+    ArrivalStage, DStream, FedSource, GraphBuilder, InPlace, InputSource, ProcessedBlock, QueueSource, Views,
+};
 
 /// One batch: its records cut into blocks, and for each block whether it
 /// was processed on arrival (true) or handed over raw at the batch end.
@@ -116,7 +118,8 @@ fn check_pipelined(
 
     for (index, blocks) in input.iter().enumerate() {
         let time = t(index as i64 + 1);
-        let processed = blocks.iter().filter(|(_, early)| *early).map(|(records, _)| stage.process(records.clone()));
+        let processed =
+            blocks.iter().filter(|(_, early)| *early).map(|(records, _)| process_in_chunks(&stage, records));
         stage.deliver(time, processed.collect());
         fed.feed(time, blocks.iter().filter(|(_, early)| !*early).map(|(records, _)| records.clone()).collect());
         queue.push_partitions(blocks.iter().map(|(records, _)| records.clone()).collect());
@@ -130,6 +133,16 @@ fn check_pipelined(
         }
     }
     Ok(Arc::clone(&outputs[0]))
+}
+
+/// A block processed as a Kafka stream reads it: a chunkable stage in two
+/// chunks joined, any other whole.
+fn process_in_chunks(stage: &ArrivalStage<u16>, records: &[u16]) -> ProcessedBlock {
+    if !stage.is_chunkable() {
+        return stage.process(records.to_vec());
+    }
+    let (first, second) = records.split_at(records.len() / 2);
+    stage.join(vec![stage.process(first.to_vec()), stage.process(second.to_vec())])
 }
 
 proptest! {
