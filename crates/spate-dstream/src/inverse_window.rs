@@ -29,7 +29,9 @@ use crate::graph::Job;
 use crate::hash::{KeyHashMap, partition_of};
 use crate::keyed::{ByteString, EncodedKeys, EncodedSlice, KeyTable, OwnedByteString};
 use crate::node::{Node, Slot, StatefulNode, StepCtx};
-use crate::pair::{CombinedBlocks, KeyedCombine, MergeFn, SplitBlock, combines_on_arrival, partition_records};
+use crate::pair::{
+    CombinedBlocks, KeyedCombine, MergeFn, SplitBlock, combines_on_arrival, partition_records, take_combined,
+};
 
 /// Version 1 kept `(key, value)` pairs; version 2 is the compact form.
 const INVERSE_WINDOW_STATE_VERSION: u16 = 2;
@@ -115,14 +117,9 @@ impl<K: Key, V: Data> Part<K, V> {
 
     /// Keeps one batch, reduced by key (each key once), as a slice.
     fn ingest(&mut self, batch: impl ExactSizeIterator<Item = (K, V)>) -> Result<(), CoreError> {
-        let (mut ids, mut values) = (Vec::with_capacity(batch.len()), Vec::with_capacity(batch.len()));
-        let keys = batch.map(|(key, value)| {
-            values.push(value);
-            key
-        });
         let changed = &mut self.keys_changed;
-        self.keys.insert_many(keys, &mut ids, |id| changed.insert(id))?;
-        self.keep_slice(ids.into_iter().zip(values).collect())
+        let entries = self.keys.insert_entries(batch, |id| changed.insert(id))?;
+        self.keep_slice(entries)
     }
 
     /// Keeps one batch as a slice from its blocks' entries and then `rest`,
@@ -142,15 +139,8 @@ impl<K: Key, V: Data> Part<K, V> {
             self.keys.insert_many_encoded(&keys, &mut ids, |id| changed.insert(id))?;
             entries.extend(ids.iter().copied().zip(values));
         }
-        let mut values = Vec::with_capacity(rest.len());
-        let keys = rest.into_iter().map(|(key, value)| {
-            values.push(value);
-            key
-        });
-        ids.clear();
         let changed = &mut self.keys_changed;
-        self.keys.insert_many(keys, &mut ids, |id| changed.insert(id))?;
-        entries.extend(ids.into_iter().zip(values));
+        entries.extend(self.keys.insert_entries(rest, |id| changed.insert(id))?);
         self.keep_slice(merged_by_id(entries, merge))
     }
 
@@ -663,11 +653,7 @@ fn blocks_with_batch<K: Key, V: Data>(
     batch: Batch<(K, V)>,
 ) -> Result<Vec<PartOfBlocks<K, V>>, DStreamError> {
     let mut by_part: Vec<PartOfBlocks<K, V>> = (0..ctx.partitions).map(|_| (Vec::new(), Vec::new())).collect();
-    for part in blocks.delivered.take(ctx.time) {
-        let block = part.downcast::<SplitBlock<V>>().map_err(|_| DStreamError::Internal {
-            operator: ctx.operator.to_string(),
-            reason: "combined values of another type were delivered".into(),
-        })?;
+    for block in take_combined::<SplitBlock<V>>(ctx, &blocks.delivered)? {
         let parts = block.parts.map_err(|e| ctx.state_error(&e))?;
         if parts.len() != ctx.partitions {
             let reason = format!("a block split for {} partitions, in a batch of {}", parts.len(), ctx.partitions);

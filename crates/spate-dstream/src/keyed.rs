@@ -109,9 +109,7 @@ impl<K: Key> KeyTable<K> {
     pub(crate) fn insert(&mut self, key: &K) -> Result<u32, CoreError> {
         let mut scratch = std::mem::take(&mut self.scratch);
         scratch.clear();
-        let encoded = bincode::serde::encode_into_std_write(key, &mut scratch, bincode::config::standard())
-            .map_err(|e| CoreError::Encode { reason: format!("a key: {e}") });
-        let id = encoded.and_then(|_| self.insert_encoded(&scratch));
+        let id = encode_key(key, &mut scratch).and_then(|()| self.insert_encoded(&scratch));
         self.scratch = scratch;
         id
     }
@@ -137,17 +135,33 @@ impl<K: Key> KeyTable<K> {
         mut given: impl FnMut(u32),
     ) -> Result<(), CoreError> {
         let mut keys = keys.into_iter().peekable();
-        let mut group = Group::default();
-        let mut scratch = std::mem::take(&mut self.scratch);
-        let mut outcome = Ok(());
-        while outcome.is_ok() && keys.peek().is_some() {
-            outcome = group.encode(&mut keys, &mut scratch).and_then(|()| {
-                let slices: [&[u8]; GROUP] = std::array::from_fn(|index| group.key(index, &scratch));
-                self.insert_group(slices.get(..group.len).unwrap_or_default(), ids, &mut given)
-            });
+        let mut group = EncodedKeys::default();
+        while keys.peek().is_some() {
+            group.clear();
+            for key in keys.by_ref().take(GROUP) {
+                group.push(&key)?;
+            }
+            self.insert_many_encoded(&group, ids, &mut given)?;
         }
-        self.scratch = scratch;
-        outcome
+        Ok(())
+    }
+
+    /// `entries` with their keys' ids in place of the keys, in order, by
+    /// [`KeyTable::insert_many`].
+    pub(crate) fn insert_entries<X>(
+        &mut self,
+        entries: impl IntoIterator<Item = (K, X)>,
+        given: impl FnMut(u32),
+    ) -> Result<Vec<(u32, X)>, CoreError> {
+        let entries = entries.into_iter();
+        let len = entries.size_hint().0;
+        let (mut ids, mut values) = (Vec::with_capacity(len), Vec::with_capacity(len));
+        let keys = entries.map(|(key, value)| {
+            values.push(value);
+            key
+        });
+        self.insert_many(keys, &mut ids, given)?;
+        Ok(ids.into_iter().zip(values).collect())
     }
 
     /// [`KeyTable::insert_many`] for keys already encoded.
@@ -339,39 +353,6 @@ impl<K: Key> KeyTable<K> {
     }
 }
 
-/// One group of [`KeyTable::insert_many`]: its keys encoded back to back
-/// in a scratch buffer.
-#[derive(Default)]
-struct Group {
-    len: usize,
-    ends: [usize; GROUP],
-}
-
-impl Group {
-    /// Encodes the next keys of `keys` (up to a group's worth) into `scratch`.
-    fn encode<K: Key>(&mut self, keys: &mut impl Iterator<Item = K>, scratch: &mut Vec<u8>) -> Result<(), CoreError> {
-        scratch.clear();
-        self.len = 0;
-        for (end, key) in self.ends.iter_mut().zip(keys.by_ref().take(GROUP)) {
-            bincode::serde::encode_into_std_write(&key, &mut *scratch, bincode::config::standard())
-                .map_err(|e| CoreError::Encode { reason: format!("a key: {e}") })?;
-            *end = scratch.len();
-            self.len += 1;
-        }
-        Ok(())
-    }
-
-    /// The `index`th key's encoding in `scratch` (empty past the group's end).
-    fn key<'s>(&self, index: usize, scratch: &'s [u8]) -> &'s [u8] {
-        if index >= self.len {
-            return &[];
-        }
-        let start = index.checked_sub(1).and_then(|before| self.ends.get(before)).copied().unwrap_or(0);
-        let end = self.ends.get(index).copied().unwrap_or(start);
-        scratch.get(start..end).unwrap_or_default()
-    }
-}
-
 /// Keys encoded as a key table encodes them, back to back: keys encoded
 /// where they are made (on the thread that processed their block), for a
 /// table to take later without reading the keys themselves (see
@@ -386,8 +367,7 @@ pub(crate) struct EncodedKeys {
 impl EncodedKeys {
     /// Appends `key`'s encoding.
     pub(crate) fn push<K: Key>(&mut self, key: &K) -> Result<(), CoreError> {
-        bincode::serde::encode_into_std_write(key, &mut self.bytes, bincode::config::standard())
-            .map_err(|e| CoreError::Encode { reason: format!("a key: {e}") })?;
+        encode_key(key, &mut self.bytes)?;
         self.ends.push(u32::try_from(self.bytes.len()).map_err(|_| too_many("bytes of a block's keys"))?);
         Ok(())
     }
@@ -407,6 +387,12 @@ impl EncodedKeys {
         self.ends.len()
     }
 
+    /// Empties it, keeping its buffers.
+    fn clear(&mut self) {
+        self.bytes.clear();
+        self.ends.clear();
+    }
+
     /// The bytes it takes in memory.
     pub(crate) fn memory_bytes(&self) -> usize {
         self.bytes.capacity() + self.ends.capacity() * std::mem::size_of::<u32>()
@@ -417,6 +403,13 @@ impl EncodedKeys {
         let starts = std::iter::once(0).chain(self.ends.iter().copied());
         starts.zip(&self.ends).map(|(start, end)| self.bytes.get(start as usize..*end as usize).unwrap_or_default())
     }
+}
+
+/// Appends `key`'s encoding in the state codec to `out`.
+fn encode_key<K: Key>(key: &K, out: &mut Vec<u8>) -> Result<(), CoreError> {
+    bincode::serde::encode_into_std_write(key, out, bincode::config::standard())
+        .map(|_| ())
+        .map_err(|e| CoreError::Encode { reason: format!("a key: {e}") })
 }
 
 /// The key whose record starts at `start`: its length (a varint), then its bytes.

@@ -198,20 +198,18 @@ impl<C> SplitBlock<C> {
     }
 }
 
-/// The tables delivered to `delivered` for the batch of `ctx`.
-pub(crate) fn take_combined<K: Key, C: Send + 'static>(
-    ctx: &StepCtx<'_>,
-    delivered: &Delivered,
-) -> Result<Vec<Combined<K, C>>, DStreamError> {
-    let mut tables = Vec::new();
+/// The blocks' results delivered to `delivered` for the batch of `ctx`,
+/// each a `T` (a [`Combined`] table, or a [`SplitBlock`] once handed over).
+pub(crate) fn take_combined<T: 'static>(ctx: &StepCtx<'_>, delivered: &Delivered) -> Result<Vec<T>, DStreamError> {
+    let mut blocks = Vec::new();
     for part in delivered.take(ctx.time) {
-        let table = part.downcast::<Combined<K, C>>().map_err(|_| DStreamError::Internal {
+        let block = part.downcast::<T>().map_err(|_| DStreamError::Internal {
             operator: ctx.operator.to_string(),
             reason: "combined values of another type were delivered".into(),
         })?;
-        tables.push(*table);
+        blocks.push(*block);
     }
-    Ok(tables)
+    Ok(blocks)
 }
 
 /// The per-key aggregation a keyed operator starts each batch with: every

@@ -121,13 +121,7 @@ impl<K: Key, V: Data> PanePart<K, V> {
         if batch.is_empty() {
             return Ok(());
         }
-        let (mut ids, mut values) = (Vec::with_capacity(batch.len()), Vec::with_capacity(batch.len()));
-        let keys = batch.into_iter().map(|(key, value)| {
-            values.push(value);
-            key
-        });
-        self.keys.insert_many(keys, &mut ids, |_| {})?;
-        let entries: Vec<(u32, V)> = ids.into_iter().zip(values).collect();
+        let entries = self.keys.insert_entries(batch, |_| {})?;
         let batch = Run::from_entries(entries).ok_or_else(|| decode_error("a key twice in a batch"))?;
         self.open = if self.open.is_empty() {
             batch

@@ -43,14 +43,14 @@ impl<K: Key, S> KeyedStates<K, S> {
         Ok(id)
     }
 
-    /// The ids of `keys`, giving each key without one an id (with no state).
-    fn ids_of(&mut self, keys: impl ExactSizeIterator<Item = K>) -> Result<Vec<u32>, CoreError> {
-        let mut ids = Vec::with_capacity(keys.len());
-        self.keys.insert_many(keys, &mut ids, |_| {})?;
+    /// `entries` with their keys' ids in place of the keys, giving each key
+    /// without one an id (with no state).
+    fn with_ids<X>(&mut self, entries: impl IntoIterator<Item = (K, X)>) -> Result<Vec<(u32, X)>, CoreError> {
+        let entries = self.keys.insert_entries(entries, |_| {})?;
         if self.states.len() < self.keys.id_bound() {
             self.states.resize_with(self.keys.id_bound(), || None);
         }
-        Ok(ids)
+        Ok(entries)
     }
 
     /// Takes the state of `id` out (the key keeps its id).
@@ -224,12 +224,7 @@ where
     S: Clone,
     F: Fn(Vec<V>, Option<S>) -> Option<S>,
 {
-    let mut values = Vec::with_capacity(groups.len());
-    let keys = groups.into_iter().map(|(key, group)| {
-        values.push(group);
-        key
-    });
-    let mut values: Vec<(u32, Vec<V>)> = part.ids_of(keys)?.into_iter().zip(values).collect();
+    let mut values: Vec<(u32, Vec<V>)> = part.with_ids(groups)?;
     values.sort_unstable_by_key(|(id, _)| *id);
     let mut values = values.into_iter().peekable();
     let mut out = Vec::with_capacity(part.keys.len());
