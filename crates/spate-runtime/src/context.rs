@@ -438,7 +438,8 @@ impl StreamingContext {
         self.status.last_committed().or_else(|| self.recovery.as_ref().and_then(|r| r.last_committed))
     }
 
-    /// Waits (real time, up to `timeout`) until `batch` committed. False on
+    /// Waits (real time, up to `timeout`) until `batch` committed and was
+    /// reported (metrics, progress listeners, the status page). False on
     /// timeout or when the context stopped before.
     pub fn await_committed(&self, batch: BatchId, timeout: std::time::Duration) -> bool {
         self.status.wait_committed(batch, timeout)

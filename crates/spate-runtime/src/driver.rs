@@ -543,9 +543,12 @@ impl Engine {
         lp.last_commit = Some((batch, flight.time));
         flight.phases.state_checkpoint_ms = if checkpointed { elapsed_ms(checkpointing) } else { 0 };
         lp.committed += 1;
-        status.update(|s| s.last_committed = Some(batch));
         self.after_commit(&flight);
-        self.report_progress(&flight, checkpointed)
+        let reported = self.report_progress(&flight, checkpointed);
+        // Last: whoever awaits the commit then finds the batch in the
+        // metrics, the listeners and the status page too.
+        status.update(|s| s.last_committed = Some(batch));
+        reported
     }
 
     /// Snapshots every stateful operator when the batch time is a multiple
