@@ -6,8 +6,9 @@
 //!
 //! - `setup`: installs every system package the build and tests need (idempotent).
 //! - `test`: setup, format check, the documentation check, clippy, the
-//!   `hello` example, then every test of the workspace, with the local
-//!   Kafka broker and S3 server running.
+//!   `hello` example, then every test of the workspace (several test
+//!   binaries at once, see [`test_run`]), with the local Kafka broker and
+//!   S3 server running.
 //! - `docs`: the documentation check alone: every relative link of the
 //!   Markdown files resolves, and the guide (`docs/`) builds with mdBook.
 //! - `bench`: the headline benchmarks, ending with one `BENCH` line a figure.
@@ -34,6 +35,7 @@ mod kafka;
 mod process;
 mod s3;
 mod setup;
+mod test_run;
 
 use std::process::ExitCode;
 use std::time::Instant;
@@ -129,17 +131,17 @@ fn test(_args: &[String]) -> Result {
     run_step("hello example", cargo(HELLO))?;
     let broker = kafka::Broker::start_for_tests()?;
     let s3 = s3::S3Server::start_for_tests()?;
-    let tests = run_step("tests", {
-        // Every crate's tests run even after one fails, so a run shows every failure.
-        let mut c = cargo(&["test", "--workspace", "--all-targets", "--no-fail-fast"]);
-        broker.export_to(&mut c);
-        s3.export_to(&mut c);
+    let tests = {
+        let mut env = std::process::Command::new("env");
+        broker.export_to(&mut env);
+        s3.export_to(&mut env);
         // The fault tests start, pause and restart servers of their own with it.
         if let Ok(xtask) = std::env::current_exe() {
-            c.env(XTASK_ENV, xtask);
+            env.env(XTASK_ENV, xtask);
         }
-        c
-    });
+        let env: Vec<_> = env.get_envs().filter_map(|(k, v)| Some((k.to_os_string(), v?.to_os_string()))).collect();
+        test_run::run(&["--workspace", "--all-targets"], &env)
+    };
     let doctests = run_step("doc tests", cargo(&["test", "--workspace", "--doc"]));
     let app_bench = app_bench_check(&broker);
     drop(s3);
