@@ -4,10 +4,13 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration as StdDuration;
 
+use common::{Numbers, range_of};
 use serde_json::json;
 use spate_core::{BatchId, Duration, ManualClock, Time};
 use spate_dstream::{BatchLimits, BoxError, InputSource};
@@ -18,48 +21,6 @@ use spate_runtime::{
 
 const WAIT: StdDuration = StdDuration::from_secs(30);
 const START: i64 = 1_000_000;
-
-/// A replayable source of the integers 0, 1, 2, …: a batch reads the range
-/// `from..until` it planned; `available` says how far the "log" goes.
-#[derive(Debug)]
-struct Numbers {
-    position: Mutex<u64>,
-    available: Mutex<u64>,
-    per_batch: u64,
-}
-
-impl Numbers {
-    fn new(per_batch: u64) -> Arc<Self> {
-        Arc::new(Numbers { position: Mutex::new(0), available: Mutex::new(u64::MAX), per_batch })
-    }
-}
-
-fn range_of(planned: &str) -> (u64, u64) {
-    let v: serde_json::Value = serde_json::from_str(planned).unwrap();
-    (v["from"].as_u64().unwrap(), v["until"].as_u64().unwrap())
-}
-
-impl InputSource<u64> for Numbers {
-    fn is_replayable(&self) -> bool {
-        true
-    }
-
-    fn plan(&self, _time: Time, limits: BatchLimits) -> Result<Option<String>, BoxError> {
-        let mut position = self.position.lock().unwrap();
-        let n = limits.max_records.map_or(self.per_batch, |m| m.min(self.per_batch));
-        let until = (*position + n).min(*self.available.lock().unwrap());
-        let planned = json!({"from": *position, "until": until}).to_string();
-        *position = until;
-        Ok(Some(planned))
-    }
-
-    fn compute(&self, _time: Time, planned: Option<&str>) -> Result<Vec<Vec<u64>>, BoxError> {
-        let (from, until) = range_of(planned.ok_or("no plan")?);
-        let mut position = self.position.lock().unwrap();
-        *position = (*position).max(until);
-        Ok(vec![(from..until).collect()])
-    }
-}
 
 fn settings(clock: &ManualClock) -> StreamingSettings {
     StreamingSettings::new(Duration::from_secs(1)).with_clock(Arc::new(clock.clone()))

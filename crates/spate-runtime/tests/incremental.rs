@@ -7,15 +7,17 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration as StdDuration;
 
+use common::{Numbers, range_of};
 use proptest::prelude::*;
-use serde_json::json;
 use spate_core::{BatchId, Duration, ManualClock, Time};
-use spate_dstream::{BatchLimits, BoxError, InputSource, State};
+use spate_dstream::State;
 use spate_logstore::{StateLink, split_state_file};
 use spate_runtime::{
     BatchProgress, DEFAULT_FULL_SNAPSHOT_EVERY, PipelineBuilder, ProgressListener, RecoveryReport, StreamingContext,
@@ -26,37 +28,6 @@ const WAIT: StdDuration = StdDuration::from_secs(30);
 const START: i64 = 1_000_000;
 /// The operators whose state is checkpointed.
 const STATEFUL: [&str; 3] = ["totals", "window", "sessions"];
-
-/// A replayable source of the integers 0, 1, 2, …, `per_batch` a batch.
-#[derive(Debug)]
-struct Numbers {
-    position: Mutex<u64>,
-    per_batch: u64,
-}
-
-fn range_of(planned: &str) -> (u64, u64) {
-    let v: serde_json::Value = serde_json::from_str(planned).unwrap();
-    (v["from"].as_u64().unwrap(), v["until"].as_u64().unwrap())
-}
-
-impl InputSource<u64> for Numbers {
-    fn is_replayable(&self) -> bool {
-        true
-    }
-
-    fn plan(&self, _time: Time, _limits: BatchLimits) -> Result<Option<String>, BoxError> {
-        let mut position = self.position.lock().unwrap();
-        let until = *position + self.per_batch;
-        let planned = json!({"from": *position, "until": until}).to_string();
-        *position = until;
-        Ok(Some(planned))
-    }
-
-    fn compute(&self, _time: Time, planned: Option<&str>) -> Result<Vec<Vec<u64>>, BoxError> {
-        let (from, until) = range_of(planned.ok_or("no plan")?);
-        Ok(vec![(from..until).collect()])
-    }
-}
 
 /// One output row: a key, its value, and whether the key's state timed out.
 type Row = (u64, u64, bool);
@@ -70,7 +41,7 @@ type Outputs = Arc<Mutex<BTreeMap<(u64, &'static str), Vec<Row>>>>;
 /// of keys that time out after 2 s idle (`map_with_state`, changes), each
 /// written by an output.
 fn pipeline(p: &mut PipelineBuilder, per_batch: u64, outputs: &Outputs) {
-    let source = Arc::new(Numbers { position: Mutex::new(0), per_batch });
+    let source = Numbers::new(per_batch);
     let resume = Arc::clone(&source);
     let numbers = p.replayable_input(
         "numbers",
