@@ -37,6 +37,7 @@ mod s3;
 mod setup;
 mod test_run;
 
+use std::ffi::OsStr;
 use std::process::ExitCode;
 use std::time::Instant;
 
@@ -132,6 +133,7 @@ fn test(_args: &[String]) -> Result {
     let broker = kafka::Broker::start_for_tests()?;
     let s3 = s3::S3Server::start_for_tests()?;
     let tests = {
+        // Collects what the servers export, to set it on each test binary.
         let mut env = std::process::Command::new("env");
         broker.export_to(&mut env);
         s3.export_to(&mut env);
@@ -139,7 +141,7 @@ fn test(_args: &[String]) -> Result {
         if let Ok(xtask) = std::env::current_exe() {
             env.env(XTASK_ENV, xtask);
         }
-        let env: Vec<_> = env.get_envs().filter_map(|(k, v)| Some((k.to_os_string(), v?.to_os_string()))).collect();
+        let env: Vec<_> = env.get_envs().map(|(k, v)| (k.to_os_string(), v.map(OsStr::to_os_string))).collect();
         test_run::run(&["--workspace", "--all-targets"], &env)
     };
     let doctests = run_step("doc tests", cargo(&["test", "--workspace", "--doc"]));

@@ -42,13 +42,16 @@ struct Outcome {
     output: Vec<u8>,
 }
 
+/// An environment variable to set on each binary (`None`: to remove).
+pub(crate) type Variable = (OsString, Option<OsString>);
+
 /// Environment variable: how many test binaries run at once.
 const LANES_ENV: &str = "SPATE_TEST_LANES";
 
 /// Builds every test binary of the workspace (`args` added to
-/// `cargo test --no-run`), runs them with `env` set, and fails if any
-/// failed, after all have run.
-pub(crate) fn run(args: &[&str], env: &[(OsString, OsString)]) -> Result {
+/// `cargo test --no-run`), runs them with `env` set (`None`: removed),
+/// and fails if any failed, after all have run.
+pub(crate) fn run(args: &[&str], env: &[Variable]) -> Result {
     println!("==> tests");
     let started = Instant::now();
     let binaries = build(args)?;
@@ -171,7 +174,7 @@ fn longest_first(mut binaries: Vec<TestBinary>, last: &BTreeMap<String, f64>) ->
 
 /// Runs `binaries` in their order on `lanes` threads, printing each one's
 /// output as it ends; the outcomes in the order they ended.
-fn run_all(binaries: Vec<TestBinary>, lanes: usize, env: &[(OsString, OsString)]) -> Vec<Outcome> {
+fn run_all(binaries: Vec<TestBinary>, lanes: usize, env: &[Variable]) -> Vec<Outcome> {
     let queue = Mutex::new(VecDeque::from(binaries));
     let (done, outcomes) = std::sync::mpsc::channel::<Outcome>();
     std::thread::scope(|scope| {
@@ -195,15 +198,21 @@ fn run_all(binaries: Vec<TestBinary>, lanes: usize, env: &[(OsString, OsString)]
 
 /// Runs one binary as cargo would: from its package's folder, with the
 /// package's folder and name in the environment, its output captured.
-fn run_one(binary: TestBinary, env: &[(OsString, OsString)]) -> Outcome {
+fn run_one(binary: TestBinary, env: &[Variable]) -> Outcome {
     let started = Instant::now();
-    let result = Command::new(&binary.executable)
+    let mut command = Command::new(&binary.executable);
+    command
         .current_dir(&binary.package_dir)
         .env("CARGO_MANIFEST_DIR", &binary.package_dir)
         .env("CARGO_PKG_NAME", &binary.package)
-        .envs(env.iter().map(|(k, v)| (k, v)))
-        .stdin(Stdio::null())
-        .output();
+        .stdin(Stdio::null());
+    for (name, value) in env {
+        match value {
+            Some(value) => command.env(name, value),
+            None => command.env_remove(name),
+        };
+    }
+    let result = command.output();
     let (passed, output) = match result {
         Ok(output) => {
             let mut text = output.stdout;
@@ -310,7 +319,8 @@ mod tests {
 
     /// Two binaries that each wait for the other to have started finish
     /// only when they run at once (each gives up after two minutes, so a
-    /// runner that runs them one after the other fails rather than hangs).
+    /// runner that runs them one after the other fails rather than hangs),
+    /// each with the environment it is given.
     #[test]
     fn binaries_run_at_once_on_their_lanes_and_each_outcome_is_kept() {
         use std::os::unix::fs::PermissionsExt;
@@ -320,21 +330,23 @@ mod tests {
             let path = dir.join(name);
             let text = format!(
                 "#!/bin/sh\ntouch {mine}\ni=0\nwhile [ ! -e {theirs} ]; do\n  sleep 0.1; i=$((i+1))\n  \
-                 [ $i -gt 1200 ] && echo \"{theirs} never came\" && exit 1\ndone\necho \"test result: ok. 1 passed; \
-                 0 failed;\"\n"
+                 [ $i -gt 1200 ] && echo \"{theirs} never came\" && exit 1\ndone\necho \"var=$SPATE_LANE_TEST home=${{HOME:-none}}\"\n\
+                 echo \"test result: ok. 1 passed; 0 failed;\"\n"
             );
             std::fs::write(&path, text).unwrap();
             std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
             TestBinary { name: name.into(), executable: path, package: "p".into(), package_dir: dir.clone() }
         };
         let binaries = vec![script("first", "a", "b"), script("second", "b", "a")];
-        let outcomes = run_all(binaries, 2, &[]);
+        let env = [("SPATE_LANE_TEST".into(), Some("set".into())), ("HOME".into(), None)];
+        let outcomes = run_all(binaries, 2, &env);
         std::fs::remove_dir_all(&dir).unwrap();
         assert_eq!(outcomes.len(), 2);
         for outcome in &outcomes {
             let output = String::from_utf8_lossy(&outcome.output);
             assert!(outcome.passed, "{}: {output}", outcome.binary.name);
             assert_eq!(count_tests(&output), (1, 0));
+            assert!(output.contains("var=set home=none"), "the environment given, set and removed: {output}");
         }
     }
 
