@@ -10,7 +10,8 @@
 //! The longest binaries start first, by the times the last run measured
 //! (kept in the target folder), so that they do not end up last on a lane
 //! of their own. Each binary's output is printed whole when it ends, so
-//! the lines of binaries running together do not mix.
+//! the lines of binaries running together do not mix; a line says when
+//! each one starts.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::ffi::OsString;
@@ -199,6 +200,9 @@ fn run_all(binaries: Vec<TestBinary>, lanes: usize, env: &[Variable]) -> Vec<Out
 /// Runs one binary as cargo would: from its package's folder, with the
 /// package's folder and name in the environment, its output captured.
 fn run_one(binary: TestBinary, env: &[Variable]) -> Outcome {
+    // Its output comes when it ends: this line shows what runs meanwhile
+    // (and, if one hangs, which).
+    println!("     Started {}", binary.name);
     let started = Instant::now();
     let mut command = Command::new(&binary.executable);
     command
