@@ -24,7 +24,7 @@ use crate::Result;
 use crate::env::{cargo, target_dir};
 
 /// One test binary as `cargo test --no-run` built it.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Debug, PartialEq, Eq)]
 pub(crate) struct TestBinary {
     /// As cargo names it: the package, then the source (`tests/app.rs`,
     /// `unittests src/lib.rs`).

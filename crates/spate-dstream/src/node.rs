@@ -180,9 +180,7 @@ pub(crate) trait Node: Send {
     /// of `partitions` partitions: from now on it splits each block for
     /// the reader on arrival and combines only the records of its input
     /// batches.
-    fn combined_handed_over(&mut self, partitions: usize) {
-        let _ = partitions;
-    }
+    fn combined_handed_over(&mut self, _partitions: usize) {}
 
     /// A reader of a per-key aggregate's result: takes over the
     /// aggregate's blocks combined on arrival (what

@@ -294,8 +294,9 @@ impl<K: Key, V: Data, C: Data> KeyedCombine<K, V, C> {
         let join = move |parts: Vec<Box<dyn Any + Send>>| {
             if let Some(&partitions) = split_for.get() {
                 // The reader merges by key; chunks' blocks need only follow each other.
-                let blocks = parts.into_iter().filter_map(|part| part.downcast::<SplitBlock<C>>().ok());
-                let all = blocks.fold(SplitBlock::<C>::empty(partitions), |all, block| all.then(*block));
+                let mut blocks = parts.into_iter().filter_map(|part| part.downcast::<SplitBlock<C>>().ok());
+                let first = blocks.next().map_or_else(|| SplitBlock::empty(partitions), |first| *first);
+                let all = blocks.fold(first, |all, block| all.then(*block));
                 return Box::new(all) as Box<dyn Any + Send>;
             }
             let mut maps = parts.into_iter().filter_map(|part| part.downcast::<Combined<K, C>>().ok());
