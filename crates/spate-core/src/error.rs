@@ -74,6 +74,13 @@ pub enum CoreError {
         /// What the encoder said.
         reason: String,
     },
+    /// A frame streamed to a writer could not be written.
+    #[error("writing the frame failed: {source}")]
+    Write {
+        /// What the writer said.
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 impl CoreError {

@@ -17,6 +17,8 @@
 //! length against a bound *before* it allocates, and bounds what bincode may
 //! allocate while decoding, so no input can make it allocate without limit.
 
+use std::io::{Seek, SeekFrom, Write};
+
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
@@ -176,6 +178,42 @@ impl FrameCodec {
         Ok(())
     }
 
+    /// Writes one frame to `out`, its payload appended by `write_payload`
+    /// to `chunks`, which pass each full chunk on to `out` as it fills, so
+    /// a payload larger than memory can hold twice (a large operator
+    /// state) is never in memory whole. The header, whose length and
+    /// checksum are known only at the end, is written last, seeking back
+    /// to where the frame starts. Returns the bytes the frame took. On error
+    /// `out` holds a partial frame: write to something the caller discards
+    /// then (a temp file).
+    pub fn encode_streamed<W: SeekWrite + ?Sized>(
+        &self,
+        out: &mut W,
+        write_payload: impl FnOnce(&mut PayloadChunks<'_, W>) -> Result<(), CoreError>,
+    ) -> Result<u64, CoreError> {
+        let start = out.stream_position().map_err(write_error)?;
+        out.write_all(&[0u8; FRAME_HEADER_LEN]).map_err(write_error)?;
+        let mut chunks = PayloadChunks { chunk: Vec::with_capacity(PAYLOAD_CHUNK), out, crc: 0, len: 0 };
+        write_payload(&mut chunks)?;
+        chunks.pass_on()?;
+        let PayloadChunks { out, crc: payload_crc, len: payload_len, .. } = chunks;
+        let Some(len) = u32::try_from(payload_len).ok().filter(|n| *n <= self.max_payload_bytes) else {
+            return Err(CoreError::TooLarge { declared: payload_len, limit: u64::from(self.max_payload_bytes) });
+        };
+        let mut header = [0u8; FRAME_HEADER_LEN];
+        header[0..4].copy_from_slice(&FRAME_MAGIC);
+        header[4..6].copy_from_slice(&self.current_version.to_le_bytes());
+        header[6..8].copy_from_slice(&0u16.to_le_bytes());
+        header[8..12].copy_from_slice(&len.to_le_bytes());
+        let crc = crc32c_combine(crc32c::crc32c(&header[4..12]), payload_crc, payload_len);
+        header[12..16].copy_from_slice(&crc.to_le_bytes());
+        let frame_len = FRAME_HEADER_LEN as u64 + payload_len;
+        out.seek(SeekFrom::Start(start)).map_err(write_error)?;
+        out.write_all(&header).map_err(write_error)?;
+        out.seek(SeekFrom::Start(start + frame_len)).map_err(write_error)?;
+        Ok(frame_len)
+    }
+
     /// The CRC32C of `bytes` when they are exactly one frame, header
     /// included, derived from the checksum in its header (CRCs combine), so
     /// a log storing the frame need not read it once more. `None` when
@@ -274,6 +312,72 @@ fn decode_limited<T: DeserializeOwned, const LIMIT: usize>(payload: &[u8]) -> Re
     Ok(value)
 }
 
+/// A writer a streamed frame can seek back in, to fill in its header once
+/// the payload is written: a file, or a [`std::io::Cursor`] over memory.
+pub trait SeekWrite: Write + Seek {}
+
+impl<T: Write + Seek + ?Sized> SeekWrite for T {}
+
+/// Where a payload writer appends its bytes, record by record: a `Vec` in
+/// memory, or the [`PayloadChunks`] of a streamed frame.
+pub trait PayloadSink {
+    /// The buffer to append the next record to.
+    fn buffer(&mut self) -> &mut Vec<u8>;
+
+    /// Called after each record: a streamed frame passes its buffer on to
+    /// its writer once it holds a chunk.
+    fn record_end(&mut self) -> Result<(), CoreError>;
+}
+
+impl PayloadSink for Vec<u8> {
+    fn buffer(&mut self) -> &mut Vec<u8> {
+        self
+    }
+
+    fn record_end(&mut self) -> Result<(), CoreError> {
+        Ok(())
+    }
+}
+
+/// Bytes a streamed frame's payload collects before passing them on: large
+/// enough that a write is one system call per megabyte, small beside any
+/// state worth streaming.
+const PAYLOAD_CHUNK: usize = 1 << 20;
+
+/// The payload of a frame [`FrameCodec::encode_streamed`] writes: records
+/// are appended to a chunk, which goes to the writer (its checksum and
+/// length counted) whenever a record ends with it full.
+pub struct PayloadChunks<'a, W: ?Sized> {
+    chunk: Vec<u8>,
+    out: &'a mut W,
+    crc: u32,
+    len: u64,
+}
+
+impl<W: Write + ?Sized> PayloadChunks<'_, W> {
+    fn pass_on(&mut self) -> Result<(), CoreError> {
+        self.crc = crc32c::crc32c_append(self.crc, &self.chunk);
+        self.len += self.chunk.len() as u64;
+        self.out.write_all(&self.chunk).map_err(write_error)?;
+        self.chunk.clear();
+        Ok(())
+    }
+}
+
+impl<W: Write + ?Sized> PayloadSink for PayloadChunks<'_, W> {
+    fn buffer(&mut self) -> &mut Vec<u8> {
+        &mut self.chunk
+    }
+
+    fn record_end(&mut self) -> Result<(), CoreError> {
+        if self.chunk.len() >= PAYLOAD_CHUNK { self.pass_on() } else { Ok(()) }
+    }
+}
+
+fn write_error(source: std::io::Error) -> CoreError {
+    CoreError::Write { source }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -300,6 +404,81 @@ mod tests {
         let frame = codec.decode::<Sample>(&buf)?;
         assert_eq!(frame, Frame { version: 1, value: sample(), frame_len: len });
         Ok(())
+    }
+
+    /// Records of 1 to 300 bytes, as a payload writer appends them.
+    fn records(count: usize) -> Vec<Vec<u8>> {
+        (0..count).map(|i| (0..1 + i * 7919 % 300).map(|b| (b ^ i) as u8).collect()).collect()
+    }
+
+    #[test]
+    fn a_streamed_frame_is_the_frame_encode_with_makes() -> Result<(), CoreError> {
+        let codec = FrameCodec::new(4);
+        // Several chunks' worth, so the chunks' checksums combine.
+        let records = records(20_000);
+        let mut expected = Vec::new();
+        codec.encode_with(&mut expected, |out| {
+            records.iter().for_each(|r| out.extend_from_slice(r));
+            Ok(())
+        })?;
+        assert!(expected.len() > 2 * PAYLOAD_CHUNK, "{}", expected.len());
+        // After other bytes (a header of changes goes first), and followed by more.
+        let mut out = std::io::Cursor::new(b"prefix".to_vec());
+        out.seek(SeekFrom::End(0)).map_err(write_error)?;
+        let written = codec.encode_streamed(&mut out, |chunks| {
+            for record in &records {
+                chunks.buffer().extend_from_slice(record);
+                chunks.record_end()?;
+            }
+            Ok(())
+        })?;
+        out.write_all(b"after").map_err(write_error)?;
+        let bytes = out.into_inner();
+        assert_eq!(written, expected.len() as u64);
+        assert_eq!(&bytes[..6], b"prefix");
+        assert_eq!(&bytes[6..6 + expected.len()], expected.as_slice());
+        assert_eq!(&bytes[6 + expected.len()..], b"after");
+        assert_eq!(codec.open(&bytes[6..])?.payload.len(), expected.len() - FRAME_HEADER_LEN);
+        Ok(())
+    }
+
+    #[test]
+    fn a_streamed_frame_over_the_bound_is_refused() {
+        let codec = FrameCodec::new(1).with_max_payload(1000);
+        let mut out = std::io::Cursor::new(Vec::new());
+        let result = codec.encode_streamed(&mut out, |chunks| {
+            chunks.buffer().extend_from_slice(&[7u8; 1001]);
+            chunks.record_end()
+        });
+        assert!(matches!(result, Err(CoreError::TooLarge { declared: 1001, limit: 1000 })), "{result:?}");
+    }
+
+    #[test]
+    fn a_streamed_frame_reports_its_writer_failing() {
+        /// Takes a header and nothing more.
+        struct Full(std::io::Cursor<Vec<u8>>);
+        impl Write for Full {
+            fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+                if self.0.position() >= FRAME_HEADER_LEN as u64 {
+                    return Err(std::io::Error::new(std::io::ErrorKind::StorageFull, "disk full"));
+                }
+                self.0.write(buf)
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        impl Seek for Full {
+            fn seek(&mut self, to: SeekFrom) -> std::io::Result<u64> {
+                self.0.seek(to)
+            }
+        }
+        let mut out = Full(std::io::Cursor::new(Vec::new()));
+        let result = FrameCodec::new(1).encode_streamed(&mut out, |chunks| {
+            chunks.buffer().extend_from_slice(b"payload");
+            chunks.record_end()
+        });
+        assert!(matches!(&result, Err(CoreError::Write { source }) if source.to_string() == "disk full"), "{result:?}");
     }
 
     #[test]

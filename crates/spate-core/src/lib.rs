@@ -55,7 +55,7 @@ pub use block::{BlockStoreResult, ReceivedBlockInfo, WalRecordHandle};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use error::CoreError;
 pub use fence::{Unfenced, WriterFence};
-pub use frame::{FRAME_HEADER_LEN, FRAME_MAGIC, Frame, FrameCodec, RawFrame};
+pub use frame::{FRAME_HEADER_LEN, FRAME_MAGIC, Frame, FrameCodec, PayloadChunks, PayloadSink, RawFrame, SeekWrite};
 pub use ids::{BatchId, StreamBlockId, StreamId};
 pub use in_place::{InPlace, PayloadReader, Views, varint_len, write_varint};
 pub use memory::{MemoryBudget, Reservation};
