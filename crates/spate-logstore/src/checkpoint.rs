@@ -18,7 +18,7 @@ use tracing::{debug, info, warn};
 
 use crate::entries::{CommitLog, CommitMetadata, OffsetLog};
 use crate::error::{LogStoreError, Result};
-use crate::file_manager::{CheckpointFileManager, FileVersion, Tightened, parent_of, read_bounded};
+use crate::file_manager::{CheckpointFileManager, ContentWriter, FileVersion, Tightened, parent_of, read_bounded};
 use crate::holder::LockHolder;
 use crate::location::{ObjectStoreSettings, file_manager_for};
 use crate::lock::{EpochFence, LOCK_FILE, LeaseSettings, LockStatus, WriterLock, decode_lock_file};
@@ -433,6 +433,18 @@ impl Checkpoint {
         fence.check()?;
         self.files.mkdirs(parent_of(&path))?;
         self.files.create_atomic(&path, bytes, &|| fence.check())
+    }
+
+    /// [`Checkpoint::write_file`] for a file too large to hold in memory
+    /// twice (a large operator state): `content` streams it (see
+    /// [`CheckpointFileManager::create_atomic_streamed`]). Returns the
+    /// bytes written.
+    pub fn write_file_streamed(&self, relative: impl AsRef<Path>, content: ContentWriter<'_>) -> Result<u64> {
+        let path = self.path_of(relative)?;
+        let fence = self.writer_fence()?;
+        fence.check()?;
+        self.files.mkdirs(parent_of(&path))?;
+        self.files.create_atomic_streamed(&path, content, &|| fence.check())
     }
 
     /// Writes a file (e.g. `graph`) atomically, replacing its old content.

@@ -28,7 +28,9 @@ use spate_core::sync::lock;
 use tracing::warn;
 
 use crate::error::{LogStoreError, Result};
-use crate::file_manager::{self, CheckpointFileManager, FaultPoint, Observer, Overwrite, PublishCheck, parent_of};
+use crate::file_manager::{
+    self, CheckpointFileManager, Content, ContentWriter, FaultPoint, Observer, Overwrite, PublishCheck, parent_of,
+};
 use crate::lock::{LeaseSettings, LockStatus, WriterLock};
 use spate_core::Clock;
 
@@ -156,9 +158,9 @@ impl FaultyFileManager {
         if self.has_crashed() { Err(LogStoreError::Crashed) } else { Ok(()) }
     }
 
-    fn write(&self, path: &Path, bytes: &[u8], overwrite: Overwrite, fence: PublishCheck<'_>) -> Result<()> {
+    fn write(&self, path: &Path, content: Content<'_>, overwrite: Overwrite, fence: PublishCheck<'_>) -> Result<u64> {
         self.alive()?;
-        file_manager::write_atomic(path, bytes, overwrite, fence, self)
+        file_manager::write_atomic(path, content, overwrite, fence, self)
     }
 
     fn run_hook(&self, point: FaultPoint) {
@@ -292,11 +294,15 @@ impl CheckpointFileManager for FaultyFileManager {
     }
 
     fn create_atomic(&self, path: &Path, bytes: &[u8], fence: PublishCheck<'_>) -> Result<()> {
-        self.write(path, bytes, Overwrite::Never, fence)
+        self.write(path, Content::Bytes(bytes), Overwrite::Never, fence).map(drop)
+    }
+
+    fn create_atomic_streamed(&self, path: &Path, content: ContentWriter<'_>, fence: PublishCheck<'_>) -> Result<u64> {
+        self.write(path, Content::Streamed(content), Overwrite::Never, fence)
     }
 
     fn replace_atomic(&self, path: &Path, bytes: &[u8], fence: PublishCheck<'_>) -> Result<()> {
-        self.write(path, bytes, Overwrite::Replace, fence)
+        self.write(path, Content::Bytes(bytes), Overwrite::Replace, fence).map(drop)
     }
 
     fn rename_no_replace(&self, from: &Path, to: &Path, fence: PublishCheck<'_>) -> Result<()> {

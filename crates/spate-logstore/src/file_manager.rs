@@ -9,14 +9,14 @@
 //! and fsyncs the directory so the new name is durable.
 
 use std::fs::{self, DirBuilder, File, OpenOptions};
-use std::io::{self, Read, Write};
+use std::io::{self, Read, Seek, Write};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use spate_core::{BatchId, Clock};
+use spate_core::{BatchId, Clock, SeekWrite};
 use tracing::{debug, warn};
 
 use crate::error::{LogStoreError, Result};
@@ -28,6 +28,10 @@ use crate::log::{BatchName, batch_name};
 pub const DIR_MODE: u32 = 0o700;
 /// Permission bits of every file spate creates.
 pub const FILE_MODE: u32 = 0o600;
+
+/// Writes a file's content as [`CheckpointFileManager::create_atomic_streamed`]
+/// streams it.
+pub type ContentWriter<'a> = &'a mut dyn FnMut(&mut dyn SeekWrite) -> io::Result<()>;
 
 /// File operations on a checkpoint directory (Spark's `CheckpointFileManager`).
 ///
@@ -47,6 +51,19 @@ pub trait CheckpointFileManager: Send + Sync + std::fmt::Debug {
     /// before the new name is published (after the temp file is durable); its
     /// error stops the write and leaves `path` untouched.
     fn create_atomic(&self, path: &Path, bytes: &[u8], fence: PublishCheck<'_>) -> Result<()>;
+
+    /// [`CheckpointFileManager::create_atomic`] for content too large to
+    /// hold in memory twice: `content` writes it (and may seek back in what
+    /// it wrote, to fill in a header). Returns the bytes written. A local
+    /// disk streams it into the temp file; by default it is collected in
+    /// memory first.
+    fn create_atomic_streamed(&self, path: &Path, content: ContentWriter<'_>, fence: PublishCheck<'_>) -> Result<u64> {
+        let mut collected = io::Cursor::new(Vec::new());
+        content(&mut collected).map_err(|e| LogStoreError::io("write", path, e))?;
+        let bytes = collected.into_inner();
+        self.create_atomic(path, &bytes, fence)?;
+        Ok(bytes.len() as u64)
+    }
 
     /// Writes `bytes` to `path` atomically, replacing any previous content;
     /// `fence` runs immediately before the rename, as for [`CheckpointFileManager::create_atomic`].
@@ -231,11 +248,15 @@ impl CheckpointFileManager for LocalFileManager {
     }
 
     fn create_atomic(&self, path: &Path, bytes: &[u8], fence: PublishCheck<'_>) -> Result<()> {
-        write_atomic(path, bytes, Overwrite::Never, fence, &Unobserved)
+        write_atomic(path, Content::Bytes(bytes), Overwrite::Never, fence, &Unobserved).map(drop)
+    }
+
+    fn create_atomic_streamed(&self, path: &Path, content: ContentWriter<'_>, fence: PublishCheck<'_>) -> Result<u64> {
+        write_atomic(path, Content::Streamed(content), Overwrite::Never, fence, &Unobserved)
     }
 
     fn replace_atomic(&self, path: &Path, bytes: &[u8], fence: PublishCheck<'_>) -> Result<()> {
-        write_atomic(path, bytes, Overwrite::Replace, fence, &Unobserved)
+        write_atomic(path, Content::Bytes(bytes), Overwrite::Replace, fence, &Unobserved).map(drop)
     }
 
     fn rename_no_replace(&self, from: &Path, to: &Path, fence: PublishCheck<'_>) -> Result<()> {
@@ -586,6 +607,12 @@ impl Write for ShortWrites<'_> {
     }
 }
 
+impl io::Seek for ShortWrites<'_> {
+    fn seek(&mut self, to: io::SeekFrom) -> io::Result<u64> {
+        self.file.seek(to)
+    }
+}
+
 fn link_error(target: &Path, e: io::Error) -> LogStoreError {
     if e.kind() == io::ErrorKind::AlreadyExists {
         LogStoreError::AlreadyExists { path: target.to_path_buf() }
@@ -623,16 +650,26 @@ fn temp_path(target: &Path) -> PathBuf {
 /// of one system call. `observer` is told every step; the local manager
 /// passes [`Unobserved`] and the fault-injecting manager makes a step fail
 /// or "crash". On a crash nothing is cleaned up, as if the process had died.
+/// What [`write_atomic`] writes into its temp file.
+pub(crate) enum Content<'a> {
+    /// Bytes in memory, written in two halves (a fault point between them).
+    Bytes(&'a [u8]),
+    /// Bytes a writer streams.
+    Streamed(ContentWriter<'a>),
+}
+
+/// Writes `content` to a temp file beside `target`, makes it durable and
+/// publishes it under `target`. Returns the bytes written.
 pub(crate) fn write_atomic(
     target: &Path,
-    bytes: &[u8],
+    content: Content<'_>,
     overwrite: Overwrite,
     fence: PublishCheck<'_>,
     observer: &dyn Observer,
-) -> Result<()> {
+) -> Result<u64> {
     let temp = temp_path(target);
     observer.at(FaultPoint::BeforeTempWrite, target, &temp)?;
-    let result = write_temp_then_publish(target, &temp, bytes, overwrite, fence, observer);
+    let result = write_temp_then_publish(target, &temp, content, overwrite, fence, observer);
     if let Err(err) = &result
         && !err.is_crash()
         && let Err(cleanup) = delete_file(&temp)
@@ -645,11 +682,11 @@ pub(crate) fn write_atomic(
 fn write_temp_then_publish(
     target: &Path,
     temp: &Path,
-    bytes: &[u8],
+    content: Content<'_>,
     overwrite: Overwrite,
     fence: PublishCheck<'_>,
     observer: &dyn Observer,
-) -> Result<()> {
+) -> Result<u64> {
     let at = |point| observer.at(point, target, temp);
     let mut file = OpenOptions::new()
         .write(true)
@@ -657,13 +694,22 @@ fn write_temp_then_publish(
         .mode(FILE_MODE)
         .open(temp)
         .map_err(|e| LogStoreError::io("create", temp, e))?;
-    let half = bytes.len() / 2;
-    let (head, tail) = bytes.split_at(half);
     // write_all goes on after a short write; a plain write would lose the rest.
     let mut writer = ShortWrites { file: &mut file, max: observer.max_write() };
-    writer.write_all(head).map_err(|e| LogStoreError::io("write", temp, e))?;
-    at(FaultPoint::PartialTempWrite)?;
-    writer.write_all(tail).map_err(|e| LogStoreError::io("write", temp, e))?;
+    let written = match content {
+        Content::Bytes(bytes) => {
+            let (head, tail) = bytes.split_at(bytes.len() / 2);
+            writer.write_all(head).map_err(|e| LogStoreError::io("write", temp, e))?;
+            at(FaultPoint::PartialTempWrite)?;
+            writer.write_all(tail).map_err(|e| LogStoreError::io("write", temp, e))?;
+            bytes.len() as u64
+        }
+        Content::Streamed(write) => {
+            write(&mut writer).map_err(|e| LogStoreError::io("write", temp, e))?;
+            at(FaultPoint::PartialTempWrite)?;
+            writer.stream_position().map_err(|e| LogStoreError::io("write", temp, e))?
+        }
+    };
     at(FaultPoint::AfterTempWrite)?;
     at(FaultPoint::TempFsync)?;
     file.sync_all().map_err(|e| LogStoreError::io("fsync", temp, e))?;
@@ -683,7 +729,8 @@ fn write_temp_then_publish(
     }
     at(FaultPoint::DirFsync)?;
     fsync_dir_observed(parent_of(target), observer)?;
-    at(FaultPoint::AfterDirFsync)
+    at(FaultPoint::AfterDirFsync)?;
+    Ok(written)
 }
 
 #[cfg(test)]

@@ -93,8 +93,8 @@ pub use error::{LogStoreError, Result};
 #[cfg(feature = "failpoints")]
 pub use fault::{FaultMode, FaultyFileManager};
 pub use file_manager::{
-    CheckpointFileManager, DIR_MODE, FILE_MODE, FaultPoint, FileVersion, LocalFileManager, LogListing, NO_FENCE,
-    PublishCheck, Tightened,
+    CheckpointFileManager, ContentWriter, DIR_MODE, FILE_MODE, FaultPoint, FileVersion, LocalFileManager, LogListing,
+    NO_FENCE, PublishCheck, Tightened,
 };
 pub use holder::LockHolder;
 pub use location::{ObjectStoreSettings, S3_SCHEME, file_manager_for, is_object_store_location, redacted};

@@ -539,6 +539,23 @@ mod tests {
     }
 
     #[test]
+    fn a_streamed_object_is_one_put_if_absent_of_what_was_written() {
+        let files = files();
+        let path = Path::new(LOCATION).join("state/op/3");
+        // A header filled in last, as a streamed frame writes it.
+        let mut content = |out: &mut dyn spate_core::SeekWrite| {
+            out.write_all(b"....payload")?;
+            out.seek(std::io::SeekFrom::Start(0))?;
+            out.write_all(b"HEAD")?;
+            out.seek(std::io::SeekFrom::End(0)).map(drop)
+        };
+        assert_eq!(files.create_atomic_streamed(&path, &mut content, NO_FENCE).unwrap(), 11);
+        assert_eq!(files.read(&path, 100).unwrap().unwrap(), b"HEADpayload");
+        let again = files.create_atomic_streamed(&path, &mut content, NO_FENCE);
+        assert!(matches!(again, Err(LogStoreError::AlreadyExists { .. })), "{again:?}");
+    }
+
+    #[test]
     fn a_connected_file_manager_prints_no_credential() {
         let settings = ObjectStoreSettings {
             endpoint: Some("http://127.0.0.1:1".into()),

@@ -10,7 +10,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use serde_json::json;
-use spate_core::{BatchId, Time};
+use spate_core::{BatchId, FrameCodec, PayloadSink, SeekWrite, Time};
 use spate_logstore::{
     Checkpoint, CheckpointSettings, FaultMode, FaultPoint, FaultyFileManager, LocalFileManager, LogStoreError,
     OffsetLog, OffsetSeq, SourceOffset, Verdict,
@@ -220,4 +220,71 @@ fn a_replace_that_crashes_before_its_directory_fsync_leaves_the_old_file() {
         let expected: &[u8] = if point == FaultPoint::AfterDirFsync { b"two" } else { b"one" };
         assert_eq!(ck.read_file("graph").unwrap().as_deref(), Some(expected), "{point:?}");
     }
+}
+
+/// A frame of a few thousand records, streamed as a large operator state
+/// is (its header written last, seeking back), and the same frame made in
+/// memory.
+fn streamed_frame() -> (impl FnMut(&mut dyn SeekWrite) -> std::io::Result<()>, Vec<u8>) {
+    let codec = FrameCodec::new(1);
+    let records: Vec<Vec<u8>> = (0..3000u32).map(|i| i.to_le_bytes().repeat(1 + i as usize % 50)).collect();
+    let mut expected = Vec::new();
+    codec
+        .encode_with(&mut expected, |out| {
+            records.iter().for_each(|r| out.extend_from_slice(r));
+            Ok(())
+        })
+        .unwrap();
+    let stream = move |out: &mut dyn SeekWrite| {
+        let written = codec.encode_streamed(out, |chunks| {
+            for record in &records {
+                chunks.buffer().extend_from_slice(record);
+                chunks.record_end()?;
+            }
+            Ok(())
+        });
+        written.map(drop).map_err(std::io::Error::other)
+    };
+    (stream, expected)
+}
+
+#[test]
+fn a_streamed_file_is_absent_or_whole_after_a_crash_at_every_step() {
+    let (mut stream, expected) = streamed_frame();
+    for setting in SETTINGS {
+        for point in FaultPoint::ALL {
+            let root = tempfile::tempdir().unwrap();
+            let faulty = manager(setting);
+            {
+                let options = CheckpointSettings::new().with_file_manager(faulty.clone());
+                let ck = Checkpoint::open_for_write(root.path(), options).unwrap();
+                faulty.arm(point, FaultMode::Crash);
+                assert!(ck.write_file_streamed("state/op/4", &mut stream).is_err(), "{setting:?} {point:?}");
+            }
+            let ck = Checkpoint::open_for_write(root.path(), CheckpointSettings::new()).unwrap();
+            match ck.read_file("state/op/4").unwrap() {
+                Some(found) => assert!(found == expected, "{setting:?} {point:?}: a torn state file"),
+                None => {
+                    let written = ck.write_file_streamed("state/op/4", &mut stream).unwrap();
+                    assert_eq!(written, expected.len() as u64, "{setting:?} {point:?}");
+                    assert_eq!(ck.read_file("state/op/4").unwrap().as_ref(), Some(&expected));
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn a_streamed_file_whose_content_fails_leaves_nothing_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    let ck = Checkpoint::open_for_write(dir.path(), CheckpointSettings::new()).unwrap();
+    let result = ck.write_file_streamed("state/op/4", &mut |out: &mut dyn SeekWrite| {
+        out.write_all(b"half a state")?;
+        Err(std::io::Error::other("the state did not encode"))
+    });
+    let failed =
+        matches!(&result, Err(LogStoreError::Io { source, .. }) if source.to_string() == "the state did not encode");
+    assert!(failed, "{result:?}");
+    assert_eq!(std::fs::read_dir(dir.path().join("state/op")).unwrap().count(), 0, "no file, no temp file");
+    assert_eq!(ck.read_file("state/op/4").unwrap(), None);
 }
