@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
-use spate_core::CoreError;
+use spate_core::{CoreError, SeekWrite};
 
 use crate::error::DStreamError;
 use crate::graph::Graph;
@@ -160,6 +160,23 @@ impl Graph {
         Ok(out)
     }
 
+    /// [`Graph::snapshot_state`] streamed: `write` is given each stateful
+    /// operator's name and a [`StateWriter`] that writes its whole state
+    /// where the caller streams it (a file), so a state larger than memory
+    /// (one on disk) is never in memory whole. Take it between batches, as
+    /// [`Graph::snapshot_state`]; `write`'s first error stops it.
+    pub fn snapshot_state_streamed<E>(
+        &mut self,
+        mut write: impl FnMut(&str, &mut StateWriter<'_>) -> Result<(), E>,
+    ) -> Result<(), E> {
+        for (node, name) in self.nodes.iter_mut().zip(&self.names) {
+            if let Some(state) = node.state_mut() {
+                write(name, &mut StateWriter { state, operator: name })?;
+            }
+        }
+        Ok(())
+    }
+
     /// Each stateful operator's state, by name: what changed since its
     /// previous snapshot where the operator can say (its large keyed
     /// windows), else the whole state. Take it between batches, after a
@@ -274,6 +291,25 @@ fn restore_chain(state: &mut dyn StatefulNode, chain: &[Vec<u8>], partitions: us
         state.apply_changes(change, partitions)?;
     }
     Ok(())
+}
+
+/// One stateful operator's whole state, as [`Graph::snapshot_state_streamed`]
+/// offers it to be written.
+pub struct StateWriter<'a> {
+    state: &'a mut dyn StatefulNode,
+    operator: &'a str,
+}
+
+impl StateWriter<'_> {
+    /// Writes the state to `out` as the frame [`Graph::snapshot_state`]
+    /// gives for the operator; returns the bytes written. Changes taken
+    /// later are relative to the state it wrote last.
+    pub fn write_to(&mut self, out: &mut dyn SeekWrite) -> Result<u64, DStreamError> {
+        let operator = self.operator;
+        self.state
+            .snapshot_to(out)
+            .map_err(|source| DStreamError::StateEncode { operator: operator.to_string(), source })
+    }
 }
 
 /// One stateful operator's snapshot, as [`Graph::snapshot_state_changes`] takes it.

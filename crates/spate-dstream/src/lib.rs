@@ -136,6 +136,7 @@ pub use arrival::{ArrivalStage, ProcessedBlock};
 pub use batch::{Batch, Data, Key};
 pub use descriptor::{
     DESCRIPTOR_FORMAT_VERSION, GraphDescriptor, OperatorDescriptor, RestorePolicy, RestoreReport, StateSnapshot,
+    StateWriter,
 };
 pub use distinct::DistinctCount;
 pub use error::{BoxError, DStreamError, GraphProblem};

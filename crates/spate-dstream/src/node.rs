@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use spate_core::sync::lock;
-use spate_core::{BatchId, CoreError, Duration, FrameCodec, Time};
+use spate_core::{BatchId, CoreError, Duration, FrameCodec, SeekWrite, Time};
 
 use crate::arrival::{ArrivalStage, ArrivalStep, Delivered, PayloadFn};
 use crate::batch::Batch;
@@ -210,6 +210,14 @@ pub(crate) trait StatefulNode {
     /// The whole state as one [`FrameCodec`] frame. Changes taken later
     /// are relative to it.
     fn snapshot(&mut self) -> Result<Vec<u8>, CoreError>;
+
+    /// [`StatefulNode::snapshot`] written to `out`; returns the bytes
+    /// written. An operator whose state can outgrow memory streams it.
+    fn snapshot_to(&mut self, out: &mut dyn SeekWrite) -> Result<u64, CoreError> {
+        let bytes = self.snapshot()?;
+        out.write_all(&bytes).map_err(|source| CoreError::Write { source })?;
+        Ok(bytes.len() as u64)
+    }
 
     /// What changed since the previous snapshot (whole or changes), as one
     /// frame; `None` when the operator only snapshots whole.

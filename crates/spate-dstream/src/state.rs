@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
-use spate_core::{CoreError, Duration, PayloadReader, Time, write_varint};
+use spate_core::{CoreError, Duration, PayloadReader, PayloadSink, SeekWrite, Time, write_varint};
 
 use crate::batch::{Batch, Data, Key};
 use crate::combined::Combined;
@@ -375,25 +375,26 @@ impl<K: Key, S: Data> MapPart<K, S> {
 
     /// Appends each key's `(key, state, last)` encoding (only the changed
     /// keys' with `changes`) and returns how many.
-    fn write_entries(&self, changes: Option<Changes>, out: &mut Vec<u8>) -> Result<u64, CoreError> {
+    fn write_entries(&self, changes: Option<Changes>, out: &mut dyn PayloadSink) -> Result<u64, CoreError> {
         let only_changed = changes.is_some();
         let mut written = 0;
         match self {
             MapPart::Memory(states) => {
                 for (id, key) in states.keys.iter_encoded() {
                     let Some(entry) = states.state(id).filter(|e| !only_changed || e.changed) else { continue };
-                    out.extend_from_slice(key);
-                    out.extend_from_slice(&spilled::encode(&(&entry.state, entry.last))?);
+                    out.buffer().extend_from_slice(key);
+                    out.buffer().extend_from_slice(&spilled::encode(&(&entry.state, entry.last))?);
+                    out.record_end()?;
                     written += 1;
                 }
             }
             // A spilled partition's changed keys are those with data after the last snapshot.
             MapPart::Spilled(spilled) => {
                 spilled.for_each_encoded(changes.and_then(|c| c.after), &mut |key, value| {
-                    out.extend_from_slice(key);
-                    out.extend_from_slice(value);
+                    out.buffer().extend_from_slice(key);
+                    out.buffer().extend_from_slice(value);
                     written += 1;
-                    Ok(())
+                    out.record_end()
                 })?
             }
         }
@@ -534,17 +535,17 @@ impl<K: Key, V, S: Data, M, F> MapWithStateNode<K, V, S, M, F> {
 
     /// Appends the list of every key's `(key, state, last)` (only the
     /// changed ones with `changes`), as bincode writes a `Vec` of them.
-    fn write_list(&self, changes: Option<Changes>, out: &mut Vec<u8>) -> Result<(), CoreError> {
+    fn write_list(&self, changes: Option<Changes>, out: &mut dyn PayloadSink) -> Result<(), CoreError> {
         if changes.is_some() {
             let mut entries = Vec::new();
             let mut count = 0;
             for part in &self.parts {
                 count += part.write_entries(changes, &mut entries)?;
             }
-            write_varint(count, out);
-            out.extend_from_slice(&entries);
+            write_varint(count, out.buffer());
+            out.buffer().extend_from_slice(&entries);
         } else {
-            write_varint(self.parts.iter().map(MapPart::len).sum(), out);
+            write_varint(self.parts.iter().map(MapPart::len).sum(), out.buffer());
             for part in &self.parts {
                 part.write_entries(None, out)?;
             }
@@ -704,6 +705,13 @@ where
         state_codec().encode_with(&mut bytes, |out| self.write_list(None, out))?;
         self.mark_unchanged();
         Ok(bytes)
+    }
+
+    /// [`Self::snapshot`]'s frame streamed: a state on disk need not fit in memory.
+    fn snapshot_to(&mut self, out: &mut dyn SeekWrite) -> Result<u64, CoreError> {
+        let written = state_codec().encode_streamed(out, |chunks| self.write_list(None, chunks))?;
+        self.mark_unchanged();
+        Ok(written)
     }
 
     /// The keys removed (a `Vec<K>`), then the changed keys' list.

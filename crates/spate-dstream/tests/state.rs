@@ -164,7 +164,7 @@ proptest! {
             run(&mut first.graph, done as i64 + 1..=*cut as i64);
             done = *cut;
             if chain.is_empty() {
-                chain.push(first.graph.snapshot_state().unwrap().remove(0).1);
+                chain.push(streamed_whole(&mut first.graph).remove(0).1);
                 continue;
             }
             match first.graph.snapshot_state_changes().unwrap().remove(0).1 {
@@ -182,6 +182,34 @@ proptest! {
         second.snapshots.lock().unwrap().extend(first.snapshots.lock().unwrap().clone());
         check_sessions(&second, &input, timeout)?;
         check_spilled(&first, budgets.0, &input[..done])?;
+    }
+}
+
+/// Each operator's whole state as [`Graph::snapshot_state_streamed`] writes it.
+fn streamed_whole(graph: &mut Graph) -> Vec<(String, Vec<u8>)> {
+    let mut out = Vec::new();
+    graph
+        .snapshot_state_streamed(|operator, state| {
+            let mut file = std::io::Cursor::new(Vec::new());
+            let written = state.write_to(&mut file)?;
+            assert_eq!(written, file.get_ref().len() as u64, "{operator}");
+            out.push((operator.to_string(), file.into_inner()));
+            Ok::<_, spate_dstream::DStreamError>(())
+        })
+        .unwrap();
+    out
+}
+
+#[test]
+fn a_streamed_whole_snapshot_is_the_one_in_memory_whether_the_state_is_in_memory_or_spilled() {
+    for budget in [None, Some(0)] {
+        let mut s = sessions(10, 3, budget);
+        s.queue.push((0..10).map(|key| (key, u32::from(key) + 1)).collect());
+        s.queue.push(vec![(3, 4), (7, 1)]);
+        run(&mut s.graph, 1..=2);
+        check_spilled(&s, budget, &[vec![(1, 1)]]).unwrap();
+        let in_memory = s.graph.snapshot_state().unwrap();
+        assert_eq!(streamed_whole(&mut s.graph), in_memory, "{budget:?}");
     }
 }
 
