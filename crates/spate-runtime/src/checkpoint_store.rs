@@ -13,8 +13,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
-use spate_core::{BatchId, Time, Unfenced, WriterFence};
-use spate_dstream::{GraphDescriptor, StateSnapshot};
+use spate_core::{BatchId, SeekWrite, Time, Unfenced, WriterFence};
+use spate_dstream::{GraphDescriptor, StateSnapshot, StateWriter};
 use spate_logstore::{
     CHANGES_HEADER_LEN, Checkpoint, CommitMetadata, LogStoreError, OffsetSeq, StateLink, Verdict, changes_header,
     split_state_file,
@@ -160,20 +160,58 @@ impl CheckpointStore {
                 return Err(RuntimeError::State { operator: operator.to_string(), batch, reason });
             }
         };
+        self.write_state_file(operator, batch, |path| {
+            self.checkpoint.write_file(path, bytes).map(|()| bytes.len() as u64)
+        })
+    }
+
+    /// Writes one operator's whole snapshot taken after `batch`, streamed
+    /// from the operator to the file, so a state larger than memory is
+    /// never in memory whole. Returns the bytes written.
+    pub(crate) fn write_whole_state_streamed(
+        &self,
+        operator: &str,
+        batch: BatchId,
+        state: &mut StateWriter<'_>,
+    ) -> Result<u64, RuntimeError> {
+        let mut failure = None;
+        let written = self.write_state_file(operator, batch, |path| {
+            // The operator's own error is kept whole; the file manager only
+            // needs to know that the content failed.
+            let mut content = |out: &mut dyn SeekWrite| {
+                state.write_to(out).map(drop).map_err(|e| {
+                    failure = Some(e);
+                    std::io::Error::other("the operator's state did not encode")
+                })
+            };
+            self.checkpoint.write_file_streamed(path, &mut content)
+        });
+        match failure {
+            Some(e) => Err(RuntimeError::State { operator: operator.to_string(), batch, reason: e.to_string() }),
+            None => written,
+        }
+    }
+
+    /// Writes `state/<operator>/<batch>` with `write`.
+    fn write_state_file(
+        &self,
+        operator: &str,
+        batch: BatchId,
+        mut write: impl FnMut(&Path) -> Result<u64, LogStoreError>,
+    ) -> Result<u64, RuntimeError> {
         let path = Self::state_path(operator, batch);
-        match self.checkpoint.write_file(&path, bytes) {
-            Ok(()) => {}
+        match write(&path) {
+            Ok(written) => Ok(written),
             // A previous run wrote it and crashed before `graph` named it, so
             // nothing needs it; it may be a link of another chain, so it is
             // replaced rather than kept.
             Err(LogStoreError::AlreadyExists { .. }) => {
                 debug!(operator, %batch, "replacing a state snapshot no manifest named");
                 self.checkpoint.delete_file(&path).map_err(|e| state_error(operator, batch, e))?;
-                self.checkpoint.write_file(&path, bytes).map_err(|e| state_error(operator, batch, e))?;
+                write(&path).map_err(|e| state_error(operator, batch, e))
             }
-            Err(e) => return Err(state_error(operator, batch, e)),
+            Err(e) => Err(state_error(operator, batch, e)),
         }
-        Ok(bytes.len() as u64)
     }
 
     /// Reads one operator's snapshot of `batch` and the links before it,
@@ -325,16 +363,14 @@ impl SnapshotChain {
     }
 
     /// The snapshot of `batch` begun last is durable and named in `graph`.
-    pub(crate) fn completed(&mut self, batch: BatchId, states: &[(String, StateSnapshot)]) {
+    /// `states` names each operator snapshotted, true where it wrote changes.
+    pub(crate) fn completed(&mut self, batch: BatchId, states: &[(String, bool)]) {
         let mut starts = BTreeMap::new();
-        for (operator, snapshot) in states {
-            let start = match snapshot {
-                StateSnapshot::Changes(_) => self.starts.get(operator).copied().unwrap_or(batch),
-                StateSnapshot::Whole(_) => batch,
-            };
+        for (operator, changes) in states {
+            let start = if *changes { self.starts.get(operator).copied().unwrap_or(batch) } else { batch };
             starts.insert(operator.clone(), start);
         }
-        let any_changes = states.iter().any(|(_, s)| matches!(s, StateSnapshot::Changes(_)));
+        let any_changes = states.iter().any(|(_, changes)| *changes);
         self.changes_since_whole = if any_changes { self.changes_since_whole + 1 } else { 0 };
         self.starts = starts;
         self.last = Some(batch);
@@ -526,8 +562,7 @@ mod chain_tests {
         (first..first + n)
             .map(|batch| {
                 let base = chain.begin();
-                let kind = if base.is_some() { changes("c") } else { whole("w") };
-                chain.completed(BatchId(batch), &[("a".to_string(), kind)]);
+                chain.completed(BatchId(batch), &[("a".to_string(), base.is_some())]);
                 if base.is_some() { 'C' } else { 'W' }
             })
             .collect()

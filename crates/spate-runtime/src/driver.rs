@@ -564,26 +564,32 @@ impl Engine {
         let base = self.chain.begin();
         let snapshot_error =
             |e: DStreamError| RuntimeError::State { operator: "graph".into(), batch, reason: e.to_string() };
-        let states = match base {
-            None => {
-                let whole = self.graph.snapshot_state().map_err(snapshot_error)?;
-                whole.into_iter().map(|(operator, bytes)| (operator, StateSnapshot::Whole(bytes))).collect()
-            }
-            Some(_) => self.graph.snapshot_state_changes().map_err(snapshot_error)?,
-        };
+        // Each operator's name, and whether it wrote changes.
+        let mut written = Vec::new();
         let mut bytes = 0u64;
-        for (operator, state) in &states {
-            bytes += store.write_state(operator, batch, state, base)?;
+        match base {
+            // Streamed: a state on disk need not fit in memory to be written.
+            None => self.graph.snapshot_state_streamed(|operator, state| {
+                bytes += store.write_whole_state_streamed(operator, batch, state)?;
+                written.push((operator.to_string(), false));
+                Ok::<_, RuntimeError>(())
+            })?,
+            Some(_) => {
+                for (operator, state) in self.graph.snapshot_state_changes().map_err(snapshot_error)? {
+                    bytes += store.write_state(&operator, batch, &state, base)?;
+                    written.push((operator, matches!(state, StateSnapshot::Changes(_))));
+                }
+            }
         }
         store.write_manifest(&GraphManifest {
             descriptor: self.graph.descriptor(),
             state_batch: Some(batch),
             state_batch_time: Some(time),
         })?;
-        self.chain.completed(batch, &states);
+        self.chain.completed(batch, &written);
         self.state_batch = Some((batch, time));
         self.last_state_bytes = bytes;
-        self.last_state_incremental = states.iter().any(|(_, state)| matches!(state, StateSnapshot::Changes(_)));
+        self.last_state_incremental = written.iter().any(|(_, changes)| *changes);
         Ok(true)
     }
 
