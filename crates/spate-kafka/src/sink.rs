@@ -13,6 +13,7 @@
 //! nothing (whose offsets cannot tell it apart from the next one). Read the
 //! output with `isolation.level=read_committed`.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -250,6 +251,10 @@ struct Transactions {
     timeout: Duration,
     /// Whether a producer with a fatal error is opened again (see [`Transactions::reopen_if_fatal`]).
     reopens: Reopen,
+    /// The producer's last abort ran out of time and is still in progress
+    /// in the client (see [`Transactions::abort`]). Changed with the
+    /// producer's lock held.
+    abort_unfinished: AtomicBool,
 }
 
 /// What a transactional producer with a fatal error becomes.
@@ -353,6 +358,7 @@ impl Transactions {
             transaction_timeout,
             timeout,
             reopens,
+            abort_unfinished: AtomicBool::new(false),
         })
     }
 
@@ -371,6 +377,7 @@ impl Transactions {
         let Some((code, reason)) = producer.client().fatal_error() else { return Ok(()) };
         warn!(transactional_id = %self.transactional_id, ?code, reason, "the transactional producer hit a fatal error; opening it again");
         *producer = open_producer(&self.brokers, &self.transactional_id, self.transaction_timeout, self.timeout)?;
+        self.abort_unfinished.store(false, Ordering::SeqCst);
         metrics::counter!(PRODUCERS_REOPENED).increment(1);
         Ok(())
     }
@@ -477,17 +484,33 @@ impl Transactions {
         queued: &[Arc<QueuedBatch>],
         metadata: &ConsumerGroupMetadata,
     ) -> Result<()> {
+        if self.abort_unfinished.load(Ordering::SeqCst) {
+            self.abort(producer)?;
+        }
         producer.begin_transaction().map_err(client("begin the transaction"))?;
         let transaction = producer.context().next_transaction();
         let result = self.fill_and_commit(producer, transaction, queued, metadata);
         if let Err(e) = &result {
             let batches: Vec<String> = queued.iter().map(|q| batch_marker(&q.marker_id, q.batch)).collect();
             warn!(batches = %batches.join(", "), error = %e, "aborting the transaction");
-            if let Err(abort) = producer.abort_transaction(self.timeout) {
+            if let Err(abort) = self.abort(producer) {
                 warn!(error = %abort, "abort failed");
             }
         }
         result
+    }
+
+    /// Aborts the open transaction. An abort that runs out of time (the
+    /// broker away) goes on in the client, which refuses to begin another
+    /// transaction ("conflicting abort_transaction API call is already in
+    /// progress") until abort is called again and finishes; so such an
+    /// abort is remembered and finished before the next transaction begins,
+    /// instead of every later batch failing on it.
+    fn abort(&self, producer: &ThreadedProducer<DeliveryErrors>) -> Result<()> {
+        let result = producer.abort_transaction(self.timeout);
+        let unfinished = matches!(&result, Err(RdKafkaError::Transaction(e)) if e.is_retriable());
+        self.abort_unfinished.store(unfinished, Ordering::SeqCst);
+        result.map_err(client("abort the transaction"))
     }
 
     /// Sends the `queued` batches' records and the ends of their ranges
