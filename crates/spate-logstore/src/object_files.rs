@@ -40,7 +40,9 @@ use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload,
 use spate_core::Clock;
 
 use crate::error::{LogStoreError, Result};
-use crate::file_manager::{CheckpointFileManager, FileVersion, LogListing, NO_FENCE, PublishCheck, Tightened};
+use crate::file_manager::{
+    CheckpointFileManager, ContentWriter, FileVersion, LogListing, NO_FENCE, PublishCheck, Tightened,
+};
 use crate::location::{ObjectStoreSettings, parse_s3_location};
 use crate::lock::{LeaseSettings, LockStatus, WriterLock};
 
@@ -217,10 +219,9 @@ impl ObjectStoreFileManager {
         Ok(names.filter_map(|p| p.filename().map(decode_part)).collect())
     }
 
-    fn put(&self, op: &'static str, path: &Path, bytes: &[u8], mode: PutMode) -> Result<FileVersion> {
+    fn put(&self, op: &'static str, path: &Path, payload: PutPayload, mode: PutMode) -> Result<FileVersion> {
         let key = self.key(path)?;
         let store = self.store();
-        let payload = PutPayload::from(bytes.to_vec());
         let options = PutOptions { mode, ..PutOptions::default() };
         let result = self.run(op, path, true, || {
             let (store, key, payload, options) = (Arc::clone(&store), key.clone(), payload.clone(), options.clone());
@@ -373,7 +374,19 @@ impl CheckpointFileManager for ObjectStoreFileManager {
 
     fn create_atomic(&self, path: &Path, bytes: &[u8], fence: PublishCheck<'_>) -> Result<()> {
         fence()?;
-        self.put("put-if-absent", path, bytes, PutMode::Create).map(|_| ())
+        self.put("put-if-absent", path, PutPayload::from(bytes.to_vec()), PutMode::Create).map(|_| ())
+    }
+
+    /// Collected in memory (a conditional multipart upload is not to be
+    /// had), then uploaded from that one buffer without a copy.
+    fn create_atomic_streamed(&self, path: &Path, content: ContentWriter<'_>, fence: PublishCheck<'_>) -> Result<u64> {
+        let mut collected = std::io::Cursor::new(Vec::new());
+        content(&mut collected).map_err(|e| LogStoreError::io("write", path, e))?;
+        let bytes = collected.into_inner();
+        let len = bytes.len() as u64;
+        fence()?;
+        self.put("put-if-absent", path, PutPayload::from(bytes), PutMode::Create)?;
+        Ok(len)
     }
 
     fn replace_atomic(&self, path: &Path, bytes: &[u8], fence: PublishCheck<'_>) -> Result<()> {
@@ -395,7 +408,7 @@ impl CheckpointFileManager for ObjectStoreFileManager {
             FileVersion::Unknown => return Err(self.without_etags()),
         };
         fence()?;
-        match self.put("conditional put", path, bytes, mode) {
+        match self.put("conditional put", path, PutPayload::from(bytes.to_vec()), mode) {
             // Put-if-absent on a replace: the file appeared since it was read.
             Err(LogStoreError::AlreadyExists { path }) if *expected == FileVersion::Absent => {
                 Err(LogStoreError::Changed { path })
