@@ -25,7 +25,7 @@
 //!
 //! Native code (RocksDB, librdkafka) dominates build time on small machines,
 //! so every cargo call here shares one persistent target directory outside
-//! the clone and compiles C/C++ through ccache (see [`build_env`]).
+//! the clone and compiles C/C++ through ccache (see [`env::cargo`]).
 
 mod bench;
 mod docs;

@@ -1,6 +1,10 @@
 //! The command line, declared once with clap's derive: every command, flag,
 //! default and help text of `spate`.
 
+// The doc comments here are the command's help text, where `<checkpoint>`
+// names a value as usage lines do, not an HTML tag.
+#![allow(rustdoc::invalid_html_tags)]
+
 use std::net::SocketAddr;
 use std::path::PathBuf;
 

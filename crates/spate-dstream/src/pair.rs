@@ -437,7 +437,7 @@ impl<K: Key, V: Data> DStream<(K, V)> {
     /// commutative `reduce`; the result is hash-partitioned by key. Right
     /// after a fed input (or a chain of partition-local operators from
     /// one), each block's values are reduced as the block arrives (see
-    /// [`crate::arrival`]).
+    /// the `arrival` module).
     pub fn reduce_by_key<F>(&self, reduce: F) -> DStream<(K, V)>
     where
         F: Fn(&V, &V) -> V + Send + Sync + 'static,

@@ -11,7 +11,7 @@ use crate::retry::retry_unavailable;
 /// Reads `wanted`, each non-empty range in its own task, stopping each
 /// before the record that would take it past its share of `max_bytes`.
 /// Returns the ranges actually read (empty ones unchanged) and their
-/// records, in the shape [`DirectKafkaStream::read`] gives.
+/// records, in the shape [`crate::DirectKafkaStream::read`] gives.
 pub(crate) fn read_within(
     pool: &ConsumerPool,
     wanted: &OffsetRanges,

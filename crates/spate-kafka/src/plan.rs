@@ -17,7 +17,7 @@ pub(crate) struct Limits {
     pub(crate) records: u64,
     /// Records of one partition (`max_rate_per_partition` × the interval).
     pub(crate) per_partition: Option<u64>,
-    /// Bytes of the whole batch ([`record_footprint`]).
+    /// Bytes of the whole batch ([`crate::consumer::record_footprint`]).
     pub(crate) bytes: u64,
 }
 

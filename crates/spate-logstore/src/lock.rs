@@ -109,7 +109,7 @@ impl EpochFence {
     /// Ok while the lock file still shows this writer's epoch (on an object
     /// store: while this writer's lease has not run out nor been taken;
     /// a lease that ran short while the store was away is waited for until
-    /// its renewal lands, see [`crate::lease`]).
+    /// its renewal lands, see the `lease` module).
     pub fn check(&self) -> Result<()> {
         if let Some(lease) = &self.lease {
             return lease.check_patiently();
