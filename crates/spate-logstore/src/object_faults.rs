@@ -36,6 +36,14 @@ pub enum ObjectFault {
     /// again, as a client does when a connection drops: the caller gets the
     /// answer to the repeat (a conditional put is then refused as a conflict).
     AfterApplyRetried,
+    /// The connection drops after the request is sent and before the store
+    /// applies it: the caller gets an HTTP request error, as for a
+    /// connection the pool kept from before a restart of the store, and
+    /// cannot tell whether the write landed.
+    DroppedBeforeApply,
+    /// The store applies it, then the connection drops before its answer:
+    /// the caller gets the same HTTP request error.
+    DroppedAfterApply,
 }
 
 /// An object store that fails its `n`-th write (0-based); see the module docs.
@@ -91,6 +99,16 @@ fn injected(location: &Path) -> object_store::Error {
     object_store::Error::Generic { store: "FaultyObjectStore", source }
 }
 
+/// What a client reports when the connection of a sent request drops.
+fn dropped(location: &Path) -> object_store::Error {
+    let reset = std::io::Error::new(
+        std::io::ErrorKind::ConnectionReset,
+        format!("injected: connection dropped writing {location}"),
+    );
+    let source = Box::new(object_store::client::HttpError::new(object_store::client::HttpErrorKind::Request, reset));
+    object_store::Error::Generic { store: "FaultyObjectStore", source }
+}
+
 impl Faults {
     /// [`Faults::alive`] for a read or a listing, which it counts.
     fn alive_to_read(&self, location: &Path) -> object_store::Result<()> {
@@ -125,6 +143,11 @@ impl Faults {
                     ObjectFault::AfterApplyRetried => {
                         let _ = request().await;
                         request().await
+                    }
+                    ObjectFault::DroppedBeforeApply => Err(dropped(location)),
+                    ObjectFault::DroppedAfterApply => {
+                        let _ = request().await;
+                        Err(dropped(location))
                     }
                 }
             }

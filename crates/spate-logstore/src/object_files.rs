@@ -22,10 +22,13 @@
 //! after the client's own retries) is waited for up to
 //! [`STORE_OUTAGE_LIMIT`]: each failed attempt is a warning and counts in
 //! [`STORE_UNAVAILABLE`], and the call goes on once the store is back, so a
-//! job outlives a restart of its S3 endpoint. A write is tried again only
-//! when it never reached the store (the connection failed): one that may
-//! have landed is not repeated, since a second conditional put would be
-//! refused by the first.
+//! job outlives a restart of its S3 endpoint. A write is sent again as it
+//! is only when it never reached the store (the connection failed). One
+//! that may have landed (sent, its answer lost: a connection the pool kept
+//! from before the restart fails this way) is not simply repeated, since a
+//! second conditional put would be refused by the first: the object is read
+//! back, and holding the write's bytes it landed; as it was before, the
+//! write is sent again.
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
@@ -36,7 +39,7 @@ use futures::TryStreamExt;
 use object_store::aws::{AmazonS3Builder, S3ConditionalPut};
 use object_store::client::{HttpError, HttpErrorKind};
 use object_store::path::Path as ObjectPath;
-use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload, UpdateVersion};
+use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload, PutResult, UpdateVersion};
 use spate_core::Clock;
 
 use crate::error::{LogStoreError, Result};
@@ -50,6 +53,9 @@ use crate::lock::{LeaseSettings, LockStatus, WriterLock};
 pub(crate) const STORE_OUTAGE_LIMIT: Duration = Duration::from_secs(300);
 /// The counter of requests that found the store unreachable and were tried again.
 pub(crate) const STORE_UNAVAILABLE: &str = "spate_object_store_unavailable_total";
+/// Times a conditional write whose answer was lost is read back and sent
+/// again before its error is given up to the caller.
+const LOST_ANSWER_ATTEMPTS: usize = 5;
 /// The first pause before a request is tried again; it doubles up to [`MAX_PAUSE`].
 const FIRST_PAUSE: Duration = Duration::from_millis(200);
 const MAX_PAUSE: Duration = Duration::from_secs(2);
@@ -58,18 +64,30 @@ const MAX_PAUSE: Duration = Duration::from_secs(2);
 /// worth it: the store did not answer. `write` requests only when the
 /// connection was never made (so the write cannot have landed).
 fn is_unreachable(error: &object_store::Error, write: bool) -> bool {
+    match http_kind(error) {
+        Some(HttpErrorKind::Connect) => true,
+        Some(HttpErrorKind::Request | HttpErrorKind::Timeout | HttpErrorKind::Interrupted) => !write,
+        _ => false,
+    }
+}
+
+/// Whether a write that failed with `error` may have landed: it was sent
+/// and its answer lost (the connection dropped, as one the pool kept from
+/// before a restart of the store does, or the answer timed out).
+fn may_have_landed(error: &object_store::Error) -> bool {
+    matches!(http_kind(error), Some(HttpErrorKind::Request | HttpErrorKind::Timeout | HttpErrorKind::Interrupted))
+}
+
+/// The kind of the HTTP failure behind `error`, if one is.
+fn http_kind(error: &object_store::Error) -> Option<HttpErrorKind> {
     let mut source: Option<&(dyn std::error::Error + 'static)> = Some(error);
     while let Some(e) = source {
         if let Some(http) = e.downcast_ref::<HttpError>() {
-            return match http.kind() {
-                HttpErrorKind::Connect => true,
-                HttpErrorKind::Request | HttpErrorKind::Timeout | HttpErrorKind::Interrupted => !write,
-                _ => false,
-            };
+            return Some(http.kind());
         }
         source = e.source();
     }
-    false
+    None
 }
 
 /// The checkpoint file manager of an `s3://bucket/prefix` location.
@@ -173,6 +191,18 @@ impl ObjectStoreFileManager {
         write: bool,
         make: impl Fn() -> F,
     ) -> Result<T> {
+        self.run_unmapped(op, path, write, make)?.map_err(|e| store_error(op, path, e))
+    }
+
+    /// [`Self::run`] with the store's last error as it is, for a caller
+    /// that looks into it.
+    fn run_unmapped<T: Send + 'static, F: Future<Output = object_store::Result<T>> + Send + 'static>(
+        &self,
+        op: &'static str,
+        path: &Path,
+        write: bool,
+        make: impl Fn() -> F,
+    ) -> Result<object_store::Result<T>> {
         let deadline = Instant::now() + STORE_OUTAGE_LIMIT;
         let mut pause = FIRST_PAUSE;
         loop {
@@ -183,7 +213,7 @@ impl ObjectStoreFileManager {
                     std::thread::sleep(pause);
                     pause = (pause * 2).min(MAX_PAUSE);
                 }
-                result => return result.map_err(|e| store_error(op, path, e)),
+                result => return Ok(result),
             }
         }
     }
@@ -222,12 +252,56 @@ impl ObjectStoreFileManager {
     fn put(&self, op: &'static str, path: &Path, payload: PutPayload, mode: PutMode) -> Result<FileVersion> {
         let key = self.key(path)?;
         let store = self.store();
-        let options = PutOptions { mode, ..PutOptions::default() };
-        let result = self.run(op, path, true, || {
-            let (store, key, payload, options) = (Arc::clone(&store), key.clone(), payload.clone(), options.clone());
-            async move { store.put_opts(&key, payload, options).await }
-        })?;
-        result.e_tag.map(FileVersion::Tag).ok_or_else(|| self.without_etags())
+        let options = PutOptions { mode: mode.clone(), ..PutOptions::default() };
+        let send = || {
+            self.run_unmapped(op, path, true, || {
+                let (store, key, payload, options) =
+                    (Arc::clone(&store), key.clone(), payload.clone(), options.clone());
+                async move { store.put_opts(&key, payload, options).await }
+            })
+        };
+        let e_tag = match send()? {
+            Err(e) if may_have_landed(&e) => self.settle_lost_answer(op, path, &payload, &mode, e, send)?,
+            other => other.map_err(|e| store_error(op, path, e))?.e_tag,
+        };
+        e_tag.map(FileVersion::Tag).ok_or_else(|| self.without_etags())
+    }
+
+    /// A conditional write whose answer was lost may have landed or not,
+    /// and cannot simply be sent again: had it landed, the store would
+    /// refuse the repeat. The object is read back instead: holding exactly
+    /// `payload`, the write landed; as it was before the write (absent for
+    /// a put-if-absent, the expected version for a replace), the write is
+    /// sent again (`send`); anything else is what a refused write says.
+    /// Returns the ETag of the object written.
+    fn settle_lost_answer(
+        &self,
+        op: &'static str,
+        path: &Path,
+        payload: &PutPayload,
+        mode: &PutMode,
+        mut lost: object_store::Error,
+        send: impl Fn() -> Result<object_store::Result<PutResult>>,
+    ) -> Result<Option<String>> {
+        for _ in 0..LOST_ANSWER_ATTEMPTS {
+            tracing::warn!(op, path = %path.display(), error = %lost, "a write's answer was lost; reading the object back to see whether it landed");
+            let found = self.read_versioned(path, crate::checkpoint::MAX_CHECKPOINT_FILE_BYTES)?;
+            match (&found, mode) {
+                (Some((bytes, FileVersion::Tag(tag))), _) if holds(payload, bytes) => {
+                    return Ok(Some(tag.clone()));
+                }
+                (None, PutMode::Create) => {}
+                (Some((_, FileVersion::Tag(tag))), PutMode::Update(expected))
+                    if expected.e_tag.as_deref() == Some(tag.as_str()) => {}
+                (_, PutMode::Create) => return Err(LogStoreError::AlreadyExists { path: path.to_path_buf() }),
+                _ => return Err(LogStoreError::Changed { path: path.to_path_buf() }),
+            }
+            match send()? {
+                Err(e) if may_have_landed(&e) => lost = e,
+                other => return other.map(|written| written.e_tag).map_err(|e| store_error(op, path, e)),
+            }
+        }
+        Err(store_error(op, path, lost))
     }
 
     /// The refusal of a store that answers writes without an ETag: a
@@ -305,6 +379,12 @@ async fn read_object(
         return Ok((size, tag, None));
     }
     Ok((size, tag, Some(result.bytes().await?.to_vec())))
+}
+
+/// Whether `bytes` are exactly what `payload` holds.
+fn holds(payload: &PutPayload, bytes: &[u8]) -> bool {
+    payload.content_length() == bytes.len()
+        && payload.iter().try_fold(bytes, |rest, chunk| rest.strip_prefix(chunk.as_ref())).is_some()
 }
 
 fn stopped(op: &'static str, path: &Path) -> LogStoreError {
@@ -528,7 +608,7 @@ mod tests {
 
     use super::*;
     use crate::file_manager::NO_FENCE;
-    use crate::{Checkpoint, CheckpointSettings, CommitMetadata, FaultyObjectStore, OffsetSeq};
+    use crate::{Checkpoint, CheckpointSettings, CommitMetadata, FaultyObjectStore, ObjectFault, OffsetSeq};
 
     const LOCATION: &str = "s3://bucket/ck";
     const START: i64 = 1_700_000_000_000;
@@ -566,6 +646,50 @@ mod tests {
         assert_eq!(files.read(&path, 100).unwrap().unwrap(), b"HEADpayload");
         let again = files.create_atomic_streamed(&path, &mut content, NO_FENCE);
         assert!(matches!(again, Err(LogStoreError::AlreadyExists { .. })), "{again:?}");
+    }
+
+    #[test]
+    fn a_write_whose_connection_dropped_is_read_back_and_found_landed_or_sent_again() {
+        let path = Path::new(LOCATION).join("offsets/3");
+        for fault in [ObjectFault::DroppedBeforeApply, ObjectFault::DroppedAfterApply] {
+            // A put-if-absent (a log entry), the first write.
+            let store = Arc::new(FaultyObjectStore::fail_write(Arc::new(InMemory::new()), 0, fault, false));
+            let files = files_on(store.clone());
+            files.create_atomic(&path, b"entry 3", NO_FENCE).unwrap();
+            assert!(store.fired(), "{fault:?}");
+            assert_eq!(files.read(&path, 100).unwrap().unwrap(), b"entry 3", "{fault:?}");
+            // Sent again only when it had not landed.
+            let sent = if fault == ObjectFault::DroppedBeforeApply { 2 } else { 1 };
+            assert_eq!(store.writes(), sent, "{fault:?}");
+
+            // A conditional replace (the LOCK, `graph`), the second write.
+            let store = Arc::new(FaultyObjectStore::fail_write(Arc::new(InMemory::new()), 1, fault, false));
+            let files = files_on(store.clone());
+            files.create_atomic(&path, b"old", NO_FENCE).unwrap();
+            let expected = files.read_versioned(&path, 100).unwrap().unwrap().1;
+            let now = files.replace_if_unchanged(&path, b"new", &expected, NO_FENCE).unwrap();
+            let (bytes, version) = files.read_versioned(&path, 100).unwrap().unwrap();
+            assert_eq!((bytes.as_slice(), &version), (&b"new"[..], &now), "{fault:?}");
+        }
+    }
+
+    #[test]
+    fn a_write_whose_connection_dropped_finding_another_object_there_is_refused() {
+        let path = Path::new(LOCATION).join("offsets/3");
+        // Another writer's entry is there: the put-if-absent did not land.
+        let inner: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+        files_on(Arc::clone(&inner)).create_atomic(&path, b"theirs", NO_FENCE).unwrap();
+        let store = Arc::new(FaultyObjectStore::fail_write(inner, 0, ObjectFault::DroppedBeforeApply, false));
+        let files = files_on(store.clone());
+        let refused = files.create_atomic(&path, b"ours", NO_FENCE);
+        assert!(matches!(refused, Err(LogStoreError::AlreadyExists { .. })), "{refused:?}");
+        assert_eq!(files.read(&path, 100).unwrap().unwrap(), b"theirs");
+        // A replace that finds a version other than the one it expected.
+        let stale = files.read_versioned(&path, 100).unwrap().unwrap().1;
+        files.replace_if_unchanged(&path, b"newer", &stale, NO_FENCE).unwrap();
+        let store = Arc::new(FaultyObjectStore::fail_write(store, 0, ObjectFault::DroppedBeforeApply, false));
+        let refused = files_on(store).replace_if_unchanged(&path, b"ours", &stale, NO_FENCE);
+        assert!(matches!(refused, Err(LogStoreError::Changed { .. })), "{refused:?}");
     }
 
     #[test]
