@@ -249,7 +249,7 @@ struct Transactions {
     transactional_id: String,
     transaction_timeout: Duration,
     timeout: Duration,
-    /// Whether a producer with a fatal error is opened again (see [`Transactions::reopen_if_fatal`]).
+    /// Whether a producer with a fatal error is opened again (see [`Transactions::reopen_if_unusable`]).
     reopens: Reopen,
     /// The producer's last abort ran out of time and is still in progress
     /// in the client (see [`Transactions::abort`]). Changed with the
@@ -362,20 +362,27 @@ impl Transactions {
         })
     }
 
-    /// Opens `producer` again when it reports a fatal error, which no later
-    /// call clears, and the producer is one that reopens. The usual one:
-    /// the producer was fenced because its open transaction outlived the
-    /// transaction timeout (the process was paused or starved) and the
-    /// broker aborted it and moved the producer's epoch on. The batch of
-    /// that transaction was not committed, and the checkpoint lease and the
-    /// group's generation still decide who may commit it; a member's
-    /// producer left fenced would fail every batch of its tasks after it.
-    fn reopen_if_fatal(&self, producer: &mut ThreadedProducer<DeliveryErrors>) -> Result<()> {
+    /// Opens `producer` again, when it is one that reopens, if it reports
+    /// a fatal error, which no later call clears, or its last abort ran
+    /// out of time. The usual fatal one: the producer was fenced because
+    /// its open transaction outlived the transaction timeout (the process
+    /// was paused or starved) and the broker aborted it and moved the
+    /// producer's epoch on. An abort left unfinished (the broker paused)
+    /// would hold the producer, and every task's batch with it, for the
+    /// sink's timeout at each try to finish it; a new producer's
+    /// registration fences the old one and aborts its transaction at once.
+    /// The batch of that transaction was not committed, and the checkpoint
+    /// lease and the group's generation still decide who may commit it.
+    fn reopen_if_unusable(&self, producer: &mut ThreadedProducer<DeliveryErrors>) -> Result<()> {
         if self.reopens == Reopen::Never {
             return Ok(());
         }
-        let Some((code, reason)) = producer.client().fatal_error() else { return Ok(()) };
-        warn!(transactional_id = %self.transactional_id, ?code, reason, "the transactional producer hit a fatal error; opening it again");
+        let why = match producer.client().fatal_error() {
+            Some((code, reason)) => format!("a fatal error ({code:?}: {reason})"),
+            None if self.abort_unfinished.load(Ordering::SeqCst) => "an abort that ran out of time".to_string(),
+            None => return Ok(()),
+        };
+        warn!(transactional_id = %self.transactional_id, why, "opening the transactional producer again");
         *producer = open_producer(&self.brokers, &self.transactional_id, self.transaction_timeout, self.timeout)?;
         self.abort_unfinished.store(false, Ordering::SeqCst);
         metrics::counter!(PRODUCERS_REOPENED).increment(1);
@@ -463,13 +470,18 @@ impl Transactions {
             return outcome;
         }
         let queued = std::mem::take(&mut *lock(&self.queue));
-        let result = (group.metadata)().and_then(|metadata| self.attempt(&producer, &queued, &metadata));
+        // A producer the last transaction left unusable, whose reopening
+        // failed then (the broker still away), is opened again first.
+        let result = self
+            .reopen_if_unusable(&mut producer)
+            .and_then(|()| (group.metadata)())
+            .and_then(|metadata| self.attempt(&producer, &queued, &metadata));
         let outcome = result.as_ref().map(|_| ()).map_err(Failure::of);
         for other in queued.iter().filter(|q| !Arc::ptr_eq(q, request)) {
             *lock(&other.outcome) = Some(outcome.clone());
         }
         if result.is_err()
-            && let Err(reopen) = self.reopen_if_fatal(&mut producer)
+            && let Err(reopen) = self.reopen_if_unusable(&mut producer)
         {
             return Err(Failure::of(&reopen));
         }
@@ -504,8 +516,10 @@ impl Transactions {
     /// broker away) goes on in the client, which refuses to begin another
     /// transaction ("conflicting abort_transaction API call is already in
     /// progress") until abort is called again and finishes; so such an
-    /// abort is remembered and finished before the next transaction begins,
-    /// instead of every later batch failing on it.
+    /// abort is remembered, and the producer is opened again (one that
+    /// reopens, see [`Transactions::reopen_if_unusable`]) or the abort
+    /// finished before the next transaction begins, instead of every later
+    /// batch failing on it.
     fn abort(&self, producer: &ThreadedProducer<DeliveryErrors>) -> Result<()> {
         let result = producer.abort_transaction(self.timeout);
         let unfinished = matches!(&result, Err(RdKafkaError::Transaction(e)) if e.is_retriable());
