@@ -55,6 +55,8 @@ const GRPC_OFFSET: u16 = 10_000;
 const PORT_ATTEMPTS: usize = 200;
 /// How long `start` waits for the bucket to be created.
 const START_TIMEOUT: Duration = Duration::from_secs(60);
+/// Starts on other ports after one of them was taken before weed bound it.
+const START_ATTEMPTS: usize = 3;
 /// How long `start` waits between two attempts to create the bucket.
 const POLL_INTERVAL: Duration = Duration::from_millis(200);
 
@@ -250,24 +252,42 @@ fn start(run: &Path) -> Result<Running> {
     let weed = install()?;
     let run = run.to_path_buf();
     std::fs::create_dir_all(&run).map_err(|e| format!("{}: {e}", run.display()))?;
-    let ports = choose_ports()?;
-    let data_dir = seaweedfs_dir().join(format!("data-{}-{}", std::process::id(), nanos()));
-    std::fs::create_dir_all(&data_dir).map_err(|e| format!("{}: {e}", data_dir.display()))?;
     let config = run.join("s3.json");
     write(&config, &s3_config())?;
 
     let started = Instant::now();
-    let _ = std::fs::remove_file(run.join("weed.log"));
-    // Kept for `restart`, which runs the same server again.
-    write(&run.join("args"), &server_args(&ports, &data_dir, &config).join("\n"))?;
-    let endpoint = format!("http://127.0.0.1:{}", ports.s3);
-    let running = launch(&weed, &run, endpoint, data_dir, socket_files(&ports), started)?;
+    let mut attempt = 1;
+    let running = loop {
+        match launch_on_free_ports(&weed, &run, &config, started) {
+            // A port chosen free was taken before weed bound it: ports come
+            // from the kernel's ephemeral range, which every outgoing
+            // connection on the machine draws from too.
+            Err(e) if attempt < START_ATTEMPTS && e.contains("address already in use") => {
+                println!("s3: a port chosen for weed was taken before it bound it; starting it on others");
+                attempt += 1;
+            }
+            other => break other?,
+        }
+    };
     println!(
         "s3: up in {:.1?} (weed start, bucket {BUCKET} created), resident memory {}",
         started.elapsed(),
         resident_memory(running.pid)
     );
     Ok(running)
+}
+
+/// Chooses free ports and a new data folder, records the arguments and
+/// runs `weed` with them ([`launch`]).
+fn launch_on_free_ports(weed: &Path, run: &Path, config: &Path, started: Instant) -> Result<Running> {
+    let ports = choose_ports()?;
+    let data_dir = seaweedfs_dir().join(format!("data-{}-{}", std::process::id(), nanos()));
+    std::fs::create_dir_all(&data_dir).map_err(|e| format!("{}: {e}", data_dir.display()))?;
+    let _ = std::fs::remove_file(run.join("weed.log"));
+    // Kept for `restart`, which runs the same server again.
+    write(&run.join("args"), &server_args(&ports, &data_dir, config).join("\n"))?;
+    let endpoint = format!("http://127.0.0.1:{}", ports.s3);
+    launch(weed, run, endpoint, data_dir, socket_files(&ports), started)
 }
 
 /// Runs `weed` with the arguments recorded in `run`, records it and waits
