@@ -9,7 +9,7 @@
 //!
 //! The longest binaries start first, by the times the last run measured
 //! (kept in the target folder), so that they do not end up last on a lane
-//! of their own. Each binary's output is printed whole when it ends, so
+//! of their own; the server-outage tests run after all others, alone. Each binary's output is printed whole when it ends, so
 //! the lines of binaries running together do not mix; a line says when
 //! each one starts.
 
@@ -49,6 +49,12 @@ pub(crate) type Variable = (OsString, Option<OsString>);
 /// Environment variable: how many test binaries run at once.
 const LANES_ENV: &str = "SPATE_TEST_LANES";
 
+/// Binaries run after all others, one at a time: they stop a server for a
+/// set outage and check that jobs carry on within their timeouts, and
+/// beside the other broker-heavy binaries on two cores a restart of the
+/// server took longer than a job waits for it.
+const RUN_ALONE: &[&str] = &["spate-cli tests/faults.rs"];
+
 /// Builds every test binary of the workspace (`args` added to
 /// `cargo test --no-run`), runs them with `env` set (`None`: removed),
 /// and fails if any failed, after all have run.
@@ -59,8 +65,14 @@ pub(crate) fn run(args: &[&str], env: &[Variable]) -> Result {
     let durations_file = target_dir().join("xtask-test-durations.tsv");
     let last = read_durations(&durations_file);
     let lanes = lanes()?;
-    println!("running {} test binaries, {lanes} at a time, the longest last time first", binaries.len());
-    let outcomes = run_all(longest_first(binaries, &last), lanes, env);
+    let (alone, shared): (Vec<_>, Vec<_>) = binaries.into_iter().partition(|b| RUN_ALONE.contains(&b.name.as_str()));
+    println!(
+        "running {} test binaries, {lanes} at a time, the longest last time first; then {} alone",
+        shared.len(),
+        alone.len()
+    );
+    let mut outcomes = run_all(longest_first(shared, &last), lanes, env);
+    outcomes.extend(run_all(alone, 1, env));
     write_durations(&durations_file, &last, &outcomes);
     let failed: Vec<&str> = outcomes.iter().filter(|o| !o.passed).map(|o| o.binary.name.as_str()).collect();
     let (passed_tests, failed_tests) = outcomes.iter().fold((0, 0), |(p, f), o| {
