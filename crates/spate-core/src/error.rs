@@ -81,6 +81,13 @@ pub enum CoreError {
         #[source]
         source: std::io::Error,
     },
+    /// A frame read from a stream could not be read.
+    #[error("reading the frame failed: {source}")]
+    Read {
+        /// What the reader said.
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 impl CoreError {

@@ -239,35 +239,33 @@ impl FrameCodec {
             .get(..FRAME_HEADER_LEN)
             .and_then(|h| h.try_into().ok())
             .ok_or(CoreError::Truncated { needed: FRAME_HEADER_LEN as u64, available: bytes.len() as u64 })?;
+        let header = self.read_header(header)?;
+        let frame_len = FRAME_HEADER_LEN + header.len as usize;
+        let payload = bytes
+            .get(FRAME_HEADER_LEN..frame_len)
+            .ok_or(CoreError::Truncated { needed: frame_len as u64, available: bytes.len() as u64 })?;
+        header.check(crc32c::crc32c_append(header.crc_seed, payload), self)?;
+        Ok(RawFrame { version: header.version, payload, frame_len })
+    }
+
+    /// What a frame's header says, its magic and bound checked; the rest is
+    /// checked with the payload's checksum ([`FrameHeader::check`]).
+    pub(crate) fn read_header(&self, header: &[u8; FRAME_HEADER_LEN]) -> Result<FrameHeader, CoreError> {
         let [m0, m1, m2, m3, v0, v1, f0, f1, l0, l1, l2, l3, c0, c1, c2, c3] = *header;
         if [m0, m1, m2, m3] != FRAME_MAGIC {
             return Err(CoreError::BadMagic { found: [m0, m1, m2, m3] });
         }
-        let version = u16::from_le_bytes([v0, v1]);
         let len = u32::from_le_bytes([l0, l1, l2, l3]);
         if len > self.max_payload_bytes {
             return Err(CoreError::TooLarge { declared: u64::from(len), limit: u64::from(self.max_payload_bytes) });
         }
-        let frame_len = FRAME_HEADER_LEN + len as usize;
-        let payload = bytes
-            .get(FRAME_HEADER_LEN..frame_len)
-            .ok_or(CoreError::Truncated { needed: frame_len as u64, available: bytes.len() as u64 })?;
-        let stored = u32::from_le_bytes([c0, c1, c2, c3]);
-        let computed = crc32c::crc32c_append(crc32c::crc32c(&header[4..12]), payload);
-        if stored != computed {
-            return Err(CoreError::ChecksumMismatch { stored, computed });
-        }
-        // Checked after the CRC: a damaged version field is damage, not a newer writer.
-        if version > self.current_version {
-            return Err(CoreError::NewerVersion { found: version, supported: self.current_version });
-        }
-        // No flag is defined yet: one that is set was written by a writer
-        // that means something this build cannot honour.
-        let flags = u16::from_le_bytes([f0, f1]);
-        if flags != 0 {
-            return Err(CoreError::UnknownFlags { flags });
-        }
-        Ok(RawFrame { version, payload, frame_len })
+        Ok(FrameHeader {
+            version: u16::from_le_bytes([v0, v1]),
+            flags: u16::from_le_bytes([f0, f1]),
+            len,
+            stored_crc: u32::from_le_bytes([c0, c1, c2, c3]),
+            crc_seed: crc32c::crc32c(&header[4..12]),
+        })
     }
 
     /// Decodes the frame at the start of `bytes` as a `T`.
@@ -312,6 +310,37 @@ fn decode_limited<T: DeserializeOwned, const LIMIT: usize>(payload: &[u8]) -> Re
     Ok(value)
 }
 
+/// A frame's header, read and its magic and bound checked.
+pub(crate) struct FrameHeader {
+    pub(crate) version: u16,
+    flags: u16,
+    pub(crate) len: u32,
+    stored_crc: u32,
+    /// The checksum of the header's version, flags and length, which the
+    /// payload's checksum continues.
+    pub(crate) crc_seed: u32,
+}
+
+impl FrameHeader {
+    /// Checks the header against `computed`, the checksum of its fields and
+    /// the payload, then what only an undamaged header may say.
+    pub(crate) fn check(&self, computed: u32, codec: &FrameCodec) -> Result<(), CoreError> {
+        if self.stored_crc != computed {
+            return Err(CoreError::ChecksumMismatch { stored: self.stored_crc, computed });
+        }
+        // Checked after the CRC: a damaged version field is damage, not a newer writer.
+        if self.version > codec.current_version {
+            return Err(CoreError::NewerVersion { found: self.version, supported: codec.current_version });
+        }
+        // No flag is defined yet: one that is set was written by a writer
+        // that means something this build cannot honour.
+        if self.flags != 0 {
+            return Err(CoreError::UnknownFlags { flags: self.flags });
+        }
+        Ok(())
+    }
+}
+
 /// A writer a streamed frame can seek back in, to fill in its header once
 /// the payload is written: a file, or a [`std::io::Cursor`] over memory.
 pub trait SeekWrite: Write + Seek {}
@@ -342,7 +371,7 @@ impl PayloadSink for Vec<u8> {
 /// Bytes a streamed frame's payload collects before passing them on: large
 /// enough that a write is one system call per megabyte, small beside any
 /// state worth streaming.
-const PAYLOAD_CHUNK: usize = 1 << 20;
+pub(crate) const PAYLOAD_CHUNK: usize = 1 << 20;
 
 /// The payload of a frame [`FrameCodec::encode_streamed`] writes: records
 /// are appended to a chunk, which goes to the writer (its checksum and

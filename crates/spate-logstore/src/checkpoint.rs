@@ -8,12 +8,13 @@
 use std::collections::HashSet;
 use std::fmt;
 use std::hash::{BuildHasher, Hasher};
+use std::io::{Read, SeekFrom};
 use std::path::{Component, Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 use spate_core::sync::lock;
-use spate_core::{BatchId, Clock, SystemClock, Time};
+use spate_core::{BatchId, Clock, ReadSeek, SystemClock, Time};
 use tracing::{debug, info, warn};
 
 use crate::entries::{CommitLog, CommitMetadata, OffsetLog};
@@ -516,6 +517,34 @@ impl Checkpoint {
         Ok(Some(bytes))
     }
 
+    /// [`Checkpoint::read_file`] as a stream, positioned after the
+    /// writer-epoch line, for a file too large to hold in memory (a large
+    /// state snapshot); the epoch is checked as `read_file` checks it. On a
+    /// local disk the file is read as it is consumed.
+    pub fn open_file(&self, relative: impl AsRef<Path>) -> Result<Option<Box<dyn ReadSeek>>> {
+        let path = self.path_of(relative)?;
+        let Some(mut reader) = self.files.open_read(&path, MAX_CHECKPOINT_FILE_BYTES)? else { return Ok(None) };
+        let io_error = |op, e| LogStoreError::io(op, &path, e);
+        // The longest epoch line: the prefix, u64::MAX's 20 digits, a newline.
+        let mut start = [0u8; EPOCH_LINE_PREFIX.len() + 21];
+        let mut read = 0;
+        while read < start.len() {
+            match reader.read(&mut start[read..]) {
+                Ok(0) => break,
+                Ok(n) => read += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(io_error("read", e)),
+            }
+        }
+        let (found, body) = split_epoch_line(&path, &start[..read])?;
+        if let Some(ours) = self.epoch() {
+            self.check_file_epoch(&path, found, ours)?;
+        }
+        let line_len = (read - body.len()) as u64;
+        reader.seek(SeekFrom::Start(line_len)).map_err(|e| io_error("seek", e))?;
+        Ok(Some(reader))
+    }
+
     /// Whether this writer (epoch `ours`) may use or replace `path`, which
     /// carries epoch `found` (`None`: written without one).
     fn check_file_epoch(&self, path: &Path, found: Option<u64>, ours: u64) -> Result<()> {
@@ -779,6 +808,29 @@ mod tests {
             std::fs::write(root.path().join("bad"), damaged).unwrap();
             let err = ck.read_file("bad").unwrap_err().to_string();
             assert!(err.contains("writer-epoch line is damaged") && err.contains("bad"), "{err}");
+            let err = ck.open_file("bad").err().map(|e| e.to_string()).unwrap_or_default();
+            assert!(err.contains("writer-epoch line is damaged") && err.contains("bad"), "{err}");
         }
+    }
+
+    /// What `open_file` streams is what `read_file` reads, the epoch line
+    /// left out, whatever the file's length against the line's.
+    #[test]
+    fn an_opened_file_streams_what_read_file_reads() {
+        use std::io::Read;
+        let root = tempfile::tempdir().unwrap();
+        let ck = Checkpoint::open_for_write(root.path(), options()).unwrap();
+        let long: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8).collect();
+        for (name, bytes) in [("empty", &b""[..]), ("short", b"{}"), ("long", &long)] {
+            ck.replace_file(name, bytes).unwrap();
+            let mut streamed = Vec::new();
+            ck.open_file(name).unwrap().unwrap().read_to_end(&mut streamed).unwrap();
+            assert_eq!(streamed, bytes, "{name}");
+            std::fs::write(root.path().join(name), bytes).unwrap();
+            let mut streamed = Vec::new();
+            ck.open_file(name).unwrap().unwrap().read_to_end(&mut streamed).unwrap();
+            assert_eq!(streamed, bytes, "{name} without an epoch line");
+        }
+        assert!(ck.open_file("absent").unwrap().is_none());
     }
 }

@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use spate_core::{BatchId, Clock, SeekWrite};
+use spate_core::{BatchId, Clock, ReadSeek, SeekWrite};
 use tracing::{debug, warn};
 
 use crate::error::{LogStoreError, Result};
@@ -127,6 +127,15 @@ pub trait CheckpointFileManager: Send + Sync + std::fmt::Debug {
             bytes.truncate(usize::try_from(len).unwrap_or(usize::MAX));
         }
         Ok(bytes)
+    }
+
+    /// `path` as a stream from its start, or `None` when it does not
+    /// exist: a file larger than memory can hold (a large state snapshot)
+    /// is read without being held whole. A file longer than `max_len` bytes
+    /// is refused with [`LogStoreError::TooLarge`]. By default the whole
+    /// file is read into memory; a local disk opens the file.
+    fn open_read(&self, path: &Path, max_len: u64) -> Result<Option<Box<dyn ReadSeek>>> {
+        Ok(self.read(path, max_len)?.map(|bytes| Box::new(io::Cursor::new(bytes)) as Box<dyn ReadSeek>))
     }
 
     /// [`CheckpointFileManager::read`] with the version of what was read,
@@ -245,6 +254,10 @@ impl CheckpointFileManager for LocalFileManager {
 
     fn read_prefix(&self, path: &Path, len: u64) -> Result<Option<Vec<u8>>> {
         read_prefix(path, len)
+    }
+
+    fn open_read(&self, path: &Path, max_len: u64) -> Result<Option<Box<dyn ReadSeek>>> {
+        open_bounded(path, max_len)
     }
 
     fn create_atomic(&self, path: &Path, bytes: &[u8], fence: PublishCheck<'_>) -> Result<()> {
@@ -393,6 +406,20 @@ pub(crate) fn read_prefix(path: &Path, len: u64) -> Result<Option<Vec<u8>>> {
     let mut bytes = Vec::new();
     file.take(len).read_to_end(&mut bytes).map_err(|e| LogStoreError::io("read", path, e))?;
     Ok(Some(bytes))
+}
+
+/// `path` opened for reading, its length checked against `max_len`.
+pub(crate) fn open_bounded(path: &Path, max_len: u64) -> Result<Option<Box<dyn ReadSeek>>> {
+    let file = match File::open(path) {
+        Ok(file) => file,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(LogStoreError::io("open", path, e)),
+    };
+    let len = file.metadata().map_err(|e| LogStoreError::io("stat", path, e))?.len();
+    if len > max_len {
+        return Err(LogStoreError::TooLarge { path: path.to_path_buf(), len, limit: max_len });
+    }
+    Ok(Some(Box::new(file)))
 }
 
 pub(crate) fn read_bounded(path: &Path, max_len: u64) -> Result<Option<Vec<u8>>> {

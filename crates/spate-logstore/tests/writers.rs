@@ -299,6 +299,7 @@ fn a_file_replaced_by_a_newer_writer_is_never_replaced_by_an_older_one() {
     assert!(matches!(err, LogStoreError::StaleEpoch { .. }), "{err:?}");
     assert!(err.to_string().contains("graph was written by epoch"), "{err}");
     assert!(matches!(old.read_file("graph"), Err(LogStoreError::StaleEpoch { .. })));
+    assert!(matches!(old.open_file("graph"), Err(LogStoreError::StaleEpoch { .. })));
     std::fs::write(&lock, newer_lock).unwrap();
     assert_eq!(new.read_file("graph").unwrap(), Some(b"new".to_vec()));
 }
