@@ -6,7 +6,9 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
-use spate_core::{CoreError, SeekWrite};
+use std::io::Read;
+
+use spate_core::{CoreError, ReadSeek, SeekWrite};
 
 use crate::error::DStreamError;
 use crate::graph::Graph;
@@ -220,6 +222,24 @@ impl Graph {
         states: Vec<(String, Vec<Vec<u8>>)>,
         policy: &RestorePolicy,
     ) -> Result<RestoreReport, DStreamError> {
+        let states = states
+            .into_iter()
+            .map(|(name, chain)| (name, chain.into_iter().map(StateFile::in_memory).collect()))
+            .collect();
+        self.restore_chains_from(descriptor, states, policy)
+    }
+
+    /// Like [`Graph::restore_chains`], each state file opened only when its
+    /// operator is restored and read as a stream: an operator whose state
+    /// can outgrow memory (`map_with_state`) decodes its whole snapshot
+    /// entry by entry, so neither the chains nor one large snapshot are
+    /// held in memory whole. Nothing is opened unless the descriptors fit.
+    pub fn restore_chains_from(
+        &mut self,
+        descriptor: &GraphDescriptor,
+        states: Vec<(String, Vec<StateFile<'_>>)>,
+        policy: &RestorePolicy,
+    ) -> Result<RestoreReport, DStreamError> {
         if descriptor.format_version > DESCRIPTOR_FORMAT_VERSION {
             return Err(DStreamError::IncompatibleState {
                 differences: vec![format!(
@@ -249,7 +269,7 @@ impl Graph {
         if !diffs.is_empty() {
             return Err(DStreamError::IncompatibleState { differences: diffs });
         }
-        let mut states: BTreeMap<String, Vec<Vec<u8>>> = states.into_iter().collect();
+        let mut states: BTreeMap<String, Vec<StateFile<'_>>> = states.into_iter().collect();
         let old_names: BTreeSet<&str> = old_stateful.iter().map(|op| op.name.as_str()).collect();
         if let Some(stray) = states.keys().find(|name| !old_names.contains(name.as_str())) {
             return Err(DStreamError::UnexpectedState { operator: stray.clone() });
@@ -264,7 +284,7 @@ impl Graph {
             let Some(state) = node.state_mut() else { continue };
             match states.remove(name) {
                 Some(chain) => {
-                    restore_chain(state, &chain, partitions)
+                    restore_chain(state, chain, partitions)
                         .map_err(|source| DStreamError::StateDecode { operator: name.clone(), source })?;
                     report.resumed.push(name.clone());
                 }
@@ -282,15 +302,47 @@ impl Graph {
 }
 
 /// Restores a whole snapshot, then applies the changes after it in order.
-fn restore_chain(state: &mut dyn StatefulNode, chain: &[Vec<u8>], partitions: usize) -> Result<(), CoreError> {
-    let Some((whole, changes)) = chain.split_first() else {
+fn restore_chain(state: &mut dyn StatefulNode, chain: Vec<StateFile<'_>>, partitions: usize) -> Result<(), CoreError> {
+    let mut links = chain.into_iter();
+    let Some(whole) = links.next() else {
         return Err(CoreError::Decode { reason: "an empty chain of snapshots".to_string() });
     };
-    state.restore(whole, partitions)?;
-    for change in changes {
-        state.apply_changes(change, partitions)?;
+    state.restore_from(&mut *whole.open()?, partitions)?;
+    for change in links {
+        let mut bytes = Vec::new();
+        change.open()?.read_to_end(&mut bytes).map_err(|source| CoreError::Read { source })?;
+        state.apply_changes(&bytes, partitions)?;
     }
     Ok(())
+}
+
+/// One file of a state chain (see [`Graph::restore_chains_from`]), opened
+/// when its operator is restored: a reader at the start of its frame.
+pub struct StateFile<'a> {
+    open: Box<dyn FnOnce() -> Result<Box<dyn ReadSeek + 'a>, CoreError> + 'a>,
+}
+
+impl<'a> StateFile<'a> {
+    /// A file `open` opens when it is read. What `open` fails with is the
+    /// restore's error (a [`CoreError::Read`] for a storage failure).
+    pub fn new(open: impl FnOnce() -> Result<Box<dyn ReadSeek + 'a>, CoreError> + 'a) -> Self {
+        StateFile { open: Box::new(open) }
+    }
+
+    /// A file already read into memory.
+    pub fn in_memory(bytes: Vec<u8>) -> Self {
+        StateFile::new(move || Ok(Box::new(std::io::Cursor::new(bytes))))
+    }
+
+    fn open(self) -> Result<Box<dyn ReadSeek + 'a>, CoreError> {
+        (self.open)()
+    }
+}
+
+impl std::fmt::Debug for StateFile<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StateFile").finish_non_exhaustive()
+    }
 }
 
 /// One stateful operator's whole state, as [`Graph::snapshot_state_streamed`]

@@ -135,8 +135,8 @@ mod window;
 pub use arrival::{ArrivalStage, ProcessedBlock};
 pub use batch::{Batch, Data, Key};
 pub use descriptor::{
-    DESCRIPTOR_FORMAT_VERSION, GraphDescriptor, OperatorDescriptor, RestorePolicy, RestoreReport, StateSnapshot,
-    StateWriter,
+    DESCRIPTOR_FORMAT_VERSION, GraphDescriptor, OperatorDescriptor, RestorePolicy, RestoreReport, StateFile,
+    StateSnapshot, StateWriter,
 };
 pub use distinct::DistinctCount;
 pub use error::{BoxError, DStreamError, GraphProblem};

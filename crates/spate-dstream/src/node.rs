@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use spate_core::sync::lock;
-use spate_core::{BatchId, CoreError, Duration, FrameCodec, SeekWrite, Time};
+use spate_core::{BatchId, CoreError, Duration, FrameCodec, ReadSeek, SeekWrite, Time};
 
 use crate::arrival::{ArrivalStage, ArrivalStep, Delivered, PayloadFn};
 use crate::batch::Batch;
@@ -227,6 +227,14 @@ pub(crate) trait StatefulNode {
 
     /// Replaces the state with a whole snapshot, spreading keys over `partitions`.
     fn restore(&mut self, bytes: &[u8], partitions: usize) -> Result<(), CoreError>;
+
+    /// [`StatefulNode::restore`] from `reader`, at the snapshot's frame. An
+    /// operator whose state can outgrow memory decodes it as it reads.
+    fn restore_from(&mut self, reader: &mut dyn ReadSeek, partitions: usize) -> Result<(), CoreError> {
+        let mut bytes = Vec::new();
+        reader.read_to_end(&mut bytes).map_err(|source| CoreError::Read { source })?;
+        self.restore(&bytes, partitions)
+    }
 
     /// Applies changes taken after the snapshot restored last (and after
     /// the changes applied since), in the order they were taken.

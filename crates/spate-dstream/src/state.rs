@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
-use spate_core::{CoreError, Duration, PayloadReader, PayloadSink, SeekWrite, Time, write_varint};
+use spate_core::{CoreError, Duration, PayloadReader, PayloadSink, ReadSeek, SeekWrite, Time, write_varint};
 
 use crate::batch::{Batch, Data, Key};
 use crate::combined::Combined;
@@ -733,16 +733,21 @@ where
     }
 
     fn restore(&mut self, bytes: &[u8], partitions: usize) -> Result<(), CoreError> {
-        let frame = state_codec().open(bytes)?;
-        let mut reader = PayloadReader::new(frame.payload);
-        let count = reader.count()?;
-        // Entry by entry, so a state larger than memory goes to its spill
-        // tables as it is read rather than being decoded whole first.
-        let entries = (0..count).map(|_| next_entry(&mut reader));
+        self.restore_from(&mut std::io::Cursor::new(bytes), partitions)
+    }
+
+    fn restore_from(&mut self, reader: &mut dyn ReadSeek, partitions: usize) -> Result<(), CoreError> {
+        let mut payload = state_codec().open_streamed(reader)?;
+        let count = payload.count()?;
+        // Entry by entry as the file is read, so a state larger than memory
+        // goes to its spill tables without being held whole, read or decoded.
+        let entries = (0..count).map(|_| {
+            payload.record().map_err(|e| CoreError::Decode { reason: format!("a map_with_state entry: {e}") })
+        });
         self.removed.clear();
         (self.stepped, self.last_snapshot) = (None, None);
         self.spread(entries, partitions, false)?;
-        reader.finish()
+        payload.finish()
     }
 
     fn apply_changes(&mut self, bytes: &[u8], partitions: usize) -> Result<(), CoreError> {

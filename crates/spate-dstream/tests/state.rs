@@ -8,9 +8,9 @@ use std::sync::Arc;
 
 use common::{Collected, INTERVAL, collect, run, sorted_at, t};
 use proptest::prelude::*;
-use spate_core::Duration;
+use spate_core::{CoreError, Duration, ReadSeek};
 use spate_dstream::{
-    Graph, GraphBuilder, MemorySpillStore, QueueSource, RestorePolicy, State, StateSnapshot, StateSpill,
+    Graph, GraphBuilder, MemorySpillStore, QueueSource, RestorePolicy, State, StateFile, StateSnapshot, StateSpill,
 };
 
 fn batches() -> impl Strategy<Value = Vec<Vec<(u8, u32)>>> {
@@ -173,7 +173,16 @@ proptest! {
             }
         }
         let mut second = sessions(timeout, partitions, budgets.1);
-        second.graph.restore_chains(&descriptor, vec![("sessions".to_string(), chain)], &RestorePolicy::strict()).unwrap();
+        // The whole snapshot read as a stream from a file, as a restart reads it.
+        let dir = tempfile::tempdir().unwrap();
+        let whole_path = dir.path().join("whole");
+        std::fs::write(&whole_path, chain.remove(0)).unwrap();
+        let mut files = vec![StateFile::new(|| {
+            let file = std::fs::File::open(&whole_path).map_err(|source| CoreError::Read { source })?;
+            Ok(Box::new(file) as Box<dyn ReadSeek>)
+        })];
+        files.extend(chain.into_iter().map(StateFile::in_memory));
+        second.graph.restore_chains_from(&descriptor, vec![("sessions".to_string(), files)], &RestorePolicy::strict()).unwrap();
         for batch in &input[done..] {
             second.queue.push(batch.clone());
         }
@@ -292,4 +301,32 @@ fn a_partition_moving_to_its_spill_table_keeps_its_changes_for_the_next_incremen
     second.queue.push(vec![]);
     run(&mut second.graph, 2..=2);
     assert_eq!(sorted_at(&second.snapshots, t(2)).unwrap(), vec![(1, 5), (2, 6), (3, 7)]);
+}
+
+/// A state file that cannot be opened fails the restore with what its
+/// opener said, and the files after it are never opened.
+#[test]
+fn a_state_file_that_cannot_be_opened_fails_the_restore_and_nothing_after_it_is_opened() {
+    let mut first = sessions(10, 2, None);
+    let descriptor = first.graph.descriptor();
+    let whole = first.graph.snapshot_state().unwrap().remove(0).1;
+    first.queue.push(vec![(1, 5)]);
+    run(&mut first.graph, 1..=1);
+    let opened_after = std::cell::Cell::new(false);
+    let files = vec![
+        StateFile::in_memory(whole),
+        StateFile::new(|| Err(CoreError::Read { source: std::io::Error::other("the disk went away") })),
+        StateFile::new(|| {
+            opened_after.set(true);
+            Err(CoreError::Decode { reason: "not to be read".to_string() })
+        }),
+    ];
+    let mut second = sessions(10, 2, None);
+    let err = second
+        .graph
+        .restore_chains_from(&descriptor, vec![("sessions".to_string(), files)], &RestorePolicy::strict())
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("sessions") && err.contains("the disk went away"), "{err}");
+    assert!(!opened_after.get());
 }
