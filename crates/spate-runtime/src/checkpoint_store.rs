@@ -9,11 +9,12 @@
 //! where each operator's chain starts, so a purge keeps every link.
 
 use std::collections::BTreeMap;
+use std::io::{Read, SeekFrom};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
-use spate_core::{BatchId, SeekWrite, Time, Unfenced, WriterFence};
+use spate_core::{BatchId, ReadSeek, SeekWrite, Time, Unfenced, WriterFence};
 use spate_dstream::{GraphDescriptor, StateSnapshot, StateWriter};
 use spate_logstore::{
     CHANGES_HEADER_LEN, Checkpoint, CommitMetadata, LogStoreError, OffsetSeq, StateLink, Verdict, changes_header,
@@ -214,11 +215,12 @@ impl CheckpointStore {
         }
     }
 
-    /// Reads one operator's snapshot of `batch` and the links before it,
-    /// back to a whole snapshot: the frames oldest first, as
-    /// `Graph::restore_chains` takes them.
+    /// Opens one operator's snapshot of `batch` and the links before it,
+    /// back to a whole snapshot, each file read only as far as its header:
+    /// the files oldest first, each at the start of its frame, as
+    /// `Graph::restore_chains_from` reads them.
     pub(crate) fn read_state_chain(&self, operator: &str, batch: BatchId) -> Result<StateChain, RuntimeError> {
-        let mut frames = Vec::new();
+        let mut files = Vec::new();
         let (mut link, mut needed_by) = (batch, None::<BatchId>);
         loop {
             let error = |reason: String| RuntimeError::State {
@@ -226,8 +228,8 @@ impl CheckpointStore {
                 batch: needed_by.unwrap_or(batch),
                 reason,
             };
-            let mut bytes = match self.checkpoint.read_file(Self::state_path(operator, link)) {
-                Ok(Some(bytes)) => bytes,
+            let mut file = match self.checkpoint.open_file(Self::state_path(operator, link)) {
+                Ok(Some(file)) => file,
                 Ok(None) => {
                     return Err(error(match needed_by {
                         None => format!("state/{operator}/{link} is missing"),
@@ -239,12 +241,11 @@ impl CheckpointStore {
                 }
                 Err(e) => return Err(state_error(operator, link, e)),
             };
-            let (kind, _) =
-                split_state_file(&bytes).map_err(|reason| error(format!("state/{operator}/{link}: {reason}")))?;
+            let kind =
+                read_link_kind(&mut *file).map_err(|reason| error(format!("state/{operator}/{link}: {reason}")))?;
             match kind {
                 StateLink::Changes { base } if base < link => {
-                    bytes.drain(..CHANGES_HEADER_LEN);
-                    frames.push(bytes);
+                    files.push(file);
                     (needed_by, link) = (Some(link), base);
                 }
                 StateLink::Changes { base } => {
@@ -253,9 +254,9 @@ impl CheckpointStore {
                     )));
                 }
                 StateLink::Whole => {
-                    frames.push(bytes);
-                    frames.reverse();
-                    return Ok(StateChain { frames, start: link });
+                    files.push(file);
+                    files.reverse();
+                    return Ok(StateChain { files, start: link });
                 }
                 StateLink::Unreadable { reason } => return Err(error(format!("state/{operator}/{link}: {reason}"))),
             }
@@ -303,12 +304,33 @@ impl CheckpointStore {
 
 /// One operator's snapshot as a chain: a whole snapshot, then the changes
 /// after it, oldest first.
-#[derive(Debug)]
 pub(crate) struct StateChain {
-    /// The frames, the whole snapshot first.
-    pub(crate) frames: Vec<Vec<u8>>,
+    /// The files, the whole snapshot first, each at the start of its frame
+    /// (a local file is open, not read; on an object store it was fetched).
+    pub(crate) files: Vec<Box<dyn ReadSeek>>,
     /// The batch of the whole snapshot the chain starts at.
     pub(crate) start: BatchId,
+}
+
+impl std::fmt::Debug for StateChain {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StateChain").field("files", &self.files.len()).field("start", &self.start).finish()
+    }
+}
+
+/// What a state file is, from its first bytes; `file` is left at the start
+/// of its frame (after the header of a file of changes).
+fn read_link_kind(file: &mut dyn ReadSeek) -> Result<StateLink, String> {
+    let frame_start = file.stream_position().map_err(|e| format!("cannot tell its position: {e}"))?;
+    let mut head = Vec::with_capacity(CHANGES_HEADER_LEN);
+    Read::take(&mut *file, CHANGES_HEADER_LEN as u64)
+        .read_to_end(&mut head)
+        .map_err(|e| format!("cannot be read: {e}"))?;
+    let (kind, _) = split_state_file(&head)?;
+    if kind == StateLink::Whole {
+        file.seek(SeekFrom::Start(frame_start)).map_err(|e| format!("cannot be read again: {e}"))?;
+    }
+    Ok(kind)
 }
 
 /// Which snapshot to take next, whole or the changes since the previous
@@ -412,6 +434,16 @@ mod tests {
 
     const LOCATION: &str = "s3://bucket/ck";
 
+    /// A chain's frames, read whole.
+    pub(super) fn frames(chain: StateChain) -> Vec<Vec<u8>> {
+        let read = |mut file: Box<dyn ReadSeek>| {
+            let mut bytes = Vec::new();
+            file.read_to_end(&mut bytes).unwrap();
+            bytes
+        };
+        chain.files.into_iter().map(read).collect()
+    }
+
     /// A checkpoint in an in-memory object store (the same keys as S3).
     fn store_in_memory() -> CheckpointStore {
         let files = ObjectStoreFileManager::with_store(Path::new(LOCATION), "ck", Arc::new(InMemory::new())).unwrap();
@@ -438,13 +470,14 @@ mod tests {
         for operator in operators {
             let left = store.checkpoint().list(Path::new(STATE_DIR).join(operator)).unwrap();
             assert_eq!(left, ["2"], "{operator}: the snapshots before batch 2 are purged");
-            assert_eq!(store.read_state_chain(operator, BatchId(2)).unwrap().frames, [b"state"]);
+            assert_eq!(frames(store.read_state_chain(operator, BatchId(2)).unwrap()), [b"state"]);
         }
     }
 }
 
 #[cfg(test)]
 mod chain_tests {
+    use super::tests::frames;
     use super::*;
     use spate_logstore::CheckpointSettings;
 
@@ -481,11 +514,12 @@ mod chain_tests {
         let written = store.write_state("a", BatchId(6), &changes("c6"), Some(BatchId(4))).unwrap();
         assert_eq!(written, CHANGES_HEADER_LEN as u64 + 2, "the header, then the frame");
         let chain = store.read_state_chain("a", BatchId(6)).unwrap();
-        assert_eq!(chain.frames, [b"w2", b"c4", b"c6"]);
         assert_eq!(chain.start, BatchId(2));
+        assert_eq!(frames(chain), [b"w2", b"c4", b"c6"]);
         // A whole snapshot is its own chain, and its file is the bare frame.
         let chain = store.read_state_chain("a", BatchId(2)).unwrap();
-        assert_eq!((chain.frames, chain.start), (vec![b"w2".to_vec()], BatchId(2)));
+        assert_eq!(chain.start, BatchId(2));
+        assert_eq!(frames(chain), [b"w2"]);
         assert_eq!(std::fs::read(dir.path().join("state/a/2")).unwrap(), b"w2");
     }
 
@@ -530,7 +564,7 @@ mod chain_tests {
         let store = store(dir.path());
         store.write_state("a", BatchId(6), &changes("old"), Some(BatchId(4))).unwrap();
         store.write_state("a", BatchId(6), &whole("new"), None).unwrap();
-        assert_eq!(store.read_state_chain("a", BatchId(6)).unwrap().frames, [b"new"]);
+        assert_eq!(frames(store.read_state_chain("a", BatchId(6)).unwrap()), [b"new"]);
     }
 
     #[test]
@@ -554,7 +588,7 @@ mod chain_tests {
         assert_eq!(left(&store, "a"), [2, 4, 6, 8]);
         assert_eq!(left(&store, "b"), [6, 8]);
         assert_eq!(left(&store, "gone"), [6, 8]);
-        assert_eq!(store.read_state_chain("a", BatchId(6)).unwrap().frames.len(), 3);
+        assert_eq!(store.read_state_chain("a", BatchId(6)).unwrap().files.len(), 3);
     }
 
     /// What `SnapshotChain` asks for at each of `n` snapshots completed in turn: whole (`W`) or changes (`C`).

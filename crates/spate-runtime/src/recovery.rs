@@ -14,8 +14,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
-use spate_core::{BatchId, Clock, Time, WriterFence};
-use spate_dstream::RestorePolicy;
+use spate_core::{BatchId, Clock, CoreError, Time, WriterFence};
+use spate_dstream::{DStreamError, RestorePolicy, StateFile};
 use spate_logstore::{OffsetSeq, Verdict};
 use spate_tracker::{ReceivedBlockTracker, event_log_dir};
 use spate_wal::{FileWriteAheadLog, WalSettings};
@@ -237,13 +237,19 @@ fn restore_state(
     for op in manifest.descriptor.operators.iter().filter(|op| op.stateful) {
         let chain = store.read_state_chain(&op.name, batch)?;
         starts.insert(op.name.clone(), chain.start);
-        changes.insert(op.name.clone(), chain.frames.len().saturating_sub(1));
-        chains.push((op.name.clone(), chain.frames));
+        changes.insert(op.name.clone(), chain.files.len().saturating_sub(1));
+        let files = chain.files.into_iter().map(|file| StateFile::new(move || Ok(file))).collect();
+        chains.push((op.name.clone(), files));
     }
-    let restored = engine
-        .graph
-        .restore_chains(&manifest.descriptor, chains, &RestorePolicy::strict())
-        .map_err(|e| RuntimeError::IncompatibleGraph { dir: store.dir().to_path_buf(), reason: e.to_string() })?;
+    let restored = engine.graph.restore_chains_from(&manifest.descriptor, chains, &RestorePolicy::strict()).map_err(
+        |e| match e {
+            // The storage failed while a file was read: not the graph's fault.
+            DStreamError::StateDecode { operator, source: source @ CoreError::Read { .. } } => {
+                RuntimeError::State { operator, batch, reason: source.to_string() }
+            }
+            e => RuntimeError::IncompatibleGraph { dir: store.dir().to_path_buf(), reason: e.to_string() },
+        },
+    )?;
     report.restored_operators = restored
         .resumed
         .into_iter()
