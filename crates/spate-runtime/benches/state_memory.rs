@@ -12,7 +12,9 @@
 //! counts the mapped records. The default checkpoint interval (10 s) with
 //! incremental snapshots. It runs in a child process (this executable
 //! started again) for 110 batches, so the resident memory sampled is the
-//! job's alone.
+//! job's alone. The on-disk shape then restarts from its checkpoint in a
+//! new process (the whole snapshot of 10,000,000 keys and the changes
+//! after it restored) and runs 5 batches more.
 //!
 //! Figures printed as `BENCH <name> <value> <unit> bound=<value> ratio=<r>`:
 //! - `<shape>_rss_peak` and `_rss_median`: the child's peak (`VmHWM`) and
@@ -23,7 +25,9 @@
 //! - `<shape>_records_per_sec`: records committed a second over the
 //!   batches after the first 5; bound: the source's 100,000 a second (a
 //!   ratio below 1 is a job falling behind);
-//! - `<shape>_processing_ms_mean` and `_p90`: bound: the 1 s batch interval.
+//! - `<shape>_processing_ms_mean` and `_p90`: bound: the 1 s batch interval;
+//! - `<shape>_restart_rss_peak`: the restarted process's peak resident
+//!   memory, its restore included; bound: 300 MB.
 //!
 //! The checkpoint and the spill directory live under `$SPATE_BENCH_DIR`,
 //! else `/var/tmp`: a disk, where `/tmp` may be memory. A run needs about
@@ -68,13 +72,27 @@ struct Shape {
     keys: u64,
     max_memory_bytes: u64,
     batches: u64,
+    /// Batches a restart from the checkpoint runs after the first run; 0: no restart.
+    restart_batches: u64,
 }
 
-const ON_DISK: Shape =
-    Shape { name: "state_10m_keys_default_budget", keys: 10_000_000, max_memory_bytes: 256 << 20, batches: BATCHES };
-const IN_MEMORY: Shape =
-    Shape { name: "state_10m_keys_in_memory", keys: 10_000_000, max_memory_bytes: 64 << 30, batches: BATCHES };
-const CHECK: Shape = Shape { name: "check", keys: 200_000, max_memory_bytes: 16 << 20, batches: 3 };
+const ON_DISK: Shape = Shape {
+    name: "state_10m_keys_default_budget",
+    keys: 10_000_000,
+    max_memory_bytes: 256 << 20,
+    batches: BATCHES,
+    restart_batches: 5,
+};
+const IN_MEMORY: Shape = Shape {
+    name: "state_10m_keys_in_memory",
+    keys: 10_000_000,
+    max_memory_bytes: 64 << 30,
+    batches: BATCHES,
+    restart_batches: 0,
+};
+/// Snapshots every 10 s: 12 batches take one, and the restart restores it.
+const CHECK: Shape =
+    Shape { name: "check", keys: 200_000, max_memory_bytes: 16 << 20, batches: 12, restart_batches: 2 };
 
 /// Tells the child `<checkpoint dir>,<keys>,<max memory>,<batches>`.
 const CHILD_ENV: &str = "SPATE_BENCH_STATE_MEMORY_CHILD";
@@ -85,7 +103,7 @@ fn main() {
         let mut next = || fields.next().expect("<checkpoint dir>,<keys>,<max memory>,<batches>");
         let (batches, max_memory_bytes, keys): (u64, u64, u64) =
             (next().parse().unwrap(), next().parse().unwrap(), next().parse().unwrap());
-        run_job(Path::new(next()), Shape { name: "child", keys, max_memory_bytes, batches });
+        run_job(Path::new(next()), Shape { name: "child", keys, max_memory_bytes, batches, restart_batches: 0 });
         return;
     }
     if !std::env::args().any(|a| a == "--bench") {
@@ -93,6 +111,9 @@ fn main() {
         assert!(run.peak_mb > 0.0, "no memory sampled");
         assert!(run.committed >= CHECK.batches, "the job committed {} batches", run.committed);
         assert!(run.spilled, "the state did not go to disk");
+        let restart = run.restart.expect("the check restarts");
+        assert!(restart.peak_mb > 0.0, "no memory sampled after the restart");
+        assert!(restart.committed > run.committed, "the restarted job committed no batch");
         println!("state_memory: measuring works (run with --bench for the figures)");
         return;
     }
@@ -133,6 +154,13 @@ fn bench_shape(shape: Shape) {
     figure(&format!("{name}_records_per_sec"), run.records_per_sec, "records/s", PER_BATCH as f64);
     figure(&format!("{name}_processing_ms_mean"), run.processing.0, "ms", 1000.0);
     figure(&format!("{name}_processing_ms_p90"), run.processing.2, "ms", 1000.0);
+    if let Some(restart) = &run.restart {
+        println!(
+            "{name}: restarted from the checkpoint, {} more batches: RSS peak {:.1} MB, median {:.1} MB",
+            shape.restart_batches, restart.peak_mb, restart.median_mb
+        );
+        figure(&format!("{name}_restart_rss_peak"), restart.peak_mb, "MB", TARGET_RSS_MB);
+    }
 }
 
 struct Run {
@@ -145,13 +173,50 @@ struct Run {
     committed: u64,
     /// The state was on disk when the job stopped.
     spilled: bool,
+    /// The run restarted from the checkpoint, when the shape restarts.
+    restart: Option<Restart>,
+}
+
+struct Restart {
+    peak_mb: f64,
+    median_mb: f64,
+    committed: u64,
 }
 
 fn measure(shape: Shape) -> Run {
     let base = std::env::var_os("SPATE_BENCH_DIR").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/var/tmp"));
     let dir = tempfile::tempdir_in(&base).unwrap();
     let checkpoint = dir.path().join("checkpoint");
-    let spec = format!("{},{},{},{}", checkpoint.display(), shape.keys, shape.max_memory_bytes, shape.batches);
+    let (memory, stdout) = run_child(&checkpoint, shape, shape.batches);
+    let batches = committed_records(&checkpoint);
+    let measured = batches.len().saturating_sub(1);
+    let first = WARM_UP_BATCHES.min(measured.saturating_sub(1)).max(1);
+    let steady = batches.get(first..measured).unwrap_or_default();
+    let restart = (shape.restart_batches > 0).then(|| {
+        let (memory, _) = run_child(&checkpoint, shape, shape.batches + shape.restart_batches);
+        Restart {
+            peak_mb: memory.peak_mb,
+            median_mb: memory.median_mb,
+            committed: committed_records(&checkpoint).len() as u64,
+        }
+    });
+    Run {
+        peak_mb: memory.peak_mb,
+        median_mb: memory.median_mb,
+        timeline: memory.timeline,
+        records_per_sec: batches.get(first - 1).map_or(0.0, |before| records_per_wall_second(before, steady)),
+        processing: processing_ms(steady),
+        committed: batches.len() as u64,
+        spilled: stdout.contains("state on disk: true"),
+        restart,
+    }
+}
+
+/// Runs the job in a child process on `checkpoint` (restoring from it when
+/// it holds one) until `batches` batches in all committed; its memory, sampled,
+/// and what it printed.
+fn run_child(checkpoint: &Path, shape: Shape, batches: u64) -> (common::Memory, String) {
+    let spec = format!("{},{},{},{batches}", checkpoint.display(), shape.keys, shape.max_memory_bytes);
     let mut child = Command::new(std::env::current_exe().unwrap())
         .env(CHILD_ENV, spec)
         .stdout(Stdio::piped())
@@ -161,19 +226,7 @@ fn measure(shape: Shape) -> Run {
     let memory = sample_memory(&mut child);
     let output = child.wait_with_output().unwrap();
     assert!(output.status.success(), "the job failed: {}", String::from_utf8_lossy(&output.stderr));
-    let batches = committed_records(&checkpoint);
-    let measured = batches.len().saturating_sub(1);
-    let first = WARM_UP_BATCHES.min(measured.saturating_sub(1)).max(1);
-    let steady = batches.get(first..measured).unwrap_or_default();
-    Run {
-        peak_mb: memory.peak_mb,
-        median_mb: memory.median_mb,
-        timeline: memory.timeline,
-        records_per_sec: batches.get(first - 1).map_or(0.0, |before| records_per_wall_second(before, steady)),
-        processing: processing_ms(steady),
-        committed: batches.len() as u64,
-        spilled: String::from_utf8_lossy(&output.stdout).contains("state on disk: true"),
-    }
+    (memory, String::from_utf8_lossy(&output.stdout).into_owned())
 }
 
 /// Record numbers `from..until` of a batch, planned as an offset range.
