@@ -81,7 +81,7 @@ where
 fn combine_locally<K: Key, V, C>(
     part: Vec<(K, V)>,
     capacity: usize,
-    create: &impl Fn(V) -> C,
+    create: &(impl Fn(V) -> C + ?Sized),
     merge_value: &impl Fn(&mut C, V),
 ) -> Combined<K, C> {
     let mut combined = Combined::with_capacity(capacity);
@@ -133,6 +133,7 @@ macro_rules! combines_on_arrival {
 pub(crate) use combines_on_arrival;
 
 type LocalFn<K, V, C> = dyn Fn(Vec<(K, V)>) -> Combined<K, C> + Send + Sync;
+type CreateFn<V, C> = dyn Fn(V) -> C + Send + Sync;
 pub(crate) type MergeFn<C> = dyn Fn(&mut C, C) + Send + Sync;
 
 /// The blocks of a per-key aggregate combined on arrival, handed over to
@@ -164,15 +165,22 @@ impl<C> SplitBlock<C> {
         SplitBlock { parts: Ok((0..partitions).map(|_| (EncodedKeys::default(), Vec::new())).collect()) }
     }
 
-    fn split<K: Key>(table: Combined<K, C>, partitions: usize) -> Self {
+    /// Each key's entry goes to its partition, `combiner` of its value
+    /// (each key once for a combined table, as many times as it came for
+    /// records split as they are).
+    fn split<K: Key, V>(
+        entries: impl IntoIterator<Item = (K, V)>,
+        partitions: usize,
+        combiner: impl Fn(V) -> C,
+    ) -> Self {
         let mut block = SplitBlock::empty(partitions);
         if let Ok(parts) = &mut block.parts {
-            for (key, combiner) in table {
+            for (key, value) in entries {
                 let Some((keys, values)) = parts.get_mut(partition_of(&key, partitions)) else { continue };
                 if let Err(e) = keys.push(&key) {
                     return SplitBlock { parts: Err(e) };
                 }
-                values.push(combiner);
+                values.push(combiner(value));
             }
         }
         block
@@ -198,6 +206,58 @@ impl<C> SplitBlock<C> {
     }
 }
 
+/// A block of records split by partition for a handed-over reader, combined
+/// by key first when [`CombineAdvice`] says that pays.
+fn split_block<K: Key, V, C>(
+    records: Vec<(K, V)>,
+    partitions: usize,
+    local: &LocalFn<K, V, C>,
+    create: &CreateFn<V, C>,
+    advice: &CombineAdvice,
+) -> SplitBlock<C> {
+    if !advice.combine_next() {
+        return SplitBlock::split(records, partitions, create);
+    }
+    let count = records.len();
+    let map = local(records);
+    advice.combined(count, map.len());
+    SplitBlock::split(map, partitions, |combiner| combiner)
+}
+
+/// Whether to combine a block's records by key before splitting them for
+/// a reader that merges by key itself. Combining a block whose keys are
+/// nearly all distinct (a million keys, blocks of a hundred thousand
+/// words) builds a table that shrinks nothing and costs its thread as much
+/// as the split; the reader merges the same keys anyway. Blocks of such a
+/// stream are split as they come, each value a combiner, and every
+/// `PROBE_EVERY`-th block is combined again to see whether that still holds.
+#[derive(Default)]
+struct CombineAdvice {
+    /// Blocks seen so far.
+    blocks: AtomicUsize,
+    /// Distinct keys per thousand records in the block combined last.
+    distinct_permille: AtomicUsize,
+}
+
+impl CombineAdvice {
+    /// Above this share of distinct keys (per thousand), a block is split
+    /// without combining (the threshold adaptive partial aggregation uses
+    /// elsewhere: Trino skips its partial aggregation above 80%).
+    const SKIP_ABOVE_PERMILLE: usize = 800;
+    const PROBE_EVERY: usize = 16;
+
+    fn combine_next(&self) -> bool {
+        let block = self.blocks.fetch_add(1, Ordering::Relaxed);
+        block.is_multiple_of(Self::PROBE_EVERY)
+            || self.distinct_permille.load(Ordering::Relaxed) <= Self::SKIP_ABOVE_PERMILLE
+    }
+
+    fn combined(&self, records: usize, keys: usize) {
+        let permille = keys.saturating_mul(1000).checked_div(records).unwrap_or(0);
+        self.distinct_permille.store(permille, Ordering::Relaxed);
+    }
+}
+
 /// The blocks' results delivered to `delivered` for the batch of `ctx`,
 /// each a `T` (a [`Combined`] table, or a [`SplitBlock`] once handed over).
 pub(crate) fn take_combined<T: 'static>(ctx: &StepCtx<'_>, delivered: &Delivered) -> Result<Vec<T>, DStreamError> {
@@ -220,6 +280,9 @@ pub(crate) fn take_combined<T: 'static>(ctx: &StepCtx<'_>, delivered: &Delivered
 /// per key of a block rather than its records until the batch ends.
 pub(crate) struct KeyedCombine<K, V, C> {
     local: Arc<LocalFn<K, V, C>>,
+    create: Arc<CreateFn<V, C>>,
+    /// Whether a block split for a handed-over reader is combined first.
+    advice: Arc<CombineAdvice>,
     merge: Arc<MergeFn<C>>,
     delivered: Option<Arc<Delivered>>,
     /// Set to the graph's partition count once its blocks are handed over:
@@ -239,14 +302,18 @@ impl<K: Key, V: Data, C: Data> KeyedCombine<K, V, C> {
         // Blocks of one stream have about as many keys as the one before:
         // sized for those, a block's table is not grown a dozen times over.
         let keys_last_time = AtomicUsize::new(0);
+        let create: Arc<CreateFn<V, C>> = Arc::new(create);
+        let create_locally = Arc::clone(&create);
         let local = move |part: Vec<(K, V)>| {
             let capacity = keys_last_time.load(Ordering::Relaxed).min(part.len());
-            let combined = combine_locally(part, capacity, &create, &merge_value);
+            let combined = combine_locally(part, capacity, &*create_locally, &merge_value);
             keys_last_time.store(combined.len(), Ordering::Relaxed);
             combined
         };
         KeyedCombine {
             local: Arc::new(local),
+            create,
+            advice: Arc::new(CombineAdvice::default()),
             merge: Arc::new(merge_combiners),
             delivered: None,
             split_for: Arc::new(OnceLock::new()),
@@ -276,14 +343,15 @@ impl<K: Key, V: Data, C: Data> KeyedCombine<K, V, C> {
     /// maps join by merging in order.
     pub(crate) fn arrival_step(&self, operator: &str) -> ArrivalStep {
         let (local, split_for) = (Arc::clone(&self.local), Arc::clone(&self.split_for));
+        let (create, advice) = (Arc::clone(&self.create), Arc::clone(&self.advice));
         let run = move |part: Box<dyn Any + Send>| match part.downcast::<Vec<(K, V)>>() {
             Ok(records) => {
-                let map = local(*records);
                 if let Some(&partitions) = split_for.get() {
-                    let block = SplitBlock::split(map, partitions);
+                    let block = split_block(*records, partitions, &*local, &*create, &advice);
                     let bytes = block.memory_bytes();
                     return (Box::new(block) as Box<dyn Any + Send>, bytes);
                 }
+                let map = local(*records);
                 let bytes = (map.len() * (std::mem::size_of::<(K, C)>() + 1)) as u64;
                 (Box::new(map) as Box<dyn Any + Send>, bytes)
             }
@@ -554,4 +622,51 @@ where
         out
     })?;
     Ok(Batch::new(out))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+
+    /// Each partition's keys with their values summed, whatever the split
+    /// left repeated.
+    fn summed(block: SplitBlock<u64>) -> Vec<BTreeMap<Vec<u8>, u64>> {
+        let parts = block.parts.expect("the keys encode");
+        parts
+            .into_iter()
+            .map(|(keys, values)| {
+                let mut sums = BTreeMap::new();
+                for (key, value) in keys.iter().zip(values) {
+                    *sums.entry(key.to_vec()).or_insert(0) += value;
+                }
+                sums
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_block_split_without_combining_merges_to_what_a_combined_one_does() {
+        let records: Vec<(String, u64)> = (0..5_000u64).map(|n| (format!("w{}", n * 7 % 4_000), n)).collect();
+        let create = |value: u64| value;
+        let local = |part: Vec<(String, u64)>| combine_locally(part, 0, &create, &|sum: &mut u64, v| *sum += v);
+        let combined = SplitBlock::split(local(records.clone()), 4, |sum| sum);
+        let as_they_come = SplitBlock::split(records, 4, create);
+        assert_eq!(summed(combined), summed(as_they_come));
+    }
+
+    #[test]
+    fn blocks_of_distinct_keys_are_split_as_they_come_and_probed_again() {
+        let advice = CombineAdvice::default();
+        assert!(advice.combine_next(), "the first block is combined");
+        advice.combined(1_000, 900);
+        let skipped = (1..CombineAdvice::PROBE_EVERY).filter(|_| !advice.combine_next()).count();
+        assert_eq!(skipped, CombineAdvice::PROBE_EVERY - 1);
+        assert!(advice.combine_next(), "every sixteenth block is combined to probe");
+        advice.combined(1_000, 100);
+        assert!(advice.combine_next(), "a block that shrinks when combined is combined");
+        advice.combined(0, 0);
+        assert!(advice.combine_next(), "an empty block says combining pays");
+    }
 }

@@ -84,6 +84,13 @@ fn aggregated_then_windowed_job(words: &DStream<u16>) -> Vec<Counts> {
     vec![collect(&counts.reduce_by_key_and_window_inv(|a, b| a + b, |a, b| a - b, Duration::from_secs(3), INTERVAL))]
 }
 
+/// The same over keys nearly all distinct in a block: each block is split
+/// for the window as it comes, without combining it first.
+fn distinct_keys_then_windowed_job(words: &DStream<u16>) -> Vec<Counts> {
+    let counts = words.map(|w| (w, u64::from(w) + 1)).reduce_by_key(|a, b| *a.max(b));
+    vec![collect(&counts.reduce_by_key_and_window_inv(|a, b| a + b, |a, b| a - b, Duration::from_secs(3), INTERVAL))]
+}
+
 /// The largest word of each residue, combined by key from the input itself.
 fn combined_job(words: &DStream<u16>) -> Vec<Counts> {
     let pairs = words.map(|w| (w % 5, u64::from(w)));
@@ -173,6 +180,7 @@ proptest! {
         check_pipelined(&input, windowed_job, "filter-1 > map-2 > reduce_by_key_and_window-3")?;
         check_pipelined(&input, inverse_window_job, "map-1 > reduce_by_key_and_window_inv-2")?;
         check_pipelined(&input, aggregated_then_windowed_job, "map-1 > reduce_by_key-2")?;
+        check_pipelined(&input, distinct_keys_then_windowed_job, "map-1 > reduce_by_key-2")?;
         check_pipelined(&input, combined_job, "map-1 > combine_by_key-2")?;
     }
 }
