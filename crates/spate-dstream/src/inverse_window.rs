@@ -141,8 +141,7 @@ impl<K: Key, V: Data> Part<K, V> {
         }
         let changed = &mut self.keys_changed;
         entries.extend(self.keys.insert_entries(rest, |id| changed.insert(id))?);
-        let id_bound = self.keys.id_bound();
-        self.keep_slice(merged_by_id(entries, id_bound, merge))
+        self.keep_slice(merged_by_id(entries, merge))
     }
 
     /// Keeps `entries` (each id once) as the newest retained slice.
@@ -341,54 +340,18 @@ impl<K: Key, V: Data> Part<K, V> {
     }
 }
 
-/// `entries` with each id once, in id order, its values merged in the
-/// order they come. Ids are below `id_bound`.
-fn merged_by_id<V>(mut entries: Vec<(u32, V)>, id_bound: usize, merge: &MergeFn<V>) -> Vec<(u32, V)> {
-    // A batch naming a fair share of the table's ids is merged through a
-    // table by id: at a million keys that is several times cheaper than
-    // sorting the batch's entries. A few entries against many ids sort.
-    if entries.len().saturating_mul(4) < id_bound {
-        // Stable: an id's values stay in the order they came.
-        entries.sort_by_key(|(id, _)| *id);
-        let mut merged: Vec<(u32, V)> = Vec::with_capacity(entries.len());
-        for (id, value) in entries {
-            match merged.last_mut() {
-                Some((last, combined)) if *last == id => merge(combined, value),
-                _ => merged.push((id, value)),
-            }
-        }
-        return merged;
-    }
-    merged_through_table(entries, id_bound, merge)
-}
-
-/// [`merged_by_id`] through a table of each id's first entry.
-fn merged_through_table<V>(entries: Vec<(u32, V)>, id_bound: usize, merge: &MergeFn<V>) -> Vec<(u32, V)> {
-    const ABSENT: u32 = u32::MAX;
-    let mut first = vec![ABSENT; id_bound];
-    let mut merged: Vec<(u32, Option<V>)> = Vec::with_capacity(entries.len());
+/// `entries` with each id once, its values merged in the order they come.
+fn merged_by_id<V>(mut entries: Vec<(u32, V)>, merge: &MergeFn<V>) -> Vec<(u32, V)> {
+    // Stable: an id's values stay in the order they came.
+    entries.sort_by_key(|(id, _)| *id);
+    let mut merged: Vec<(u32, V)> = Vec::with_capacity(entries.len());
     for (id, value) in entries {
-        if first.len() <= id as usize {
-            first.resize(id as usize + 1, ABSENT);
-        }
-        let Some(at) = first.get_mut(id as usize) else { continue };
-        match merged.get_mut(*at as usize) {
-            Some((_, Some(combined))) if *at != ABSENT => merge(combined, value),
-            _ => {
-                *at = u32::try_from(merged.len()).unwrap_or(ABSENT);
-                merged.push((id, Some(value)));
-            }
+        match merged.last_mut() {
+            Some((last, combined)) if *last == id => merge(combined, value),
+            _ => merged.push((id, value)),
         }
     }
-    let mut out = Vec::with_capacity(merged.len());
-    for at in first.into_iter().filter(|at| *at != ABSENT) {
-        if let Some((id, value)) = merged.get_mut(at as usize)
-            && let Some(value) = value.take()
-        {
-            out.push((*id, value));
-        }
-    }
-    out
+    merged
 }
 
 /// A partition's whole state: keys as the key table encodes them.
@@ -785,37 +748,5 @@ where
         self.window_end = snapshot.window_end;
         self.times = snapshot.times;
         Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use proptest::prelude::*;
-
-    /// Each id once, in id order, its values joined in the order they came.
-    fn expected(entries: &[(u32, String)]) -> Vec<(u32, String)> {
-        let mut by_id: std::collections::BTreeMap<u32, String> = std::collections::BTreeMap::new();
-        for (id, value) in entries {
-            by_id.entry(*id).or_default().push_str(value);
-        }
-        by_id.into_iter().collect()
-    }
-
-    proptest! {
-        /// Both ways of merging (sorting, and the table by id) keep each
-        /// id's values in arrival order: the merge here does not commute.
-        #[test]
-        fn merged_by_id_keeps_arrival_order_either_way(
-            entries in proptest::collection::vec((0u32..64, "[a-z]{1,2}"), 0..300),
-        ) {
-            let merge: Box<MergeFn<String>> = Box::new(|combined: &mut String, value: String| combined.push_str(&value));
-            let want = expected(&entries);
-            // 64 ids: a batch of more than 16 entries goes through the table.
-            prop_assert_eq!(merged_by_id(entries.clone(), 64, merge.as_ref()), want.clone());
-            prop_assert_eq!(merged_through_table(entries.clone(), 64, merge.as_ref()), want.clone());
-            // A bound below the ids given: the table grows.
-            prop_assert_eq!(merged_through_table(entries, 8, merge.as_ref()), want);
-        }
     }
 }
