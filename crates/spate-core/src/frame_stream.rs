@@ -15,6 +15,7 @@ use serde::de::DeserializeOwned;
 
 use crate::error::CoreError;
 use crate::frame::{FRAME_HEADER_LEN, FrameCodec, PAYLOAD_CHUNK};
+use crate::in_place::VarintSource;
 
 /// A reader a streamed frame is checked in and then decoded from: a file,
 /// or a [`std::io::Cursor`] over memory.
@@ -94,14 +95,7 @@ impl<R: Read> PayloadStream<R> {
 
     /// A bincode varint (the standard configuration's integer encoding).
     pub fn varint(&mut self) -> Result<u64, CoreError> {
-        let [tag] = self.fixed::<1>()?;
-        match tag {
-            0..=250 => Ok(u64::from(tag)),
-            251 => Ok(u64::from(u16::from_le_bytes(self.fixed()?))),
-            252 => Ok(u64::from(u32::from_le_bytes(self.fixed()?))),
-            253 => Ok(u64::from_le_bytes(self.fixed()?)),
-            _ => Err(CoreError::Decode { reason: format!("invalid varint tag {tag}") }),
-        }
+        self.read_varint()
     }
 
     /// Decodes the next record as a `T`.
@@ -118,7 +112,9 @@ impl<R: Read> PayloadStream<R> {
             n => Err(CoreError::Decode { reason: format!("{n} trailing bytes after the value") }),
         }
     }
+}
 
+impl<R: Read> VarintSource for PayloadStream<R> {
     fn fixed<const N: usize>(&mut self) -> Result<[u8; N], CoreError> {
         let mut out = [0u8; N];
         let available = self.remaining();

@@ -149,6 +149,33 @@ impl<'a, T: InPlace> Iterator for Views<'a, T> {
 /// not read ends before it.
 impl<T: InPlace> ExactSizeIterator for Views<'_, T> {}
 
+/// Where a varint's fixed-size fields are read from: a payload in memory
+/// or one read from a stream.
+pub(crate) trait VarintSource {
+    /// The next `N` bytes.
+    fn fixed<const N: usize>(&mut self) -> Result<[u8; N], CoreError>;
+
+    /// The next bincode standard varint.
+    fn read_varint(&mut self) -> Result<u64, CoreError> {
+        let [tag] = self.fixed::<1>()?;
+        match tag {
+            0..=250 => Ok(u64::from(tag)),
+            251 => Ok(u64::from(u16::from_le_bytes(self.fixed()?))),
+            252 => Ok(u64::from(u32::from_le_bytes(self.fixed()?))),
+            253 => Ok(u64::from_le_bytes(self.fixed()?)),
+            _ => Err(CoreError::Decode { reason: format!("invalid varint tag {tag}") }),
+        }
+    }
+}
+
+impl VarintSource for PayloadReader<'_> {
+    fn fixed<const N: usize>(&mut self) -> Result<[u8; N], CoreError> {
+        let mut out = [0u8; N];
+        out.copy_from_slice(self.take(N as u64)?);
+        Ok(out)
+    }
+}
+
 /// Reads bincode's standard varints and byte runs off a payload.
 #[derive(Clone, Copy, Debug)]
 pub struct PayloadReader<'a> {
@@ -175,22 +202,9 @@ impl<'a> PayloadReader<'a> {
         Ok(taken)
     }
 
-    fn fixed<const N: usize>(&mut self) -> Result<[u8; N], CoreError> {
-        let mut out = [0u8; N];
-        out.copy_from_slice(self.take(N as u64)?);
-        Ok(out)
-    }
-
     /// The next varint.
     pub fn varint(&mut self) -> Result<u64, CoreError> {
-        let [tag] = self.fixed::<1>()?;
-        match tag {
-            0..=250 => Ok(u64::from(tag)),
-            251 => Ok(u64::from(u16::from_le_bytes(self.fixed()?))),
-            252 => Ok(u64::from(u32::from_le_bytes(self.fixed()?))),
-            253 => Ok(u64::from_le_bytes(self.fixed()?)),
-            _ => Err(CoreError::Decode { reason: format!("invalid varint tag {tag}") }),
-        }
+        self.read_varint()
     }
 
     /// A sequence's count, refused when larger than the bytes left could

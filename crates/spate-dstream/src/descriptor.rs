@@ -3,10 +3,9 @@
 //! a new build of the code restores it.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::io::Read;
 
 use serde::{Deserialize, Serialize};
-
-use std::io::Read;
 
 use spate_core::{CoreError, ReadSeek, SeekWrite};
 

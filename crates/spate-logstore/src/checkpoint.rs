@@ -524,24 +524,18 @@ impl Checkpoint {
     pub fn open_file(&self, relative: impl AsRef<Path>) -> Result<Option<Box<dyn ReadSeek>>> {
         let path = self.path_of(relative)?;
         let Some(mut reader) = self.files.open_read(&path, MAX_CHECKPOINT_FILE_BYTES)? else { return Ok(None) };
-        let io_error = |op, e| LogStoreError::io(op, &path, e);
         // The longest epoch line: the prefix, u64::MAX's 20 digits, a newline.
-        let mut start = [0u8; EPOCH_LINE_PREFIX.len() + 21];
-        let mut read = 0;
-        while read < start.len() {
-            match reader.read(&mut start[read..]) {
-                Ok(0) => break,
-                Ok(n) => read += n,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(io_error("read", e)),
-            }
-        }
-        let (found, body) = split_epoch_line(&path, &start[..read])?;
+        const LONGEST_LINE: usize = EPOCH_LINE_PREFIX.len() + 21;
+        let mut start = Vec::with_capacity(LONGEST_LINE);
+        Read::take(&mut *reader, LONGEST_LINE as u64)
+            .read_to_end(&mut start)
+            .map_err(|e| LogStoreError::io("read", &path, e))?;
+        let (found, body) = split_epoch_line(&path, &start)?;
         if let Some(ours) = self.epoch() {
             self.check_file_epoch(&path, found, ours)?;
         }
-        let line_len = (read - body.len()) as u64;
-        reader.seek(SeekFrom::Start(line_len)).map_err(|e| io_error("seek", e))?;
+        let line_len = (start.len() - body.len()) as u64;
+        reader.seek(SeekFrom::Start(line_len)).map_err(|e| LogStoreError::io("seek", &path, e))?;
         Ok(Some(reader))
     }
 

@@ -56,11 +56,10 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration as StdDuration;
 
-use common::{Committed, committed_records, figure, processing_ms, sample_memory};
+use common::{Committed, committed_records, figure, processing_ms, run_child};
 
 use async_trait::async_trait;
 use spate_core::{BatchId, Duration};
@@ -217,16 +216,10 @@ fn measure(seconds: u64, shape: Shape) -> Run {
     let base = std::env::var_os("SPATE_BENCH_DIR").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/var/tmp"));
     let dir = tempfile::tempdir_in(&base).unwrap();
     let checkpoint = dir.path().join("checkpoint");
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .env(CHILD_ENV, format!("{},{seconds},{},{}", checkpoint.display(), shape.keys, shape.max_rate.unwrap_or(0)))
-        .envs(shape.env.iter().copied())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start the job's process");
-    let memory = sample_memory(&mut child);
-    let output = child.wait_with_output().unwrap();
-    assert!(output.status.success(), "the job failed: {}", String::from_utf8_lossy(&output.stderr));
+    let spec = format!("{},{seconds},{},{}", checkpoint.display(), shape.keys, shape.max_rate.unwrap_or(0));
+    let mut env = vec![(CHILD_ENV, spec)];
+    env.extend(shape.env.iter().map(|(key, value)| (*key, value.to_string())));
+    let (memory, _) = run_child(&env, false);
     let batches = committed_records(&checkpoint);
     let steady = steady(&batches);
     let committed: u64 = steady.iter().map(|b| b.records).sum();

@@ -42,11 +42,10 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration as StdDuration;
 
-use common::{committed_records, figure, processing_ms, records_per_wall_second, sample_memory};
+use common::{committed_records, figure, processing_ms, records_per_wall_second, run_child};
 use serde_json::json;
 use spate_core::{BatchId, Duration, Time};
 use spate_dstream::{BatchLimits, BoxError, InputSource, State};
@@ -187,13 +186,13 @@ fn measure(shape: Shape) -> Run {
     let base = std::env::var_os("SPATE_BENCH_DIR").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/var/tmp"));
     let dir = tempfile::tempdir_in(&base).unwrap();
     let checkpoint = dir.path().join("checkpoint");
-    let (memory, stdout) = run_child(&checkpoint, shape, shape.batches);
+    let (memory, stdout) = run_job_child(&checkpoint, shape, shape.batches);
     let batches = committed_records(&checkpoint);
     let measured = batches.len().saturating_sub(1);
     let first = WARM_UP_BATCHES.min(measured.saturating_sub(1)).max(1);
     let steady = batches.get(first..measured).unwrap_or_default();
     let restart = (shape.restart_batches > 0).then(|| {
-        let (memory, _) = run_child(&checkpoint, shape, shape.batches + shape.restart_batches);
+        let (memory, _) = run_job_child(&checkpoint, shape, shape.batches + shape.restart_batches);
         Restart {
             peak_mb: memory.peak_mb,
             median_mb: memory.median_mb,
@@ -213,20 +212,11 @@ fn measure(shape: Shape) -> Run {
 }
 
 /// Runs the job in a child process on `checkpoint` (restoring from it when
-/// it holds one) until `batches` batches in all committed; its memory, sampled,
-/// and what it printed.
-fn run_child(checkpoint: &Path, shape: Shape, batches: u64) -> (common::Memory, String) {
+/// it holds one) until `batches` batches in all committed; its memory,
+/// sampled, and what it printed.
+fn run_job_child(checkpoint: &Path, shape: Shape, batches: u64) -> (common::Memory, String) {
     let spec = format!("{},{},{},{batches}", checkpoint.display(), shape.keys, shape.max_memory_bytes);
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .env(CHILD_ENV, spec)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start the job's process");
-    let memory = sample_memory(&mut child);
-    let output = child.wait_with_output().unwrap();
-    assert!(output.status.success(), "the job failed: {}", String::from_utf8_lossy(&output.stderr));
-    (memory, String::from_utf8_lossy(&output.stdout).into_owned())
+    run_child(&[(CHILD_ENV, spec)], true)
 }
 
 /// Record numbers `from..until` of a batch, planned as an offset range.

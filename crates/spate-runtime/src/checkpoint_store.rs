@@ -219,7 +219,7 @@ impl CheckpointStore {
     /// back to a whole snapshot, each file read only as far as its header:
     /// the files oldest first, each at the start of its frame, as
     /// `Graph::restore_chains_from` reads them.
-    pub(crate) fn read_state_chain(&self, operator: &str, batch: BatchId) -> Result<StateChain, RuntimeError> {
+    pub(crate) fn open_state_chain(&self, operator: &str, batch: BatchId) -> Result<StateChain, RuntimeError> {
         let mut files = Vec::new();
         let (mut link, mut needed_by) = (batch, None::<BatchId>);
         loop {
@@ -470,7 +470,7 @@ mod tests {
         for operator in operators {
             let left = store.checkpoint().list(Path::new(STATE_DIR).join(operator)).unwrap();
             assert_eq!(left, ["2"], "{operator}: the snapshots before batch 2 are purged");
-            assert_eq!(frames(store.read_state_chain(operator, BatchId(2)).unwrap()), [b"state"]);
+            assert_eq!(frames(store.open_state_chain(operator, BatchId(2)).unwrap()), [b"state"]);
         }
     }
 }
@@ -513,11 +513,11 @@ mod chain_tests {
         store.write_state("a", BatchId(4), &changes("c4"), Some(BatchId(2))).unwrap();
         let written = store.write_state("a", BatchId(6), &changes("c6"), Some(BatchId(4))).unwrap();
         assert_eq!(written, CHANGES_HEADER_LEN as u64 + 2, "the header, then the frame");
-        let chain = store.read_state_chain("a", BatchId(6)).unwrap();
+        let chain = store.open_state_chain("a", BatchId(6)).unwrap();
         assert_eq!(chain.start, BatchId(2));
         assert_eq!(frames(chain), [b"w2", b"c4", b"c6"]);
         // A whole snapshot is its own chain, and its file is the bare frame.
-        let chain = store.read_state_chain("a", BatchId(2)).unwrap();
+        let chain = store.open_state_chain("a", BatchId(2)).unwrap();
         assert_eq!(chain.start, BatchId(2));
         assert_eq!(frames(chain), [b"w2"]);
         assert_eq!(std::fs::read(dir.path().join("state/a/2")).unwrap(), b"w2");
@@ -529,11 +529,11 @@ mod chain_tests {
         let store = store(dir.path());
         store.write_state("a", BatchId(4), &changes("c4"), Some(BatchId(2))).unwrap();
         store.write_state("a", BatchId(6), &changes("c6"), Some(BatchId(4))).unwrap();
-        let err = store.read_state_chain("a", BatchId(6)).unwrap_err();
+        let err = store.open_state_chain("a", BatchId(6)).unwrap_err();
         assert!(matches!(&err, RuntimeError::State { operator, batch: BatchId(4), .. } if operator == "a"), "{err:?}");
         let text = err.to_string();
         assert!(text.contains("state/a/2 is missing") && text.contains("state/a/4 holds the changes"), "{text}");
-        let err = store.read_state_chain("a", BatchId(8)).unwrap_err();
+        let err = store.open_state_chain("a", BatchId(8)).unwrap_err();
         assert!(err.to_string().contains("state/a/8 is missing"), "{err}");
     }
 
@@ -542,12 +542,12 @@ mod chain_tests {
         let dir = tempfile::tempdir().unwrap();
         let store = store(dir.path());
         store.write_state("a", BatchId(4), &changes("c4"), Some(BatchId(4))).unwrap();
-        let err = store.read_state_chain("a", BatchId(4)).unwrap_err();
+        let err = store.open_state_chain("a", BatchId(4)).unwrap_err();
         assert!(err.to_string().contains("not an earlier snapshot"), "{err}");
         let mut damaged = changes_header(BatchId(2)).to_vec();
         damaged[6] ^= 0xff;
         store.checkpoint().write_file("state/b/4", &damaged).unwrap();
-        let err = store.read_state_chain("b", BatchId(4)).unwrap_err();
+        let err = store.open_state_chain("b", BatchId(4)).unwrap_err();
         assert!(err.to_string().contains("state/b/4: the header of changes fails its checksum"), "{err}");
     }
 
@@ -564,7 +564,7 @@ mod chain_tests {
         let store = store(dir.path());
         store.write_state("a", BatchId(6), &changes("old"), Some(BatchId(4))).unwrap();
         store.write_state("a", BatchId(6), &whole("new"), None).unwrap();
-        assert_eq!(frames(store.read_state_chain("a", BatchId(6)).unwrap()), [b"new"]);
+        assert_eq!(frames(store.open_state_chain("a", BatchId(6)).unwrap()), [b"new"]);
     }
 
     #[test]
@@ -588,7 +588,7 @@ mod chain_tests {
         assert_eq!(left(&store, "a"), [2, 4, 6, 8]);
         assert_eq!(left(&store, "b"), [6, 8]);
         assert_eq!(left(&store, "gone"), [6, 8]);
-        assert_eq!(store.read_state_chain("a", BatchId(6)).unwrap().files.len(), 3);
+        assert_eq!(store.open_state_chain("a", BatchId(6)).unwrap().files.len(), 3);
     }
 
     /// What `SnapshotChain` asks for at each of `n` snapshots completed in turn: whole (`W`) or changes (`C`).

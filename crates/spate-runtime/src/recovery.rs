@@ -235,7 +235,7 @@ fn restore_state(
     let (Some(batch), Some(time)) = (manifest.state_batch, manifest.state_batch_time) else { return Ok(()) };
     let (mut chains, mut starts, mut changes) = (Vec::new(), BTreeMap::new(), BTreeMap::new());
     for op in manifest.descriptor.operators.iter().filter(|op| op.stateful) {
-        let chain = store.read_state_chain(&op.name, batch)?;
+        let chain = store.open_state_chain(&op.name, batch)?;
         starts.insert(op.name.clone(), chain.start);
         changes.insert(op.name.clone(), chain.files.len().saturating_sub(1));
         let files = chain.files.into_iter().map(|file| StateFile::new(move || Ok(file))).collect();

@@ -5,7 +5,7 @@
 #![allow(dead_code)]
 
 use std::path::Path;
-use std::process::Child;
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration as StdDuration, Instant};
 
 const SAMPLE_EVERY: StdDuration = StdDuration::from_millis(250);
@@ -25,6 +25,23 @@ pub(crate) struct Memory {
     pub(crate) timeline: Vec<(f64, f64)>,
     /// CPU seconds (user and system) the child had used at the last sample.
     pub(crate) cpu_seconds: f64,
+}
+
+/// Runs this executable again with `env` set (the child runs the job),
+/// samples its memory until it exits, and checks that it succeeded; its
+/// memory and, when `stdout` is true, what it printed (a child that prints
+/// much must not be asked: its pipe is read only at the end).
+pub(crate) fn run_child(env: &[(&str, String)], stdout: bool) -> (Memory, String) {
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .envs(env.iter().map(|(key, value)| (*key, value.as_str())))
+        .stdout(if stdout { Stdio::piped() } else { Stdio::null() })
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the job's process");
+    let memory = sample_memory(&mut child);
+    let output = child.wait_with_output().unwrap();
+    assert!(output.status.success(), "the job failed: {}", String::from_utf8_lossy(&output.stderr));
+    (memory, String::from_utf8_lossy(&output.stdout).into_owned())
 }
 
 /// Samples the child's memory every 250 ms until it exits.
