@@ -520,7 +520,7 @@ impl Checkpoint {
     /// [`Checkpoint::read_file`] as a stream, positioned after the
     /// writer-epoch line, for a file too large to hold in memory (a large
     /// state snapshot); the epoch is checked as `read_file` checks it. On a
-    /// local disk the file is read as it is consumed.
+    /// local disk or an object store the file is read as it is consumed.
     pub fn open_file(&self, relative: impl AsRef<Path>) -> Result<Option<Box<dyn ReadSeek>>> {
         let path = self.path_of(relative)?;
         let Some(mut reader) = self.files.open_read(&path, MAX_CHECKPOINT_FILE_BYTES)? else { return Ok(None) };

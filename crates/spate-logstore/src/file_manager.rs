@@ -133,7 +133,8 @@ pub trait CheckpointFileManager: Send + Sync + std::fmt::Debug {
     /// exist: a file larger than memory can hold (a large state snapshot)
     /// is read without being held whole. A file longer than `max_len` bytes
     /// is refused with [`LogStoreError::TooLarge`]. By default the whole
-    /// file is read into memory; a local disk opens the file.
+    /// file is read into memory; a local disk opens the file, an object
+    /// store reads it a range at a time.
     fn open_read(&self, path: &Path, max_len: u64) -> Result<Option<Box<dyn ReadSeek>>> {
         Ok(self.read(path, max_len)?.map(|bytes| Box::new(io::Cursor::new(bytes)) as Box<dyn ReadSeek>))
     }

@@ -79,6 +79,8 @@ mod log;
 mod object_faults;
 #[cfg(feature = "s3")]
 mod object_files;
+#[cfg(feature = "s3")]
+mod object_reader;
 mod process;
 mod repair;
 mod state;

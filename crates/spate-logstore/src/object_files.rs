@@ -40,7 +40,7 @@ use object_store::aws::{AmazonS3Builder, S3ConditionalPut};
 use object_store::client::{HttpError, HttpErrorKind};
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload, PutResult, UpdateVersion};
-use spate_core::Clock;
+use spate_core::{Clock, ReadSeek};
 
 use crate::error::{LogStoreError, Result};
 use crate::file_manager::{
@@ -48,6 +48,7 @@ use crate::file_manager::{
 };
 use crate::location::{ObjectStoreSettings, parse_s3_location};
 use crate::lock::{LeaseSettings, LockStatus, WriterLock};
+use crate::object_reader::ObjectReader;
 
 /// How long a call waits for a store that does not answer before its error is returned.
 pub(crate) const STORE_OUTAGE_LIMIT: Duration = Duration::from_secs(300);
@@ -184,7 +185,7 @@ impl ObjectStoreFileManager {
     /// Runs the request `make` makes on the client's runtime and waits for
     /// it, making it again while the store is unreachable (see the module
     /// documentation; `write` for a put).
-    fn run<T: Send + 'static, F: Future<Output = object_store::Result<T>> + Send + 'static>(
+    pub(crate) fn run<T: Send + 'static, F: Future<Output = object_store::Result<T>> + Send + 'static>(
         &self,
         op: &'static str,
         path: &Path,
@@ -233,7 +234,7 @@ impl ObjectStoreFileManager {
         rx.recv().map_err(|_| stopped(op, path))
     }
 
-    fn store(&self) -> Arc<dyn ObjectStore> {
+    pub(crate) fn store(&self) -> Arc<dyn ObjectStore> {
         Arc::clone(&self.inner.store)
     }
 
@@ -437,6 +438,27 @@ impl CheckpointFileManager for ObjectStoreFileManager {
         }
     }
 
+    /// Opened as an [`ObjectReader`]: the object is fetched a range at a
+    /// time as it is read, each range conditional on the ETag it had when
+    /// opened.
+    fn open_read(&self, path: &Path, max_len: u64) -> Result<Option<Box<dyn ReadSeek>>> {
+        let key = self.key(path)?;
+        let store = self.store();
+        let request = || {
+            let (store, key) = (Arc::clone(&store), key.clone());
+            async move { store.head(&key).await }
+        };
+        let meta = match self.run("stat", path, false, request) {
+            Ok(meta) => meta,
+            Err(e) if is_not_found(&e) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        if meta.size > max_len {
+            return Err(LogStoreError::TooLarge { path: path.to_path_buf(), len: meta.size, limit: max_len });
+        }
+        Ok(Some(Box::new(ObjectReader::new(self.clone(), path, key, meta.e_tag, meta.size))))
+    }
+
     fn read_versioned(&self, path: &Path, max_len: u64) -> Result<Option<(Vec<u8>, FileVersion)>> {
         let key = self.key(path)?;
         let store = self.store();
@@ -629,6 +651,47 @@ mod tests {
         assert_eq!(files.read_prefix(&empty, 17).unwrap().unwrap(), b"");
         assert_eq!(files.read_prefix(&empty, 0).unwrap().unwrap(), b"");
         assert_eq!(files.read_prefix(&Path::new(LOCATION).join("state/op/5"), 17).unwrap(), None);
+    }
+
+    #[test]
+    fn an_opened_object_reads_as_the_object_a_range_at_a_time_and_seeks() {
+        use std::io::{Read, Seek, SeekFrom};
+        let files = files();
+        let path = Path::new(LOCATION).join("state/op/3");
+        // Three ranges and a part.
+        let bytes: Vec<u8> = (0..(25u32 << 20)).map(|i| (i % 253) as u8).collect();
+        files.create_atomic(&path, &bytes, NO_FENCE).unwrap();
+        let mut streamed = Vec::new();
+        files.open_read(&path, u64::MAX).unwrap().unwrap().read_to_end(&mut streamed).unwrap();
+        assert!(streamed == bytes, "the streamed object differs");
+        let mut reader = files.open_read(&path, u64::MAX).unwrap().unwrap();
+        let mut four = [0u8; 4];
+        for at in [SeekFrom::Start(17 << 20), SeekFrom::Current(-(9 << 20)), SeekFrom::End(-4), SeekFrom::Start(3)] {
+            let position = reader.seek(at).unwrap() as usize;
+            reader.read_exact(&mut four).unwrap();
+            assert_eq!(four, bytes[position..position + 4], "{at:?}");
+        }
+        assert_eq!(reader.seek(SeekFrom::End(10)).unwrap(), bytes.len() as u64 + 10);
+        assert_eq!(reader.read(&mut four).unwrap(), 0, "past the end nothing is read");
+        assert!(reader.seek(SeekFrom::Current(-(40 << 20))).is_err(), "before the start");
+        assert!(files.open_read(&Path::new(LOCATION).join("state/op/5"), u64::MAX).unwrap().is_none());
+        let err = files.open_read(&path, 1 << 20).err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(err.contains("exceeds the limit"), "{err}");
+    }
+
+    #[test]
+    fn an_object_replaced_while_it_is_read_fails_the_read() {
+        use std::io::{Read, Seek, SeekFrom};
+        let files = files();
+        let path = Path::new(LOCATION).join("graph");
+        files.create_atomic(&path, &vec![1u8; 10 << 20], NO_FENCE).unwrap();
+        let mut reader = files.open_read(&path, u64::MAX).unwrap().unwrap();
+        let mut one = [0u8; 1];
+        reader.read_exact(&mut one).unwrap();
+        files.replace_atomic(&path, &vec![2u8; 10 << 20], NO_FENCE).unwrap();
+        // The first range is at hand; the next is fetched from the new object.
+        reader.seek(SeekFrom::Start(9 << 20)).unwrap();
+        assert!(reader.read_exact(&mut one).is_err(), "a range of another version was read: {one:?}");
     }
 
     #[test]

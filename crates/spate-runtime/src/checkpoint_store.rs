@@ -306,7 +306,7 @@ impl CheckpointStore {
 /// after it, oldest first.
 pub(crate) struct StateChain {
     /// The files, the whole snapshot first, each at the start of its frame
-    /// (a local file is open, not read; on an object store it was fetched).
+    /// (open, read only as far as its header).
     pub(crate) files: Vec<Box<dyn ReadSeek>>,
     /// The batch of the whole snapshot the chain starts at.
     pub(crate) start: BatchId,
