@@ -3,7 +3,6 @@
 //! a new build of the code restores it.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::Read;
 
 use serde::{Deserialize, Serialize};
 
@@ -308,9 +307,7 @@ fn restore_chain(state: &mut dyn StatefulNode, chain: Vec<StateFile<'_>>, partit
     };
     state.restore_from(&mut *whole.open()?, partitions)?;
     for change in links {
-        let mut bytes = Vec::new();
-        change.open()?.read_to_end(&mut bytes).map_err(|source| CoreError::Read { source })?;
-        state.apply_changes(&bytes, partitions)?;
+        state.apply_changes_from(&mut *change.open()?, partitions)?;
     }
     Ok(())
 }

@@ -243,6 +243,15 @@ pub(crate) trait StatefulNode {
         Err(CoreError::Decode { reason: "this operator's state is only snapshot whole".to_string() })
     }
 
+    /// [`StatefulNode::apply_changes`] from `reader`, at the changes'
+    /// frame. An operator whose changes can be large applies them as it
+    /// reads.
+    fn apply_changes_from(&mut self, reader: &mut dyn ReadSeek, partitions: usize) -> Result<(), CoreError> {
+        let mut bytes = Vec::new();
+        reader.read_to_end(&mut bytes).map_err(|source| CoreError::Read { source })?;
+        self.apply_changes(&bytes, partitions)
+    }
+
     /// Lets the operator (named `operator`) move state beyond its budget
     /// to `spill`; operators that cannot keep it there ignore it.
     fn use_spill(&mut self, operator: &str, spill: &crate::spill::StateSpill) {

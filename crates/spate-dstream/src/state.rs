@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use spate_core::{CoreError, Duration, PayloadReader, PayloadSink, ReadSeek, SeekWrite, Time, write_varint};
 
 use crate::batch::{Batch, Data, Key};
@@ -751,31 +751,34 @@ where
     }
 
     fn apply_changes(&mut self, bytes: &[u8], partitions: usize) -> Result<(), CoreError> {
-        let changes: MapStateChangesOwned<K, S> = state_codec().decode(bytes)?.value;
+        self.apply_changes_from(&mut std::io::Cursor::new(bytes), partitions)
+    }
+
+    /// The removed keys (a `Vec<K>`), then the changed keys' list, each
+    /// applied as it is read.
+    fn apply_changes_from(&mut self, reader: &mut dyn ReadSeek, partitions: usize) -> Result<(), CoreError> {
+        let mut payload = state_codec().open_streamed(reader)?;
         self.respread(partitions)?;
-        for key in changes.removed {
+        let decode_error = |e: CoreError| CoreError::Decode { reason: format!("map_with_state changes: {e}") };
+        for _ in 0..payload.count()? {
+            let key: K = payload.record().map_err(decode_error)?;
             if let Some(part) = self.parts.get_mut(partition_of(&key, partitions)) {
                 part.remove(&key)?;
             }
         }
-        for (key, state, last) in changes.changed {
+        for _ in 0..payload.count()? {
+            let (key, state, last): (K, S, Time) = payload.record().map_err(decode_error)?;
             if let Some(part) = self.parts.get_mut(partition_of(&key, partitions)) {
                 part.insert(&key, Entry { state, last, changed: false })?;
                 part.spill_if_over(self.spill.as_ref(), partitions)?;
             }
         }
-        Ok(())
+        payload.finish()
     }
 
     fn use_spill(&mut self, operator: &str, spill: &StateSpill) {
         self.spill = Some(SpillPlace::new(operator, spill));
     }
-}
-
-#[derive(Deserialize)]
-struct MapStateChangesOwned<K, S> {
-    removed: Vec<K>,
-    changed: Vec<(K, S, Time)>,
 }
 
 /// The result of [`DStream::map_with_state`]: the mapped records and, on
