@@ -9,9 +9,9 @@
 //!
 //! The longest binaries start first, by the times the last run measured
 //! (kept in the target folder), so that they do not end up last on a lane
-//! of their own; the server-outage tests run after all others, alone. Each binary's output is printed whole when it ends, so
-//! the lines of binaries running together do not mix; a line says when
-//! each one starts.
+//! of their own; the server-outage tests run after all others, alone.
+//! Each binary's output is printed whole when it ends, so the lines of
+//! binaries running together do not mix; a line says when each one starts.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::ffi::OsString;

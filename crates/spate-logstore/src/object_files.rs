@@ -39,7 +39,9 @@ use futures::TryStreamExt;
 use object_store::aws::{AmazonS3Builder, S3ConditionalPut};
 use object_store::client::{HttpError, HttpErrorKind};
 use object_store::path::Path as ObjectPath;
-use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload, PutResult, UpdateVersion};
+use object_store::{
+    ObjectMeta, ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload, PutResult, UpdateVersion,
+};
 use spate_core::{Clock, ReadSeek};
 
 use crate::error::{LogStoreError, Result};
@@ -319,6 +321,11 @@ impl ObjectStoreFileManager {
     }
 
     fn head(&self, path: &Path) -> Result<Option<FileVersion>> {
+        Ok(self.object_meta(path)?.map(|meta| meta.e_tag.map_or(FileVersion::Unknown, FileVersion::Tag)))
+    }
+
+    /// The object's length and ETag; `None` when it does not exist.
+    fn object_meta(&self, path: &Path) -> Result<Option<ObjectMeta>> {
         let key = self.key(path)?;
         let store = self.store();
         let request = || {
@@ -326,8 +333,8 @@ impl ObjectStoreFileManager {
             async move { store.head(&key).await }
         };
         match self.run("stat", path, false, request) {
-            Ok(meta) => Ok(Some(meta.e_tag.map_or(FileVersion::Unknown, FileVersion::Tag))),
-            Err(LogStoreError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Ok(meta) => Ok(Some(meta)),
+            Err(e) if is_not_found(&e) => Ok(None),
             Err(e) => Err(e),
         }
     }
@@ -442,20 +449,11 @@ impl CheckpointFileManager for ObjectStoreFileManager {
     /// time as it is read, each range conditional on the ETag it had when
     /// opened.
     fn open_read(&self, path: &Path, max_len: u64) -> Result<Option<Box<dyn ReadSeek>>> {
-        let key = self.key(path)?;
-        let store = self.store();
-        let request = || {
-            let (store, key) = (Arc::clone(&store), key.clone());
-            async move { store.head(&key).await }
-        };
-        let meta = match self.run("stat", path, false, request) {
-            Ok(meta) => meta,
-            Err(e) if is_not_found(&e) => return Ok(None),
-            Err(e) => return Err(e),
-        };
+        let Some(meta) = self.object_meta(path)? else { return Ok(None) };
         if meta.size > max_len {
             return Err(LogStoreError::TooLarge { path: path.to_path_buf(), len: meta.size, limit: max_len });
         }
+        let key = self.key(path)?;
         Ok(Some(Box::new(ObjectReader::new(self.clone(), path, key, meta.e_tag, meta.size))))
     }
 
@@ -658,7 +656,7 @@ mod tests {
         use std::io::{Read, Seek, SeekFrom};
         let files = files();
         let path = Path::new(LOCATION).join("state/op/3");
-        // Three ranges and a part.
+        // Ranges of 64 KiB doubling to 8 MiB, another of 8 MiB and a part.
         let bytes: Vec<u8> = (0..(25u32 << 20)).map(|i| (i % 253) as u8).collect();
         files.create_atomic(&path, &bytes, NO_FENCE).unwrap();
         let mut streamed = Vec::new();
