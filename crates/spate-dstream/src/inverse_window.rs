@@ -141,7 +141,12 @@ impl<K: Key, V: Data> Part<K, V> {
         }
         let changed = &mut self.keys_changed;
         entries.extend(self.keys.insert_entries(rest, |id| changed.insert(id))?);
-        self.keep_slice(merged_by_id(entries, merge))
+        let merged = if dense_merge_pays::<V>(entries.len(), self.keys.id_bound()) {
+            merged_in_place(entries, self.keys.id_bound(), merge)
+        } else {
+            merged_by_id(entries, merge)
+        };
+        self.keep_slice(merged)
     }
 
     /// Keeps `entries` (each id once) as the newest retained slice.
@@ -338,6 +343,40 @@ impl<K: Key, V: Data> Part<K, V> {
         self.retained.extend(changes.fresh);
         self.recount()
     }
+}
+
+/// True when merging `entries` values in an array indexed by id (of
+/// `id_bound` slots) costs no more memory than a few copies of the
+/// entries: a batch that names a good share of the window's keys, where
+/// the array spares sorting them.
+fn dense_merge_pays<V>(entries: usize, id_bound: usize) -> bool {
+    id_bound.saturating_mul(std::mem::size_of::<Option<V>>())
+        <= entries.saturating_mul(4 * std::mem::size_of::<(u32, V)>())
+}
+
+/// [`merged_by_id`] through an array of `id_bound` slots indexed by id:
+/// one pass to merge, one to list the ids in order.
+fn merged_in_place<V>(entries: Vec<(u32, V)>, id_bound: usize, merge: &MergeFn<V>) -> Vec<(u32, V)> {
+    let mut by_id: Vec<Option<V>> = Vec::new();
+    by_id.resize_with(id_bound, || None);
+    let mut distinct = 0;
+    for (id, value) in entries {
+        let Some(slot) = by_id.get_mut(id as usize) else { continue };
+        match slot {
+            Some(combined) => merge(combined, value),
+            None => {
+                *slot = Some(value);
+                distinct += 1;
+            }
+        }
+    }
+    let mut merged = Vec::with_capacity(distinct);
+    for (id, slot) in by_id.into_iter().enumerate() {
+        if let Some(value) = slot {
+            merged.push((id as u32, value));
+        }
+    }
+    merged
 }
 
 /// `entries` with each id once, its values merged in the order they come.
@@ -748,5 +787,30 @@ where
         self.window_end = snapshot.window_end;
         self.times = snapshot.times;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn merging_in_place_keeps_the_order_values_came_in_as_sorting_does() {
+        // A merge that is not commutative shows the order values met in.
+        let merge: &MergeFn<String> = &|combined: &mut String, value: String| combined.push_str(&value);
+        let entries: Vec<(u32, String)> =
+            (0..500u32).map(|i| ((i * 7919) % 61, format!("{i},"))).chain([(99, "last".to_string())]).collect();
+        let by_sorting = merged_by_id(entries.clone(), merge);
+        assert_eq!(merged_in_place(entries, 100, merge), by_sorting);
+        assert_eq!(by_sorting.len(), 62);
+        assert!(by_sorting.windows(2).all(|pair| pair[0].0 < pair[1].0));
+    }
+
+    #[test]
+    fn the_array_is_used_only_where_the_batch_names_a_good_share_of_the_keys() {
+        assert!(dense_merge_pays::<u64>(1_000_000, 1_000_000));
+        assert!(dense_merge_pays::<u64>(100_000, 300_000));
+        assert!(!dense_merge_pays::<u64>(1_000, 1_000_000));
+        assert!(!dense_merge_pays::<u64>(0, 1));
     }
 }
