@@ -31,7 +31,26 @@ pub struct BatchInfo {
 pub struct Job {
     pub(crate) output: String,
     pub(crate) info: BatchInfo,
-    pub(crate) run: Box<dyn FnOnce() -> Result<(), DStreamError> + Send>,
+    pub(crate) run: Box<dyn FnOnce() -> (Result<(), DStreamError>, Released) + Send>,
+}
+
+/// The records an output job read, handed back by [`Job::run_and_release`]
+/// to be freed once the job's outcome is reported: freeing a million
+/// records takes tens of milliseconds that the batch need not wait for.
+/// Dropping it frees them.
+pub struct Released(#[allow(dead_code, reason = "held to be dropped")] Box<dyn Send>);
+
+impl fmt::Debug for Released {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Released")
+    }
+}
+
+impl Released {
+    /// Holds `records` until this is dropped.
+    pub fn new<T: Send + 'static>(records: T) -> Self {
+        Released(Box::new(records))
+    }
 }
 
 impl Job {
@@ -47,6 +66,12 @@ impl Job {
 
     /// Runs the output operation.
     pub fn run(self) -> Result<(), DStreamError> {
+        self.run_and_release().0
+    }
+
+    /// Runs the output operation and hands back the records it read,
+    /// for the caller to free after it has passed the outcome on.
+    pub fn run_and_release(self) -> (Result<(), DStreamError>, Released) {
         (self.run)()
     }
 }

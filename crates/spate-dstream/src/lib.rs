@@ -144,7 +144,7 @@ pub use event_time::{
     DEFAULT_MAX_FUTURE, EventTimeProcessed, EventTimeWindowed, EventWindows, MAX_WINDOWS_PER_RECORD, ProgressMark,
     Timed, TimedState, Watermarks, Window, WindowResult, WithLate,
 };
-pub use graph::{BatchInfo, Graph, GraphBuilder, InputInfo, Job};
+pub use graph::{BatchInfo, Graph, GraphBuilder, InputInfo, Job, Released};
 pub use hash::{FxHasher, KeyHashMap, KeyHashState, fx_hash, partition_of};
 pub use node::PlannedOffsets;
 pub use output::Output;

@@ -10,7 +10,7 @@ use spate_core::sync::lock;
 
 use crate::batch::{Batch, Data};
 use crate::error::{BoxError, DStreamError};
-use crate::graph::{BatchInfo, Job, SharedBuilder};
+use crate::graph::{BatchInfo, Job, Released, SharedBuilder};
 use crate::node::{Node, NodeMeta, Slot, StepCtx};
 use crate::stream::DStream;
 
@@ -38,8 +38,9 @@ impl Output {
 
 /// What an output does with a batch: the batch is shared, and a writer
 /// that wants it by value takes it without a copy when it is the last
-/// holder.
-type WriteBatch<T> = dyn Fn(Arc<Batch<T>>, BatchInfo) -> Result<(), BoxError> + Send + Sync;
+/// holder. A writer that only read it hands it back, to be freed after
+/// the job's outcome is reported.
+type WriteBatch<T> = dyn Fn(Arc<Batch<T>>, BatchInfo) -> (Result<(), BoxError>, Option<Arc<Batch<T>>>) + Send + Sync;
 
 struct OutputNode<T> {
     input: Arc<Slot<T>>,
@@ -54,12 +55,14 @@ impl<T: Data> Node for OutputNode<T> {
         let operator = ctx.operator.to_string();
         let name = operator.clone();
         let run = Box::new(move || {
-            write(batch, info).map_err(|source| match source.downcast::<DStreamError>() {
+            let (result, read) = write(batch, info);
+            let result = result.map_err(|source| match source.downcast::<DStreamError>() {
                 Ok(own) => *own,
                 Err(source) => {
                     DStreamError::Output { operator: name, batch_id: info.batch_id, time: info.time, source }
                 }
-            })
+            });
+            (result, Released::new(read))
         });
         Ok(Some(Job { output: operator, info, run }))
     }
@@ -98,7 +101,7 @@ impl<T: Data> DStream<T> {
     where
         F: Fn(&Batch<T>, BatchInfo) -> Result<(), BoxError> + Send + Sync + 'static,
     {
-        self.output(Arc::new(move |batch: Arc<Batch<T>>, info| write(&batch, info)))
+        self.output(Arc::new(move |batch: Arc<Batch<T>>, info| (write(&batch, info), Some(batch))))
     }
 
     /// Like [`DStream::foreach_batch`], handing `write` the batch by value:
@@ -109,7 +112,7 @@ impl<T: Data> DStream<T> {
     where
         F: Fn(Batch<T>, BatchInfo) -> Result<(), BoxError> + Send + Sync + 'static,
     {
-        self.output(Arc::new(move |batch: Arc<Batch<T>>, info| write(Arc::unwrap_or_clone(batch), info)))
+        self.output(Arc::new(move |batch: Arc<Batch<T>>, info| (write(Arc::unwrap_or_clone(batch), info), None)))
     }
 
     fn output(&self, write: Arc<WriteBatch<T>>) -> Output {

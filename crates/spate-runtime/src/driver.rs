@@ -395,7 +395,13 @@ impl Engine {
             .into_iter()
             .map(|job| {
                 let name = job.output().to_string();
-                NamedJob { name, body: Box::new(move || job.run().map_err(|e| e.to_string())) }
+                NamedJob {
+                    name,
+                    body: Box::new(move || {
+                        let (result, read) = job.run_and_release();
+                        (result.map_err(|e| e.to_string()), Some(read))
+                    }),
+                }
             })
             .collect();
         if let Some(first) = jobs.first_mut()

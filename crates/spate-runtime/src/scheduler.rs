@@ -15,10 +15,12 @@ use std::time::Instant;
 
 use crossbeam::channel::{Sender, unbounded};
 use spate_core::BatchId;
+use spate_dstream::Released;
 use tracing::warn;
 
-/// The body of one output job: writes the batch's output somewhere.
-pub(crate) type JobBody = Box<dyn FnOnce() -> Result<(), String> + Send>;
+/// The body of one output job: writes the batch's output somewhere, and
+/// hands back what it read, freed only after its outcome is reported.
+pub(crate) type JobBody = Box<dyn FnOnce() -> (Result<(), String>, Option<Released>) + Send>;
 
 /// An output job with the name of the output it runs.
 pub(crate) struct NamedJob {
@@ -26,6 +28,14 @@ pub(crate) struct NamedJob {
     pub(crate) name: String,
     /// What to run.
     pub(crate) body: JobBody,
+}
+
+#[cfg(test)]
+impl NamedJob {
+    /// A job that hands nothing back.
+    pub(crate) fn new(name: impl Into<String>, body: impl FnOnce() -> Result<(), String> + Send + 'static) -> Self {
+        NamedJob { name: name.into(), body: Box::new(move || (body(), None)) }
+    }
 }
 
 /// How one job ended.
@@ -138,10 +148,12 @@ fn run_task(task: Task) {
     let started = Instant::now();
     // A panicking output fails its batch instead of killing the worker and
     // leaving the batch waiting forever.
-    let result = catch_unwind(AssertUnwindSafe(job.body))
-        .unwrap_or_else(|panic| Err(format!("panicked: {}", panic_message(&panic))));
+    let (result, read) = catch_unwind(AssertUnwindSafe(job.body))
+        .unwrap_or_else(|panic| (Err(format!("panicked: {}", panic_message(&panic))), None));
     let elapsed_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
     report(JobOutcome { batch, name: job.name, result, elapsed_ms });
+    // The batch may commit meanwhile: freeing what the job read is not part of it.
+    drop(read);
 }
 
 /// The message of a caught panic, when it was a string.
@@ -282,9 +294,9 @@ mod tests {
         };
         // The first job waits for the second: with one worker this would deadlock.
         let jobs = vec![
-            NamedJob { name: "waits".into(), body: Box::new(move || gate_rx.recv().map_err(|e| e.to_string())) },
-            NamedJob { name: "opens".into(), body: Box::new(move || gate_tx.send(()).map_err(|e| e.to_string())) },
-            NamedJob { name: "panics".into(), body: Box::new(|| panic!("bad output")) },
+            NamedJob::new("waits", move || gate_rx.recv().map_err(|e| e.to_string())),
+            NamedJob::new("opens", move || gate_tx.send(()).map_err(|e| e.to_string())),
+            NamedJob::new("panics", || panic!("bad output")),
         ];
         scheduler.submit(BatchId(0), jobs, &report);
         scheduler.shutdown();
@@ -293,6 +305,30 @@ mod tests {
         let panicked = outcomes.iter().find(|o| o.name == "panics").unwrap();
         assert_eq!(panicked.result, Err("panicked: bad output".to_string()));
         assert!(outcomes.iter().filter(|o| o.name != "panics").all(|o| o.result.is_ok()));
+    }
+
+    #[test]
+    fn what_a_job_read_is_freed_after_its_outcome_is_reported() {
+        /// Records whose freeing is seen.
+        struct Records(Arc<AtomicBool>);
+        impl Drop for Records {
+            fn drop(&mut self) {
+                self.0.store(true, Ordering::Release);
+            }
+        }
+        let freed = Arc::new(AtomicBool::new(false));
+        let freed_at_report = Arc::new(Mutex::new(Vec::new()));
+        let report: OutcomeSink = {
+            let (freed, seen) = (Arc::clone(&freed), Arc::clone(&freed_at_report));
+            Arc::new(move |_: JobOutcome| seen.lock().unwrap().push(freed.load(Ordering::Acquire)))
+        };
+        let records = Records(Arc::clone(&freed));
+        let job = NamedJob { name: "reads".into(), body: Box::new(move || (Ok(()), Some(Released::new(records)))) };
+        let scheduler = JobScheduler::new(1).unwrap();
+        scheduler.submit(BatchId(0), vec![job], &report);
+        scheduler.shutdown();
+        assert_eq!(*freed_at_report.lock().unwrap(), [false], "reported before the records were freed");
+        assert!(freed.load(Ordering::Acquire), "and freed after");
     }
 
     #[test]
@@ -309,20 +345,14 @@ mod tests {
         let queued_ran = Arc::new(AtomicBool::new(false));
         let ran = Arc::clone(&queued_ran);
         let jobs = vec![
-            NamedJob {
-                name: "running".into(),
-                body: Box::new(move || {
-                    started_tx.send(()).map_err(|e| e.to_string())?;
-                    gate_rx.recv().map_err(|e| e.to_string())
-                }),
-            },
-            NamedJob {
-                name: "queued".into(),
-                body: Box::new(move || {
-                    ran.store(true, Ordering::Release);
-                    Ok(())
-                }),
-            },
+            NamedJob::new("running", move || {
+                started_tx.send(()).map_err(|e| e.to_string())?;
+                gate_rx.recv().map_err(|e| e.to_string())
+            }),
+            NamedJob::new("queued", move || {
+                ran.store(true, Ordering::Release);
+                Ok(())
+            }),
         ];
         scheduler.submit(BatchId(3), jobs, &report);
         started_rx.recv().unwrap();
