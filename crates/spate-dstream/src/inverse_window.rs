@@ -12,15 +12,22 @@
 //! - how many retained slices name each id, so that a key that left the
 //!   window's result and every slice gives its id back.
 //!
+//! Over `reduce_by_key`'s blocks combined on arrival, a block's keys are
+//! looked up in the partitions' key tables on the thread that split the
+//! block, while the batch interval is still open: the batch finds their
+//! ids rather than looking a million keys up itself. The ids stay held (a
+//! key with a held id is not freed) until the batch has kept its slice.
+//!
 //! A snapshot is either whole (keys, values and slices) or what changed
 //! since the previous one: the keys and values of the ids touched since,
 //! and the slices that entered since. Both are per partition, in ids; a
 //! restore onto another partition count re-keys once the chain is read.
 
 use std::collections::VecDeque;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
+use spate_core::sync::lock;
 use spate_core::{CoreError, Duration, FrameCodec, Time};
 
 use crate::batch::{Batch, Data, Key};
@@ -30,7 +37,8 @@ use crate::hash::{KeyHashMap, partition_of};
 use crate::keyed::{ByteString, EncodedKeys, EncodedSlice, KeyTable, OwnedByteString};
 use crate::node::{Node, Slot, StatefulNode, StepCtx};
 use crate::pair::{
-    CombinedBlocks, KeyedCombine, MergeFn, SplitBlock, combines_on_arrival, partition_records, take_combined,
+    CombinedBlocks, KeyedCombine, MergeFn, ResolveAhead, ResolvedKeys, SplitBlock, combines_on_arrival,
+    partition_records, take_combined,
 };
 
 /// Version 1 kept `(key, value)` pairs; version 2 is the compact form.
@@ -73,6 +81,48 @@ impl IdSet {
 
 /// The window's values and its retained slices, as pairs by key.
 type ByKey<K, V> = (Vec<(K, V)>, Vec<Vec<(K, V)>>);
+
+/// The window's partitions, and how many times they were replaced or
+/// restored: ids looked up on arrival are good for one generation.
+struct Parts<K, V> {
+    list: Vec<Part<K, V>>,
+    generation: u64,
+}
+
+/// Looks a block's keys up in the window's partitions as the block
+/// arrives (see [`ResolveAhead`]). A block that arrives while a batch
+/// runs waits for the batch's step to end: its own batch is later, and
+/// the driver never waits for a block's arrival while it holds the
+/// partitions.
+struct LookUpAhead<K, V>(Arc<Mutex<Parts<K, V>>>);
+
+impl<K: Key, V: Data> ResolveAhead for LookUpAhead<K, V> {
+    fn resolve(&self, keys: &[&EncodedKeys]) -> Option<ResolvedKeys> {
+        let mut parts = lock(&self.0);
+        if parts.list.len() != keys.len() {
+            return None;
+        }
+        let mut ids = Vec::with_capacity(keys.len());
+        for (part, keys) in parts.list.iter_mut().zip(keys) {
+            match part.hold_ahead(keys) {
+                Ok(part_ids) => ids.push(part_ids),
+                Err(_) => {
+                    // The batch meets the error again looking the keys up.
+                    parts.list.iter_mut().zip(&ids).for_each(|(part, ids)| part.let_go(ids));
+                    return None;
+                }
+            }
+        }
+        Some(ResolvedKeys { generation: parts.generation, ids })
+    }
+
+    fn release(&self, resolved: ResolvedKeys) {
+        let mut parts = lock(&self.0);
+        if parts.generation == resolved.generation {
+            parts.list.iter_mut().zip(&resolved.ids).for_each(|(part, ids)| part.let_go(ids));
+        }
+    }
+}
 
 /// One partition of the window.
 struct Part<K, V> {
@@ -123,21 +173,29 @@ impl<K: Key, V: Data> Part<K, V> {
     }
 
     /// Keeps one batch as a slice from its blocks' entries and then `rest`,
-    /// a key's values merged with `merge` in the order they come.
+    /// a key's values merged with `merge` in the order they come. A block
+    /// whose keys were looked up on arrival comes with their ids, held
+    /// until now.
     fn ingest_blocks(
         &mut self,
-        blocks: Vec<(EncodedKeys, Vec<V>)>,
+        blocks: Vec<BlockPart<V>>,
         rest: Vec<(K, V)>,
         merge: &MergeFn<V>,
     ) -> Result<(), CoreError> {
-        let len = blocks.iter().map(|(keys, _)| keys.len()).sum::<usize>() + rest.len();
+        let len = blocks.iter().map(|(keys, _, _)| keys.len()).sum::<usize>() + rest.len();
         let mut entries: Vec<(u32, V)> = Vec::with_capacity(len);
-        let mut ids = Vec::new();
-        for (keys, values) in blocks {
-            ids.clear();
+        let mut looked_up = Vec::new();
+        let mut held = Vec::new();
+        for (keys, ids, values) in blocks {
+            if let Some(ids) = ids {
+                entries.extend(ids.iter().copied().zip(values));
+                held.push(ids);
+                continue;
+            }
+            looked_up.clear();
             let changed = &mut self.keys_changed;
-            self.keys.insert_many_encoded(&keys, &mut ids, |id| changed.insert(id))?;
-            entries.extend(ids.iter().copied().zip(values));
+            self.keys.insert_many_encoded(&keys, &mut looked_up, |id| changed.insert(id))?;
+            entries.extend(looked_up.iter().copied().zip(values));
         }
         let changed = &mut self.keys_changed;
         entries.extend(self.keys.insert_entries(rest, |id| changed.insert(id))?);
@@ -146,7 +204,34 @@ impl<K: Key, V: Data> Part<K, V> {
         } else {
             merged_by_id(entries, merge)
         };
-        self.keep_slice(merged)
+        self.keep_slice(merged)?;
+        // The slice names them now.
+        held.iter().for_each(|ids| self.let_go(ids));
+        Ok(())
+    }
+
+    /// The ids of `keys`, given to those new, each held (not freed) until
+    /// [`Part::let_go`]: a block's keys looked up as it arrives.
+    fn hold_ahead(&mut self, keys: &EncodedKeys) -> Result<Vec<u32>, CoreError> {
+        let mut ids = Vec::with_capacity(keys.len());
+        let changed = &mut self.keys_changed;
+        self.keys.insert_many_encoded(keys, &mut ids, |id| changed.insert(id))?;
+        self.grow();
+        for id in &ids {
+            if let Some(count) = self.refs.get_mut(*id as usize) {
+                *count += 1;
+            }
+        }
+        Ok(ids)
+    }
+
+    /// Ends the holds [`Part::hold_ahead`] took on `ids`.
+    fn let_go(&mut self, ids: &[u32]) {
+        for id in ids {
+            if let Some(count) = self.refs.get_mut(*id as usize) {
+                *count = count.saturating_sub(1);
+            }
+        }
     }
 
     /// Keeps `entries` (each id once) as the newest retained slice.
@@ -493,7 +578,8 @@ pub(crate) struct InverseWindowNode<K, V, R, I, P> {
     window_end: Option<Time>,
     /// The times of the retained batches, oldest first (same in every partition).
     times: VecDeque<Time>,
-    parts: Vec<Part<K, V>>,
+    /// Shared with the threads that look a block's keys up on arrival.
+    parts: Arc<Mutex<Parts<K, V>>>,
     /// The ids changed: the next snapshot must be whole.
     needs_whole: bool,
 }
@@ -522,7 +608,7 @@ where
             slide,
             window_end: None,
             times: VecDeque::new(),
-            parts: Vec::new(),
+            parts: Arc::new(Mutex::new(Parts { list: Vec::new(), generation: 0 })),
             needs_whole: false,
         }
     }
@@ -531,17 +617,18 @@ where
         self.fit(ctx)?;
         let reduced =
             self.input_reduced && !self.combine.combines_on_arrival() && batch.num_partitions() == ctx.partitions;
+        let mut parts = lock(&self.parts);
         let results = if let Some(blocks) = &self.blocks {
             let merge = &*blocks.merge;
-            let by_part = blocks_with_batch(ctx, blocks, batch)?;
-            let work: Vec<_> = self.parts.iter_mut().zip(by_part).collect();
+            let by_part = blocks_with_batch(ctx, blocks, batch, parts.generation)?;
+            let work: Vec<_> = parts.list.iter_mut().zip(by_part).collect();
             ctx.par(work, |(part, (blocks, rest))| part.ingest_blocks(blocks, rest, merge))?
         } else if reduced {
-            let work: Vec<_> = self.parts.iter_mut().zip(batch.into_partitions()).collect();
+            let work: Vec<_> = parts.list.iter_mut().zip(batch.into_partitions()).collect();
             ctx.par(work, |(part, entries)| part.ingest(entries.into_iter()))?
         } else {
             let maps = self.combine.partitioned(ctx, Some(batch))?;
-            let work: Vec<_> = self.parts.iter_mut().zip(maps).collect();
+            let work: Vec<_> = parts.list.iter_mut().zip(maps).collect();
             ctx.par(work, |(part, map)| part.ingest(map.into_iter()))?
         };
         for result in results {
@@ -566,7 +653,8 @@ where
         self.fit(ctx)?;
         let plan = self.plan_slide(ctx.time);
         let (reduce, inverse, keep) = (&*self.reduce, &self.inverse, &self.keep);
-        let work: Vec<&mut Part<K, V>> = self.parts.iter_mut().collect();
+        let mut parts = lock(&self.parts);
+        let work: Vec<&mut Part<K, V>> = parts.list.iter_mut().collect();
         let mut out = Vec::with_capacity(work.len());
         for result in ctx.par(work, |part| part.slide(plan, reduce, inverse, keep))? {
             out.push(result.map_err(|e| ctx.state_error(&e))?);
@@ -578,23 +666,32 @@ where
 
     /// True before the first batch's data: no keys, no slices.
     fn is_empty(&self) -> bool {
-        self.times.is_empty() && self.parts.iter().all(|part| part.keys.len() == 0 && part.retained.is_empty())
+        self.times.is_empty()
+            && lock(&self.parts).list.iter().all(|part| part.keys.len() == 0 && part.retained.is_empty())
+    }
+
+    /// Puts `list` in place of the partitions: ids looked up on arrival
+    /// before name nothing in it.
+    fn replace_parts(&self, list: Vec<Part<K, V>>) {
+        let mut parts = lock(&self.parts);
+        parts.list = list;
+        parts.generation += 1;
     }
 
     /// Re-spreads the state when the partition count differs (before the
     /// first batch, or after a restore on a machine with another core count).
     fn fit(&mut self, ctx: &StepCtx<'_>) -> Result<(), DStreamError> {
-        if self.parts.len() == ctx.partitions {
+        if lock(&self.parts).list.len() == ctx.partitions {
             return Ok(());
         }
         if self.is_empty() {
             // Nothing to re-key: changes may still follow the last snapshot.
-            self.parts = (0..ctx.partitions).map(|_| Part::default()).collect();
+            self.replace_parts((0..ctx.partitions).map(|_| Part::default()).collect());
             return Ok(());
         }
         let mut current = Vec::new();
         let mut retained: Vec<Vec<(K, V)>> = (0..self.times.len()).map(|_| Vec::new()).collect();
-        for part in &self.parts {
+        for part in &lock(&self.parts).list {
             let (values, slices) = part.entries().map_err(|e| ctx.state_error(&e))?;
             current.extend(values);
             for (slot, slice) in retained.iter_mut().zip(slices) {
@@ -635,7 +732,7 @@ where
                 }
             }
         }
-        self.parts = parts;
+        self.replace_parts(parts);
         self.needs_whole = true;
         Ok(())
     }
@@ -666,6 +763,8 @@ where
         }
         match blocks.downcast::<CombinedBlocks<K, V>>() {
             Ok(blocks) => {
+                // Set once, when the graph is built.
+                let _ = blocks.resolve_ahead.set(Arc::new(LookUpAhead(Arc::clone(&self.parts))));
                 self.blocks = Some(*blocks);
                 true
             }
@@ -678,18 +777,25 @@ where
     }
 }
 
+/// One partition's share of a block: its keys (encoded), their ids when
+/// they were looked up on arrival, and its values.
+type BlockPart<V> = (EncodedKeys, Option<Vec<u32>>, Vec<V>);
+
 /// One partition's share of a batch whose blocks were handed over: the
-/// blocks' keys (encoded) and values, in delivery order, and the entries
-/// of the aggregate's result for the rest of the records.
-type PartOfBlocks<K, V> = (Vec<(EncodedKeys, Vec<V>)>, Vec<(K, V)>);
+/// blocks' parts, in delivery order, and the entries of the aggregate's
+/// result for the rest of the records.
+type PartOfBlocks<K, V> = (Vec<BlockPart<V>>, Vec<(K, V)>);
 
 /// The batch's blocks, split by partition on arrival, then the aggregate's
 /// result for the rest of its records (what the aggregate would have
 /// merged, in its order), by partition.
+/// Ids looked up in an earlier `generation` of the partitions are dropped:
+/// the keys are looked up again.
 fn blocks_with_batch<K: Key, V: Data>(
     ctx: &StepCtx<'_>,
     blocks: &CombinedBlocks<K, V>,
     batch: Batch<(K, V)>,
+    generation: u64,
 ) -> Result<Vec<PartOfBlocks<K, V>>, DStreamError> {
     let mut by_part: Vec<PartOfBlocks<K, V>> = (0..ctx.partitions).map(|_| (Vec::new(), Vec::new())).collect();
     for block in take_combined::<SplitBlock<V>>(ctx, &blocks.delivered)? {
@@ -698,8 +804,11 @@ fn blocks_with_batch<K: Key, V: Data>(
             let reason = format!("a block split for {} partitions, in a batch of {}", parts.len(), ctx.partitions);
             return Err(DStreamError::Internal { operator: ctx.operator.to_string(), reason });
         }
-        for ((blocks, _), part) in by_part.iter_mut().zip(parts) {
-            blocks.push(part);
+        let ids = block.resolved.filter(|r| r.generation == generation && r.ids.len() == parts.len());
+        let mut ids =
+            ids.map(|r| r.ids.into_iter().map(Some)).into_iter().flatten().chain(std::iter::repeat_with(|| None));
+        for ((blocks, _), (keys, values)) in by_part.iter_mut().zip(parts) {
+            blocks.push((keys, ids.next().flatten(), values));
         }
     }
     let rest = if batch.num_partitions() == ctx.partitions {
@@ -722,7 +831,8 @@ where
     P: KeepFn<K, V>,
 {
     fn snapshot(&mut self) -> Result<Vec<u8>, CoreError> {
-        let parts = self.parts.iter_mut().map(Part::whole).collect::<Result<Vec<_>, _>>()?;
+        let mut held = lock(&self.parts);
+        let parts = held.list.iter_mut().map(Part::whole).collect::<Result<Vec<_>, _>>()?;
         let bytes = codec().encode(&Snapshot { window_end: self.window_end, times: self.times.clone(), parts })?;
         self.needs_whole = false;
         Ok(bytes)
@@ -733,7 +843,8 @@ where
             return None;
         }
         let (window_end, times) = (self.window_end, self.times.clone());
-        let parts = match self.parts.iter_mut().map(Part::changes).collect::<Result<Vec<_>, _>>() {
+        let mut held = lock(&self.parts);
+        let parts = match held.list.iter_mut().map(Part::changes).collect::<Result<Vec<_>, _>>() {
             Ok(parts) => parts,
             Err(e) => return Some(Err(e)),
         };
@@ -758,7 +869,7 @@ where
         if snapshot.parts.iter().any(|p| p.retained.len() != snapshot.times.len()) {
             return Err(CoreError::Decode { reason: "a partition's slices and the window's times differ".to_string() });
         }
-        self.parts = snapshot.parts.into_iter().map(Part::install_whole).collect::<Result<_, _>>()?;
+        self.replace_parts(snapshot.parts.into_iter().map(Part::install_whole).collect::<Result<_, _>>()?);
         self.window_end = snapshot.window_end;
         self.times = snapshot.times;
         self.needs_whole = false;
@@ -769,21 +880,25 @@ where
         let snapshot: Snapshot<PartChangesOwned> = codec().decode(bytes)?.value;
         if self.is_empty() {
             // The snapshot before was taken before the first batch.
-            self.parts = (0..snapshot.parts.len()).map(|_| Part::default()).collect();
+            self.replace_parts((0..snapshot.parts.len()).map(|_| Part::default()).collect());
         }
-        if snapshot.parts.len() != self.parts.len() {
+        let mut parts = lock(&self.parts);
+        if snapshot.parts.len() != parts.list.len() {
             return Err(CoreError::Decode {
                 reason: format!(
                     "changes of {} partitions after a snapshot of {}",
                     snapshot.parts.len(),
-                    self.parts.len()
+                    parts.list.len()
                 ),
             });
         }
+        // Counts are recounted from the slices: holds taken before are gone.
+        parts.generation += 1;
         let slices = snapshot.times.len();
-        for (part, changes) in self.parts.iter_mut().zip(snapshot.parts) {
+        for (part, changes) in parts.list.iter_mut().zip(snapshot.parts) {
             part.apply(changes, slices)?;
         }
+        drop(parts);
         self.window_end = snapshot.window_end;
         self.times = snapshot.times;
         Ok(())

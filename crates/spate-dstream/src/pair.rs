@@ -145,8 +145,34 @@ pub(crate) type MergeFn<C> = dyn Fn(&mut C, C) + Send + Sync;
 pub(crate) struct CombinedBlocks<K, C> {
     pub(crate) delivered: Arc<Delivered>,
     pub(crate) merge: Arc<MergeFn<C>>,
+    /// Where the reader may set how a block's keys are looked up in its
+    /// state as the block arrives.
+    pub(crate) resolve_ahead: Arc<OnceLock<Arc<dyn ResolveAhead>>>,
     /// The blocks hold the keys of the aggregate's `K`, encoded.
     keys: PhantomData<fn() -> K>,
+}
+
+/// A handed-over reader's lookup of a block's keys in its own keyed
+/// state, run on the thread that split the block, while the batch
+/// interval is still open: the batch then finds its keys' ids instead of
+/// looking a million keys up. The ids are held in the reader's state (a
+/// key whose id is held is not freed) until the batch takes them or they
+/// are released.
+pub(crate) trait ResolveAhead: Send + Sync {
+    /// The ids of `keys` (one list a partition), held; `None` when the
+    /// state is busy (the batch looks the keys up itself then).
+    fn resolve(&self, keys: &[&EncodedKeys]) -> Option<ResolvedKeys>;
+
+    /// Lets go of ids no batch will take.
+    fn release(&self, resolved: ResolvedKeys);
+}
+
+/// A block's keys as ids of its reader's state, one list a partition,
+/// valid while the state's `generation` is the same.
+#[derive(Debug)]
+pub(crate) struct ResolvedKeys {
+    pub(crate) generation: u64,
+    pub(crate) ids: Vec<Vec<u32>>,
 }
 
 /// A block's combined values split by partition with their keys encoded,
@@ -158,11 +184,22 @@ pub(crate) struct CombinedBlocks<K, C> {
 pub(crate) struct SplitBlock<C> {
     /// Keys and values, one pair a partition; or why a key did not encode.
     pub(crate) parts: Result<Vec<(EncodedKeys, Vec<C>)>, CoreError>,
+    /// The keys' ids in the reader's state, when it looked them up on arrival.
+    pub(crate) resolved: Option<ResolvedKeys>,
 }
 
 impl<C> SplitBlock<C> {
     fn empty(partitions: usize) -> Self {
-        SplitBlock { parts: Ok((0..partitions).map(|_| (EncodedKeys::default(), Vec::new())).collect()) }
+        let parts = Ok((0..partitions).map(|_| (EncodedKeys::default(), Vec::new())).collect());
+        SplitBlock { parts, resolved: None }
+    }
+
+    /// Has the reader look the keys up, if it takes that.
+    fn resolve(&mut self, reader: Option<&Arc<dyn ResolveAhead>>) {
+        if let (Some(reader), Ok(parts)) = (reader, &self.parts) {
+            let keys: Vec<&EncodedKeys> = parts.iter().map(|(keys, _)| keys).collect();
+            self.resolved = reader.resolve(&keys);
+        }
     }
 
     /// Each key's entry goes to its partition, `combiner` of its value
@@ -178,7 +215,7 @@ impl<C> SplitBlock<C> {
             for (key, value) in entries {
                 let Some((keys, values)) = parts.get_mut(partition_of(&key, partitions)) else { continue };
                 if let Err(e) = keys.push(&key) {
-                    return SplitBlock { parts: Err(e) };
+                    return SplitBlock { parts: Err(e), resolved: None };
                 }
                 values.push(combiner(value));
             }
@@ -186,8 +223,9 @@ impl<C> SplitBlock<C> {
         block
     }
 
-    /// This block's entries, then `next`'s.
-    fn then(self, next: SplitBlock<C>) -> Self {
+    /// This block's entries, then `next`'s; their ids too when `reader`
+    /// gave both, else neither's (released).
+    fn then(self, next: SplitBlock<C>, reader: Option<&Arc<dyn ResolveAhead>>) -> Self {
         let parts = self.parts.and_then(|mut parts| {
             for ((keys, values), (more_keys, more_values)) in parts.iter_mut().zip(next.parts?) {
                 keys.append(&more_keys)?;
@@ -195,14 +233,31 @@ impl<C> SplitBlock<C> {
             }
             Ok(parts)
         });
-        SplitBlock { parts }
+        let resolved = match (self.resolved, next.resolved) {
+            (Some(mut first), Some(second)) if first.generation == second.generation && parts.is_ok() => {
+                for (ids, more) in first.ids.iter_mut().zip(second.ids) {
+                    ids.extend(more);
+                }
+                Some(first)
+            }
+            (first, second) => {
+                for resolved in first.into_iter().chain(second) {
+                    if let Some(reader) = reader {
+                        reader.release(resolved);
+                    }
+                }
+                None
+            }
+        };
+        SplitBlock { parts, resolved }
     }
 
     fn memory_bytes(&self) -> u64 {
         let parts = self.parts.as_ref().map_or(0, |parts| {
             parts.iter().map(|(keys, values)| keys.memory_bytes() + values.capacity() * std::mem::size_of::<C>()).sum()
         });
-        parts as u64
+        let ids = self.resolved.as_ref().map_or(0, |r| r.ids.iter().map(|ids| ids.capacity() * 4).sum());
+        (parts + ids) as u64
     }
 }
 
@@ -289,6 +344,8 @@ pub(crate) struct KeyedCombine<K, V, C> {
     /// each block's table is then split by partition, keys encoded, on the
     /// thread that processed the block (see [`SplitBlock`]).
     split_for: Arc<OnceLock<usize>>,
+    /// Set by a handed-over reader that looks the keys up on arrival.
+    resolve_ahead: Arc<OnceLock<Arc<dyn ResolveAhead>>>,
 }
 
 impl<K: Key, V: Data, C: Data> KeyedCombine<K, V, C> {
@@ -317,6 +374,7 @@ impl<K: Key, V: Data, C: Data> KeyedCombine<K, V, C> {
             merge: Arc::new(merge_combiners),
             delivered: None,
             split_for: Arc::new(OnceLock::new()),
+            resolve_ahead: Arc::new(OnceLock::new()),
         }
     }
 
@@ -344,10 +402,12 @@ impl<K: Key, V: Data, C: Data> KeyedCombine<K, V, C> {
     pub(crate) fn arrival_step(&self, operator: &str) -> ArrivalStep {
         let (local, split_for) = (Arc::clone(&self.local), Arc::clone(&self.split_for));
         let (create, advice) = (Arc::clone(&self.create), Arc::clone(&self.advice));
+        let reader = Arc::clone(&self.resolve_ahead);
         let run = move |part: Box<dyn Any + Send>| match part.downcast::<Vec<(K, V)>>() {
             Ok(records) => {
                 if let Some(&partitions) = split_for.get() {
-                    let block = split_block(*records, partitions, &*local, &*create, &advice);
+                    let mut block = split_block(*records, partitions, &*local, &*create, &advice);
+                    block.resolve(reader.get());
                     let bytes = block.memory_bytes();
                     return (Box::new(block) as Box<dyn Any + Send>, bytes);
                 }
@@ -359,12 +419,13 @@ impl<K: Key, V: Data, C: Data> KeyedCombine<K, V, C> {
             Err(other) => (other, 0),
         };
         let (merge, split_for) = (Arc::clone(&self.merge), Arc::clone(&self.split_for));
+        let reader = Arc::clone(&self.resolve_ahead);
         let join = move |parts: Vec<Box<dyn Any + Send>>| {
             if let Some(&partitions) = split_for.get() {
                 // The reader merges by key; chunks' blocks need only follow each other.
                 let mut blocks = parts.into_iter().filter_map(|part| part.downcast::<SplitBlock<C>>().ok());
                 let first = blocks.next().map_or_else(|| SplitBlock::empty(partitions), |first| *first);
-                let all = blocks.fold(first, |all, block| all.then(*block));
+                let all = blocks.fold(first, |all, block| all.then(*block, reader.get()));
                 return Box::new(all) as Box<dyn Any + Send>;
             }
             let mut maps = parts.into_iter().filter_map(|part| part.downcast::<Combined<K, C>>().ok());
@@ -394,7 +455,8 @@ impl<K: Key, V: Data, C: Data> KeyedCombine<K, V, C> {
     /// combined on arrival.
     pub(crate) fn hand_over(&self) -> Option<CombinedBlocks<K, C>> {
         let delivered = Arc::clone(self.delivered.as_ref()?);
-        Some(CombinedBlocks { delivered, merge: Arc::clone(&self.merge), keys: PhantomData })
+        let resolve_ahead = Arc::clone(&self.resolve_ahead);
+        Some(CombinedBlocks { delivered, merge: Arc::clone(&self.merge), resolve_ahead, keys: PhantomData })
     }
 
     /// Its blocks combined on arrival were handed over to a reader of a

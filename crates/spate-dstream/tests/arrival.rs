@@ -142,6 +142,63 @@ fn check_pipelined(
     Ok(Arc::clone(&outputs[0]))
 }
 
+/// A job whose window frees keys (those whose count fell to zero): the
+/// window looks a block's keys up in its state as the block arrives.
+fn freeing_window_job(words: &DStream<u16>) -> Vec<Counts> {
+    let counts = words.map(|w| (w, 1u64)).reduce_by_key(|a, b| a + b);
+    let windowed = counts.reduce_by_key_and_window_inv_filtered(
+        |a, b| a + b,
+        |a, b| a - b,
+        Duration::from_secs(3),
+        INTERVAL,
+        |_, count| *count > 0,
+    );
+    vec![collect(&windowed)]
+}
+
+/// As [`check_pipelined`], with the blocks arriving as they do in a
+/// running job: each batch's blocks are processed `ahead` batches before
+/// the batch runs, the batches before it running in between (their
+/// slides free keys while the blocks' keys are held).
+fn check_interleaved(
+    input: &[Blocks],
+    job: fn(&DStream<u16>) -> Vec<Counts>,
+    ahead: usize,
+) -> Result<(), TestCaseError> {
+    let fed = Arc::new(FedSource::new());
+    let b = builder();
+    let outputs = job(&b.input("words", Arc::clone(&fed)));
+    let mut pipelined = b.build().unwrap();
+    let stage = fed.arrival_stage().expect("the graph hands the counting to the fed source");
+
+    let queue = Arc::new(QueueSource::new());
+    let b = builder();
+    let references = job(&b.input("words", Arc::clone(&queue)));
+    let mut whole = b.build().unwrap();
+
+    let batches = input.len() as i64;
+    for (index, blocks) in input.iter().enumerate() {
+        let time = t(index as i64 + 1);
+        let processed =
+            blocks.iter().filter(|(_, early)| *early).map(|(records, _)| process_in_chunks(&stage, records));
+        stage.deliver(time, processed.collect());
+        fed.feed(time, blocks.iter().filter(|(_, early)| !*early).map(|(records, _)| records.clone()).collect());
+        queue.push_partitions(blocks.iter().map(|(records, _)| records.clone()).collect());
+        let due = index as i64 + 1 - ahead as i64;
+        if due >= 1 {
+            run(&mut pipelined, due..=due);
+        }
+    }
+    run(&mut pipelined, (batches + 1 - ahead as i64).max(1)..=batches);
+    run(&mut whole, 1..=batches);
+    for batch in 1..=batches {
+        for (output, reference) in outputs.iter().zip(&references) {
+            prop_assert_eq!(sorted_at(output, t(batch)), sorted_at(reference, t(batch)), "batch {}", batch);
+        }
+    }
+    Ok(())
+}
+
 /// A block processed as a Kafka stream reads it: a chunkable stage in two
 /// chunks joined, any other whole.
 fn process_in_chunks(stage: &ArrivalStage<u16>, records: &[u16]) -> ProcessedBlock {
@@ -182,6 +239,15 @@ proptest! {
         check_pipelined(&input, aggregated_then_windowed_job, "map-1 > reduce_by_key-2")?;
         check_pipelined(&input, distinct_keys_then_windowed_job, "map-1 > reduce_by_key-2")?;
         check_pipelined(&input, combined_job, "map-1 > combine_by_key-2")?;
+    }
+
+    #[test]
+    fn a_window_looking_keys_up_as_blocks_arrive_gives_the_whole_batch_result(
+        input in batches(),
+        ahead in 0usize..3,
+    ) {
+        check_interleaved(&input, aggregated_then_windowed_job, ahead)?;
+        check_interleaved(&input, freeing_window_job, ahead)?;
     }
 }
 
