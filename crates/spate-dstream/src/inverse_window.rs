@@ -182,31 +182,37 @@ impl<K: Key, V: Data> Part<K, V> {
         rest: Vec<(K, V)>,
         merge: &MergeFn<V>,
     ) -> Result<(), CoreError> {
-        let len = blocks.iter().map(|(keys, _, _)| keys.len()).sum::<usize>() + rest.len();
-        let mut entries: Vec<(u32, V)> = Vec::with_capacity(len);
-        let mut looked_up = Vec::new();
-        let mut held = Vec::new();
+        // Each block's keys as ids, and whether they are held.
+        let mut by_block: Vec<(Vec<u32>, bool, Vec<V>)> = Vec::with_capacity(blocks.len());
         for (keys, ids, values) in blocks {
             if let Some(ids) = ids {
-                entries.extend(ids.iter().copied().zip(values));
-                held.push(ids);
+                by_block.push((ids, true, values));
                 continue;
             }
-            looked_up.clear();
+            let mut ids = Vec::with_capacity(keys.len());
             let changed = &mut self.keys_changed;
-            self.keys.insert_many_encoded(&keys, &mut looked_up, |id| changed.insert(id))?;
-            entries.extend(looked_up.iter().copied().zip(values));
+            self.keys.insert_many_encoded(&keys, &mut ids, |id| changed.insert(id))?;
+            by_block.push((ids, false, values));
         }
         let changed = &mut self.keys_changed;
-        entries.extend(self.keys.insert_entries(rest, |id| changed.insert(id))?);
-        let merged = if dense_merge_pays::<V>(entries.len(), self.keys.id_bound()) {
-            merged_in_place(entries, self.keys.id_bound(), merge)
+        let rest = self.keys.insert_entries(rest, |id| changed.insert(id))?;
+        let len = by_block.iter().map(|(ids, _, _)| ids.len()).sum::<usize>() + rest.len();
+        let entries = by_block
+            .iter_mut()
+            .flat_map(|(ids, _, values)| ids.iter().copied().zip(std::mem::take(values)))
+            .chain(rest);
+        if dense_merge_pays::<V>(len, self.keys.id_bound()) {
+            let by_id = merged_in_place(entries, self.keys.id_bound(), merge);
+            self.keep_slice_by_id(&by_id)?;
         } else {
-            merged_by_id(entries, merge)
-        };
-        self.keep_slice(merged)?;
+            self.keep_slice(merged_by_id(entries.collect(), merge))?;
+        }
         // The slice names them now.
-        held.iter().for_each(|ids| self.let_go(ids));
+        for (ids, held, _) in &by_block {
+            if *held {
+                self.let_go(ids);
+            }
+        }
         Ok(())
     }
 
@@ -232,6 +238,23 @@ impl<K: Key, V: Data> Part<K, V> {
                 *count = count.saturating_sub(1);
             }
         }
+    }
+
+    /// Keeps the values of `by_id` (a value or none by id) as the newest
+    /// retained slice.
+    fn keep_slice_by_id(&mut self, by_id: &[Option<V>]) -> Result<(), CoreError> {
+        self.grow();
+        let mut len = 0;
+        for (count, value) in self.refs.iter_mut().zip(by_id) {
+            if value.is_some() {
+                *count += 1;
+                len += 1;
+            }
+        }
+        let entries = by_id.iter().enumerate().filter_map(|(id, value)| Some((id as u32, value.as_ref()?)));
+        self.retained.push_back(EncodedSlice::encode_in_order(entries, len)?);
+        self.fresh += 1;
+        Ok(())
     }
 
     /// Keeps `entries` (each id once) as the newest retained slice.
@@ -439,29 +462,19 @@ fn dense_merge_pays<V>(entries: usize, id_bound: usize) -> bool {
         <= entries.saturating_mul(4 * std::mem::size_of::<(u32, V)>())
 }
 
-/// [`merged_by_id`] through an array of `id_bound` slots indexed by id:
-/// one pass to merge, one to list the ids in order.
-fn merged_in_place<V>(entries: Vec<(u32, V)>, id_bound: usize, merge: &MergeFn<V>) -> Vec<(u32, V)> {
+/// [`merged_by_id`] into an array of `id_bound` slots indexed by id, read
+/// in id order (ids come from the key table: all below `id_bound`).
+fn merged_in_place<V>(entries: impl Iterator<Item = (u32, V)>, id_bound: usize, merge: &MergeFn<V>) -> Vec<Option<V>> {
     let mut by_id: Vec<Option<V>> = Vec::new();
     by_id.resize_with(id_bound, || None);
-    let mut distinct = 0;
     for (id, value) in entries {
         let Some(slot) = by_id.get_mut(id as usize) else { continue };
         match slot {
             Some(combined) => merge(combined, value),
-            None => {
-                *slot = Some(value);
-                distinct += 1;
-            }
+            None => *slot = Some(value),
         }
     }
-    let mut merged = Vec::with_capacity(distinct);
-    for (id, slot) in by_id.into_iter().enumerate() {
-        if let Some(value) = slot {
-            merged.push((id as u32, value));
-        }
-    }
-    merged
+    by_id
 }
 
 /// `entries` with each id once, its values merged in the order they come.
@@ -916,7 +929,10 @@ mod tests {
         let entries: Vec<(u32, String)> =
             (0..500u32).map(|i| ((i * 7919) % 61, format!("{i},"))).chain([(99, "last".to_string())]).collect();
         let by_sorting = merged_by_id(entries.clone(), merge);
-        assert_eq!(merged_in_place(entries, 100, merge), by_sorting);
+        let in_place = merged_in_place(entries.into_iter(), 100, merge);
+        let listed: Vec<(u32, String)> =
+            in_place.into_iter().enumerate().filter_map(|(id, value)| Some((id as u32, value?))).collect();
+        assert_eq!(listed, by_sorting);
         assert_eq!(by_sorting.len(), 62);
         assert!(by_sorting.windows(2).all(|pair| pair[0].0 < pair[1].0));
     }

@@ -438,17 +438,28 @@ impl EncodedSlice {
     /// Encodes `entries`, sorting them by id first.
     pub(crate) fn encode<V: Serialize>(entries: &mut [(u32, V)]) -> Result<Self, CoreError> {
         entries.sort_unstable_by_key(|(id, _)| *id);
-        let mut bytes = Vec::with_capacity(entries.len() * 3);
-        let mut previous = 0u32;
-        for (id, value) in entries.iter() {
-            write_varint(u64::from(id - previous), &mut bytes);
-            previous = *id;
+        Self::encode_in_order(entries.iter().map(|(id, value)| (*id, value)), entries.len())
+    }
+
+    /// Encodes `entries`, ids ascending, about `len` of them.
+    pub(crate) fn encode_in_order<'a, V: Serialize + 'a>(
+        entries: impl Iterator<Item = (u32, &'a V)>,
+        len: usize,
+    ) -> Result<Self, CoreError> {
+        let mut bytes = Vec::with_capacity(len * 3);
+        let (mut previous, mut count) = (0u32, 0u32);
+        for (id, value) in entries {
+            let gap = id.checked_sub(previous).ok_or_else(|| CoreError::Encode {
+                reason: format!("a window slice's ids out of order: {id} after {previous}"),
+            })?;
+            write_varint(u64::from(gap), &mut bytes);
+            previous = id;
+            count = count.saturating_add(1);
             bincode::serde::encode_into_std_write(value, &mut bytes, bincode::config::standard())
                 .map_err(|e| CoreError::Encode { reason: format!("a window slice's value: {e}") })?;
         }
         bytes.shrink_to_fit();
-        let entries = u32::try_from(entries.len()).unwrap_or(u32::MAX);
-        Ok(EncodedSlice { bytes, entries })
+        Ok(EncodedSlice { bytes, entries: count })
     }
 
     /// The number of entries.
@@ -694,6 +705,15 @@ mod tests {
         let (back, _): (EncodedSlice, usize) =
             bincode::serde::decode_from_slice(&bytes, bincode::config::standard()).unwrap();
         assert_eq!(back, slice);
+    }
+
+    #[test]
+    fn a_slice_encoded_in_order_is_the_slice_sorted_first_and_ids_out_of_order_are_refused() {
+        let entries = [(2u32, 7u64), (40, 1), (41, 300)];
+        let in_order = EncodedSlice::encode_in_order(entries.iter().map(|(id, v)| (*id, v)), 1).unwrap();
+        assert_eq!(in_order, EncodedSlice::encode(&mut [(41u32, 300u64), (2, 7), (40, 1)]).unwrap());
+        assert_eq!(in_order.decode::<u64>().unwrap(), entries);
+        assert!(EncodedSlice::encode_in_order([(5u32, &1u64), (4, &2)].into_iter(), 2).is_err());
     }
 
     #[test]

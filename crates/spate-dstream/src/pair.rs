@@ -180,7 +180,8 @@ pub(crate) struct ResolvedKeys {
 /// split runs on the thread that processed the block, right after its
 /// values were combined: the keys' bytes are read while in cache, the keys
 /// are freed by the thread that made them, and the reader looks the keys
-/// up from one buffer a partition without reading the keys themselves.
+/// up from one buffer a partition without reading the keys themselves,
+/// there and then when it takes that ([`ResolveAhead`]), else in the batch.
 pub(crate) struct SplitBlock<C> {
     /// Keys and values, one pair a partition; or why a key did not encode.
     pub(crate) parts: Result<Vec<(EncodedKeys, Vec<C>)>, CoreError>,
