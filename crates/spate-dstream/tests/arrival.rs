@@ -104,42 +104,13 @@ fn combined_job(words: &DStream<u16>) -> Vec<Counts> {
 /// Runs `job` over `input` once with blocks processed on arrival (by the
 /// stage named `operator`) or handed over raw as `input` says, once over
 /// whole batches, and compares every output; returns the pipelined
-/// results of the first.
+/// results of the first. Every block arrives before the first batch runs.
 fn check_pipelined(
     input: &[Blocks],
     job: fn(&DStream<u16>) -> Vec<Counts>,
     operator: &str,
 ) -> Result<Counts, TestCaseError> {
-    let fed = Arc::new(FedSource::new());
-    let b = builder();
-    let outputs = job(&b.input("words", Arc::clone(&fed)));
-    let mut pipelined = b.build().unwrap();
-    let stage = fed.arrival_stage().expect("the graph hands the counting to the fed source");
-    prop_assert_eq!(stage.operator(), operator);
-
-    let queue = Arc::new(QueueSource::new());
-    let b = builder();
-    let references = job(&b.input("words", Arc::clone(&queue)));
-    let mut whole = b.build().unwrap();
-    prop_assert!(!queue.set_arrival_stage(stage.clone()), "a queue computes at the batch end");
-
-    for (index, blocks) in input.iter().enumerate() {
-        let time = t(index as i64 + 1);
-        let processed =
-            blocks.iter().filter(|(_, early)| *early).map(|(records, _)| process_in_chunks(&stage, records));
-        stage.deliver(time, processed.collect());
-        fed.feed(time, blocks.iter().filter(|(_, early)| !*early).map(|(records, _)| records.clone()).collect());
-        queue.push_partitions(blocks.iter().map(|(records, _)| records.clone()).collect());
-    }
-    let batches = 1..=input.len() as i64;
-    run(&mut pipelined, batches.clone());
-    run(&mut whole, batches.clone());
-    for batch in batches {
-        for (output, reference) in outputs.iter().zip(&references) {
-            prop_assert_eq!(sorted_at(output, t(batch)), sorted_at(reference, t(batch)));
-        }
-    }
-    Ok(Arc::clone(&outputs[0]))
+    check_arrivals(input, job, Some(operator), input.len())
 }
 
 /// A job whose window frees keys (those whose count fell to zero): the
@@ -165,16 +136,31 @@ fn check_interleaved(
     job: fn(&DStream<u16>) -> Vec<Counts>,
     ahead: usize,
 ) -> Result<(), TestCaseError> {
+    check_arrivals(input, job, None, ahead).map(drop)
+}
+
+/// Batch `n`'s blocks arrive, then batch `n - ahead` runs; `operator`
+/// names the arrival stage when given.
+fn check_arrivals(
+    input: &[Blocks],
+    job: fn(&DStream<u16>) -> Vec<Counts>,
+    operator: Option<&str>,
+    ahead: usize,
+) -> Result<Counts, TestCaseError> {
     let fed = Arc::new(FedSource::new());
     let b = builder();
     let outputs = job(&b.input("words", Arc::clone(&fed)));
     let mut pipelined = b.build().unwrap();
     let stage = fed.arrival_stage().expect("the graph hands the counting to the fed source");
+    if let Some(operator) = operator {
+        prop_assert_eq!(stage.operator(), operator);
+    }
 
     let queue = Arc::new(QueueSource::new());
     let b = builder();
     let references = job(&b.input("words", Arc::clone(&queue)));
     let mut whole = b.build().unwrap();
+    prop_assert!(!queue.set_arrival_stage(stage.clone()), "a queue computes at the batch end");
 
     let batches = input.len() as i64;
     for (index, blocks) in input.iter().enumerate() {
@@ -196,7 +182,7 @@ fn check_interleaved(
             prop_assert_eq!(sorted_at(output, t(batch)), sorted_at(reference, t(batch)), "batch {}", batch);
         }
     }
-    Ok(())
+    Ok(Arc::clone(&outputs[0]))
 }
 
 /// A block processed as a Kafka stream reads it: a chunkable stage in two
