@@ -160,7 +160,8 @@ pub(crate) struct CombinedBlocks<K, C> {
 /// are released.
 pub(crate) trait ResolveAhead: Send + Sync {
     /// The ids of `keys` (one list a partition), held; `None` when the
-    /// state is busy (the batch looks the keys up itself then).
+    /// state cannot take them yet (before its first batch) or a key
+    /// failed: the batch looks the keys up itself then.
     fn resolve(&self, keys: &[&EncodedKeys]) -> Option<ResolvedKeys>;
 
     /// Lets go of ids no batch will take.
