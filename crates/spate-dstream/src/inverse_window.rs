@@ -189,10 +189,7 @@ impl<K: Key, V: Data> Part<K, V> {
                 by_block.push((ids, true, values));
                 continue;
             }
-            let mut ids = Vec::with_capacity(keys.len());
-            let changed = &mut self.keys_changed;
-            self.keys.insert_many_encoded(&keys, &mut ids, |id| changed.insert(id))?;
-            by_block.push((ids, false, values));
+            by_block.push((self.look_up(&keys)?, false, values));
         }
         let changed = &mut self.keys_changed;
         let rest = self.keys.insert_entries(rest, |id| changed.insert(id))?;
@@ -219,15 +216,21 @@ impl<K: Key, V: Data> Part<K, V> {
     /// The ids of `keys`, given to those new, each held (not freed) until
     /// [`Part::let_go`]: a block's keys looked up as it arrives.
     fn hold_ahead(&mut self, keys: &EncodedKeys) -> Result<Vec<u32>, CoreError> {
-        let mut ids = Vec::with_capacity(keys.len());
-        let changed = &mut self.keys_changed;
-        self.keys.insert_many_encoded(keys, &mut ids, |id| changed.insert(id))?;
+        let ids = self.look_up(keys)?;
         self.grow();
         for id in &ids {
             if let Some(count) = self.refs.get_mut(*id as usize) {
                 *count += 1;
             }
         }
+        Ok(ids)
+    }
+
+    /// The ids of `keys`, given to those new.
+    fn look_up(&mut self, keys: &EncodedKeys) -> Result<Vec<u32>, CoreError> {
+        let mut ids = Vec::with_capacity(keys.len());
+        let changed = &mut self.keys_changed;
+        self.keys.insert_many_encoded(keys, &mut ids, |id| changed.insert(id))?;
         Ok(ids)
     }
 
