@@ -40,6 +40,8 @@ use crate::pair::{
     CombinedBlocks, KeyedCombine, MergeFn, ResolveAhead, ResolvedKeys, SplitBlock, combines_on_arrival,
     partition_records, take_combined,
 };
+use crate::spill::{SpillPlace, StateSpill};
+use crate::window_slices::{ListedSlices, RetainedSlices};
 
 /// Version 1 kept `(key, value)` pairs; version 2 is the compact form.
 const INVERSE_WINDOW_STATE_VERSION: u16 = 2;
@@ -131,8 +133,8 @@ struct Part<K, V> {
     current: Vec<Option<V>>,
     /// How many retained slices name each id.
     refs: Vec<u32>,
-    /// One slice per retained batch, oldest first.
-    retained: VecDeque<EncodedSlice>,
+    /// One slice per retained batch, oldest first; beyond the budget on disk.
+    retained: RetainedSlices,
     /// Ids whose key changed (given or freed) since the last snapshot.
     keys_changed: IdSet,
     /// Ids whose value changed since the last snapshot.
@@ -147,7 +149,7 @@ impl<K, V> Default for Part<K, V> {
             keys: KeyTable::default(),
             current: Vec::new(),
             refs: Vec::new(),
-            retained: VecDeque::new(),
+            retained: RetainedSlices::default(),
             keys_changed: IdSet::default(),
             values_changed: IdSet::default(),
             fresh: 0,
@@ -257,7 +259,16 @@ impl<K: Key, V: Data> Part<K, V> {
         let entries = by_id.iter().enumerate().filter_map(|(id, value)| Some((id as u32, value.as_ref()?)));
         self.retained.push_back(EncodedSlice::encode_in_order(entries, len)?);
         self.fresh += 1;
-        Ok(())
+        self.spill_if_over()
+    }
+
+    /// Moves the newest slices to disk while the partition takes more than
+    /// its share of the state budget (when it has one).
+    fn spill_if_over(&mut self) -> Result<(), CoreError> {
+        let other = self.keys.memory_bytes()
+            + self.current.capacity() * std::mem::size_of::<Option<V>>()
+            + self.refs.capacity() * std::mem::size_of::<u32>();
+        self.retained.spill_beyond(other)
     }
 
     /// Keeps `entries` (each id once) as the newest retained slice.
@@ -270,7 +281,7 @@ impl<K: Key, V: Data> Part<K, V> {
         }
         self.retained.push_back(EncodedSlice::encode(&mut entries)?);
         self.fresh += 1;
-        Ok(())
+        self.spill_if_over()
     }
 
     /// One slide: subtracts the slices that leave (those that had been
@@ -283,7 +294,7 @@ impl<K: Key, V: Data> Part<K, V> {
         P: Fn(&K, &V) -> bool,
     {
         for index in 0..plan.leaving {
-            let Some(old) = self.retained.pop_front() else { break };
+            let Some(old) = self.retained.pop_front()? else { break };
             let subtract = index < plan.leaving_added;
             let (current, refs, changed) = (&mut self.current, &mut self.refs, &mut self.values_changed);
             old.for_each(|id, value: V| {
@@ -298,8 +309,8 @@ impl<K: Key, V: Data> Part<K, V> {
             })?;
         }
         self.fresh = self.fresh.min(self.retained.len());
-        for entering in self.retained.iter().skip(plan.first_entering) {
-            let (current, changed) = (&mut self.current, &mut self.values_changed);
+        let (current, changed) = (&mut self.current, &mut self.values_changed);
+        self.retained.for_each_from(plan.first_entering, |entering| {
             entering.for_each(|id, value: V| {
                 if let Some(slot) = current.get_mut(id as usize) {
                     *slot = Some(match slot.take() {
@@ -308,8 +319,8 @@ impl<K: Key, V: Data> Part<K, V> {
                     });
                     changed.insert(id);
                 }
-            })?;
-        }
+            })
+        })?;
         self.settle(keep)
     }
 
@@ -352,7 +363,7 @@ impl<K: Key, V: Data> Part<K, V> {
             }
         }
         let mut retained = Vec::with_capacity(self.retained.len());
-        for slice in &self.retained {
+        self.retained.for_each_from(0, |slice| {
             let mut ids = Vec::with_capacity(slice.len());
             slice.for_each(|id, value: V| ids.push((id, value)))?;
             let mut entries = Vec::with_capacity(ids.len());
@@ -362,7 +373,8 @@ impl<K: Key, V: Data> Part<K, V> {
                 }
             }
             retained.push(entries);
-        }
+            Ok(())
+        })?;
         Ok((current, retained))
     }
 
@@ -371,14 +383,13 @@ impl<K: Key, V: Data> Part<K, V> {
         self.grow();
         self.refs.iter_mut().for_each(|count| *count = 0);
         let refs = &mut self.refs;
-        for slice in &self.retained {
+        self.retained.for_each_from(0, |slice| {
             slice.for_each(|id, _: V| {
                 if let Some(count) = refs.get_mut(id as usize) {
                     *count += 1;
                 }
-            })?;
-        }
-        Ok(())
+            })
+        })
     }
 
     fn whole(&mut self) -> Result<PartWhole<'_>, CoreError> {
@@ -393,7 +404,7 @@ impl<K: Key, V: Data> Part<K, V> {
         self.values_changed.take();
         self.fresh = 0;
         let keys = self.keys.iter_encoded().map(|(id, key)| (id, ByteString(key))).collect();
-        Ok(PartWhole { keys, current, retained: self.retained.iter().collect() })
+        Ok(PartWhole { keys, current, retained: self.retained.listed_from(0) })
     }
 
     fn changes(&mut self) -> Result<PartChanges<'_>, CoreError> {
@@ -405,7 +416,7 @@ impl<K: Key, V: Data> Part<K, V> {
             .map(|id| (id, self.current.get(id as usize).and_then(Option::as_ref)))
             .collect();
         let values = EncodedSlice::encode(&mut values)?;
-        let fresh = self.retained.iter().skip(self.retained.len() - self.fresh.min(self.retained.len())).collect();
+        let fresh = self.retained.listed_from(self.retained.len() - self.fresh.min(self.retained.len()));
         self.fresh = 0;
         Ok(PartChanges { keys, values, fresh })
     }
@@ -423,7 +434,7 @@ impl<K: Key, V: Data> Part<K, V> {
                 *slot = Some(value);
             }
         })?;
-        part.retained = owned.retained.into();
+        owned.retained.into_iter().for_each(|slice| part.retained.push_back(slice));
         part.recount()?;
         Ok(part)
     }
@@ -447,11 +458,11 @@ impl<K: Key, V: Data> Part<K, V> {
                 *slot = value;
             }
         })?;
-        let kept = slices.saturating_sub(changes.fresh.len());
-        while self.retained.len() > kept {
-            self.retained.pop_front();
+        self.retained.keep_newest(slices.saturating_sub(changes.fresh.len()))?;
+        for slice in changes.fresh {
+            self.retained.push_back(slice);
+            self.spill_if_over()?;
         }
-        self.retained.extend(changes.fresh);
         self.recount()
     }
 }
@@ -499,7 +510,7 @@ fn merged_by_id<V>(mut entries: Vec<(u32, V)>, merge: &MergeFn<V>) -> Vec<(u32, 
 struct PartWhole<'a> {
     keys: Vec<(u32, ByteString<'a>)>,
     current: EncodedSlice,
-    retained: Vec<&'a EncodedSlice>,
+    retained: ListedSlices<'a>,
 }
 
 #[derive(Deserialize)]
@@ -516,7 +527,7 @@ struct PartChanges<'a> {
     /// Changed ids with their value now, as `Option<V>`.
     values: EncodedSlice,
     /// The slices that entered, oldest first.
-    fresh: Vec<&'a EncodedSlice>,
+    fresh: ListedSlices<'a>,
 }
 
 #[derive(Deserialize)]
@@ -598,6 +609,8 @@ pub(crate) struct InverseWindowNode<K, V, R, I, P> {
     parts: Arc<Mutex<Parts<K, V>>>,
     /// The ids changed: the next snapshot must be whole.
     needs_whole: bool,
+    /// Where partitions' slices go beyond their share of the state budget.
+    spill: Option<SpillPlace>,
 }
 
 impl<K, V, R, I, P> InverseWindowNode<K, V, R, I, P>
@@ -626,6 +639,7 @@ where
             times: VecDeque::new(),
             parts: Arc::new(Mutex::new(Parts { list: Vec::new(), generation: 0 })),
             needs_whole: false,
+            spill: None,
         }
     }
 
@@ -688,10 +702,14 @@ where
 
     /// Puts `list` in place of the partitions: ids looked up on arrival
     /// before name nothing in it.
-    fn replace_parts(&self, list: Vec<Part<K, V>>) {
+    fn replace_parts(&self, mut list: Vec<Part<K, V>>) -> Result<(), CoreError> {
+        if let Some(place) = &self.spill {
+            spill_parts(&mut list, place)?;
+        }
         let mut parts = lock(&self.parts);
         parts.list = list;
         parts.generation += 1;
+        Ok(())
     }
 
     /// Re-spreads the state when the partition count differs (before the
@@ -702,8 +720,8 @@ where
         }
         if self.is_empty() {
             // Nothing to re-key: changes may still follow the last snapshot.
-            self.replace_parts((0..ctx.partitions).map(|_| Part::default()).collect());
-            return Ok(());
+            let parts = (0..ctx.partitions).map(|_| Part::default()).collect();
+            return self.replace_parts(parts).map_err(|e| ctx.state_error(&e));
         }
         let mut current = Vec::new();
         let mut retained: Vec<Vec<(K, V)>> = (0..self.times.len()).map(|_| Vec::new()).collect();
@@ -748,7 +766,7 @@ where
                 }
             }
         }
-        self.replace_parts(parts);
+        self.replace_parts(parts)?;
         self.needs_whole = true;
         Ok(())
     }
@@ -791,6 +809,16 @@ where
     fn state_mut(&mut self) -> Option<&mut dyn StatefulNode> {
         Some(self)
     }
+}
+
+/// Lets `parts` move their slices beyond their share of `place`'s budget
+/// to disk, and moves those already past it.
+fn spill_parts<K: Key, V: Data>(parts: &mut [Part<K, V>], place: &SpillPlace) -> Result<(), CoreError> {
+    let budget = place.partition_budget(parts.len());
+    parts.iter_mut().try_for_each(|part| {
+        part.retained.use_spill(place.clone(), budget);
+        part.spill_if_over()
+    })
 }
 
 /// One partition's share of a block: its keys (encoded), their ids when
@@ -885,7 +913,7 @@ where
         if snapshot.parts.iter().any(|p| p.retained.len() != snapshot.times.len()) {
             return Err(CoreError::Decode { reason: "a partition's slices and the window's times differ".to_string() });
         }
-        self.replace_parts(snapshot.parts.into_iter().map(Part::install_whole).collect::<Result<_, _>>()?);
+        self.replace_parts(snapshot.parts.into_iter().map(Part::install_whole).collect::<Result<_, _>>()?)?;
         self.window_end = snapshot.window_end;
         self.times = snapshot.times;
         self.needs_whole = false;
@@ -896,7 +924,7 @@ where
         let snapshot: Snapshot<PartChangesOwned> = codec().decode(bytes)?.value;
         if self.is_empty() {
             // The snapshot before was taken before the first batch.
-            self.replace_parts((0..snapshot.parts.len()).map(|_| Part::default()).collect());
+            self.replace_parts((0..snapshot.parts.len()).map(|_| Part::default()).collect())?;
         }
         let mut parts = lock(&self.parts);
         if snapshot.parts.len() != parts.list.len() {
@@ -918,6 +946,18 @@ where
         self.window_end = snapshot.window_end;
         self.times = snapshot.times;
         Ok(())
+    }
+
+    fn use_spill(&mut self, operator: &str, spill: &StateSpill) {
+        let place = SpillPlace::new(operator, spill);
+        let mut parts = lock(&self.parts);
+        if let Err(e) = spill_parts(&mut parts.list, &place) {
+            // Only a partition already past its budget could fail here; it
+            // stays in memory and the next batch moves it.
+            tracing::warn!(operator, error = %e, "window slices stay in memory for now");
+        }
+        drop(parts);
+        self.spill = Some(place);
     }
 }
 

@@ -468,7 +468,6 @@ impl EncodedSlice {
     }
 
     /// The bytes the slice takes.
-    #[cfg(test)]
     pub(crate) fn encoded_bytes(&self) -> usize {
         self.bytes.len()
     }

@@ -131,6 +131,7 @@ mod stream;
 mod top_n;
 mod upsert;
 mod window;
+mod window_slices;
 
 pub use arrival::{ArrivalStage, ProcessedBlock};
 pub use batch::{Batch, Data, Key};

@@ -146,6 +146,7 @@ impl StateSpill {
 
 /// The spill an operator's partitions use, with the operator's name for
 /// its tables.
+#[derive(Clone)]
 pub(crate) struct SpillPlace {
     operator: String,
     spill: StateSpill,

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use common::{Collected, INTERVAL, collect, run, sorted_at, t};
 use proptest::prelude::*;
 use spate_core::{Duration, Time};
-use spate_dstream::{Graph, GraphBuilder, QueueSource, RestorePolicy, StateSnapshot};
+use spate_dstream::{Graph, GraphBuilder, MemorySpillStore, QueueSource, RestorePolicy, StateSnapshot, StateSpill};
 
 type Input = Vec<Vec<Vec<(u8, i64)>>>;
 
@@ -55,9 +55,23 @@ struct Windows {
     inv_reduced: Collected<(u8, i64)>,
     total: Collected<i64>,
     counted: Collected<u64>,
+    /// The store the inverse windows' slices go to beyond their budget, and the budget.
+    spill: Option<(Arc<MemorySpillStore>, u64)>,
 }
 
 fn build(length: u64, slide: u64, partitions: usize) -> Windows {
+    build_spilling(length, slide, partitions, None)
+}
+
+/// Budgets for the slices of the inverse windows: none, 0 (every slice to
+/// disk) or a few slices' worth.
+fn spill_budgets() -> impl Strategy<Value = Option<u64>> {
+    prop_oneof![Just(None), Just(Some(0)), (1u64..2048).prop_map(Some)]
+}
+
+/// [`build`] whose state beyond `spill_budget` bytes moves to an
+/// in-memory spill store.
+fn build_spilling(length: u64, slide: u64, partitions: usize, spill_budget: Option<u64>) -> Windows {
     let b = GraphBuilder::new(INTERVAL).partitions(partitions).workers(2).checkpointing(true);
     let queue = Arc::new(QueueSource::<(u8, i64)>::new());
     let s = b.input("records", Arc::clone(&queue));
@@ -77,18 +91,13 @@ fn build(length: u64, slide: u64, partitions: usize) -> Windows {
     );
     let total = collect(&s.map(|(_, v)| v).reduce_by_window(|a, b| a + b, l, sl).name("total"));
     let counted = collect(&s.count_by_window(l, sl).name("counted"));
-    Windows {
-        graph: b.build().unwrap(),
-        queue,
-        plain,
-        pane_sum,
-        pane_max,
-        inv_sum,
-        inv_filtered,
-        inv_reduced,
-        total,
-        counted,
-    }
+    let mut graph = b.build().unwrap();
+    let spill = spill_budget.map(|budget| {
+        let store = Arc::new(MemorySpillStore::new());
+        graph.spill_state(&StateSpill::new(Arc::clone(&store) as _, budget));
+        (store, budget)
+    });
+    Windows { graph, spill, queue, plain, pane_sum, pane_max, inv_sum, inv_filtered, inv_reduced, total, counted }
 }
 
 fn check(w: &Windows, input: &Input, length: i64, slide: i64) -> Result<(), TestCaseError> {
@@ -114,6 +123,12 @@ fn check(w: &Windows, input: &Input, length: i64, slide: i64) -> Result<(), Test
         prop_assert_eq!(sorted_at(&w.total, time).unwrap(), expected_total, "reduce_by_window at {}", b);
         prop_assert_eq!(sorted_at(&w.counted, time).unwrap(), vec![records.len() as u64], "count_by_window at {}", b);
     }
+    // With no budget at all, a window that kept any slice kept it on disk.
+    if let Some((store, 0)) = &w.spill
+        && input.iter().flatten().any(|part| !part.is_empty())
+    {
+        prop_assert!(store.tables_opened() > 0, "no window slice went to the spill store");
+    }
     Ok(())
 }
 
@@ -137,8 +152,10 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(40))]
 
     #[test]
-    fn windows_equal_naive_recomputation(input in stream(), length in 1u64..9, slide in 1u64..5) {
-        let mut w = build(length, slide, 3);
+    fn windows_equal_naive_recomputation(
+        input in stream(), length in 1u64..9, slide in 1u64..5, spill in spill_budgets(),
+    ) {
+        let mut w = build_spilling(length, slide, 3, spill);
         for batch in &input {
             w.queue.push_partitions(batch.clone());
         }
@@ -149,9 +166,10 @@ proptest! {
     #[test]
     fn windows_restored_mid_stream_continue_exactly(
         input in stream(), length in 1u64..9, slide in 1u64..5, cut in 0usize..40, partitions in 1usize..5,
+        spill in spill_budgets(), spill_after in spill_budgets(),
     ) {
         let cut = cut.min(input.len());
-        let mut first = build(length, slide, 3);
+        let mut first = build_spilling(length, slide, 3, spill);
         for batch in &input[..cut] {
             first.queue.push_partitions(batch.clone());
         }
@@ -160,7 +178,7 @@ proptest! {
         let state = first.graph.snapshot_state().unwrap();
 
         // A new process (possibly with another core count) restores and goes on.
-        let mut second = build(length, slide, partitions);
+        let mut second = build_spilling(length, slide, partitions, spill_after);
         second.graph.restore(&descriptor, state, &RestorePolicy::strict()).unwrap();
         for batch in &input[cut..] {
             second.queue.push_partitions(batch.clone());
@@ -173,11 +191,11 @@ proptest! {
     #[test]
     fn windows_restored_from_a_whole_snapshot_and_later_changes_continue_exactly(
         input in stream(), length in 1u64..9, slide in 1u64..5, cuts in prop::collection::vec(0usize..40, 1..5),
-        partitions in 1usize..5,
+        partitions in 1usize..5, spill in spill_budgets(), spill_after in spill_budgets(),
     ) {
         let mut cuts: Vec<usize> = cuts.into_iter().map(|c| c.min(input.len())).collect();
         cuts.sort_unstable();
-        let mut first = build(length, slide, 3);
+        let mut first = build_spilling(length, slide, 3, spill);
         let descriptor = first.graph.descriptor();
         let mut chains: BTreeMap<String, Vec<Vec<u8>>> = BTreeMap::new();
         let mut done = 0;
@@ -206,7 +224,7 @@ proptest! {
         prop_assert!(chains.iter().all(|(name, chain)| !name.starts_with("inv") || chain.len() == cuts.len()));
 
         // A new process (possibly with another core count) restores the chains and goes on.
-        let mut second = build(length, slide, partitions);
+        let mut second = build_spilling(length, slide, partitions, spill_after);
         second.graph.restore_chains(&descriptor, chains.into_iter().collect(), &RestorePolicy::strict()).unwrap();
         for batch in &input[done..] {
             second.queue.push_partitions(batch.clone());
