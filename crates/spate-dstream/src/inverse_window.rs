@@ -28,7 +28,7 @@ use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 use spate_core::sync::lock;
-use spate_core::{CoreError, Duration, FrameCodec, Time};
+use spate_core::{CoreError, Duration, FrameCodec, PayloadSink, SeekWrite, Time, write_varint};
 
 use crate::batch::{Batch, Data, Key};
 use crate::error::DStreamError;
@@ -392,19 +392,22 @@ impl<K: Key, V: Data> Part<K, V> {
         })
     }
 
-    fn whole(&mut self) -> Result<PartWhole<'_>, CoreError> {
+    /// Writes the whole partition as [`PartWholeOwned`] reads it, a record
+    /// at a time (the slices on disk read back one by one), and forgets
+    /// what changed.
+    fn write_whole(&mut self, out: &mut dyn PayloadSink) -> Result<(), CoreError> {
         self.keys_changed.take();
-        let mut current: Vec<(u32, &V)> = Vec::with_capacity(self.keys.len());
-        for (id, value) in self.current.iter().enumerate() {
-            if let Some(value) = value {
-                current.push((id as u32, value));
-            }
-        }
-        let current = EncodedSlice::encode(&mut current)?;
         self.values_changed.take();
         self.fresh = 0;
-        let keys = self.keys.iter_encoded().map(|(id, key)| (id, ByteString(key))).collect();
-        Ok(PartWhole { keys, current, retained: self.retained.listed_from(0) })
+        write_varint(self.keys.len() as u64, out.buffer());
+        for (id, key) in self.keys.iter_encoded() {
+            write_record(&(id, ByteString(key)), out)?;
+        }
+        let len = self.current.iter().filter(|value| value.is_some()).count();
+        let values = self.current.iter().enumerate().filter_map(|(id, value)| Some((id as u32, value.as_ref()?)));
+        write_record(&EncodedSlice::encode_in_order(values, len)?, out)?;
+        write_varint(self.retained.len() as u64, out.buffer());
+        self.retained.for_each_from(0, |slice| write_record(slice, out))
     }
 
     fn changes(&mut self) -> Result<PartChanges<'_>, CoreError> {
@@ -505,14 +508,15 @@ fn merged_by_id<V>(mut entries: Vec<(u32, V)>, merge: &MergeFn<V>) -> Vec<(u32, 
     merged
 }
 
-/// A partition's whole state: keys as the key table encodes them.
-#[derive(Serialize)]
-struct PartWhole<'a> {
-    keys: Vec<(u32, ByteString<'a>)>,
-    current: EncodedSlice,
-    retained: ListedSlices<'a>,
+/// Appends `value` in the state codec's encoding as one record of `out`.
+fn write_record<T: Serialize + ?Sized>(value: &T, out: &mut dyn PayloadSink) -> Result<(), CoreError> {
+    bincode::serde::encode_into_std_write(value, out.buffer(), bincode::config::standard())
+        .map_err(|e| CoreError::Encode { reason: format!("a window snapshot: {e}") })?;
+    out.record_end()
 }
 
+/// A partition's whole state, as [`Part::write_whole`] writes it: keys as
+/// the key table encodes them.
 #[derive(Deserialize)]
 struct PartWholeOwned {
     keys: Vec<(u32, OwnedByteString)>,
@@ -665,6 +669,18 @@ where
             result.map_err(|e| ctx.state_error(&e))?;
         }
         self.times.push_back(ctx.time);
+        Ok(())
+    }
+
+    /// Writes a whole snapshot's payload (a [`Snapshot`] of
+    /// [`PartWholeOwned`]) a record at a time; the next changes are
+    /// relative to it.
+    fn write_whole(&mut self, out: &mut dyn PayloadSink) -> Result<(), CoreError> {
+        write_record(&(self.window_end, &self.times), out)?;
+        let mut parts = lock(&self.parts);
+        write_varint(parts.list.len() as u64, out.buffer());
+        parts.list.iter_mut().try_for_each(|part| part.write_whole(out))?;
+        self.needs_whole = false;
         Ok(())
     }
 
@@ -875,11 +891,15 @@ where
     P: KeepFn<K, V>,
 {
     fn snapshot(&mut self) -> Result<Vec<u8>, CoreError> {
-        let mut held = lock(&self.parts);
-        let parts = held.list.iter_mut().map(Part::whole).collect::<Result<Vec<_>, _>>()?;
-        let bytes = codec().encode(&Snapshot { window_end: self.window_end, times: self.times.clone(), parts })?;
-        self.needs_whole = false;
+        let mut bytes = Vec::new();
+        codec().encode_with(&mut bytes, |out| self.write_whole(out))?;
         Ok(bytes)
+    }
+
+    /// [`Self::snapshot`] streamed: slices on disk are read back one at a
+    /// time rather than collected.
+    fn snapshot_to(&mut self, out: &mut dyn SeekWrite) -> Result<u64, CoreError> {
+        codec().encode_streamed(out, |chunks| self.write_whole(chunks))
     }
 
     fn snapshot_changes(&mut self) -> Option<Result<Vec<u8>, CoreError>> {

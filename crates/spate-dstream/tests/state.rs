@@ -6,7 +6,7 @@ mod common;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use common::{Collected, INTERVAL, collect, run, sorted_at, t};
+use common::{Collected, INTERVAL, collect, run, sorted_at, streamed_whole, t};
 use proptest::prelude::*;
 use spate_core::{CoreError, Duration, ReadSeek};
 use spate_dstream::{
@@ -192,21 +192,6 @@ proptest! {
         check_sessions(&second, &input, timeout)?;
         check_spilled(&first, budgets.0, &input[..done])?;
     }
-}
-
-/// Each operator's whole state as [`Graph::snapshot_state_streamed`] writes it.
-fn streamed_whole(graph: &mut Graph) -> Vec<(String, Vec<u8>)> {
-    let mut out = Vec::new();
-    graph
-        .snapshot_state_streamed(|operator, state| {
-            let mut file = std::io::Cursor::new(Vec::new());
-            let written = state.write_to(&mut file)?;
-            assert_eq!(written, file.get_ref().len() as u64, "{operator}");
-            out.push((operator.to_string(), file.into_inner()));
-            Ok::<_, spate_dstream::DStreamError>(())
-        })
-        .unwrap();
-    out
 }
 
 #[test]

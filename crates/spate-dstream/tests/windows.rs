@@ -7,7 +7,7 @@ mod common;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use common::{Collected, INTERVAL, collect, run, sorted_at, t};
+use common::{Collected, INTERVAL, collect, run, sorted_at, streamed_whole, t};
 use proptest::prelude::*;
 use spate_core::{Duration, Time};
 use spate_dstream::{Graph, GraphBuilder, MemorySpillStore, QueueSource, RestorePolicy, StateSnapshot, StateSpill};
@@ -206,7 +206,8 @@ proptest! {
             run(&mut first.graph, done as i64 + 1..=*cut as i64);
             done = *cut;
             if index == 0 {
-                for (name, bytes) in first.graph.snapshot_state().unwrap() {
+                // Streamed, as a checkpoint writes it to a file.
+                for (name, bytes) in streamed_whole(&mut first.graph) {
                     chains.insert(name, vec![bytes]);
                 }
                 continue;

@@ -42,3 +42,18 @@ pub fn run(graph: &mut Graph, batches: std::ops::RangeInclusive<i64>) {
         graph.run_batch(t(batch), BatchId(batch as u64)).unwrap();
     }
 }
+
+/// Each operator's whole state as [`Graph::snapshot_state_streamed`] writes it.
+pub fn streamed_whole(graph: &mut Graph) -> Vec<(String, Vec<u8>)> {
+    let mut out = Vec::new();
+    graph
+        .snapshot_state_streamed(|operator, state| {
+            let mut file = std::io::Cursor::new(Vec::new());
+            let written = state.write_to(&mut file)?;
+            assert_eq!(written, file.get_ref().len() as u64, "{operator}");
+            out.push((operator.to_string(), file.into_inner()));
+            Ok::<_, spate_dstream::DStreamError>(())
+        })
+        .unwrap();
+    out
+}
