@@ -24,11 +24,14 @@
 //! restore onto another partition count re-keys once the chain is read.
 
 use std::collections::VecDeque;
+use std::io::{Read, SeekFrom};
 use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 use spate_core::sync::lock;
-use spate_core::{CoreError, Duration, FrameCodec, PayloadSink, SeekWrite, Time, write_varint};
+use spate_core::{
+    CoreError, Duration, FrameCodec, PayloadSink, PayloadStream, ReadSeek, SeekWrite, Time, write_varint,
+};
 
 use crate::batch::{Batch, Data, Key};
 use crate::error::DStreamError;
@@ -392,7 +395,7 @@ impl<K: Key, V: Data> Part<K, V> {
         })
     }
 
-    /// Writes the whole partition as [`PartWholeOwned`] reads it, a record
+    /// Writes the whole partition as [`Part::read_whole`] reads it, a record
     /// at a time (the slices on disk read back one by one), and forgets
     /// what changed.
     fn write_whole(&mut self, out: &mut dyn PayloadSink) -> Result<(), CoreError> {
@@ -424,20 +427,37 @@ impl<K: Key, V: Data> Part<K, V> {
         Ok(PartChanges { keys, values, fresh })
     }
 
-    fn install_whole(owned: PartWholeOwned) -> Result<Self, CoreError> {
+    /// Reads one partition's whole state as [`Part::write_whole`] wrote it,
+    /// its slices going to disk beyond `spill`'s budget as they are read;
+    /// the window retains `slices`.
+    fn read_whole<R: Read>(
+        payload: &mut PayloadStream<R>,
+        spill: Option<(&SpillPlace, u64)>,
+        slices: usize,
+    ) -> Result<Self, CoreError> {
         let mut part = Part::default();
-        for (id, OwnedByteString(key)) in owned.keys {
+        if let Some((place, budget)) = spill {
+            part.retained.use_spill(place.clone(), budget);
+        }
+        for _ in 0..payload.count()? {
+            let (id, OwnedByteString(key)): (u32, OwnedByteString) = payload.record()?;
             part.keys.insert_at(id, &key)?;
         }
         part.keys.rebuild_free();
         part.grow();
         let current = &mut part.current;
-        owned.current.for_each(|id, value: V| {
+        payload.record::<EncodedSlice>()?.for_each(|id, value: V| {
             if let Some(slot) = current.get_mut(id as usize) {
                 *slot = Some(value);
             }
         })?;
-        owned.retained.into_iter().for_each(|slice| part.retained.push_back(slice));
+        if payload.count()? != slices as u64 {
+            return Err(CoreError::Decode { reason: "a partition's slices and the window's times differ".to_string() });
+        }
+        for _ in 0..slices {
+            part.retained.push_back(payload.record()?);
+            part.spill_if_over()?;
+        }
         part.recount()?;
         Ok(part)
     }
@@ -513,15 +533,6 @@ fn write_record<T: Serialize + ?Sized>(value: &T, out: &mut dyn PayloadSink) -> 
     bincode::serde::encode_into_std_write(value, out.buffer(), bincode::config::standard())
         .map_err(|e| CoreError::Encode { reason: format!("a window snapshot: {e}") })?;
     out.record_end()
-}
-
-/// A partition's whole state, as [`Part::write_whole`] writes it: keys as
-/// the key table encodes them.
-#[derive(Deserialize)]
-struct PartWholeOwned {
-    keys: Vec<(u32, OwnedByteString)>,
-    current: EncodedSlice,
-    retained: Vec<EncodedSlice>,
 }
 
 #[derive(Serialize)]
@@ -672,9 +683,9 @@ where
         Ok(())
     }
 
-    /// Writes a whole snapshot's payload (a [`Snapshot`] of
-    /// [`PartWholeOwned`]) a record at a time; the next changes are
-    /// relative to it.
+    /// Writes a whole snapshot's payload a record at a time: the window's
+    /// times, then each partition ([`Part::write_whole`]). The next changes
+    /// are relative to it.
     fn write_whole(&mut self, out: &mut dyn PayloadSink) -> Result<(), CoreError> {
         write_record(&(self.window_end, &self.times), out)?;
         let mut parts = lock(&self.parts);
@@ -682,6 +693,19 @@ where
         parts.list.iter_mut().try_for_each(|part| part.write_whole(out))?;
         self.needs_whole = false;
         Ok(())
+    }
+
+    /// Restores a version 1 snapshot (pairs by key, partitions merged).
+    fn restore_v1(&mut self, bytes: &[u8], partitions: usize) -> Result<(), CoreError> {
+        let old: SnapshotV1<K, V> = codec().decode(bytes)?.value;
+        if old.retained.len() != old.times.len() {
+            return Err(CoreError::Decode {
+                reason: format!("{} retained batches for {} times", old.retained.len(), old.times.len()),
+            });
+        }
+        self.window_end = old.window_end;
+        self.times = old.times;
+        self.install(old.current, old.retained, partitions)
     }
 
     fn plan_slide(&self, time: Time) -> SlidePlan {
@@ -916,26 +940,29 @@ where
     }
 
     fn restore(&mut self, bytes: &[u8], partitions: usize) -> Result<(), CoreError> {
-        let codec = codec();
-        let frame = codec.open(bytes)?;
-        if frame.version < INVERSE_WINDOW_STATE_VERSION {
-            let old: SnapshotV1<K, V> = codec.decode_payload(frame.payload)?;
-            if old.retained.len() != old.times.len() {
-                return Err(CoreError::Decode {
-                    reason: format!("{} retained batches for {} times", old.retained.len(), old.times.len()),
-                });
-            }
-            self.window_end = old.window_end;
-            self.times = old.times;
-            return self.install(old.current, old.retained, partitions);
+        self.restore_from(&mut std::io::Cursor::new(bytes), partitions)
+    }
+
+    /// Reads the snapshot a record at a time, so slices beyond the budget
+    /// go to disk as they are read rather than after the whole file.
+    fn restore_from(&mut self, reader: &mut dyn ReadSeek, partitions: usize) -> Result<(), CoreError> {
+        let start = reader.stream_position().map_err(|source| CoreError::Read { source })?;
+        let mut payload = codec().open_streamed(&mut *reader)?;
+        if payload.version() < INVERSE_WINDOW_STATE_VERSION {
+            drop(payload);
+            let mut bytes = Vec::new();
+            reader.seek(SeekFrom::Start(start)).map_err(|source| CoreError::Read { source })?;
+            reader.read_to_end(&mut bytes).map_err(|source| CoreError::Read { source })?;
+            return self.restore_v1(&bytes, partitions);
         }
-        let snapshot: Snapshot<PartWholeOwned> = codec.decode_payload(frame.payload)?;
-        if snapshot.parts.iter().any(|p| p.retained.len() != snapshot.times.len()) {
-            return Err(CoreError::Decode { reason: "a partition's slices and the window's times differ".to_string() });
-        }
-        self.replace_parts(snapshot.parts.into_iter().map(Part::install_whole).collect::<Result<_, _>>()?)?;
-        self.window_end = snapshot.window_end;
-        self.times = snapshot.times;
+        let (window_end, times): (Option<Time>, VecDeque<Time>) = payload.record()?;
+        let count = usize::try_from(payload.count()?).unwrap_or(usize::MAX);
+        let spill = self.spill.as_ref().map(|place| (place, place.partition_budget(count)));
+        let list = (0..count).map(|_| Part::read_whole(&mut payload, spill, times.len())).collect::<Result<_, _>>()?;
+        payload.finish()?;
+        self.replace_parts(list)?;
+        self.window_end = window_end;
+        self.times = times;
         self.needs_whole = false;
         Ok(())
     }
