@@ -152,7 +152,7 @@ pub use output::Output;
 pub use side_input::SideInput;
 pub use source::{BatchLimits, FedSource, InputSource, QueueSource, SourceContext};
 pub use spate_core::{InPlace, Views};
-pub use spill::{MemorySpillStore, SpillError, SpillStore, SpillTable, SpillWrites, StateSpill};
+pub use spill::{MemorySpillStore, SpillBlobs, SpillError, SpillStore, SpillTable, SpillWrites, StateSpill};
 pub use state::{MapWithStateStream, State};
 pub use stream::DStream;
 

@@ -26,6 +26,24 @@ use thiserror::Error;
 pub trait SpillStore: Send + Sync + fmt::Debug {
     /// A new, empty table; `name` is unique within the store.
     fn open_table(&self, name: &str) -> Result<Box<dyn SpillTable>, SpillError>;
+
+    /// A new, empty set of blobs; `name` is unique within the store.
+    fn open_blobs(&self, name: &str) -> Result<Box<dyn SpillBlobs>, SpillError>;
+}
+
+/// Values written once and read back whole, by number: spilled state that
+/// is never looked up by key (an inverse window's retained slices). A
+/// store may keep them apart from its tables, in plain files, so they
+/// cost no memory of the store's own.
+pub trait SpillBlobs: Send {
+    /// Keeps `bytes` as blob `number` (new).
+    fn put(&mut self, number: u64, bytes: &[u8]) -> Result<(), SpillError>;
+
+    /// Blob `number`'s bytes, or `None` when there is none.
+    fn get(&self, number: u64) -> Result<Option<Vec<u8>>, SpillError>;
+
+    /// Removes blob `number`.
+    fn remove(&mut self, number: u64) -> Result<(), SpillError>;
 }
 
 /// An ordered map from bytes to bytes: one partition's spilled state.
@@ -137,10 +155,20 @@ impl StateSpill {
 
     /// A new table for a partition of `operator`.
     pub(crate) fn open(&self, operator: &str) -> Result<Box<dyn SpillTable>, SpillError> {
+        self.store.open_table(&self.unique_name(operator))
+    }
+
+    /// A new set of blobs for a partition of `operator`.
+    pub(crate) fn open_blobs(&self, operator: &str) -> Result<Box<dyn SpillBlobs>, SpillError> {
+        self.store.open_blobs(&self.unique_name(operator))
+    }
+
+    /// `operator` as a name safe in a path, numbered apart from the others.
+    fn unique_name(&self, operator: &str) -> String {
         let n = self.tables.fetch_add(1, Ordering::Relaxed);
         let safe: String =
             operator.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '_' }).collect();
-        self.store.open_table(&format!("{safe}-{n}"))
+        format!("{safe}-{n}")
     }
 }
 
@@ -169,6 +197,11 @@ impl SpillPlace {
     /// A new table for one of the operator's partitions.
     pub(crate) fn open(&self) -> Result<Box<dyn SpillTable>, CoreError> {
         self.spill.open(&self.operator).map_err(SpillError::writing)
+    }
+
+    /// A new set of blobs for one of the operator's partitions.
+    pub(crate) fn open_blobs(&self) -> Result<Box<dyn SpillBlobs>, CoreError> {
+        self.spill.open_blobs(&self.operator).map_err(SpillError::writing)
     }
 }
 
@@ -200,7 +233,7 @@ impl MemorySpillStore {
         self.shared.fail_after.store(operations, Ordering::Relaxed);
     }
 
-    /// The number of tables opened so far.
+    /// The number of tables and sets of blobs opened so far.
     pub fn tables_opened(&self) -> u64 {
         self.shared.opened.load(Ordering::Relaxed)
     }
@@ -215,6 +248,11 @@ impl SpillStore for MemorySpillStore {
             shared: Arc::clone(&self.shared),
         }))
     }
+
+    fn open_blobs(&self, name: &str) -> Result<Box<dyn SpillBlobs>, SpillError> {
+        self.shared.opened.fetch_add(1, Ordering::Relaxed);
+        Ok(Box::new(MemoryBlobs { name: name.to_string(), blobs: BTreeMap::new(), shared: Arc::clone(&self.shared) }))
+    }
 }
 
 struct MemoryTable {
@@ -225,13 +263,45 @@ struct MemoryTable {
 
 impl MemoryTable {
     fn operation(&self) -> Result<(), SpillError> {
-        let left = self.shared.fail_after.load(Ordering::Relaxed);
+        self.shared.operation(&self.name)
+    }
+}
+
+impl MemoryShared {
+    /// Counts one read or write of `name`, failing at the failpoint.
+    fn operation(&self, name: &str) -> Result<(), SpillError> {
+        let left = self.fail_after.load(Ordering::Relaxed);
         if left == 0 {
-            return Err(SpillError { store: "memory".into(), reason: format!("table {}: failpoint", self.name) });
+            return Err(SpillError { store: "memory".into(), reason: format!("{name}: failpoint") });
         }
         if left != u64::MAX {
-            self.shared.fail_after.store(left - 1, Ordering::Relaxed);
+            self.fail_after.store(left - 1, Ordering::Relaxed);
         }
+        Ok(())
+    }
+}
+
+struct MemoryBlobs {
+    name: String,
+    blobs: BTreeMap<u64, Vec<u8>>,
+    shared: Arc<MemoryShared>,
+}
+
+impl SpillBlobs for MemoryBlobs {
+    fn put(&mut self, number: u64, bytes: &[u8]) -> Result<(), SpillError> {
+        self.shared.operation(&self.name)?;
+        self.blobs.insert(number, bytes.to_vec());
+        Ok(())
+    }
+
+    fn get(&self, number: u64) -> Result<Option<Vec<u8>>, SpillError> {
+        self.shared.operation(&self.name)?;
+        Ok(self.blobs.get(&number).cloned())
+    }
+
+    fn remove(&mut self, number: u64) -> Result<(), SpillError> {
+        self.shared.operation(&self.name)?;
+        self.blobs.remove(&number);
         Ok(())
     }
 }

@@ -7,11 +7,14 @@
 //! partition takes more than its share of the state budget: the newest
 //! slices first, since the oldest are read again soonest (when they
 //! leave). A slice on disk is read back whole, one at a time, so at most
-//! one of them is in memory at once.
+//! one of them is in memory at once. Slices go to the store's
+//! [`SpillBlobs`] (plain files in the runtime), not to a table: they are
+//! never looked up by key, and a table's write buffers and cache would
+//! cost more memory than the slices they hold.
 //!
-//! The table is scratch, as for `map_with_state`: a snapshot lists the
-//! slices the same way wherever they are, and a restore builds a new
-//! table.
+//! The blobs are scratch, as `map_with_state`'s tables are: a snapshot
+//! lists the slices the same way wherever they are, and a restore starts
+//! new blobs.
 
 use std::borrow::Cow;
 use std::collections::VecDeque;
@@ -21,9 +24,9 @@ use serde::{Serialize, Serializer};
 use spate_core::CoreError;
 
 use crate::keyed::EncodedSlice;
-use crate::spill::{SpillError, SpillPlace, SpillTable, SpillWrites};
+use crate::spill::{SpillBlobs, SpillError, SpillPlace};
 
-/// One retained slice: in memory, or in the table under its number.
+/// One retained slice: in memory, or on disk under its number.
 enum Retained {
     Memory(EncodedSlice),
     OnDisk(u64),
@@ -35,7 +38,7 @@ struct SliceSpill {
     /// The bytes the partition may keep in memory.
     budget: u64,
     /// Opened when the first slice moves there.
-    table: Option<Box<dyn SpillTable>>,
+    blobs: Option<Box<dyn SpillBlobs>>,
     /// The number the next slice moved there gets.
     next: u64,
 }
@@ -71,11 +74,11 @@ impl RetainedSlices {
     }
 
     /// From now on, slices beyond `budget` bytes (with what else the
-    /// partition keeps) may move to a table of `place`.
+    /// partition keeps) may move to blobs of `place`.
     pub(crate) fn use_spill(&mut self, place: SpillPlace, budget: u64) {
         match &mut self.spill {
             Some(spill) => spill.budget = budget,
-            None => self.spill = Some(SliceSpill { place, budget, table: None, next: 0 }),
+            None => self.spill = Some(SliceSpill { place, budget, blobs: None, next: 0 }),
         }
     }
 
@@ -94,9 +97,7 @@ impl RetainedSlices {
             Some(Retained::OnDisk(number)) => {
                 let number = *number;
                 let slice = self.read(number)?;
-                let mut writes = SpillWrites::default();
-                writes.delete(number.to_be_bytes().to_vec());
-                self.table_mut()?.write(&writes).map_err(SpillError::writing)?;
+                self.blobs_mut()?.remove(number).map_err(SpillError::writing)?;
                 Some(slice)
             }
         };
@@ -157,16 +158,14 @@ impl RetainedSlices {
         let Some(spill) = self.spill.as_mut() else { return Ok(()) };
         let Some(Retained::Memory(slice)) = self.list.get(index) else { return Ok(()) };
         let number = spill.next;
-        let mut writes = SpillWrites::default();
-        writes.put(number.to_be_bytes().to_vec(), encode(slice)?);
-        let table = match &mut spill.table {
-            Some(table) => table,
+        let blobs = match &mut spill.blobs {
+            Some(blobs) => blobs,
             None => {
                 tracing::info!(operator = %spill.place.operator(), "window slices beyond the memory budget go to disk");
-                spill.table.insert(spill.place.open()?)
+                spill.blobs.insert(spill.place.open_blobs()?)
             }
         };
-        table.write(&writes).map_err(SpillError::writing)?;
+        blobs.put(number, &encode(slice)?).map_err(SpillError::writing)?;
         spill.next += 1;
         let bytes = slice.encoded_bytes();
         if let Some(entry) = self.list.get_mut(index) {
@@ -177,20 +176,19 @@ impl RetainedSlices {
     }
 
     fn read(&self, number: u64) -> Result<EncodedSlice, CoreError> {
-        let table = self.spill.as_ref().and_then(|spill| spill.table.as_ref()).ok_or_else(|| CoreError::Decode {
-            reason: format!("window slice {number} is on disk but no table is open"),
+        let blobs = self.spill.as_ref().and_then(|spill| spill.blobs.as_ref()).ok_or_else(|| CoreError::Decode {
+            reason: format!("window slice {number} is on disk but its blobs are not open"),
         })?;
-        let bytes = table.get(&number.to_be_bytes()).map_err(SpillError::reading)?.ok_or_else(|| {
-            CoreError::Decode { reason: format!("window slice {number} is missing from its spill table") }
+        let bytes = blobs.get(number).map_err(SpillError::reading)?.ok_or_else(|| CoreError::Decode {
+            reason: format!("window slice {number} is missing from the spill store"),
         })?;
         decode(&bytes)
     }
 
-    fn table_mut(&mut self) -> Result<&mut Box<dyn SpillTable>, CoreError> {
-        self.spill
-            .as_mut()
-            .and_then(|spill| spill.table.as_mut())
-            .ok_or_else(|| CoreError::Encode { reason: "a window slice is on disk but no table is open".to_string() })
+    fn blobs_mut(&mut self) -> Result<&mut Box<dyn SpillBlobs>, CoreError> {
+        self.spill.as_mut().and_then(|spill| spill.blobs.as_mut()).ok_or_else(|| CoreError::Encode {
+            reason: "a window slice is on disk but its blobs are not open".to_string(),
+        })
     }
 }
 
@@ -282,7 +280,7 @@ mod tests {
     }
 
     #[test]
-    fn a_failing_table_is_an_error_not_a_lost_slice() {
+    fn a_failing_store_is_an_error_not_a_lost_slice() {
         let store = Arc::new(MemorySpillStore::new());
         let mut slices = spilling(&store, 0);
         slices.push_back(slice(&[1, 2]));

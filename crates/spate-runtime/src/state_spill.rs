@@ -8,6 +8,11 @@
 //! scratch: a checkpoint holds the state, so RocksDB's own log is off and
 //! a table dropped is one range deletion.
 //!
+//! Blobs (an inverse window's retained slices, written once and read back
+//! whole) are plain files beside the database, in their own owner-only
+//! directory (`spate-slices-*`): a database's write buffers and block
+//! cache would cost more memory than the slices they would hold.
+//!
 //! A keyed operator keeps in memory up to a quarter of
 //! [`StreamingSettings::max_memory_bytes`](crate::StreamingSettings::max_memory_bytes)
 //! of state; see `spate_dstream::Graph::spill_state` for what moves.
@@ -16,7 +21,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, OnceLock};
 
-use spate_dstream::{SpillError, SpillStore, SpillTable, SpillWrites};
+use spate_dstream::{SpillBlobs, SpillError, SpillStore, SpillTable, SpillWrites};
 
 /// The share of the memory budget keyed state of one operator keeps in
 /// memory before its partitions move to disk.
@@ -34,6 +39,8 @@ pub(crate) struct RocksStateStore {
     base: PathBuf,
     opened: OnceLock<Result<Arc<Opened>, String>>,
     next_table: AtomicU32,
+    /// The directory of the blobs, made when the first set opens.
+    blobs_dir: OnceLock<Result<Arc<tempfile::TempDir>, String>>,
 }
 
 struct Opened {
@@ -52,7 +59,12 @@ impl std::fmt::Debug for RocksStateStore {
 impl RocksStateStore {
     /// A store that opens its database under `base` when first used.
     pub(crate) fn new(base: &Path) -> Self {
-        RocksStateStore { base: base.to_path_buf(), opened: OnceLock::new(), next_table: AtomicU32::new(0) }
+        RocksStateStore {
+            base: base.to_path_buf(),
+            opened: OnceLock::new(),
+            next_table: AtomicU32::new(0),
+            blobs_dir: OnceLock::new(),
+        }
     }
 
     fn opened(&self) -> Result<Arc<Opened>, SpillError> {
@@ -97,6 +109,69 @@ impl SpillStore for RocksStateStore {
         let opened = self.opened()?;
         let number = self.next_table.fetch_add(1, Ordering::Relaxed);
         Ok(Box::new(RocksTable { opened, prefix: number.to_be_bytes() }))
+    }
+
+    fn open_blobs(&self, name: &str) -> Result<Box<dyn SpillBlobs>, SpillError> {
+        let parent = self.blobs_dir.get_or_init(|| make_blobs_dir(&self.base).map(Arc::new));
+        let parent = parent.clone().map_err(|reason| SpillError { store: self.base.display().to_string(), reason })?;
+        let dir = parent.path().join(name);
+        std::fs::create_dir(&dir)
+            .map_err(|e| SpillError { store: dir.display().to_string(), reason: format!("create: {e}") })?;
+        Ok(Box::new(FileBlobs { _parent: parent, dir }))
+    }
+}
+
+fn make_blobs_dir(base: &Path) -> Result<tempfile::TempDir, String> {
+    std::fs::create_dir_all(base).map_err(|e| format!("create {}: {e}", base.display()))?;
+    let dir = tempfile::Builder::new()
+        .prefix("spate-slices-")
+        .tempdir_in(base)
+        .map_err(|e| format!("make a directory in {}: {e}", base.display()))?;
+    tracing::info!(path = %dir.path().display(), "window slices beyond the memory budget go to this directory");
+    Ok(dir)
+}
+
+/// One set of blobs: a file each in a directory of its own, removed with it.
+struct FileBlobs {
+    /// Keeps the store's directory while the set is open.
+    _parent: Arc<tempfile::TempDir>,
+    dir: PathBuf,
+}
+
+impl FileBlobs {
+    fn path(&self, number: u64) -> PathBuf {
+        self.dir.join(format!("{number:016x}"))
+    }
+
+    fn error(&self, op: &str, number: u64, e: std::io::Error) -> SpillError {
+        SpillError { store: self.dir.display().to_string(), reason: format!("{op} blob {number}: {e}") }
+    }
+}
+
+impl SpillBlobs for FileBlobs {
+    fn put(&mut self, number: u64, bytes: &[u8]) -> Result<(), SpillError> {
+        // Scratch: no sync, the checkpoint is the state's record.
+        std::fs::write(self.path(number), bytes).map_err(|e| self.error("write", number, e))
+    }
+
+    fn get(&self, number: u64) -> Result<Option<Vec<u8>>, SpillError> {
+        match std::fs::read(self.path(number)) {
+            Ok(bytes) => Ok(Some(bytes)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(self.error("read", number, e)),
+        }
+    }
+
+    fn remove(&mut self, number: u64) -> Result<(), SpillError> {
+        std::fs::remove_file(self.path(number)).map_err(|e| self.error("remove", number, e))
+    }
+}
+
+impl Drop for FileBlobs {
+    fn drop(&mut self) {
+        if let Err(e) = std::fs::remove_dir_all(&self.dir) {
+            tracing::warn!(path = %self.dir.display(), error = %e, "spilled window slices were not removed; they go with the directory");
+        }
     }
 }
 
@@ -233,5 +308,28 @@ mod tests {
         assert!(dir.starts_with(base.path()) && dir.exists());
         drop((b, c, store));
         assert!(!dir.exists(), "the store's directory goes with it");
+    }
+
+    #[test]
+    fn blobs_are_files_apart_from_the_database_and_gone_with_their_set() {
+        let base = tempfile::tempdir().unwrap();
+        let store = RocksStateStore::new(base.path());
+        let (mut a, mut b) = (store.open_blobs("w-0").unwrap(), store.open_blobs("w-1").unwrap());
+        a.put(0, b"slice zero").unwrap();
+        a.put(7, b"slice seven").unwrap();
+        b.put(0, b"other").unwrap();
+        assert_eq!(a.get(0).unwrap().as_deref(), Some(&b"slice zero"[..]));
+        assert_eq!(a.get(1).unwrap(), None);
+        a.remove(0).unwrap();
+        assert_eq!(a.get(0).unwrap(), None);
+        assert!(a.remove(0).is_err(), "removing a blob twice is an error");
+        let dir = store.blobs_dir.get().unwrap().as_ref().unwrap().path().to_path_buf();
+        assert!(dir.starts_with(base.path()) && dir.join("w-0").exists());
+        assert!(store.opened.get().is_none(), "blobs open no database");
+        drop(a);
+        assert!(!dir.join("w-0").exists(), "a set's files go with it");
+        assert_eq!(b.get(0).unwrap().as_deref(), Some(&b"other"[..]));
+        drop((b, store));
+        assert!(!dir.exists(), "the blobs' directory goes with the store");
     }
 }
