@@ -324,6 +324,7 @@ impl<K: Key, V: Data> Part<K, V> {
                 }
             })
         })?;
+        self.retained.all_entered();
         self.settle(keep)
     }
 

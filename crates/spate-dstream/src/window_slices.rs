@@ -5,8 +5,9 @@
 //! window's result, when it leaves it, and when a snapshot lists it. In
 //! between it only waits, so it is what goes to a [`SpillTable`] when the
 //! partition takes more than its share of the state budget: the newest
-//! slices first, since the oldest are read again soonest (when they
-//! leave). A slice on disk is read back whole, one at a time, so at most
+//! slices already in the window's result first, since the oldest are read
+//! again soonest (when they leave) and those still waiting for the next
+//! slide are read at it. A slice on disk is read back whole, one at a time, so at most
 //! one of them is in memory at once. Slices go to the store's
 //! [`SpillBlobs`] (plain files in the runtime), not to a table: they are
 //! never looked up by key, and a table's write buffers and cache would
@@ -49,6 +50,8 @@ pub(crate) struct RetainedSlices {
     list: VecDeque<Retained>,
     /// Encoded bytes of the slices in memory.
     memory_bytes: usize,
+    /// How many of the newest slices the next slide adds (kept since the last).
+    waiting: usize,
     spill: Option<SliceSpill>,
 }
 
@@ -86,6 +89,13 @@ impl RetainedSlices {
     pub(crate) fn push_back(&mut self, slice: EncodedSlice) {
         self.memory_bytes += slice.encoded_bytes();
         self.list.push_back(Retained::Memory(slice));
+        self.waiting += 1;
+    }
+
+    /// Every slice retained is now in the window's result (a slide added
+    /// those that waited).
+    pub(crate) fn all_entered(&mut self) {
+        self.waiting = 0;
     }
 
     /// Takes the oldest slice out, reading it back when on disk. A slice
@@ -101,7 +111,9 @@ impl RetainedSlices {
                 Some(slice)
             }
         };
-        match self.list.pop_front() {
+        let popped = self.list.pop_front();
+        self.waiting = self.waiting.min(self.list.len());
+        match popped {
             Some(Retained::Memory(slice)) => {
                 self.memory_bytes -= slice.encoded_bytes();
                 Ok(Some(slice))
@@ -141,14 +153,16 @@ impl RetainedSlices {
         ListedSlices { slices: self, from: from.min(self.list.len()) }
     }
 
-    /// Moves the newest slices in memory to disk until the partition,
-    /// which keeps `other_bytes` besides them, is within its budget.
+    /// Moves slices in memory to disk until the partition, which keeps
+    /// `other_bytes` besides them, is within its budget: the newest of
+    /// those in the window's result, then the newest waiting.
     pub(crate) fn spill_beyond(&mut self, other_bytes: usize) -> Result<(), CoreError> {
         let Some(budget) = self.spill.as_ref().map(|spill| spill.budget) else { return Ok(()) };
+        let in_memory = |slice: &Retained| matches!(slice, Retained::Memory(_));
         while (other_bytes + self.memory_bytes) as u64 > budget {
-            let Some(index) = self.list.iter().rposition(|slice| matches!(slice, Retained::Memory(_))) else {
-                break;
-            };
+            let entered = self.list.len() - self.waiting;
+            let newest_entered = self.list.iter().take(entered).rposition(in_memory);
+            let Some(index) = newest_entered.or_else(|| self.list.iter().rposition(in_memory)) else { break };
             self.move_to_disk(index)?;
         }
         Ok(())
@@ -260,6 +274,7 @@ mod tests {
         slices.push_back(all[3].clone());
         slices.spill_beyond(other).unwrap();
         assert_eq!(slices.on_disk(), 3);
+        assert!(matches!(slices.list.front(), Some(Retained::Memory(_))), "the oldest stays");
         let mut seen = Vec::new();
         slices
             .for_each_from(1, |s| {
@@ -290,5 +305,21 @@ mod tests {
         assert!(error.to_string().contains("failpoint"), "{error}");
         assert!(slices.pop_front().is_err());
         assert_eq!(slices.len(), 1, "the slice stays retained");
+    }
+
+    #[test]
+    fn slices_in_the_result_go_to_disk_before_those_the_next_slide_reads() {
+        let store = Arc::new(MemorySpillStore::new());
+        let all: Vec<EncodedSlice> = (0..4u32).map(|n| slice(&[n, n + 3])).collect();
+        let one = all[0].encoded_bytes();
+        let mut slices = spilling(&store, (2 * one) as u64);
+        slices.push_back(all[0].clone());
+        slices.push_back(all[1].clone());
+        slices.all_entered();
+        slices.push_back(all[2].clone());
+        slices.push_back(all[3].clone());
+        slices.spill_beyond(0).unwrap();
+        let on_disk: Vec<bool> = slices.list.iter().map(|s| matches!(s, Retained::OnDisk(_))).collect();
+        assert_eq!(on_disk, vec![true, true, false, false], "the two waiting for the slide stay");
     }
 }
