@@ -3,12 +3,12 @@
 //!
 //! A retained slice is read three times at most: when it enters the
 //! window's result, when it leaves it, and when a snapshot lists it. In
-//! between it only waits, so it is what goes to a [`SpillTable`] when the
-//! partition takes more than its share of the state budget: the newest
-//! slices already in the window's result first, since the oldest are read
-//! again soonest (when they leave) and those still waiting for the next
-//! slide are read at it. A slice on disk is read back whole, one at a time, so at most
-//! one of them is in memory at once. Slices go to the store's
+//! between it only waits, so it is what goes to disk when the partition
+//! takes more than its share of the state budget: the newest slices
+//! already in the window's result first, since the oldest are read again
+//! soonest (when they leave) and those still waiting for the next slide
+//! are read at it. A slice on disk is read back whole, one at a time, so
+//! at most one of them is in memory at once. Slices go to the store's
 //! [`SpillBlobs`] (plain files in the runtime), not to a table: they are
 //! never looked up by key, and a table's write buffers and cache would
 //! cost more memory than the slices they hold.
@@ -101,14 +101,27 @@ impl RetainedSlices {
     /// Takes the oldest slice out, reading it back when on disk. A slice
     /// that cannot be read back stays retained.
     pub(crate) fn pop_front(&mut self) -> Result<Option<EncodedSlice>, CoreError> {
+        self.take_front(true)
+    }
+
+    /// Drops the oldest slices until `kept` are left, those on disk unread.
+    pub(crate) fn keep_newest(&mut self, kept: usize) -> Result<(), CoreError> {
+        while self.list.len() > kept {
+            self.take_front(false)?;
+        }
+        Ok(())
+    }
+
+    /// Takes the oldest slice out; one on disk is read back only when `read`.
+    fn take_front(&mut self, read: bool) -> Result<Option<EncodedSlice>, CoreError> {
         let read_back = match self.list.front() {
             None => return Ok(None),
             Some(Retained::Memory(_)) => None,
             Some(Retained::OnDisk(number)) => {
                 let number = *number;
-                let slice = self.read(number)?;
+                let slice = if read { Some(self.read(number)?) } else { None };
                 self.blobs_mut()?.remove(number).map_err(SpillError::writing)?;
-                Some(slice)
+                slice
             }
         };
         let popped = self.list.pop_front();
@@ -120,14 +133,6 @@ impl RetainedSlices {
             }
             _ => Ok(read_back),
         }
-    }
-
-    /// Drops the oldest slices until `kept` are left.
-    pub(crate) fn keep_newest(&mut self, kept: usize) -> Result<(), CoreError> {
-        while self.list.len() > kept {
-            self.pop_front()?;
-        }
-        Ok(())
     }
 
     /// The slice at `index` (0: the oldest), read back when on disk.
