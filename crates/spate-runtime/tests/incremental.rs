@@ -117,20 +117,22 @@ fn settings(clock: &ManualClock, shape: Shape) -> StreamingSettings {
 struct Heard(Mutex<Vec<BatchProgress>>, SpillWatch);
 
 /// Whether keyed state was on disk, in a `spate-state-*` directory of
-/// the spill directory, as each batch completed.
+/// the spill directory, and window slices in a `spate-slices-*` one, as
+/// each batch completed.
 #[derive(Default)]
 struct SpillWatch {
     dir: Option<&'static Path>,
-    on_disk: Mutex<Vec<bool>>,
+    on_disk: Mutex<Vec<(bool, bool)>>,
 }
 
 impl ProgressListener for Heard {
     fn on_batch_completed(&self, progress: &BatchProgress) {
         self.0.lock().unwrap().push(progress.clone());
         if let Some(dir) = self.1.dir {
-            let names = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap());
-            let on_disk = names.filter(|name| name.starts_with("spate-state-")).count() == 1;
-            self.1.on_disk.lock().unwrap().push(on_disk);
+            let names: Vec<String> =
+                std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+            let one_of = |prefix: &str| names.iter().filter(|name| name.starts_with(prefix)).count() == 1;
+            self.1.on_disk.lock().unwrap().push((one_of("spate-state-"), one_of("spate-slices-")));
         }
     }
 }
@@ -399,7 +401,7 @@ fn a_restart_whose_chain_lost_a_link_stops_naming_the_file_and_the_batch_that_ne
 }
 
 #[test]
-fn keyed_state_on_disk_restarts_exactly_and_its_directory_goes_with_the_context() {
+fn keyed_state_and_window_slices_on_disk_restart_exactly_and_their_directories_go_with_the_context() {
     let plain = Shape { per_batch: 9, full_snapshot_every: 3, checkpoint_every: 1, spill_to: None };
     let expected = uninterrupted(plain, 14);
     let spill = tempfile::tempdir().unwrap();
@@ -414,8 +416,12 @@ fn keyed_state_on_disk_restarts_exactly_and_its_directory_goes_with_the_context(
         let left: Vec<_> = std::fs::read_dir(spill_dir).unwrap().collect();
         assert!(left.is_empty(), "the state's directory goes with the context: {left:?}");
     }
-    assert_eq!(*outputs.lock().unwrap(), expected, "the same outputs with the sessions' state on disk");
+    assert_eq!(*outputs.lock().unwrap(), expected, "the same outputs with the state on disk");
     let on_disk = heard.1.on_disk.lock().unwrap();
     assert_eq!(on_disk.len(), 15);
-    assert!(on_disk.iter().all(|d| *d), "the sessions' state was on disk after every batch: {on_disk:?}");
+    assert!(on_disk.iter().all(|(state, _)| *state), "the sessions' state was on disk after every batch: {on_disk:?}");
+    assert!(
+        on_disk.iter().all(|(_, slices)| *slices),
+        "the window's slices were on disk after every batch: {on_disk:?}"
+    );
 }
