@@ -171,7 +171,24 @@ impl Graph {
     ) -> Result<(), E> {
         for (node, name) in self.nodes.iter_mut().zip(&self.names) {
             if let Some(state) = node.state_mut() {
-                write(name, &mut StateWriter { state, operator: name })?;
+                write(name, &mut StateWriter { state, operator: name, changes: false })?;
+            }
+        }
+        Ok(())
+    }
+
+    /// [`Graph::snapshot_state_changes`] offered to `write` operator by
+    /// operator, to be streamed into files: each [`StateWriter`] says
+    /// whether it writes changes ([`StateWriter::is_changes`]) or the
+    /// whole state, so that `write` can put a header before changes.
+    pub fn snapshot_state_changes_streamed<E>(
+        &mut self,
+        mut write: impl FnMut(&str, &mut StateWriter<'_>) -> Result<(), E>,
+    ) -> Result<(), E> {
+        for (node, name) in self.nodes.iter_mut().zip(&self.names) {
+            if let Some(state) = node.state_mut() {
+                let changes = state.takes_changes();
+                write(name, &mut StateWriter { state, operator: name, changes })?;
             }
         }
         Ok(())
@@ -341,22 +358,31 @@ impl std::fmt::Debug for StateFile<'_> {
     }
 }
 
-/// One stateful operator's whole state, as [`Graph::snapshot_state_streamed`]
-/// offers it to be written.
+/// One stateful operator's state, whole or what changed, as
+/// [`Graph::snapshot_state_streamed`] and
+/// [`Graph::snapshot_state_changes_streamed`] offer it to be written.
 pub struct StateWriter<'a> {
     state: &'a mut dyn StatefulNode,
     operator: &'a str,
+    changes: bool,
 }
 
 impl StateWriter<'_> {
+    /// True when [`StateWriter::write_to`] writes what changed since the
+    /// operator's previous snapshot ([`StateSnapshot::Changes`]'s frame),
+    /// false when it writes the whole state.
+    pub fn is_changes(&self) -> bool {
+        self.changes
+    }
+
     /// Writes the state to `out` as the frame [`Graph::snapshot_state`]
-    /// gives for the operator; returns the bytes written. Changes taken
-    /// later are relative to the state it wrote last.
+    /// (or, for changes, [`Graph::snapshot_state_changes`]) gives for the
+    /// operator; returns the bytes written. Changes taken later are
+    /// relative to the state it wrote last.
     pub fn write_to(&mut self, out: &mut dyn SeekWrite) -> Result<u64, DStreamError> {
         let operator = self.operator;
-        self.state
-            .snapshot_to(out)
-            .map_err(|source| DStreamError::StateEncode { operator: operator.to_string(), source })
+        let written = if self.changes { self.state.snapshot_changes_to(out) } else { self.state.snapshot_to(out) };
+        written.map_err(|source| DStreamError::StateEncode { operator: operator.to_string(), source })
     }
 }
 

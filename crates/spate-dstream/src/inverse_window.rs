@@ -44,7 +44,7 @@ use crate::pair::{
     partition_records, take_combined,
 };
 use crate::spill::{SpillPlace, StateSpill};
-use crate::window_slices::{ListedSlices, RetainedSlices};
+use crate::window_slices::RetainedSlices;
 
 /// Version 1 kept `(key, value)` pairs; version 2 is the compact form.
 const INVERSE_WINDOW_STATE_VERSION: u16 = 2;
@@ -414,18 +414,26 @@ impl<K: Key, V: Data> Part<K, V> {
         self.retained.for_each_from(0, |slice| write_record(slice, out))
     }
 
-    fn changes(&mut self) -> Result<PartChanges<'_>, CoreError> {
-        let keys = self.keys_changed.take().into_iter().map(|id| (id, self.keys.encoded(id).map(ByteString))).collect();
+    /// Writes what changed since the last snapshot as [`PartChangesOwned`]
+    /// reads it, a record at a time (the slices on disk read back one by
+    /// one), and forgets it: the keys of the ids changed, their values, the
+    /// slices that entered.
+    fn write_changes(&mut self, out: &mut dyn PayloadSink) -> Result<(), CoreError> {
+        let ids = self.keys_changed.take();
+        let keys: Vec<(u32, Option<ByteString<'_>>)> =
+            ids.into_iter().map(|id| (id, self.keys.encoded(id).map(ByteString))).collect();
+        write_record(&keys, out)?;
         let mut values: Vec<(u32, Option<&V>)> = self
             .values_changed
             .take()
             .into_iter()
             .map(|id| (id, self.current.get(id as usize).and_then(Option::as_ref)))
             .collect();
-        let values = EncodedSlice::encode(&mut values)?;
-        let fresh = self.retained.listed_from(self.retained.len() - self.fresh.min(self.retained.len()));
+        write_record(&EncodedSlice::encode(&mut values)?, out)?;
+        let from = self.retained.len() - self.fresh.min(self.retained.len());
         self.fresh = 0;
-        Ok(PartChanges { keys, values, fresh })
+        write_varint((self.retained.len() - from) as u64, out.buffer());
+        self.retained.for_each_from(from, |slice| write_record(slice, out))
     }
 
     /// Reads one partition's whole state as [`Part::write_whole`] wrote it,
@@ -536,16 +544,6 @@ fn write_record<T: Serialize + ?Sized>(value: &T, out: &mut dyn PayloadSink) -> 
     out.record_end()
 }
 
-#[derive(Serialize)]
-struct PartChanges<'a> {
-    /// Changed ids with their key now (`None`: freed).
-    keys: Vec<(u32, Option<ByteString<'a>>)>,
-    /// Changed ids with their value now, as `Option<V>`.
-    values: EncodedSlice,
-    /// The slices that entered, oldest first.
-    fresh: ListedSlices<'a>,
-}
-
 #[derive(Deserialize)]
 struct PartChangesOwned {
     keys: Vec<(u32, Option<OwnedByteString>)>,
@@ -553,9 +551,9 @@ struct PartChangesOwned {
     fresh: Vec<EncodedSlice>,
 }
 
-/// A snapshot's frame: the window's times, and each partition's whole
-/// state or changes.
-#[derive(Serialize, Deserialize)]
+/// A snapshot of changes as it is read: the window's times, and each
+/// partition's changes.
+#[derive(Deserialize)]
 struct Snapshot<P> {
     window_end: Option<Time>,
     times: VecDeque<Time>,
@@ -694,6 +692,16 @@ where
         parts.list.iter_mut().try_for_each(|part| part.write_whole(out))?;
         self.needs_whole = false;
         Ok(())
+    }
+
+    /// Writes a snapshot of what changed a record at a time: the window's
+    /// times, then each partition ([`Part::write_changes`]), as a
+    /// [`Snapshot`] of [`PartChangesOwned`] is read.
+    fn write_changes(&mut self, out: &mut dyn PayloadSink) -> Result<(), CoreError> {
+        write_record(&(self.window_end, &self.times), out)?;
+        let mut parts = lock(&self.parts);
+        write_varint(parts.list.len() as u64, out.buffer());
+        parts.list.iter_mut().try_for_each(|part| part.write_changes(out))
     }
 
     /// Restores a version 1 snapshot (pairs by key, partitions merged).
@@ -931,13 +939,17 @@ where
         if self.needs_whole {
             return None;
         }
-        let (window_end, times) = (self.window_end, self.times.clone());
-        let mut held = lock(&self.parts);
-        let parts = match held.list.iter_mut().map(Part::changes).collect::<Result<Vec<_>, _>>() {
-            Ok(parts) => parts,
-            Err(e) => return Some(Err(e)),
-        };
-        Some(codec().encode(&Snapshot { window_end, times, parts }))
+        let mut bytes = Vec::new();
+        Some(codec().encode_with(&mut bytes, |out| self.write_changes(out)).map(|()| bytes))
+    }
+
+    fn takes_changes(&self) -> bool {
+        !self.needs_whole
+    }
+
+    /// [`Self::snapshot_changes`] streamed, as the whole snapshot is.
+    fn snapshot_changes_to(&mut self, out: &mut dyn SeekWrite) -> Result<u64, CoreError> {
+        codec().encode_streamed(out, |chunks| self.write_changes(chunks))
     }
 
     fn restore(&mut self, bytes: &[u8], partitions: usize) -> Result<(), CoreError> {

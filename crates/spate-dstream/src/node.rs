@@ -225,6 +225,24 @@ pub(crate) trait StatefulNode {
         None
     }
 
+    /// True when [`StatefulNode::snapshot_changes`] would give changes
+    /// now (not `None`).
+    fn takes_changes(&self) -> bool {
+        false
+    }
+
+    /// [`StatefulNode::snapshot_changes`] written to `out`, when
+    /// [`StatefulNode::takes_changes`]; returns the bytes written. An
+    /// operator whose changes can be large streams them.
+    fn snapshot_changes_to(&mut self, out: &mut dyn SeekWrite) -> Result<u64, CoreError> {
+        let Some(bytes) = self.snapshot_changes() else {
+            return Err(CoreError::Encode { reason: "this operator's state is only snapshot whole".to_string() });
+        };
+        let bytes = bytes?;
+        out.write_all(&bytes).map_err(|source| CoreError::Write { source })?;
+        Ok(bytes.len() as u64)
+    }
+
     /// Replaces the state with a whole snapshot, spreading keys over `partitions`.
     fn restore(&mut self, bytes: &[u8], partitions: usize) -> Result<(), CoreError>;
 

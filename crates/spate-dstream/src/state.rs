@@ -553,6 +553,17 @@ impl<K: Key, V, S: Data, M, F> MapWithStateNode<K, V, S, M, F> {
         Ok(())
     }
 
+    /// The keys removed (a `Vec<K>`), then the changed keys' list.
+    fn write_changes(&self, out: &mut dyn PayloadSink) -> Result<(), CoreError> {
+        bincode::serde::encode_into_std_write(
+            MapStateChangesRemoved { removed: &self.removed },
+            out.buffer(),
+            bincode::config::standard(),
+        )
+        .map_err(|e| CoreError::Encode { reason: format!("removed keys: {e}") })?;
+        self.write_list(Some(Changes { after: self.last_snapshot }), out)
+    }
+
     /// Forgets what changed: the next changes are relative to now.
     fn mark_unchanged(&mut self) {
         self.removed.clear();
@@ -714,22 +725,25 @@ where
         Ok(written)
     }
 
+    fn takes_changes(&self) -> bool {
+        true
+    }
+
     /// The keys removed (a `Vec<K>`), then the changed keys' list.
     fn snapshot_changes(&mut self) -> Option<Result<Vec<u8>, CoreError>> {
         let mut bytes = Vec::new();
-        let written = state_codec().encode_with(&mut bytes, |out| {
-            bincode::serde::encode_into_std_write(
-                MapStateChangesRemoved { removed: &self.removed },
-                out,
-                bincode::config::standard(),
-            )
-            .map_err(|e| CoreError::Encode { reason: format!("removed keys: {e}") })?;
-            self.write_list(Some(Changes { after: self.last_snapshot }), out)
-        });
+        let written = state_codec().encode_with(&mut bytes, |out| self.write_changes(out));
         Some(written.map(|()| {
             self.mark_unchanged();
             bytes
         }))
+    }
+
+    /// [`Self::snapshot_changes`] streamed into its file.
+    fn snapshot_changes_to(&mut self, out: &mut dyn SeekWrite) -> Result<u64, CoreError> {
+        let written = state_codec().encode_streamed(out, |chunks| self.write_changes(chunks))?;
+        self.mark_unchanged();
+        Ok(written)
     }
 
     fn restore(&mut self, bytes: &[u8], partitions: usize) -> Result<(), CoreError> {

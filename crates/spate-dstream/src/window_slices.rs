@@ -20,8 +20,6 @@
 use std::borrow::Cow;
 use std::collections::VecDeque;
 
-use serde::ser::{Error as _, SerializeSeq};
-use serde::{Serialize, Serializer};
 use spate_core::CoreError;
 
 use crate::keyed::EncodedSlice;
@@ -153,11 +151,6 @@ impl RetainedSlices {
         (from..self.list.len()).try_for_each(|index| each(&*self.get(index)?))
     }
 
-    /// The slices from `from` on, to serialize as a sequence of slices.
-    pub(crate) fn listed_from(&self, from: usize) -> ListedSlices<'_> {
-        ListedSlices { slices: self, from: from.min(self.list.len()) }
-    }
-
     /// Moves slices in memory to disk until the partition, which keeps
     /// `other_bytes` besides them, is within its budget: the newest of
     /// those in the window's result, then the newest waiting.
@@ -225,24 +218,6 @@ fn decode(bytes: &[u8]) -> Result<EncodedSlice, CoreError> {
     Ok(slice)
 }
 
-/// Retained slices serialized as a sequence of slices, those on disk read
-/// back one at a time.
-pub(crate) struct ListedSlices<'a> {
-    slices: &'a RetainedSlices,
-    from: usize,
-}
-
-impl Serialize for ListedSlices<'_> {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        let mut seq = serializer.serialize_seq(Some(self.slices.len() - self.from))?;
-        for index in self.from..self.slices.len() {
-            let slice = self.slices.get(index).map_err(S::Error::custom)?;
-            seq.serialize_element(&*slice)?;
-        }
-        seq.end()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
@@ -287,10 +262,7 @@ mod tests {
                 Ok(())
             })
             .unwrap();
-        assert_eq!(seen, all[1..].to_vec());
-        let listed = bincode::serde::encode_to_vec(slices.listed_from(0), bincode::config::standard()).unwrap();
-        let plain = bincode::serde::encode_to_vec(&all, bincode::config::standard()).unwrap();
-        assert_eq!(listed, plain, "a snapshot lists slices on disk as those in memory");
+        assert_eq!(seen, all[1..].to_vec(), "slices on disk are read back as they were kept");
         for expected in &all {
             assert_eq!(slices.pop_front().unwrap().as_ref(), Some(expected));
         }

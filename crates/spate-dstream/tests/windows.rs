@@ -7,7 +7,7 @@ mod common;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use common::{Collected, INTERVAL, collect, run, sorted_at, streamed_whole, t};
+use common::{Collected, INTERVAL, collect, run, sorted_at, streamed_changes, streamed_whole, t};
 use proptest::prelude::*;
 use spate_core::{Duration, Time};
 use spate_dstream::{Graph, GraphBuilder, MemorySpillStore, QueueSource, RestorePolicy, StateSnapshot, StateSpill};
@@ -212,7 +212,10 @@ proptest! {
                 }
                 continue;
             }
-            for (name, snapshot) in first.graph.snapshot_state_changes().unwrap() {
+            // Every other one streamed, as a checkpoint writes it to a file.
+            let snapshots =
+                if index % 2 == 1 { streamed_changes(&mut first.graph) } else { first.graph.snapshot_state_changes().unwrap() };
+            for (name, snapshot) in snapshots {
                 let chain = chains.get_mut(&name).unwrap();
                 match snapshot {
                     StateSnapshot::Changes(bytes) => chain.push(bytes),

@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use spate_core::{BatchId, ReadSeek, SeekWrite, Time, Unfenced, WriterFence};
-use spate_dstream::{GraphDescriptor, StateSnapshot, StateWriter};
+use spate_dstream::{GraphDescriptor, StateWriter};
 use spate_logstore::{
     CHANGES_HEADER_LEN, Checkpoint, CommitMetadata, LogStoreError, OffsetSeq, StateLink, Verdict, changes_header,
     split_state_file,
@@ -139,47 +139,34 @@ impl CheckpointStore {
         Path::new(STATE_DIR).join(operator).join(batch.0.to_string())
     }
 
-    /// Writes one operator's snapshot taken after `batch`: a whole one as
-    /// it is, changes behind a header naming `base`, the batch of the
-    /// snapshot they follow. Returns the bytes written.
-    pub(crate) fn write_state(
-        &self,
-        operator: &str,
-        batch: BatchId,
-        snapshot: &StateSnapshot,
-        base: Option<BatchId>,
-    ) -> Result<u64, RuntimeError> {
-        let changes;
-        let bytes = match (snapshot, base) {
-            (StateSnapshot::Whole(bytes), _) => bytes.as_slice(),
-            (StateSnapshot::Changes(frame), Some(base)) => {
-                changes = [changes_header(base).as_slice(), frame].concat();
-                changes.as_slice()
-            }
-            (StateSnapshot::Changes(_), None) => {
-                let reason = "changes taken without a snapshot before them".to_string();
-                return Err(RuntimeError::State { operator: operator.to_string(), batch, reason });
-            }
-        };
-        self.write_state_file(operator, batch, |path| {
-            self.checkpoint.write_file(path, bytes).map(|()| bytes.len() as u64)
-        })
-    }
-
-    /// Writes one operator's whole snapshot taken after `batch`, streamed
-    /// from the operator to the file, so a state larger than memory is
-    /// never in memory whole. Returns the bytes written.
-    pub(crate) fn write_whole_state_streamed(
+    /// Writes one operator's snapshot taken after `batch`, streamed from
+    /// the operator to the file, so a state larger than memory is never in
+    /// memory whole: a whole one as it is, changes behind a header naming
+    /// `base`, as [`CheckpointStore::write_state`] writes them. Returns the
+    /// bytes written.
+    pub(crate) fn write_state_streamed(
         &self,
         operator: &str,
         batch: BatchId,
         state: &mut StateWriter<'_>,
+        base: Option<BatchId>,
     ) -> Result<u64, RuntimeError> {
+        let header = match (state.is_changes(), base) {
+            (false, _) => None,
+            (true, Some(base)) => Some(changes_header(base)),
+            (true, None) => {
+                let reason = "changes taken without a snapshot before them".to_string();
+                return Err(RuntimeError::State { operator: operator.to_string(), batch, reason });
+            }
+        };
         let mut failure = None;
         let written = self.write_state_file(operator, batch, |path| {
             // The operator's own error is kept whole; the file manager only
             // needs to know that the content failed.
             let mut content = |out: &mut dyn SeekWrite| {
+                if let Some(header) = &header {
+                    out.write_all(header)?;
+                }
                 state.write_to(out).map(drop).map_err(|e| {
                     failure = Some(e);
                     std::io::Error::other("the operator's state did not encode")
@@ -422,6 +409,40 @@ pub(crate) fn log_store_error(dir: &Path, e: LogStoreError) -> RuntimeError {
         }
         LogStoreError::Inconsistent(inconsistency) => RuntimeError::Inconsistent(inconsistency),
         other => RuntimeError::Checkpoint { dir: dir.to_path_buf(), message: other.to_string() },
+    }
+}
+
+#[cfg(test)]
+use spate_dstream::StateSnapshot;
+
+/// Chains of the tests' own bytes.
+#[cfg(test)]
+impl CheckpointStore {
+    /// Writes one operator's snapshot taken after `batch` from its bytes:
+    /// a whole one as it is, changes behind a header naming `base`, as
+    /// [`CheckpointStore::write_state_streamed`] writes an operator's.
+    pub(crate) fn write_state(
+        &self,
+        operator: &str,
+        batch: BatchId,
+        snapshot: &StateSnapshot,
+        base: Option<BatchId>,
+    ) -> Result<u64, RuntimeError> {
+        let changes;
+        let bytes = match (snapshot, base) {
+            (StateSnapshot::Whole(bytes), _) => bytes.as_slice(),
+            (StateSnapshot::Changes(frame), Some(base)) => {
+                changes = [changes_header(base).as_slice(), frame].concat();
+                changes.as_slice()
+            }
+            (StateSnapshot::Changes(_), None) => {
+                let reason = "changes taken without a snapshot before them".to_string();
+                return Err(RuntimeError::State { operator: operator.to_string(), batch, reason });
+            }
+        };
+        self.write_state_file(operator, batch, |path| {
+            self.checkpoint.write_file(path, bytes).map(|()| bytes.len() as u64)
+        })
     }
 }
 

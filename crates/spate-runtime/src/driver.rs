@@ -17,7 +17,7 @@ use crossbeam::channel::{Receiver, Sender};
 use serde_json::{Value, json};
 use spate_core::sync::lock;
 use spate_core::{BatchId, Clock, Duration, MemoryBudget, Time};
-use spate_dstream::{BatchLimits, DStreamError, Graph, PlannedOffsets, StateSnapshot};
+use spate_dstream::{BatchLimits, Graph, PlannedOffsets, StateWriter};
 use spate_logstore::{OffsetSeq, SourceOffset};
 use spate_tracker::ReceivedBlockTracker;
 use tracing::{info, warn};
@@ -568,24 +568,19 @@ impl Engine {
             return Ok(false);
         }
         let base = self.chain.begin();
-        let snapshot_error =
-            |e: DStreamError| RuntimeError::State { operator: "graph".into(), batch, reason: e.to_string() };
         // Each operator's name, and whether it wrote changes.
         let mut written = Vec::new();
         let mut bytes = 0u64;
+        // Streamed: a state on disk need not fit in memory to be written,
+        // nor a snapshot be held whole before its file.
+        let mut write = |operator: &str, state: &mut StateWriter<'_>| {
+            bytes += store.write_state_streamed(operator, batch, state, base)?;
+            written.push((operator.to_string(), state.is_changes()));
+            Ok::<_, RuntimeError>(())
+        };
         match base {
-            // Streamed: a state on disk need not fit in memory to be written.
-            None => self.graph.snapshot_state_streamed(|operator, state| {
-                bytes += store.write_whole_state_streamed(operator, batch, state)?;
-                written.push((operator.to_string(), false));
-                Ok::<_, RuntimeError>(())
-            })?,
-            Some(_) => {
-                for (operator, state) in self.graph.snapshot_state_changes().map_err(snapshot_error)? {
-                    bytes += store.write_state(&operator, batch, &state, base)?;
-                    written.push((operator, matches!(state, StateSnapshot::Changes(_))));
-                }
-            }
+            None => self.graph.snapshot_state_streamed(&mut write)?,
+            Some(_) => self.graph.snapshot_state_changes_streamed(&mut write)?,
         }
         store.write_manifest(&GraphManifest {
             descriptor: self.graph.descriptor(),

@@ -57,3 +57,25 @@ pub fn streamed_whole(graph: &mut Graph) -> Vec<(String, Vec<u8>)> {
         .unwrap();
     out
 }
+
+/// Each operator's changes, or whole state where it takes no changes, as
+/// [`Graph::snapshot_state_changes_streamed`] writes them.
+pub fn streamed_changes(graph: &mut Graph) -> Vec<(String, spate_dstream::StateSnapshot)> {
+    let mut out = Vec::new();
+    graph
+        .snapshot_state_changes_streamed(|operator, state| {
+            let mut file = std::io::Cursor::new(Vec::new());
+            let written = state.write_to(&mut file)?;
+            assert_eq!(written, file.get_ref().len() as u64, "{operator}");
+            let bytes = file.into_inner();
+            let snapshot = if state.is_changes() {
+                spate_dstream::StateSnapshot::Changes(bytes)
+            } else {
+                spate_dstream::StateSnapshot::Whole(bytes)
+            };
+            out.push((operator.to_string(), snapshot));
+            Ok::<_, spate_dstream::DStreamError>(())
+        })
+        .unwrap();
+    out
+}
