@@ -142,8 +142,8 @@ impl CheckpointStore {
     /// Writes one operator's snapshot taken after `batch`, streamed from
     /// the operator to the file, so a state larger than memory is never in
     /// memory whole: a whole one as it is, changes behind a header naming
-    /// `base`, as [`CheckpointStore::write_state`] writes them. Returns the
-    /// bytes written.
+    /// `base`, the batch of the snapshot they follow. Returns the bytes
+    /// written.
     pub(crate) fn write_state_streamed(
         &self,
         operator: &str,
