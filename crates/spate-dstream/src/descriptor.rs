@@ -167,14 +167,9 @@ impl Graph {
     /// [`Graph::snapshot_state`]; `write`'s first error stops it.
     pub fn snapshot_state_streamed<E>(
         &mut self,
-        mut write: impl FnMut(&str, &mut StateWriter<'_>) -> Result<(), E>,
+        write: impl FnMut(&str, &mut StateWriter<'_>) -> Result<(), E>,
     ) -> Result<(), E> {
-        for (node, name) in self.nodes.iter_mut().zip(&self.names) {
-            if let Some(state) = node.state_mut() {
-                write(name, &mut StateWriter { state, operator: name, changes: false })?;
-            }
-        }
-        Ok(())
+        self.offer_state_writers(false, write)
     }
 
     /// [`Graph::snapshot_state_changes`] offered to `write` operator by
@@ -183,11 +178,22 @@ impl Graph {
     /// whole state, so that `write` can put a header before changes.
     pub fn snapshot_state_changes_streamed<E>(
         &mut self,
+        write: impl FnMut(&str, &mut StateWriter<'_>) -> Result<(), E>,
+    ) -> Result<(), E> {
+        self.offer_state_writers(true, write)
+    }
+
+    /// Offers each stateful operator's [`StateWriter`] to `write`: of its
+    /// changes when `changes` and the operator takes them now, else of
+    /// its whole state.
+    fn offer_state_writers<E>(
+        &mut self,
+        changes: bool,
         mut write: impl FnMut(&str, &mut StateWriter<'_>) -> Result<(), E>,
     ) -> Result<(), E> {
         for (node, name) in self.nodes.iter_mut().zip(&self.names) {
             if let Some(state) = node.state_mut() {
-                let changes = state.takes_changes();
+                let changes = changes && state.takes_changes();
                 write(name, &mut StateWriter { state, operator: name, changes })?;
             }
         }

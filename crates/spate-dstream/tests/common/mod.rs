@@ -48,10 +48,7 @@ pub fn streamed_whole(graph: &mut Graph) -> Vec<(String, Vec<u8>)> {
     let mut out = Vec::new();
     graph
         .snapshot_state_streamed(|operator, state| {
-            let mut file = std::io::Cursor::new(Vec::new());
-            let written = state.write_to(&mut file)?;
-            assert_eq!(written, file.get_ref().len() as u64, "{operator}");
-            out.push((operator.to_string(), file.into_inner()));
+            out.push((operator.to_string(), written(operator, state)?));
             Ok::<_, spate_dstream::DStreamError>(())
         })
         .unwrap();
@@ -64,10 +61,7 @@ pub fn streamed_changes(graph: &mut Graph) -> Vec<(String, spate_dstream::StateS
     let mut out = Vec::new();
     graph
         .snapshot_state_changes_streamed(|operator, state| {
-            let mut file = std::io::Cursor::new(Vec::new());
-            let written = state.write_to(&mut file)?;
-            assert_eq!(written, file.get_ref().len() as u64, "{operator}");
-            let bytes = file.into_inner();
+            let bytes = written(operator, state)?;
             let snapshot = if state.is_changes() {
                 spate_dstream::StateSnapshot::Changes(bytes)
             } else {
@@ -78,4 +72,12 @@ pub fn streamed_changes(graph: &mut Graph) -> Vec<(String, spate_dstream::StateS
         })
         .unwrap();
     out
+}
+
+/// What `state` writes to a file, checked against the length it reports.
+fn written(operator: &str, state: &mut spate_dstream::StateWriter<'_>) -> Result<Vec<u8>, spate_dstream::DStreamError> {
+    let mut file = std::io::Cursor::new(Vec::new());
+    let written = state.write_to(&mut file)?;
+    assert_eq!(written, file.get_ref().len() as u64, "{operator}");
+    Ok(file.into_inner())
 }
