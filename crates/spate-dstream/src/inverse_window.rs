@@ -471,13 +471,17 @@ impl<K: Key, V: Data> Part<K, V> {
         Ok(part)
     }
 
-    fn apply(&mut self, changes: PartChangesOwned, slices: usize) -> Result<(), CoreError> {
+    /// Applies one partition's changes, read from `payload` as
+    /// [`Part::write_changes`] wrote them, each slice that entered kept (or
+    /// moved to disk) as it is read; the window retains `slices` after.
+    fn apply_from<R: Read>(&mut self, payload: &mut PayloadStream<R>, slices: usize) -> Result<(), CoreError> {
+        let keys: Vec<(u32, Option<OwnedByteString>)> = payload.record()?;
         // Every changed id is emptied before any is filled: a key that moved
         // to another id is then never under two at once.
-        for (id, _) in &changes.keys {
+        for (id, _) in &keys {
             self.keys.remove(*id);
         }
-        for (id, key) in changes.keys {
+        for (id, key) in keys {
             if let Some(OwnedByteString(key)) = key {
                 self.keys.insert_at(id, &key)?;
             }
@@ -485,14 +489,15 @@ impl<K: Key, V: Data> Part<K, V> {
         self.keys.rebuild_free();
         self.grow();
         let current = &mut self.current;
-        changes.values.for_each(|id, value: Option<V>| {
+        payload.record::<EncodedSlice>()?.for_each(|id, value: Option<V>| {
             if let Some(slot) = current.get_mut(id as usize) {
                 *slot = value;
             }
         })?;
-        self.retained.keep_newest(slices.saturating_sub(changes.fresh.len()))?;
-        for slice in changes.fresh {
-            self.retained.push_back(slice);
+        let entered = usize::try_from(payload.count()?).unwrap_or(usize::MAX);
+        self.retained.keep_newest(slices.saturating_sub(entered))?;
+        for _ in 0..entered {
+            self.retained.push_back(payload.record()?);
             self.spill_if_over()?;
         }
         self.recount()
@@ -542,22 +547,6 @@ fn write_record<T: Serialize + ?Sized>(value: &T, out: &mut dyn PayloadSink) -> 
     bincode::serde::encode_into_std_write(value, out.buffer(), bincode::config::standard())
         .map_err(|e| CoreError::Encode { reason: format!("a window snapshot: {e}") })?;
     out.record_end()
-}
-
-#[derive(Deserialize)]
-struct PartChangesOwned {
-    keys: Vec<(u32, Option<OwnedByteString>)>,
-    values: EncodedSlice,
-    fresh: Vec<EncodedSlice>,
-}
-
-/// A snapshot of changes as it is read: the window's times, and each
-/// partition's changes.
-#[derive(Deserialize)]
-struct Snapshot<P> {
-    window_end: Option<Time>,
-    times: VecDeque<Time>,
-    parts: Vec<P>,
 }
 
 /// The snapshot version 1 wrote: pairs by key, partitions merged.
@@ -980,31 +969,33 @@ where
         Ok(())
     }
 
-    fn apply_changes(&mut self, bytes: &[u8], _partitions: usize) -> Result<(), CoreError> {
-        let snapshot: Snapshot<PartChangesOwned> = codec().decode(bytes)?.value;
+    fn apply_changes(&mut self, bytes: &[u8], partitions: usize) -> Result<(), CoreError> {
+        self.apply_changes_from(&mut std::io::Cursor::new(bytes), partitions)
+    }
+
+    /// Reads the changes a record at a time, so the slices that entered go
+    /// to disk as they are read rather than after the whole file.
+    fn apply_changes_from(&mut self, reader: &mut dyn ReadSeek, _partitions: usize) -> Result<(), CoreError> {
+        let mut payload = codec().open_streamed(reader)?;
+        let (window_end, times): (Option<Time>, VecDeque<Time>) = payload.record()?;
+        let count = usize::try_from(payload.count()?).unwrap_or(usize::MAX);
         if self.is_empty() {
             // The snapshot before was taken before the first batch.
-            self.replace_parts((0..snapshot.parts.len()).map(|_| Part::default()).collect())?;
+            self.replace_parts((0..count).map(|_| Part::default()).collect())?;
         }
         let mut parts = lock(&self.parts);
-        if snapshot.parts.len() != parts.list.len() {
-            return Err(CoreError::Decode {
-                reason: format!(
-                    "changes of {} partitions after a snapshot of {}",
-                    snapshot.parts.len(),
-                    parts.list.len()
-                ),
-            });
+        if count != parts.list.len() {
+            let reason = format!("changes of {count} partitions after a snapshot of {}", parts.list.len());
+            return Err(CoreError::Decode { reason });
         }
         // Counts are recounted from the slices: holds taken before are gone.
         parts.generation += 1;
-        let slices = snapshot.times.len();
-        for (part, changes) in parts.list.iter_mut().zip(snapshot.parts) {
-            part.apply(changes, slices)?;
-        }
+        let slices = times.len();
+        parts.list.iter_mut().try_for_each(|part| part.apply_from(&mut payload, slices))?;
         drop(parts);
-        self.window_end = snapshot.window_end;
-        self.times = snapshot.times;
+        payload.finish()?;
+        self.window_end = window_end;
+        self.times = times;
         Ok(())
     }
 
