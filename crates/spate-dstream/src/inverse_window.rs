@@ -265,8 +265,9 @@ impl<K: Key, V: Data> Part<K, V> {
         self.spill_if_over()
     }
 
-    /// Moves the newest slices to disk while the partition takes more than
-    /// its share of the state budget (when it has one).
+    /// Moves slices to disk while the partition takes more than its share
+    /// of the state budget (when it has one); see
+    /// [`RetainedSlices::spill_beyond`] for which.
     fn spill_if_over(&mut self) -> Result<(), CoreError> {
         let other = self.keys.memory_bytes()
             + self.current.capacity() * std::mem::size_of::<Option<V>>()
@@ -414,7 +415,7 @@ impl<K: Key, V: Data> Part<K, V> {
         self.retained.for_each_from(0, |slice| write_record(slice, out))
     }
 
-    /// Writes what changed since the last snapshot as [`PartChangesOwned`]
+    /// Writes what changed since the last snapshot as [`Part::apply_from`]
     /// reads it, a record at a time (the slices on disk read back one by
     /// one), and forgets it: the keys of the ids changed, their values, the
     /// slices that entered.
@@ -671,26 +672,31 @@ where
         Ok(())
     }
 
-    /// Writes a whole snapshot's payload a record at a time: the window's
-    /// times, then each partition ([`Part::write_whole`]). The next changes
-    /// are relative to it.
+    /// Writes a whole snapshot's payload a record at a time
+    /// ([`Part::write_whole`]). The next changes are relative to it.
     fn write_whole(&mut self, out: &mut dyn PayloadSink) -> Result<(), CoreError> {
-        write_record(&(self.window_end, &self.times), out)?;
-        let mut parts = lock(&self.parts);
-        write_varint(parts.list.len() as u64, out.buffer());
-        parts.list.iter_mut().try_for_each(|part| part.write_whole(out))?;
+        self.write_parts(out, Part::write_whole)?;
         self.needs_whole = false;
         Ok(())
     }
 
-    /// Writes a snapshot of what changed a record at a time: the window's
-    /// times, then each partition ([`Part::write_changes`]), as a
-    /// [`Snapshot`] of [`PartChangesOwned`] is read.
+    /// Writes a snapshot of what changed a record at a time
+    /// ([`Part::write_changes`]), as [`StatefulNode::apply_changes_from`]
+    /// reads it.
     fn write_changes(&mut self, out: &mut dyn PayloadSink) -> Result<(), CoreError> {
+        self.write_parts(out, Part::write_changes)
+    }
+
+    /// The window's times, then each partition as `write_part` writes it.
+    fn write_parts(
+        &self,
+        out: &mut dyn PayloadSink,
+        mut write_part: impl FnMut(&mut Part<K, V>, &mut dyn PayloadSink) -> Result<(), CoreError>,
+    ) -> Result<(), CoreError> {
         write_record(&(self.window_end, &self.times), out)?;
         let mut parts = lock(&self.parts);
         write_varint(parts.list.len() as u64, out.buffer());
-        parts.list.iter_mut().try_for_each(|part| part.write_changes(out))
+        parts.list.iter_mut().try_for_each(|part| write_part(part, out))
     }
 
     /// Restores a version 1 snapshot (pairs by key, partitions merged).
