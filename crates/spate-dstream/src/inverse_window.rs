@@ -144,6 +144,10 @@ struct Part<K, V> {
     values_changed: IdSet,
     /// How many of the newest retained slices entered since the last snapshot.
     fresh: usize,
+    /// True after a restore, until `refs` is recounted from the slices:
+    /// counted once, before the partition is next used, rather than after
+    /// the whole snapshot and again after each file of changes.
+    uncounted: bool,
 }
 
 impl<K, V> Default for Part<K, V> {
@@ -156,6 +160,7 @@ impl<K, V> Default for Part<K, V> {
             keys_changed: IdSet::default(),
             values_changed: IdSet::default(),
             fresh: 0,
+            uncounted: false,
         }
     }
 }
@@ -172,6 +177,7 @@ impl<K: Key, V: Data> Part<K, V> {
 
     /// Keeps one batch, reduced by key (each key once), as a slice.
     fn ingest(&mut self, batch: impl ExactSizeIterator<Item = (K, V)>) -> Result<(), CoreError> {
+        self.count_if_restored()?;
         let changed = &mut self.keys_changed;
         let entries = self.keys.insert_entries(batch, |id| changed.insert(id))?;
         self.keep_slice(entries)
@@ -187,6 +193,7 @@ impl<K: Key, V: Data> Part<K, V> {
         rest: Vec<(K, V)>,
         merge: &MergeFn<V>,
     ) -> Result<(), CoreError> {
+        self.count_if_restored()?;
         // Each block's keys as ids, and whether they are held.
         let mut by_block: Vec<(Vec<u32>, bool, Vec<V>)> = Vec::with_capacity(blocks.len());
         for (keys, ids, values) in blocks {
@@ -221,6 +228,7 @@ impl<K: Key, V: Data> Part<K, V> {
     /// The ids of `keys`, given to those new, each held (not freed) until
     /// [`Part::let_go`]: a block's keys looked up as it arrives.
     fn hold_ahead(&mut self, keys: &EncodedKeys) -> Result<Vec<u32>, CoreError> {
+        self.count_if_restored()?;
         let ids = self.look_up(keys)?;
         self.grow();
         for id in &ids {
@@ -297,6 +305,7 @@ impl<K: Key, V: Data> Part<K, V> {
         I: Fn(&V, &V) -> V,
         P: Fn(&K, &V) -> bool,
     {
+        self.count_if_restored()?;
         for index in 0..plan.leaving {
             let Some(old) = self.retained.pop_front()? else { break };
             let subtract = index < plan.leaving_added;
@@ -383,7 +392,17 @@ impl<K: Key, V: Data> Part<K, V> {
         Ok((current, retained))
     }
 
-    /// Recounts the slices naming each id (after a restore).
+    /// Recounts the slices naming each id when a restore left them
+    /// uncounted.
+    fn count_if_restored(&mut self) -> Result<(), CoreError> {
+        if self.uncounted {
+            self.recount()?;
+            self.uncounted = false;
+        }
+        Ok(())
+    }
+
+    /// Recounts the slices naming each id.
     fn recount(&mut self) -> Result<(), CoreError> {
         self.grow();
         self.refs.iter_mut().for_each(|count| *count = 0);
@@ -449,7 +468,9 @@ impl<K: Key, V: Data> Part<K, V> {
         if let Some((place, budget)) = spill {
             part.retained.use_spill(place.clone(), budget);
         }
-        for _ in 0..payload.count()? {
+        let keys = payload.count()?;
+        part.keys.reserve(keys);
+        for _ in 0..keys {
             let (id, OwnedByteString(key)): (u32, OwnedByteString) = payload.record()?;
             part.keys.insert_at(id, &key)?;
         }
@@ -468,7 +489,8 @@ impl<K: Key, V: Data> Part<K, V> {
             part.retained.push_back(payload.record()?);
             part.spill_if_over()?;
         }
-        part.recount()?;
+        part.grow();
+        part.uncounted = true;
         Ok(part)
     }
 
@@ -501,7 +523,9 @@ impl<K: Key, V: Data> Part<K, V> {
             self.retained.push_back(payload.record()?);
             self.spill_if_over()?;
         }
-        self.recount()
+        self.grow();
+        self.uncounted = true;
+        Ok(())
     }
 }
 

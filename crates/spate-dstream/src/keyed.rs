@@ -81,6 +81,10 @@ impl<K> Default for KeyTable<K> {
     }
 }
 
+/// The most keys [`KeyTable::reserve`] makes room for at once (some
+/// 200 MB of index); more grow the table as they come.
+const RESERVE_AT_MOST: usize = 1 << 24;
+
 /// A compaction runs when this much of the arena, and at least half of
 /// it, is garbage.
 const COMPACT_AFTER_BYTES: usize = 1 << 20;
@@ -103,6 +107,17 @@ impl<K: Key> KeyTable<K> {
         // An index bucket is its slot and one control byte.
         let index = self.index.capacity() * (std::mem::size_of::<Slot>() + 1);
         self.arena.capacity() + self.scratch.capacity() + u32s + index
+    }
+
+    /// Makes room for `keys` more keys in the index and the ids, so that
+    /// placing a snapshot's keys does not rehash the index as it grows (a
+    /// tenth of a million-key restore). At most [`RESERVE_AT_MOST`] are
+    /// reserved: the count comes from a file.
+    pub(crate) fn reserve(&mut self, keys: u64) {
+        let keys = usize::try_from(keys).unwrap_or(usize::MAX).min(RESERVE_AT_MOST);
+        let (arena, hasher) = (&self.arena, &self.hasher);
+        self.index.reserve(keys, |slot| record_at(arena, slot.start).map_or(0, |b| hasher.hash_one(b)));
+        self.starts.reserve(keys);
     }
 
     /// The id of `key`, giving it one if it has none.
