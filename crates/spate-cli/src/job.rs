@@ -114,6 +114,14 @@ fn recovery_line(report: &RecoveryReport) -> String {
     if !report.pending_batch_times.is_empty() {
         line.push_str(&format!(" ({} batch times missed while down run first)", report.pending_batch_times.len()));
     }
+    if !report.restored_operators.is_empty() || !report.replayed_for_state.is_empty() {
+        line.push_str(&format!(
+            "; state restored in {} ms, {} batches recomputed in {} ms",
+            report.restore_ms,
+            report.replayed_for_state.len(),
+            report.replay_ms
+        ));
+    }
     if !report.unrecoverable_blocks.is_empty() {
         line.push_str(&format!(
             "; warning: {} received blocks could not be read back",
@@ -218,6 +226,7 @@ pub(crate) fn drive(
 mod tests {
     use super::*;
     use spate_core::Time;
+    use spate_runtime::RestoredOperator;
 
     fn report() -> RecoveryReport {
         RecoveryReport {
@@ -233,6 +242,8 @@ mod tests {
             dropped_operators: Vec::new(),
             replayed_for_state: Vec::new(),
             unrecoverable_blocks: Vec::new(),
+            restore_ms: 0,
+            replay_ms: 0,
         }
     }
 
@@ -248,6 +259,22 @@ mod tests {
         assert_eq!(recovery_line(&fresh), "new checkpoint /ck: starting at batch 0");
         let missed = RecoveryReport { pending_batch_times: vec![Time::from_millis(1000); 3], ..report() };
         assert!(recovery_line(&missed).ends_with("(3 batch times missed while down run first)"));
+        let restored = RecoveryReport {
+            restored_operators: vec![RestoredOperator {
+                name: "window-counts".into(),
+                snapshot_batch: BatchId(4),
+                changes_applied: 1,
+            }],
+            replayed_for_state: vec![BatchId(5), BatchId(6)],
+            restore_ms: 812,
+            replay_ms: 1450,
+            ..report()
+        };
+        assert!(
+            recovery_line(&restored).ends_with("; state restored in 812 ms, 2 batches recomputed in 1450 ms"),
+            "{}",
+            recovery_line(&restored)
+        );
     }
 
     #[test]

@@ -407,6 +407,8 @@ mod tests {
             dropped_operators: Vec::new(),
             replayed_for_state: Vec::new(),
             unrecoverable_blocks: vec!["input-0-17".into()],
+            restore_ms: 0,
+            replay_ms: 0,
         };
         board.on_recovery(&report);
         let lag = BTreeMap::from([(("events".to_string(), "0".to_string()), 42.0)]);

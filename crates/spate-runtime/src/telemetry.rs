@@ -217,6 +217,8 @@ mod tests {
             dropped_operators: Vec::new(),
             replayed_for_state: Vec::new(),
             unrecoverable_blocks: Vec::new(),
+            restore_ms: 0,
+            replay_ms: 0,
         }
     }
 
