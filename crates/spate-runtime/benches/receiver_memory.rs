@@ -37,6 +37,18 @@
 //! - `window_1m_keys_fixed_mmap_threshold_*`: the same job with glibc's
 //!   mmap threshold fixed at 256 KiB, as the `spate` binary runs.
 //!
+//! - `window_1m_keys_restart_rss_peak`: the job started again in a new
+//!   process on the first run's checkpoint (stopped at once, as a crash
+//!   stops it) and run for 8 s: its peak resident memory, the window's
+//!   restore and the replay of the batches after its last snapshot
+//!   included; bound: 300 MB;
+//!
+//! With the restart's figures it prints how long opening the checkpoint
+//! took, and of that how long the window's restore (1,000,000 keys and the
+//! slices it keeps: the whole snapshot and the changes after it) and the
+//! recomputing of the batches after the last snapshot from the write-ahead
+//! log took: no target, the time a restart at this key count costs.
+//!
 //! The resident memory is also printed every 2 s, to show it has reached
 //! its plateau. A run lasts 36 s rather than the issue's 75 s: the two
 //! cores of the project's machine are shared, and the window (30 s) and
@@ -57,7 +69,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration as StdDuration;
+use std::time::{Duration as StdDuration, Instant};
 
 use common::{Committed, committed_records, figure, processing_ms, run_child};
 
@@ -67,8 +79,15 @@ use spate_receiver::{Receiver, ReceiverContext, ReceiverError, splitmix64};
 use spate_runtime::{ReceiverSettings, StreamingContext, StreamingSettings};
 
 /// The two configurations the targets name.
-const RECEIVER_10K: Shape = Shape { name: "receiver_10k_keys", keys: 10_000, max_rate: None, env: &[] };
-const WINDOW_1M: Shape = Shape { name: "window_1m_keys", keys: 1_000_000, max_rate: Some(1_000_000), env: &[] };
+const RECEIVER_10K: Shape =
+    Shape { name: "receiver_10k_keys", keys: 10_000, max_rate: None, env: &[], restart_seconds: 0 };
+const WINDOW_1M: Shape = Shape {
+    name: "window_1m_keys",
+    keys: 1_000_000,
+    max_rate: Some(1_000_000),
+    env: &[],
+    restart_seconds: RESTART_SECONDS,
+};
 /// The same job with glibc's mmap threshold fixed as the `spate` binary
 /// fixes it for itself (see docs/src/memory.md): what the allocator's
 /// moving threshold costs a program that embeds the crates.
@@ -77,7 +96,11 @@ const WINDOW_1M_FIXED_MMAP: Shape = Shape {
     keys: 1_000_000,
     max_rate: Some(1_000_000),
     env: &[("MALLOC_MMAP_THRESHOLD_", "262144")],
+    restart_seconds: RESTART_SECONDS,
 };
+/// How long the million-key job runs again after its restart: the
+/// recovery, then batches enough to show the memory it settles at.
+const RESTART_SECONDS: u64 = 8;
 const TARGET_PROCESSING_MS: f64 = 150.0;
 /// Words a receiver hands over in one `store_many`.
 const STORE_BATCH: u64 = 4_096;
@@ -94,6 +117,9 @@ struct Shape {
     max_rate: Option<u64>,
     /// Environment variables of the job's process.
     env: &'static [(&'static str, &'static str)],
+    /// Seconds the job runs again from its checkpoint in a new process
+    /// after the first run; 0: no restart.
+    restart_seconds: u64,
 }
 
 impl Shape {
@@ -107,6 +133,9 @@ impl Shape {
 
 /// Tells the child its checkpoint directory, seconds to run, keys and rate (0: unlimited).
 const CHILD_ENV: &str = "SPATE_BENCH_RECEIVER_MEMORY_CHILD";
+/// Starts the line the child prints after it opened its checkpoint:
+/// the milliseconds that took, then what the recovery did.
+const RECOVERY_LINE: &str = "recovery_ms=";
 /// Batches of the first seconds start the receiver and let backpressure
 /// find its rate: not counted in the rate.
 const WARM_UP_BATCHES: usize = 5;
@@ -123,7 +152,7 @@ fn main() {
         let mut next = || fields.next().expect("<checkpoint dir>,<seconds>,<keys>,<rate>");
         let (rate, keys, seconds): (u64, u64, u64) =
             (next().parse().unwrap(), next().parse().unwrap(), next().parse().unwrap());
-        let shape = Shape { name: "child", keys, max_rate: (rate > 0).then_some(rate), env: &[] };
+        let shape = Shape { name: "child", keys, max_rate: (rate > 0).then_some(rate), env: &[], restart_seconds: 0 };
         run_job(Path::new(next()), seconds, shape);
         return;
     }
@@ -133,6 +162,9 @@ fn main() {
         let run = measure(UNTIL_WORDS, RECEIVER_10K);
         assert!(run.peak_mb > 0.0 && run.median_mb > 0.0, "no memory sampled");
         assert!(run.committed > 0, "the job committed no words");
+        let restart = run.restart.expect("the check restarts");
+        assert!(restart.peak_mb > 0.0, "no memory sampled after the restart");
+        assert!(restart.rebuilt_state(), "the restart neither restored nor replayed the window: {}", restart.report);
         println!("receiver_memory: measuring works (run with --bench for the figures)");
         return;
     }
@@ -192,6 +224,14 @@ fn bench_shape(shape: Shape) {
     }
     figure(&format!("{name}_rss_peak"), run.peak_mb, "MB", TARGET_RSS_MB);
     figure(&format!("{name}_rss_median"), run.median_mb, "MB", TARGET_RSS_MB);
+    if let Some(restart) = &run.restart {
+        println!(
+            "{name}: started again on the checkpoint, {} s: recovery {:.0} ms ({}), RSS peak {:.1} MB, \
+             median {:.1} MB",
+            shape.restart_seconds, restart.recovery_ms, restart.report, restart.peak_mb, restart.median_mb
+        );
+        figure(&format!("{name}_restart_rss_peak"), restart.peak_mb, "MB", TARGET_RSS_MB);
+    }
 }
 
 /// What one run measured.
@@ -209,6 +249,28 @@ struct Run {
     processing_ms_p90: f64,
     /// Resident memory every 2 s: (seconds since the start, MB).
     timeline: Vec<(f64, f64)>,
+    /// The run started again on the checkpoint, when the shape restarts.
+    restart: Option<Restart>,
+}
+
+/// What the run started again on the first run's checkpoint measured.
+struct Restart {
+    peak_mb: f64,
+    median_mb: f64,
+    /// Opening the checkpoint: restore and replay, ms.
+    recovery_ms: f64,
+    /// What the recovery did, as the child printed it.
+    report: String,
+}
+
+impl Restart {
+    /// True when the recovery restored a snapshot or replayed batches.
+    fn rebuilt_state(&self) -> bool {
+        let count = |field: &str| -> u64 {
+            self.report.split_whitespace().find_map(|w| w.strip_prefix(field)).and_then(|n| n.parse().ok()).unwrap_or(0)
+        };
+        count("restored=") + count("replayed=") > 0
+    }
 }
 
 /// Runs the job in a child process for `seconds` and measures it.
@@ -216,11 +278,19 @@ fn measure(seconds: u64, shape: Shape) -> Run {
     let base = std::env::var_os("SPATE_BENCH_DIR").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/var/tmp"));
     let dir = tempfile::tempdir_in(&base).unwrap();
     let checkpoint = dir.path().join("checkpoint");
-    let spec = format!("{},{seconds},{},{}", checkpoint.display(), shape.keys, shape.max_rate.unwrap_or(0));
-    let mut env = vec![(CHILD_ENV, spec)];
-    env.extend(shape.env.iter().map(|(key, value)| (*key, value.to_string())));
-    let (memory, _) = run_child(&env, false);
+    let (memory, _) = run_job_child(&checkpoint, seconds, shape);
     let batches = committed_records(&checkpoint);
+    let restart = (shape.restart_seconds > 0 || seconds == UNTIL_WORDS).then(|| {
+        let (memory, stdout) = run_job_child(&checkpoint, shape.restart_seconds, shape);
+        let line = stdout.lines().find_map(|l| l.strip_prefix(RECOVERY_LINE)).expect("the child's recovery line");
+        let (ms, report) = line.split_once(' ').unwrap_or((line, ""));
+        Restart {
+            peak_mb: memory.peak_mb,
+            median_mb: memory.median_mb,
+            recovery_ms: ms.parse().expect("milliseconds"),
+            report: report.to_string(),
+        }
+    });
     let steady = steady(&batches);
     let committed: u64 = steady.iter().map(|b| b.records).sum();
     let (processing_ms_mean, processing_ms_median, processing_ms_p90) = processing_ms(steady);
@@ -234,7 +304,17 @@ fn measure(seconds: u64, shape: Shape) -> Run {
         processing_ms_median,
         processing_ms_p90,
         timeline: memory.timeline,
+        restart,
     }
+}
+
+/// Runs the job in a child process on `checkpoint` (recovering from it
+/// when it holds one) for `seconds`: its memory, sampled, and what it printed.
+fn run_job_child(checkpoint: &Path, seconds: u64, shape: Shape) -> (common::Memory, String) {
+    let spec = format!("{},{seconds},{},{}", checkpoint.display(), shape.keys, shape.max_rate.unwrap_or(0));
+    let mut env = vec![(CHILD_ENV, spec)];
+    env.extend(shape.env.iter().map(|(key, value)| (*key, value.to_string())));
+    run_child(&env, true)
 }
 
 /// The batches a rate counts: after the warm-up, and not the last, which
@@ -279,6 +359,7 @@ fn run_job(checkpoint: &Path, seconds: u64, shape: Shape) {
     let vocabulary: Arc<Vec<String>> = Arc::new((0..keys).map(|i| format!("w{i}")).collect());
     let receiver = ReceiverSettings { max_rate: shape.max_rate, ..ReceiverSettings::default() };
     let settings = StreamingSettings::new(Duration::from_secs(1));
+    let opening = Instant::now();
     let mut ctx = StreamingContext::get_or_create(checkpoint, settings, move |p| {
         let words = p.receiver_stream("words", receiver, move |resume| UniformWords {
             vocabulary,
@@ -297,8 +378,21 @@ fn run_job(checkpoint: &Path, seconds: u64, shape: Shape) {
         Ok(())
     })
     .unwrap();
+    let recovery_ms = opening.elapsed().as_secs_f64() * 1000.0;
+    let report = ctx.recovery().expect("a checkpoint's recovery");
+    let resumed_at = report.resumed_at;
+    println!(
+        "{RECOVERY_LINE}{recovery_ms:.1} restored={} restore_ms={} replayed={} replay_ms={} resumed_at={resumed_at}",
+        report.restored_operators.len(),
+        report.restore_ms,
+        report.replayed_for_state.len(),
+        report.replay_ms,
+    );
     ctx.start().unwrap();
-    if seconds == UNTIL_WORDS {
+    if seconds == UNTIL_WORDS && resumed_at > BatchId(0) {
+        // A restart of the check: until one batch after the recovery committed.
+        assert!(ctx.await_committed(resumed_at, GIVE_UP), "batch {resumed_at}: {:?}", ctx.failure());
+    } else if seconds == UNTIL_WORDS {
         for batch in 0.. {
             assert!(ctx.await_committed(BatchId(batch), GIVE_UP), "batch {batch}: {:?}", ctx.failure());
             // A batch's progress line may trail its commit: this goes on until the lines show words.
