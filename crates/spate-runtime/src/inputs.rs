@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use spate_core::{Clock, Duration, MemoryBudget, StreamBlockId, StreamId, Time, WriterFence};
+use spate_core::{Clock, Duration, MemoryBudget, StreamBlockId, StreamId, Time, WalRecordHandle, WriterFence};
 use spate_dstream::{Data, FedSource, ProcessedBlock};
 use spate_receiver::{
     BlockData, BlockGeneratorSettings, BlockInfoSink, BlockManager, BlockManagerBasedBlockHandler,
@@ -283,19 +283,17 @@ impl<T: Record + Data, R: Receiver<T>> TypedReceiverInput<T, R> {
         Ok((Arc::new(handler), Some(wal)))
     }
 
-    fn read_from_wal(
-        &self,
-        block: &TrackedBlock,
-        handle: &spate_core::WalRecordHandle,
-    ) -> Result<Vec<T>, RuntimeError> {
+    /// `block` in the receiver WAL at `handle`, to be read when its turn comes.
+    fn in_wal(&self, block: &TrackedBlock, handle: &WalRecordHandle) -> Result<TakenBlock<T>, RuntimeError> {
         let wal = self.stores.as_ref().and_then(|s| s.wal.as_ref()).ok_or_else(|| {
             self.receiver_error(format!("block {} is in the receiver WAL, which is not open", block.block_id()))
         })?;
-        read_block_from_wal::<T>(wal.as_ref(), self.stream_id, handle).map_err(|e| self.receiver_error(e))
+        Ok(TakenBlock::InWal { wal: Arc::clone(wal), stream_id: self.stream_id, handle: handle.clone() })
     }
 
-    /// Takes `block` out of its store: from memory as it is kept there (the
-    /// records are decoded later, in parallel), from the WAL decoded.
+    /// Takes `block` out of its store: from memory as it is kept there, or
+    /// where it is in the WAL; the records are read and decoded later, in
+    /// parallel, a block at a time.
     fn take_block(&self, block: &TrackedBlock) -> Result<TakenBlock<T>, RuntimeError> {
         match block.location() {
             BlockLocation::BlockManager(id) => {
@@ -311,11 +309,11 @@ impl<T: Record + Data, R: Receiver<T>> TypedReceiverInput<T, R> {
                 };
                 match (in_memory, block.info().wal_handle()) {
                     (Some(data), _) => Ok(TakenBlock::Stored(id, data)),
-                    (None, Some(handle)) => self.read_from_wal(block, handle).map(TakenBlock::Decoded),
+                    (None, Some(handle)) => self.in_wal(block, handle),
                     (None, None) => Err(self.receiver_error(format!("block {id} is no longer stored"))),
                 }
             }
-            BlockLocation::ReceiverWal(handle) => self.read_from_wal(block, handle).map(TakenBlock::Decoded),
+            BlockLocation::ReceiverWal(handle) => self.in_wal(block, handle),
             BlockLocation::Lost => Err(self.receiver_error(format!(
                 "block {} was received before a restart without the write-ahead log; its records are lost",
                 block.block_id()
@@ -395,7 +393,7 @@ impl<T: Record + Data, R: Receiver<T>> TypedReceiverInput<T, R> {
                 }
                 Found::Unprocessed => {
                     let taken = self.take_block(block)?;
-                    bytes += taken.serialized_len(block);
+                    bytes += taken.serialized_len();
                     unprocessed.push((index, taken));
                     processed.push(None);
                 }
@@ -406,7 +404,7 @@ impl<T: Record + Data, R: Receiver<T>> TypedReceiverInput<T, R> {
         // a batch of many blocks (a backlog, a restart) is never held decoded.
         let now = self.per_block_in_parallel(taken, |block| match block {
             TakenBlock::Stored(block_id, data) => arrivals.process_stored_data(block_id, data),
-            TakenBlock::Decoded(records) => arrivals.process(records),
+            in_wal => arrivals.process(in_wal.decode().map_err(|e| e.to_string())?),
         })?;
         for (index, block) in indices.into_iter().zip(now) {
             processed[index] = Some(block);
@@ -424,18 +422,20 @@ impl<T: Record + Data, R: Receiver<T>> TypedReceiverInput<T, R> {
 enum TakenBlock<T> {
     /// As the block manager kept it (records or serialized bytes).
     Stored(StreamBlockId, BlockData<T>),
-    /// Already decoded (read back from the WAL).
-    Decoded(Vec<T>),
+    /// In the receiver WAL: read and decoded on the thread that processes
+    /// it, so a batch read back after a restart (or a backlog) is decoded
+    /// in parallel and never held decoded whole.
+    InWal { wal: Arc<dyn WriteAheadLog>, stream_id: StreamId, handle: WalRecordHandle },
 }
 
 impl<T> TakenBlock<T> {
     /// The block's serialized size: its bytes, or its frame in the WAL;
     /// 0 for a block kept as records (the write-ahead log off).
-    fn serialized_len(&self, block: &TrackedBlock) -> u64 {
+    fn serialized_len(&self) -> u64 {
         match self {
             TakenBlock::Stored(_, BlockData::Bytes(bytes)) => bytes.len() as u64,
             TakenBlock::Stored(_, BlockData::Records(_)) => 0,
-            TakenBlock::Decoded(_) => block.info().wal_handle().map_or(0, |handle| u64::from(handle.length)),
+            TakenBlock::InWal { handle, .. } => u64::from(handle.length),
         }
     }
 }
@@ -450,7 +450,7 @@ impl<T: Record> TakenBlock<T> {
                 drop(data);
                 Ok(Arc::try_unwrap(records).unwrap_or_else(|shared| (*shared).clone()))
             }
-            TakenBlock::Decoded(records) => Ok(records),
+            TakenBlock::InWal { wal, stream_id, handle } => read_block_from_wal(wal.as_ref(), stream_id, &handle),
         }
     }
 }
@@ -572,7 +572,7 @@ impl<T: Record + Data, R: Receiver<T>> ReceiverInput for TypedReceiverInput<T, R
             return self.feed_processed(time, blocks, arrivals);
         }
         let taken = blocks.iter().map(|block| self.take_block(block)).collect::<Result<Vec<_>, _>>()?;
-        let bytes: u64 = blocks.iter().zip(&taken).map(|(block, taken)| taken.serialized_len(block)).sum();
+        let bytes: u64 = taken.iter().map(TakenBlock::serialized_len).sum();
         let partitions = self.decode_blocks(taken)?;
         let records = partitions.iter().map(|p| p.len() as u64).sum();
         self.input_records.increment(records);
