@@ -267,9 +267,11 @@ impl GraphBuilder {
             .into_iter()
             .filter_map(|(id, planner)| names.get(id).map(|name| (name.clone(), planner)))
             .collect();
+        let feeds_state = feeds_state(&inner.metas);
         Ok(Graph {
             batch_interval: inner.batch_interval,
             nodes: inner.nodes,
+            feeds_state,
             metas: inner.metas,
             names,
             inputs,
@@ -279,6 +281,24 @@ impl GraphBuilder {
             late_records: 0,
         })
     }
+}
+
+/// For each node, whether a stateful operator reads its result, directly
+/// or through other operators: what recomputing a batch for state alone
+/// needs (nodes come after their parents).
+fn feeds_state(metas: &[NodeMeta]) -> Vec<bool> {
+    let mut feeds = vec![false; metas.len()];
+    for (index, meta) in metas.iter().enumerate().rev() {
+        let needed = meta.state.is_some() || feeds.get(index).copied().unwrap_or(false);
+        if needed {
+            for parent in &meta.parents {
+                if let Some(slot) = feeds.get_mut(*parent) {
+                    *slot = true;
+                }
+            }
+        }
+    }
+    feeds
 }
 
 impl fmt::Debug for GraphBuilder {
@@ -409,6 +429,8 @@ fn validate(inner: &BuilderInner, names: &[String], checkpointing: bool) -> Vec<
 pub struct Graph {
     pub(crate) batch_interval: Duration,
     pub(crate) nodes: Vec<Box<dyn Node>>,
+    /// By node: whether a stateful operator reads its result (see [`feeds_state`]).
+    feeds_state: Vec<bool>,
     pub(crate) metas: Vec<NodeMeta>,
     pub(crate) names: Vec<String>,
     inputs: Vec<(String, Arc<dyn Planner>)>,
@@ -496,6 +518,30 @@ impl Graph {
         batch_id: BatchId,
         planned: &PlannedOffsets,
     ) -> Result<Vec<Job>, DStreamError> {
+        self.step_all(time, batch_id, planned, false)
+    }
+
+    /// Computes batch `time` for the operators' state alone, as a restart
+    /// does for the batches committed after the last snapshot: the state
+    /// is the same as after [`Graph::generate_jobs`], no output runs, and a
+    /// stateful operator that only outputs read (a window whose counts go
+    /// to a sink) does not build its result.
+    pub fn recompute_for_state(
+        &mut self,
+        time: Time,
+        batch_id: BatchId,
+        planned: &PlannedOffsets,
+    ) -> Result<(), DStreamError> {
+        self.step_all(time, batch_id, planned, true).map(drop)
+    }
+
+    fn step_all(
+        &mut self,
+        time: Time,
+        batch_id: BatchId,
+        planned: &PlannedOffsets,
+        for_state: bool,
+    ) -> Result<Vec<Job>, DStreamError> {
         if !time.is_multiple_of(self.batch_interval) {
             return Err(DStreamError::UnalignedBatchTime { time, interval: self.batch_interval });
         }
@@ -505,15 +551,16 @@ impl Graph {
         self.last_time = Some(time);
         let mut jobs = Vec::new();
         let late = AtomicU64::new(0);
-        for (node, name) in self.nodes.iter_mut().zip(&self.names) {
+        for ((node, name), feeds_state) in self.nodes.iter_mut().zip(&self.names).zip(&self.feeds_state) {
             let (pool, partitions, late) = (self.pool, self.partitions, &late);
-            let ctx = StepCtx { time, batch_id, pool, partitions, planned, operator: name, late };
+            let result_wanted = !for_state || *feeds_state;
+            let ctx = StepCtx { time, batch_id, pool, partitions, planned, operator: name, late, result_wanted };
             if let Some(job) = node.step(&ctx)? {
                 jobs.push(job);
             }
         }
         self.late_records = late.into_inner();
-        tracing::debug!(time = %time, batch = %batch_id, jobs = jobs.len(), "generated jobs");
+        tracing::debug!(time = %time, batch = %batch_id, jobs = jobs.len(), for_state, "generated jobs");
         Ok(jobs)
     }
 

@@ -298,8 +298,16 @@ impl<K: Key, V: Data> Part<K, V> {
 
     /// One slide: subtracts the slices that leave (those that had been
     /// added), adds those that entered, drops the keys `keep` refuses and
-    /// the ids nothing names any more, and returns the window's result.
-    fn slide<R, I, P>(&mut self, plan: SlidePlan, reduce: &R, inverse: &I, keep: &P) -> Result<Vec<(K, V)>, CoreError>
+    /// the ids nothing names any more, and returns the window's result
+    /// (nothing when the result is not `wanted`).
+    fn slide<R, I, P>(
+        &mut self,
+        plan: SlidePlan,
+        reduce: &R,
+        inverse: &I,
+        keep: Option<&P>,
+        wanted: bool,
+    ) -> Result<Vec<(K, V)>, CoreError>
     where
         R: Fn(&V, &V) -> V,
         I: Fn(&V, &V) -> V,
@@ -335,12 +343,13 @@ impl<K: Key, V: Data> Part<K, V> {
             })
         })?;
         self.retained.all_entered();
-        self.settle(keep)
+        self.settle(keep, wanted)
     }
 
-    /// Applies `keep`, frees unused ids, and lists the window's result.
-    fn settle<P: Fn(&K, &V) -> bool>(&mut self, keep: &P) -> Result<Vec<(K, V)>, CoreError> {
-        let mut out = Vec::with_capacity(self.keys.len());
+    /// Applies `keep`, frees unused ids, and lists the window's result
+    /// when it is `wanted`: a key is decoded only to be listed or tested.
+    fn settle<P: Fn(&K, &V) -> bool>(&mut self, keep: Option<&P>, wanted: bool) -> Result<Vec<(K, V)>, CoreError> {
+        let mut out = Vec::with_capacity(if wanted { self.keys.len() } else { 0 });
         for index in 0..self.current.len() {
             let id = index as u32;
             if !self.keys.contains(id) {
@@ -349,9 +358,14 @@ impl<K: Key, V: Data> Part<K, V> {
             if let Some(slot) = self.current.get_mut(index)
                 && let Some(value) = slot
             {
+                if !wanted && keep.is_none() {
+                    continue;
+                }
                 let key = self.keys.key(id)?.ok_or_else(|| CoreError::Decode { reason: "a key vanished".into() })?;
-                if keep(&key, value) {
-                    out.push((key, value.clone()));
+                if keep.is_none_or(|keep| keep(&key, value)) {
+                    if wanted {
+                        out.push((key, value.clone()));
+                    }
                     continue;
                 }
                 *slot = None;
@@ -604,8 +618,8 @@ impl<K, V, F: Fn(&K, &V) -> bool + Send + Sync + 'static> KeepFn<K, V> for F {}
 pub(crate) struct InverseWindow<R, I, P> {
     pub(crate) reduce: R,
     pub(crate) inverse: I,
-    /// Which keys stay in the window's result.
-    pub(crate) keep: P,
+    /// Which keys stay in the window's result (`None`: every key).
+    pub(crate) keep: Option<P>,
     pub(crate) length: Duration,
     pub(crate) slide: Duration,
     /// The input is reduced by key and partitioned as the window is (it is
@@ -620,7 +634,7 @@ pub(crate) struct InverseWindowNode<K, V, R, I, P> {
     /// Each batch reduced by key, on arrival where it can be.
     combine: KeyedCombine<K, V, V>,
     inverse: I,
-    keep: P,
+    keep: Option<P>,
     length: Duration,
     slide: Duration,
     /// The input is reduced by key and partitioned as the window is (it is
@@ -747,19 +761,21 @@ where
         SlidePlan { leaving, leaving_added, first_entering: already_added - leaving_added }
     }
 
-    fn slide_to(&mut self, ctx: &StepCtx<'_>) -> Result<Batch<(K, V)>, DStreamError> {
+    /// One slide; its result, unless nothing stateful reads it in a batch
+    /// recomputed for state alone.
+    fn slide_to(&mut self, ctx: &StepCtx<'_>) -> Result<Option<Batch<(K, V)>>, DStreamError> {
         self.fit(ctx)?;
         let plan = self.plan_slide(ctx.time);
-        let (reduce, inverse, keep) = (&*self.reduce, &self.inverse, &self.keep);
+        let (reduce, inverse, keep, wanted) = (&*self.reduce, &self.inverse, self.keep.as_ref(), ctx.result_wanted);
         let mut parts = lock(&self.parts);
         let work: Vec<&mut Part<K, V>> = parts.list.iter_mut().collect();
         let mut out = Vec::with_capacity(work.len());
-        for result in ctx.par(work, |part| part.slide(plan, reduce, inverse, keep))? {
+        for result in ctx.par(work, |part| part.slide(plan, reduce, inverse, keep, wanted))? {
             out.push(result.map_err(|e| ctx.state_error(&e))?);
         }
         self.times.drain(..plan.leaving.min(self.times.len()));
         self.window_end = Some(ctx.time);
-        Ok(Batch::new(out))
+        Ok(wanted.then(|| Batch::new(out)))
     }
 
     /// True before the first batch's data: no keys, no slices.
@@ -852,7 +868,7 @@ where
         if let Some(batch) = ctx.take_owned(&self.input)? {
             self.ingest(ctx, batch)?;
         }
-        let result = if ctx.time.is_multiple_of(self.slide) { Some(self.slide_to(ctx)?) } else { None };
+        let result = if ctx.time.is_multiple_of(self.slide) { self.slide_to(ctx)? } else { None };
         self.output.put(ctx.time, result);
         Ok(None)
     }

@@ -98,6 +98,10 @@ pub(crate) struct StepCtx<'a> {
     pub(crate) operator: &'a str,
     /// Records the batch set aside as late, over every operator.
     pub(crate) late: &'a AtomicU64,
+    /// False when the batch is recomputed for state alone and nothing
+    /// stateful reads this operator's result: an operator may then put
+    /// none (see [`crate::Graph::recompute_for_state`]).
+    pub(crate) result_wanted: bool,
 }
 
 impl StepCtx<'_> {

@@ -210,7 +210,7 @@ impl<K: Key, V: Data> DStream<(K, V)> {
         F: Fn(&V, &V) -> V + Send + Sync + 'static,
         G: Fn(&V, &V) -> V + Send + Sync + 'static,
     {
-        self.reduce_by_key_and_window_inv_filtered(reduce, inverse, length, slide, |_: &K, _: &V| true)
+        self.inverse_window(reduce, inverse, length, slide, None::<fn(&K, &V) -> bool>)
     }
 
     /// Like [`DStream::reduce_by_key_and_window_inv`], keeping in the window
@@ -223,6 +223,23 @@ impl<K: Key, V: Data> DStream<(K, V)> {
         length: Duration,
         slide: Duration,
         keep: P,
+    ) -> DStream<(K, V)>
+    where
+        F: Fn(&V, &V) -> V + Send + Sync + 'static,
+        G: Fn(&V, &V) -> V + Send + Sync + 'static,
+        P: Fn(&K, &V) -> bool + Send + Sync + 'static,
+    {
+        self.inverse_window(reduce, inverse, length, slide, Some(keep))
+    }
+
+    /// The inverse window, keeping the keys `keep` passes (`None`: all).
+    fn inverse_window<F, G, P>(
+        &self,
+        reduce: F,
+        inverse: G,
+        length: Duration,
+        slide: Duration,
+        keep: Option<P>,
     ) -> DStream<(K, V)>
     where
         F: Fn(&V, &V) -> V + Send + Sync + 'static,

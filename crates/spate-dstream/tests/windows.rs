@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use common::{Collected, INTERVAL, collect, run, sorted_at, streamed_changes, streamed_whole, t};
 use proptest::prelude::*;
-use spate_core::{Duration, Time};
+use spate_core::{BatchId, Duration, Time};
 use spate_dstream::{Graph, GraphBuilder, MemorySpillStore, QueueSource, RestorePolicy, StateSnapshot, StateSpill};
 
 type Input = Vec<Vec<Vec<(u8, i64)>>>;
@@ -53,6 +53,9 @@ struct Windows {
     inv_filtered: Collected<(u8, i64)>,
     /// The inverse window after a `reduce_by_key`, whose batches it takes as they are.
     inv_reduced: Collected<(u8, i64)>,
+    /// An inverse window whose filter drops keys while slices still name
+    /// them, so what it drops changes its later counts (as in Spark).
+    inv_dropping: Collected<(u8, i64)>,
     total: Collected<i64>,
     counted: Collected<u64>,
     /// The store the inverse windows' slices go to beyond their budget, and the budget.
@@ -89,6 +92,10 @@ fn build_spilling(length: u64, slide: u64, partitions: usize, spill_budget: Opti
             .reduce_by_key_and_window_inv_filtered(|a, b| a + b, |a, b| a - b, l, sl, |_, v| *v != 0)
             .name("inv-reduced"),
     );
+    let inv_dropping = collect(
+        &s.reduce_by_key_and_window_inv_filtered(|a, b| a + b, |a, b| a - b, l, sl, |_, v| *v % 2 == 0)
+            .name("inv-dropping"),
+    );
     let total = collect(&s.map(|(_, v)| v).reduce_by_window(|a, b| a + b, l, sl).name("total"));
     let counted = collect(&s.count_by_window(l, sl).name("counted"));
     let mut graph = b.build().unwrap();
@@ -97,7 +104,20 @@ fn build_spilling(length: u64, slide: u64, partitions: usize, spill_budget: Opti
         graph.spill_state(&StateSpill::new(Arc::clone(&store) as _, budget));
         (store, budget)
     });
-    Windows { graph, spill, queue, plain, pane_sum, pane_max, inv_sum, inv_filtered, inv_reduced, total, counted }
+    Windows {
+        graph,
+        spill,
+        queue,
+        plain,
+        pane_sum,
+        pane_max,
+        inv_sum,
+        inv_filtered,
+        inv_reduced,
+        inv_dropping,
+        total,
+        counted,
+    }
 }
 
 fn check(w: &Windows, input: &Input, length: i64, slide: i64) -> Result<(), TestCaseError> {
@@ -141,6 +161,7 @@ fn add_outputs_before_the_restart(first: &Windows, second: &Windows) {
         (&first.inv_sum, &second.inv_sum),
         (&first.inv_filtered, &second.inv_filtered),
         (&first.inv_reduced, &second.inv_reduced),
+        (&first.inv_dropping, &second.inv_dropping),
     ] {
         to.lock().unwrap().extend(from.lock().unwrap().clone());
     }
@@ -160,6 +181,46 @@ proptest! {
             w.queue.push_partitions(batch.clone());
         }
         run(&mut w.graph, 1..=input.len() as i64);
+        check(&w, &input, length as i64, slide as i64)?;
+    }
+
+    #[test]
+    fn windows_recomputed_for_state_continue_exactly(
+        input in stream(), length in 1u64..9, slide in 1u64..5, cut in 0usize..40, spill in spill_budgets(),
+    ) {
+        // As a restart recomputes the batches after its snapshot: the
+        // first `cut` batches for state alone, then on as usual.
+        let cut = cut.min(input.len());
+        let mut w = build_spilling(length, slide, 3, spill);
+        for batch in &input {
+            w.queue.push_partitions(batch.clone());
+        }
+        for batch in 1..=cut as i64 {
+            let planned = w.graph.plan(t(batch), &BTreeMap::new()).unwrap();
+            w.graph.recompute_for_state(t(batch), BatchId(batch as u64), &planned).unwrap();
+        }
+        prop_assert!(w.inv_sum.lock().unwrap().is_empty() && w.plain.lock().unwrap().is_empty(), "an output ran");
+        run(&mut w.graph, cut as i64 + 1..=input.len() as i64);
+        // The same batches all run as usual: what the outputs wrote up to
+        // the cut, and what the dropping window writes after it.
+        let mut whole = build_spilling(length, slide, 3, None);
+        for batch in &input {
+            whole.queue.push_partitions(batch.clone());
+        }
+        run(&mut whole.graph, 1..=input.len() as i64);
+        let after_cut = |seen: &Collected<(u8, i64)>| {
+            let mut seen = seen.lock().unwrap().clone();
+            seen.retain(|time, _| *time > t(cut as i64));
+            seen.values_mut().for_each(|records| records.sort_unstable());
+            seen
+        };
+        prop_assert_eq!(after_cut(&w.inv_dropping), after_cut(&whole.inv_dropping));
+        for seen in [&whole.plain, &whole.pane_sum, &whole.pane_max, &whole.inv_sum, &whole.inv_filtered, &whole.inv_reduced] {
+            seen.lock().unwrap().retain(|time, _| *time <= t(cut as i64));
+        }
+        whole.total.lock().unwrap().retain(|time, _| *time <= t(cut as i64));
+        whole.counted.lock().unwrap().retain(|time, _| *time <= t(cut as i64));
+        add_outputs_before_the_restart(&whole, &w);
         check(&w, &input, length as i64, slide as i64)?;
     }
 

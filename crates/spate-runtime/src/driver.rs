@@ -388,7 +388,7 @@ impl Engine {
         self.show_batch_started(batch, &offsets, scheduling_delay_ms, recovered);
         let mut phases = PhaseTimes { offsets_logged_ms: elapsed_ms(started), ..PhaseTimes::default() };
         let computing = Instant::now();
-        let (jobs, Fed { records, ahead }) = self.compute(batch, &offsets)?;
+        let (jobs, Fed { records, ahead }) = self.compute(batch, &offsets, false)?;
         let late = self.graph.late_records();
         phases.jobs_ms = elapsed_ms(computing);
         let mut jobs: Vec<NamedJob> = jobs
@@ -498,8 +498,14 @@ impl Engine {
     }
 
     /// Feeds the receiver inputs and computes the batch through the graph.
-    /// Returns the batch's jobs, its records and the work done on them ahead.
-    fn compute(&mut self, batch: BatchId, offsets: &OffsetSeq) -> Result<(Vec<spate_dstream::Job>, Fed), RuntimeError> {
+    /// Returns the batch's jobs (none when it is recomputed `for_state`
+    /// alone), its records and the work done on them ahead.
+    fn compute(
+        &mut self,
+        batch: BatchId,
+        offsets: &OffsetSeq,
+        for_state: bool,
+    ) -> Result<(Vec<spate_dstream::Job>, Fed), RuntimeError> {
         let time = offsets.batch_timestamp;
         let mut total = Fed::default();
         if let Some(tracker) = &self.tracker {
@@ -515,18 +521,19 @@ impl Engine {
         }
         let records = total.records.saturating_add(replayable_records(offsets, &self.graph));
         let planned = planned_offsets(offsets, &self.graph);
-        let jobs = self
-            .graph
-            .generate_jobs(time, batch, &planned)
-            .map_err(|e| RuntimeError::Planning { batch, reason: e.to_string() })?;
+        let jobs = if for_state {
+            self.graph.recompute_for_state(time, batch, &planned).map(|()| Vec::new())
+        } else {
+            self.graph.generate_jobs(time, batch, &planned)
+        };
+        let jobs = jobs.map_err(|e| RuntimeError::Planning { batch, reason: e.to_string() })?;
         Ok((jobs, Fed { records, ahead: total.ahead }))
     }
 
     /// Recomputes a committed batch without running its outputs, to bring
     /// operator state from its last snapshot up to the last commit.
     pub(crate) fn replay_for_state(&mut self, batch: BatchId, offsets: &OffsetSeq) -> Result<(), RuntimeError> {
-        let (jobs, _) = self.compute(batch, offsets)?;
-        drop(jobs);
+        self.compute(batch, offsets, true)?;
         self.batch_times.insert(batch, offsets.batch_timestamp);
         self.last_time = Some(offsets.batch_timestamp);
         Ok(())
