@@ -20,6 +20,7 @@ use std::collections::BTreeMap;
 use std::collections::hash_map::Entry;
 use std::marker::PhantomData;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use serde::{Deserialize, Serialize};
 use spate_core::{CoreError, Duration, FrameCodec, Time};
@@ -154,6 +155,13 @@ struct Assigned<K, V, A> {
     future: usize,
 }
 
+/// One input partition's contribution, moved to the work partition of
+/// its keys: each key and pane once, as a list (it is only read through).
+struct Shuffled<K, V, A> {
+    panes: Vec<((K, Time), A)>,
+    records: Vec<(K, Time, V)>,
+}
+
 /// The functions and settings of one aggregation.
 struct Aggregation<K, V, A, E, C, F, M> {
     _types: PhantomData<fn(K, V) -> A>,
@@ -162,6 +170,10 @@ struct Aggregation<K, V, A, E, C, F, M> {
     add: F,
     merge: M,
     windows: EventWindows,
+    /// Keys and panes an input partition had the last time: a batch's
+    /// partition has about as many as the one before, so its table is
+    /// sized for them rather than grown a dozen times over.
+    entries_last_time: AtomicUsize,
 }
 
 /// What one work partition emits in a batch: results and late records.
@@ -225,8 +237,14 @@ where
     /// record stamped after `horizon` is not believed and goes to the late
     /// records without moving the partition's clock.
     fn assign(&self, records: Vec<(K, V)>, watermark: Option<Time>, horizon: Time) -> Assigned<K, V, A> {
-        let mut out =
-            Assigned { max: None, panes: map_with_capacity(0), records: Vec::new(), late: Vec::new(), future: 0 };
+        let capacity = self.entries_last_time.load(Ordering::Relaxed).min(records.len());
+        let mut out = Assigned {
+            max: None,
+            panes: map_with_capacity(capacity),
+            records: Vec::new(),
+            late: Vec::new(),
+            future: 0,
+        };
         let sliding = self.sliding();
         for (key, value) in records {
             let time = (self.event_time)(&value);
@@ -251,6 +269,7 @@ where
                 }
             }
         }
+        self.entries_last_time.store(out.panes.len(), Ordering::Relaxed);
         out
     }
 
@@ -259,7 +278,7 @@ where
     fn fold_and_emit(
         &self,
         state: &mut PartState<K, A>,
-        incoming: Vec<Assigned<K, V, A>>,
+        incoming: Vec<Shuffled<K, V, A>>,
         progress: Progress,
     ) -> Result<Emitted<K, V, A>, CoreError> {
         match self.sliding() {
@@ -284,7 +303,7 @@ where
     fn fold_panes(
         &self,
         state: &mut PartState<K, A>,
-        incoming: Vec<Assigned<K, V, A>>,
+        incoming: Vec<Shuffled<K, V, A>>,
         before: Option<Time>,
         size: Duration,
         slide: Duration,
@@ -292,8 +311,10 @@ where
         let mut dirty = Vec::new();
         for assigned in incoming {
             let mut by_pane: BTreeMap<Time, Vec<(u32, A)>> = BTreeMap::new();
-            for ((key, pane), value) in assigned.panes {
-                let id = state.keys.insert(&key)?;
+            // Looked up in groups: at a million keys, a lookup a key is
+            // a chain of cache misses (see `KeyTable::insert_many`).
+            let entries = assigned.panes.into_iter().map(|((key, pane), value)| (key, (pane, value)));
+            for (id, (pane, value)) in state.keys.insert_entries(entries, |_| {})? {
                 for start in Self::starts_holding(pane, size, slide) {
                     let end = start + size;
                     let emitted = before.is_some_and(|w| end <= w);
@@ -411,7 +432,7 @@ where
     fn fold_sessions(
         &self,
         state: &mut PartState<K, A>,
-        incoming: Vec<Assigned<K, V, A>>,
+        incoming: Vec<Shuffled<K, V, A>>,
         before: Option<Time>,
     ) -> Vec<(K, V)> {
         let Shape::Session { gap } = self.windows.shape else { return Vec::new() };
@@ -461,21 +482,15 @@ where
 }
 
 /// Moves each input partition's contribution to the work partition of its keys.
-fn shuffle<K: Key, V, A>(assigned: Vec<Assigned<K, V, A>>, partitions: usize) -> Vec<Vec<Assigned<K, V, A>>> {
-    let mut out: Vec<Vec<Assigned<K, V, A>>> = (0..partitions).map(|_| Vec::new()).collect();
+fn shuffle<K: Key, V, A>(assigned: Vec<Assigned<K, V, A>>, partitions: usize) -> Vec<Vec<Shuffled<K, V, A>>> {
+    let mut out: Vec<Vec<Shuffled<K, V, A>>> = (0..partitions).map(|_| Vec::new()).collect();
     for part in assigned {
-        let mut split: Vec<Assigned<K, V, A>> = (0..partitions)
-            .map(|_| Assigned {
-                max: None,
-                panes: map_with_capacity(0),
-                records: Vec::new(),
-                late: Vec::new(),
-                future: 0,
-            })
-            .collect();
-        for ((key, pane), value) in part.panes {
-            if let Some(target) = split.get_mut(partition_of(&key, partitions)) {
-                target.panes.insert((key, pane), value);
+        let share = part.panes.len() / partitions.max(1) + 1;
+        let mut split: Vec<Shuffled<K, V, A>> =
+            (0..partitions).map(|_| Shuffled { panes: Vec::with_capacity(share), records: Vec::new() }).collect();
+        for (key_pane, value) in part.panes {
+            if let Some(target) = split.get_mut(partition_of(&key_pane.0, partitions)) {
+                target.panes.push((key_pane, value));
             }
         }
         for (key, time, value) in part.records {
@@ -862,7 +877,15 @@ impl<K: Key, V: Data> DStream<(K, V)> {
         });
         let late = Slot::new();
         let node_late = Arc::clone(&late);
-        let aggregation = Aggregation { _types: PhantomData, event_time, create, add, merge, windows };
+        let aggregation = Aggregation {
+            _types: PhantomData,
+            event_time,
+            create,
+            add,
+            merge,
+            windows,
+            entries_last_time: AtomicUsize::new(0),
+        };
         let output = self.add_node(meta, |output| {
             Box::new(EventWindowNode {
                 input,
