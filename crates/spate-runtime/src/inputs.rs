@@ -404,7 +404,7 @@ impl<T: Record + Data, R: Receiver<T>> TypedReceiverInput<T, R> {
         // a batch of many blocks (a backlog, a restart) is never held decoded.
         let now = self.per_block_in_parallel(taken, |block| match block {
             TakenBlock::Stored(block_id, data) => arrivals.process_stored_data(block_id, data),
-            in_wal => arrivals.process(in_wal.decode().map_err(|e| e.to_string())?),
+            in_wal @ TakenBlock::InWal { .. } => arrivals.process(in_wal.decode().map_err(|e| e.to_string())?),
         })?;
         for (index, block) in indices.into_iter().zip(now) {
             processed[index] = Some(block);

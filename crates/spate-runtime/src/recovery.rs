@@ -74,8 +74,10 @@ pub struct RecoveryReport {
     /// back (the receiver WAL was off or lost them), as the tracker names them.
     pub unrecoverable_blocks: Vec<String>,
     /// Milliseconds (wall clock) reading the operators' state snapshots.
+    #[serde(default)]
     pub restore_ms: u64,
     /// Milliseconds (wall clock) recomputing [`RecoveryReport::replayed_for_state`].
+    #[serde(default)]
     pub replay_ms: u64,
 }
 
