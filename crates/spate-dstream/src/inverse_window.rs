@@ -503,7 +503,6 @@ impl<K: Key, V: Data> Part<K, V> {
             part.retained.push_back(payload.record()?);
             part.spill_if_over()?;
         }
-        part.grow();
         part.uncounted = true;
         Ok(part)
     }
@@ -537,7 +536,6 @@ impl<K: Key, V: Data> Part<K, V> {
             self.retained.push_back(payload.record()?);
             self.spill_if_over()?;
         }
-        self.grow();
         self.uncounted = true;
         Ok(())
     }

@@ -765,7 +765,8 @@ fn range_records(value: &Value) -> u64 {
     }
 }
 
-fn elapsed_ms(since: Instant) -> u64 {
+/// Milliseconds since `since`, wall clock.
+pub(crate) fn elapsed_ms(since: Instant) -> u64 {
     u64::try_from(since.elapsed().as_millis()).unwrap_or(u64::MAX)
 }
 

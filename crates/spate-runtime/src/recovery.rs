@@ -23,7 +23,7 @@ use spate_wal::{FileWriteAheadLog, WalSettings};
 use tracing::warn;
 
 use crate::checkpoint_store::GraphManifest;
-use crate::driver::{Engine, QueuedBatch};
+use crate::driver::{Engine, QueuedBatch, elapsed_ms};
 use crate::error::RuntimeError;
 use crate::inputs::ReceiverResume;
 
@@ -106,10 +106,6 @@ impl fmt::Display for RecoveryReport {
         }
         Ok(())
     }
-}
-
-fn millis_since(start: Instant) -> u64 {
-    u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX)
 }
 
 /// Missed batch times run after a restart at most; older ones are skipped
@@ -201,10 +197,10 @@ pub(crate) fn recover(
     // keys spends seconds here, and the user is told where they went.
     let restoring = Instant::now();
     restore_state(engine, manifest.as_ref(), &mut report)?;
-    report.restore_ms = millis_since(restoring);
+    report.restore_ms = elapsed_ms(restoring);
     let replaying = Instant::now();
     replay_committed(engine, logged.committed, &mut report)?;
-    report.replay_ms = millis_since(replaying);
+    report.replay_ms = elapsed_ms(replaying);
     let resume = resume_positions(engine, logged.last.as_ref());
     if let Some((batch, offsets)) = &logged.last {
         call_resume_hooks(engine, offsets);
