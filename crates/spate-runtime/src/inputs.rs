@@ -81,7 +81,6 @@ pub(crate) struct SpillPlace<'a> {
     pub(crate) budget: &'a Arc<MemoryBudget>,
 }
 
-/// A receiver input with its record type erased, as the driver drives it.
 /// What feeding a batch's blocks to the graph gave.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Fed {
@@ -92,6 +91,7 @@ pub(crate) struct Fed {
     pub(crate) ahead: std::time::Duration,
 }
 
+/// A receiver input with its record type erased, as the driver drives it.
 pub(crate) trait ReceiverInput: Send {
     /// The input's name in the graph.
     fn name(&self) -> &str;
