@@ -165,6 +165,37 @@ fn a_key_late_in_two_input_partitions_of_one_batch_updates_its_window_once() {
 }
 
 #[test]
+fn a_late_record_updates_each_sliding_window_holding_it_from_that_windows_panes_alone() {
+    let (results, late) = (Results::default(), Late::default());
+    let windows = EventWindows::sliding(ms(2000), ms(1000)).allowed_lateness(ms(2000));
+    let mut s = summed(windows, Watermarks::bounded_out_of_orderness(Duration::ZERO), &results, &late);
+    run_batches(
+        &mut s,
+        &[
+            // Key 1 in four panes in a row; the watermark reaches 13500.
+            vec![vec![(1, (10_500, 1)), (1, (11_500, 2)), (2, (11_500, 32)), (1, (12_500, 4)), (1, (13_500, 8))]],
+            // Each late record is in two windows; for key 2's at 10100,
+            // [9000, 11000) is gone, [10000, 12000) is not.
+            vec![vec![(1, (11_200, 16)), (2, (10_100, 64))]],
+        ],
+    );
+    assert_eq!(
+        all(&results),
+        vec![
+            (t(1), result(1, 9000, 11_000, 1, 0)),
+            (t(1), result(1, 10_000, 12_000, 3, 0)),
+            (t(1), result(1, 11_000, 13_000, 6, 0)),
+            (t(1), result(2, 10_000, 12_000, 32, 0)),
+            (t(1), result(2, 11_000, 13_000, 32, 0)),
+            (t(2), result(1, 10_000, 12_000, 19, 1)),
+            (t(2), result(1, 11_000, 13_000, 22, 1)),
+            (t(2), result(2, 10_000, 12_000, 96, 1)),
+        ]
+    );
+    assert_eq!(all(&late), vec![]);
+}
+
+#[test]
 fn sliding_windows_hold_each_record_in_size_over_slide_windows() {
     let (results, late) = (Results::default(), Late::default());
     let windows = EventWindows::sliding(ms(3000), ms(1000));

@@ -11,8 +11,8 @@
 //!
 //! A key is in every pane it has records in (some 15 of a window of 30 s
 //! sliding by 2 s), so each work partition keeps the keys of its panes
-//! once, in a [`KeyTable`], and each pane as a [`Run`] of aggregates
-//! against their ids; a key's id is given back once no pane and no
+//! once, in a [`KeyTable`], and each pane as aggregates against their
+//! ids, encoded (a [`Pane`]); a key's id is given back once no pane and no
 //! revision names it. A snapshot writes each partition's keys with their
 //! ids; a restore onto another partition count re-keys by value.
 
@@ -33,7 +33,7 @@ use crate::batch::{Batch, Data, Key};
 use crate::error::DStreamError;
 use crate::graph::Job;
 use crate::hash::{KeyHashMap, map_with_capacity, partition_of};
-use crate::keyed::{ByteString, KeyTable, OwnedByteString};
+use crate::keyed::{ByteString, EncodedSlice, KeyTable, OwnedByteString};
 use crate::node::{Node, NodeMeta, Slot, StateMeta, StatefulNode, StepCtx};
 use crate::runs::Run;
 use crate::stream::DStream;
@@ -72,7 +72,7 @@ struct PartState<K, A> {
     /// How many panes and revisions name each id.
     refs: Vec<u32>,
     /// Sliding windows: pane start -> each key's aggregate in the pane, by id.
-    panes: BTreeMap<Time, Run<A>>,
+    panes: BTreeMap<Time, Pane<A>>,
     /// Sliding windows emitted again after late records: the last revision
     /// by key id and window start.
     revisions: KeyHashMap<(u32, Time), u32>,
@@ -123,11 +123,15 @@ impl<K: Key, A: Data> PartState<K, A> {
         merge: impl Fn(&mut A, &A),
     ) -> Result<(), CoreError> {
         let incoming = Run::from_entries(entries).ok_or_else(|| state_error("a key twice in a pane"))?;
-        let existing = self.panes.remove(&start).unwrap_or_default();
+        let existing = match self.panes.get(&start) {
+            Some(pane) => pane.decode()?,
+            None => Run::default(),
+        };
         let mut fresh = Vec::new();
         let merged = Run::merge_owned(existing, incoming, |acc, value| merge(acc, &value), |id| fresh.push(id));
+        let pane = Pane::encode(&merged)?;
         fresh.into_iter().for_each(|id| self.hold(id));
-        self.panes.insert(start, merged);
+        self.panes.insert(start, pane);
         Ok(())
     }
 
@@ -139,6 +143,46 @@ impl<K: Key, A: Data> PartState<K, A> {
 
 fn state_error(reason: &str) -> CoreError {
     CoreError::Decode { reason: format!("event-time window state: {reason}") }
+}
+
+/// One pane's aggregates by key id, encoded (see [`EncodedSlice`]): a
+/// million-key window of 30 s sliding by 2 s keeps some 13 million of
+/// them over its 15 panes, 12 bytes each as arrays of `u64` counts, about
+/// 2 encoded. A pane is decoded into a [`Run`] for the moment it is merged
+/// into or read, one pane at a time.
+struct Pane<A> {
+    encoded: EncodedSlice,
+    _values: PhantomData<fn() -> A>,
+}
+
+impl<A: Data> Pane<A> {
+    fn encode(run: &Run<A>) -> Result<Self, CoreError> {
+        Ok(Pane { encoded: EncodedSlice::encode_in_order(run.entries(), run.len())?, _values: PhantomData })
+    }
+
+    fn decode(&self) -> Result<Run<A>, CoreError> {
+        let len = self.encoded.len();
+        let mut run = Run { ids: Vec::with_capacity(len), values: Vec::with_capacity(len) };
+        self.encoded.for_each(|id, value| {
+            run.ids.push(id);
+            run.values.push(value);
+        })?;
+        Ok(run)
+    }
+
+    /// The ids the pane names, ascending.
+    fn ids(&self) -> Result<Vec<u32>, CoreError> {
+        let mut ids = Vec::with_capacity(self.encoded.len());
+        self.encoded.for_each(|id, _: A| ids.push(id))?;
+        Ok(ids)
+    }
+}
+
+/// Written as the [`Run`] it encodes: the form snapshots have always had.
+impl<A: Data> Serialize for Pane<A> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.decode().map_err(serde::ser::Error::custom)?.serialize(serializer)
+    }
 }
 
 /// What one input partition of a batch contributes.
@@ -286,7 +330,7 @@ where
                 let dirty = self.fold_panes(state, incoming, progress.before, size, slide)?;
                 let mut out = self.emit_updates(state, dirty, size)?;
                 self.emit_panes(state, progress, size, slide, &mut out)?;
-                self.purge_panes(state, progress.after, size, slide);
+                self.purge_panes(state, progress.after, size, slide)?;
                 Ok((out, Vec::new()))
             }
             None => {
@@ -335,18 +379,34 @@ where
         Ok(dirty)
     }
 
-    /// The aggregate of `id` over the panes of the window at `start`.
-    fn window_value(state: &PartState<K, A>, merge: &M, id: u32, start: Time, size: Duration) -> Option<A> {
-        let mut acc: Option<A> = None;
-        for pane in state.panes.range(start..start + size).map(|(_, run)| run) {
-            if let Some(value) = pane.get(id) {
-                match acc.as_mut() {
-                    Some(acc) => merge(acc, value),
-                    None => acc = Some(value.clone()),
+    /// Each dirty window's aggregate over its panes (`None`: no pane holds
+    /// the key), merged pane by pane in time order; each pane is decoded
+    /// once, however many of the windows hold it.
+    fn window_values(
+        state: &PartState<K, A>,
+        merge: &M,
+        dirty: &[(u32, Time)],
+        size: Duration,
+    ) -> Result<Vec<Option<A>>, CoreError> {
+        let mut values: Vec<Option<A>> = vec![None; dirty.len()];
+        let starts = dirty.iter().map(|(_, start)| *start);
+        let (Some(first), Some(last)) = (starts.clone().min(), starts.max()) else { return Ok(values) };
+        for (pane_start, pane) in state.panes.range(first..last + size) {
+            let run = pane.decode()?;
+            let holding = dirty
+                .iter()
+                .zip(&mut values)
+                .filter(|((_, start), _)| *start <= *pane_start && *pane_start < *start + size);
+            for ((id, _), acc) in holding {
+                if let Some(value) = run.get(*id) {
+                    match acc.as_mut() {
+                        Some(acc) => merge(acc, value),
+                        None => *acc = Some(value.clone()),
+                    }
                 }
             }
         }
-        acc
+        Ok(values)
     }
 
     /// Emits again the windows late records changed.
@@ -356,9 +416,10 @@ where
         dirty: Vec<(u32, Time)>,
         size: Duration,
     ) -> Result<Vec<WindowResult<K, A>>, CoreError> {
+        let values = Self::window_values(state, &self.merge, &dirty, size)?;
         let mut out = Vec::with_capacity(dirty.len());
-        for (id, start) in dirty {
-            let Some(value) = Self::window_value(state, &self.merge, id, start, size) else { continue };
+        for ((id, start), value) in dirty.into_iter().zip(values) {
+            let Some(value) = value else { continue };
             let revision = match state.revisions.entry((id, start)) {
                 Entry::Occupied(mut slot) => {
                     *slot.get_mut() += 1;
@@ -397,8 +458,8 @@ where
         starts.dedup();
         for start in starts {
             let mut window: Run<A> = Run::default();
-            for pane in state.panes.range(start..start + size).map(|(_, run)| run) {
-                window = Run::merge_from(window, pane, &self.merge);
+            for (_, pane) in state.panes.range(start..start + size) {
+                window = Run::merge_from(window, &pane.decode()?, &self.merge);
             }
             let bounds = Window { start, end: start + size };
             out.reserve(window.len());
@@ -410,12 +471,20 @@ where
     }
 
     /// Drops the panes and revisions of windows past their lateness.
-    fn purge_panes(&self, state: &mut PartState<K, A>, after: Option<Time>, size: Duration, slide: Duration) {
+    fn purge_panes(
+        &self,
+        state: &mut PartState<K, A>,
+        after: Option<Time>,
+        size: Duration,
+        slide: Duration,
+    ) -> Result<(), CoreError> {
         let gone: Vec<Time> =
             state.panes.keys().copied().filter(|pane| self.purged(Self::last_end(*pane, size, slide), after)).collect();
         let mut released = Vec::new();
-        for pane in gone {
-            released.extend(state.panes.remove(&pane).map(|run| run.ids).unwrap_or_default());
+        for start in gone {
+            if let Some(pane) = state.panes.remove(&start) {
+                released.extend(pane.ids()?);
+            }
         }
         state.revisions.retain(|(id, start), _| {
             let keep = !self.purged(*start + size, after);
@@ -425,6 +494,7 @@ where
             keep
         });
         released.into_iter().for_each(|id| state.release(id));
+        Ok(())
     }
 
     /// Adds records to their keys' sessions, merging the sessions each one
@@ -648,7 +718,7 @@ impl<K: Key, A: Data> Spreader<K, A> {
             for (pane, entries) in panes {
                 let run = Run::from_entries(entries).ok_or_else(|| state_error("a key twice in a pane"))?;
                 run.ids.iter().for_each(|id| part.hold(*id));
-                part.panes.insert(pane, run);
+                part.panes.insert(pane, Pane::encode(&run)?);
             }
         }
         Ok(self.parts)
@@ -662,9 +732,10 @@ fn respread<K: Key, A: Data>(
 ) -> Result<Vec<PartState<K, A>>, CoreError> {
     let mut out = Spreader::new(partitions);
     for part in parts {
-        for (pane, run) in &part.panes {
-            for (id, value) in run.ids.iter().zip(&run.values) {
-                out.pane(*pane, &part.key(*id)?, value.clone())?;
+        for (start, pane) in &part.panes {
+            let run = pane.decode()?;
+            for (id, value) in run.ids.into_iter().zip(run.values) {
+                out.pane(*start, &part.key(id)?, value)?;
             }
         }
         for ((id, start), revision) in &part.revisions {
@@ -688,10 +759,11 @@ fn windows_codec() -> FrameCodec {
 
 /// One work partition as a snapshot writes it.
 #[derive(Serialize)]
+#[serde(bound(serialize = "K: Serialize, A: Data"))]
 struct PartRef<'a, K, A> {
     /// Each key of the panes and revisions: its id and its encoding.
     keys: Vec<(u32, ByteString<'a>)>,
-    panes: Vec<(Time, &'a Run<A>)>,
+    panes: Vec<(Time, &'a Pane<A>)>,
     revisions: Vec<(u32, Time, u32)>,
     sessions: Vec<(&'a K, &'a [Session<A>])>,
 }
@@ -727,7 +799,7 @@ impl<K: Key, A: Data> PartState<K, A> {
                 return Err(state_error("a pane whose ids are out of order, without a value or without a key"));
             }
             run.ids.iter().for_each(|id| part.hold(*id));
-            part.panes.insert(pane, run);
+            part.panes.insert(pane, Pane::encode(&run)?);
         }
         for (id, start, revision) in owned.revisions {
             if !part.keys.contains(id) {
@@ -924,5 +996,24 @@ impl<K: Key, V: Data> DStream<(K, V)> {
             move |acc: &mut V, value: V| *acc = add(acc, &value),
             move |acc: &mut V, other: &V| *acc = merge(acc, other),
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pane_reads_back_its_run_and_is_written_as_the_run() {
+        let run = Run::from_entries(vec![(900_000, u64::MAX), (3, 1), (70, 0)]).unwrap();
+        let pane = Pane::encode(&run).unwrap();
+        assert_eq!(pane.decode().unwrap(), run);
+        assert_eq!(pane.ids().unwrap(), [3, 70, 900_000]);
+        // Snapshots written before panes were encoded hold the run itself.
+        let config = bincode::config::standard();
+        let written = bincode::serde::encode_to_vec(&pane, config).unwrap();
+        assert_eq!(written, bincode::serde::encode_to_vec(&run, config).unwrap());
+        let empty = Pane::<u64>::encode(&Run::default()).unwrap();
+        assert_eq!(empty.decode().unwrap(), Run::default());
     }
 }
