@@ -15,7 +15,6 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::fs;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -158,6 +157,49 @@ pub struct BatchCounts {
     pub counts: BTreeMap<String, u64>,
 }
 
+/// A batch's record as it is written: the JSON of [`BatchCounts`], read
+/// from the batch's own pairs. At a million distinct words a batch holds
+/// hundreds of thousands of them, and a copy of each into a map of its own
+/// would take tens of megabytes for the moment the file is written.
+#[derive(Serialize)]
+struct BatchCountsOut<'a> {
+    batch_id: BatchId,
+    batch_time: Time,
+    records: u64,
+    counts: SortedCounts<'a>,
+}
+
+/// Word counts written as a JSON object, words in order; each word once
+/// (the counts of a `reduce_by_key`).
+struct SortedCounts<'a>(Vec<&'a (String, u64)>);
+
+impl<'a> SortedCounts<'a> {
+    fn of(pairs: impl Iterator<Item = &'a (String, u64)>) -> Self {
+        let mut sorted: Vec<&(String, u64)> = pairs.collect();
+        sorted.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        SortedCounts(sorted)
+    }
+}
+
+impl Serialize for SortedCounts<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_map(self.0.iter().map(|(word, count)| (word, count)))
+    }
+}
+
+/// The `top_n` most frequent words of `pairs`, most frequent first (ties
+/// by word), chosen among references: only those few words are copied.
+fn top_words<'a>(pairs: impl Iterator<Item = &'a (String, u64)>, top_n: usize) -> Vec<(String, u64)> {
+    let order = |a: &&(String, u64), b: &&(String, u64)| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0));
+    let mut all: Vec<&(String, u64)> = pairs.collect();
+    if top_n < all.len() {
+        all.select_nth_unstable_by(top_n, order);
+        all.truncate(top_n);
+    }
+    all.sort_unstable_by(order);
+    all.into_iter().cloned().collect()
+}
+
 /// The generator's settings, as the output directory records them.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct GeneratorRecord {
@@ -261,13 +303,11 @@ pub fn word_count_pipeline(p: &mut PipelineBuilder, options: &DemoSettings) -> R
     let output_dir = options.output_dir.clone();
     per_batch
         .foreach_batch(move |batch, info| {
-            let counts: BTreeMap<String, u64> = batch.iter().map(|(word, n)| (word.to_string(), *n)).collect();
-            let record =
-                BatchCounts { batch_id: info.batch_id, batch_time: info.time, records: counts.values().sum(), counts };
-            match &output_dir {
-                Some(dir) => write_once(&dir.join(format!("batch-{:010}.json", info.batch_id.0)), &record),
-                None => Ok(()),
-            }
+            let Some(dir) = &output_dir else { return Ok(()) };
+            let records = batch.iter().map(|(_, n)| *n).sum();
+            let counts = SortedCounts::of(batch.iter());
+            let record = BatchCountsOut { batch_id: info.batch_id, batch_time: info.time, records, counts };
+            write_once(&dir.join(format!("batch-{:010}.json", info.batch_id.0)), &record)
         })
         .name("batch-counts-out");
     let windowed = per_batch
@@ -283,12 +323,10 @@ pub fn word_count_pipeline(p: &mut PipelineBuilder, options: &DemoSettings) -> R
     let on_counts = options.on_window_counts.clone();
     windowed
         .foreach_batch(move |batch, info| {
-            let mut words: Vec<(String, u64)> = batch.iter().cloned().collect();
             if let Some(on_counts) = &on_counts {
-                on_counts(&words, info)?;
+                on_counts(&batch.iter().cloned().collect::<Vec<_>>(), info)?;
             }
-            words.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
-            words.truncate(top_n);
+            let words = top_words(batch.iter(), top_n);
             let top = TopWords { batch_id: info.batch_id, batch_time: info.time, words };
             if let Some(callback) = &callback {
                 callback(&top);
@@ -373,8 +411,9 @@ fn write_once<T: Serialize>(path: &Path, value: &T) -> Result<(), spate_dstream:
     {
         return Err(e.into());
     }
-    let mut file = create_private_file(&tmp)?;
-    file.write_all(&serde_json::to_vec(value)?)?;
+    let mut file = std::io::BufWriter::new(create_private_file(&tmp)?);
+    serde_json::to_writer(&mut file, value)?;
+    let file = file.into_inner().map_err(std::io::IntoInnerError::into_error)?;
     file.sync_all()?;
     drop(file);
     match fs::hard_link(&tmp, path) {
@@ -471,6 +510,30 @@ mod tests {
 
     fn options(seed: u64, keys: u64, zipf: f64, out: &Path) -> DemoSettings {
         DemoSettings { keys, zipf, output_dir: Some(out.to_path_buf()), ..DemoSettings::new(seed) }
+    }
+
+    #[test]
+    fn a_batch_is_written_as_its_batch_counts_and_the_top_words_are_the_most_frequent() {
+        let pairs: Vec<(String, u64)> =
+            [("pear", 3), ("fig", 9), ("apple", 3), ("kiwi", 1), ("date", 9)].map(|(w, n)| (w.to_string(), n)).into();
+        let counts = BatchCountsOut {
+            batch_id: BatchId(4),
+            batch_time: Time::from_millis(5000),
+            records: 25,
+            counts: SortedCounts::of(pairs.iter()),
+        };
+        let expected = BatchCounts {
+            batch_id: BatchId(4),
+            batch_time: Time::from_millis(5000),
+            records: 25,
+            counts: pairs.iter().cloned().collect(),
+        };
+        assert_eq!(serde_json::to_string(&counts).unwrap(), serde_json::to_string(&expected).unwrap());
+        let top = |n| top_words(pairs.iter(), n);
+        let owned = |words: &[(&str, u64)]| words.iter().map(|(w, n)| (w.to_string(), *n)).collect::<Vec<_>>();
+        assert_eq!(top(3), owned(&[("date", 9), ("fig", 9), ("apple", 3)]));
+        assert_eq!(top(10), owned(&[("date", 9), ("fig", 9), ("apple", 3), ("pear", 3), ("kiwi", 1)]));
+        assert_eq!(top(0), owned(&[]));
     }
 
     #[test]
