@@ -251,6 +251,12 @@ impl KafkaSink {
             send(&self.producer, &self.topic, &record)?;
             sent += 1;
         }
+        // Served here, in short polls: the client's flush, finding a record
+        // in flight, polls for up to 100 ms, however soon its report comes.
+        let deadline = Instant::now() + self.timeout;
+        while self.producer.in_flight_count() > 0 && Instant::now() < deadline {
+            self.producer.poll(Duration::from_millis(1));
+        }
         self.producer.flush(self.timeout).map_err(client(format!("flush to {}", self.topic)))?;
         match self.producer.context().take(NO_TRANSACTION) {
             Some(source) => Err(KafkaError::Delivery { topic: self.topic.clone(), source }),
