@@ -14,7 +14,7 @@
 //! output with `isolation.level=read_committed`.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rdkafka::ClientContext;
@@ -80,13 +80,9 @@ impl OutputRecord {
 /// queue), and those reports may be served while the next transaction
 /// runs. Charged to that one, they would fail a batch that committed, and
 /// the batch would be aborted and run again for nothing.
-///
-/// It also wakes a transaction waiting for its records' reports (see
-/// [`DeliveryErrors::await_deliveries`]).
 #[derive(Default)]
 struct DeliveryErrors {
     state: Mutex<Deliveries>,
-    delivered: Condvar,
 }
 
 #[derive(Default)]
@@ -95,8 +91,6 @@ struct Deliveries {
     transaction: usize,
     /// The first failure of a record of `transaction`.
     first: Option<RdKafkaError>,
-    /// A transaction waits for its records' reports: each report wakes it.
-    awaiting: bool,
 }
 
 impl ClientContext for DeliveryErrors {}
@@ -105,16 +99,13 @@ impl ProducerContext for DeliveryErrors {
     type DeliveryOpaque = usize;
 
     fn delivery(&self, result: &DeliveryResult<'_>, transaction: usize) {
-        let mut state = self.lock();
         if let Err((error, _)) = result {
+            let mut state = self.lock();
             if transaction == state.transaction {
                 state.first.get_or_insert_with(|| error.clone());
             } else {
                 debug!(transaction, error = %error, "a record of an earlier transaction failed; that transaction ended without it");
             }
-        }
-        if state.awaiting {
-            self.delivered.notify_all();
         }
     }
 }
@@ -137,30 +128,21 @@ impl DeliveryErrors {
         let mut state = self.lock();
         if state.transaction == transaction { state.first.take() } else { None }
     }
+}
 
-    /// Waits until `in_flight` (the producer's records not yet reported)
-    /// is 0, or `timeout` passed.
-    ///
-    /// A commit flushes the producer first, and the client's flush, finding
-    /// a record in flight, waits for the next event of its own for up to
-    /// 100 ms; a threaded producer's reports are served by its own thread,
-    /// so that wait always ran out, and every transaction took 100 ms more
-    /// than its round trips (some 10 ms for a record on a local broker).
-    /// Waiting here, woken by each report, the flush finds nothing left.
-    fn await_deliveries(&self, in_flight: impl Fn() -> i32, timeout: Duration) {
-        // A report may be counted out after it wakes us: look again soon.
-        const RECHECK: Duration = Duration::from_millis(5);
-        let deadline = Instant::now() + timeout;
-        let mut state = self.lock();
-        while in_flight() > 0 {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                break;
-            }
-            state.awaiting = true;
-            state = self.delivered.wait_timeout(state, left.min(RECHECK)).unwrap_or_else(PoisonError::into_inner).0;
-        }
-        state.awaiting = false;
+/// Waits until none of `producer`'s records is in flight, or `timeout`
+/// passed, looking every millisecond.
+///
+/// A commit flushes the producer first, and the client's flush, finding a
+/// record in flight, waits for an event of its own for up to 100 ms; a
+/// threaded producer's reports are served by its own thread, so that wait
+/// always ran out, and every transaction took 100 ms more than its round
+/// trips (some 10 ms on a local broker). Waiting here, the flush finds
+/// nothing left.
+fn await_deliveries(producer: &ThreadedProducer<DeliveryErrors>, timeout: Duration) {
+    let deadline = Instant::now() + timeout;
+    while producer.in_flight_count() > 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(1));
     }
 }
 
@@ -594,7 +576,7 @@ impl Transactions {
         retry_coordinator("send offsets to the transaction", self.timeout, |left| {
             producer.send_offsets_to_transaction(&offsets, metadata, left)
         })?;
-        producer.context().await_deliveries(|| producer.in_flight_count(), self.timeout);
+        await_deliveries(producer, self.timeout);
         retry_coordinator("commit the transaction", self.timeout, |left| producer.commit_transaction(left))?;
         match producer.context().take(transaction) {
             Some(source) => {
