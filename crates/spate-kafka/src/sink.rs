@@ -130,19 +130,23 @@ impl DeliveryErrors {
     }
 }
 
-/// Waits until none of `producer`'s records is in flight, or `timeout`
-/// passed, looking every millisecond.
+/// How long [`await_deliveries`] lets a moment be.
+const DELIVERY_CHECK: Duration = Duration::from_millis(1);
+
+/// Waits until `in_flight` (a producer's records not yet reported) is 0,
+/// or `timeout` passed, calling `a_moment` between looks: a sleep for a
+/// threaded producer (its own thread serves the reports), a short poll for
+/// one that serves them where it is called.
 ///
-/// A commit flushes the producer first, and the client's flush, finding a
-/// record in flight, waits for an event of its own for up to 100 ms; a
-/// threaded producer's reports are served by its own thread, so that wait
-/// always ran out, and every transaction took 100 ms more than its round
-/// trips (some 10 ms on a local broker). Waiting here, the flush finds
-/// nothing left.
-fn await_deliveries(producer: &ThreadedProducer<DeliveryErrors>, timeout: Duration) {
+/// Called before a flush (a commit flushes first): the client's flush,
+/// finding a record in flight, waits for an event of its own for up to
+/// 100 ms however soon the report comes, so every batch took 100 ms more
+/// than its round trips (some 10 ms on a local broker). Waiting here, the
+/// flush finds nothing left.
+fn await_deliveries(in_flight: impl Fn() -> i32, a_moment: impl Fn(), timeout: Duration) {
     let deadline = Instant::now() + timeout;
-    while producer.in_flight_count() > 0 && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(1));
+    while in_flight() > 0 && Instant::now() < deadline {
+        a_moment();
     }
 }
 
@@ -233,12 +237,8 @@ impl KafkaSink {
             send(&self.producer, &self.topic, &record)?;
             sent += 1;
         }
-        // Served here, in short polls: the client's flush, finding a record
-        // in flight, polls for up to 100 ms, however soon its report comes.
-        let deadline = Instant::now() + self.timeout;
-        while self.producer.in_flight_count() > 0 && Instant::now() < deadline {
-            self.producer.poll(Duration::from_millis(1));
-        }
+        let producer = &self.producer;
+        await_deliveries(|| producer.in_flight_count(), || producer.poll(DELIVERY_CHECK), self.timeout);
         self.producer.flush(self.timeout).map_err(client(format!("flush to {}", self.topic)))?;
         match self.producer.context().take(NO_TRANSACTION) {
             Some(source) => Err(KafkaError::Delivery { topic: self.topic.clone(), source }),
@@ -576,7 +576,8 @@ impl Transactions {
         retry_coordinator("send offsets to the transaction", self.timeout, |left| {
             producer.send_offsets_to_transaction(&offsets, metadata, left)
         })?;
-        await_deliveries(producer, self.timeout);
+        let a_moment = || std::thread::sleep(DELIVERY_CHECK);
+        await_deliveries(|| producer.in_flight_count(), a_moment, self.timeout);
         retry_coordinator("commit the transaction", self.timeout, |left| producer.commit_transaction(left))?;
         match producer.context().take(transaction) {
             Some(source) => {
