@@ -189,10 +189,10 @@ impl<A: Data> Serialize for Pane<A> {
 struct Assigned<K, V, A> {
     /// The largest event time among its records.
     max: Option<Time>,
-    /// Sliding windows: partial aggregates by key and pane.
-    panes: KeyHashMap<(K, Time), A>,
-    /// Session windows: the records with their event times.
-    records: Vec<(K, Time, V)>,
+    /// Its windowed records, one share a work partition (split where the
+    /// input partitions are worked on in parallel, so that the shuffle
+    /// only moves the shares).
+    shares: Vec<Shuffled<K, V, A>>,
     /// Records whose every window is gone, or stamped too far ahead.
     late: Vec<(K, V)>,
     /// How many of `late` are stamped too far ahead.
@@ -280,15 +280,17 @@ where
     /// Assigns one input partition's records to windows (map side); a
     /// record stamped after `horizon` is not believed and goes to the late
     /// records without moving the partition's clock.
-    fn assign(&self, records: Vec<(K, V)>, watermark: Option<Time>, horizon: Time) -> Assigned<K, V, A> {
+    fn assign(
+        &self,
+        records: Vec<(K, V)>,
+        watermark: Option<Time>,
+        horizon: Time,
+        partitions: usize,
+    ) -> Assigned<K, V, A> {
         let capacity = self.entries_last_time.load(Ordering::Relaxed).min(records.len());
-        let mut out = Assigned {
-            max: None,
-            panes: map_with_capacity(capacity),
-            records: Vec::new(),
-            late: Vec::new(),
-            future: 0,
-        };
+        let mut panes: KeyHashMap<(K, Time), A> = map_with_capacity(capacity);
+        let mut timed = Vec::new();
+        let mut out = Assigned { max: None, shares: Vec::new(), late: Vec::new(), future: 0 };
         let sliding = self.sliding();
         for (key, value) in records {
             let time = (self.event_time)(&value);
@@ -299,21 +301,22 @@ where
             }
             out.max = Some(out.max.map_or(time, |max| max.max(time)));
             let Some((size, slide, pane)) = sliding else {
-                out.records.push((key, time, value));
+                timed.push((key, time, value));
                 continue;
             };
             if self.purged(Self::last_end(time, size, slide), watermark) {
                 out.late.push((key, value));
                 continue;
             }
-            match out.panes.entry((key, time.floor(pane))) {
+            match panes.entry((key, time.floor(pane))) {
                 Entry::Occupied(mut slot) => (self.add)(slot.get_mut(), value),
                 Entry::Vacant(slot) => {
                     slot.insert((self.create)(value));
                 }
             }
         }
-        self.entries_last_time.store(out.panes.len(), Ordering::Relaxed);
+        self.entries_last_time.store(panes.len(), Ordering::Relaxed);
+        out.shares = split_by_partition(panes, timed, partitions);
         out
     }
 
@@ -551,25 +554,35 @@ where
     }
 }
 
-/// Moves each input partition's contribution to the work partition of its keys.
-fn shuffle<K: Key, V, A>(assigned: Vec<Assigned<K, V, A>>, partitions: usize) -> Vec<Vec<Shuffled<K, V, A>>> {
+/// One input partition's windowed records split by the work partition of
+/// their keys, in the order they come (a map's order, then the records').
+fn split_by_partition<K: Key, V, A>(
+    panes: KeyHashMap<(K, Time), A>,
+    records: Vec<(K, Time, V)>,
+    partitions: usize,
+) -> Vec<Shuffled<K, V, A>> {
+    let share = panes.len() / partitions.max(1) + 1;
+    let mut split: Vec<Shuffled<K, V, A>> =
+        (0..partitions).map(|_| Shuffled { panes: Vec::with_capacity(share), records: Vec::new() }).collect();
+    for (key_pane, value) in panes {
+        if let Some(target) = split.get_mut(partition_of(&key_pane.0, partitions)) {
+            target.panes.push((key_pane, value));
+        }
+    }
+    for (key, time, value) in records {
+        if let Some(target) = split.get_mut(partition_of(&key, partitions)) {
+            target.records.push((key, time, value));
+        }
+    }
+    split
+}
+
+/// Moves each input partition's shares to their work partitions.
+fn shuffle<K, V, A>(assigned: Vec<Assigned<K, V, A>>, partitions: usize) -> Vec<Vec<Shuffled<K, V, A>>> {
     let mut out: Vec<Vec<Shuffled<K, V, A>>> = (0..partitions).map(|_| Vec::new()).collect();
     for part in assigned {
-        let share = part.panes.len() / partitions.max(1) + 1;
-        let mut split: Vec<Shuffled<K, V, A>> =
-            (0..partitions).map(|_| Shuffled { panes: Vec::with_capacity(share), records: Vec::new() }).collect();
-        for (key_pane, value) in part.panes {
-            if let Some(target) = split.get_mut(partition_of(&key_pane.0, partitions)) {
-                target.panes.push((key_pane, value));
-            }
-        }
-        for (key, time, value) in part.records {
-            if let Some(target) = split.get_mut(partition_of(&key, partitions)) {
-                target.records.push((key, time, value));
-            }
-        }
-        for (target, bucket) in out.iter_mut().zip(split) {
-            target.push(bucket);
+        for (target, share) in out.iter_mut().zip(part.shares) {
+            target.push(share);
         }
     }
     out
@@ -609,7 +622,9 @@ where
         let before = self.tracker.current();
         let aggregation = &self.aggregation;
         let horizon = self.watermarks.horizon(ctx.time);
-        let mut assigned = ctx.par(batch.into_partitions(), |records| aggregation.assign(records, before, horizon))?;
+        let partitions = ctx.partitions;
+        let mut assigned =
+            ctx.par(batch.into_partitions(), |records| aggregation.assign(records, before, horizon, partitions))?;
         let maxes: Vec<Option<Time>> = assigned.iter().map(|a| a.max).collect();
         report_future(ctx, assigned.iter().map(|a| a.future).sum(), &self.watermarks);
         let after = self.tracker.advance_batch(ctx.time, &maxes, marks.as_deref(), &self.watermarks);
