@@ -148,7 +148,9 @@ struct ProcessNode<K, V, S, M, E, F> {
 /// One input partition's records with their times, and its late ones.
 struct Stamped<K, V> {
     max: Option<Time>,
-    records: Vec<(K, Time, V)>,
+    /// Its records in time, one share a work partition (split where the
+    /// input partitions are worked on in parallel).
+    shares: Vec<Vec<(K, Time, V)>>,
     late: Vec<(K, V)>,
     /// How many of `late` are stamped too far ahead.
     future: usize,
@@ -163,8 +165,16 @@ where
     E: Fn(&V) -> Time + Send + Sync,
     F: Fn(&K, Timed<V>, &mut TimedState<S>, &mut Vec<M>) + Send + Sync,
 {
-    fn stamp(event_time: &E, records: Vec<(K, V)>, watermark: Option<Time>, horizon: Time) -> Stamped<K, V> {
-        let mut out = Stamped { max: None, records: Vec::with_capacity(records.len()), late: Vec::new(), future: 0 };
+    fn stamp(
+        event_time: &E,
+        records: Vec<(K, V)>,
+        watermark: Option<Time>,
+        horizon: Time,
+        partitions: usize,
+    ) -> Stamped<K, V> {
+        let share = records.len() / partitions.max(1) + 1;
+        let shares = (0..partitions).map(|_| Vec::with_capacity(share)).collect();
+        let mut out = Stamped { max: None, shares, late: Vec::new(), future: 0 };
         for (key, value) in records {
             let time = event_time(&value);
             if time > horizon {
@@ -175,23 +185,24 @@ where
             out.max = Some(out.max.map_or(time, |max| max.max(time)));
             if behind(time, watermark) {
                 out.late.push((key, value));
-            } else {
-                out.records.push((key, time, value));
+            } else if let Some(share) = out.shares.get_mut(partition_of(&key, partitions)) {
+                share.push((key, time, value));
             }
         }
         out
     }
 
-    /// Calls the function for a work partition's records, then for its due timers.
+    /// Calls the function for a work partition's records (its share of
+    /// each input partition, in their order), then for its due timers.
     fn run_part(
         func: &F,
         part: &mut PartState<K, S>,
-        records: Vec<(K, Time, V)>,
+        shares: Vec<Vec<(K, Time, V)>>,
         before: Option<Time>,
         after: Option<Time>,
     ) -> Vec<M> {
         let mut out = Vec::new();
-        for (key, time, value) in records {
+        for (key, time, value) in shares.into_iter().flatten() {
             part.with_key(&key, before, |state| func(&key, Timed::Record { value, time }, state, &mut out));
         }
         let Some(watermark) = after else { return out };
@@ -230,18 +241,17 @@ where
         let before = self.tracker.current();
         let event_time = &self.event_time;
         let horizon = self.watermarks.horizon(ctx.time);
-        let stamped = ctx.par(batch.into_partitions(), |records| Self::stamp(event_time, records, before, horizon))?;
+        let partitions = ctx.partitions;
+        let stamped =
+            ctx.par(batch.into_partitions(), |records| Self::stamp(event_time, records, before, horizon, partitions))?;
         let maxes: Vec<Option<Time>> = stamped.iter().map(|s| s.max).collect();
         super::windows::report_future(ctx, stamped.iter().map(|s| s.future).sum(), &self.watermarks);
         let after = self.tracker.advance_batch(ctx.time, &maxes, marks.as_deref(), &self.watermarks);
-        let partitions = ctx.partitions;
-        let mut by_part: Vec<Vec<(K, Time, V)>> = (0..partitions).map(|_| Vec::new()).collect();
+        let mut by_part: Vec<Vec<Vec<(K, Time, V)>>> = (0..partitions).map(|_| Vec::new()).collect();
         let mut late = Vec::with_capacity(stamped.len());
         for part in stamped {
-            for (key, time, value) in part.records {
-                if let Some(target) = by_part.get_mut(partition_of(&key, partitions)) {
-                    target.push((key, time, value));
-                }
+            for (target, share) in by_part.iter_mut().zip(part.shares) {
+                target.push(share);
             }
             late.push(part.late);
         }
