@@ -136,18 +136,21 @@ const DELIVERY_CHECK: Duration = Duration::from_millis(1);
 /// Waits until `in_flight` (a producer's records not yet reported) is 0,
 /// or `timeout` passed, calling `a_moment` between looks: a sleep for a
 /// threaded producer (its own thread serves the reports), a short poll for
-/// one that serves them where it is called.
+/// one that serves them where it is called. Returns what is left of
+/// `timeout`, for the flush or commit that follows, so that the two
+/// together keep to it.
 ///
 /// Called before a flush (a commit flushes first): the client's flush,
 /// finding a record in flight, waits for an event of its own for up to
 /// 100 ms however soon the report comes, so every batch took 100 ms more
 /// than its round trips (some 10 ms on a local broker). Waiting here, the
 /// flush finds nothing left.
-fn await_deliveries(in_flight: impl Fn() -> i32, a_moment: impl Fn(), timeout: Duration) {
+fn await_deliveries(in_flight: impl Fn() -> i32, a_moment: impl Fn(), timeout: Duration) -> Duration {
     let deadline = Instant::now() + timeout;
     while in_flight() > 0 && Instant::now() < deadline {
         a_moment();
     }
+    deadline.saturating_duration_since(Instant::now())
 }
 
 fn producer_config(brokers: &str) -> ClientConfig {
@@ -238,8 +241,8 @@ impl KafkaSink {
             sent += 1;
         }
         let producer = &self.producer;
-        await_deliveries(|| producer.in_flight_count(), || producer.poll(DELIVERY_CHECK), self.timeout);
-        self.producer.flush(self.timeout).map_err(client(format!("flush to {}", self.topic)))?;
+        let left = await_deliveries(|| producer.in_flight_count(), || producer.poll(DELIVERY_CHECK), self.timeout);
+        self.producer.flush(left).map_err(client(format!("flush to {}", self.topic)))?;
         match self.producer.context().take(NO_TRANSACTION) {
             Some(source) => Err(KafkaError::Delivery { topic: self.topic.clone(), source }),
             None => Ok(sent),
@@ -577,8 +580,8 @@ impl Transactions {
             producer.send_offsets_to_transaction(&offsets, metadata, left)
         })?;
         let a_moment = || std::thread::sleep(DELIVERY_CHECK);
-        await_deliveries(|| producer.in_flight_count(), a_moment, self.timeout);
-        retry_coordinator("commit the transaction", self.timeout, |left| producer.commit_transaction(left))?;
+        let left = await_deliveries(|| producer.in_flight_count(), a_moment, self.timeout);
+        retry_coordinator("commit the transaction", left, |left| producer.commit_transaction(left))?;
         match producer.context().take(transaction) {
             Some(source) => {
                 let topic =
