@@ -5,15 +5,13 @@
 //!
 //! Needs the broker (`cargo xtask kafka start`, then
 //! `SPATE_KAFKA_BROKERS=… cargo bench -p spate-kafka`); without it, it
-//! prints a skip line and no figure.
+//! fails saying so, as the Kafka tests do.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use criterion::{Criterion, Throughput};
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
@@ -21,22 +19,16 @@ use rdkafka::{Message, Offset, TopicPartitionList};
 use spate_core::Time;
 use spate_kafka::{DirectKafkaSettings, DirectKafkaStream, OffsetRanges};
 
+#[path = "../tests/common/mod.rs"]
+mod common;
+use common::{brokers, create_topic, unique};
+
 const PARTITIONS: i32 = 3;
 const VALUE_BYTES: usize = 100;
 
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap()
-}
-
 fn setup(brokers: &str, records: u64) -> String {
-    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos();
-    let topic = format!("bench-consume-{}-{nanos}", std::process::id());
-    let admin: AdminClient<DefaultClientContext> =
-        ClientConfig::new().set("bootstrap.servers", brokers).create().unwrap();
-    let new = NewTopic::new(&topic, PARTITIONS, TopicReplication::Fixed(1));
-    for r in runtime().block_on(admin.create_topics([&new], &AdminOptions::new())).unwrap() {
-        r.unwrap();
-    }
+    let topic = unique("bench-consume");
+    create_topic(&topic, PARTITIONS);
     let producer: BaseProducer = ClientConfig::new()
         .set("bootstrap.servers", brokers)
         .set("linger.ms", "20")
@@ -126,10 +118,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 fn main() {
-    let Ok(brokers) = std::env::var("SPATE_KAFKA_BROKERS") else {
-        println!("skipping spate-kafka benches: SPATE_KAFKA_BROKERS is not set (run `cargo xtask kafka start` first)");
-        return;
-    };
+    let brokers = brokers();
     let full = std::env::args().any(|a| a == "--bench");
     let records: u64 = if full { 300_000 } else { 3_000 };
     let topic = setup(&brokers, records);

@@ -10,14 +10,12 @@
 //!
 //! Needs the broker (`cargo xtask kafka start`, then
 //! `SPATE_KAFKA_BROKERS=… cargo bench -p spate-kafka --bench transactions`);
-//! without it, it prints a skip line and no figure.
+//! without it, it fails saying so, as the Kafka tests do.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
@@ -25,24 +23,13 @@ use rdkafka::{Offset, TopicPartitionList};
 use spate_core::BatchId;
 use spate_kafka::{KafkaSink, OffsetRange, OffsetRanges, OutputRecord, TransactionalKafkaSink};
 
+#[path = "../tests/common/mod.rs"]
+mod common;
+use common::{brokers, create_topic, unique};
+
 const RECORDS_PER_BATCH: i64 = 10;
 const VALUE_BYTES: usize = 100;
 const TIMEOUT: Duration = Duration::from_secs(30);
-
-fn unique(prefix: &str) -> String {
-    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos();
-    format!("{prefix}-{}-{nanos}", std::process::id())
-}
-
-fn create_topics(brokers: &str, topics: &[&str]) {
-    let admin: AdminClient<DefaultClientContext> =
-        ClientConfig::new().set("bootstrap.servers", brokers).create().unwrap();
-    let new: Vec<NewTopic<'_>> = topics.iter().map(|t| NewTopic::new(t, 1, TopicReplication::Fixed(1))).collect();
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-    for r in runtime.block_on(admin.create_topics(&new, &AdminOptions::new())).unwrap() {
-        r.unwrap();
-    }
-}
 
 /// The bound: a transactional producer serving its own delivery reports,
 /// committing `RECORDS_PER_BATCH` records and an offset per transaction.
@@ -99,15 +86,14 @@ fn median_ms(mut v: Vec<Duration>) -> f64 {
 }
 
 fn main() {
-    let Ok(brokers) = std::env::var("SPATE_KAFKA_BROKERS") else {
-        println!("skipping spate-kafka benches: SPATE_KAFKA_BROKERS is not set (run `cargo xtask kafka start` first)");
-        return;
-    };
+    let brokers = brokers();
     let full = std::env::args().any(|a| a == "--bench");
     let batches: i64 = if full { 200 } else { 5 };
     let (input, output, bare_output) = (unique("bench-txn-in"), unique("bench-txn-out"), unique("bench-txn-bare"));
     let (plain, bare_plain) = (unique("bench-plain-out"), unique("bench-plain-bare"));
-    create_topics(&brokers, &[&input, &output, &bare_output, &plain, &bare_plain]);
+    for topic in [&input, &output, &bare_output, &plain, &bare_plain] {
+        create_topic(topic, 1);
+    }
     let sink = TransactionalKafkaSink::new(&brokers, &output, &unique("bench-sink"), &unique("bench-sink")).unwrap();
     let bare = Bare::open(&brokers, &bare_output, &input);
     let value = vec![b'x'; VALUE_BYTES];
