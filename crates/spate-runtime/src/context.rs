@@ -573,7 +573,8 @@ fn bind_wal_dir(wal_dir: &Path, id: &str) -> Result<(), RuntimeError> {
 
 fn new_engine(
     settings: StreamingSettings,
-    mut graph: spate_dstream::Graph,
+    // Only the disk store's spill changes the graph here.
+    #[cfg_attr(not(feature = "disk-store"), allow(unused_mut))] mut graph: spate_dstream::Graph,
     store: Option<CheckpointStore>,
     tracker: Option<Arc<ReceivedBlockTracker>>,
     receivers: Vec<Box<dyn ReceiverInput>>,
