@@ -102,8 +102,12 @@ where
 {
     let by_output = split_by_partition(ctx, local, partitions)?;
     ctx.par(by_output, |buckets| {
-        let total: usize = buckets.iter().map(Vec::len).sum();
-        let mut merged = Combined::with_capacity(total);
+        // Room for the largest bucket's keys, which the merged map holds
+        // at least, not for every bucket's: the blocks of a batch repeat
+        // most of their keys (a million keys in blocks of a few hundred
+        // thousand), and room for the sum held several times the map.
+        let largest = buckets.iter().map(Vec::len).max().unwrap_or(0);
+        let mut merged = Combined::with_capacity(largest);
         merged.fold(buckets.into_iter().flatten(), |combiner| combiner, merge_combiners);
         merged
     })
