@@ -30,7 +30,9 @@ pub struct BackpressureSettings {
     /// When off, sources run at their configured maximum rates only.
     pub enabled: bool,
     /// Records per second allowed for the first batch, before the estimator
-    /// has seen one (`None`: only the configured maximum applies).
+    /// has seen one (`None`: only the configured maximum applies, until a
+    /// first batch that took longer than the interval sets the rate it
+    /// processed).
     pub initial_rate: Option<f64>,
     /// The estimator's gains and floor.
     pub pid: PidSettings,
