@@ -135,6 +135,24 @@ pub fn partition_of<K: Hash + ?Sized>(key: &K, partitions: usize) -> usize {
     ((mixed * partitions as u64) >> 32) as usize
 }
 
+/// `items` split into `partitions` lists by the partition of each one's
+/// key ([`partition_of`]), each list in the items' order.
+pub(crate) fn split_by_key<T, K: Hash + ?Sized>(
+    items: impl IntoIterator<Item = T>,
+    partitions: usize,
+    key: impl Fn(&T) -> &K,
+) -> Vec<Vec<T>> {
+    let items = items.into_iter();
+    let share = items.size_hint().0 / partitions.max(1) + 1;
+    let mut split: Vec<Vec<T>> = (0..partitions).map(|_| Vec::with_capacity(share)).collect();
+    for item in items {
+        if let Some(target) = split.get_mut(partition_of(key(&item), partitions)) {
+            target.push(item);
+        }
+    }
+    split
+}
+
 /// An empty [`KeyHashMap`] with room for `capacity` entries.
 pub(crate) fn map_with_capacity<K, V>(capacity: usize) -> KeyHashMap<K, V> {
     KeyHashMap::with_capacity_and_hasher(capacity, KeyHashState::default())
@@ -224,6 +242,17 @@ mod tests {
         let differ =
             ["spate", "stream", "kafka"].iter().filter(|k| one.hasher().hash_one(k) != other.hasher().hash_one(k));
         assert_eq!(differ.count(), 3, "two maps hash alike: their seed is fixed");
+    }
+
+    #[test]
+    fn a_split_puts_each_item_in_its_keys_partition_in_order() {
+        let items: Vec<(String, usize)> = (0..200).map(|n| (format!("k{}", n % 37), n)).collect();
+        let split = split_by_key(items.clone(), 3, |(key, _)| key);
+        assert_eq!(split.len(), 3);
+        for (index, list) in split.iter().enumerate() {
+            let expected: Vec<_> = items.iter().filter(|(key, _)| partition_of(key, 3) == index).cloned().collect();
+            assert_eq!(list, &expected);
+        }
     }
 
     #[test]

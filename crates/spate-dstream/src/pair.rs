@@ -16,7 +16,7 @@ use crate::batch::{Batch, Data, Key};
 use crate::combined::Combined;
 use crate::error::DStreamError;
 use crate::graph::Job;
-use crate::hash::{KeyHashMap, map_with_capacity, partition_of};
+use crate::hash::{KeyHashMap, map_with_capacity, partition_of, split_by_key};
 use crate::keyed::EncodedKeys;
 use crate::node::{Node, NodeMeta, Slot, StepCtx};
 use crate::stream::DStream;
@@ -32,17 +32,7 @@ fn split_by_partition<K: Key, C: Send>(
     maps: Vec<Combined<K, C>>,
     partitions: usize,
 ) -> Result<Vec<Buckets<K, C>>, DStreamError> {
-    let split = ctx.par(maps, |map| {
-        let mut buckets: Vec<Vec<(K, C)>> =
-            (0..partitions).map(|_| Vec::with_capacity(map.len() / partitions + 1)).collect();
-        for (key, value) in map {
-            let index = partition_of(&key, partitions);
-            if let Some(bucket) = buckets.get_mut(index) {
-                bucket.push((key, value));
-            }
-        }
-        buckets
-    })?;
+    let split = ctx.par(maps, |map| split_by_key(map, partitions, |(key, _)| key))?;
     let mut by_output: Vec<Buckets<K, C>> = (0..partitions).map(|_| Vec::with_capacity(split.len())).collect();
     for buckets in split {
         for (index, bucket) in buckets.into_iter().enumerate() {
@@ -496,16 +486,7 @@ pub(crate) fn partition_records<K: Key, V: Data>(
     parts: Vec<Vec<(K, V)>>,
     partitions: usize,
 ) -> Result<Vec<Vec<(K, V)>>, DStreamError> {
-    let split = ctx.par(parts, |part| {
-        let mut buckets: Vec<Vec<(K, V)>> =
-            (0..partitions).map(|_| Vec::with_capacity(part.len() / partitions + 1)).collect();
-        for (key, value) in part {
-            if let Some(bucket) = buckets.get_mut(partition_of(&key, partitions)) {
-                bucket.push((key, value));
-            }
-        }
-        buckets
-    })?;
+    let split = ctx.par(parts, |part| split_by_key(part, partitions, |(key, _)| key))?;
     let mut out: Vec<Vec<(K, V)>> = (0..partitions).map(|_| Vec::new()).collect();
     for buckets in split {
         for (index, bucket) in buckets.into_iter().enumerate() {

@@ -32,7 +32,7 @@ use super::{
 use crate::batch::{Batch, Data, Key};
 use crate::error::DStreamError;
 use crate::graph::Job;
-use crate::hash::{KeyHashMap, map_with_capacity, partition_of};
+use crate::hash::{KeyHashMap, map_with_capacity, partition_of, split_by_key};
 use crate::keyed::{ByteString, EncodedSlice, KeyTable, OwnedByteString};
 use crate::node::{Node, NodeMeta, Slot, StateMeta, StatefulNode, StepCtx};
 use crate::runs::Run;
@@ -561,20 +561,9 @@ fn split_by_partition<K: Key, V, A>(
     records: Vec<(K, Time, V)>,
     partitions: usize,
 ) -> Vec<Shuffled<K, V, A>> {
-    let share = panes.len() / partitions.max(1) + 1;
-    let mut split: Vec<Shuffled<K, V, A>> =
-        (0..partitions).map(|_| Shuffled { panes: Vec::with_capacity(share), records: Vec::new() }).collect();
-    for (key_pane, value) in panes {
-        if let Some(target) = split.get_mut(partition_of(&key_pane.0, partitions)) {
-            target.panes.push((key_pane, value));
-        }
-    }
-    for (key, time, value) in records {
-        if let Some(target) = split.get_mut(partition_of(&key, partitions)) {
-            target.records.push((key, time, value));
-        }
-    }
-    split
+    let panes = split_by_key(panes, partitions, |((key, _), _)| key);
+    let records = split_by_key(records, partitions, |(key, _, _)| key);
+    panes.into_iter().zip(records).map(|(panes, records)| Shuffled { panes, records }).collect()
 }
 
 /// Moves each input partition's shares to their work partitions.
