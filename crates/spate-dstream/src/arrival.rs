@@ -104,6 +104,17 @@ pub(crate) type JoinFn = dyn Fn(Vec<Box<dyn Any + Send>>) -> Box<dyn Any + Send>
 
 pub(crate) type StepFn = dyn Fn(Box<dyn Any + Send>) -> (Box<dyn Any + Send>, u64) + Send + Sync;
 
+/// How the results of a chain ending in a per-key aggregate merge by key
+/// ahead of their batch (see [`ArrivalStage::merge_by_key`]).
+pub(crate) struct KeyedMerge {
+    /// Whether the results are tables the batch merges by key: false once
+    /// they are handed over to a reader that merges the blocks itself.
+    pub(crate) applies: Box<dyn Fn() -> bool + Send + Sync>,
+    /// The second result merged into the first, the first's values first,
+    /// with the merged result's estimated size.
+    pub(crate) merge: Box<dyn Fn(Box<dyn Any + Send>, Box<dyn Any + Send>) -> (Box<dyn Any + Send>, u64) + Send + Sync>,
+}
+
 /// A later operator of an arrival chain: its function over the result of
 /// the operator before it, type-erased (see [`ArrivalStage::then`]).
 #[derive(Clone)]
@@ -111,6 +122,7 @@ pub(crate) struct ArrivalStep {
     operator: Arc<str>,
     run: Arc<StepFn>,
     join: Arc<JoinFn>,
+    keyed_merge: Option<Arc<KeyedMerge>>,
     chunkable: bool,
     /// Where the chain's results go when this step ends it.
     pub(crate) delivered: Arc<Delivered>,
@@ -144,7 +156,14 @@ impl ArrivalStep {
         chunkable: bool,
         delivered: Arc<Delivered>,
     ) -> Self {
-        ArrivalStep { operator: operator.into(), run, join, chunkable, delivered }
+        ArrivalStep { operator: operator.into(), run, join, keyed_merge: None, chunkable, delivered }
+    }
+
+    /// This step, whose results of consecutive blocks merge by key as
+    /// `keyed_merge` says.
+    pub(crate) fn with_keyed_merge(mut self, keyed_merge: KeyedMerge) -> Self {
+        self.keyed_merge = Some(Arc::new(keyed_merge));
+        self
     }
 }
 
@@ -158,6 +177,7 @@ pub struct ArrivalStage<T> {
     run_payload: Option<Arc<PayloadStageFn>>,
     /// Joins the results of a partition's chunks (see [`ArrivalStage::join`]).
     join: Arc<JoinFn>,
+    keyed_merge: Option<Arc<KeyedMerge>>,
     chunkable: bool,
     delivered: Arc<Delivered>,
 }
@@ -169,6 +189,7 @@ impl<T> Clone for ArrivalStage<T> {
             run: Arc::clone(&self.run),
             run_payload: self.run_payload.clone(),
             join: Arc::clone(&self.join),
+            keyed_merge: self.keyed_merge.clone(),
             chunkable: self.chunkable,
             delivered: Arc::clone(&self.delivered),
         }
@@ -213,6 +234,7 @@ impl<T> ArrivalStage<T> {
             run: Arc::new(run),
             run_payload,
             join: Arc::new(concatenate::<U>),
+            keyed_merge: None,
             chunkable,
             delivered,
         }
@@ -230,6 +252,7 @@ impl<T> ArrivalStage<T> {
             run: Arc::new(move |records: Vec<T>| run(Box::new(records))),
             run_payload: None,
             join: Arc::clone(&step.join),
+            keyed_merge: step.keyed_merge.clone(),
             chunkable: step.chunkable,
             delivered: Arc::clone(&step.delivered),
         }
@@ -257,6 +280,7 @@ impl<T> ArrivalStage<T> {
             run: Arc::new(run),
             run_payload,
             join: Arc::clone(&step.join),
+            keyed_merge: step.keyed_merge.clone(),
             chunkable: self.chunkable && step.chunkable,
             delivered: Arc::clone(&step.delivered),
         }
@@ -317,6 +341,41 @@ impl<T> ArrivalStage<T> {
         let estimated_bytes = blocks.iter().map(|b| b.estimated_bytes).sum();
         let part = (self.join)(blocks.into_iter().map(|b| b.part).collect());
         ProcessedBlock { part, records_in, estimated_bytes }
+    }
+
+    /// Whether the results of two consecutive blocks of one batch may be
+    /// merged by key before the batch takes them
+    /// ([`ArrivalStage::merge_by_key`]): true for a chain that ends in a
+    /// per-key aggregate whose blocks' tables the batch merges by key.
+    /// False for a partition-local chain (each block is a partition of the
+    /// batch) and for an aggregate handed over to a reader that merges the
+    /// blocks itself.
+    pub fn merges_by_key(&self) -> bool {
+        self.keyed_merge.as_ref().is_some_and(|keyed| (keyed.applies)())
+    }
+
+    /// `first` and `then`, the results of consecutive blocks of one batch
+    /// (`first` the earlier), merged by key into one result: each key once,
+    /// its values merged in block order, so the batch's result is the one
+    /// it would have computed from the two. Merging as blocks come holds a
+    /// batch's keys once rather than once a block. Both come back
+    /// unchanged when the stage does not merge by key
+    /// ([`ArrivalStage::merges_by_key`]). It runs user code: a panic in it
+    /// comes out of here.
+    #[allow(clippy::result_large_err)]
+    pub fn merge_by_key(
+        &self,
+        first: ProcessedBlock,
+        then: ProcessedBlock,
+    ) -> Result<ProcessedBlock, (ProcessedBlock, ProcessedBlock)> {
+        match &self.keyed_merge {
+            Some(keyed) if (keyed.applies)() => {
+                let records_in = first.records_in + then.records_in;
+                let (part, estimated_bytes) = (keyed.merge)(first.part, then.part);
+                Ok(ProcessedBlock { part, records_in, estimated_bytes })
+            }
+            _ => Err((first, then)),
+        }
     }
 
     /// Hands the processed blocks of batch `time` to the operator, in block

@@ -11,7 +11,7 @@ use std::marker::PhantomData;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
-use crate::arrival::{ArrivalStage, ArrivalStep, Delivered};
+use crate::arrival::{ArrivalStage, ArrivalStep, Delivered, JoinFn, KeyedMerge};
 use crate::batch::{Batch, Data, Key};
 use crate::combined::Combined;
 use crate::error::DStreamError;
@@ -323,6 +323,12 @@ pub(crate) fn take_combined<T: 'static>(ctx: &StepCtx<'_>, delivered: &Delivered
     Ok(blocks)
 }
 
+/// A combined table's estimated size: its entries' own size and a control
+/// byte each (what a key points to, a string's bytes, is not counted).
+fn combined_bytes<K, C>(map: &Combined<K, C>) -> u64 {
+    (map.len() * (std::mem::size_of::<(K, C)>() + 1)) as u64
+}
+
 /// The per-key aggregation a keyed operator starts each batch with: every
 /// partition's values combined by key, then merged by key into
 /// hash-partitioned maps. Its first half can run on each block as it
@@ -408,7 +414,7 @@ impl<K: Key, V: Data, C: Data> KeyedCombine<K, V, C> {
                     return (Box::new(block) as Box<dyn Any + Send>, bytes);
                 }
                 let map = local(*records);
-                let bytes = (map.len() * (std::mem::size_of::<(K, C)>() + 1)) as u64;
+                let bytes = combined_bytes(&map);
                 (Box::new(map) as Box<dyn Any + Send>, bytes)
             }
             // Not in a built graph; `partitioned` reports the mismatch.
@@ -429,8 +435,19 @@ impl<K: Key, V: Data, C: Data> KeyedCombine<K, V, C> {
             all.fold(maps.flat_map(|map| *map), |combiner| combiner, &*merge);
             Box::new(all) as Box<dyn Any + Send>
         };
+        let join: Arc<JoinFn> = Arc::new(join);
+        let split_for = Arc::clone(&self.split_for);
+        let merge_join = Arc::clone(&join);
+        let keyed_merge = KeyedMerge {
+            applies: Box::new(move || split_for.get().is_none()),
+            merge: Box::new(move |first, then| {
+                let all = merge_join(vec![first, then]);
+                let bytes = all.downcast_ref::<Combined<K, C>>().map_or(0, combined_bytes);
+                (all, bytes)
+            }),
+        };
         let delivered = Arc::new(Delivered::default());
-        ArrivalStep::from_parts(operator, Arc::new(run), Arc::new(join), true, delivered)
+        ArrivalStep::from_parts(operator, Arc::new(run), join, true, delivered).with_keyed_merge(keyed_merge)
     }
 
     /// The map-side combine as the whole arrival stage, for an aggregate
@@ -677,6 +694,8 @@ where
 mod tests {
     use std::collections::BTreeMap;
 
+    use spate_core::Time;
+
     use super::*;
 
     /// Each partition's keys with their values summed, whatever the split
@@ -693,6 +712,37 @@ mod tests {
                 sums
             })
             .collect()
+    }
+
+    #[test]
+    fn an_aggregate_merges_consecutive_blocks_by_key_in_order_until_handed_over() {
+        // Values kept in arrival order, so a merge out of order shows.
+        let combine = KeyedCombine::<String, u64, Vec<u64>>::new(|v| vec![v], |c, v| c.push(v), |c, d| c.extend(d));
+        let step = combine.arrival_step("collect");
+        let stage = ArrivalStage::<(String, u64)>::from_step(&step);
+        assert!(stage.merges_by_key());
+        let pairs = |pairs: &[(&str, u64)]| pairs.iter().map(|(k, v)| (k.to_string(), *v)).collect::<Vec<_>>();
+        let first = stage.process(pairs(&[("a", 1), ("b", 2)]));
+        let then = stage.process(pairs(&[("b", 3), ("c", 4), ("b", 5)]));
+        let merged = stage.merge_by_key(first, then).expect("an aggregate's tables merge by key");
+        assert_eq!(merged.records_in(), 5);
+        assert_eq!(merged.estimated_bytes(), 3 * (std::mem::size_of::<(String, Vec<u64>)>() as u64 + 1), "b once");
+        stage.deliver(Time::ZERO, vec![merged]);
+        let mut parts = step.delivered.take(Time::ZERO);
+        assert_eq!(parts.len(), 1);
+        let map = parts.remove(0).downcast::<Combined<String, Vec<u64>>>().expect("one table of both blocks");
+        let mut merged: Vec<(String, Vec<u64>)> = map.into_iter().collect();
+        merged.sort();
+        assert_eq!(merged, vec![("a".into(), vec![1]), ("b".into(), vec![2, 3, 5]), ("c".into(), vec![4])]);
+
+        combine.split_for.set(4).unwrap();
+        assert!(!stage.merges_by_key(), "handed over: the reader merges the blocks itself");
+        let (one, two) = (stage.process(pairs(&[("a", 1)])), stage.process(pairs(&[("a", 2)])));
+        assert!(stage.merge_by_key(one, two).is_err());
+        let map_stage = ArrivalStage::new("double", Arc::new(|v: Vec<u64>| v), None, true, Arc::default());
+        assert!(!map_stage.merges_by_key(), "a record-wise stage's blocks are partitions of the batch");
+        let (one, two) = (map_stage.process(vec![1]), map_stage.process(vec![2]));
+        assert!(map_stage.merge_by_key(one, two).is_err());
     }
 
     #[test]
