@@ -174,6 +174,23 @@ impl TrackerState {
         self.unallocated.get(&stream).into_iter().flatten()
     }
 
+    /// The blocks either side of `block` among the unallocated blocks of
+    /// `stream` (before it, after it); `None` when `block` is not waiting
+    /// for a batch. The next allocation takes every unallocated block in
+    /// order, so two neighbours found here go to the same batch, one right
+    /// after the other, whatever happens after the call.
+    pub fn unallocated_neighbours(
+        &self,
+        stream: StreamId,
+        block: StreamBlockId,
+    ) -> Option<(Option<StreamBlockId>, Option<StreamBlockId>)> {
+        let queue = self.unallocated.get(&stream)?;
+        // A block asked about has usually just arrived: look from the back.
+        let at = queue.iter().rposition(|queued| queued.block_id() == block)?;
+        let before = at.checked_sub(1).map(|before| queue[before].block_id());
+        Some((before, queue.get(at + 1).map(TrackedBlock::block_id)))
+    }
+
     /// Every unallocated block, by stream then arrival order.
     pub fn all_unallocated_blocks(&self) -> impl Iterator<Item = &TrackedBlock> {
         self.unallocated.values().flatten()

@@ -319,6 +319,25 @@ fn in_memory_tracker_allocates_and_cleans_without_a_log() {
     assert_eq!(tracker.last_allocated_batch_time(), Some(t(1000)));
 }
 
+#[test]
+fn unallocated_neighbours_are_the_blocks_next_to_one_in_its_next_batch() {
+    let clock = ManualClock::new(t(2000));
+    let tracker = ReceivedBlockTracker::in_memory(Arc::new(clock));
+    let id = |stream, id| StreamBlockId::new(StreamId(stream), id);
+    for (stream, n) in [(0, 1), (0, 2), (1, 7), (0, 3)] {
+        assert!(tracker.add_block(block(stream, n, Some(1), false)));
+    }
+    assert_eq!(tracker.unallocated_neighbours(StreamId(0), id(0, 1)), Some((None, Some(id(0, 2)))));
+    assert_eq!(tracker.unallocated_neighbours(StreamId(0), id(0, 2)), Some((Some(id(0, 1)), Some(id(0, 3)))));
+    assert_eq!(tracker.unallocated_neighbours(StreamId(0), id(0, 3)), Some((Some(id(0, 2)), None)));
+    assert_eq!(tracker.unallocated_neighbours(StreamId(1), id(1, 7)), Some((None, None)), "streams apart");
+    assert_eq!(tracker.unallocated_neighbours(StreamId(1), id(0, 2)), None, "not of that stream");
+    tracker.allocate_blocks_to_batch(t(1000)).unwrap();
+    assert!(tracker.add_block(block(0, 4, Some(1), false)));
+    assert_eq!(tracker.unallocated_neighbours(StreamId(0), id(0, 3)), None, "allocated");
+    assert_eq!(tracker.unallocated_neighbours(StreamId(0), id(0, 4)), Some((None, None)), "the batch before is apart");
+}
+
 /// Runs `f` on a thread and returns its result, failing the test when it
 /// does not return within a generous bound (a hang shows as a failure).
 fn returns<R: Send + 'static>(what: &str, f: impl FnOnce() -> R + Send + 'static) -> R {

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock, PoisonError, RwLock};
 
 use spate_core::sync::{lock, read, write};
-use spate_core::{Clock, ReceivedBlockInfo, StreamId, Time};
+use spate_core::{Clock, ReceivedBlockInfo, StreamBlockId, StreamId, Time};
 use spate_wal::{FileWriteAheadLog, WalSettings, WriteAheadLog};
 use tracing::{debug, error, info, warn};
 
@@ -343,6 +343,18 @@ impl ReceivedBlockTracker {
     /// The blocks of `stream` waiting for a batch, in arrival order.
     pub fn unallocated_blocks(&self, stream: StreamId) -> Vec<TrackedBlock> {
         read(&self.state).unallocated_blocks(stream).cloned().collect()
+    }
+
+    /// The blocks either side of `block` among the blocks of `stream`
+    /// waiting for a batch, or `None` when it is not waiting (see
+    /// [`TrackerState::unallocated_neighbours`]): a neighbour found here
+    /// goes to the same batch as `block`, right before or after it.
+    pub fn unallocated_neighbours(
+        &self,
+        stream: StreamId,
+        block: StreamBlockId,
+    ) -> Option<(Option<StreamBlockId>, Option<StreamBlockId>)> {
+        read(&self.state).unallocated_neighbours(stream, block)
     }
 
     /// The time of the last batch blocks were allocated to.
