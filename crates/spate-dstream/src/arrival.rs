@@ -104,6 +104,8 @@ pub(crate) type JoinFn = dyn Fn(Vec<Box<dyn Any + Send>>) -> Box<dyn Any + Send>
 
 pub(crate) type StepFn = dyn Fn(Box<dyn Any + Send>) -> (Box<dyn Any + Send>, u64) + Send + Sync;
 
+pub(crate) type MergeFn = dyn Fn(Box<dyn Any + Send>, Box<dyn Any + Send>) -> (Box<dyn Any + Send>, u64) + Send + Sync;
+
 /// How the results of a chain ending in a per-key aggregate merge by key
 /// ahead of their batch (see [`ArrivalStage::merge_by_key`]).
 pub(crate) struct KeyedMerge {
@@ -112,7 +114,7 @@ pub(crate) struct KeyedMerge {
     pub(crate) applies: Box<dyn Fn() -> bool + Send + Sync>,
     /// The second result merged into the first, the first's values first,
     /// with the merged result's estimated size.
-    pub(crate) merge: Box<dyn Fn(Box<dyn Any + Send>, Box<dyn Any + Send>) -> (Box<dyn Any + Send>, u64) + Send + Sync>,
+    pub(crate) merge: Box<MergeFn>,
 }
 
 /// A later operator of an arrival chain: its function over the result of

@@ -18,7 +18,7 @@ use spate_tracker::{BlockLocation, ReceivedBlockTracker, TrackedBlock};
 use spate_wal::{FileWriteAheadLog, WriteAheadLog};
 use tracing::warn;
 
-use crate::arrivals::{ArrivalThreads, Arrivals, Found};
+use crate::arrivals::{ArrivalThreads, Arrivals, Found, Neighbours};
 use crate::error::RuntimeError;
 use crate::progress::ReceiverStatus;
 use crate::telemetry;
@@ -383,8 +383,10 @@ impl<T: Record + Data, R: Receiver<T>> TypedReceiverInput<T, R> {
         let mut processed: Vec<Option<ProcessedBlock>> = Vec::with_capacity(blocks.len());
         let mut unprocessed = Vec::new();
         let (mut bytes, mut ahead) = (0, std::time::Duration::ZERO);
-        for (index, block) in blocks.iter().enumerate() {
-            match arrivals.take(block.block_id()) {
+        let ids: Vec<StreamBlockId> = blocks.iter().map(TrackedBlock::block_id).collect();
+        let found = arrivals.take_batch(&ids).map_err(|e| self.receiver_error(e))?;
+        for (block, found) in blocks.iter().zip(found) {
+            match found {
                 Found::Processed(result) => {
                     let arrived = result.map_err(|e| self.receiver_error(e))?;
                     bytes += arrived.bytes_in;
@@ -394,9 +396,11 @@ impl<T: Record + Data, R: Receiver<T>> TypedReceiverInput<T, R> {
                 Found::Unprocessed => {
                     let taken = self.take_block(block)?;
                     bytes += taken.serialized_len();
-                    unprocessed.push((index, taken));
+                    unprocessed.push((processed.len(), taken));
                     processed.push(None);
                 }
+                // In the result of a block before it.
+                Found::Merged => {}
             }
         }
         let (indices, taken): (Vec<usize>, Vec<TakenBlock<T>>) = unprocessed.into_iter().unzip();
@@ -527,7 +531,9 @@ impl<T: Record + Data, R: Receiver<T>> ReceiverInput for TypedReceiverInput<T, R
         if let Some(arrivals) = &self.arrivals {
             let name = format!("arrive-{}", self.stream_id.0);
             let threads = std::thread::available_parallelism().map_or(1, usize::from);
-            let started = arrivals.spawn(&name, threads, &stores.blocks).map_err(|e| {
+            let (tracker, stream) = (Arc::clone(&tracker), self.stream_id);
+            let neighbours: Arc<Neighbours> = Arc::new(move |block| tracker.unallocated_neighbours(stream, block));
+            let started = arrivals.spawn(&name, threads, &stores.blocks, neighbours).map_err(|e| {
                 self.receiver_error(format!("could not start the threads processing arrived blocks: {e}"))
             })?;
             self.arrival_threads = Some(started);
