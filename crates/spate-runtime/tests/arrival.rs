@@ -1,15 +1,18 @@
 //! A receiver input's first operator runs on each block as it is stored,
 //! before its batch's time comes, on the manual clock: nothing waits for
-//! the interval to end, and the batch still gets exactly its blocks.
+//! the interval to end, and the batch still gets exactly its blocks, also
+//! when an aggregate's results of neighbouring blocks were merged while
+//! they waited.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration as StdDuration;
 
 use spate_core::{BatchId, Duration, ManualClock, Time};
-use spate_receiver::{GeneratorReceiver, GeneratorSettings};
+use spate_receiver::{GeneratorReceiver, GeneratorSettings, WordGenerator};
 use spate_runtime::{BackpressureSettings, ReceiverSettings, StreamingContext, StreamingSettings};
 
 const WORDS: u64 = 5_000;
@@ -95,4 +98,48 @@ fn a_panic_in_the_first_operator_fails_the_batch_naming_the_operator() {
     let error = ctx.await_termination().unwrap_err().to_string();
     assert!(error.contains("sizes") && error.contains("no words today"), "{error}");
     assert!(totals.lock().unwrap().is_empty());
+}
+
+#[test]
+fn an_aggregate_over_blocks_merged_while_they_wait_counts_every_word_once() {
+    type Counts = Arc<Mutex<BTreeMap<String, u64>>>;
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(Time::from_millis(1_000_000));
+    let (seen, counted): (Counts, Counts) = (Arc::default(), Arc::default());
+    let (in_map, out) = (Arc::clone(&seen), Arc::clone(&counted));
+    let mut sent = BTreeMap::new();
+    for word in WordGenerator::new(5).words(0, WORDS as usize) {
+        *sent.entry(word).or_insert(0) += 1;
+    }
+    let mut ctx = StreamingContext::get_or_create(dir.path(), settings(&clock), move |p| {
+        let options = ReceiverSettings { max_block_records: Some(1_000), ..ReceiverSettings::default() };
+        let mut generator = GeneratorSettings::new(5);
+        generator.total_records = Some(WORDS);
+        let words = p.receiver_stream("words", options, move |resume| {
+            GeneratorReceiver::resuming_at(generator, resume.records_stored)
+        });
+        // Runs once a word, on the block as it arrives.
+        let pairs = words.map(move |word: String| {
+            *in_map.lock().unwrap().entry(word.clone()).or_insert(0) += 1;
+            (word, 1u64)
+        });
+        pairs.reduce_by_key(|a, b| a + b).name("counts").foreach_batch(move |batch, _| {
+            let mut counted = out.lock().unwrap();
+            for (word, count) in batch.iter() {
+                *counted.entry(word.clone()).or_insert(0) += count;
+            }
+            Ok(())
+        });
+        Ok(())
+    })
+    .unwrap();
+    ctx.start().unwrap();
+    let words_seen = || seen.lock().unwrap().values().sum::<u64>();
+    eventually("every word through the map before the first batch", || words_seen() == WORDS);
+    clock.advance(Duration::from_secs(1));
+    assert!(ctx.await_committed(BatchId(0), StdDuration::from_secs(60)), "{:?}", ctx.failure());
+    assert_eq!(*counted.lock().unwrap(), sent, "each word counted as often as it was sent");
+    assert_eq!(*seen.lock().unwrap(), sent, "each block processed once");
+    ctx.stop_handle().stop_gracefully();
+    ctx.await_termination().unwrap();
 }
