@@ -26,8 +26,9 @@
 //! waiting for a batch side by side (the next allocation then takes them
 //! together, one after the other). A run is kept under its first block
 //! and names the blocks after it; its batch takes it there and skips them.
-//! Waiting results then hold each key once rather than once a block: a
-//! 10 s batch of 10,000 words in 400 blocks holds one table, not 400.
+//! Waiting results then hold each key about once rather than once a
+//! block: a 10 s batch over 10,000 distinct words in 400 blocks holds a
+//! table or a few, not 400.
 
 use std::collections::HashMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
