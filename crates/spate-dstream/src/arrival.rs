@@ -104,7 +104,10 @@ pub(crate) type JoinFn = dyn Fn(Vec<Box<dyn Any + Send>>) -> Box<dyn Any + Send>
 
 pub(crate) type StepFn = dyn Fn(Box<dyn Any + Send>) -> (Box<dyn Any + Send>, u64) + Send + Sync;
 
-pub(crate) type MergeFn = dyn Fn(Box<dyn Any + Send>, Box<dyn Any + Send>) -> (Box<dyn Any + Send>, u64) + Send + Sync;
+/// Two results merged by key into one, with its estimated size (see
+/// [`KeyedMerge::merge`]).
+pub(crate) type KeyedMergeFn =
+    dyn Fn(Box<dyn Any + Send>, Box<dyn Any + Send>) -> (Box<dyn Any + Send>, u64) + Send + Sync;
 
 /// How the results of a chain ending in a per-key aggregate merge by key
 /// ahead of their batch (see [`ArrivalStage::merge_by_key`]).
@@ -114,7 +117,7 @@ pub(crate) struct KeyedMerge {
     pub(crate) applies: Box<dyn Fn() -> bool + Send + Sync>,
     /// The second result merged into the first, the first's values first,
     /// with the merged result's estimated size.
-    pub(crate) merge: Box<MergeFn>,
+    pub(crate) merge: Box<KeyedMergeFn>,
 }
 
 /// A later operator of an arrival chain: its function over the result of
@@ -364,7 +367,6 @@ impl<T> ArrivalStage<T> {
     /// unchanged when the stage does not merge by key
     /// ([`ArrivalStage::merges_by_key`]). It runs user code: a panic in it
     /// comes out of here.
-    #[allow(clippy::result_large_err)]
     pub fn merge_by_key(
         &self,
         first: ProcessedBlock,

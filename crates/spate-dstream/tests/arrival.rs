@@ -167,7 +167,7 @@ fn check_arrivals(
         let time = t(index as i64 + 1);
         let processed =
             blocks.iter().filter(|(_, early)| *early).map(|(records, _)| process_in_chunks(&stage, records));
-        stage.deliver(time, merge_first_half(&stage, processed.collect()));
+        stage.deliver(time, merge_leading(&stage, processed.collect()));
         fed.feed(time, blocks.iter().filter(|(_, early)| !*early).map(|(records, _)| records.clone()).collect());
         queue.push_partitions(blocks.iter().map(|(records, _)| records.clone()).collect());
         let due = index as i64 + 1 - ahead as i64;
@@ -185,17 +185,17 @@ fn check_arrivals(
     Ok(Arc::clone(&outputs[0]))
 }
 
-/// `blocks`, consecutive blocks' results of one batch, with the first
-/// half of them merged by key into one as the runtime merges them while
-/// they wait, when the stage merges by key (the rest as they are).
-fn merge_first_half(stage: &ArrivalStage<u16>, mut blocks: Vec<ProcessedBlock>) -> Vec<ProcessedBlock> {
+/// `blocks`, consecutive blocks' results of one batch, with all but the
+/// last third of them merged by key into one as the runtime merges them
+/// while they wait, when the stage merges by key (the rest as they are).
+fn merge_leading(stage: &ArrivalStage<u16>, mut blocks: Vec<ProcessedBlock>) -> Vec<ProcessedBlock> {
     if !stage.merges_by_key() || blocks.len() < 2 {
         return blocks;
     }
-    let rest = blocks.split_off(blocks.len() / 2);
-    let mut first_half = blocks.into_iter();
-    let first = first_half.next().expect("at least one block");
-    let merged = first_half.fold(first, |merged, then| {
+    let rest = blocks.split_off(blocks.len() - blocks.len() / 3);
+    let mut leading = blocks.into_iter();
+    let first = leading.next().expect("at least one block");
+    let merged = leading.fold(first, |merged, then| {
         stage.merge_by_key(merged, then).unwrap_or_else(|_| panic!("{} merges by key", stage.operator()))
     });
     std::iter::once(merged).chain(rest).collect()
