@@ -112,8 +112,9 @@ pub(crate) type KeyedMergeFn =
 /// How the results of a chain ending in a per-key aggregate merge by key
 /// ahead of their batch (see [`ArrivalStage::merge_by_key`]).
 pub(crate) struct KeyedMerge {
-    /// Whether the results are tables the batch merges by key: false once
-    /// they are handed over to a reader that merges the blocks itself.
+    /// Whether merging pays now: false while an aggregate handed over to
+    /// a reader leaves its blocks uncombined (their keys nearly all
+    /// distinct, so merged they would shrink nothing).
     pub(crate) applies: Box<dyn Fn() -> bool + Send + Sync>,
     /// The second result merged into the first, the first's values first,
     /// with the merged result's estimated size.
@@ -351,10 +352,12 @@ impl<T> ArrivalStage<T> {
     /// Whether the results of two consecutive blocks of one batch may be
     /// merged by key before the batch takes them
     /// ([`ArrivalStage::merge_by_key`]): true for a chain that ends in a
-    /// per-key aggregate whose blocks' tables the batch merges by key.
-    /// False for a partition-local chain (each block is a partition of the
-    /// batch) and for an aggregate handed over to a reader that merges the
-    /// blocks itself.
+    /// per-key aggregate, whose blocks' tables (or, handed over to a
+    /// reader, blocks split by partition) are merged by key in the end
+    /// anyway. False for a partition-local chain (each block is a
+    /// partition of the batch), and while a handed-over aggregate leaves
+    /// its blocks uncombined because their keys hardly repeat. It may
+    /// change from one block to the next.
     pub fn merges_by_key(&self) -> bool {
         self.keyed_merge.as_ref().is_some_and(|keyed| (keyed.applies)())
     }

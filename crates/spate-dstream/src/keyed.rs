@@ -395,6 +395,26 @@ impl EncodedKeys {
         Ok(())
     }
 
+    /// `Ok` when every key of `other` can be appended to these.
+    pub(crate) fn room_for(&self, other: &EncodedKeys) -> Result<(), CoreError> {
+        u32::try_from(self.bytes.len() + other.bytes.len()).map_err(|_| too_many("bytes of a block's keys"))?;
+        u32::try_from(self.len() + other.len()).map_err(|_| too_many("keys of a block"))?;
+        Ok(())
+    }
+
+    /// Appends a key already encoded (one of another `EncodedKeys`).
+    pub(crate) fn push_encoded(&mut self, key: &[u8]) -> Result<(), CoreError> {
+        self.bytes.extend_from_slice(key);
+        self.ends.push(u32::try_from(self.bytes.len()).map_err(|_| too_many("bytes of a block's keys"))?);
+        Ok(())
+    }
+
+    /// The encoding of the key at `index`, in the order pushed.
+    pub(crate) fn get(&self, index: usize) -> Option<&[u8]> {
+        let start = index.checked_sub(1).map_or(Some(0), |before| self.ends.get(before).copied())?;
+        self.bytes.get(start as usize..*self.ends.get(index)? as usize)
+    }
+
     /// The number of keys.
     pub(crate) fn len(&self) -> usize {
         self.ends.len()

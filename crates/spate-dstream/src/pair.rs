@@ -7,6 +7,7 @@
 //! split costs one hash per distinct key, not per record.
 
 use std::any::Any;
+use std::hash::BuildHasher;
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -16,10 +17,11 @@ use crate::batch::{Batch, Data, Key};
 use crate::combined::Combined;
 use crate::error::DStreamError;
 use crate::graph::Job;
-use crate::hash::{KeyHashMap, map_with_capacity, partition_of, split_by_key};
+use crate::hash::{KeyHashMap, KeyHashState, map_with_capacity, partition_of, split_by_key};
 use crate::keyed::EncodedKeys;
 use crate::node::{Node, NodeMeta, Slot, StepCtx};
 use crate::stream::DStream;
+use hashbrown::HashTable;
 use spate_core::CoreError;
 
 /// Moves every entry of `maps` (one per input partition) into the bucket of
@@ -248,6 +250,53 @@ impl<C> SplitBlock<C> {
         SplitBlock { parts, resolved }
     }
 
+    /// `next`, the block after this one, merged into it by key: a key of
+    /// both keeps this block's place, its value this block's merged with
+    /// `next`'s, so the reader's result is the one it makes of the two
+    /// blocks, and the block holds each key once. Ids held for a key of
+    /// both are let go once; when the two were not both looked up in one
+    /// generation of the reader's state, neither keeps its ids (the batch
+    /// looks the keys up).
+    fn merged(self, next: SplitBlock<C>, merge: &MergeFn<C>, reader: Option<&Arc<dyn ResolveAhead>>) -> Self {
+        let (mut parts, more) = match (self.parts, next.parts) {
+            (Ok(parts), Ok(more)) if parts.len() == more.len() => (parts, more),
+            // A key that did not encode, which the batch reports.
+            (parts, more) => {
+                let first = SplitBlock { parts, resolved: self.resolved };
+                return first.then(SplitBlock { parts: more, resolved: next.resolved }, reader);
+            }
+        };
+        let resolved = match (self.resolved, next.resolved) {
+            (Some(first), Some(second)) if first.generation == second.generation => Some((first, second)),
+            (first, second) => {
+                release(first.into_iter().chain(second), reader);
+                None
+            }
+        };
+        let (mut ids, more_ids, generation) = match resolved {
+            Some((first, second)) => (Some(first.ids), Some(second.ids), first.generation),
+            None => (None, None, 0),
+        };
+        let mut let_go = Vec::with_capacity(parts.len());
+        for (index, (part, (more_keys, more_values))) in parts.iter_mut().zip(more).enumerate() {
+            let part_ids = ids.as_mut().and_then(|ids| ids.get_mut(index));
+            let more_part_ids = more_ids.as_ref().and_then(|ids| ids.get(index)).map(Vec::as_slice);
+            match merge_part(part, part_ids, (&more_keys, more_values, more_part_ids), merge) {
+                Ok(duplicates) => let_go.push(duplicates),
+                Err(e) => {
+                    // This partition and the ones after are as they were.
+                    let unmerged = more_ids.map(|ids| ids.into_iter().skip(index));
+                    let more_held = unmerged.map(|rest| let_go.into_iter().chain(rest).collect());
+                    release(ids.map(|ids| ResolvedKeys { generation, ids }), reader);
+                    release(more_held.map(|ids| ResolvedKeys { generation, ids }), reader);
+                    return SplitBlock { parts: Err(e), resolved: None };
+                }
+            }
+        }
+        release(more_ids.map(|_| ResolvedKeys { generation, ids: let_go }), reader);
+        SplitBlock { parts: Ok(parts), resolved: ids.map(|ids| ResolvedKeys { generation, ids }) }
+    }
+
     fn memory_bytes(&self) -> u64 {
         let parts = self.parts.as_ref().map_or(0, |parts| {
             parts.iter().map(|(keys, values)| keys.memory_bytes() + values.capacity() * std::mem::size_of::<C>()).sum()
@@ -259,6 +308,59 @@ impl<C> SplitBlock<C> {
 
 /// A block of records split by partition for a handed-over reader, combined
 /// by key first when [`CombineAdvice`] says that pays.
+/// Lets go of the ids of each of `resolved`.
+fn release(resolved: impl IntoIterator<Item = ResolvedKeys>, reader: Option<&Arc<dyn ResolveAhead>>) {
+    for resolved in resolved {
+        if let Some(reader) = reader {
+            reader.release(resolved);
+        }
+    }
+}
+
+/// One partition of the next block (keys, values and ids when looked up)
+/// merged into `part` by key, as [`SplitBlock::merged`] does; returns the
+/// ids of the next block's keys `part` already had, for letting go. An
+/// error (more keys than a block can hold) leaves `part` as it was.
+fn merge_part<C>(
+    part: &mut (EncodedKeys, Vec<C>),
+    mut ids: Option<&mut Vec<u32>>,
+    (more_keys, more_values, more_ids): (&EncodedKeys, Vec<C>, Option<&[u32]>),
+    merge: &MergeFn<C>,
+) -> Result<Vec<u32>, CoreError> {
+    let (keys, values) = part;
+    keys.room_for(more_keys)?;
+    let hasher = KeyHashState::default();
+    let hash_at = |keys: &EncodedKeys, index: u32| hasher.hash_one(keys.get(index as usize).unwrap_or_default());
+    let mut at: HashTable<u32> = HashTable::with_capacity(keys.len() + more_keys.len());
+    for index in 0..keys.len() as u32 {
+        at.insert_unique(hash_at(keys, index), index, |&known| hash_at(keys, known));
+    }
+    let mut duplicates = Vec::new();
+    for (offset, (key, value)) in more_keys.iter().zip(more_values).enumerate() {
+        let hash = hasher.hash_one(key);
+        let id = more_ids.and_then(|ids| ids.get(offset)).copied();
+        match at.find(hash, |&known| keys.get(known as usize) == Some(key)) {
+            Some(&known) => {
+                if let Some(value_before) = values.get_mut(known as usize) {
+                    merge(value_before, value);
+                }
+                duplicates.extend(id);
+            }
+            None => {
+                let index = u32::try_from(keys.len())
+                    .map_err(|_| CoreError::Encode { reason: "more than 4 G keys in one block".into() })?;
+                keys.push_encoded(key)?;
+                values.push(value);
+                if let (Some(ids), Some(id)) = (ids.as_deref_mut(), id) {
+                    ids.push(id);
+                }
+                at.insert_unique(hash, index, |&known| hash_at(keys, known));
+            }
+        }
+    }
+    Ok(duplicates)
+}
+
 fn split_block<K: Key, V, C>(
     records: Vec<(K, V)>,
     partitions: usize,
@@ -299,8 +401,13 @@ impl CombineAdvice {
 
     fn combine_next(&self) -> bool {
         let block = self.blocks.fetch_add(1, Ordering::Relaxed);
-        block.is_multiple_of(Self::PROBE_EVERY)
-            || self.distinct_permille.load(Ordering::Relaxed) <= Self::SKIP_ABOVE_PERMILLE
+        block.is_multiple_of(Self::PROBE_EVERY) || self.pays()
+    }
+
+    /// Whether the last block combined shrank enough for combining (and
+    /// merging blocks by key) to pay.
+    fn pays(&self) -> bool {
+        self.distinct_permille.load(Ordering::Relaxed) <= Self::SKIP_ABOVE_PERMILLE
     }
 
     fn combined(&self, records: usize, keys: usize) {
@@ -436,14 +543,28 @@ impl<K: Key, V: Data, C: Data> KeyedCombine<K, V, C> {
             Box::new(all) as Box<dyn Any + Send>
         };
         let join: Arc<JoinFn> = Arc::new(join);
-        let split_for = Arc::clone(&self.split_for);
+        let (split_for, advice) = (Arc::clone(&self.split_for), Arc::clone(&self.advice));
+        let (merge, reader) = (Arc::clone(&self.merge), Arc::clone(&self.resolve_ahead));
         let merge_join = Arc::clone(&join);
         let keyed_merge = KeyedMerge {
-            applies: Box::new(move || split_for.get().is_none()),
-            merge: Box::new(move |first, then| {
-                let all = merge_join(vec![first, then]);
-                let bytes = all.downcast_ref::<Combined<K, C>>().map_or(0, combined_bytes);
-                (all, bytes)
+            // Split blocks whose keys are nearly all distinct are left
+            // uncombined, and would shrink nothing merged.
+            applies: Box::new(move || split_for.get().is_none() || advice.pays()),
+            merge: Box::new(move |first, then| match (first.downcast::<SplitBlock<C>>(), then) {
+                (Ok(first), then) => match then.downcast::<SplitBlock<C>>() {
+                    Ok(then) => {
+                        let block = first.merged(*then, &*merge, reader.get());
+                        let bytes = block.memory_bytes();
+                        (Box::new(block), bytes)
+                    }
+                    // Not in a built graph; the reader reports the mismatch.
+                    Err(then) => (merge_join(vec![first, then]), 0),
+                },
+                (Err(first), then) => {
+                    let all = merge_join(vec![first, then]);
+                    let bytes = all.downcast_ref::<Combined<K, C>>().map_or(0, combined_bytes);
+                    (all, bytes)
+                }
             }),
         };
         let delivered = Arc::new(Delivered::default());
@@ -715,7 +836,7 @@ mod tests {
     }
 
     #[test]
-    fn an_aggregate_merges_consecutive_blocks_by_key_in_order_until_handed_over() {
+    fn an_aggregate_merges_consecutive_blocks_by_key_in_order_split_or_not() {
         // Values kept in arrival order, so a merge out of order shows.
         let combine = KeyedCombine::<String, u64, Vec<u64>>::new(|v| vec![v], |c, v| c.push(v), |c, d| c.extend(d));
         let step = combine.arrival_step("collect");
@@ -735,14 +856,107 @@ mod tests {
         merged.sort();
         assert_eq!(merged, vec![("a".into(), vec![1]), ("b".into(), vec![2, 3, 5]), ("c".into(), vec![4])]);
 
-        combine.split_for.set(4).unwrap();
-        assert!(!stage.merges_by_key(), "handed over: the reader merges the blocks itself");
+        // Handed over: blocks split by partition, merged by key while their
+        // keys repeat within a block.
+        combine.split_for.set(2).unwrap();
+        let one = stage.process(pairs(&[("a", 1), ("a", 2), ("b", 3), ("a", 4)]));
+        assert!(stage.merges_by_key(), "split blocks whose keys repeat merge too");
+        let two = stage.process(pairs(&[("b", 5), ("c", 6), ("b", 7), ("b", 8)]));
+        let merged = stage.merge_by_key(one, two).expect("split blocks merge by key");
+        assert_eq!(merged.records_in(), 8);
+        stage.deliver(Time::ZERO, vec![merged]);
+        let mut parts = step.delivered.take(Time::ZERO);
+        assert_eq!(parts.len(), 1);
+        let block = parts.remove(0).downcast::<SplitBlock<Vec<u64>>>().expect("one split block of both");
+        let entries: Vec<(Vec<u8>, Vec<u64>)> = block
+            .parts
+            .expect("the keys encode")
+            .into_iter()
+            .flat_map(|(keys, values)| keys.iter().map(<[u8]>::to_vec).zip(values).collect::<Vec<_>>())
+            .collect();
+        let encoded = |word: &str| {
+            let mut keys = EncodedKeys::default();
+            keys.push(&word.to_string()).unwrap();
+            keys.iter().next().unwrap().to_vec()
+        };
+        let expected = [("a", vec![1, 2, 4]), ("b", vec![3, 5, 7, 8]), ("c", vec![6])].map(|(w, v)| (encoded(w), v));
+        assert_eq!(entries.len(), 3, "each key once: {entries:?}");
+        assert_eq!(entries.into_iter().collect::<BTreeMap<_, _>>(), BTreeMap::from(expected));
+        stage.process(pairs(&[("x", 1), ("y", 2), ("z", 3)]));
+        assert!(!stage.merges_by_key(), "blocks of distinct keys are left apart");
         let (one, two) = (stage.process(pairs(&[("a", 1)])), stage.process(pairs(&[("a", 2)])));
         assert!(stage.merge_by_key(one, two).is_err());
         let map_stage = ArrivalStage::new("double", Arc::new(|v: Vec<u64>| v), None, true, Arc::default());
         assert!(!map_stage.merges_by_key(), "a record-wise stage's blocks are partitions of the batch");
         let (one, two) = (map_stage.process(vec![1]), map_stage.process(vec![2]));
         assert!(map_stage.merge_by_key(one, two).is_err());
+    }
+
+    /// A reader that gives each key an id the first time it sees it and
+    /// counts the holds on each.
+    #[derive(Default)]
+    struct CountingReader {
+        ids: std::sync::Mutex<BTreeMap<Vec<u8>, u32>>,
+        holds: std::sync::Mutex<BTreeMap<u32, i64>>,
+    }
+
+    impl ResolveAhead for CountingReader {
+        fn resolve(&self, keys: &[&EncodedKeys]) -> Option<ResolvedKeys> {
+            let (mut ids, mut holds) = (self.ids.lock().unwrap(), self.holds.lock().unwrap());
+            let mut resolved = Vec::new();
+            for part in keys {
+                let part_ids: Vec<u32> = part
+                    .iter()
+                    .map(|key| {
+                        let next = ids.len() as u32;
+                        *ids.entry(key.to_vec()).or_insert(next)
+                    })
+                    .collect();
+                part_ids.iter().for_each(|id| *holds.entry(*id).or_insert(0) += 1);
+                resolved.push(part_ids);
+            }
+            Some(ResolvedKeys { generation: 7, ids: resolved })
+        }
+
+        fn release(&self, resolved: ResolvedKeys) {
+            let mut holds = self.holds.lock().unwrap();
+            resolved.ids.iter().flatten().for_each(|id| *holds.entry(*id).or_insert(0) -= 1);
+        }
+    }
+
+    #[test]
+    fn merged_split_blocks_hold_each_key_once_and_let_go_of_the_rest() {
+        let combine = KeyedCombine::<String, u64, u64>::new(|v| v, |c, v| *c += v, |c, d| *c += d);
+        let reader = Arc::new(CountingReader::default());
+        combine.split_for.set(2).unwrap();
+        assert!(combine.resolve_ahead.set(Arc::clone(&reader) as Arc<dyn ResolveAhead>).is_ok());
+        let step = combine.arrival_step("count");
+        let stage = ArrivalStage::<(String, u64)>::from_step(&step);
+        let pairs = |words: &[&str]| words.iter().map(|w| (w.to_string(), 1)).collect::<Vec<_>>();
+        let one = stage.process(pairs(&["a", "b", "a", "a"]));
+        let two = stage.process(pairs(&["b", "c", "b", "b"]));
+        // The holds by word (ids come in the order the keys are met).
+        let holds = || {
+            let (ids, holds) = (reader.ids.lock().unwrap(), reader.holds.lock().unwrap());
+            let word = |key: &[u8]| String::from_utf8_lossy(&key[1..]).into_owned();
+            ids.iter().map(|(key, id)| (word(key), holds[id])).collect::<Vec<(String, i64)>>()
+        };
+        let expect = |counts: [i64; 3]| ["a", "b", "c"].map(String::from).into_iter().zip(counts).collect::<Vec<_>>();
+        assert_eq!(holds(), expect([1, 2, 1]), "a once, b in both blocks, c once");
+        let merged = stage.merge_by_key(one, two).expect("split blocks merge by key");
+        assert_eq!(holds(), expect([1, 1, 1]), "b's second hold let go");
+        stage.deliver(Time::ZERO, vec![merged]);
+        let block = step.delivered.take(Time::ZERO).remove(0).downcast::<SplitBlock<u64>>().unwrap();
+        let resolved = block.resolved.expect("the merged block keeps its ids");
+        let parts = block.parts.expect("the keys encode");
+        for ((keys, values), ids) in parts.iter().zip(&resolved.ids) {
+            assert_eq!((keys.len(), values.len()), (ids.len(), ids.len()), "an id a key");
+            for (key, id) in keys.iter().zip(ids) {
+                assert_eq!(reader.ids.lock().unwrap()[key], *id, "each key with its own id");
+            }
+        }
+        reader.release(resolved);
+        assert_eq!(holds(), expect([0, 0, 0]), "the batch lets go of every hold");
     }
 
     #[test]

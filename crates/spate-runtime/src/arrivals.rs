@@ -71,6 +71,14 @@ impl Arrived {
     }
 }
 
+/// What became of two runs given to be merged.
+enum Merged {
+    /// One run of both (or the error the stage's merge panicked with).
+    Into(Result<Arrived, String>),
+    /// The stage declined: both runs as they were.
+    Declined(Arrived, Arrived),
+}
+
 /// The blocks of the stream waiting for a batch right before and after a
 /// block, `None` once it is allocated (see
 /// `ReceivedBlockTracker::unallocated_neighbours`).
@@ -348,29 +356,53 @@ impl<T: Record + Send + 'static> Arrivals<T> {
         }
         drop(states);
         let merged = self.merged_runs(earlier, next, later);
-        self.lock().insert(first, State::Done(merged));
+        let mut states = self.lock();
+        match merged {
+            Merged::Into(result) => {
+                states.insert(first, State::Done(result));
+            }
+            // The stage no longer merges (its blocks stopped shrinking):
+            // both runs as they were.
+            Merged::Declined(earlier, later) => {
+                for block in &later.merged {
+                    states.insert(*block, State::Merged(next));
+                }
+                states.insert(next, State::Done(Ok(later)));
+                states.insert(first, State::Done(Ok(earlier)));
+            }
+        }
+        drop(states);
         self.changed.notify_all();
     }
 
     /// `earlier` with `later` (the run starting at `next`) merged into it,
-    /// with the memory they hold charged anew.
-    fn merged_runs(&self, earlier: Arrived, next: StreamBlockId, later: Arrived) -> Result<Arrived, String> {
+    /// with the memory they hold charged anew; both back when the stage
+    /// declines to merge them.
+    fn merged_runs(&self, earlier: Arrived, next: StreamBlockId, later: Arrived) -> Merged {
         let before = earlier.block.estimated_bytes() + later.block.estimated_bytes();
+        let started = Instant::now();
+        let (first_block, later_block) = (earlier.block, later.block);
+        let block = match self.guarded(|| Ok(self.stage.merge_by_key(first_block, later_block))) {
+            Ok(Ok(block)) => block,
+            Ok(Err((first_block, later_block))) => {
+                let earlier = Arrived { block: first_block, ..earlier };
+                return Merged::Declined(earlier, Arrived { block: later_block, ..later });
+            }
+            Err(panicked) => {
+                self.held.fetch_sub(before, Ordering::Relaxed);
+                self.memory.release(before);
+                return Merged::Into(Err(panicked));
+            }
+        };
         self.held.fetch_sub(before, Ordering::Relaxed);
         self.memory.release(before);
-        let started = Instant::now();
-        let block = self.guarded(|| {
-            self.stage
-                .merge_by_key(earlier.block, later.block)
-                .map_err(|_| format!("operator {} stopped merging its blocks' results by key", self.stage.operator()))
-        })?;
         self.held.fetch_add(block.estimated_bytes(), Ordering::Relaxed);
         self.memory.charge(block.estimated_bytes());
         let mut merged = earlier.merged;
         merged.push(next);
         merged.extend(later.merged);
         let work = earlier.work + later.work + started.elapsed();
-        Ok(Arrived { block, bytes_in: earlier.bytes_in + later.bytes_in, work, merged })
+        Merged::Into(Ok(Arrived { block, bytes_in: earlier.bytes_in + later.bytes_in, work, merged }))
     }
 
     /// Marks a pending block in progress; false when its batch took it or
@@ -494,11 +526,22 @@ mod tests {
     }
 
     fn job(blocks: &[&[&str]]) -> Job {
+        job_reading(blocks, false)
+    }
+
+    /// As [`job`]; with `windowed`, the count's only reader is a window
+    /// with an inverse, which takes its blocks split by partition.
+    fn job_reading(blocks: &[&[&str]], windowed: bool) -> Job {
         let fed = Arc::new(FedSource::<(String, u64)>::new());
-        let builder = GraphBuilder::new(spate_core::Duration::from_secs(1));
+        let builder = GraphBuilder::new(spate_core::Duration::from_secs(1)).checkpointing(true);
         let counts: Counts = Arc::default();
         let sink = Arc::clone(&counts);
-        builder.input("pairs", Arc::clone(&fed)).reduce_by_key(|a, b| a + b).foreach_batch(move |batch, _| {
+        let mut counted = builder.input("pairs", Arc::clone(&fed)).reduce_by_key(|a, b| a + b);
+        if windowed {
+            let (window, slide) = (spate_core::Duration::from_secs(2), spate_core::Duration::from_secs(1));
+            counted = counted.reduce_by_key_and_window_inv(|a, b| a + b, |a, b| a - b, window, slide);
+        }
+        counted.foreach_batch(move |batch, _| {
             sink.lock().unwrap().extend(batch.iter().cloned());
             Ok(())
         });
@@ -593,6 +636,21 @@ mod tests {
         job.arrive(3);
         assert_eq!(job.take(&[1, 2]), vec![Some(vec![]), Some(vec![])], "block 2 was allocated before it finished");
         assert_eq!(job.take(&[3]), vec![Some(vec![])]);
+    }
+
+    #[test]
+    fn runs_a_stage_declines_to_merge_stay_as_they_were() {
+        // Split for the window: merged while a block's keys repeat.
+        let job = job_reading(&[&["a", "a", "b", "a"], &["c", "d", "e", "f"]], true);
+        job.arrive(1);
+        // A block of distinct keys: merging stops paying.
+        job.arrivals.stage().process(["x", "y", "z"].map(|w| (w.to_string(), 1)).to_vec());
+        job.arrive(2);
+        assert!(!job.arrivals.stage().merges_by_key());
+        job.arrivals.merge_runs(id(1), id(2));
+        assert_eq!(job.take(&[1, 2]), vec![Some(vec![]), Some(vec![])], "both runs as they were");
+        let counts = [("a", 3), ("b", 1), ("c", 1), ("d", 1), ("e", 1), ("f", 1)];
+        assert_eq!(job.counts(), words(&counts));
     }
 
     #[test]
