@@ -2,7 +2,10 @@
 //! the two configurations the memory targets name:
 //!
 //! - 10,000 keys at the unlimited rate: the memory of the generic receiver
-//!   path (`store_many` of owned `String`s) and the rate it sustains;
+//!   path (`store_many` of owned `String`s) and the rate it sustains; and
+//!   the same with 10 s batches (the window sliding by 10 s), where a
+//!   batch's blocks wait ten times as long for it
+//!   (`receiver_10k_keys_10s_batches_*`, 60 s);
 //! - 1,000,000 keys at 1,000,000 words a second: the window's keyed state,
 //!   its processing time per batch and the memory it takes.
 //!
@@ -80,13 +83,17 @@ use spate_runtime::{ReceiverSettings, StreamingContext, StreamingSettings};
 
 /// The two configurations the targets name.
 const RECEIVER_10K: Shape =
-    Shape { name: "receiver_10k_keys", keys: 10_000, max_rate: None, env: &[], restart_seconds: 0 };
+    Shape { name: "receiver_10k_keys", keys: 10_000, max_rate: None, env: &[], restart_seconds: 0, batch_secs: 1 };
+/// The same with 10 s batches (the window sliding by 10 s): what a
+/// batch holds while its interval runs.
+const RECEIVER_10K_10S_BATCHES: Shape = Shape { name: "receiver_10k_keys_10s_batches", batch_secs: 10, ..RECEIVER_10K };
 const WINDOW_1M: Shape = Shape {
     name: "window_1m_keys",
     keys: 1_000_000,
     max_rate: Some(1_000_000),
     env: &[],
     restart_seconds: RESTART_SECONDS,
+    batch_secs: 1,
 };
 /// The same job with glibc's mmap threshold fixed as the `spate` binary
 /// fixes it for itself (see docs/src/memory.md): what the allocator's
@@ -97,6 +104,7 @@ const WINDOW_1M_FIXED_MMAP: Shape = Shape {
     max_rate: Some(1_000_000),
     env: &[("MALLOC_MMAP_THRESHOLD_", "262144")],
     restart_seconds: RESTART_SECONDS,
+    batch_secs: 1,
 };
 /// How long the million-key job runs again after its restart: the
 /// recovery, then batches enough to show the memory it settles at.
@@ -120,6 +128,8 @@ struct Shape {
     /// Seconds the job runs again from its checkpoint in a new process
     /// after the first run; 0: no restart.
     restart_seconds: u64,
+    /// The batch interval, seconds; the window slides by 2 s or by a batch.
+    batch_secs: u64,
 }
 
 impl Shape {
@@ -131,14 +141,15 @@ impl Shape {
     }
 }
 
-/// Tells the child its checkpoint directory, seconds to run, keys and rate (0: unlimited).
+/// Tells the child its checkpoint directory, seconds to run, keys, rate
+/// (0: unlimited) and batch interval in seconds.
 const CHILD_ENV: &str = "SPATE_BENCH_RECEIVER_MEMORY_CHILD";
 /// Starts the line the child prints after it opened its checkpoint:
 /// the milliseconds that took, then what the recovery did.
 const RECOVERY_LINE: &str = "recovery_ms=";
-/// Batches of the first seconds start the receiver and let backpressure
-/// find its rate: not counted in the rate.
-const WARM_UP_BATCHES: usize = 5;
+/// The first seconds start the receiver and let backpressure find its
+/// rate: their batches (at least one) are not counted in the rate.
+const WARM_UP_SECONDS: u64 = 5;
 /// The run length of the short check: until the batches a figure counts
 /// hold words, rather than a number of seconds a loaded machine may need
 /// more than.
@@ -148,11 +159,12 @@ const GIVE_UP: StdDuration = StdDuration::from_secs(120);
 
 fn main() {
     if let Ok(spec) = std::env::var(CHILD_ENV) {
-        let mut fields = spec.rsplitn(4, ',');
-        let mut next = || fields.next().expect("<checkpoint dir>,<seconds>,<keys>,<rate>");
-        let (rate, keys, seconds): (u64, u64, u64) =
-            (next().parse().unwrap(), next().parse().unwrap(), next().parse().unwrap());
-        let shape = Shape { name: "child", keys, max_rate: (rate > 0).then_some(rate), env: &[], restart_seconds: 0 };
+        let mut fields = spec.rsplitn(5, ',');
+        let mut next = || fields.next().expect("<checkpoint dir>,<seconds>,<keys>,<rate>,<batch seconds>");
+        let (batch_secs, rate, keys, seconds): (u64, u64, u64, u64) =
+            (next().parse().unwrap(), next().parse().unwrap(), next().parse().unwrap(), next().parse().unwrap());
+        let max_rate = (rate > 0).then_some(rate);
+        let shape = Shape { name: "child", keys, max_rate, env: &[], restart_seconds: 0, batch_secs };
         run_job(Path::new(next()), seconds, shape);
         return;
     }
@@ -169,7 +181,7 @@ fn main() {
         return;
     }
     let only = std::env::args().skip(1).find(|a| !a.starts_with('-'));
-    for shape in [RECEIVER_10K, WINDOW_1M, WINDOW_1M_FIXED_MMAP] {
+    for shape in [RECEIVER_10K, RECEIVER_10K_10S_BATCHES, WINDOW_1M, WINDOW_1M_FIXED_MMAP] {
         if only.as_deref().is_none_or(|o| shape.name.contains(o)) {
             bench_shape(shape);
         }
@@ -177,12 +189,14 @@ fn main() {
 }
 
 fn bench_shape(shape: Shape) {
-    let seconds = 36;
+    // Six batches at least: the warm-up's, and the ones measured.
+    let seconds = 36.max(6 * shape.batch_secs);
     let name = shape.name;
     println!(
-        "{name}: windowed word count, {}, store_many of owned Strings, WAL on, 1 s batches, \
+        "{name}: windowed word count, {}, store_many of owned Strings, WAL on, {} s batches, \
          default checkpoint interval and memory budget (256 MiB), {seconds} s",
-        shape.describe()
+        shape.describe(),
+        shape.batch_secs
     );
     let run = measure(seconds, shape);
     for (at, rss) in &run.timeline {
@@ -291,13 +305,14 @@ fn measure(seconds: u64, shape: Shape) -> Run {
             report: report.to_string(),
         }
     });
-    let steady = steady(&batches);
+    let steady = steady(&batches, shape.batch_secs);
     let committed: u64 = steady.iter().map(|b| b.records).sum();
     let (processing_ms_mean, processing_ms_median, processing_ms_p90) = processing_ms(steady);
+    let steady_secs = steady.len() as f64 * shape.batch_secs as f64;
     Run {
         peak_mb: memory.peak_mb,
         median_mb: memory.median_mb,
-        records_per_sec: if steady.is_empty() { 0.0 } else { committed as f64 / steady.len() as f64 },
+        records_per_sec: if steady.is_empty() { 0.0 } else { committed as f64 / steady_secs },
         records_per_cpu_sec: batches.iter().map(|b| b.records).sum::<u64>() as f64 / memory.cpu_seconds.max(0.01),
         committed,
         processing_ms_mean,
@@ -311,7 +326,8 @@ fn measure(seconds: u64, shape: Shape) -> Run {
 /// Runs the job in a child process on `checkpoint` (recovering from it
 /// when it holds one) for `seconds`: its memory, sampled, and what it printed.
 fn run_job_child(checkpoint: &Path, seconds: u64, shape: Shape) -> (common::Memory, String) {
-    let spec = format!("{},{seconds},{},{}", checkpoint.display(), shape.keys, shape.max_rate.unwrap_or(0));
+    let (keys, rate, batch_secs) = (shape.keys, shape.max_rate.unwrap_or(0), shape.batch_secs);
+    let spec = format!("{},{seconds},{keys},{rate},{batch_secs}", checkpoint.display());
     let mut env = vec![(CHILD_ENV, spec)];
     env.extend(shape.env.iter().map(|(key, value)| (*key, value.to_string())));
     run_child(&env, true)
@@ -319,9 +335,10 @@ fn run_job_child(checkpoint: &Path, seconds: u64, shape: Shape) -> (common::Memo
 
 /// The batches a rate counts: after the warm-up, and not the last, which
 /// the stop may cut short.
-fn steady(batches: &[Committed]) -> &[Committed] {
+fn steady(batches: &[Committed], batch_secs: u64) -> &[Committed] {
     let measured = batches.len().saturating_sub(1);
-    let warm_up = WARM_UP_BATCHES.min(measured.saturating_sub(1));
+    let warm_up_batches = (WARM_UP_SECONDS / batch_secs.max(1)).max(1) as usize;
+    let warm_up = warm_up_batches.min(measured.saturating_sub(1));
     &batches[warm_up..measured]
 }
 
@@ -358,7 +375,8 @@ fn run_job(checkpoint: &Path, seconds: u64, shape: Shape) {
     let keys = shape.keys;
     let vocabulary: Arc<Vec<String>> = Arc::new((0..keys).map(|i| format!("w{i}")).collect());
     let receiver = ReceiverSettings { max_rate: shape.max_rate, ..ReceiverSettings::default() };
-    let settings = StreamingSettings::new(Duration::from_secs(1));
+    let settings = StreamingSettings::new(Duration::from_secs(shape.batch_secs));
+    let slide = Duration::from_secs(shape.batch_secs.max(2));
     let opening = Instant::now();
     let mut ctx = StreamingContext::get_or_create(checkpoint, settings, move |p| {
         let words = p.receiver_stream("words", receiver, move |resume| UniformWords {
@@ -369,7 +387,7 @@ fn run_job(checkpoint: &Path, seconds: u64, shape: Shape) {
         words
             .map(|w: String| (w, 1u64))
             .reduce_by_key(|a, b| a + b)
-            .reduce_by_key_and_window_inv(|a, b| a + b, |a, b| a - b, Duration::from_secs(30), Duration::from_secs(2))
+            .reduce_by_key_and_window_inv(|a, b| a + b, |a, b| a - b, Duration::from_secs(30), slide)
             .foreach_batch(|counts, _| {
                 std::hint::black_box(counts.len());
                 Ok(())
@@ -396,7 +414,7 @@ fn run_job(checkpoint: &Path, seconds: u64, shape: Shape) {
         for batch in 0.. {
             assert!(ctx.await_committed(BatchId(batch), GIVE_UP), "batch {batch}: {:?}", ctx.failure());
             // A batch's progress line may trail its commit: this goes on until the lines show words.
-            if batch > 0 && steady(&committed_records(checkpoint)).iter().any(|b| b.records > 0) {
+            if batch > 0 && steady(&committed_records(checkpoint), shape.batch_secs).iter().any(|b| b.records > 0) {
                 break;
             }
         }
