@@ -306,8 +306,6 @@ impl<C> SplitBlock<C> {
     }
 }
 
-/// A block of records split by partition for a handed-over reader, combined
-/// by key first when [`CombineAdvice`] says that pays.
 /// Lets go of the ids of each of `resolved`.
 fn release(resolved: impl IntoIterator<Item = ResolvedKeys>, reader: Option<&Arc<dyn ResolveAhead>>) {
     for resolved in resolved {
@@ -361,6 +359,8 @@ fn merge_part<C>(
     Ok(duplicates)
 }
 
+/// A block of records split by partition for a handed-over reader, combined
+/// by key first when [`CombineAdvice`] says that pays.
 fn split_block<K: Key, V, C>(
     records: Vec<(K, V)>,
     partitions: usize,
