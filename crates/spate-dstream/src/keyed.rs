@@ -381,8 +381,7 @@ impl EncodedKeys {
     /// Appends `key`'s encoding.
     pub(crate) fn push<K: Key>(&mut self, key: &K) -> Result<(), CoreError> {
         encode_key(key, &mut self.bytes)?;
-        self.ends.push(u32::try_from(self.bytes.len()).map_err(|_| too_many("bytes of a block's keys"))?);
-        Ok(())
+        self.end_key()
     }
 
     /// Appends every key of `other`, in order.
@@ -405,6 +404,11 @@ impl EncodedKeys {
     /// Appends a key already encoded (one of another `EncodedKeys`).
     pub(crate) fn push_encoded(&mut self, key: &[u8]) -> Result<(), CoreError> {
         self.bytes.extend_from_slice(key);
+        self.end_key()
+    }
+
+    /// Marks the end of the key just written to `bytes`.
+    fn end_key(&mut self) -> Result<(), CoreError> {
         self.ends.push(u32::try_from(self.bytes.len()).map_err(|_| too_many("bytes of a block's keys"))?);
         Ok(())
     }

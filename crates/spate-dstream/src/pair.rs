@@ -239,11 +239,7 @@ impl<C> SplitBlock<C> {
                 Some(first)
             }
             (first, second) => {
-                for resolved in first.into_iter().chain(second) {
-                    if let Some(reader) = reader {
-                        reader.release(resolved);
-                    }
-                }
+                release(first.into_iter().chain(second), reader);
                 None
             }
         };

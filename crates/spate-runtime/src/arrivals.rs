@@ -170,8 +170,7 @@ impl<T: Record + Send + 'static> Arrivals<T> {
                 }
                 Some(State::Done(result)) => {
                     if let Ok(arrived) = &result {
-                        self.held.fetch_sub(arrived.block.estimated_bytes(), Ordering::Relaxed);
-                        self.memory.release(arrived.block.estimated_bytes());
+                        self.let_go(arrived.block.estimated_bytes());
                         for block in &arrived.merged {
                             states.remove(block);
                         }
@@ -298,8 +297,7 @@ impl<T: Record + Send + 'static> Arrivals<T> {
         let result = self.process_stored(block_id, blocks);
         let processed = matches!(result, Ok(Some(_)));
         if let Ok(Some(arrived)) = &result {
-            self.held.fetch_add(arrived.block.estimated_bytes(), Ordering::Relaxed);
-            self.memory.charge(arrived.block.estimated_bytes());
+            self.hold(arrived.block.estimated_bytes());
         }
         let mut states = self.lock();
         match result {
@@ -389,20 +387,29 @@ impl<T: Record + Send + 'static> Arrivals<T> {
                 return Merged::Declined(earlier, Arrived { block: later_block, ..later });
             }
             Err(panicked) => {
-                self.held.fetch_sub(before, Ordering::Relaxed);
-                self.memory.release(before);
+                self.let_go(before);
                 return Merged::Into(Err(panicked));
             }
         };
-        self.held.fetch_sub(before, Ordering::Relaxed);
-        self.memory.release(before);
-        self.held.fetch_add(block.estimated_bytes(), Ordering::Relaxed);
-        self.memory.charge(block.estimated_bytes());
+        self.let_go(before);
+        self.hold(block.estimated_bytes());
         let mut merged = earlier.merged;
         merged.push(next);
         merged.extend(later.merged);
         let work = earlier.work + later.work + started.elapsed();
         Merged::Into(Ok(Arrived { block, bytes_in: earlier.bytes_in + later.bytes_in, work, merged }))
+    }
+
+    /// Charges `bytes` of results waiting for their batch to the budget.
+    fn hold(&self, bytes: u64) {
+        self.held.fetch_add(bytes, Ordering::Relaxed);
+        self.memory.charge(bytes);
+    }
+
+    /// Gives back `bytes` of results charged by [`Arrivals::hold`].
+    fn let_go(&self, bytes: u64) {
+        self.held.fetch_sub(bytes, Ordering::Relaxed);
+        self.memory.release(bytes);
     }
 
     /// Marks a pending block in progress; false when its batch took it or
