@@ -565,6 +565,16 @@ impl Checkpoint {
         self.files.delete_fenced(&path, &|| fence.confirm())
     }
 
+    /// [`Checkpoint::delete_file`] for a file written by
+    /// [`Checkpoint::write_file_streamed`], with the parts an object store
+    /// keeps it in (see [`CheckpointFileManager::delete_streamed`]).
+    pub fn delete_streamed_file(&self, relative: impl AsRef<Path>) -> Result<bool> {
+        let path = self.path_of(relative)?;
+        let fence = self.writer_fence()?;
+        fence.check()?;
+        self.files.delete_streamed(&path, &|| fence.confirm())
+    }
+
     /// The names in a directory of the checkpoint (unsorted; temp files skipped).
     pub fn list(&self, relative: impl AsRef<Path>) -> Result<Vec<String>> {
         self.files.list(&self.path_of(relative)?)

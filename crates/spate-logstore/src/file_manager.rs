@@ -29,6 +29,11 @@ pub const DIR_MODE: u32 = 0o700;
 /// Permission bits of every file spate creates.
 pub const FILE_MODE: u32 = 0o600;
 
+/// What an object store's parts of a streamed file `<name>` are kept
+/// under: `<name>.parts/`, beside it (see
+/// [`CheckpointFileManager::delete_streamed`]).
+pub const PARTS_SUFFIX: &str = ".parts";
+
 /// Writes a file's content as [`CheckpointFileManager::create_atomic_streamed`]
 /// streams it.
 pub type ContentWriter<'a> = &'a mut dyn FnMut(&mut dyn SeekWrite) -> io::Result<()>;
@@ -82,6 +87,15 @@ pub trait CheckpointFileManager: Send + Sync + std::fmt::Debug {
     fn delete_fenced(&self, path: &Path, fence: PublishCheck<'_>) -> Result<bool> {
         fence()?;
         self.delete(path)
+    }
+
+    /// Deletes a file written by
+    /// [`CheckpointFileManager::create_atomic_streamed`] with whatever
+    /// else it was written as (an object store's parts), as
+    /// [`CheckpointFileManager::delete_fenced`] does; false when the file
+    /// was not there.
+    fn delete_streamed(&self, path: &Path, fence: PublishCheck<'_>) -> Result<bool> {
+        self.delete_fenced(path, fence)
     }
 
     /// True when `path` exists.

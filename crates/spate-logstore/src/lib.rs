@@ -80,6 +80,8 @@ mod object_faults;
 #[cfg(feature = "s3")]
 mod object_files;
 #[cfg(feature = "s3")]
+mod object_parts;
+#[cfg(feature = "s3")]
 mod object_reader;
 mod process;
 mod repair;
@@ -96,7 +98,7 @@ pub use error::{LogStoreError, Result};
 pub use fault::{FaultMode, FaultyFileManager};
 pub use file_manager::{
     CheckpointFileManager, ContentWriter, DIR_MODE, FILE_MODE, FaultPoint, FileVersion, LocalFileManager, LogListing,
-    NO_FENCE, PublishCheck, Tightened,
+    NO_FENCE, PARTS_SUFFIX, PublishCheck, Tightened,
 };
 pub use holder::LockHolder;
 pub use location::{ObjectStoreSettings, S3_SCHEME, file_manager_for, is_object_store_location, redacted};

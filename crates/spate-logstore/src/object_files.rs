@@ -10,6 +10,8 @@
 //! There is no conditional delete: a writer's delete checks the lease on
 //! the store immediately before the DELETE request. Moving a file (repair's
 //! quarantine) is a read, a put-if-absent under the new name, then a delete.
+//! A streamed file (a state snapshot) larger than one part is uploaded a
+//! part at a time and published by a manifest (see [`crate::object_parts`]).
 //! Directories do not exist: a "directory" is a key prefix, and it exists
 //! when some object is under it. There are no permissions to tighten and no
 //! temp files to clean.
@@ -31,6 +33,7 @@
 //! write is sent again.
 
 use std::future::Future;
+use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -50,6 +53,7 @@ use crate::file_manager::{
 };
 use crate::location::{ObjectStoreSettings, parse_s3_location};
 use crate::lock::{LeaseSettings, LockStatus, WriterLock};
+use crate::object_parts::{MANIFEST_MAGIC, MAX_MANIFEST_BYTES, PART_BYTES, PartWriter, parse_manifest, parts_dir};
 use crate::object_reader::ObjectReader;
 
 /// How long a call waits for a store that does not answer before its error is returned.
@@ -97,6 +101,8 @@ fn http_kind(error: &object_store::Error) -> Option<HttpErrorKind> {
 #[derive(Clone, Debug)]
 pub struct ObjectStoreFileManager {
     inner: Arc<Inner>,
+    /// The bytes of a part a streamed file is uploaded in.
+    part_bytes: usize,
 }
 
 struct Inner {
@@ -171,11 +177,24 @@ impl ObjectStoreFileManager {
             })?;
         let prefix = prefix.split('/').filter(|p| !p.is_empty()).map(str::to_string).collect();
         let root = location.to_path_buf();
-        Ok(ObjectStoreFileManager { inner: Arc::new(Inner { root, prefix, store, runtime: Some(runtime) }) })
+        let inner = Arc::new(Inner { root, prefix, store, runtime: Some(runtime) });
+        Ok(ObjectStoreFileManager { inner, part_bytes: PART_BYTES })
+    }
+
+    /// Uploads a streamed file larger than `bytes` in parts of `bytes`
+    /// (8 MiB unless set): what writing one holds in memory is two parts.
+    pub fn with_part_bytes(mut self, bytes: usize) -> Self {
+        self.part_bytes = bytes.max(1);
+        self
+    }
+
+    /// The location paths are under.
+    pub(crate) fn root(&self) -> &Path {
+        &self.inner.root
     }
 
     /// The object key of `path`, which must be under the location.
-    fn key(&self, path: &Path) -> Result<ObjectPath> {
+    pub(crate) fn key(&self, path: &Path) -> Result<ObjectPath> {
         let relative = path.strip_prefix(&self.inner.root).map_err(|_| LogStoreError::InvalidPath {
             path: path.to_path_buf(),
             reason: "is not under the checkpoint's object store location",
@@ -252,7 +271,7 @@ impl ObjectStoreFileManager {
         Ok(names.filter_map(|p| p.filename().map(decode_part)).collect())
     }
 
-    fn put(&self, op: &'static str, path: &Path, payload: PutPayload, mode: PutMode) -> Result<FileVersion> {
+    pub(crate) fn put(&self, op: &'static str, path: &Path, payload: PutPayload, mode: PutMode) -> Result<FileVersion> {
         let key = self.key(path)?;
         let store = self.store();
         let options = PutOptions { mode: mode.clone(), ..PutOptions::default() };
@@ -288,7 +307,7 @@ impl ObjectStoreFileManager {
     ) -> Result<Option<String>> {
         for _ in 0..LOST_ANSWER_ATTEMPTS {
             tracing::warn!(op, path = %path.display(), error = %lost, "a write's answer was lost; reading the object back to see whether it landed");
-            let found = self.read_versioned(path, crate::checkpoint::MAX_CHECKPOINT_FILE_BYTES)?;
+            let found = self.read_object_versioned(path, crate::checkpoint::MAX_CHECKPOINT_FILE_BYTES)?;
             match (&found, mode) {
                 (Some((bytes, FileVersion::Tag(tag))), _) if holds(payload, bytes) => {
                     return Ok(Some(tag.clone()));
@@ -310,7 +329,7 @@ impl ObjectStoreFileManager {
     /// The refusal of a store that answers writes without an ETag: a
     /// replace could then only overwrite, and a stale writer would no longer
     /// be fenced off.
-    fn without_etags(&self) -> LogStoreError {
+    pub(crate) fn without_etags(&self) -> LogStoreError {
         LogStoreError::Location {
             location: self.inner.root.display().to_string(),
             reason: "the object store answered a write without an ETag, so it cannot replace an object \
@@ -322,6 +341,62 @@ impl ObjectStoreFileManager {
 
     fn head(&self, path: &Path) -> Result<Option<FileVersion>> {
         Ok(self.object_meta(path)?.map(|meta| meta.e_tag.map_or(FileVersion::Unknown, FileVersion::Tag)))
+    }
+
+    /// The object at `path` as stored (a manifest of parts as it is) and
+    /// its version; `None` when it does not exist.
+    fn read_object_versioned(&self, path: &Path, max_len: u64) -> Result<Option<(Vec<u8>, FileVersion)>> {
+        let key = self.key(path)?;
+        let store = self.store();
+        let request = || {
+            let (store, key) = (Arc::clone(&store), key.clone());
+            async move { read_object(store, key, max_len).await }
+        };
+        match self.run("read", path, false, request) {
+            Ok((len, _, None)) => Err(LogStoreError::TooLarge { path: path.to_path_buf(), len, limit: max_len }),
+            Ok((_, tag, Some(bytes))) => Ok(Some((bytes, tag.map_or(FileVersion::Unknown, FileVersion::Tag)))),
+            Err(e) if is_not_found(&e) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The first `len` bytes of the object at `path` as stored (fewer when
+    /// it is shorter); `None` when it does not exist.
+    fn read_object_prefix(&self, path: &Path, len: u64) -> Result<Option<Vec<u8>>> {
+        let key = self.key(path)?;
+        let store = self.store();
+        let request = || {
+            let (store, key) = (Arc::clone(&store), key.clone());
+            async move { store.get_range(&key, 0..len).await.map(|bytes| bytes.to_vec()) }
+        };
+        match self.run("read", path, false, request) {
+            Ok(bytes) => Ok(Some(bytes)),
+            Err(e) if is_not_found(&e) => Ok(None),
+            // An empty object has no range to read; a whole read says what it is.
+            Err(_) => Ok(self.read_object_versioned(path, len)?.map(|(bytes, _)| bytes)),
+        }
+    }
+
+    /// The file at `path` read through its parts when the object there,
+    /// `head` its first bytes, is a manifest of them; `None` when it is not
+    /// (or is gone). Refused with [`LogStoreError::TooLarge`] when the file
+    /// is longer than `max_len`.
+    fn open_parts(&self, path: &Path, head: &[u8], max_len: u64) -> Result<Option<ObjectReader>> {
+        if !head.starts_with(MANIFEST_MAGIC) {
+            return Ok(None);
+        }
+        let Some((manifest, _)) = self.read_object_versioned(path, MAX_MANIFEST_BYTES)? else { return Ok(None) };
+        self.parts_reader(path, &manifest, max_len)
+    }
+
+    /// A reader of the parts `manifest` names; `None` when it is not a manifest.
+    fn parts_reader(&self, path: &Path, manifest: &[u8], max_len: u64) -> Result<Option<ObjectReader>> {
+        let Some(parts) = parse_manifest(manifest, self.root(), path)? else { return Ok(None) };
+        let len = parts.iter().map(|part| part.len).sum();
+        if len > max_len {
+            return Err(LogStoreError::TooLarge { path: path.to_path_buf(), len, limit: max_len });
+        }
+        ObjectReader::of_parts(self.clone(), path, &parts).map(Some)
     }
 
     /// The object's length and ETag; `None` when it does not exist.
@@ -431,18 +506,16 @@ impl CheckpointFileManager for ObjectStoreFileManager {
         if len == 0 {
             return Ok(self.exists(path)?.then(Vec::new));
         }
-        let key = self.key(path)?;
-        let store = self.store();
-        let request = || {
-            let (store, key) = (Arc::clone(&store), key.clone());
-            async move { store.get_range(&key, 0..len).await.map(|bytes| bytes.to_vec()) }
+        // Enough to tell a manifest of parts.
+        let Some(mut head) = self.read_object_prefix(path, len.max(MANIFEST_MAGIC.len() as u64))? else {
+            return Ok(None);
         };
-        match self.run("read", path, false, request) {
-            Ok(bytes) => Ok(Some(bytes)),
-            Err(e) if is_not_found(&e) => Ok(None),
-            // An empty object has no range to read; a whole read says what it is.
-            Err(_) => Ok(self.read(path, len)?),
+        if let Some(mut parts) = self.open_parts(path, &head, u64::MAX)? {
+            head.clear();
+            parts.by_ref().take(len).read_to_end(&mut head).map_err(|e| LogStoreError::io("read", path, e))?;
         }
+        head.truncate(usize::try_from(len).unwrap_or(usize::MAX));
+        Ok(Some(head))
     }
 
     /// Opened as an [`ObjectReader`]: the object is fetched a range at a
@@ -450,6 +523,13 @@ impl CheckpointFileManager for ObjectStoreFileManager {
     /// opened.
     fn open_read(&self, path: &Path, max_len: u64) -> Result<Option<Box<dyn ReadSeek>>> {
         let Some(meta) = self.object_meta(path)? else { return Ok(None) };
+        // A manifest is small: only a small object's first bytes are looked at.
+        if (MANIFEST_MAGIC.len() as u64..=MAX_MANIFEST_BYTES).contains(&meta.size)
+            && let Some(head) = self.read_object_prefix(path, MANIFEST_MAGIC.len() as u64)?
+            && let Some(parts) = self.open_parts(path, &head, max_len)?
+        {
+            return Ok(Some(Box::new(parts)));
+        }
         if meta.size > max_len {
             return Err(LogStoreError::TooLarge { path: path.to_path_buf(), len: meta.size, limit: max_len });
         }
@@ -457,19 +537,13 @@ impl CheckpointFileManager for ObjectStoreFileManager {
         Ok(Some(Box::new(ObjectReader::new(self.clone(), path, key, meta.e_tag, meta.size))))
     }
 
+    /// A file uploaded in parts is read whole, its parts one after another.
     fn read_versioned(&self, path: &Path, max_len: u64) -> Result<Option<(Vec<u8>, FileVersion)>> {
-        let key = self.key(path)?;
-        let store = self.store();
-        let request = || {
-            let (store, key) = (Arc::clone(&store), key.clone());
-            async move { read_object(store, key, max_len).await }
-        };
-        match self.run("read", path, false, request) {
-            Ok((len, _, None)) => Err(LogStoreError::TooLarge { path: path.to_path_buf(), len, limit: max_len }),
-            Ok((_, tag, Some(bytes))) => Ok(Some((bytes, tag.map_or(FileVersion::Unknown, FileVersion::Tag)))),
-            Err(e) if is_not_found(&e) => Ok(None),
-            Err(e) => Err(e),
-        }
+        let Some((bytes, version)) = self.read_object_versioned(path, max_len)? else { return Ok(None) };
+        let Some(mut parts) = self.parts_reader(path, &bytes, max_len)? else { return Ok(Some((bytes, version))) };
+        let mut content = Vec::new();
+        parts.read_to_end(&mut content).map_err(|e| LogStoreError::io("read", path, e))?;
+        Ok(Some((content, version)))
     }
 
     fn create_atomic(&self, path: &Path, bytes: &[u8], fence: PublishCheck<'_>) -> Result<()> {
@@ -477,16 +551,12 @@ impl CheckpointFileManager for ObjectStoreFileManager {
         self.put("put-if-absent", path, PutPayload::from(bytes.to_vec()), PutMode::Create).map(|_| ())
     }
 
-    /// Collected in memory (a conditional multipart upload is not to be
-    /// had), then uploaded from that one buffer without a copy.
+    /// Uploaded a part at a time once larger than one (see
+    /// [`crate::object_parts`]): two parts in memory, not the file.
     fn create_atomic_streamed(&self, path: &Path, content: ContentWriter<'_>, fence: PublishCheck<'_>) -> Result<u64> {
-        let mut collected = std::io::Cursor::new(Vec::new());
-        content(&mut collected).map_err(|e| LogStoreError::io("write", path, e))?;
-        let bytes = collected.into_inner();
-        let len = bytes.len() as u64;
-        fence()?;
-        self.put("put-if-absent", path, PutPayload::from(bytes), PutMode::Create)?;
-        Ok(len)
+        let mut writer = PartWriter::new(self, path, self.part_bytes);
+        content(&mut writer).map_err(|e| LogStoreError::io("write", path, e))?;
+        writer.publish(fence)
     }
 
     fn replace_atomic(&self, path: &Path, bytes: &[u8], fence: PublishCheck<'_>) -> Result<()> {
@@ -522,8 +592,9 @@ impl CheckpointFileManager for ObjectStoreFileManager {
             let missing = std::io::Error::new(std::io::ErrorKind::NotFound, "no such object");
             return Err(LogStoreError::io("move", from, missing));
         };
-        self.create_atomic(to, &bytes, fence)?;
-        self.delete_fenced(from, fence).map(|_| ())
+        // In parts again when it was (the parts belong to the old name).
+        self.create_atomic_streamed(to, &mut |out| out.write_all(&bytes), fence)?;
+        self.delete_streamed(from, fence).map(|_| ())
     }
 
     fn delete(&self, path: &Path) -> Result<bool> {
@@ -544,6 +615,17 @@ impl CheckpointFileManager for ObjectStoreFileManager {
             async move { store.delete(&key).await }
         })?;
         Ok(true)
+    }
+
+    /// The object, then every part under `<name>.parts/`: those its
+    /// manifest named and any an upload that never published left.
+    fn delete_streamed(&self, path: &Path, fence: PublishCheck<'_>) -> Result<bool> {
+        let deleted = self.delete_fenced(path, fence)?;
+        let dir = parts_dir(path);
+        for (relative, _) in self.list_files_recursive(&dir)? {
+            self.delete_fenced(&dir.join(relative), fence)?;
+        }
+        Ok(deleted)
     }
 
     fn exists(&self, path: &Path) -> Result<bool> {
@@ -707,6 +789,160 @@ mod tests {
         assert_eq!(files.read(&path, 100).unwrap().unwrap(), b"HEADpayload");
         let again = files.create_atomic_streamed(&path, &mut content, NO_FENCE);
         assert!(matches!(again, Err(LogStoreError::AlreadyExists { .. })), "{again:?}");
+    }
+
+    /// Writes `len` bytes as a streamed frame does (a header filled in
+    /// last, seeking back to the start) to a manager on `store` with
+    /// parts of 1,000 bytes; `during` is called once 2,500 bytes (or all)
+    /// are written. Returns what was written.
+    fn write_in_parts(
+        files: &ObjectStoreFileManager,
+        path: &Path,
+        len: usize,
+        during: &mut dyn FnMut(),
+    ) -> (Vec<u8>, Result<u64>) {
+        let bytes: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+        let mut expected = bytes.clone();
+        expected[..4].copy_from_slice(b"HEAD");
+        let split = len.min(2500);
+        let mut content = |out: &mut dyn spate_core::SeekWrite| {
+            out.write_all(&bytes[..split])?;
+            during();
+            out.write_all(&bytes[split..])?;
+            out.seek(std::io::SeekFrom::Start(0))?;
+            out.write_all(b"HEAD")?;
+            out.seek(std::io::SeekFrom::End(0)).map(drop)
+        };
+        let written = files.create_atomic_streamed(path, &mut content, NO_FENCE);
+        (expected, written)
+    }
+
+    fn parted_files(store: Arc<dyn ObjectStore>) -> ObjectStoreFileManager {
+        ObjectStoreFileManager::with_store(Path::new(LOCATION), "ck", store).unwrap().with_part_bytes(1000)
+    }
+
+    /// The objects under the location, relative to it.
+    fn objects(files: &ObjectStoreFileManager) -> Vec<String> {
+        let mut names: Vec<String> = files
+            .list_files_recursive(Path::new(LOCATION))
+            .unwrap()
+            .into_iter()
+            .map(|(path, _)| path.display().to_string())
+            .collect();
+        names.sort();
+        names
+    }
+
+    #[test]
+    fn a_streamed_file_beyond_one_part_is_uploaded_as_it_is_written_and_reads_as_written() {
+        use std::io::{Read, Seek, SeekFrom};
+        let files = parted_files(Arc::new(InMemory::new()));
+        let path = Path::new(LOCATION).join("state/op/3");
+        let mut uploaded_while_writing = Vec::new();
+        let (expected, written) =
+            write_in_parts(&files, &path, 3500, &mut || uploaded_while_writing = objects(&parted_files_view(&files)));
+        assert_eq!(written.unwrap(), 3500);
+        // Part 1 went up before the writing ended; part 0 waits for its header.
+        assert_eq!(uploaded_while_writing.len(), 1, "{uploaded_while_writing:?}");
+        assert!(uploaded_while_writing[0].starts_with("state/op/3.parts/"), "{uploaded_while_writing:?}");
+        let names = objects(&files);
+        assert_eq!(names.len(), 5, "the manifest and four parts: {names:?}");
+        let raw = files.read_object_versioned(&path, 1 << 20).unwrap().unwrap().0;
+        assert!(raw.starts_with(MANIFEST_MAGIC), "{}", String::from_utf8_lossy(&raw));
+
+        assert!(files.read(&path, 1 << 20).unwrap().unwrap() == expected, "read whole");
+        assert_eq!(files.read_prefix(&path, 4).unwrap().unwrap(), b"HEAD");
+        assert!(files.read_prefix(&path, 2100).unwrap().unwrap() == expected[..2100], "a prefix over two parts");
+        let mut streamed = Vec::new();
+        files.open_read(&path, 1 << 20).unwrap().unwrap().read_to_end(&mut streamed).unwrap();
+        assert!(streamed == expected, "read as a stream");
+        let mut reader = files.open_read(&path, 1 << 20).unwrap().unwrap();
+        let mut four = [0u8; 4];
+        for at in [SeekFrom::Start(2998), SeekFrom::Start(997), SeekFrom::End(-4), SeekFrom::Start(0)] {
+            let position = reader.seek(at).unwrap() as usize;
+            reader.read_exact(&mut four).unwrap();
+            assert_eq!(four, expected[position..position + 4], "{at:?}");
+        }
+        let refused = files.open_read(&path, 3499).err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(refused.contains("exceeds the limit"), "the file's length counts, not the manifest's: {refused}");
+
+        let again = write_in_parts(&files, &path, 3500, &mut || {}).1;
+        assert!(matches!(again, Err(LogStoreError::AlreadyExists { .. })), "{again:?}");
+        assert!(files.delete_streamed(&path, NO_FENCE).unwrap());
+        assert_eq!(objects(&files), Vec::<String>::new(), "the parts go with the file, the refused upload's too");
+    }
+
+    /// Another manager on the same store, to look while one writes.
+    fn parted_files_view(files: &ObjectStoreFileManager) -> ObjectStoreFileManager {
+        parted_files(files.store())
+    }
+
+    #[test]
+    fn a_streamed_file_within_one_part_is_one_object() {
+        let files = parted_files(Arc::new(InMemory::new()));
+        let path = Path::new(LOCATION).join("state/op/3");
+        let (expected, written) = write_in_parts(&files, &path, 1000, &mut || {});
+        assert_eq!(written.unwrap(), expected.len() as u64);
+        assert_eq!(objects(&files), ["state/op/3"]);
+        assert!(files.read(&path, 1 << 20).unwrap().unwrap() == expected);
+    }
+
+    #[test]
+    fn a_streamed_file_cannot_seek_back_into_a_part_uploaded() {
+        let files = parted_files(Arc::new(InMemory::new()));
+        let path = Path::new(LOCATION).join("state/op/3");
+        let mut content = |out: &mut dyn spate_core::SeekWrite| {
+            out.write_all(&[7u8; 2500])?;
+            out.seek(std::io::SeekFrom::Start(1500)).map(drop)
+        };
+        let refused = files.create_atomic_streamed(&path, &mut content, NO_FENCE);
+        let message = refused.err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(message.contains("already uploaded"), "{message}");
+        assert_eq!(files.read(&path, 1 << 20).unwrap(), None, "nothing is published");
+    }
+
+    #[test]
+    fn a_part_changed_after_publishing_fails_the_read() {
+        use std::io::Read;
+        let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+        let files = parted_files(Arc::clone(&store));
+        let path = Path::new(LOCATION).join("state/op/3");
+        write_in_parts(&files, &path, 3500, &mut || {}).1.unwrap();
+        let part = objects(&files).into_iter().find(|name| name.ends_with("-2")).unwrap();
+        files.replace_atomic(&Path::new(LOCATION).join(part), &[0u8; 1000], NO_FENCE).unwrap();
+        let mut out = Vec::new();
+        assert!(files.open_read(&path, 1 << 20).unwrap().unwrap().read_to_end(&mut out).is_err(), "read another part");
+        assert!(files.read(&path, 1 << 20).is_err());
+    }
+
+    #[test]
+    fn a_manifest_that_does_not_parse_is_an_error_naming_the_file() {
+        let files = parted_files(Arc::new(InMemory::new()));
+        let path = Path::new(LOCATION).join("state/op/3");
+        let mut manifest = MANIFEST_MAGIC.to_vec();
+        manifest.extend_from_slice(b"ten \"etag\" state/op/3.parts/a-0\n");
+        files.create_atomic(&path, &manifest, NO_FENCE).unwrap();
+        let err = files.read(&path, 1 << 20).err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(err.contains("state/op/3") && err.contains("line 2") && err.contains("not a number"), "{err}");
+    }
+
+    #[test]
+    fn a_crash_at_any_write_of_a_streamed_file_leaves_it_absent_and_a_rewrite_whole() {
+        let path = Path::new(LOCATION).join("state/op/3");
+        // Four parts and the manifest.
+        for n in 0..5 {
+            let inner: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+            let store = Arc::new(FaultyObjectStore::fail_write(Arc::clone(&inner), n, ObjectFault::BeforeApply, true));
+            let crashed = write_in_parts(&parted_files(store.clone()), &path, 3500, &mut || {}).1;
+            assert!(crashed.is_err() && store.fired(), "write {n}");
+            let files = parted_files(inner);
+            assert_eq!(files.read(&path, 1 << 20).unwrap(), None, "write {n}: a file with parts missing");
+            let (expected, written) = write_in_parts(&files, &path, 3500, &mut || {});
+            written.unwrap();
+            assert!(files.read(&path, 1 << 20).unwrap().unwrap() == expected, "write {n}");
+            files.delete_streamed(&path, NO_FENCE).unwrap();
+            assert_eq!(objects(&files), Vec::<String>::new(), "write {n}: the crashed upload's parts are left");
+        }
     }
 
     #[test]

@@ -4,7 +4,9 @@
 //! Each range is a conditional GET on the ETag the object had when it was
 //! opened, so an object replaced while it is read fails the read rather
 //! than mixing two versions (state files are written once; this guards
-//! every other use).
+//! every other use). A file uploaded in parts (see
+//! [`crate::object_parts`]) reads as its parts one after another, each
+//! range within one part and conditional on the ETag its manifest lists.
 
 use std::io::{self, Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
@@ -14,6 +16,7 @@ use object_store::{GetOptions, GetRange};
 
 use crate::error::LogStoreError;
 use crate::object_files::ObjectStoreFileManager;
+use crate::object_parts::Part;
 
 /// Bytes the first GET fetches: a chain's files are opened and their
 /// headers read before any is restored, so an opened file holds little.
@@ -28,8 +31,8 @@ const RANGE_BYTES: u64 = 8 << 20;
 pub(crate) struct ObjectReader {
     files: ObjectStoreFileManager,
     path: PathBuf,
-    key: ObjectPath,
-    e_tag: Option<String>,
+    /// The objects the file is made of, in order: one, or its parts.
+    segments: Vec<Segment>,
     len: u64,
     /// Where the next read starts.
     position: u64,
@@ -40,6 +43,14 @@ pub(crate) struct ObjectReader {
     next_range: u64,
 }
 
+/// One object of a file, and where in the file it starts.
+struct Segment {
+    key: ObjectPath,
+    e_tag: Option<String>,
+    start: u64,
+    len: u64,
+}
+
 impl ObjectReader {
     pub(crate) fn new(
         files: ObjectStoreFileManager,
@@ -48,11 +59,27 @@ impl ObjectReader {
         e_tag: Option<String>,
         len: u64,
     ) -> Self {
+        Self::of_segments(files, path, vec![Segment { key, e_tag, start: 0, len }])
+    }
+
+    /// The file `path` made of `parts`, one after another.
+    pub(crate) fn of_parts(files: ObjectStoreFileManager, path: &Path, parts: &[Part]) -> Result<Self, LogStoreError> {
+        let mut segments = Vec::with_capacity(parts.len());
+        let mut start = 0;
+        for part in parts {
+            let key = files.key(&part.path)?;
+            segments.push(Segment { key, e_tag: Some(part.e_tag.clone()), start, len: part.len });
+            start += part.len;
+        }
+        Ok(Self::of_segments(files, path, segments))
+    }
+
+    fn of_segments(files: ObjectStoreFileManager, path: &Path, segments: Vec<Segment>) -> Self {
+        let len = segments.last().map_or(0, |s| s.start + s.len);
         ObjectReader {
             files,
             path: path.to_path_buf(),
-            key,
-            e_tag,
+            segments,
             len,
             position: 0,
             range: Vec::new(),
@@ -74,12 +101,25 @@ impl ObjectReader {
         Ok(self.range.get(from..).unwrap_or_default())
     }
 
+    /// The bytes from `start` to `end`, or to the end of the object
+    /// holding `start` when that comes first.
     fn fetch(&self, start: u64, end: u64) -> io::Result<Vec<u8>> {
-        let (store, key, e_tag) = (self.files.store(), self.key.clone(), self.e_tag.clone());
+        let segment = self.segments.iter().find(|s| (s.start..s.start + s.len).contains(&start)).ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                format!("{}: no object holds offset {start}", self.path.display()),
+            )
+        })?;
+        let end = end.min(segment.start + segment.len);
+        let (store, key, e_tag) = (self.files.store(), segment.key.clone(), segment.e_tag.clone());
+        let range = start - segment.start..end - segment.start;
         let request = move || {
             let (store, key) = (std::sync::Arc::clone(&store), key.clone());
-            let options =
-                GetOptions { if_match: e_tag.clone(), range: Some(GetRange::from(start..end)), ..Default::default() };
+            let options = GetOptions {
+                if_match: e_tag.clone(),
+                range: Some(GetRange::from(range.clone())),
+                ..Default::default()
+            };
             async move { store.get_opts(&key, options).await?.bytes().await.map(|bytes| bytes.to_vec()) }
         };
         let bytes = self.files.run("read", &self.path, false, request).map_err(into_io)?;
