@@ -3,7 +3,8 @@
 //! directory; the writer lock is a lease that a second writer is refused,
 //! an expired one is taken over with a new epoch, a writer paused past
 //! its lease can no longer write once the new holder has, and one whose
-//! lease ran out while nobody took it (the store was away) renews it.
+//! lease ran out while nobody took it (the store was away) renews it. A
+//! streamed file larger than a part goes up in parts and reads back whole.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -15,8 +16,8 @@ use std::sync::Arc;
 use common::s3;
 use spate::core::{BatchId, Duration, ManualClock, Time};
 use spate::logstore::{
-    Checkpoint, CheckpointSettings, CommitMetadata, LeaseSettings, LockStatus, LogStoreError, OffsetSeq, SourceOffset,
-    Verdict,
+    Checkpoint, CheckpointFileManager, CheckpointSettings, CommitMetadata, LeaseSettings, LockStatus, LogStoreError,
+    ObjectStoreFileManager, OffsetSeq, SourceOffset, Verdict,
 };
 
 const START: i64 = 1_700_000_000_000;
@@ -204,4 +205,50 @@ fn progress_style_appends_are_conditional_replaces() {
     let fenced = files.append(&path, b"{\"a\":3}\n", &|| checkpoint.renew_lease().and(Err(LogStoreError::Crashed)));
     assert!(fenced.is_err());
     assert_eq!(files.read(&path, 1024).unwrap().unwrap().len(), 16, "a failed fence writes nothing");
+}
+
+#[test]
+fn a_streamed_file_larger_than_a_part_goes_up_in_parts_and_reads_back_whole() {
+    use std::io::{Read, Seek, SeekFrom};
+    let location = s3::fresh_location("parts");
+    let files = ObjectStoreFileManager::connect(&location, &s3::settings()).unwrap().with_part_bytes(64 << 10);
+    let path = location.join("state/op/3");
+    let mut expected: Vec<u8> = (0..300_000u32).map(|i| (i % 241) as u8).collect();
+    // A header filled in last, as a state snapshot's frame is.
+    let mut content = |out: &mut dyn spate::core::SeekWrite| {
+        out.write_all(&[0; 4])?;
+        out.write_all(&expected[4..])?;
+        out.seek(SeekFrom::Start(0))?;
+        out.write_all(b"HEAD")?;
+        out.seek(SeekFrom::End(0)).map(drop)
+    };
+    assert_eq!(files.create_atomic_streamed(&path, &mut content, &|| Ok(())).unwrap(), 300_000);
+    expected[..4].copy_from_slice(b"HEAD");
+
+    let mut names = files.list(&location.join("state/op")).unwrap();
+    names.sort();
+    assert_eq!(names, ["3", "3.parts"]);
+    let parts = files.list_files_recursive(&location.join("state/op/3.parts")).unwrap();
+    assert_eq!(parts.len(), 5, "300,000 bytes in parts of 65,536: {parts:?}");
+    assert!(files.read(&path, 1 << 20).unwrap().unwrap() == expected, "read whole");
+    assert_eq!(files.read_prefix(&path, 4).unwrap().unwrap(), b"HEAD");
+    let mut reader = files.open_read(&path, 1 << 20).unwrap().unwrap();
+    let mut streamed = Vec::new();
+    reader.read_to_end(&mut streamed).unwrap();
+    assert!(streamed == expected, "read as a stream");
+    let mut four = [0u8; 4];
+    for at in [SeekFrom::Start(65_534), SeekFrom::Start(200_000), SeekFrom::End(-4)] {
+        let position = reader.seek(at).unwrap() as usize;
+        reader.read_exact(&mut four).unwrap();
+        assert_eq!(four, expected[position..position + 4], "{at:?}");
+    }
+
+    // A part replaced since is a failed read, not other content.
+    let (last, _) =
+        parts.iter().max_by_key(|(name, _)| name.to_string_lossy().rsplit('-').next().map(str::to_string)).unwrap();
+    files.replace_atomic(&location.join("state/op/3.parts").join(last), b"other", &|| Ok(())).unwrap();
+    assert!(files.read(&path, 1 << 20).is_err(), "a changed part was read");
+
+    assert!(files.delete_streamed(&path, &|| Ok(())).unwrap());
+    assert_eq!(files.list_files_recursive(&location.join("state")).unwrap(), [], "the parts go with the file");
 }

@@ -8,7 +8,7 @@
 //! changes after it. [`SnapshotChain`] decides which to take and remembers
 //! where each operator's chain starts, so a purge keeps every link.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, SeekFrom};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -17,8 +17,8 @@ use serde::{Deserialize, Serialize};
 use spate_core::{BatchId, ReadSeek, SeekWrite, Time, Unfenced, WriterFence};
 use spate_dstream::{GraphDescriptor, StateWriter};
 use spate_logstore::{
-    CHANGES_HEADER_LEN, Checkpoint, CommitMetadata, LogStoreError, OffsetSeq, StateLink, Verdict, changes_header,
-    split_state_file,
+    CHANGES_HEADER_LEN, Checkpoint, CommitMetadata, LogStoreError, OffsetSeq, PARTS_SUFFIX, StateLink, Verdict,
+    changes_header, split_state_file,
 };
 use tracing::{debug, warn};
 
@@ -195,7 +195,7 @@ impl CheckpointStore {
             // replaced rather than kept.
             Err(LogStoreError::AlreadyExists { .. }) => {
                 debug!(operator, %batch, "replacing a state snapshot no manifest named");
-                self.checkpoint.delete_file(&path).map_err(|e| state_error(operator, batch, e))?;
+                self.checkpoint.delete_streamed_file(&path).map_err(|e| state_error(operator, batch, e))?;
                 write(&path).map_err(|e| state_error(operator, batch, e))
             }
             Err(e) => Err(state_error(operator, batch, e)),
@@ -262,9 +262,14 @@ impl CheckpointStore {
         };
         for operator in operators {
             let oldest_needed = chain_starts.get(&operator).map_or(keep, |start| (*start).min(keep));
-            let Ok(batches) = self.checkpoint.list(Path::new(STATE_DIR).join(&operator)) else { continue };
-            for batch in batches.iter().filter_map(|b| b.parse::<u64>().ok()).filter(|b| *b < oldest_needed.0) {
-                if let Err(e) = self.checkpoint.delete_file(Self::state_path(&operator, BatchId(batch))) {
+            let Ok(names) = self.checkpoint.list(Path::new(STATE_DIR).join(&operator)) else { continue };
+            // A snapshot, or the parts an upload of one left on an object
+            // store (`<batch>.parts`) without publishing it: deleting the
+            // snapshot takes those too.
+            let batches: BTreeSet<u64> =
+                names.iter().filter_map(|name| name.strip_suffix(PARTS_SUFFIX).unwrap_or(name).parse().ok()).collect();
+            for batch in batches.into_iter().filter(|b| *b < oldest_needed.0) {
+                if let Err(e) = self.checkpoint.delete_streamed_file(Self::state_path(&operator, BatchId(batch))) {
                     warn!(error = %e, operator, batch, "deleting an old state snapshot failed");
                 }
             }
@@ -449,9 +454,10 @@ impl CheckpointStore {
 #[cfg(all(test, feature = "s3"))]
 mod tests {
     use super::*;
+    use object_store::ObjectStore;
     use object_store::memory::InMemory;
     use spate_core::ManualClock;
-    use spate_logstore::{CheckpointSettings, LeaseSettings, ObjectStoreFileManager};
+    use spate_logstore::{CheckpointFileManager, CheckpointSettings, LeaseSettings, ObjectStoreFileManager};
 
     const LOCATION: &str = "s3://bucket/ck";
 
@@ -467,7 +473,13 @@ mod tests {
 
     /// A checkpoint in an in-memory object store (the same keys as S3).
     fn store_in_memory() -> CheckpointStore {
-        let files = ObjectStoreFileManager::with_store(Path::new(LOCATION), "ck", Arc::new(InMemory::new())).unwrap();
+        store_in_memory_with_parts(Arc::new(InMemory::new()), 8 << 20)
+    }
+
+    /// A checkpoint in `objects`, streamed files uploaded in parts of `part_bytes`.
+    fn store_in_memory_with_parts(objects: Arc<dyn ObjectStore>, part_bytes: usize) -> CheckpointStore {
+        let files =
+            ObjectStoreFileManager::with_store(Path::new(LOCATION), "ck", objects).unwrap().with_part_bytes(part_bytes);
         let lease = LeaseSettings { renew_in_background: false, ..LeaseSettings::default() };
         let options = CheckpointSettings::new()
             .with_clock(Arc::new(ManualClock::new(Time::from_millis(0))))
@@ -493,6 +505,39 @@ mod tests {
             assert_eq!(left, ["2"], "{operator}: the snapshots before batch 2 are purged");
             assert_eq!(frames(store.open_state_chain(operator, BatchId(2)).unwrap()), [b"state"]);
         }
+    }
+
+    #[test]
+    fn snapshots_in_parts_and_parts_an_upload_left_are_purged_with_their_batch() {
+        let objects: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+        let store = store_in_memory_with_parts(Arc::clone(&objects), 1000);
+        let snapshot = vec![5u8; 2500];
+        for batch in [0, 2] {
+            let path = CheckpointStore::state_path("op", BatchId(batch));
+            store.checkpoint().write_file_streamed(path, &mut |out| out.write_all(&snapshot)).unwrap();
+        }
+        // Uploads that crashed before their manifest: batch 1's is old, batch 3's may be under way.
+        for batch in [1, 3] {
+            store.checkpoint().write_file(format!("{STATE_DIR}/op/{batch}.parts/crashed-1"), b"part").unwrap();
+        }
+        store.purge_state(BatchId(2), &BTreeMap::new());
+        let files = ObjectStoreFileManager::with_store(Path::new(LOCATION), "ck", objects).unwrap();
+        let mut left: Vec<String> = files
+            .list_files_recursive(&Path::new(LOCATION).join(STATE_DIR).join("op"))
+            .unwrap()
+            .into_iter()
+            // A part's name: its directory and its index.
+            .map(|(path, _)| {
+                let name = path.display().to_string();
+                name.split_once('/').map_or(name.clone(), |(dir, part)| {
+                    format!("{dir}/{}", part.rsplit('-').next().unwrap_or_default())
+                })
+            })
+            .collect();
+        left.sort();
+        assert_eq!(left, ["2", "2.parts/0", "2.parts/1", "2.parts/2", "3.parts/1"], "what batches 2 and 3 need");
+        let chain = frames(store.open_state_chain("op", BatchId(2)).unwrap());
+        assert!(chain == [snapshot], "batch 2's snapshot is restored through its parts");
     }
 }
 
