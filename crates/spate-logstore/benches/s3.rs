@@ -27,9 +27,17 @@
 //!   commit) after 10,000 batches: with all 10,000 entries of each log kept
 //!   (the worst case), and as the engine leaves it, with the 100 retained
 //!   ones; bound: 1 s.
+//! - `logstore_s3_snapshot_upload_peak_rss_growth`: how far the process's
+//!   peak resident memory rises while a streamed state file of 256 MiB
+//!   (a whole snapshot of some 10,000,000 keys) goes up in the default
+//!   8 MiB parts and is published; bound: the file's size, what collecting
+//!   it whole before a single conditional PUT took at the least. Printed
+//!   beside: the upload's MB/s and requests, and the read back (streamed,
+//!   checked against what was written).
 //!
 //! Run without `--bench` (as `cargo test --all-targets` does) everything is
-//! shrunk: a few rounds, 40 batches, a checkpoint of 200 batches.
+//! shrunk: a few rounds, 40 batches, a checkpoint of 200 batches, a
+//! snapshot of 20 MiB.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
@@ -497,9 +505,75 @@ fn startup(server: &Server) {
     }
 }
 
+/// A field of `/proc/self/status`, in MB.
+fn status_mb(field: &str) -> f64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let line = status.lines().find(|l| l.starts_with(field)).unwrap();
+    let kb: f64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
+    kb / 1000.0
+}
+
+/// The bytes of a snapshot, made a chunk at a time: chunk `i` of `len`.
+fn snapshot_chunk(i: u64, len: usize) -> Vec<u8> {
+    let mut state = i.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state as u8
+        })
+        .collect()
+}
+
+/// (d) A large state snapshot streamed up, then read back as a restore does.
+fn snapshot_upload(server: &Server) {
+    use std::io::Read;
+    const CHUNK: usize = 1 << 20;
+    let chunks: u64 = if bench_mode() { 256 } else { 20 };
+    let location = Location::new(server, "snapshot");
+    let path = location.path.join("state/window/10");
+    let size_mb = (chunks * CHUNK as u64) as f64 / 1e6;
+    // The peak from here on (`VmHWM` reset to the current size).
+    std::fs::write("/proc/self/clear_refs", "5").unwrap();
+    let (before, requests_before) = (status_mb("VmRSS:"), location.counter.tally());
+    let mut content = |out: &mut dyn spate_core::SeekWrite| {
+        for i in 0..chunks {
+            out.write_all(&snapshot_chunk(i, CHUNK))?;
+        }
+        Ok(())
+    };
+    let (written, took) = timed(|| location.files.create_atomic_streamed(&path, &mut content, &|| Ok(())).unwrap());
+    let growth = status_mb("VmHWM:") - before;
+    let requests = location.counter.tally().since(requests_before);
+    assert_eq!(written, chunks * CHUNK as u64);
+    let mut reader = location.files.open_read(&path, u64::MAX).unwrap().unwrap();
+    let (mut buffer, mut read_back) = (vec![0u8; CHUNK], 0u64);
+    let ((), read_took) = timed(|| {
+        for i in 0..chunks {
+            reader.read_exact(&mut buffer).unwrap();
+            assert!(buffer == snapshot_chunk(i, CHUNK), "chunk {i} read back differs");
+            read_back += CHUNK as u64;
+        }
+    });
+    assert_eq!(reader.read(&mut buffer).unwrap(), 0, "more than was written");
+    println!(
+        "a streamed snapshot of {size_mb:.0} MB on S3: uploaded in {:.2} s ({:.0} MB/s, {} requests: {}), peak RSS \
+         {growth:.1} MB above the {before:.1} MB before; read back as a stream in {:.2} s ({:.0} MB/s), as written",
+        took.as_secs_f64(),
+        size_mb / took.as_secs_f64(),
+        requests.total(),
+        requests.describe(1.0),
+        read_took.as_secs_f64(),
+        read_back as f64 / 1e6 / read_took.as_secs_f64(),
+    );
+    print_bench("logstore_s3_snapshot_upload_peak_rss_growth", growth, "MB", size_mb, growth / size_mb);
+}
+
 fn main() {
     let server = Server::from_env();
     add_latency(&server);
     requests_per_batch(&server);
     startup(&server);
+    snapshot_upload(&server);
 }
