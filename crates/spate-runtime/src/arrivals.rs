@@ -15,8 +15,12 @@
 //! it. Once results waiting for their batch hold more than half the
 //! budget, blocks wait encoded for their batch instead, so an operator
 //! that grows its input (a `map` to pairs) cannot fill memory ahead of the
-//! batch; a source faster than the thread fills the budget with encoded
-//! blocks, and the receiver waits for room, as without the stage.
+//! batch, and the receiver waits for room in the budget, as without the
+//! stage. A source faster than the threads waits for them: stored blocks
+//! queue for the threads one a thread at most, and the block after waits
+//! to be queued, holding up the receiver behind it, rather than the
+//! budget filling with encoded blocks (256 MiB of them by default, before
+//! a first batch's end gives the source a rate).
 //!
 //! For a stage whose results merge by key (a chain ending in a per-key
 //! aggregate, [`ArrivalStage::merges_by_key`]), the results of
@@ -254,6 +258,7 @@ impl<T: Record + Send + 'static> Arrivals<T> {
     /// returned sender, taken in the order sent, until each is sent `None`
     /// ([`ArrivalThreads::stop`]). Blocks are independent and each batch
     /// takes its results in block order, so any thread may take any block.
+    /// A send waits while a block a thread is queued (see the module doc).
     /// `neighbours` says which blocks go to the same batch side by side,
     /// for merging their results.
     pub(crate) fn spawn(
@@ -263,7 +268,7 @@ impl<T: Record + Send + 'static> Arrivals<T> {
         blocks: &Arc<BlockManager<T>>,
         neighbours: Arc<Neighbours>,
     ) -> std::io::Result<ArrivalThreads> {
-        let (tx, rx) = crossbeam::channel::unbounded();
+        let (tx, rx) = crossbeam::channel::bounded(threads.max(1));
         let mut handles = Vec::with_capacity(threads);
         for index in 0..threads.max(1) {
             let (arrivals, blocks, rx) = (Arc::clone(self), Arc::clone(blocks), rx.clone());
@@ -483,7 +488,8 @@ pub(crate) struct ArrivalThreads {
 }
 
 impl ArrivalThreads {
-    /// Where stored blocks are sent to be processed.
+    /// Where stored blocks are sent to be processed; a send waits while the
+    /// threads are a block each behind.
     pub(crate) fn sender(&self) -> Sender<Option<StreamBlockId>> {
         self.sender.clone()
     }
@@ -523,7 +529,7 @@ mod tests {
         graph: Graph,
         counts: Counts,
         arrivals: Arc<Arrivals<(String, u64)>>,
-        blocks: BlockManager<(String, u64)>,
+        blocks: Arc<BlockManager<(String, u64)>>,
         /// The blocks waiting for a batch, as the tracker has them.
         waiting: Arc<Mutex<Vec<StreamBlockId>>>,
     }
@@ -564,7 +570,7 @@ mod tests {
             arrivals.expect(id(n));
         }
         let waiting = Arc::new(Mutex::new((1..=blocks.len() as u64).map(id).collect()));
-        Job { graph, counts, arrivals, blocks: manager, waiting }
+        Job { graph, counts, arrivals, blocks: Arc::new(manager), waiting }
     }
 
     impl Job {
@@ -620,6 +626,31 @@ mod tests {
         assert_eq!(job.arrivals.memory.used(), 0, "the run's memory given back once taken");
         assert!(job.arrivals.lock().is_empty(), "nothing is left of the run's blocks");
         assert_eq!(job.counts(), words(&[("a", 2), ("b", 3), ("c", 1), ("d", 1)]));
+    }
+
+    #[test]
+    fn blocks_queue_for_the_threads_one_a_thread_and_the_next_waits() {
+        let job = job(&[&["a"], &["a"], &["b"]]);
+        let waiting = Arc::clone(&job.waiting);
+        let neighbours: Arc<Neighbours> = Arc::new(move |block| {
+            let waiting = waiting.lock().unwrap();
+            let at = waiting.iter().position(|queued| *queued == block)?;
+            Some((at.checked_sub(1).map(|before| waiting[before]), waiting.get(at + 1).copied()))
+        });
+        // The thread stops at block 1 while the states are held.
+        let states = job.arrivals.lock();
+        let threads = job.arrivals.spawn("test-arrive", 1, &job.blocks, neighbours).unwrap();
+        let sender = threads.sender();
+        sender.send(Some(id(1))).unwrap();
+        // Returns once the thread took block 1: block 2 is then its queue.
+        sender.send(Some(id(2))).unwrap();
+        let refused = sender.try_send(Some(id(3)));
+        assert!(matches!(refused, Err(crossbeam::channel::TrySendError::Full(_))), "{refused:?}");
+        drop(states);
+        sender.send(Some(id(3))).unwrap();
+        assert!(threads.stop());
+        assert_eq!(job.take(&[1, 2, 3]), vec![Some(vec![id(2), id(3)]), None, None], "all three processed");
+        assert_eq!(job.counts(), words(&[("a", 2), ("b", 1)]));
     }
 
     #[test]
