@@ -152,6 +152,8 @@ impl<'a> PartWriter<'a> {
             self.uploaded.push(part);
         }
         self.current_index += 1;
+        // Its whole size at once, rather than doubled (and copied) up to it.
+        self.current.reserve_exact(self.part_bytes);
         Ok(())
     }
 
