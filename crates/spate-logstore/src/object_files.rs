@@ -182,7 +182,7 @@ impl ObjectStoreFileManager {
     }
 
     /// Uploads a streamed file larger than `bytes` in parts of `bytes`
-    /// (8 MiB unless set): what writing one holds in memory is two parts.
+    /// (8 MiB unless set): what writing one holds in memory is three parts.
     pub fn with_part_bytes(mut self, bytes: usize) -> Self {
         self.part_bytes = bytes.max(1);
         self
@@ -552,7 +552,7 @@ impl CheckpointFileManager for ObjectStoreFileManager {
     }
 
     /// Uploaded a part at a time once larger than one (see
-    /// [`crate::object_parts`]): two parts in memory, not the file.
+    /// [`crate::object_parts`]): three parts in memory, not the file.
     fn create_atomic_streamed(&self, path: &Path, content: ContentWriter<'_>, fence: PublishCheck<'_>) -> Result<u64> {
         let mut writer = PartWriter::new(self, path, self.part_bytes);
         content(&mut writer).map_err(|e| LogStoreError::io("write", path, e))?;
@@ -793,7 +793,7 @@ mod tests {
 
     /// Writes `len` bytes as a streamed frame does (a header filled in
     /// last, seeking back to the start) to a manager on `store` with
-    /// parts of 1,000 bytes; `during` is called once 2,500 bytes (or all)
+    /// parts of 1,000 bytes; `during` is called once 3,500 bytes (or all)
     /// are written. Returns what was written.
     fn write_in_parts(
         files: &ObjectStoreFileManager,
@@ -804,7 +804,7 @@ mod tests {
         let bytes: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
         let mut expected = bytes.clone();
         expected[..4].copy_from_slice(b"HEAD");
-        let split = len.min(2500);
+        let split = len.min(3500);
         let mut content = |out: &mut dyn spate_core::SeekWrite| {
             out.write_all(&bytes[..split])?;
             during();
@@ -840,13 +840,19 @@ mod tests {
         let path = Path::new(LOCATION).join("state/op/3");
         let mut uploaded_while_writing = Vec::new();
         let (expected, written) =
-            write_in_parts(&files, &path, 3500, &mut || uploaded_while_writing = objects(&parted_files_view(&files)));
-        assert_eq!(written.unwrap(), 3500);
+            write_in_parts(&files, &path, 4500, &mut || uploaded_while_writing = objects(&parted_files_view(&files)));
+        assert_eq!(written.unwrap(), 4500);
         // Part 1 went up before the writing ended; part 0 waits for its header.
-        assert_eq!(uploaded_while_writing.len(), 1, "{uploaded_while_writing:?}");
-        assert!(uploaded_while_writing[0].starts_with("state/op/3.parts/"), "{uploaded_while_writing:?}");
+        // Part 1 was up before part 2's upload began; part 0 waits for its
+        // header, and nothing is published.
+        let (mut one, mut early) = (false, false);
+        for name in &uploaded_while_writing {
+            one |= name.starts_with("state/op/3.parts/") && name.ends_with("-1");
+            early |= name.ends_with("-0") || name == "state/op/3";
+        }
+        assert!(one && !early, "{uploaded_while_writing:?}");
         let names = objects(&files);
-        assert_eq!(names.len(), 5, "the manifest and four parts: {names:?}");
+        assert_eq!(names.len(), 6, "the manifest and five parts: {names:?}");
         let raw = files.read_object_versioned(&path, 1 << 20).unwrap().unwrap().0;
         assert!(raw.starts_with(MANIFEST_MAGIC), "{}", String::from_utf8_lossy(&raw));
 
@@ -863,10 +869,10 @@ mod tests {
             reader.read_exact(&mut four).unwrap();
             assert_eq!(four, expected[position..position + 4], "{at:?}");
         }
-        let refused = files.open_read(&path, 3499).err().map(|e| e.to_string()).unwrap_or_default();
+        let refused = files.open_read(&path, 4499).err().map(|e| e.to_string()).unwrap_or_default();
         assert!(refused.contains("exceeds the limit"), "the file's length counts, not the manifest's: {refused}");
 
-        let again = write_in_parts(&files, &path, 3500, &mut || {}).1;
+        let again = write_in_parts(&files, &path, 4500, &mut || {}).1;
         assert!(matches!(again, Err(LogStoreError::AlreadyExists { .. })), "{again:?}");
         assert!(files.delete_streamed(&path, NO_FENCE).unwrap());
         assert_eq!(objects(&files), Vec::<String>::new(), "the parts go with the file, the refused upload's too");

@@ -15,8 +15,10 @@
 //! within one part is one put-if-absent of its bytes, as before.
 //!
 //! What the writer holds: the first part until the end (a frame's header
-//! is filled in last, seeking back to the file's start) and the part being
-//! filled, two parts rather than the file.
+//! is filled in last, seeking back to the file's start), the part being
+//! filled, and the one before it while its upload is under way (one at a
+//! time, on a thread of its own, so filling and uploading overlap): three
+//! parts rather than the file.
 //!
 //! The parts go with the file ([`crate::CheckpointFileManager::delete_streamed`]
 //! deletes the manifest, then everything under `<name>.parts/`, which also
@@ -25,6 +27,7 @@
 use std::io::{self, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::thread::JoinHandle;
 
 use object_store::{PutMode, PutPayload};
 
@@ -108,8 +111,10 @@ pub(crate) struct PartWriter<'a> {
     current: Vec<u8>,
     /// The index of the part being filled.
     current_index: u64,
-    /// Parts 1 to `current_index - 1`, uploaded.
+    /// Parts 1 to `current_index - 2`, uploaded.
     uploaded: Vec<Part>,
+    /// The upload of part `current_index - 1`, under way.
+    in_flight: Option<JoinHandle<Result<Part>>>,
     position: u64,
     len: u64,
 }
@@ -125,6 +130,7 @@ impl<'a> PartWriter<'a> {
             current: Vec::new(),
             current_index: 0,
             uploaded: Vec::new(),
+            in_flight: None,
             position: 0,
             len: 0,
         }
@@ -136,20 +142,32 @@ impl<'a> PartWriter<'a> {
 
     /// Uploads part `index` holding `bytes`.
     fn upload(&self, index: u64, bytes: Vec<u8>) -> Result<Part> {
-        let path = self.part_path(index);
-        let len = bytes.len() as u64;
-        let version = self.files.put("put part", &path, PutPayload::from(bytes), PutMode::Create)?;
-        let FileVersion::Tag(e_tag) = version else { return Err(self.files.without_etags()) };
-        Ok(Part { path, len, e_tag })
+        upload_part(self.files, self.part_path(index), bytes)
     }
 
-    /// Moves on to the next part, uploading the one filled (the first
-    /// stays until the end).
+    /// Waits for the upload under way, if any.
+    fn settle_in_flight(&mut self) -> Result<()> {
+        let Some(upload) = self.in_flight.take() else { return Ok(()) };
+        let part = upload.join().map_err(|_| LogStoreError::ObjectStore {
+            op: "put part",
+            path: self.path.to_path_buf(),
+            message: "the thread uploading a part panicked".into(),
+        })??;
+        self.uploaded.push(part);
+        Ok(())
+    }
+
+    /// Moves on to the next part, starting the upload of the one filled
+    /// once the one before is up (the first stays until the end).
     fn next_part(&mut self) -> io::Result<()> {
         if self.current_index > 0 {
+            self.settle_in_flight().map_err(io::Error::other)?;
             let full = std::mem::take(&mut self.current);
-            let part = self.upload(self.current_index, full).map_err(io::Error::other)?;
-            self.uploaded.push(part);
+            let (files, path) = (self.files.clone(), self.part_path(self.current_index));
+            let upload = std::thread::Builder::new()
+                .name("spate-put-part".into())
+                .spawn(move || upload_part(&files, path, full))?;
+            self.in_flight = Some(upload);
         }
         self.current_index += 1;
         // Its whole size at once, rather than doubled (and copied) up to it.
@@ -167,6 +185,7 @@ impl<'a> PartWriter<'a> {
             self.files.put("put-if-absent", self.path, PutPayload::from(first), PutMode::Create)?;
             return Ok(self.len);
         }
+        self.settle_in_flight()?;
         let last = std::mem::take(&mut self.current);
         let last = self.upload(self.current_index, last)?;
         let first = std::mem::take(&mut self.first);
@@ -235,6 +254,14 @@ impl Seek for PartWriter<'_> {
         self.position = position;
         Ok(position)
     }
+}
+
+/// Puts part `bytes` at `path`, a key no other write uses.
+fn upload_part(files: &ObjectStoreFileManager, path: PathBuf, bytes: Vec<u8>) -> Result<Part> {
+    let len = bytes.len() as u64;
+    let version = files.put("put part", &path, PutPayload::from(bytes), PutMode::Create)?;
+    let FileVersion::Tag(e_tag) = version else { return Err(files.without_etags()) };
+    Ok(Part { path, len, e_tag })
 }
 
 fn uploaded_already(position: u64) -> io::Error {
