@@ -576,13 +576,17 @@ mod tests {
     impl Job {
         /// Block `n` processed by an arrival thread.
         fn arrive(&self, n: u64) {
+            self.arrivals.arrive(id(n), &self.blocks, &*self.neighbours());
+        }
+
+        /// The blocks side by side for one batch, as the tracker says.
+        fn neighbours(&self) -> Arc<Neighbours> {
             let waiting = Arc::clone(&self.waiting);
-            let neighbours = move |block| {
+            Arc::new(move |block| {
                 let waiting = waiting.lock().unwrap();
                 let at = waiting.iter().position(|queued| *queued == block)?;
                 Some((at.checked_sub(1).map(|before| waiting[before]), waiting.get(at + 1).copied()))
-            };
-            self.arrivals.arrive(id(n), &self.blocks, &neighbours);
+            })
         }
 
         /// What the batch of blocks `batch` finds for them: for each, the
@@ -631,12 +635,7 @@ mod tests {
     #[test]
     fn blocks_queue_for_the_threads_one_a_thread_and_the_next_waits() {
         let job = job(&[&["a"], &["a"], &["b"]]);
-        let waiting = Arc::clone(&job.waiting);
-        let neighbours: Arc<Neighbours> = Arc::new(move |block| {
-            let waiting = waiting.lock().unwrap();
-            let at = waiting.iter().position(|queued| *queued == block)?;
-            Some((at.checked_sub(1).map(|before| waiting[before]), waiting.get(at + 1).copied()))
-        });
+        let neighbours = job.neighbours();
         // The thread stops at block 1 while the states are held.
         let states = job.arrivals.lock();
         let threads = job.arrivals.spawn("test-arrive", 1, &job.blocks, neighbours).unwrap();
