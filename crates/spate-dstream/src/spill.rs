@@ -60,6 +60,22 @@ pub trait SpillTable: Send {
         keys.iter().map(|key| self.get(key)).collect()
     }
 
+    /// Calls `visit` with each entry whose key starts with `prefix`, is not
+    /// before `from` and (with `until`) is before `until`, in key order,
+    /// while it returns `true`.
+    ///
+    /// The bounds are the store's to keep: a store that deletes by writing
+    /// a marker (RocksDB) then steps over no deleted entry beyond them,
+    /// where a visitor stopping at the first entry out of range would
+    /// first step over every deleted one before it.
+    fn scan_range(
+        &self,
+        prefix: &[u8],
+        from: &[u8],
+        until: Option<&[u8]>,
+        visit: &mut dyn FnMut(&[u8], &[u8]) -> bool,
+    ) -> Result<(), SpillError>;
+
     /// Calls `visit` with each entry whose key starts with `prefix` and is
     /// not before `from`, in key order, while it returns `true`.
     fn scan_from(
@@ -67,12 +83,14 @@ pub trait SpillTable: Send {
         prefix: &[u8],
         from: &[u8],
         visit: &mut dyn FnMut(&[u8], &[u8]) -> bool,
-    ) -> Result<(), SpillError>;
+    ) -> Result<(), SpillError> {
+        self.scan_range(prefix, from, None, visit)
+    }
 
     /// Calls `visit` with each entry whose key starts with `prefix`, in key
     /// order, while it returns `true`.
     fn scan(&self, prefix: &[u8], visit: &mut dyn FnMut(&[u8], &[u8]) -> bool) -> Result<(), SpillError> {
-        self.scan_from(prefix, prefix, visit)
+        self.scan_range(prefix, prefix, None, visit)
     }
 }
 
@@ -324,16 +342,18 @@ impl SpillTable for MemoryTable {
         Ok(())
     }
 
-    fn scan_from(
+    fn scan_range(
         &self,
         prefix: &[u8],
         from: &[u8],
+        until: Option<&[u8]>,
         visit: &mut dyn FnMut(&[u8], &[u8]) -> bool,
     ) -> Result<(), SpillError> {
         self.operation()?;
         let entries = lock(&self.entries);
         for (key, value) in entries.range(from.max(prefix).to_vec()..) {
-            if !key.starts_with(prefix) || !visit(key, value) {
+            let before_end = until.is_none_or(|until| key.as_slice() < until);
+            if !key.starts_with(prefix) || !before_end || !visit(key, value) {
                 break;
             }
         }

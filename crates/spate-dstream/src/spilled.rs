@@ -82,13 +82,15 @@ impl SpilledStates {
     /// with that time.
     pub(crate) fn idle_before(&self, threshold: Time) -> Result<Vec<(Vec<u8>, Time)>, CoreError> {
         let mut idle = Vec::new();
+        // Bounded by the threshold, not stopped at the first key past it:
+        // the entries of keys that had data since are deleted at their old
+        // times, all before that first key.
+        let until = time_key(threshold, &[]);
         self.table
-            .scan(&[BY_TIME], &mut |entry, _| {
-                let Some((last, key)) = split_time(entry) else { return true };
-                if last >= threshold {
-                    return false;
+            .scan_range(&[BY_TIME], &[BY_TIME], Some(&until), &mut |entry, _| {
+                if let Some((last, key)) = split_time(entry) {
+                    idle.push((key.to_vec(), last));
                 }
-                idle.push((key.to_vec(), last));
                 true
             })
             .map_err(SpillError::reading)?;

@@ -29,6 +29,8 @@ pub(crate) const STATE_SHARE_OF_MEMORY: u64 = 4;
 
 /// RocksDB's write buffer: what a table's recent writes take in memory.
 const WRITE_BUFFER_BYTES: usize = 16 << 20;
+/// Files in level 0 that start a compaction (RocksDB's default).
+const LEVEL_ZERO_FILES_TO_COMPACT: u64 = 4;
 /// Keys read at once by [`RocksTable::get_many`].
 const READ_GROUP: usize = 256;
 /// RocksDB's block cache: the keys a batch reads again.
@@ -85,6 +87,15 @@ fn open(base: &Path) -> Result<Opened, String> {
     options.set_compression_type(rocksdb::DBCompressionType::None);
     options.set_write_buffer_size(WRITE_BUFFER_BYTES);
     options.set_max_write_buffer_number(2);
+    // A bloom filter in the write buffer: most keys a batch reads are not there.
+    options.set_memtable_whole_key_filtering(true);
+    options.set_memtable_prefix_bloom_ratio(0.1);
+    // Level 1 the size of level 0 when it compacts (RocksDB's tuning
+    // advice), and levels sized from the last: a compaction from level 0
+    // then rewrites about as much as it brings, not four times more.
+    options.set_max_bytes_for_level_base(LEVEL_ZERO_FILES_TO_COMPACT * WRITE_BUFFER_BYTES as u64);
+    options.set_target_file_size_base(WRITE_BUFFER_BYTES as u64);
+    options.set_level_compaction_dynamic_level_bytes(true);
     let mut table = rocksdb::BlockBasedOptions::default();
     let cache = rocksdb::Cache::new_lru_cache(BLOCK_CACHE_BYTES).map_err(|e| format!("a block cache: {e}"))?;
     table.set_block_cache(&cache);
@@ -243,15 +254,22 @@ impl SpillTable for RocksTable {
         self.opened.db.write_opt(batch, &self.opened.writes).map_err(|e| self.error("write", e))
     }
 
-    fn scan_from(
+    fn scan_range(
         &self,
         prefix: &[u8],
         from: &[u8],
+        until: Option<&[u8]>,
         visit: &mut dyn FnMut(&[u8], &[u8]) -> bool,
     ) -> Result<(), SpillError> {
         let (prefix, from) = (self.key(prefix), self.key(from.max(prefix)));
+        let mut reads = rocksdb::ReadOptions::default();
+        // Without an end, the prefix's own (none when it is all 0xff bytes:
+        // the keys then run to the database's end).
+        if let Some(end) = until.map(|until| self.key(until)).or_else(|| successor(&prefix)) {
+            reads.set_iterate_upper_bound(end);
+        }
         let mode = rocksdb::IteratorMode::From(&from, rocksdb::Direction::Forward);
-        for item in self.opened.db.iterator(mode) {
+        for item in self.opened.db.iterator_opt(mode, reads) {
             let (key, value) = item.map_err(|e| self.error("scan", e))?;
             let Some(key) = key.strip_prefix(prefix.as_slice()).map(|_| &key[self.prefix.len()..]) else { break };
             if !visit(key, &value) {
@@ -260,6 +278,14 @@ impl SpillTable for RocksTable {
         }
         Ok(())
     }
+}
+
+/// The first key after every key that starts with `prefix`, if any.
+fn successor(prefix: &[u8]) -> Option<Vec<u8>> {
+    let last = prefix.iter().rposition(|byte| *byte != u8::MAX)?;
+    let mut end = prefix.get(..=last)?.to_vec();
+    *end.last_mut()? += 1;
+    Some(end)
 }
 
 impl Drop for RocksTable {
@@ -308,6 +334,13 @@ mod tests {
         })
         .unwrap();
         assert_eq!(after, vec![b"k2".to_vec()]);
+        let mut below = Vec::new();
+        a.scan_range(b"", b"k", Some(b"k2"), &mut |key, _| {
+            below.push(key.to_vec());
+            true
+        })
+        .unwrap();
+        assert_eq!(below, vec![b"k1".to_vec()], "the scan ends before its end, whatever the visitor says");
         drop(a);
         let c = store.open_table("c").unwrap();
         assert_eq!(c.get(b"k1").unwrap(), None);
@@ -316,6 +349,14 @@ mod tests {
         assert!(dir.starts_with(base.path()) && dir.exists());
         drop((b, c, store));
         assert!(!dir.exists(), "the store's directory goes with it");
+    }
+
+    #[test]
+    fn a_prefix_ends_before_its_successor() {
+        assert_eq!(successor(b"ab"), Some(b"ac".to_vec()));
+        assert_eq!(successor(&[1, 0xff, 0xff]), Some(vec![2]));
+        assert_eq!(successor(&[0xff, 0xff]), None);
+        assert_eq!(successor(b""), None);
     }
 
     /// The options RocksDB recorded for the family the tables live in.
