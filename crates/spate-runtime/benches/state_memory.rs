@@ -11,7 +11,7 @@
 //! 10,000,000 stay) and maps each record to its key's count; an output
 //! counts the mapped records. The default checkpoint interval (10 s) with
 //! incremental snapshots. It runs in a child process (this executable
-//! started again) for 110 batches, so the resident memory sampled is the
+//! started again) for 130 batches, so the resident memory sampled is the
 //! job's alone. The on-disk shape then restarts from its checkpoint in a
 //! new process (the whole snapshot of 10,000,000 keys and the changes
 //! after it restored) and runs 5 batches more.
@@ -26,6 +26,10 @@
 //!   batches after the first 5; bound: the source's 100,000 a second (a
 //!   ratio below 1 is a job falling behind);
 //! - `<shape>_processing_ms_mean` and `_p90`: bound: the 1 s batch interval;
+//! - `<shape>_revisits_records_per_sec`, `_revisits_processing_ms_mean`
+//!   and `_p90`: the same over the batches after the first 100, where
+//!   every key the batch brings has state already (a job's steady state,
+//!   where the first 100 batches mostly add keys);
 //! - `<shape>_restart_rss_peak`: the restarted process's peak resident
 //!   memory, its restore included; bound: 300 MB.
 //!
@@ -58,8 +62,8 @@ const PER_BATCH: u64 = 100_000;
 const STRIDE: u64 = 7_919_993;
 const TARGET_RSS_MB: f64 = 300.0;
 /// Enough for every key to have come once (10,000,000 / `PER_BATCH`) and
-/// for ten more batches.
-const BATCHES: u64 = 110;
+/// for thirty more batches, which revisit keys.
+const BATCHES: u64 = 130;
 const WARM_UP_BATCHES: usize = 5;
 /// How long a run may take before it is given up as stuck.
 const GIVE_UP: StdDuration = StdDuration::from_secs(600);
@@ -110,6 +114,7 @@ fn main() {
         assert!(run.peak_mb > 0.0, "no memory sampled");
         assert!(run.committed >= CHECK.batches, "the job committed {} batches", run.committed);
         assert!(run.spilled, "the state did not go to disk");
+        assert!(run.revisits.0 > 0.0, "no batch measured after every key came once");
         let restart = run.restart.expect("the check restarts");
         assert!(restart.peak_mb > 0.0, "no memory sampled after the restart");
         assert!(restart.committed > run.committed, "the restarted job committed no batch");
@@ -153,6 +158,15 @@ fn bench_shape(shape: Shape) {
     figure(&format!("{name}_records_per_sec"), run.records_per_sec, "records/s", PER_BATCH as f64);
     figure(&format!("{name}_processing_ms_mean"), run.processing.0, "ms", 1000.0);
     figure(&format!("{name}_processing_ms_p90"), run.processing.2, "ms", 1000.0);
+    let (rate, processing) = run.revisits;
+    println!(
+        "{name}: once every key has state, {rate:.0} records/s committed, processing {:.0} ms mean, {:.0} ms \
+         median, {:.0} ms p90",
+        processing.0, processing.1, processing.2
+    );
+    figure(&format!("{name}_revisits_records_per_sec"), rate, "records/s", PER_BATCH as f64);
+    figure(&format!("{name}_revisits_processing_ms_mean"), processing.0, "ms", 1000.0);
+    figure(&format!("{name}_revisits_processing_ms_p90"), processing.2, "ms", 1000.0);
     if let Some(restart) = &run.restart {
         println!(
             "{name}: restarted from the checkpoint, {} more batches: RSS peak {:.1} MB, median {:.1} MB",
@@ -169,6 +183,9 @@ struct Run {
     records_per_sec: f64,
     /// Mean, median and 90th percentile, ms.
     processing: (f64, f64, f64),
+    /// Records a second and processing over the batches after every key
+    /// came once.
+    revisits: (f64, (f64, f64, f64)),
     committed: u64,
     /// The state was on disk when the job stopped.
     spilled: bool,
@@ -191,6 +208,8 @@ fn measure(shape: Shape) -> Run {
     let measured = batches.len().saturating_sub(1);
     let first = WARM_UP_BATCHES.min(measured.saturating_sub(1)).max(1);
     let steady = batches.get(first..measured).unwrap_or_default();
+    let first_revisit = usize::try_from(shape.keys / PER_BATCH).unwrap().clamp(first, measured.saturating_sub(1));
+    let revisits = batches.get(first_revisit..measured).unwrap_or_default();
     let restart = (shape.restart_batches > 0).then(|| {
         let (memory, _) = run_job_child(&checkpoint, shape, shape.batches + shape.restart_batches);
         Restart {
@@ -205,6 +224,10 @@ fn measure(shape: Shape) -> Run {
         timeline: memory.timeline,
         records_per_sec: batches.get(first - 1).map_or(0.0, |before| records_per_wall_second(before, steady)),
         processing: processing_ms(steady),
+        revisits: (
+            batches.get(first_revisit - 1).map_or(0.0, |before| records_per_wall_second(before, revisits)),
+            processing_ms(revisits),
+        ),
         committed: batches.len() as u64,
         spilled: stdout.contains("state on disk: true"),
         restart,
