@@ -842,7 +842,6 @@ mod tests {
         let (expected, written) =
             write_in_parts(&files, &path, 4500, &mut || uploaded_while_writing = objects(&parted_files_view(&files)));
         assert_eq!(written.unwrap(), 4500);
-        // Part 1 went up before the writing ended; part 0 waits for its header.
         // Part 1 was up before part 2's upload began; part 0 waits for its
         // header, and nothing is published.
         let (mut one, mut early) = (false, false);

@@ -29,8 +29,9 @@ pub(crate) const STATE_SHARE_OF_MEMORY: u64 = 4;
 
 /// RocksDB's write buffer: what a table's recent writes take in memory.
 const WRITE_BUFFER_BYTES: usize = 16 << 20;
-/// Files in level 0 that start a compaction (RocksDB's default).
-const LEVEL_ZERO_FILES_TO_COMPACT: u64 = 4;
+/// Files in level 0 that start a compaction (RocksDB's default, set so
+/// that level 1's size follows it).
+const LEVEL_ZERO_FILES_TO_COMPACT: i32 = 4;
 /// Keys read at once by [`RocksTable::get_many`].
 const READ_GROUP: usize = 256;
 /// RocksDB's block cache: the keys a batch reads again.
@@ -93,7 +94,8 @@ fn open(base: &Path) -> Result<Opened, String> {
     // Level 1 the size of level 0 when it compacts (RocksDB's tuning
     // advice), and levels sized from the last: a compaction from level 0
     // then rewrites about as much as it brings, not four times more.
-    options.set_max_bytes_for_level_base(LEVEL_ZERO_FILES_TO_COMPACT * WRITE_BUFFER_BYTES as u64);
+    options.set_level_zero_file_num_compaction_trigger(LEVEL_ZERO_FILES_TO_COMPACT);
+    options.set_max_bytes_for_level_base(LEVEL_ZERO_FILES_TO_COMPACT as u64 * WRITE_BUFFER_BYTES as u64);
     options.set_target_file_size_base(WRITE_BUFFER_BYTES as u64);
     options.set_level_compaction_dynamic_level_bytes(true);
     let mut table = rocksdb::BlockBasedOptions::default();
