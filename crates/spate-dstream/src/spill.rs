@@ -32,7 +32,8 @@ pub trait SpillStore: Send + Sync + fmt::Debug {
 }
 
 /// Values written once and read back whole, by number: spilled state that
-/// is never looked up by key (an inverse window's retained slices). A
+/// is never looked up by key (an inverse window's retained slices, a
+/// spilled `map_with_state` partition's changes a batch). A
 /// store may keep them apart from its tables, in plain files, so they
 /// cost no memory of the store's own.
 pub trait SpillBlobs: Send {

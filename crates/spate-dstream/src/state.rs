@@ -355,14 +355,14 @@ impl<K: Key, S: Data> MapPart<K, S> {
     }
 
     /// Moves the partition to a spill table when it takes more than its
-    /// share of the budget.
-    fn spill_if_over(&mut self, spill: Option<&SpillPlace>, partitions: usize) -> Result<(), CoreError> {
+    /// share of the budget; `by_time`: its keys time out.
+    fn spill_if_over(&mut self, spill: Option<&SpillPlace>, partitions: usize, by_time: bool) -> Result<(), CoreError> {
         let Some(place) = spill else { return Ok(()) };
         let MapPart::Memory(states) = self else { return Ok(()) };
         if states.memory_bytes() as u64 <= place.partition_budget(partitions) {
             return Ok(());
         }
-        let mut spilled = SpilledStates::new(place.open()?);
+        let mut spilled = SpilledStates::new(place.open()?, place.open_blobs()?, by_time);
         let entries = states.keys.iter_encoded().filter_map(|(id, key)| {
             let entry = states.state(id)?;
             Some((key, &entry.state, entry.last))
@@ -390,7 +390,7 @@ impl<K: Key, S: Data> MapPart<K, S> {
             }
             // A spilled partition's changed keys are those with data after the last snapshot.
             MapPart::Spilled(spilled) => {
-                spilled.for_each_encoded(changes.and_then(|c| c.after), &mut |key, value| {
+                spilled.for_each_encoded::<S>(changes.and_then(|c| c.after), &mut |key, value| {
                     out.buffer().extend_from_slice(key);
                     out.buffer().extend_from_slice(value);
                     written += 1;
@@ -418,7 +418,7 @@ impl<K: Key, S: Data> MapPart<K, S> {
                 let mut pending = HashMap::new();
                 let before = spilled.pending::<S>(&encoded)?.before;
                 pending.insert(encoded, Pending { before, now: Some((entry.state, entry.last)) });
-                spilled.write_pending(pending)
+                spilled.write_pending(pending, None)
             }
         }
     }
@@ -435,10 +435,16 @@ impl<K: Key, S: Data> MapPart<K, S> {
     }
 
     /// Forgets what changed: the next changes are relative to now (a
-    /// spilled partition's are relative to the node's last snapshot time).
-    fn mark_unchanged(&mut self) {
-        if let MapPart::Memory(states) = self {
-            states.states_mut().for_each(|entry| entry.changed = false);
+    /// spilled partition's are relative to the node's last snapshot time,
+    /// `stepped`: the last batch before it).
+    fn mark_unchanged(&mut self, stepped: Option<Time>) {
+        match self {
+            MapPart::Memory(states) => states.states_mut().for_each(|entry| entry.changed = false),
+            MapPart::Spilled(spilled) => {
+                if let Some(time) = stepped {
+                    spilled.snapshot_taken(time);
+                }
+            }
         }
     }
 }
@@ -474,12 +480,12 @@ where
             threshold: self.timeout.map(|timeout| ctx.time - timeout),
             want_snapshots: self.snapshots.readers() > 0,
         };
-        let (spill, partitions) = (self.spill.as_ref(), ctx.partitions);
+        let (spill, partitions, by_time) = (self.spill.as_ref(), ctx.partitions, self.timeout.is_some());
         let work: Vec<_> = self.parts.iter_mut().zip(records).collect();
         let (mut mapped, mut snapshots) = (Vec::new(), Vec::new());
         let results = ctx.par(work, |(part, records)| {
             let out = step.run(part, records)?;
-            part.spill_if_over(spill, partitions)?;
+            part.spill_if_over(spill, partitions, by_time)?;
             Ok::<_, CoreError>(out)
         })?;
         for part in results {
@@ -527,7 +533,7 @@ impl<K: Key, V, S: Data, M, F> MapWithStateNode<K, V, S, M, F> {
             let (key, state, last) = entry?;
             if let Some(part) = self.parts.get_mut(partition_of(&key, partitions)) {
                 part.insert(&key, Entry { state, last, changed })?;
-                part.spill_if_over(self.spill.as_ref(), partitions)?;
+                part.spill_if_over(self.spill.as_ref(), partitions, self.timeout.is_some())?;
             }
         }
         Ok(())
@@ -567,7 +573,8 @@ impl<K: Key, V, S: Data, M, F> MapWithStateNode<K, V, S, M, F> {
     /// Forgets what changed: the next changes are relative to now.
     fn mark_unchanged(&mut self) {
         self.removed.clear();
-        self.parts.iter_mut().for_each(MapPart::mark_unchanged);
+        let stepped = self.stepped;
+        self.parts.iter_mut().for_each(|part| part.mark_unchanged(stepped));
         self.last_snapshot = self.stepped;
     }
 }
@@ -678,20 +685,23 @@ impl<F> MapStep<'_, F> {
             }
         }
         if let Some(threshold) = self.threshold {
-            for (encoded, last) in part.idle_before(threshold)? {
-                // A key with data in this batch is not idle.
-                if touched.contains_key(&encoded) {
+            for (encoded, idle) in part.idle_before::<S>(threshold)? {
+                // A key with data in this batch is not idle: it stays
+                // indexed, at this batch, unless that data removed it.
+                if let Some(now) = touched.get(&encoded) {
+                    if now.now.is_some() {
+                        part.index_at(&encoded, self.time);
+                    }
                     continue;
                 }
                 let key: K = spilled::decode(&encoded)?;
-                let old = part.pending::<S>(&encoded)?.now.map(|(state, _)| state);
-                let mut state = State::new(old, true);
+                let mut state = State::new(idle.now.map(|(state, _)| state), true);
                 mapped.push((self.func)(&key, None, &mut state));
-                touched.insert(encoded, Pending { before: Some(last), now: None });
+                touched.insert(encoded, Pending { before: idle.before, now: None });
                 removed.push(key);
             }
         }
-        part.write_pending(touched)?;
+        part.write_pending(touched, Some(self.time))?;
         Ok((mapped, removed))
     }
 }
@@ -784,7 +794,7 @@ where
             let (key, state, last): (K, S, Time) = payload.record().map_err(decode_error)?;
             if let Some(part) = self.parts.get_mut(partition_of(&key, partitions)) {
                 part.insert(&key, Entry { state, last, changed: false })?;
-                part.spill_if_over(self.spill.as_ref(), partitions)?;
+                part.spill_if_over(self.spill.as_ref(), partitions, self.timeout.is_some())?;
             }
         }
         payload.finish()

@@ -8,10 +8,12 @@
 //! scratch: a checkpoint holds the state, so RocksDB's own log is off and
 //! a table dropped is one range deletion.
 //!
-//! Blobs (an inverse window's retained slices, written once and read back
-//! whole) are plain files beside the database, in their own owner-only
-//! directory (`spate-slices-*`): a database's write buffers and block
-//! cache would cost more memory than the slices they would hold.
+//! Blobs (an inverse window's retained slices, and a spilled
+//! `map_with_state` partition's changes a batch until its next snapshot:
+//! written once and read back whole) are plain files beside the database,
+//! in their own owner-only directory (`spate-slices-*`): a database's write
+//! buffers and block cache would cost more memory than the blobs they
+//! would hold.
 //!
 //! A keyed operator keeps in memory up to a quarter of
 //! [`StreamingSettings::max_memory_bytes`](crate::StreamingSettings::max_memory_bytes)
@@ -148,7 +150,7 @@ fn make_blobs_dir(base: &Path) -> Result<tempfile::TempDir, String> {
         .prefix("spate-slices-")
         .tempdir_in(base)
         .map_err(|e| format!("make a directory in {}: {e}", base.display()))?;
-    tracing::info!(path = %dir.path().display(), "window slices beyond the memory budget go to this directory");
+    tracing::info!(path = %dir.path().display(), "window slices beyond the memory budget, and spilled keyed state's changes a batch, go to this directory");
     Ok(dir)
 }
 
@@ -191,7 +193,7 @@ impl SpillBlobs for FileBlobs {
 impl Drop for FileBlobs {
     fn drop(&mut self) {
         if let Err(e) = std::fs::remove_dir_all(&self.dir) {
-            tracing::warn!(path = %self.dir.display(), error = %e, "spilled window slices were not removed; they go with the directory");
+            tracing::warn!(path = %self.dir.display(), error = %e, "spilled blobs were not removed; they go with the directory");
         }
     }
 }
