@@ -74,7 +74,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration as StdDuration, Instant};
 
-use common::{Committed, committed_records, figure, processing_ms, run_child};
+use common::{Committed, committed_records, figure, print_recovery, processing_ms, recovery_of, run_child};
 
 use async_trait::async_trait;
 use spate_core::{BatchId, Duration};
@@ -144,9 +144,6 @@ impl Shape {
 /// Tells the child its checkpoint directory, seconds to run, keys, rate
 /// (0: unlimited) and batch interval in seconds.
 const CHILD_ENV: &str = "SPATE_BENCH_RECEIVER_MEMORY_CHILD";
-/// Starts the line the child prints after it opened its checkpoint:
-/// the milliseconds that took, then what the recovery did.
-const RECOVERY_LINE: &str = "recovery_ms=";
 /// The first seconds start the receiver and let backpressure find its
 /// rate: their batches (at least one) are not counted in the rate.
 const WARM_UP_SECONDS: u64 = 5;
@@ -296,14 +293,8 @@ fn measure(seconds: u64, shape: Shape) -> Run {
     let batches = committed_records(&checkpoint);
     let restart = (shape.restart_seconds > 0 || seconds == UNTIL_WORDS).then(|| {
         let (memory, stdout) = run_job_child(&checkpoint, shape.restart_seconds, shape);
-        let line = stdout.lines().find_map(|l| l.strip_prefix(RECOVERY_LINE)).expect("the child's recovery line");
-        let (ms, report) = line.split_once(' ').unwrap_or((line, ""));
-        Restart {
-            peak_mb: memory.peak_mb,
-            median_mb: memory.median_mb,
-            recovery_ms: ms.parse().expect("milliseconds"),
-            report: report.to_string(),
-        }
+        let (recovery_ms, report) = recovery_of(&stdout);
+        Restart { peak_mb: memory.peak_mb, median_mb: memory.median_mb, recovery_ms, report }
     });
     let steady = steady(&batches, shape.batch_secs);
     let committed: u64 = steady.iter().map(|b| b.records).sum();
@@ -396,16 +387,7 @@ fn run_job(checkpoint: &Path, seconds: u64, shape: Shape) {
         Ok(())
     })
     .unwrap();
-    let recovery_ms = opening.elapsed().as_secs_f64() * 1000.0;
-    let report = ctx.recovery().expect("a checkpoint's recovery");
-    let resumed_at = report.resumed_at;
-    println!(
-        "{RECOVERY_LINE}{recovery_ms:.1} restored={} restore_ms={} replayed={} replay_ms={} resumed_at={resumed_at}",
-        report.restored_operators.len(),
-        report.restore_ms,
-        report.replayed_for_state.len(),
-        report.replay_ms,
-    );
+    let resumed_at = print_recovery(&ctx, opening);
     ctx.start().unwrap();
     if seconds == UNTIL_WORDS && resumed_at > BatchId(0) {
         // A restart of the check: until one batch after the recovery committed.

@@ -33,6 +33,11 @@
 //! - `<shape>_restart_rss_peak`: the restarted process's peak resident
 //!   memory, its restore included; bound: 300 MB.
 //!
+//! With the restart it prints how long opening the checkpoint took, and
+//! of that the restore (ten million keys: the whole snapshot and the
+//! changes after it) and the recomputing of the batches after the last
+//! snapshot: no target, the time a restart at this key count costs.
+//!
 //! The checkpoint and the spill directory live under `$SPATE_BENCH_DIR`,
 //! else `/var/tmp`: a disk, where `/tmp` may be memory. A run needs about
 //! 2 GB free there.
@@ -47,9 +52,11 @@ mod common;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::Duration as StdDuration;
+use std::time::{Duration as StdDuration, Instant};
 
-use common::{committed_records, figure, processing_ms, records_per_wall_second, run_child};
+use common::{
+    committed_records, figure, print_recovery, processing_ms, records_per_wall_second, recovery_of, run_child,
+};
 use serde_json::json;
 use spate_core::{BatchId, Duration, Time};
 use spate_dstream::{BatchLimits, BoxError, InputSource, State};
@@ -169,8 +176,9 @@ fn bench_shape(shape: Shape) {
     figure(&format!("{name}_revisits_processing_ms_p90"), processing.2, "ms", 1000.0);
     if let Some(restart) = &run.restart {
         println!(
-            "{name}: restarted from the checkpoint, {} more batches: RSS peak {:.1} MB, median {:.1} MB",
-            shape.restart_batches, restart.peak_mb, restart.median_mb
+            "{name}: restarted from the checkpoint, {} more batches: opening it {:.0} ms ({}), RSS peak {:.1} MB, \
+             median {:.1} MB",
+            shape.restart_batches, restart.recovery_ms, restart.report, restart.peak_mb, restart.median_mb
         );
         figure(&format!("{name}_restart_rss_peak"), restart.peak_mb, "MB", TARGET_RSS_MB);
     }
@@ -197,6 +205,10 @@ struct Restart {
     peak_mb: f64,
     median_mb: f64,
     committed: u64,
+    /// Opening the checkpoint, ms.
+    recovery_ms: f64,
+    /// What the recovery did.
+    report: String,
 }
 
 fn measure(shape: Shape) -> Run {
@@ -211,11 +223,14 @@ fn measure(shape: Shape) -> Run {
     let first_revisit = usize::try_from(shape.keys / PER_BATCH).unwrap().clamp(first, measured.saturating_sub(1));
     let revisits = batches.get(first_revisit..measured).unwrap_or_default();
     let restart = (shape.restart_batches > 0).then(|| {
-        let (memory, _) = run_job_child(&checkpoint, shape, shape.batches + shape.restart_batches);
+        let (memory, stdout) = run_job_child(&checkpoint, shape, shape.batches + shape.restart_batches);
+        let (recovery_ms, report) = recovery_of(&stdout);
         Restart {
             peak_mb: memory.peak_mb,
             median_mb: memory.median_mb,
             committed: committed_records(&checkpoint).len() as u64,
+            recovery_ms,
+            report,
         }
     });
     Run {
@@ -280,6 +295,7 @@ fn run_job(checkpoint: &Path, shape: Shape) {
     let settings = StreamingSettings::new(Duration::from_secs(1))
         .with_max_memory_bytes(shape.max_memory_bytes)
         .with_spill_dir(&spill_dir);
+    let opening = Instant::now();
     let mut ctx = StreamingContext::get_or_create(checkpoint, settings, move |p| {
         let source = Arc::new(Sequence { position: Mutex::new(0) });
         let records = p.replayable_input("records", source, None, None);
@@ -305,6 +321,7 @@ fn run_job(checkpoint: &Path, shape: Shape) {
         Ok(())
     })
     .unwrap();
+    print_recovery(&ctx, opening);
     ctx.start().unwrap();
     assert!(ctx.await_committed(BatchId(shape.batches - 1), GIVE_UP), "{:?}", ctx.failure());
     let on_disk = std::fs::read_dir(&spill_dir)

@@ -1,6 +1,7 @@
 //! What the memory benches share: sampling a child process's resident
 //! memory and CPU time, reading the batches it committed from its
-//! checkpoint's progress files, and printing a figure beside its bound.
+//! checkpoint's progress files, reporting a restarted child's recovery,
+//! and printing a figure beside its bound.
 
 #![allow(dead_code)]
 
@@ -8,7 +9,38 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration as StdDuration, Instant};
 
+use spate_core::BatchId;
+use spate_runtime::StreamingContext;
+
 const SAMPLE_EVERY: StdDuration = StdDuration::from_millis(250);
+
+/// Starts the line a child prints after it opened its checkpoint: the
+/// milliseconds that took, then what the recovery did.
+const RECOVERY_LINE: &str = "recovery_ms=";
+
+/// Prints the recovery line of `ctx`, opened at `opening`; returns the
+/// batch it resumes at.
+pub(crate) fn print_recovery(ctx: &StreamingContext, opening: Instant) -> BatchId {
+    let recovery_ms = opening.elapsed().as_secs_f64() * 1000.0;
+    let report = ctx.recovery().expect("a checkpoint's recovery");
+    println!(
+        "{RECOVERY_LINE}{recovery_ms:.1} restored={} restore_ms={} replayed={} replay_ms={} resumed_at={}",
+        report.restored_operators.len(),
+        report.restore_ms,
+        report.replayed_for_state.len(),
+        report.replay_ms,
+        report.resumed_at,
+    );
+    report.resumed_at
+}
+
+/// From a child's output: how long opening its checkpoint took (ms), and
+/// what the recovery did.
+pub(crate) fn recovery_of(stdout: &str) -> (f64, String) {
+    let line = stdout.lines().find_map(|l| l.strip_prefix(RECOVERY_LINE)).expect("the child's recovery line");
+    let (ms, report) = line.split_once(' ').unwrap_or((line, ""));
+    (ms.parse().expect("milliseconds"), report.to_string())
+}
 
 /// Prints `BENCH <name> <value> <unit> bound=<bound> ratio=<value/bound>`.
 pub(crate) fn figure(name: &str, value: f64, unit: &str, bound: f64) {
