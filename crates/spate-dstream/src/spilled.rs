@@ -46,7 +46,7 @@ const BY_TIME: u8 = b'T';
 
 /// Writes go to the table in groups of this many keys, so a partition
 /// moving to its table does not hold a second copy of all its state.
-const WRITE_GROUP: usize = 16 * 1024;
+pub(crate) const WRITE_GROUP: usize = 16 * 1024;
 
 /// The batches' changes kept for the next snapshot, at most, in bytes a
 /// partition: a snapshot reads them all into memory to merge them. Beyond
@@ -99,15 +99,8 @@ impl SpilledStates {
         self.len
     }
 
-    /// The state and last time of the key encoded as `key`, as a batch
-    /// starts with it.
-    pub(crate) fn pending<S: DeserializeOwned>(&self, key: &[u8]) -> Result<Pending<S>, CoreError> {
-        let bytes = self.table.get(&prefixed(STATE, key)).map_err(SpillError::reading)?;
-        pending_of(bytes)
-    }
-
-    /// [`SpilledStates::pending`] of each of `keys` (sorted, distinct), in
-    /// one read.
+    /// The state and last time of each of `keys` (sorted, distinct), as a
+    /// batch starts with them, in one read.
     pub(crate) fn pending_many<S: DeserializeOwned>(&self, keys: &[Vec<u8>]) -> Result<Vec<Pending<S>>, CoreError> {
         let wanted: Vec<Vec<u8>> = keys.iter().map(|key| prefixed(STATE, key)).collect();
         let found = self.table.get_many(&wanted).map_err(SpillError::reading)?;
@@ -238,15 +231,39 @@ impl SpilledStates {
         self.table.write(&writes).map_err(SpillError::writing)
     }
 
-    /// Removes the key encoded as `key`, if it has state.
-    pub(crate) fn remove<S: DeserializeOwned>(&mut self, key: &[u8]) -> Result<(), CoreError> {
-        let pending = self.pending::<S>(key)?;
-        if pending.before.is_none() {
-            return Ok(());
-        }
-        let mut single = HashMap::new();
-        single.insert(key.to_vec(), Pending::<()> { before: pending.before, now: None });
-        self.write_pending(single, None)
+    /// Gives each key its state and last time, replacing any, as state is
+    /// restored (not a batch's changes): one read and one write for all.
+    pub(crate) fn upsert_many<S: Serialize + DeserializeOwned>(
+        &mut self,
+        entries: Vec<(Vec<u8>, S, Time)>,
+    ) -> Result<(), CoreError> {
+        let befores = self.befores::<S>(entries.iter().map(|(key, ..)| key))?;
+        let pending = entries.into_iter().map(|(key, state, last)| {
+            let before = befores.get(&key).copied().flatten();
+            (key, Pending { before, now: Some((state, last)) })
+        });
+        self.write_pending(pending.collect(), None)
+    }
+
+    /// Removes each key that has state, as state is restored.
+    pub(crate) fn remove_many<S: DeserializeOwned>(&mut self, keys: Vec<Vec<u8>>) -> Result<(), CoreError> {
+        let befores = self.befores::<S>(keys.iter())?;
+        let pending = befores
+            .into_iter()
+            .filter_map(|(key, before)| before.map(|before| (key, Pending::<()> { before: Some(before), now: None })));
+        self.write_pending(pending.collect(), None)
+    }
+
+    /// The last time of each of `keys` that has state, in one read.
+    fn befores<'a, S: DeserializeOwned>(
+        &self,
+        keys: impl Iterator<Item = &'a Vec<u8>>,
+    ) -> Result<HashMap<Vec<u8>, Option<Time>>, CoreError> {
+        let mut distinct: Vec<Vec<u8>> = keys.cloned().collect();
+        distinct.sort_unstable();
+        distinct.dedup();
+        let found = self.pending_many::<S>(&distinct)?;
+        Ok(distinct.into_iter().zip(found.into_iter().map(|pending| pending.before)).collect())
     }
 
     /// Calls `visit` with each key's encoding and its entry's encoding
@@ -510,10 +527,14 @@ mod tests {
         let mut pending = HashMap::new();
         for (key, state) in keys {
             let key = encode(key).unwrap();
-            let before = part.pending::<u64>(&key).unwrap().before;
+            let before = read(part, &key).before;
             pending.insert(key, Pending { before, now: state.map(|s| (s, at(time))) });
         }
         part.write_pending(pending, Some(at(time))).unwrap();
+    }
+
+    fn read(part: &SpilledStates, key: &[u8]) -> Pending<u64> {
+        part.pending_many(&[key.to_vec()]).unwrap().pop().unwrap()
     }
 
     /// The time index: (time, key) in order.
@@ -559,7 +580,7 @@ mod tests {
         batch(&mut part, -5, &[("a", Some(1))]);
         batch(&mut part, 7, &[("b", Some(2))]);
         assert_eq!(part.len(), 2);
-        let got: Pending<u64> = part.pending(&encode("b").unwrap()).unwrap();
+        let got = read(&part, &encode("b").unwrap());
         assert_eq!((got.before, got.now), (Some(at(7)), Some((2, at(7)))));
         let keys = [encode("a").unwrap(), encode("c").unwrap()];
         let many: Vec<Pending<u64>> = part.pending_many(&keys).unwrap();

@@ -413,13 +413,7 @@ impl<K: Key, S: Data> MapPart<K, S> {
     fn insert(&mut self, key: &K, entry: Entry<S>) -> Result<(), CoreError> {
         match self {
             MapPart::Memory(states) => states.insert(key, entry),
-            MapPart::Spilled(spilled) => {
-                let encoded = spilled::encode(key)?;
-                let mut pending = HashMap::new();
-                let before = spilled.pending::<S>(&encoded)?.before;
-                pending.insert(encoded, Pending { before, now: Some((entry.state, entry.last)) });
-                spilled.write_pending(pending, None)
-            }
+            MapPart::Spilled(spilled) => spilled.upsert_many(vec![(spilled::encode(key)?, entry.state, entry.last)]),
         }
     }
 
@@ -430,7 +424,7 @@ impl<K: Key, S: Data> MapPart<K, S> {
                 states.remove(id);
                 Ok(())
             }
-            MapPart::Spilled(spilled) => spilled.remove::<S>(&spilled::encode(key)?),
+            MapPart::Spilled(spilled) => spilled.remove_many::<S>(vec![spilled::encode(key)?]),
         }
     }
 
@@ -446,6 +440,83 @@ impl<K: Key, S: Data> MapPart<K, S> {
                 }
             }
         }
+    }
+}
+
+/// Restored entries and removals bound for spilled partitions, written a
+/// group at a time: a batched read and one write a group, not a read and
+/// a write a key (ten million keys restored one by one took minutes).
+struct Grouped<S> {
+    /// Per partition: encoded keys with their states and last times.
+    states: Vec<Vec<(Vec<u8>, S, Time)>>,
+    /// Per partition: encoded keys to remove.
+    removals: Vec<Vec<Vec<u8>>>,
+    /// The keys are new to their tables (a whole list): nothing to read.
+    fresh: bool,
+}
+
+impl<S: Data> Grouped<S> {
+    fn new(partitions: usize, fresh: bool) -> Self {
+        Grouped {
+            states: (0..partitions).map(|_| Vec::new()).collect(),
+            removals: (0..partitions).map(|_| Vec::new()).collect(),
+            fresh,
+        }
+    }
+
+    /// Gives the key encoded as `key` its state in partition `index`.
+    fn put(
+        &mut self,
+        index: usize,
+        part: &mut SpilledStates,
+        key: Vec<u8>,
+        state: S,
+        last: Time,
+    ) -> Result<(), CoreError> {
+        let Some(group) = self.states.get_mut(index) else { return Ok(()) };
+        group.push((key, state, last));
+        if group.len() < spilled::WRITE_GROUP {
+            return Ok(());
+        }
+        write_states(part, std::mem::take(group), self.fresh)
+    }
+
+    /// Removes the key encoded as `key` from partition `index`.
+    fn remove(&mut self, index: usize, part: &mut SpilledStates, key: Vec<u8>) -> Result<(), CoreError> {
+        let Some(group) = self.removals.get_mut(index) else { return Ok(()) };
+        group.push(key);
+        if group.len() < spilled::WRITE_GROUP {
+            return Ok(());
+        }
+        part.remove_many::<S>(std::mem::take(group))
+    }
+
+    /// Writes what waits, removals first.
+    fn flush<K: Key>(&mut self, parts: &mut [MapPart<K, S>]) -> Result<(), CoreError> {
+        for ((part, states), removals) in parts.iter_mut().zip(&mut self.states).zip(&mut self.removals) {
+            let MapPart::Spilled(spilled) = part else { continue };
+            if !removals.is_empty() {
+                spilled.remove_many::<S>(std::mem::take(removals))?;
+            }
+            if !states.is_empty() {
+                write_states(spilled, std::mem::take(states), self.fresh)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Writes restored states to a spilled partition; `fresh`: its keys are
+/// new to it.
+fn write_states<S: Data>(
+    part: &mut SpilledStates,
+    states: Vec<(Vec<u8>, S, Time)>,
+    fresh: bool,
+) -> Result<(), CoreError> {
+    if fresh {
+        part.extend(states.iter().map(|(key, state, last)| (key.as_slice(), state, *last)))
+    } else {
+        part.upsert_many(states)
     }
 }
 
@@ -529,14 +600,33 @@ impl<K: Key, V, S: Data, M, F> MapWithStateNode<K, V, S, M, F> {
         changed: bool,
     ) -> Result<(), CoreError> {
         self.parts = (0..partitions).map(|_| MapPart::default()).collect();
+        // A whole list's keys are distinct: new to their tables.
+        let mut grouped = Grouped::new(partitions, true);
         for entry in entries {
             let (key, state, last) = entry?;
-            if let Some(part) = self.parts.get_mut(partition_of(&key, partitions)) {
-                part.insert(&key, Entry { state, last, changed })?;
-                part.spill_if_over(self.spill.as_ref(), partitions, self.timeout.is_some())?;
+            self.restore_entry(key, Entry { state, last, changed }, partitions, &mut grouped)?;
+        }
+        grouped.flush(&mut self.parts)
+    }
+
+    /// Gives `key` the state `entry` in its partition as state is restored:
+    /// in a spilled partition with the group `grouped` gathers.
+    fn restore_entry(
+        &mut self,
+        key: K,
+        entry: Entry<S>,
+        partitions: usize,
+        grouped: &mut Grouped<S>,
+    ) -> Result<(), CoreError> {
+        let index = partition_of(&key, partitions);
+        let Some(part) = self.parts.get_mut(index) else { return Ok(()) };
+        match part {
+            MapPart::Spilled(spilled) => grouped.put(index, spilled, spilled::encode(&key)?, entry.state, entry.last),
+            MapPart::Memory(_) => {
+                part.insert(&key, entry)?;
+                part.spill_if_over(self.spill.as_ref(), partitions, self.timeout.is_some())
             }
         }
-        Ok(())
     }
 
     /// Appends the list of every key's `(key, state, last)` (only the
@@ -784,19 +874,24 @@ where
         let mut payload = state_codec().open_streamed(reader)?;
         self.respread(partitions)?;
         let decode_error = |e: CoreError| CoreError::Decode { reason: format!("map_with_state changes: {e}") };
+        // Keys the state may hold already: read a group at a time.
+        let mut grouped = Grouped::new(partitions, false);
         for _ in 0..payload.count()? {
             let key: K = payload.record().map_err(decode_error)?;
-            if let Some(part) = self.parts.get_mut(partition_of(&key, partitions)) {
-                part.remove(&key)?;
+            let index = partition_of(&key, partitions);
+            match self.parts.get_mut(index) {
+                Some(MapPart::Spilled(spilled)) => grouped.remove(index, spilled, spilled::encode(&key)?)?,
+                Some(part) => part.remove(&key)?,
+                None => {}
             }
         }
+        // Every removal before the changed states.
+        grouped.flush(&mut self.parts)?;
         for _ in 0..payload.count()? {
             let (key, state, last): (K, S, Time) = payload.record().map_err(decode_error)?;
-            if let Some(part) = self.parts.get_mut(partition_of(&key, partitions)) {
-                part.insert(&key, Entry { state, last, changed: false })?;
-                part.spill_if_over(self.spill.as_ref(), partitions, self.timeout.is_some())?;
-            }
+            self.restore_entry(key, Entry { state, last, changed: false }, partitions, &mut grouped)?;
         }
+        grouped.flush(&mut self.parts)?;
         payload.finish()
     }
 
