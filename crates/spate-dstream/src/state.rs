@@ -609,8 +609,8 @@ impl<K: Key, V, S: Data, M, F> MapWithStateNode<K, V, S, M, F> {
         grouped.flush(&mut self.parts)
     }
 
-    /// Gives `key` the state `entry` in its partition as state is restored:
-    /// in a spilled partition with the group `grouped` gathers.
+    /// Gives `key` the state `entry` in its partition as state is restored;
+    /// a spilled partition gets it through `grouped`, a group at a time.
     fn restore_entry(
         &mut self,
         key: K,
