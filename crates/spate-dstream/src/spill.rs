@@ -77,17 +77,6 @@ pub trait SpillTable: Send {
         visit: &mut dyn FnMut(&[u8], &[u8]) -> bool,
     ) -> Result<(), SpillError>;
 
-    /// Calls `visit` with each entry whose key starts with `prefix` and is
-    /// not before `from`, in key order, while it returns `true`.
-    fn scan_from(
-        &self,
-        prefix: &[u8],
-        from: &[u8],
-        visit: &mut dyn FnMut(&[u8], &[u8]) -> bool,
-    ) -> Result<(), SpillError> {
-        self.scan_range(prefix, from, None, visit)
-    }
-
     /// Calls `visit` with each entry whose key starts with `prefix`, in key
     /// order, while it returns `true`.
     fn scan(&self, prefix: &[u8], visit: &mut dyn FnMut(&[u8], &[u8]) -> bool) -> Result<(), SpillError> {

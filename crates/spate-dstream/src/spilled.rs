@@ -107,6 +107,19 @@ impl SpilledStates {
         found.into_iter().map(pending_of).collect()
     }
 
+    /// [`SpilledStates::pending_many`] of `keys` (in any order, repeated
+    /// or not), by key.
+    pub(crate) fn pending_by_key<'a, S: DeserializeOwned>(
+        &self,
+        keys: impl Iterator<Item = &'a Vec<u8>>,
+    ) -> Result<HashMap<Vec<u8>, Pending<S>>, CoreError> {
+        let mut distinct: Vec<Vec<u8>> = keys.cloned().collect();
+        distinct.sort_unstable();
+        distinct.dedup();
+        let found = self.pending_many::<S>(&distinct)?;
+        Ok(distinct.into_iter().zip(found).collect())
+    }
+
     /// The keys whose last data is older than `threshold`, each with its
     /// state as the batch starts. Their index entries go with the batch's
     /// writes (see [`SpilledStates::index_at`] for a key that stays); the
@@ -126,11 +139,7 @@ impl SpilledStates {
                 true
             })
             .map_err(SpillError::reading)?;
-        let mut keys: Vec<Vec<u8>> = passed.iter().map(|(_, key)| key.clone()).collect();
-        keys.sort_unstable();
-        keys.dedup();
-        let found = self.pending_many::<S>(&keys)?;
-        let mut states: HashMap<Vec<u8>, Pending<S>> = keys.into_iter().zip(found).collect();
+        let mut states: HashMap<Vec<u8>, Pending<S>> = self.pending_by_key(passed.iter().map(|(_, key)| key))?;
         let mut idle = Vec::new();
         for (at, key) in passed {
             self.index_writes.delete(time_key(at, &key));
@@ -237,9 +246,9 @@ impl SpilledStates {
         &mut self,
         entries: Vec<(Vec<u8>, S, Time)>,
     ) -> Result<(), CoreError> {
-        let befores = self.befores::<S>(entries.iter().map(|(key, ..)| key))?;
+        let befores: HashMap<Vec<u8>, Pending<S>> = self.pending_by_key(entries.iter().map(|(key, ..)| key))?;
         let pending = entries.into_iter().map(|(key, state, last)| {
-            let before = befores.get(&key).copied().flatten();
+            let before = befores.get(&key).and_then(|pending| pending.before);
             (key, Pending { before, now: Some((state, last)) })
         });
         self.write_pending(pending.collect(), None)
@@ -247,23 +256,11 @@ impl SpilledStates {
 
     /// Removes each key that has state, as state is restored.
     pub(crate) fn remove_many<S: DeserializeOwned>(&mut self, keys: Vec<Vec<u8>>) -> Result<(), CoreError> {
-        let befores = self.befores::<S>(keys.iter())?;
-        let pending = befores
-            .into_iter()
-            .filter_map(|(key, before)| before.map(|before| (key, Pending::<()> { before: Some(before), now: None })));
+        let befores: HashMap<Vec<u8>, Pending<S>> = self.pending_by_key(keys.iter())?;
+        let pending = befores.into_iter().filter_map(|(key, pending)| {
+            pending.before.map(|before| (key, Pending::<()> { before: Some(before), now: None }))
+        });
         self.write_pending(pending.collect(), None)
-    }
-
-    /// The last time of each of `keys` that has state, in one read.
-    fn befores<'a, S: DeserializeOwned>(
-        &self,
-        keys: impl Iterator<Item = &'a Vec<u8>>,
-    ) -> Result<HashMap<Vec<u8>, Option<Time>>, CoreError> {
-        let mut distinct: Vec<Vec<u8>> = keys.cloned().collect();
-        distinct.sort_unstable();
-        distinct.dedup();
-        let found = self.pending_many::<S>(&distinct)?;
-        Ok(distinct.into_iter().zip(found.into_iter().map(|pending| pending.before)).collect())
     }
 
     /// Calls `visit` with each key's encoding and its entry's encoding

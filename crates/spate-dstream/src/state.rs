@@ -409,25 +409,6 @@ impl<K: Key, S: Data> MapPart<K, S> {
         (0..count).map(|_| next_entry(&mut reader)).collect()
     }
 
-    /// Gives `key` the state `entry`, replacing any.
-    fn insert(&mut self, key: &K, entry: Entry<S>) -> Result<(), CoreError> {
-        match self {
-            MapPart::Memory(states) => states.insert(key, entry),
-            MapPart::Spilled(spilled) => spilled.upsert_many(vec![(spilled::encode(key)?, entry.state, entry.last)]),
-        }
-    }
-
-    fn remove(&mut self, key: &K) -> Result<(), CoreError> {
-        match self {
-            MapPart::Memory(states) => {
-                let id = states.id(key)?;
-                states.remove(id);
-                Ok(())
-            }
-            MapPart::Spilled(spilled) => spilled.remove_many::<S>(vec![spilled::encode(key)?]),
-        }
-    }
-
     /// Forgets what changed: the next changes are relative to now (a
     /// spilled partition's are relative to the node's last snapshot time,
     /// `stepped`: the last batch before it).
@@ -622,8 +603,8 @@ impl<K: Key, V, S: Data, M, F> MapWithStateNode<K, V, S, M, F> {
         let Some(part) = self.parts.get_mut(index) else { return Ok(()) };
         match part {
             MapPart::Spilled(spilled) => grouped.put(index, spilled, spilled::encode(&key)?, entry.state, entry.last),
-            MapPart::Memory(_) => {
-                part.insert(&key, entry)?;
+            MapPart::Memory(states) => {
+                states.insert(&key, entry)?;
                 part.spill_if_over(self.spill.as_ref(), partitions, self.timeout.is_some())
             }
         }
@@ -755,11 +736,7 @@ impl<F> MapStep<'_, F> {
     {
         let (mut mapped, mut removed) = (Vec::with_capacity(records.len()), Vec::new());
         let encoded: Vec<Vec<u8>> = records.iter().map(|(key, _)| spilled::encode(key)).collect::<Result<_, _>>()?;
-        let mut distinct: Vec<Vec<u8>> = encoded.clone();
-        distinct.sort_unstable();
-        distinct.dedup();
-        let found = part.pending_many::<S>(&distinct)?;
-        let mut touched: HashMap<Vec<u8>, Pending<S>> = distinct.into_iter().zip(found).collect();
+        let mut touched: HashMap<Vec<u8>, Pending<S>> = part.pending_by_key(encoded.iter())?;
         for ((key, value), encoded) in records.into_iter().zip(&encoded) {
             let pending = touched
                 .get_mut(encoded)
@@ -881,7 +858,10 @@ where
             let index = partition_of(&key, partitions);
             match self.parts.get_mut(index) {
                 Some(MapPart::Spilled(spilled)) => grouped.remove(index, spilled, spilled::encode(&key)?)?,
-                Some(part) => part.remove(&key)?,
+                Some(MapPart::Memory(states)) => {
+                    let id = states.id(&key)?;
+                    states.remove(id);
+                }
                 None => {}
             }
         }

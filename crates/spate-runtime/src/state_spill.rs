@@ -332,7 +332,7 @@ mod tests {
         let many = a.get_many(&[b"k1".to_vec(), b"k3".to_vec(), b"z".to_vec()]).unwrap();
         assert_eq!(many, vec![Some(b"1".to_vec()), None, Some(b"z".to_vec())]);
         let mut after = Vec::new();
-        a.scan_from(b"k", b"k2", &mut |key, _| {
+        a.scan_range(b"k", b"k2", None, &mut |key, _| {
             after.push(key.to_vec());
             true
         })
