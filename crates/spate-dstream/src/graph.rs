@@ -262,6 +262,7 @@ impl GraphBuilder {
         let pool = self.workers.map_or_else(Pool::for_machine, Pool::new);
         let partitions = self.partitions.unwrap_or(pool.workers());
         hand_over_combined_blocks(&mut inner, partitions);
+        pick_greatest_where_listed(&mut inner);
         let inputs = inner
             .planners
             .into_iter()
@@ -352,6 +353,20 @@ fn hand_over_combined_blocks(inner: &mut BuilderInner, partitions: usize) {
         let Some(blocks) = inner.nodes[aggregate].combined_hand_over() else { continue };
         if inner.nodes[reader].take_combined(blocks) {
             inner.nodes[aggregate].combined_handed_over(partitions);
+        }
+    }
+}
+
+/// Lets the operator whose result only a [`DStream::top_n`](crate::DStream)
+/// reads list just each partition's greatest records.
+fn pick_greatest_where_listed(inner: &mut BuilderInner) {
+    for reader in 0..inner.nodes.len() {
+        let [producer] = inner.metas[reader].parents[..] else { continue };
+        if only_reader(inner, producer) != Some(reader) {
+            continue;
+        }
+        if let Some(greatest) = inner.nodes[reader].greatest_wanted() {
+            inner.nodes[producer].list_only_greatest(greatest);
         }
     }
 }

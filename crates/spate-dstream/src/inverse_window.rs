@@ -44,6 +44,7 @@ use crate::pair::{
     partition_records, take_combined,
 };
 use crate::spill::{SpillPlace, StateSpill};
+use crate::top_n::{Greatest, Listed, take_greatest};
 use crate::window_slices::RetainedSlices;
 
 /// Version 1 kept `(key, value)` pairs; version 2 is the compact form.
@@ -306,7 +307,7 @@ impl<K: Key, V: Data> Part<K, V> {
         reduce: &R,
         inverse: &I,
         keep: Option<&P>,
-        wanted: bool,
+        listing: Listing<'_, K, V>,
     ) -> Result<Vec<(K, V)>, CoreError>
     where
         R: Fn(&V, &V) -> V,
@@ -343,13 +344,17 @@ impl<K: Key, V: Data> Part<K, V> {
             })
         })?;
         self.retained.all_entered();
-        self.settle(keep, wanted)
+        self.settle(keep, listing)
     }
 
-    /// Applies `keep`, frees unused ids, and lists the window's result
-    /// when it is `wanted`: a key is decoded only to be listed or tested.
-    fn settle<P: Fn(&K, &V) -> bool>(&mut self, keep: Option<&P>, wanted: bool) -> Result<Vec<(K, V)>, CoreError> {
-        let mut out = Vec::with_capacity(if wanted { self.keys.len() } else { 0 });
+    /// Applies `keep`, frees unused ids, and lists the window's result as
+    /// `listing` asks: a key is decoded only to be listed or tested.
+    fn settle<P: Fn(&K, &V) -> bool>(
+        &mut self,
+        keep: Option<&P>,
+        listing: Listing<'_, K, V>,
+    ) -> Result<Vec<(K, V)>, CoreError> {
+        let mut out = listing.map(|greatest| Listed::new(greatest, self.keys.len()));
         for index in 0..self.current.len() {
             let id = index as u32;
             if !self.keys.contains(id) {
@@ -358,12 +363,12 @@ impl<K: Key, V: Data> Part<K, V> {
             if let Some(slot) = self.current.get_mut(index)
                 && let Some(value) = slot
             {
-                if !wanted && keep.is_none() {
+                if out.is_none() && keep.is_none() {
                     continue;
                 }
                 let key = self.keys.key(id)?.ok_or_else(|| CoreError::Decode { reason: "a key vanished".into() })?;
                 if keep.is_none_or(|keep| keep(&key, value)) {
-                    if wanted {
+                    if let Some(out) = &mut out {
                         out.push((key, value.clone()));
                     }
                     continue;
@@ -376,7 +381,7 @@ impl<K: Key, V: Data> Part<K, V> {
                 self.keys_changed.insert(id);
             }
         }
-        Ok(out)
+        Ok(out.map_or_else(Vec::new, Listed::into_vec))
     }
 
     /// The window's value and slices by key (for a re-partitioning and for
@@ -595,6 +600,11 @@ struct SnapshotV1<K, V> {
     retained: Vec<Vec<(K, V)>>,
 }
 
+/// What a slide lists of the window's result: `None`, nothing (only
+/// stateful operators read it, in a batch recomputed for state); else
+/// every key it keeps, or only the greatest (see [`Listed`]).
+type Listing<'a, K, V> = Option<Option<&'a Greatest<(K, V)>>>;
+
 /// What a slide does to each partition: how many retained batches leave
 /// (and how many of those had been added), and from which batch on to add.
 #[derive(Clone, Copy)]
@@ -651,6 +661,8 @@ pub(crate) struct InverseWindowNode<K, V, R, I, P> {
     needs_whole: bool,
     /// Where partitions' slices go beyond their share of the state budget.
     spill: Option<SpillPlace>,
+    /// The records its only reader keeps of each result (a `top_n`).
+    greatest: Option<Greatest<(K, V)>>,
 }
 
 impl<K, V, R, I, P> InverseWindowNode<K, V, R, I, P>
@@ -680,6 +692,7 @@ where
             parts: Arc::new(Mutex::new(Parts { list: Vec::new(), generation: 0 })),
             needs_whole: false,
             spill: None,
+            greatest: None,
         }
     }
 
@@ -765,10 +778,11 @@ where
         self.fit(ctx)?;
         let plan = self.plan_slide(ctx.time);
         let (reduce, inverse, keep, wanted) = (&*self.reduce, &self.inverse, self.keep.as_ref(), ctx.result_wanted);
+        let listing = wanted.then_some(self.greatest.as_ref());
         let mut parts = lock(&self.parts);
         let work: Vec<&mut Part<K, V>> = parts.list.iter_mut().collect();
         let mut out = Vec::with_capacity(work.len());
-        for result in ctx.par(work, |part| part.slide(plan, reduce, inverse, keep, wanted))? {
+        for result in ctx.par(work, |part| part.slide(plan, reduce, inverse, keep, listing))? {
             out.push(result.map_err(|e| ctx.state_error(&e))?);
         }
         self.times.drain(..plan.leaving.min(self.times.len()));
@@ -886,6 +900,10 @@ where
             }
             Err(_) => false,
         }
+    }
+
+    fn list_only_greatest(&mut self, greatest: Box<dyn std::any::Any>) -> bool {
+        take_greatest(&mut self.greatest, greatest)
     }
 
     fn state_mut(&mut self) -> Option<&mut dyn StatefulNode> {

@@ -195,6 +195,22 @@ pub(crate) trait Node: Send {
         false
     }
 
+    /// A reader that keeps only each batch's greatest records: which it
+    /// keeps (a [`Greatest`](crate::top_n::Greatest) of its record type,
+    /// boxed), for the operator before it to pick them itself.
+    fn greatest_wanted(&self) -> Option<Box<dyn Any>> {
+        None
+    }
+
+    /// Its only reader keeps just the records `greatest` (what
+    /// [`Node::greatest_wanted`] gave) picks of each batch: from now on it
+    /// lists only those of each partition of its result. False when it
+    /// lists its whole result anyway.
+    fn list_only_greatest(&mut self, greatest: Box<dyn Any>) -> bool {
+        let _ = greatest;
+        false
+    }
+
     /// An input: passes `stage` (an [`ArrivalStage`] of its record type)
     /// followed by as many of `steps` as its source takes, longest chain
     /// first, to the source; how many steps it took, `None` when it runs

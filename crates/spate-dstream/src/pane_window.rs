@@ -40,6 +40,7 @@ use crate::keyed::{ByteString, EncodedSlice, KeyTable, OwnedByteString};
 use crate::node::{Node, Slot, StatefulNode, StepCtx};
 use crate::pair::{KeyedCombine, combines_on_arrival};
 use crate::runs::{Cursor, Run, Side, walk};
+use crate::top_n::{Greatest, Listed, take_greatest};
 
 /// Version 1 kept pairs by key, partitions merged; version 2 is the
 /// compact form.
@@ -181,11 +182,16 @@ impl<K: Key, V: Data> PanePart<K, V> {
         Ok(())
     }
 
-    /// The window's result: the front aggregate ⊕ the back aggregate.
-    fn query<R: Fn(&V, &V) -> V>(&self, reduce: &R) -> Result<Vec<(K, V)>, CoreError> {
+    /// The window's result: the front aggregate ⊕ the back aggregate;
+    /// only its `greatest` records, when its only reader keeps no others.
+    fn query<R: Fn(&V, &V) -> V>(
+        &self,
+        reduce: &R,
+        greatest: Option<&Greatest<(K, V)>>,
+    ) -> Result<Vec<(K, V)>, CoreError> {
         let empty = Run::default();
         let front = self.front_last.as_ref().unwrap_or(&empty);
-        let mut out = Vec::with_capacity(front.len().max(self.back_agg.len()));
+        let mut out = Listed::new(greatest, front.len().max(self.back_agg.len()));
         let mut failed = None;
         walk(front.entries(), self.back_agg.entries(), |id, side| {
             let key = match self.keys.key(id) {
@@ -199,7 +205,7 @@ impl<K: Key, V: Data> PanePart<K, V> {
             };
             out.push((key, value));
         });
-        failed.map_or(Ok(out), Err)
+        failed.map_or_else(|| Ok(out.into_vec()), Err)
     }
 
     /// The run of `level`, decoded if it is kept encoded.
@@ -402,6 +408,8 @@ pub(crate) struct PaneWindowNode<K, V, R> {
     /// End times of the panes in the back stack, oldest first.
     back_ends: Vec<Time>,
     parts: Vec<PanePart<K, V>>,
+    /// The records its only reader keeps of each result (a `top_n`).
+    greatest: Option<Greatest<(K, V)>>,
 }
 
 impl<K, V, R> PaneWindowNode<K, V, R>
@@ -430,6 +438,7 @@ where
             front_ends: Vec::new(),
             back_ends: Vec::new(),
             parts: Vec::new(),
+            greatest: None,
         }
     }
 
@@ -487,7 +496,7 @@ where
         }
         let pops = self.pop_ends(ctx.time - self.length);
         let query = ctx.time.is_multiple_of(self.slide);
-        let reduce = &*self.reduce;
+        let (reduce, greatest) = (&*self.reduce, self.greatest.as_ref());
         let work: Vec<_> = self.parts.iter_mut().zip(batches).collect();
         let out = ctx.par(work, |(part, batch)| {
             part.absorb(batch, reduce)?;
@@ -497,7 +506,7 @@ where
             for _ in 0..pops {
                 part.pop_oldest(reduce)?;
             }
-            query.then(|| part.query(reduce)).transpose()
+            query.then(|| part.query(reduce, greatest)).transpose()
         })?;
         let mut results = Vec::new();
         for part in out {
@@ -509,6 +518,10 @@ where
     }
 
     combines_on_arrival!();
+
+    fn list_only_greatest(&mut self, greatest: Box<dyn std::any::Any>) -> bool {
+        take_greatest(&mut self.greatest, greatest)
+    }
 
     fn state_mut(&mut self) -> Option<&mut dyn StatefulNode> {
         Some(self)
@@ -605,7 +618,7 @@ mod tests {
         let one = |k: &str, n: u64| (k.to_string(), n);
         assert_eq!(front, [vec![one("c", 1), one("d", 1)], vec![one("b", 1), one("c", 2), one("d", 1)]]);
         assert_eq!(read.back.iter().map(pairs).collect::<Vec<_>>(), [vec![one("e", 1)]]);
-        let mut result = PanePart::<String, u64>::install(read, 2, 1).unwrap().query(&sum).unwrap();
+        let mut result = PanePart::<String, u64>::install(read, 2, 1).unwrap().query(&sum, None).unwrap();
         result.sort();
         assert_eq!(result, [one("b", 1), one("c", 2), one("d", 1), one("e", 1)]);
     }
@@ -628,12 +641,12 @@ mod tests {
         part.pop_oldest(&sum).unwrap();
         // "a" was only in the pane that left; "b" is still in the newer one.
         assert_eq!(keys(&part), ["b", "c"]);
-        let mut result = part.query(&sum).unwrap();
+        let mut result = part.query(&sum, None).unwrap();
         result.sort();
         assert_eq!(result, [("b".to_string(), 1), ("c".to_string(), 1)]);
         part.pop_oldest(&sum).unwrap();
         assert_eq!(part.keys.len(), 0, "every key left with the last pane");
-        assert!(part.query(&sum).unwrap().is_empty());
+        assert!(part.query(&sum, None).unwrap().is_empty());
     }
 
     #[test]

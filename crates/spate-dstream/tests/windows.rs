@@ -56,6 +56,11 @@ struct Windows {
     /// An inverse window whose filter drops keys while slices still name
     /// them, so what it drops changes its later counts (as in Spark).
     inv_dropping: Collected<(u8, i64)>,
+    /// The three greatest sums of an inverse window and of a pane window
+    /// that `top_n` alone reads, so that each window lists only each
+    /// partition's greatest.
+    inv_top: Collected<(u8, i64)>,
+    pane_top: Collected<(u8, i64)>,
     total: Collected<i64>,
     counted: Collected<u64>,
     /// The store the inverse windows' slices go to beyond their budget, and the budget.
@@ -96,6 +101,12 @@ fn build_spilling(length: u64, slide: u64, partitions: usize, spill_budget: Opti
         &s.reduce_by_key_and_window_inv_filtered(|a, b| a + b, |a, b| a - b, l, sl, |_, v| *v % 2 == 0)
             .name("inv-dropping"),
     );
+    let inv_top = collect(
+        &s.reduce_by_key_and_window_inv_filtered(|a, b| a + b, |a, b| a - b, l, sl, |_, v| *v != 0)
+            .name("inv-top")
+            .top_n(3, by_sum),
+    );
+    let pane_top = collect(&s.reduce_by_key_and_window(|a, b| a + b, l, sl).name("pane-top").top_n(3, by_sum));
     let total = collect(&s.map(|(_, v)| v).reduce_by_window(|a, b| a + b, l, sl).name("total"));
     let counted = collect(&s.count_by_window(l, sl).name("counted"));
     let mut graph = b.build().unwrap();
@@ -115,9 +126,16 @@ fn build_spilling(length: u64, slide: u64, partitions: usize, spill_budget: Opti
         inv_filtered,
         inv_reduced,
         inv_dropping,
+        inv_top,
+        pane_top,
         total,
         counted,
     }
+}
+
+/// Greater sums first, then lower keys: a total order.
+fn by_sum(a: &(u8, i64), b: &(u8, i64)) -> std::cmp::Ordering {
+    a.1.cmp(&b.1).then_with(|| b.0.cmp(&a.0))
 }
 
 fn check(w: &Windows, input: &Input, length: i64, slide: i64) -> Result<(), TestCaseError> {
@@ -135,6 +153,12 @@ fn check(w: &Windows, input: &Input, length: i64, slide: i64) -> Result<(), Test
         prop_assert_eq!(sorted_at(&w.pane_max, time).unwrap(), naive_by_key(&records, i64::max), "pane max at {}", b);
         prop_assert_eq!(sorted_at(&w.inv_filtered, time).unwrap(), sums.clone(), "inverse filtered at {}", b);
         prop_assert_eq!(sorted_at(&w.inv_reduced, time).unwrap(), sums.clone(), "inverse after reduce at {}", b);
+        let mut top = sums.clone();
+        top.sort_by(|a, b| by_sum(b, a));
+        top.truncate(3);
+        let ranked = |seen: &Collected<(u8, i64)>| seen.lock().unwrap().get(&time).cloned();
+        prop_assert_eq!(ranked(&w.inv_top), Some(top.clone()), "top 3 of the inverse at {}", b);
+        prop_assert_eq!(ranked(&w.pane_top), Some(top), "top 3 of the panes at {}", b);
         let inv: Vec<(u8, i64)> = sorted_at(&w.inv_sum, time).unwrap();
         let nonzero: Vec<(u8, i64)> = inv.iter().copied().filter(|(_, v)| *v != 0).collect();
         prop_assert_eq!(nonzero, sums, "inverse at {}", b);
@@ -162,6 +186,8 @@ fn add_outputs_before_the_restart(first: &Windows, second: &Windows) {
         (&first.inv_filtered, &second.inv_filtered),
         (&first.inv_reduced, &second.inv_reduced),
         (&first.inv_dropping, &second.inv_dropping),
+        (&first.inv_top, &second.inv_top),
+        (&first.pane_top, &second.pane_top),
     ] {
         to.lock().unwrap().extend(from.lock().unwrap().clone());
     }
