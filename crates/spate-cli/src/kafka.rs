@@ -19,6 +19,7 @@ use spate_kafka::{
     StartingOffsets, TransactionalKafkaSink,
 };
 use spate_logstore::{Checkpoint, ObjectStoreSettings};
+use spate_runtime::demo::more_frequent;
 use spate_runtime::{PipelineBuilder, StreamingContext, StreamingSettings};
 
 use crate::args::RunArgs;
@@ -117,10 +118,9 @@ impl Pipeline {
         let (sink, checkpoint, top) = (Arc::clone(&self.sink), self.checkpoint.clone(), self.top);
         let settings = self.object_store.clone();
         windowed
+            .top_n(top, more_frequent)
             .foreach_batch(move |batch, info| {
-                let mut words: Vec<(String, u64)> = batch.iter().cloned().collect();
-                words.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
-                words.truncate(top);
+                let words: Vec<(String, u64)> = batch.iter().cloned().collect();
                 let value = json!({"batch": info.batch_id.0, "batchTimeMs": info.time.as_millis(), "top": words});
                 let record = OutputRecord::keyed(info.batch_id.0.to_string(), value.to_string());
                 match sink.get() {
