@@ -12,8 +12,8 @@
 //! - the transformations of Spark's DStreams (`map`, `flat_map`, `filter`,
 //!   `reduce_by_key`, `join`, `window`, `update_state_by_key`,
 //!   `map_with_state`, …), and each batch's top N (`top_n`, Spark's
-//!   `rdd.top`), which a window read by it alone picks as it lists its
-//!   result;
+//!   `rdd.top`), which a window or `update_state_by_key` read by it alone
+//!   picks as it lists its result;
 //! - incremental windows: with an inverse function a slide costs the batches
 //!   that enter and leave; without one, a two-stack queue of panes makes a
 //!   slide cost the same whatever the window's length;

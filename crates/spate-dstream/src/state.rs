@@ -19,6 +19,7 @@ use crate::pair::{combine_partitioned, partition_records};
 use crate::spill::{SpillPlace, StateSpill};
 use crate::spilled::{self, Pending, SpilledStates};
 use crate::stream::DStream;
+use crate::top_n::{Greatest, Listed, take_greatest};
 
 /// One partition's state by key: each key once, encoded in a
 /// [`KeyTable`], and its state in an array by the key's id.
@@ -152,6 +153,8 @@ struct UpdateStateNode<K, V, S, F> {
     output: Arc<Slot<(K, S)>>,
     update: F,
     parts: Vec<KeyedStates<K, S>>,
+    /// The records its only reader keeps of each result (a `top_n`).
+    greatest: Option<Greatest<(K, S)>>,
 }
 
 impl<K, V, S, F> Node for UpdateStateNode<K, V, S, F>
@@ -175,14 +178,18 @@ where
             &|acc: &mut Vec<V>, v| acc.push(v),
             &|acc: &mut Vec<V>, more| acc.extend(more),
         )?;
-        let update = &self.update;
+        let (update, greatest) = (&self.update, self.greatest.as_ref());
         let work: Vec<_> = self.parts.iter_mut().zip(groups).collect();
         let mut out = Vec::with_capacity(work.len());
-        for part in ctx.par(work, |(part, groups)| update_part(part, groups, update))? {
+        for part in ctx.par(work, |(part, groups)| update_part(part, groups, update, greatest))? {
             out.push(part.map_err(|e| ctx.state_error(&e))?);
         }
         self.output.put(ctx.time, Some(Batch::new(out)));
         Ok(None)
+    }
+
+    fn list_only_greatest(&mut self, greatest: Box<dyn std::any::Any>) -> bool {
+        take_greatest(&mut self.greatest, greatest)
     }
 
     fn state_mut(&mut self) -> Option<&mut dyn StatefulNode> {
@@ -213,11 +220,13 @@ where
 }
 
 /// One partition's `update_state_by_key` step: every key with state or
-/// values gets `update`; returns the state of every key after it.
+/// values gets `update`; returns the state of every key after it (only
+/// the `greatest`, when its only reader keeps no others).
 fn update_part<K, V, S, F>(
     part: &mut KeyedStates<K, S>,
     groups: Combined<K, Vec<V>>,
     update: &F,
+    greatest: Option<&Greatest<(K, S)>>,
 ) -> Result<Vec<(K, S)>, CoreError>
 where
     K: Key,
@@ -227,7 +236,7 @@ where
     let mut values: Vec<(u32, Vec<V>)> = part.with_ids(groups)?;
     values.sort_unstable_by_key(|(id, _)| *id);
     let mut values = values.into_iter().peekable();
-    let mut out = Vec::with_capacity(part.keys.len());
+    let mut out = Listed::new(greatest, part.keys.len());
     for id in part.ids() {
         let group = values.next_if(|(next, _)| *next == id).map(|(_, group)| group);
         let old = part.take(id);
@@ -242,7 +251,7 @@ where
             None => part.remove(id),
         }
     }
-    Ok(out)
+    Ok(out.into_vec())
 }
 
 // ---------------------------------------------------------------------------
@@ -924,7 +933,9 @@ impl<K: Key, V: Data> DStream<(K, V)> {
         let input = self.reader();
         let mut meta = NodeMeta::new("update_state_by_key", vec![self.id], self.slide);
         meta.state = Some(state_meta::<K, V, S>());
-        self.add_node(meta, |output| Box::new(UpdateStateNode { input, output, update, parts: Vec::new() }))
+        self.add_node(meta, |output| {
+            Box::new(UpdateStateNode { input, output, update, parts: Vec::new(), greatest: None })
+        })
     }
 
     /// Calls `func(key, value, state)` for every record, in order within

@@ -5,8 +5,9 @@
 //!
 //! A batch's top N needs only each partition's top N, so the operator
 //! whose result `top_n` alone reads may pick them while it lists its
-//! result ([`Node::list_only_greatest`](crate::node::Node)): a window over a
-//! million keys then lists N records a partition, not a million.
+//! result ([`Node::list_only_greatest`](crate::node::Node)): a window (or
+//! `update_state_by_key`) over a million keys then lists N records a
+//! partition, not a million.
 
 use std::any::Any;
 use std::cmp::Ordering;
@@ -174,9 +175,10 @@ impl<T: Data> DStream<T> {
     /// result that does not depend on the batch's partitioning, make
     /// `compare` a total order (break ties on a key).
     ///
-    /// When it alone reads a window's result, the window picks each
-    /// partition's `n` greatest as it lists its result, so a window of a
-    /// million keys does not list them all for a top ten.
+    /// When it alone reads the result of a window or of
+    /// `update_state_by_key`, that operator picks each partition's `n`
+    /// greatest as it lists its result, so a window of a million keys does
+    /// not list them all for a top ten.
     ///
     /// ```
     /// # use std::sync::Arc;
@@ -318,26 +320,31 @@ mod tests {
         assert_eq!(*seen.lock().unwrap(), vec![ranked(all, 4), Vec::new()]);
     }
 
-    /// A window of 2 s sliding by 1 s, summing counts.
-    type Window = fn(&DStream<Word>) -> DStream<Word>;
+    /// A keyed operator summing counts: a window of 2 s sliding by 1 s, or
+    /// a running total.
+    type Keyed = fn(&DStream<Word>) -> DStream<Word>;
 
     fn inverse_window(words: &DStream<Word>) -> DStream<Word> {
         let second = Duration::from_secs(1);
-        words.reduce_by_key_and_window_inv(|a, b| a + b, |a, b| a - b, second.times(2), second).name("window")
+        words.reduce_by_key_and_window_inv(|a, b| a + b, |a, b| a - b, second.times(2), second)
     }
 
     fn pane_window(words: &DStream<Word>) -> DStream<Word> {
         let second = Duration::from_secs(1);
-        words.reduce_by_key_and_window(|a, b| a + b, second.times(2), second).name("window")
+        words.reduce_by_key_and_window(|a, b| a + b, second.times(2), second)
     }
 
-    /// The sizes of the partitions of `window`'s result over [`words`],
+    fn running_total(words: &DStream<Word>) -> DStream<Word> {
+        words.update_state_by_key(|counts: Vec<u64>, total| Some(total.unwrap_or(0) + counts.iter().sum::<u64>()))
+    }
+
+    /// The sizes of the partitions of `keyed`'s result over [`words`],
     /// and the top 3 its `top_n` emitted; `also_listed`: another output
-    /// reads the window too.
-    fn window_then_top_3(window: Window, also_listed: bool) -> (Vec<usize>, Vec<Word>) {
+    /// reads its result too.
+    fn keyed_then_top_3(keyed: Keyed, also_listed: bool) -> (Vec<usize>, Vec<Word>) {
         let builder = GraphBuilder::new(Duration::from_secs(1)).partitions(2).checkpointing(true);
         let queue = Arc::new(QueueSource::new());
-        let windowed = window(&builder.input("words", Arc::clone(&queue)));
+        let windowed = keyed(&builder.input("words", Arc::clone(&queue))).name("keyed");
         if also_listed {
             windowed.foreach_batch(|_, _| Ok(()));
         }
@@ -360,12 +367,12 @@ mod tests {
     }
 
     #[test]
-    fn a_window_read_only_by_top_n_lists_only_each_partitions_greatest() {
-        for window in [inverse_window as Window, pane_window] {
-            let (sizes, top) = window_then_top_3(window, false);
+    fn a_window_or_state_read_only_by_top_n_lists_only_each_partitions_greatest() {
+        for keyed in [inverse_window as Keyed, pane_window, running_total] {
+            let (sizes, top) = keyed_then_top_3(keyed, false);
             assert_eq!(sizes, [3, 3]);
             assert_eq!(top, ranked(words(500), 3));
-            let (sizes, top) = window_then_top_3(window, true);
+            let (sizes, top) = keyed_then_top_3(keyed, true);
             assert_eq!(sizes.iter().sum::<usize>(), 500, "read by another output, it lists every key");
             assert_eq!(top, ranked(words(500), 3));
         }

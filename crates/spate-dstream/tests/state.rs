@@ -107,11 +107,15 @@ proptest! {
         let b = GraphBuilder::new(INTERVAL).partitions(3).workers(2).checkpointing(true);
         let queue = Arc::new(QueueSource::new());
         // Running sum per key; a key whose total passes 40 is removed.
-        let totals = b.input("in", Arc::clone(&queue)).update_state_by_key(|values: Vec<u32>, state: Option<u64>| {
+        let update = |values: Vec<u32>, state: Option<u64>| {
             let total = state.unwrap_or(0) + values.iter().map(|v| u64::from(*v)).sum::<u64>();
             (total <= 40).then_some(total)
-        });
-        let seen = collect(&totals.name("totals"));
+        };
+        let records = b.input("in", Arc::clone(&queue));
+        let seen = collect(&records.update_state_by_key(update).name("totals"));
+        // The two greatest totals (then lower keys): `top_n` alone reads them.
+        let by_total = |a: &(u8, u64), b: &(u8, u64)| a.1.cmp(&b.1).then_with(|| b.0.cmp(&a.0));
+        let top = collect(&records.update_state_by_key(update).name("top-totals").top_n(2, by_total));
         let mut graph = b.build().unwrap();
         for batch in &input {
             queue.push(batch.clone());
@@ -128,8 +132,11 @@ proptest! {
                 *reference.entry(k).or_default() += sum;
             }
             reference.retain(|_, total| *total <= 40);
-            let expected: Vec<(u8, u64)> = reference.iter().map(|(k, v)| (*k, *v)).collect();
-            prop_assert_eq!(sorted_at(&seen, t(index as i64 + 1)).unwrap(), expected);
+            let mut expected: Vec<(u8, u64)> = reference.iter().map(|(k, v)| (*k, *v)).collect();
+            prop_assert_eq!(sorted_at(&seen, t(index as i64 + 1)).unwrap(), expected.clone());
+            expected.sort_by(|a, b| by_total(b, a));
+            expected.truncate(2);
+            prop_assert_eq!(top.lock().unwrap().get(&t(index as i64 + 1)).cloned(), Some(expected));
         }
     }
 
