@@ -110,7 +110,8 @@ impl<T> Picker<'_, T> {
             return;
         }
         self.kept.push(record);
-        if self.kept.len() >= 2 * self.of.n + 64 {
+        // Saturating: `n` may be "all of them" (`usize::MAX`).
+        if self.kept.len() >= self.of.n.saturating_mul(2).saturating_add(64) {
             self.cut();
         }
     }
@@ -293,7 +294,7 @@ mod tests {
 
     #[test]
     fn a_picker_keeps_the_n_greatest_whatever_the_order_offered() {
-        for n in [0, 1, 5, 100, 2_000] {
+        for n in [0, 1, 5, 100, 2_000, usize::MAX] {
             let greatest = Greatest { n, compare: Arc::new(by_count) };
             let mut picker = greatest.picker();
             words(1_000).iter().for_each(|word| picker.offer_copy(word));
