@@ -902,7 +902,7 @@ where
         }
     }
 
-    fn list_only_greatest(&mut self, greatest: Box<dyn std::any::Any>) -> bool {
+    fn list_only_greatest(&mut self, greatest: Box<dyn std::any::Any>) {
         take_greatest(&mut self.greatest, greatest)
     }
 

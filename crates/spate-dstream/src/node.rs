@@ -203,12 +203,10 @@ pub(crate) trait Node: Send {
     }
 
     /// Its only reader keeps just the records `greatest` (what
-    /// [`Node::greatest_wanted`] gave) picks of each batch: from now on it
-    /// lists only those of each partition of its result. False when it
-    /// lists its whole result anyway.
-    fn list_only_greatest(&mut self, greatest: Box<dyn Any>) -> bool {
+    /// [`Node::greatest_wanted`] gave) picks of each batch: from now on an
+    /// operator that can lists only those of each partition of its result.
+    fn list_only_greatest(&mut self, greatest: Box<dyn Any>) {
         let _ = greatest;
-        false
     }
 
     /// An input: passes `stage` (an [`ArrivalStage`] of its record type)

@@ -519,7 +519,7 @@ where
 
     combines_on_arrival!();
 
-    fn list_only_greatest(&mut self, greatest: Box<dyn std::any::Any>) -> bool {
+    fn list_only_greatest(&mut self, greatest: Box<dyn std::any::Any>) {
         take_greatest(&mut self.greatest, greatest)
     }
 

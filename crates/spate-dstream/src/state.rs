@@ -188,7 +188,7 @@ where
         Ok(None)
     }
 
-    fn list_only_greatest(&mut self, greatest: Box<dyn std::any::Any>) -> bool {
+    fn list_only_greatest(&mut self, greatest: Box<dyn std::any::Any>) {
         take_greatest(&mut self.greatest, greatest)
     }
 

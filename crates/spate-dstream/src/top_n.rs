@@ -49,14 +49,10 @@ impl<T> Greatest<T> {
 
 /// Takes the `greatest` a `top_n` reader wants (see
 /// [`Node::list_only_greatest`](crate::node::Node)) into `slot` when it
-/// picks records of type `T`.
-pub(crate) fn take_greatest<T: 'static>(slot: &mut Option<Greatest<T>>, greatest: Box<dyn Any>) -> bool {
-    match greatest.downcast::<Greatest<T>>() {
-        Ok(greatest) => {
-            *slot = Some(*greatest);
-            true
-        }
-        Err(_) => false,
+/// picks records of type `T` (a reader of the operator's result does).
+pub(crate) fn take_greatest<T: 'static>(slot: &mut Option<Greatest<T>>, greatest: Box<dyn Any>) {
+    if let Ok(greatest) = greatest.downcast::<Greatest<T>>() {
+        *slot = Some(*greatest);
     }
 }
 
