@@ -144,6 +144,21 @@ impl Job {
         assert_eq!(status.code(), Some(0), "{} did not stop gracefully: {status}", self.name);
     }
 
+    /// The job's batch, transaction and outage counters from `/metrics`,
+    /// or why they could not be read.
+    fn progress_metrics(&self) -> String {
+        let log = self.log();
+        let Some(addr) = log.lines().find_map(|l| l.trim().strip_prefix("metrics: http://")) else {
+            return "no metrics address in the log".to_string();
+        };
+        let wanted =
+            ["spate_last_committed_batch", "spate_batches_committed_total", "spate_kafka_", "spate_backpressure_rate"];
+        let text = metrics(addr.trim_end_matches("/metrics"));
+        let lines: Vec<&str> =
+            text.lines().filter(|l| !l.starts_with('#') && wanted.iter().any(|w| l.starts_with(w))).collect();
+        lines.join("\n")
+    }
+
     /// The address of `/metrics`, from the line the job prints at start.
     fn metrics_addr(&mut self) -> String {
         let deadline = Instant::now() + GIVE_UP;
@@ -166,10 +181,18 @@ impl Drop for Job {
             let _ = child.wait();
         }
         if std::thread::panicking() {
+            // Every line but the routine one a batch, then the last lines whole.
             let text = self.log();
             let lines: Vec<&str> = text.lines().collect();
+            let events: Vec<&str> = lines.iter().copied().filter(|l| !l.contains("batch committed")).collect();
             let tail = &lines[lines.len().saturating_sub(60)..];
-            eprintln!("---- {} log, last {} of {} lines ----\n{}", self.name, tail.len(), lines.len(), tail.join("\n"));
+            eprintln!(
+                "---- {} log, {} lines, all but each batch's commit ----\n{}",
+                self.name,
+                lines.len(),
+                events.join("\n")
+            );
+            eprintln!("---- {} log, last {} lines ----\n{}", self.name, tail.len(), tail.join("\n"));
         }
     }
 }
@@ -229,6 +252,7 @@ fn produce(brokers: &str, topic: &str, partitions: i32, lines: &[(i32, Option<i6
 /// The committed records of a topic, read as they come.
 struct Committed {
     consumer: BaseConsumer,
+    topic: String,
     values: Vec<Value>,
 }
 
@@ -243,7 +267,7 @@ impl Committed {
             .create()
             .unwrap();
         consumer.subscribe(&[topic]).unwrap();
-        Committed { consumer, values: Vec::new() }
+        Committed { consumer, topic: topic.to_string(), values: Vec::new() }
     }
 
     /// Takes what arrived; a client error while the broker is away is not the test's failure.
@@ -262,13 +286,37 @@ impl Committed {
             for job in jobs.iter_mut() {
                 job.assert_running();
             }
-            assert!(
-                Instant::now() < deadline,
-                "{what}: not reached in {GIVE_UP:?}; {} records read",
-                self.values.len()
-            );
+            if Instant::now() >= deadline {
+                panic!(
+                    "{what}: not reached in {GIVE_UP:?}; {} records read\n{}",
+                    self.values.len(),
+                    self.stall_report(jobs)
+                );
+            }
             self.poll();
         }
+    }
+
+    /// What tells a stalled job from a reader held back by an open
+    /// transaction: the topic's offsets as written, against what a
+    /// `read_committed` reader got, and each job's progress counters.
+    fn stall_report(&self, jobs: &[&mut Job]) -> String {
+        let written: Vec<String> = match self.consumer.fetch_metadata(Some(&self.topic), Duration::from_secs(10)) {
+            Ok(metadata) => metadata.topics()[0]
+                .partitions()
+                .iter()
+                .map(|p| match self.consumer.fetch_watermarks(&self.topic, p.id(), Duration::from_secs(10)) {
+                    Ok((_, high)) => format!("partition {}: high watermark {high}", p.id()),
+                    Err(e) => format!("partition {}: {e}", p.id()),
+                })
+                .collect(),
+            Err(e) => vec![format!("no metadata: {e}")],
+        };
+        let mut report = format!("output topic {}: {}", self.topic, written.join(", "));
+        for job in jobs {
+            report.push_str(&format!("\n{} progress:\n{}", job.name, job.progress_metrics()));
+        }
+        report
     }
 }
 
@@ -318,7 +366,7 @@ fn run_exactly_once_carries_on_through_a_paused_then_restarted_broker_and_counts
     let root = tempfile::tempdir().unwrap();
     let checkpoint = root.path().join("ck");
     let mut command = Command::new(SPATE);
-    command.args(["run", "--kafka", &brokers, "--topic", &input, "--output-topic", &output, "--exactly-once"]);
+    command.args(["-v", "run", "--kafka", &brokers, "--topic", &input, "--output-topic", &output, "--exactly-once"]);
     // 20 records a second: the backlog lasts through the outage and after.
     command.args(["--batch-ms", "200", "--max-rate-per-partition", "20", "--top", "1000", "--quiet"]);
     command.args(["--checkpoint", checkpoint.to_str().unwrap(), "--metrics-addr", "127.0.0.1:0"]);
