@@ -412,11 +412,16 @@ struct Ports {
 /// Four ports free on the loopback whose gRPC ports are free too. Every
 /// port is held open until all are chosen, so none is chosen twice.
 fn choose_ports() -> Result<Ports> {
+    reserve_ports().map(|(ports, _held)| ports)
+}
+
+/// [`choose_ports`], with the listeners that hold the eight ports still open.
+fn reserve_ports() -> Result<(Ports, Vec<TcpListener>)> {
     let mut held: Vec<TcpListener> = Vec::new();
     let mut chosen: Vec<u16> = Vec::new();
     for _ in 0..PORT_ATTEMPTS {
-        if let [master, volume, filer, s3] = chosen[..] {
-            return Ok(Ports { master, volume, filer, s3 });
+        if chosen.len() == 4 {
+            break;
         }
         let http = TcpListener::bind("127.0.0.1:0").map_err(|e| format!("no free loopback port: {e}"))?;
         let port = http.local_addr().map_err(|e| format!("no free loopback port: {e}"))?.port();
@@ -428,7 +433,7 @@ fn choose_ports() -> Result<Ports> {
         chosen.push(port);
     }
     match chosen[..] {
-        [master, volume, filer, s3] => Ok(Ports { master, volume, filer, s3 }),
+        [master, volume, filer, s3] => Ok((Ports { master, volume, filer, s3 }, held)),
         _ => Err(format!("no four free loopback ports whose + {GRPC_OFFSET} is free too in {PORT_ATTEMPTS} tries")),
     }
 }
@@ -590,9 +595,11 @@ mod tests {
     }
 
     #[test]
-    fn chosen_ports_and_their_grpc_ports_are_all_distinct_and_free() {
-        let ports = match choose_ports() {
-            Ok(ports) => ports,
+    fn chosen_ports_and_their_grpc_ports_are_all_distinct_and_held_while_chosen() {
+        // Checked against the chooser's own listeners: once they close, any
+        // other process may take a port, so binding afterwards would race.
+        let (ports, held) = match reserve_ports() {
+            Ok(reserved) => reserved,
             Err(e) => panic!("{e}"),
         };
         let http = [ports.master, ports.volume, ports.filer, ports.s3];
@@ -600,9 +607,9 @@ mod tests {
         all.sort_unstable();
         all.dedup();
         assert_eq!(all.len(), 8, "{ports:?}");
-        for port in all {
-            assert!(TcpListener::bind(("127.0.0.1", port)).is_ok(), "port {port} of {ports:?} is not free");
-        }
+        let mut bound: Vec<u16> = held.iter().map(|l| l.local_addr().map(|a| a.port()).unwrap_or(0)).collect();
+        bound.sort_unstable();
+        assert_eq!(bound, all, "the ports of {ports:?} are not the ones held open while choosing");
     }
 
     #[test]
