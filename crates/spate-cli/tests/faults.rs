@@ -153,7 +153,10 @@ impl Job {
         };
         let wanted =
             ["spate_last_committed_batch", "spate_batches_committed_total", "spate_kafka_", "spate_backpressure_rate"];
-        let text = metrics(addr.trim_end_matches("/metrics"));
+        let text = match try_get(addr.trim_end_matches("/metrics"), "/metrics") {
+            Ok(text) => text,
+            Err(e) => return format!("/metrics not read: {e}"),
+        };
         let lines: Vec<&str> =
             text.lines().filter(|l| !l.starts_with('#') && wanted.iter().any(|w| l.starts_with(w))).collect();
         lines.join("\n")
@@ -204,12 +207,17 @@ fn metrics(addr: &str) -> String {
 
 /// A `GET` of `path` with a plain socket; the body.
 fn get(addr: &str, path: &str) -> String {
+    try_get(addr, path).unwrap()
+}
+
+/// [`get`], its failure returned: for reports made while a test fails.
+fn try_get(addr: &str, path: &str) -> std::io::Result<String> {
     use std::io::{Read, Write};
-    let mut stream = std::net::TcpStream::connect(addr).unwrap();
-    write!(stream, "GET {path} HTTP/1.1\r\nHost: {addr}\r\n\r\n").unwrap();
+    let mut stream = std::net::TcpStream::connect(addr)?;
+    write!(stream, "GET {path} HTTP/1.1\r\nHost: {addr}\r\n\r\n")?;
     let mut answer = String::new();
-    stream.read_to_string(&mut answer).unwrap();
-    answer.split_once("\r\n\r\n").map(|(_, body)| body.to_string()).unwrap_or_default()
+    stream.read_to_string(&mut answer)?;
+    Ok(answer.split_once("\r\n\r\n").map(|(_, body)| body.to_string()).unwrap_or_default())
 }
 
 /// The sum of every series of the counter `name` in a `/metrics` text.
@@ -302,9 +310,10 @@ impl Committed {
     /// `read_committed` reader got, and each job's progress counters.
     fn stall_report(&self, jobs: &[&mut Job]) -> String {
         let written: Vec<String> = match self.consumer.fetch_metadata(Some(&self.topic), Duration::from_secs(10)) {
-            Ok(metadata) => metadata.topics()[0]
-                .partitions()
+            Ok(metadata) => metadata
+                .topics()
                 .iter()
+                .flat_map(|topic| topic.partitions())
                 .map(|p| match self.consumer.fetch_watermarks(&self.topic, p.id(), Duration::from_secs(10)) {
                     Ok((_, high)) => format!("partition {}: high watermark {high}", p.id()),
                     Err(e) => format!("partition {}: {e}", p.id()),
