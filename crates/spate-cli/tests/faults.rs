@@ -147,13 +147,12 @@ impl Job {
     /// The job's batch, transaction and outage counters from `/metrics`,
     /// or why they could not be read.
     fn progress_metrics(&self) -> String {
-        let log = self.log();
-        let Some(addr) = log.lines().find_map(|l| l.trim().strip_prefix("metrics: http://")) else {
+        let Some(addr) = self.logged_metrics_addr() else {
             return "no metrics address in the log".to_string();
         };
         let wanted =
             ["spate_last_committed_batch", "spate_batches_committed_total", "spate_kafka_", "spate_backpressure_rate"];
-        let text = match try_get(addr.trim_end_matches("/metrics"), "/metrics") {
+        let text = match try_get(&addr, "/metrics") {
             Ok(text) => text,
             Err(e) => return format!("/metrics not read: {e}"),
         };
@@ -162,13 +161,19 @@ impl Job {
         lines.join("\n")
     }
 
+    /// The address of `/metrics`, if the job has printed its line yet.
+    fn logged_metrics_addr(&self) -> Option<String> {
+        let log = self.log();
+        let rest = log.lines().find_map(|l| l.trim().strip_prefix("metrics: http://"))?;
+        Some(rest.trim_end_matches("/metrics").to_string())
+    }
+
     /// The address of `/metrics`, from the line the job prints at start.
     fn metrics_addr(&mut self) -> String {
         let deadline = Instant::now() + GIVE_UP;
         loop {
-            let log = self.log();
-            if let Some(rest) = log.lines().find_map(|l| l.trim().strip_prefix("metrics: http://")) {
-                return rest.trim_end_matches("/metrics").to_string();
+            if let Some(addr) = self.logged_metrics_addr() {
+                return addr;
             }
             self.assert_running();
             assert!(Instant::now() < deadline, "{} printed no metrics address", self.name);

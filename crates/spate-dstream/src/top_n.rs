@@ -102,13 +102,8 @@ impl<T> Picker<'_, T> {
     /// Offers `record`, which goes unless `n` records at least as great
     /// are kept.
     pub(crate) fn offer(&mut self, record: T) {
-        if self.refuses(&record) {
-            return;
-        }
-        self.kept.push(record);
-        // Saturating: `n` may be "all of them" (`usize::MAX`).
-        if self.kept.len() >= self.of.n.saturating_mul(2).saturating_add(64) {
-            self.cut();
+        if !self.refuses(&record) {
+            self.keep(record);
         }
     }
 
@@ -118,7 +113,17 @@ impl<T> Picker<'_, T> {
         T: Clone,
     {
         if !self.refuses(record) {
-            self.offer(record.clone());
+            self.keep(record.clone());
+        }
+    }
+
+    /// Keeps a record not refused, cutting the excess once there is room
+    /// for no more.
+    fn keep(&mut self, record: T) {
+        self.kept.push(record);
+        // Saturating: `n` may be "all of them" (`usize::MAX`).
+        if self.kept.len() >= self.of.n.saturating_mul(2).saturating_add(64) {
+            self.cut();
         }
     }
 
