@@ -500,8 +500,13 @@ pub(crate) fn encode<T: Serialize + ?Sized>(value: &T) -> Result<Vec<u8>, CoreEr
 }
 
 pub(crate) fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, CoreError> {
+    decode_prefix(bytes).map(|(value, _)| value)
+}
+
+/// The value encoded at the start of `bytes`, and how many bytes it took:
+/// an entry's state is its first bytes, before its last time.
+pub(crate) fn decode_prefix<T: DeserializeOwned>(bytes: &[u8]) -> Result<(T, usize), CoreError> {
     bincode::serde::decode_from_slice(bytes, bincode::config::standard())
-        .map(|(value, _)| value)
         .map_err(|e| CoreError::Decode { reason: format!("spilled state: {e}") })
 }
 

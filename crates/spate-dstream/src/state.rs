@@ -88,17 +88,6 @@ impl<K: Key, S> KeyedStates<K, S> {
         self.states.iter_mut().flatten()
     }
 
-    /// Every key with state, decoded, with its state.
-    fn entries(&self) -> Result<Vec<(K, &S)>, CoreError> {
-        self.entries_where(|_| true)
-    }
-
-    /// The keys whose state `pick` takes, decoded, with their state.
-    fn entries_where(&self, pick: impl Fn(&S) -> bool) -> Result<Vec<(K, &S)>, CoreError> {
-        let picked = self.ids().filter_map(|id| Some((id, self.state(id).filter(|s| pick(s))?)));
-        picked.map(|(id, s)| Ok((self.key(id)?, s))).collect()
-    }
-
     fn insert(&mut self, key: &K, state: S) -> Result<(), CoreError> {
         let id = self.id(key)?;
         self.put(id, state);
@@ -110,30 +99,6 @@ impl<K: Key, S> KeyedStates<K, S> {
     fn memory_bytes(&self) -> usize {
         self.keys.memory_bytes() + self.states.capacity() * std::mem::size_of::<Option<S>>()
     }
-}
-
-/// Spreads entries over `partitions` by key.
-fn spread<K: Key, S>(entries: Vec<(K, S)>, partitions: usize) -> Result<Vec<KeyedStates<K, S>>, CoreError> {
-    let mut parts: Vec<KeyedStates<K, S>> = (0..partitions).map(|_| KeyedStates::default()).collect();
-    for (key, state) in entries {
-        if let Some(part) = parts.get_mut(partition_of(&key, partitions)) {
-            part.insert(&key, state)?;
-        }
-    }
-    Ok(parts)
-}
-
-/// Re-spreads the partitions' state when the partition count changed.
-fn respread<K: Key, S: Clone>(parts: &mut Vec<KeyedStates<K, S>>, partitions: usize) -> Result<(), CoreError> {
-    if parts.len() == partitions {
-        return Ok(());
-    }
-    let mut entries = Vec::new();
-    for part in parts.iter() {
-        entries.extend(part.entries()?.into_iter().map(|(k, s)| (k, s.clone())));
-    }
-    *parts = spread(entries, partitions)?;
-    Ok(())
 }
 
 fn state_meta<K, V, S>() -> StateMeta {
@@ -152,9 +117,122 @@ struct UpdateStateNode<K, V, S, F> {
     input: Arc<Slot<(K, V)>>,
     output: Arc<Slot<(K, S)>>,
     update: F,
-    parts: Vec<KeyedStates<K, S>>,
+    parts: Vec<UpdatePart<K, S>>,
     /// The records its only reader keeps of each result (a `top_n`).
     greatest: Option<Greatest<(K, S)>>,
+    /// Where partitions go beyond their share of the state budget.
+    spill: Option<SpillPlace>,
+}
+
+/// The last time a spilled `update_state_by_key` entry records: none is
+/// read (no key times out, and every snapshot is whole).
+const UNTIMED: Time = Time::ZERO;
+
+/// One `update_state_by_key` partition: in memory, or in a spill table
+/// once it took more than its share of the state budget (it stays there).
+enum UpdatePart<K, S> {
+    Memory(KeyedStates<K, S>),
+    Spilled(SpilledStates),
+}
+
+impl<K, S> Default for UpdatePart<K, S> {
+    fn default() -> Self {
+        UpdatePart::Memory(KeyedStates::default())
+    }
+}
+
+impl<K: Key, S: Data> UpdatePart<K, S> {
+    fn len(&self) -> u64 {
+        match self {
+            UpdatePart::Memory(states) => states.keys.len() as u64,
+            UpdatePart::Spilled(spilled) => spilled.len(),
+        }
+    }
+
+    /// Moves the partition to a spill table when it takes more than its
+    /// share of the budget.
+    fn spill_if_over(&mut self, spill: Option<&SpillPlace>, partitions: usize) -> Result<(), CoreError> {
+        let Some(place) = spill else { return Ok(()) };
+        let UpdatePart::Memory(states) = self else { return Ok(()) };
+        if states.memory_bytes() as u64 <= place.partition_budget(partitions) {
+            return Ok(());
+        }
+        let mut spilled = SpilledStates::new(place.open()?, place.open_blobs()?, false);
+        let entries = states.keys.iter_encoded().filter_map(|(id, key)| Some((key, states.state(id)?, UNTIMED)));
+        spilled.extend(entries)?;
+        tracing::info!(operator = %place.operator(), keys = spilled.len(), "update_state_by_key partition moved its state to disk");
+        *self = UpdatePart::Spilled(spilled);
+        Ok(())
+    }
+
+    /// Calls `visit` with each key's encoding and its state's.
+    fn for_each_encoded(&self, visit: &mut spilled::EntryVisitor<'_>) -> Result<(), CoreError> {
+        match self {
+            UpdatePart::Memory(states) => {
+                let mut state = Vec::new();
+                for (id, key) in states.keys.iter_encoded() {
+                    let Some(value) = states.state(id) else { continue };
+                    state.clear();
+                    bincode::serde::encode_into_std_write(value, &mut state, bincode::config::standard())
+                        .map_err(|e| CoreError::Encode { reason: format!("update_state_by_key state: {e}") })?;
+                    visit(key, &state)?;
+                }
+                Ok(())
+            }
+            // An entry is the state, then its last time.
+            UpdatePart::Spilled(spilled) => spilled.for_each_encoded::<S>(None, &mut |key, entry| {
+                let (_, used) = spilled::decode_prefix::<S>(entry)?;
+                visit(key, entry.get(..used).unwrap_or_default())
+            }),
+        }
+    }
+
+    /// Every key with its state, decoded.
+    fn decoded(&self) -> Result<Vec<(K, S)>, CoreError> {
+        let mut entries = Vec::with_capacity(usize::try_from(self.len()).unwrap_or(0));
+        self.for_each_encoded(&mut |key, state| {
+            entries.push((spilled::decode(key)?, spilled::decode(state)?));
+            Ok(())
+        })?;
+        Ok(entries)
+    }
+}
+
+/// Restored states bound for spilled partitions, written a group at a time.
+struct UpdateGroups<S>(Vec<Vec<(Vec<u8>, S)>>);
+
+impl<S: Data> UpdateGroups<S> {
+    fn new(partitions: usize) -> Self {
+        UpdateGroups((0..partitions).map(|_| Vec::new()).collect())
+    }
+
+    /// Gives the key encoded as `key` (new to the partition) its state in
+    /// spilled partition `index`, writing the group once it is full.
+    fn put(&mut self, index: usize, part: &mut SpilledStates, key: Vec<u8>, state: S) -> Result<(), CoreError> {
+        let Some(group) = self.0.get_mut(index) else { return Ok(()) };
+        group.push((key, state));
+        if group.len() < spilled::WRITE_GROUP {
+            return Ok(());
+        }
+        Self::write(part, group)
+    }
+
+    fn write(part: &mut SpilledStates, group: &mut Vec<(Vec<u8>, S)>) -> Result<(), CoreError> {
+        part.extend(group.iter().map(|(key, state)| (key.as_slice(), state, UNTIMED)))?;
+        group.clear();
+        Ok(())
+    }
+
+    fn flush<K: Key>(&mut self, parts: &mut [UpdatePart<K, S>]) -> Result<(), CoreError> {
+        for (part, group) in parts.iter_mut().zip(&mut self.0) {
+            if let UpdatePart::Spilled(spilled) = part
+                && !group.is_empty()
+            {
+                Self::write(spilled, group)?;
+            }
+        }
+        Ok(())
+    }
 }
 
 impl<K, V, S, F> Node for UpdateStateNode<K, V, S, F>
@@ -165,7 +243,7 @@ where
     F: Fn(Vec<V>, Option<S>) -> Option<S> + Send + Sync,
 {
     fn step(&mut self, ctx: &StepCtx<'_>) -> Result<Option<Job>, DStreamError> {
-        respread(&mut self.parts, ctx.partitions).map_err(|e| ctx.state_error(&e))?;
+        self.respread(ctx.partitions).map_err(|e| ctx.state_error(&e))?;
         let Some(batch) = ctx.take_owned(&self.input)? else {
             self.output.put(ctx.time, None);
             return Ok(None);
@@ -179,9 +257,18 @@ where
             &|acc: &mut Vec<V>, more| acc.extend(more),
         )?;
         let (update, greatest) = (&self.update, self.greatest.as_ref());
+        let (spill, partitions) = (self.spill.as_ref(), ctx.partitions);
         let work: Vec<_> = self.parts.iter_mut().zip(groups).collect();
         let mut out = Vec::with_capacity(work.len());
-        for part in ctx.par(work, |(part, groups)| update_part(part, groups, update, greatest))? {
+        let results = ctx.par(work, |(part, groups)| {
+            let listed = match part {
+                UpdatePart::Memory(states) => update_part(states, groups, update, greatest)?,
+                UpdatePart::Spilled(spilled) => update_spilled(spilled, groups, update, greatest)?,
+            };
+            part.spill_if_over(spill, partitions)?;
+            Ok::<_, CoreError>(listed)
+        })?;
+        for part in results {
             out.push(part.map_err(|e| ctx.state_error(&e))?);
         }
         self.output.put(ctx.time, Some(Batch::new(out)));
@@ -197,6 +284,59 @@ where
     }
 }
 
+impl<K: Key, V, S: Data, F> UpdateStateNode<K, V, S, F> {
+    /// Re-spreads the partitions' state when the partition count changed.
+    fn respread(&mut self, partitions: usize) -> Result<(), CoreError> {
+        if self.parts.len() == partitions {
+            return Ok(());
+        }
+        let mut entries = Vec::new();
+        for part in &self.parts {
+            entries.extend(part.decoded()?);
+        }
+        self.spread(entries.into_iter().map(Ok), partitions)
+    }
+
+    /// Replaces the partitions with `entries` (distinct keys) spread over
+    /// `partitions`, each partition moving to a spill table as it outgrows
+    /// its share.
+    fn spread(
+        &mut self,
+        entries: impl Iterator<Item = Result<(K, S), CoreError>>,
+        partitions: usize,
+    ) -> Result<(), CoreError> {
+        self.parts = (0..partitions).map(|_| UpdatePart::default()).collect();
+        let mut groups = UpdateGroups::new(partitions);
+        for entry in entries {
+            let (key, state) = entry?;
+            let index = partition_of(&key, partitions);
+            let Some(part) = self.parts.get_mut(index) else { continue };
+            match part {
+                UpdatePart::Spilled(spilled) => groups.put(index, spilled, spilled::encode(&key)?, state)?,
+                UpdatePart::Memory(states) => {
+                    states.insert(&key, state)?;
+                    part.spill_if_over(self.spill.as_ref(), partitions)?;
+                }
+            }
+        }
+        groups.flush(&mut self.parts)
+    }
+
+    /// Appends the list of every key's `(key, state)`, as bincode writes a
+    /// `Vec` of them, from the partitions' encodings.
+    fn write_list(&self, out: &mut dyn PayloadSink) -> Result<(), CoreError> {
+        write_varint(self.parts.iter().map(UpdatePart::len).sum(), out.buffer());
+        for part in &self.parts {
+            part.for_each_encoded(&mut |key, state| {
+                out.buffer().extend_from_slice(key);
+                out.buffer().extend_from_slice(state);
+                out.record_end()
+            })?;
+        }
+        Ok(())
+    }
+}
+
 impl<K, V, S, F> StatefulNode for UpdateStateNode<K, V, S, F>
 where
     K: Key,
@@ -204,18 +344,36 @@ where
     S: Data,
     F: Fn(Vec<V>, Option<S>) -> Option<S> + Send + Sync,
 {
+    /// The layout of a `Vec<(K, S)>` of every key.
     fn snapshot(&mut self) -> Result<Vec<u8>, CoreError> {
-        let mut entries: Vec<(K, &S)> = Vec::new();
-        for part in &self.parts {
-            entries.extend(part.entries()?);
-        }
-        state_codec().encode(&entries)
+        let mut bytes = Vec::new();
+        state_codec().encode_with(&mut bytes, |out| self.write_list(out))?;
+        Ok(bytes)
+    }
+
+    /// [`Self::snapshot`]'s frame streamed: a state on disk need not fit in memory.
+    fn snapshot_to(&mut self, out: &mut dyn SeekWrite) -> Result<u64, CoreError> {
+        state_codec().encode_streamed(out, |chunks| self.write_list(chunks))
     }
 
     fn restore(&mut self, bytes: &[u8], partitions: usize) -> Result<(), CoreError> {
-        let entries: Vec<(K, S)> = state_codec().decode(bytes)?.value;
-        self.parts = spread(entries, partitions)?;
-        Ok(())
+        self.restore_from(&mut std::io::Cursor::new(bytes), partitions)
+    }
+
+    /// Entry by entry as the file is read, so a state larger than memory
+    /// goes to its spill tables without being held whole.
+    fn restore_from(&mut self, reader: &mut dyn ReadSeek, partitions: usize) -> Result<(), CoreError> {
+        let mut payload = state_codec().open_streamed(reader)?;
+        let count = payload.count()?;
+        let entries = (0..count).map(|_| {
+            payload.record().map_err(|e| CoreError::Decode { reason: format!("an update_state_by_key entry: {e}") })
+        });
+        self.spread(entries, partitions)?;
+        payload.finish()
+    }
+
+    fn use_spill(&mut self, operator: &str, spill: &StateSpill) {
+        self.spill = Some(SpillPlace::new(operator, spill));
     }
 }
 
@@ -251,6 +409,57 @@ where
             None => part.remove(id),
         }
     }
+    Ok(out.into_vec())
+}
+
+/// [`update_part`] on a partition in a spill table: one pass over its keys
+/// in key order, the batch's values found by key; only the states whose
+/// encoding changed are written, at the end.
+fn update_spilled<K, V, S, F>(
+    part: &mut SpilledStates,
+    groups: Combined<K, Vec<V>>,
+    update: &F,
+    greatest: Option<&Greatest<(K, S)>>,
+) -> Result<Vec<(K, S)>, CoreError>
+where
+    K: Key,
+    S: Data,
+    F: Fn(Vec<V>, Option<S>) -> Option<S>,
+{
+    let mut batch: HashMap<Vec<u8>, (K, Vec<V>)> = HashMap::with_capacity(groups.len());
+    for (key, values) in groups {
+        batch.insert(spilled::encode(&key)?, (key, values));
+    }
+    let mut out = Listed::new(greatest, usize::try_from(part.len()).unwrap_or(0) + batch.len());
+    let mut changed: HashMap<Vec<u8>, Pending<S>> = HashMap::new();
+    part.for_each_encoded::<S>(None, &mut |encoded, entry| {
+        let (old, used) = spilled::decode_prefix::<S>(entry)?;
+        let (key, values) = match batch.remove(encoded) {
+            Some((key, values)) => (key, values),
+            None => (spilled::decode(encoded)?, Vec::new()),
+        };
+        let now = match update(values, Some(old)) {
+            Some(state) if entry.get(..used) == Some(spilled::encode(&state)?.as_slice()) => {
+                out.push((key, state));
+                return Ok(());
+            }
+            Some(state) => {
+                out.push((key, state.clone()));
+                Some((state, UNTIMED))
+            }
+            None => None,
+        };
+        changed.insert(encoded.to_vec(), Pending { before: Some(UNTIMED), now });
+        Ok(())
+    })?;
+    for (encoded, (key, values)) in batch {
+        if let Some(state) = update(values, None) {
+            out.push((key, state.clone()));
+            changed.insert(encoded, Pending { before: None, now: Some((state, UNTIMED)) });
+        }
+    }
+    // No incremental snapshot reads them: not kept as the batch's changes.
+    part.write_pending(changed, None)?;
     Ok(out.into_vec())
 }
 
@@ -934,7 +1143,7 @@ impl<K: Key, V: Data> DStream<(K, V)> {
         let mut meta = NodeMeta::new("update_state_by_key", vec![self.id], self.slide);
         meta.state = Some(state_meta::<K, V, S>());
         self.add_node(meta, |output| {
-            Box::new(UpdateStateNode { input, output, update, parts: Vec::new(), greatest: None })
+            Box::new(UpdateStateNode { input, output, update, parts: Vec::new(), greatest: None, spill: None })
         })
     }
 

@@ -57,13 +57,75 @@ fn sessions(timeout: u64, partitions: usize, spill_budget: Option<u64>) -> Sessi
     Sessions { graph, queue, mapped, snapshots, spill }
 }
 
-/// Fails unless a session whose budget is 0 moved its state to the spill
+/// Fails unless a job whose budget is 0 moved its state to the spill
 /// store once it had keys: the spilled path was the one tested.
-fn check_spilled(s: &Sessions, budget: Option<u64>, input: &[Vec<(u8, u32)>]) -> Result<(), TestCaseError> {
-    if let (Some(0), Some(store)) = (budget, &s.spill)
+fn check_spilled(
+    spill: Option<&Arc<MemorySpillStore>>,
+    budget: Option<u64>,
+    input: &[Vec<(u8, u32)>],
+) -> Result<(), TestCaseError> {
+    if let (Some(0), Some(store)) = (budget, spill)
         && input.iter().any(|batch| !batch.is_empty())
     {
         prop_assert!(store.tables_opened() > 0, "no partition moved to the spill store");
+    }
+    Ok(())
+}
+
+/// Running totals per key with `update_state_by_key`, a key whose total
+/// passes 40 removed: read whole, and by a `top_n` of the two greatest.
+struct Totals {
+    graph: Graph,
+    queue: Arc<QueueSource<(u8, u32)>>,
+    seen: Collected<(u8, u64)>,
+    top: Collected<(u8, u64)>,
+    /// The store partitions spill to, when given a budget.
+    spill: Option<Arc<MemorySpillStore>>,
+}
+
+/// Greater totals first, then lower keys.
+fn by_total(a: &(u8, u64), b: &(u8, u64)) -> std::cmp::Ordering {
+    a.1.cmp(&b.1).then_with(|| b.0.cmp(&a.0))
+}
+
+/// [`Totals`], spilling as [`sessions`] does with `spill_budget`.
+fn totals(partitions: usize, spill_budget: Option<u64>) -> Totals {
+    let b = GraphBuilder::new(INTERVAL).partitions(partitions).workers(2).checkpointing(true);
+    let queue = Arc::new(QueueSource::new());
+    let update = |values: Vec<u32>, state: Option<u64>| {
+        let total = state.unwrap_or(0) + values.iter().map(|v| u64::from(*v)).sum::<u64>();
+        (total <= 40).then_some(total)
+    };
+    let records = b.input("in", Arc::clone(&queue));
+    let seen = collect(&records.update_state_by_key(update).name("totals"));
+    let top = collect(&records.update_state_by_key(update).name("top-totals").top_n(2, by_total));
+    let mut graph = b.build().unwrap();
+    let spill = spill_budget.map(|budget| {
+        let store = Arc::new(MemorySpillStore::new());
+        graph.spill_state(&StateSpill::new(Arc::clone(&store) as _, budget));
+        store
+    });
+    Totals { graph, queue, seen, top, spill }
+}
+
+/// Every batch's totals and top two against a reference.
+fn check_totals(s: &Totals, input: &[Vec<(u8, u32)>]) -> Result<(), TestCaseError> {
+    let mut reference: BTreeMap<u8, u64> = BTreeMap::new();
+    for (index, batch) in input.iter().enumerate() {
+        let mut new: BTreeMap<u8, u64> = BTreeMap::new();
+        for (k, v) in batch {
+            *new.entry(*k).or_default() += u64::from(*v);
+        }
+        for (k, sum) in new {
+            *reference.entry(k).or_default() += sum;
+        }
+        reference.retain(|_, total| *total <= 40);
+        let mut expected: Vec<(u8, u64)> = reference.iter().map(|(k, v)| (*k, *v)).collect();
+        let at = t(index as i64 + 1);
+        prop_assert_eq!(sorted_at(&s.seen, at).unwrap(), expected.clone(), "totals at {}", at);
+        expected.sort_by(|a, b| by_total(b, a));
+        expected.truncate(2);
+        prop_assert_eq!(s.top.lock().unwrap().get(&at).cloned(), Some(expected), "top two at {}", at);
     }
     Ok(())
 }
@@ -103,41 +165,42 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(32))]
 
     #[test]
-    fn update_state_by_key_keeps_running_totals_and_removes_on_none(input in batches()) {
-        let b = GraphBuilder::new(INTERVAL).partitions(3).workers(2).checkpointing(true);
-        let queue = Arc::new(QueueSource::new());
-        // Running sum per key; a key whose total passes 40 is removed.
-        let update = |values: Vec<u32>, state: Option<u64>| {
-            let total = state.unwrap_or(0) + values.iter().map(|v| u64::from(*v)).sum::<u64>();
-            (total <= 40).then_some(total)
-        };
-        let records = b.input("in", Arc::clone(&queue));
-        let seen = collect(&records.update_state_by_key(update).name("totals"));
-        // The two greatest totals (then lower keys): `top_n` alone reads them.
-        let by_total = |a: &(u8, u64), b: &(u8, u64)| a.1.cmp(&b.1).then_with(|| b.0.cmp(&a.0));
-        let top = collect(&records.update_state_by_key(update).name("top-totals").top_n(2, by_total));
-        let mut graph = b.build().unwrap();
+    fn update_state_by_key_keeps_running_totals_and_removes_on_none(input in batches(), budget in spill_budgets()) {
+        let mut s = totals(3, budget);
         for batch in &input {
-            queue.push(batch.clone());
+            s.queue.push(batch.clone());
         }
-        run(&mut graph, 1..=input.len() as i64);
+        run(&mut s.graph, 1..=input.len() as i64);
+        check_totals(&s, &input)?;
+        check_spilled(s.spill.as_ref(), budget, &input)?;
+    }
 
-        let mut reference: BTreeMap<u8, u64> = BTreeMap::new();
-        for (index, batch) in input.iter().enumerate() {
-            let mut new: BTreeMap<u8, u64> = BTreeMap::new();
-            for (k, v) in batch {
-                *new.entry(*k).or_default() += u64::from(*v);
-            }
-            for (k, sum) in new {
-                *reference.entry(k).or_default() += sum;
-            }
-            reference.retain(|_, total| *total <= 40);
-            let mut expected: Vec<(u8, u64)> = reference.iter().map(|(k, v)| (*k, *v)).collect();
-            prop_assert_eq!(sorted_at(&seen, t(index as i64 + 1)).unwrap(), expected.clone());
-            expected.sort_by(|a, b| by_total(b, a));
-            expected.truncate(2);
-            prop_assert_eq!(top.lock().unwrap().get(&t(index as i64 + 1)).cloned(), Some(expected));
+    #[test]
+    fn update_state_by_key_restored_from_a_whole_snapshot_continues_exactly(
+        input in batches(), cut in 0usize..25, partitions in 1usize..5, budgets in (spill_budgets(), spill_budgets()),
+        streamed in any::<bool>(),
+    ) {
+        let cut = cut.min(input.len());
+        let mut first = totals(3, budgets.0);
+        let descriptor = first.graph.descriptor();
+        for batch in &input[..cut] {
+            first.queue.push(batch.clone());
         }
+        run(&mut first.graph, 1..=cut as i64);
+        // Streamed as a checkpoint writes it to a file, or in memory.
+        let snapshots = if streamed { streamed_whole(&mut first.graph) } else { first.graph.snapshot_state().unwrap() };
+        let mut second = totals(partitions, budgets.1);
+        let chains = snapshots.into_iter().map(|(operator, bytes)| (operator, vec![bytes])).collect();
+        second.graph.restore_chains(&descriptor, chains, &RestorePolicy::strict()).unwrap();
+        for batch in &input[cut..] {
+            second.queue.push(batch.clone());
+        }
+        run(&mut second.graph, cut as i64 + 1..=input.len() as i64);
+        second.seen.lock().unwrap().extend(first.seen.lock().unwrap().clone());
+        second.top.lock().unwrap().extend(first.top.lock().unwrap().clone());
+        check_totals(&second, &input)?;
+        check_spilled(first.spill.as_ref(), budgets.0, &input[..cut])?;
+        check_spilled(second.spill.as_ref(), budgets.1, &input[cut..])?;
     }
 
     #[test]
@@ -150,7 +213,7 @@ proptest! {
         }
         run(&mut s.graph, 1..=input.len() as i64);
         check_sessions(&s, &input, timeout)?;
-        check_spilled(&s, budget, &input)?;
+        check_spilled(s.spill.as_ref(), budget, &input)?;
     }
 
     #[test]
@@ -200,7 +263,7 @@ proptest! {
         second.mapped.lock().unwrap().extend(first.mapped.lock().unwrap().clone());
         second.snapshots.lock().unwrap().extend(first.snapshots.lock().unwrap().clone());
         check_sessions(&second, &input, timeout)?;
-        check_spilled(&first, budgets.0, &input[..done])?;
+        check_spilled(first.spill.as_ref(), budgets.0, &input[..done])?;
     }
 }
 
@@ -211,7 +274,7 @@ fn a_streamed_whole_snapshot_is_the_one_in_memory_whether_the_state_is_in_memory
         s.queue.push((0..10).map(|key| (key, u32::from(key) + 1)).collect());
         s.queue.push(vec![(3, 4), (7, 1)]);
         run(&mut s.graph, 1..=2);
-        check_spilled(&s, budget, &[vec![(1, 1)]]).unwrap();
+        check_spilled(s.spill.as_ref(), budget, &[vec![(1, 1)]]).unwrap();
         let in_memory = s.graph.snapshot_state().unwrap();
         assert_eq!(streamed_whole(&mut s.graph), in_memory, "{budget:?}");
     }
@@ -220,6 +283,32 @@ fn a_streamed_whole_snapshot_is_the_one_in_memory_whether_the_state_is_in_memory
 #[test]
 fn a_failing_spill_store_fails_the_batch_with_its_reason() {
     let mut s = sessions(10, 2, Some(0));
+    s.queue.push(vec![(1, 1), (2, 2), (3, 3)]);
+    s.queue.push(vec![(1, 1)]);
+    run(&mut s.graph, 1..=1);
+    let store = s.spill.as_ref().unwrap();
+    assert!(store.tables_opened() > 0);
+    store.fail_after(0);
+    let error = s.graph.run_batch(t(2), spate_core::BatchId(2)).unwrap_err();
+    assert!(error.to_string().contains("failpoint"), "{error}");
+}
+
+#[test]
+fn update_state_by_key_streams_the_whole_snapshot_it_keeps_in_memory_whether_in_memory_or_spilled() {
+    for budget in [None, Some(0)] {
+        let mut s = totals(3, budget);
+        s.queue.push((0..10).map(|key| (key, u32::from(key) + 1)).collect());
+        s.queue.push(vec![(3, 4), (7, 1)]);
+        run(&mut s.graph, 1..=2);
+        check_spilled(s.spill.as_ref(), budget, &[vec![(1, 1)]]).unwrap();
+        let in_memory = s.graph.snapshot_state().unwrap();
+        assert_eq!(streamed_whole(&mut s.graph), in_memory, "{budget:?}");
+    }
+}
+
+#[test]
+fn update_state_by_key_on_a_failing_spill_store_fails_the_batch_with_its_reason() {
+    let mut s = totals(2, Some(0));
     s.queue.push(vec![(1, 1), (2, 2), (3, 3)]);
     s.queue.push(vec![(1, 1)]);
     run(&mut s.graph, 1..=1);
