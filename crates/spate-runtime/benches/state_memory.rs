@@ -1,6 +1,8 @@
 //! Keyed state larger than the memory budget: sessions over 10,000,000
 //! keys with `map_with_state`, with the default budget (its state moves to
-//! disk) and with a budget it never reaches (all in memory).
+//! disk) and with a budget it never reaches (all in memory); and running
+//! totals over 10,000,000 keys with `update_state_by_key` at the default
+//! budget (`update_state_10m_keys_default_budget`).
 //!
 //! The job: a replayable source of 100,000 records a 1 s batch; record
 //! `n` is the key `u{k}`, `k` = `n` × 7,919,993 mod 10,000,000 (a
@@ -16,6 +18,14 @@
 //! new process (the whole snapshot of 10,000,000 keys and the changes
 //! after it restored) and runs 5 batches more.
 //!
+//! The `update_state_by_key` job: the same keys, 400,000 records a batch
+//! (25 batches bring every key once), each key's count and sum of its
+//! values kept, and a `top_n` of the ten keys with the most records its
+//! only reader, so the operator lists those alone. It calls its function
+//! on every key every batch (Spark's semantics): each batch reads the whole
+//! state, and its processing time grows with the keys, not the batch. Its
+//! snapshots are whole. 30 batches, then 2 more after a restart.
+//!
 //! Figures printed as `BENCH <name> <value> <unit> bound=<value> ratio=<r>`:
 //! - `<shape>_rss_peak` and `_rss_median`: the child's peak (`VmHWM`) and
 //!   median resident memory; bound: 300 MB, the process target of the
@@ -23,8 +33,8 @@
 //!   buffers and state to; the code, RocksDB's caches and the allocator's
 //!   slack come on top);
 //! - `<shape>_records_per_sec`: records committed a second over the
-//!   batches after the first 5; bound: the source's 100,000 a second (a
-//!   ratio below 1 is a job falling behind);
+//!   batches after the first 5; bound: the source's rate, its records a
+//!   batch a second (a ratio below 1 is a job falling behind);
 //! - `<shape>_processing_ms_mean` and `_p90`: bound: the 1 s batch interval;
 //! - `<shape>_revisits_records_per_sec`, `_revisits_processing_ms_mean`
 //!   and `_p90`: the same over the batches after the first 100, where
@@ -42,9 +52,9 @@
 //! else `/var/tmp`: a disk, where `/tmp` may be memory. A run needs about
 //! 2 GB free there.
 //!
-//! Without `--bench` (as `cargo test --all-targets` runs it) one short run
-//! of 200,000 keys checks that the measuring works, that the state went to
-//! disk, and prints no figure.
+//! Without `--bench` (as `cargo test --all-targets` runs it) a short run
+//! of 200,000 keys of each operator checks that the measuring works, that
+//! the state went to disk, and prints no figure.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
@@ -59,7 +69,7 @@ use common::{
 };
 use serde_json::json;
 use spate_core::{BatchId, Duration, Time};
-use spate_dstream::{BatchLimits, BoxError, InputSource, State};
+use spate_dstream::{BatchLimits, BoxError, DStream, InputSource, State};
 use spate_runtime::{StreamingContext, StreamingSettings};
 
 /// Records a batch, as the source plans them.
@@ -75,11 +85,34 @@ const WARM_UP_BATCHES: usize = 5;
 /// How long a run may take before it is given up as stuck.
 const GIVE_UP: StdDuration = StdDuration::from_secs(600);
 
-/// A job's shape: its keys and memory budget.
+/// The operator a job keeps its state with.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Operator {
+    /// `map_with_state` sessions: each record's key read and written.
+    Sessions,
+    /// `update_state_by_key` totals read by a `top_n` of 10: every key's
+    /// function called each batch (Spark's semantics).
+    Totals,
+}
+
+impl Operator {
+    fn parse(name: &str) -> Self {
+        match name {
+            "Sessions" => Operator::Sessions,
+            "Totals" => Operator::Totals,
+            other => panic!("no operator {other}"),
+        }
+    }
+}
+
+/// A job's shape: its operator, keys, batch size and memory budget.
 #[derive(Clone, Copy)]
 struct Shape {
     name: &'static str,
+    operator: Operator,
     keys: u64,
+    /// Records a batch, as the source plans them.
+    per_batch: u64,
     max_memory_bytes: u64,
     batches: u64,
     /// Batches a restart from the checkpoint runs after the first run; 0: no restart.
@@ -88,48 +121,78 @@ struct Shape {
 
 const ON_DISK: Shape = Shape {
     name: "state_10m_keys_default_budget",
+    operator: Operator::Sessions,
     keys: 10_000_000,
+    per_batch: PER_BATCH,
     max_memory_bytes: 256 << 20,
     batches: BATCHES,
     restart_batches: 5,
 };
 const IN_MEMORY: Shape = Shape {
     name: "state_10m_keys_in_memory",
+    operator: Operator::Sessions,
     keys: 10_000_000,
+    per_batch: PER_BATCH,
     max_memory_bytes: 64 << 30,
     batches: BATCHES,
     restart_batches: 0,
 };
+/// `update_state_by_key` over ten million keys with the default budget:
+/// every batch calls the function on every key, so a batch reads the whole
+/// state; 25 batches of 400,000 bring every key once.
+const TOTALS_ON_DISK: Shape = Shape {
+    name: "update_state_10m_keys_default_budget",
+    operator: Operator::Totals,
+    keys: 10_000_000,
+    per_batch: 400_000,
+    max_memory_bytes: 256 << 20,
+    batches: 30,
+    restart_batches: 2,
+};
 /// Snapshots every 10 s: 12 batches take one, and the restart restores it.
-const CHECK: Shape =
-    Shape { name: "check", keys: 200_000, max_memory_bytes: 16 << 20, batches: 12, restart_batches: 2 };
+const CHECK: Shape = Shape {
+    name: "check",
+    operator: Operator::Sessions,
+    keys: 200_000,
+    per_batch: PER_BATCH,
+    max_memory_bytes: 16 << 20,
+    batches: 12,
+    restart_batches: 2,
+};
+const CHECK_TOTALS: Shape = Shape { name: "check-totals", operator: Operator::Totals, ..CHECK };
 
-/// Tells the child `<checkpoint dir>,<keys>,<max memory>,<batches>`.
+/// Tells the child `<checkpoint dir>,<operator>,<records a batch>,<keys>,<max memory>,<batches>`.
 const CHILD_ENV: &str = "SPATE_BENCH_STATE_MEMORY_CHILD";
 
 fn main() {
     if let Ok(spec) = std::env::var(CHILD_ENV) {
-        let mut fields = spec.rsplitn(4, ',');
-        let mut next = || fields.next().expect("<checkpoint dir>,<keys>,<max memory>,<batches>");
-        let (batches, max_memory_bytes, keys): (u64, u64, u64) =
-            (next().parse().unwrap(), next().parse().unwrap(), next().parse().unwrap());
-        run_job(Path::new(next()), Shape { name: "child", keys, max_memory_bytes, batches, restart_batches: 0 });
+        let mut fields = spec.rsplitn(6, ',');
+        let mut next =
+            || fields.next().expect("<checkpoint dir>,<operator>,<records a batch>,<keys>,<max memory>,<batches>");
+        let (batches, max_memory_bytes, keys, per_batch): (u64, u64, u64, u64) =
+            (next().parse().unwrap(), next().parse().unwrap(), next().parse().unwrap(), next().parse().unwrap());
+        let operator = Operator::parse(next());
+        let shape = Shape { name: "child", operator, keys, per_batch, max_memory_bytes, batches, restart_batches: 0 };
+        run_job(Path::new(next()), shape);
         return;
     }
     if !std::env::args().any(|a| a == "--bench") {
-        let run = measure(CHECK);
-        assert!(run.peak_mb > 0.0, "no memory sampled");
-        assert!(run.committed >= CHECK.batches, "the job committed {} batches", run.committed);
-        assert!(run.spilled, "the state did not go to disk");
-        assert!(run.revisits.0 > 0.0, "no batch measured after every key came once");
-        let restart = run.restart.expect("the check restarts");
-        assert!(restart.peak_mb > 0.0, "no memory sampled after the restart");
-        assert!(restart.committed > run.committed, "the restarted job committed no batch");
+        for shape in [CHECK, CHECK_TOTALS] {
+            let run = measure(shape);
+            let name = shape.name;
+            assert!(run.peak_mb > 0.0, "{name}: no memory sampled");
+            assert!(run.committed >= shape.batches, "{name}: the job committed {} batches", run.committed);
+            assert!(run.spilled, "{name}: the state did not go to disk");
+            assert!(run.revisits.0 > 0.0, "{name}: no batch measured after every key came once");
+            let restart = run.restart.expect("the check restarts");
+            assert!(restart.peak_mb > 0.0, "{name}: no memory sampled after the restart");
+            assert!(restart.committed > run.committed, "{name}: the restarted job committed no batch");
+        }
         println!("state_memory: measuring works (run with --bench for the figures)");
         return;
     }
     let only = std::env::args().skip(1).find(|a| !a.starts_with('-'));
-    for shape in [ON_DISK, IN_MEMORY] {
+    for shape in [ON_DISK, IN_MEMORY, TOTALS_ON_DISK] {
         if only.as_deref().is_none_or(|o| shape.name.contains(o)) {
             bench_shape(shape);
         }
@@ -138,10 +201,15 @@ fn main() {
 
 fn bench_shape(shape: Shape) {
     let name = shape.name;
+    let operator = match shape.operator {
+        Operator::Sessions => "map_with_state sessions",
+        Operator::Totals => "update_state_by_key totals read by a top_n of 10",
+    };
     println!(
-        "{name}: map_with_state sessions, {} keys (strings u0..), {PER_BATCH} records a 1 s batch in scattered key \
-         order, max_memory {} MiB, {} batches",
+        "{name}: {operator}, {} keys (strings u0..), {} records a 1 s batch in scattered key order, max_memory {} \
+         MiB, {} batches",
         shape.keys,
+        shape.per_batch,
         shape.max_memory_bytes >> 20,
         shape.batches
     );
@@ -162,7 +230,7 @@ fn bench_shape(shape: Shape) {
     );
     figure(&format!("{name}_rss_peak"), run.peak_mb, "MB", TARGET_RSS_MB);
     figure(&format!("{name}_rss_median"), run.median_mb, "MB", TARGET_RSS_MB);
-    figure(&format!("{name}_records_per_sec"), run.records_per_sec, "records/s", PER_BATCH as f64);
+    figure(&format!("{name}_records_per_sec"), run.records_per_sec, "records/s", shape.per_batch as f64);
     figure(&format!("{name}_processing_ms_mean"), run.processing.0, "ms", 1000.0);
     figure(&format!("{name}_processing_ms_p90"), run.processing.2, "ms", 1000.0);
     let (rate, processing) = run.revisits;
@@ -171,10 +239,13 @@ fn bench_shape(shape: Shape) {
          median, {:.0} ms p90",
         processing.0, processing.1, processing.2
     );
-    figure(&format!("{name}_revisits_records_per_sec"), rate, "records/s", PER_BATCH as f64);
+    figure(&format!("{name}_revisits_records_per_sec"), rate, "records/s", shape.per_batch as f64);
     figure(&format!("{name}_revisits_processing_ms_mean"), processing.0, "ms", 1000.0);
     figure(&format!("{name}_revisits_processing_ms_p90"), processing.2, "ms", 1000.0);
     if let Some(restart) = &run.restart {
+        for (at, rss) in &restart.timeline {
+            println!("{name}: restarted, t={at:>5.1} s RSS {rss:.1} MB");
+        }
         println!(
             "{name}: restarted from the checkpoint, {} more batches: opening it {:.0} ms ({}), RSS peak {:.1} MB, \
              median {:.1} MB",
@@ -204,6 +275,7 @@ struct Run {
 struct Restart {
     peak_mb: f64,
     median_mb: f64,
+    timeline: Vec<(f64, f64)>,
     committed: u64,
     /// Opening the checkpoint, ms.
     recovery_ms: f64,
@@ -220,7 +292,7 @@ fn measure(shape: Shape) -> Run {
     let measured = batches.len().saturating_sub(1);
     let first = WARM_UP_BATCHES.min(measured.saturating_sub(1)).max(1);
     let steady = batches.get(first..measured).unwrap_or_default();
-    let first_revisit = usize::try_from(shape.keys / PER_BATCH).unwrap().clamp(first, measured.saturating_sub(1));
+    let first_revisit = usize::try_from(shape.keys / shape.per_batch).unwrap().clamp(first, measured.saturating_sub(1));
     let revisits = batches.get(first_revisit..measured).unwrap_or_default();
     let restart = (shape.restart_batches > 0).then(|| {
         let (memory, stdout) = run_job_child(&checkpoint, shape, shape.batches + shape.restart_batches);
@@ -228,6 +300,7 @@ fn measure(shape: Shape) -> Run {
         Restart {
             peak_mb: memory.peak_mb,
             median_mb: memory.median_mb,
+            timeline: memory.timeline,
             committed: committed_records(&checkpoint).len() as u64,
             recovery_ms,
             report,
@@ -253,7 +326,14 @@ fn measure(shape: Shape) -> Run {
 /// it holds one) until `batches` batches in all committed; its memory,
 /// sampled, and what it printed.
 fn run_job_child(checkpoint: &Path, shape: Shape, batches: u64) -> (common::Memory, String) {
-    let spec = format!("{},{},{},{batches}", checkpoint.display(), shape.keys, shape.max_memory_bytes);
+    let spec = format!(
+        "{},{:?},{},{},{},{batches}",
+        checkpoint.display(),
+        shape.operator,
+        shape.per_batch,
+        shape.keys,
+        shape.max_memory_bytes
+    );
     run_child(&[(CHILD_ENV, spec)], true)
 }
 
@@ -261,6 +341,7 @@ fn run_job_child(checkpoint: &Path, shape: Shape, batches: u64) -> (common::Memo
 #[derive(Debug)]
 struct Sequence {
     position: Mutex<u64>,
+    per_batch: u64,
 }
 
 fn range_of(planned: &str) -> (u64, u64) {
@@ -275,7 +356,7 @@ impl InputSource<u64> for Sequence {
 
     fn plan(&self, _time: Time, _limits: BatchLimits) -> Result<Option<String>, BoxError> {
         let mut position = self.position.lock().unwrap();
-        let until = *position + PER_BATCH;
+        let until = *position + self.per_batch;
         let planned = json!({"from": *position, "until": until}).to_string();
         *position = until;
         Ok(Some(planned))
@@ -288,6 +369,47 @@ impl InputSource<u64> for Sequence {
     }
 }
 
+/// Each key's count and sum of its values with `map_with_state` and a
+/// 30 min idle timeout, each record mapped to its key's count.
+fn sessions(keyed: &DStream<(String, u64)>) {
+    keyed
+        .map_with_state(
+            |_key: &String, value: Option<u64>, state: &mut State<(u64, u64)>| {
+                let (count, sum) = state.get().copied().unwrap_or((0, 0));
+                if let Some(value) = value {
+                    state.update((count + 1, sum + value));
+                }
+                count + 1
+            },
+            Some(Duration::from_secs(30 * 60)),
+        )
+        .name("sessions")
+        .mapped()
+        .foreach_batch(|counts, _| {
+            std::hint::black_box(counts.len());
+            Ok(())
+        })
+        .name("session-counts");
+}
+
+/// Each key's count and sum of its values with `update_state_by_key`, the
+/// ten keys with the most records listed each batch.
+fn totals(keyed: &DStream<(String, u64)>) {
+    let most = |a: &(String, (u64, u64)), b: &(String, (u64, u64))| a.1.0.cmp(&b.1.0).then_with(|| b.0.cmp(&a.0));
+    keyed
+        .update_state_by_key(|values: Vec<u64>, state: Option<(u64, u64)>| {
+            let (count, sum) = state.unwrap_or((0, 0));
+            Some((count + values.len() as u64, sum + values.iter().sum::<u64>()))
+        })
+        .name("totals")
+        .top_n(10, most)
+        .foreach_batch(|top, _| {
+            std::hint::black_box(top.len());
+            Ok(())
+        })
+        .name("top-totals");
+}
+
 /// The job, in this process, until `shape.batches` batches committed.
 fn run_job(checkpoint: &Path, shape: Shape) {
     let keys = shape.keys;
@@ -296,28 +418,15 @@ fn run_job(checkpoint: &Path, shape: Shape) {
         .with_max_memory_bytes(shape.max_memory_bytes)
         .with_spill_dir(&spill_dir);
     let opening = Instant::now();
+    let (operator, per_batch) = (shape.operator, shape.per_batch);
     let mut ctx = StreamingContext::get_or_create(checkpoint, settings, move |p| {
-        let source = Arc::new(Sequence { position: Mutex::new(0) });
+        let source = Arc::new(Sequence { position: Mutex::new(0), per_batch });
         let records = p.replayable_input("records", source, None, None);
-        records
-            .map(move |n| (format!("u{}", n.wrapping_mul(STRIDE) % keys), n))
-            .map_with_state(
-                |_key: &String, value: Option<u64>, state: &mut State<(u64, u64)>| {
-                    let (count, sum) = state.get().copied().unwrap_or((0, 0));
-                    if let Some(value) = value {
-                        state.update((count + 1, sum + value));
-                    }
-                    count + 1
-                },
-                Some(Duration::from_secs(30 * 60)),
-            )
-            .name("sessions")
-            .mapped()
-            .foreach_batch(|counts, _| {
-                std::hint::black_box(counts.len());
-                Ok(())
-            })
-            .name("session-counts");
+        let keyed = records.map(move |n| (format!("u{}", n.wrapping_mul(STRIDE) % keys), n));
+        match operator {
+            Operator::Sessions => sessions(&keyed),
+            Operator::Totals => totals(&keyed),
+        }
         Ok(())
     })
     .unwrap();
