@@ -122,11 +122,19 @@ struct UpdateStateNode<K, V, S, F> {
     greatest: Option<Greatest<(K, S)>>,
     /// Where partitions go beyond their share of the state budget.
     spill: Option<SpillPlace>,
+    /// Keys removed since the last snapshot (a key removed and given state
+    /// again is also listed as changed).
+    removed: Vec<K>,
+    /// The time of the last batch stepped.
+    stepped: Option<Time>,
+    /// The time of the last batch before the last snapshot (`None` before
+    /// the first snapshot since the state was made or restored).
+    last_snapshot: Option<Time>,
 }
 
-/// The last time a spilled `update_state_by_key` entry records: none is
-/// read (no key times out, and every snapshot is whole).
-const UNTIMED: Time = Time::ZERO;
+/// The last time of a spilled entry restored rather than changed by a
+/// batch: before every batch, so no snapshot of changes lists it.
+const RESTORED: Time = Time::ZERO;
 
 /// One `update_state_by_key` partition: in memory, or in a spill table
 /// once it took more than its share of the state budget (it stays there).
@@ -150,23 +158,29 @@ impl<K: Key, S: Data> UpdatePart<K, S> {
     }
 
     /// Moves the partition to a spill table when it takes more than its
-    /// share of the budget.
-    fn spill_if_over(&mut self, spill: Option<&SpillPlace>, partitions: usize) -> Result<(), CoreError> {
+    /// share of the budget; its keys count as changed at `time`.
+    fn spill_if_over(&mut self, spill: Option<&SpillPlace>, partitions: usize, time: Time) -> Result<(), CoreError> {
         let Some(place) = spill else { return Ok(()) };
         let UpdatePart::Memory(states) = self else { return Ok(()) };
         if states.memory_bytes() as u64 <= place.partition_budget(partitions) {
             return Ok(());
         }
         let mut spilled = SpilledStates::new(place.open()?, place.open_blobs()?, false);
-        let entries = states.keys.iter_encoded().filter_map(|(id, key)| Some((key, states.state(id)?, UNTIMED)));
+        let entries = states.keys.iter_encoded().filter_map(|(id, key)| Some((key, states.state(id)?, time)));
         spilled.extend(entries)?;
         tracing::info!(operator = %place.operator(), keys = spilled.len(), "update_state_by_key partition moved its state to disk");
         *self = UpdatePart::Spilled(spilled);
         Ok(())
     }
 
-    /// Calls `visit` with each key's encoding and its state's.
-    fn for_each_encoded(&self, visit: &mut spilled::EntryVisitor<'_>) -> Result<(), CoreError> {
+    /// Calls `visit` with each key's encoding and its state's: every key,
+    /// or with `changed_after` those that may have changed after that batch
+    /// (every key of a partition in memory, which keeps no such record).
+    fn for_each_encoded(
+        &self,
+        changed_after: Option<Time>,
+        visit: &mut spilled::EntryVisitor<'_>,
+    ) -> Result<(), CoreError> {
         match self {
             UpdatePart::Memory(states) => {
                 let mut state = Vec::new();
@@ -180,7 +194,7 @@ impl<K: Key, S: Data> UpdatePart<K, S> {
                 Ok(())
             }
             // An entry is the state, then its last time.
-            UpdatePart::Spilled(spilled) => spilled.for_each_encoded::<S>(None, &mut |key, entry| {
+            UpdatePart::Spilled(spilled) => spilled.for_each_encoded::<S>(changed_after, &mut |key, entry| {
                 let (_, used) = spilled::decode_prefix::<S>(entry)?;
                 visit(key, entry.get(..used).unwrap_or_default())
             }),
@@ -190,7 +204,7 @@ impl<K: Key, S: Data> UpdatePart<K, S> {
     /// Every key with its state, decoded.
     fn decoded(&self) -> Result<Vec<(K, S)>, CoreError> {
         let mut entries = Vec::with_capacity(usize::try_from(self.len()).unwrap_or(0));
-        self.for_each_encoded(&mut |key, state| {
+        self.for_each_encoded(None, &mut |key, state| {
             entries.push((spilled::decode(key)?, spilled::decode(state)?));
             Ok(())
         })?;
@@ -198,37 +212,66 @@ impl<K: Key, S: Data> UpdatePart<K, S> {
     }
 }
 
-/// Restored states bound for spilled partitions, written a group at a time.
-struct UpdateGroups<S>(Vec<Vec<(Vec<u8>, S)>>);
+/// Restored states and removals bound for spilled partitions, written a
+/// group at a time: a batched read and one write a group.
+struct UpdateGroups<S> {
+    /// Per partition: encoded keys with their states.
+    states: Vec<Vec<(Vec<u8>, S)>>,
+    /// Per partition: encoded keys to remove.
+    removals: Vec<Vec<Vec<u8>>>,
+    /// The keys are new to their tables (a whole snapshot): nothing to read.
+    fresh: bool,
+}
 
 impl<S: Data> UpdateGroups<S> {
-    fn new(partitions: usize) -> Self {
-        UpdateGroups((0..partitions).map(|_| Vec::new()).collect())
+    fn new(partitions: usize, fresh: bool) -> Self {
+        UpdateGroups {
+            states: (0..partitions).map(|_| Vec::new()).collect(),
+            removals: (0..partitions).map(|_| Vec::new()).collect(),
+            fresh,
+        }
     }
 
-    /// Gives the key encoded as `key` (new to the partition) its state in
-    /// spilled partition `index`, writing the group once it is full.
+    /// Gives the key encoded as `key` its state in spilled partition
+    /// `index`, writing the group once it is full.
     fn put(&mut self, index: usize, part: &mut SpilledStates, key: Vec<u8>, state: S) -> Result<(), CoreError> {
-        let Some(group) = self.0.get_mut(index) else { return Ok(()) };
+        let Some(group) = self.states.get_mut(index) else { return Ok(()) };
         group.push((key, state));
         if group.len() < spilled::WRITE_GROUP {
             return Ok(());
         }
-        Self::write(part, group)
+        Self::write(part, group, self.fresh)
     }
 
-    fn write(part: &mut SpilledStates, group: &mut Vec<(Vec<u8>, S)>) -> Result<(), CoreError> {
-        part.extend(group.iter().map(|(key, state)| (key.as_slice(), state, UNTIMED)))?;
-        group.clear();
-        Ok(())
+    /// Removes the key encoded as `key` from spilled partition `index`.
+    fn remove(&mut self, index: usize, part: &mut SpilledStates, key: Vec<u8>) -> Result<(), CoreError> {
+        let Some(group) = self.removals.get_mut(index) else { return Ok(()) };
+        group.push(key);
+        if group.len() < spilled::WRITE_GROUP {
+            return Ok(());
+        }
+        part.remove_many::<S>(std::mem::take(group))
     }
 
+    fn write(part: &mut SpilledStates, group: &mut Vec<(Vec<u8>, S)>, fresh: bool) -> Result<(), CoreError> {
+        if fresh {
+            part.extend(group.iter().map(|(key, state)| (key.as_slice(), state, RESTORED)))?;
+            group.clear();
+            Ok(())
+        } else {
+            part.upsert_many(group.drain(..).map(|(key, state)| (key, state, RESTORED)).collect())
+        }
+    }
+
+    /// Writes what waits, removals first.
     fn flush<K: Key>(&mut self, parts: &mut [UpdatePart<K, S>]) -> Result<(), CoreError> {
-        for (part, group) in parts.iter_mut().zip(&mut self.0) {
-            if let UpdatePart::Spilled(spilled) = part
-                && !group.is_empty()
-            {
-                Self::write(spilled, group)?;
+        for ((part, states), removals) in parts.iter_mut().zip(&mut self.states).zip(&mut self.removals) {
+            let UpdatePart::Spilled(spilled) = part else { continue };
+            if !removals.is_empty() {
+                spilled.remove_many::<S>(std::mem::take(removals))?;
+            }
+            if !states.is_empty() {
+                Self::write(spilled, states, self.fresh)?;
             }
         }
         Ok(())
@@ -244,6 +287,7 @@ where
 {
     fn step(&mut self, ctx: &StepCtx<'_>) -> Result<Option<Job>, DStreamError> {
         self.respread(ctx.partitions).map_err(|e| ctx.state_error(&e))?;
+        self.stepped = Some(ctx.time);
         let Some(batch) = ctx.take_owned(&self.input)? else {
             self.output.put(ctx.time, None);
             return Ok(None);
@@ -257,19 +301,21 @@ where
             &|acc: &mut Vec<V>, more| acc.extend(more),
         )?;
         let (update, greatest) = (&self.update, self.greatest.as_ref());
-        let (spill, partitions) = (self.spill.as_ref(), ctx.partitions);
+        let (spill, partitions, time) = (self.spill.as_ref(), ctx.partitions, ctx.time);
         let work: Vec<_> = self.parts.iter_mut().zip(groups).collect();
         let mut out = Vec::with_capacity(work.len());
         let results = ctx.par(work, |(part, groups)| {
             let listed = match part {
                 UpdatePart::Memory(states) => update_part(states, groups, update, greatest)?,
-                UpdatePart::Spilled(spilled) => update_spilled(spilled, groups, update, greatest)?,
+                UpdatePart::Spilled(spilled) => update_spilled(spilled, groups, update, greatest, time)?,
             };
-            part.spill_if_over(spill, partitions)?;
+            part.spill_if_over(spill, partitions, time)?;
             Ok::<_, CoreError>(listed)
         })?;
         for part in results {
-            out.push(part.map_err(|e| ctx.state_error(&e))?);
+            let (listed, removed) = part.map_err(|e| ctx.state_error(&e))?;
+            out.push(listed);
+            self.removed.extend(removed);
         }
         self.output.put(ctx.time, Some(Batch::new(out)));
         Ok(None)
@@ -294,6 +340,9 @@ impl<K: Key, V, S: Data, F> UpdateStateNode<K, V, S, F> {
         for part in &self.parts {
             entries.extend(part.decoded()?);
         }
+        // Which keys changed since the last snapshot is not carried over:
+        // the next changes list every key.
+        self.last_snapshot = None;
         self.spread(entries.into_iter().map(Ok), partitions)
     }
 
@@ -306,20 +355,32 @@ impl<K: Key, V, S: Data, F> UpdateStateNode<K, V, S, F> {
         partitions: usize,
     ) -> Result<(), CoreError> {
         self.parts = (0..partitions).map(|_| UpdatePart::default()).collect();
-        let mut groups = UpdateGroups::new(partitions);
+        let mut groups = UpdateGroups::new(partitions, true);
         for entry in entries {
             let (key, state) = entry?;
-            let index = partition_of(&key, partitions);
-            let Some(part) = self.parts.get_mut(index) else { continue };
-            match part {
-                UpdatePart::Spilled(spilled) => groups.put(index, spilled, spilled::encode(&key)?, state)?,
-                UpdatePart::Memory(states) => {
-                    states.insert(&key, state)?;
-                    part.spill_if_over(self.spill.as_ref(), partitions)?;
-                }
-            }
+            self.restore_entry(key, state, partitions, &mut groups)?;
         }
         groups.flush(&mut self.parts)
+    }
+
+    /// Gives `key` the state `state` in its partition as state is restored;
+    /// a spilled partition gets it through `groups`, a group at a time.
+    fn restore_entry(
+        &mut self,
+        key: K,
+        state: S,
+        partitions: usize,
+        groups: &mut UpdateGroups<S>,
+    ) -> Result<(), CoreError> {
+        let index = partition_of(&key, partitions);
+        let Some(part) = self.parts.get_mut(index) else { return Ok(()) };
+        match part {
+            UpdatePart::Spilled(spilled) => groups.put(index, spilled, spilled::encode(&key)?, state),
+            UpdatePart::Memory(states) => {
+                states.insert(&key, state)?;
+                part.spill_if_over(self.spill.as_ref(), partitions, RESTORED)
+            }
+        }
     }
 
     /// Appends the list of every key's `(key, state)`, as bincode writes a
@@ -327,13 +388,46 @@ impl<K: Key, V, S: Data, F> UpdateStateNode<K, V, S, F> {
     fn write_list(&self, out: &mut dyn PayloadSink) -> Result<(), CoreError> {
         write_varint(self.parts.iter().map(UpdatePart::len).sum(), out.buffer());
         for part in &self.parts {
-            part.for_each_encoded(&mut |key, state| {
+            part.for_each_encoded(None, &mut |key, state| {
                 out.buffer().extend_from_slice(key);
                 out.buffer().extend_from_slice(state);
                 out.record_end()
             })?;
         }
         Ok(())
+    }
+
+    /// The keys removed since the last snapshot (a `Vec<K>`), then the list
+    /// of the keys that may have changed, with their states.
+    fn write_changes(&self, out: &mut dyn PayloadSink) -> Result<(), CoreError> {
+        bincode::serde::encode_into_std_write(&self.removed, out.buffer(), bincode::config::standard())
+            .map_err(|e| CoreError::Encode { reason: format!("removed keys: {e}") })?;
+        // Counted before the list: collected first, as changes are.
+        let (mut entries, mut count) = (Vec::new(), 0u64);
+        for part in &self.parts {
+            part.for_each_encoded(self.last_snapshot, &mut |key, state| {
+                entries.extend_from_slice(key);
+                entries.extend_from_slice(state);
+                count += 1;
+                Ok(())
+            })?;
+        }
+        write_varint(count, out.buffer());
+        out.buffer().extend_from_slice(&entries);
+        Ok(())
+    }
+
+    /// Forgets what changed: the next changes are relative to now.
+    fn mark_unchanged(&mut self) {
+        self.removed.clear();
+        if let Some(time) = self.stepped {
+            for part in &mut self.parts {
+                if let UpdatePart::Spilled(spilled) = part {
+                    spilled.snapshot_taken(time);
+                }
+            }
+        }
+        self.last_snapshot = self.stepped;
     }
 }
 
@@ -348,12 +442,38 @@ where
     fn snapshot(&mut self) -> Result<Vec<u8>, CoreError> {
         let mut bytes = Vec::new();
         state_codec().encode_with(&mut bytes, |out| self.write_list(out))?;
+        self.mark_unchanged();
         Ok(bytes)
     }
 
     /// [`Self::snapshot`]'s frame streamed: a state on disk need not fit in memory.
     fn snapshot_to(&mut self, out: &mut dyn SeekWrite) -> Result<u64, CoreError> {
-        state_codec().encode_streamed(out, |chunks| self.write_list(chunks))
+        let written = state_codec().encode_streamed(out, |chunks| self.write_list(chunks))?;
+        self.mark_unchanged();
+        Ok(written)
+    }
+
+    fn takes_changes(&self) -> bool {
+        true
+    }
+
+    /// The keys removed (a `Vec<K>`), then the list of the keys that may
+    /// have changed: those a spilled partition changed, and every key of a
+    /// partition in memory (which is within its share of the budget).
+    fn snapshot_changes(&mut self) -> Option<Result<Vec<u8>, CoreError>> {
+        let mut bytes = Vec::new();
+        let written = state_codec().encode_with(&mut bytes, |out| self.write_changes(out));
+        Some(written.map(|()| {
+            self.mark_unchanged();
+            bytes
+        }))
+    }
+
+    /// [`Self::snapshot_changes`] streamed into its file.
+    fn snapshot_changes_to(&mut self, out: &mut dyn SeekWrite) -> Result<u64, CoreError> {
+        let written = state_codec().encode_streamed(out, |chunks| self.write_changes(chunks))?;
+        self.mark_unchanged();
+        Ok(written)
     }
 
     fn restore(&mut self, bytes: &[u8], partitions: usize) -> Result<(), CoreError> {
@@ -368,7 +488,43 @@ where
         let entries = (0..count).map(|_| {
             payload.record().map_err(|e| CoreError::Decode { reason: format!("an update_state_by_key entry: {e}") })
         });
+        self.removed.clear();
+        (self.stepped, self.last_snapshot) = (None, None);
         self.spread(entries, partitions)?;
+        payload.finish()
+    }
+
+    fn apply_changes(&mut self, bytes: &[u8], partitions: usize) -> Result<(), CoreError> {
+        self.apply_changes_from(&mut std::io::Cursor::new(bytes), partitions)
+    }
+
+    /// The removed keys (a `Vec<K>`), then the changed keys' list, each
+    /// applied as it is read.
+    fn apply_changes_from(&mut self, reader: &mut dyn ReadSeek, partitions: usize) -> Result<(), CoreError> {
+        let mut payload = state_codec().open_streamed(reader)?;
+        self.respread(partitions)?;
+        let decode_error = |e: CoreError| CoreError::Decode { reason: format!("update_state_by_key changes: {e}") };
+        // Keys the state may hold already: read a group at a time.
+        let mut groups = UpdateGroups::new(partitions, false);
+        for _ in 0..payload.count()? {
+            let key: K = payload.record().map_err(decode_error)?;
+            let index = partition_of(&key, partitions);
+            match self.parts.get_mut(index) {
+                Some(UpdatePart::Spilled(spilled)) => groups.remove(index, spilled, spilled::encode(&key)?)?,
+                Some(UpdatePart::Memory(states)) => {
+                    let id = states.id(&key)?;
+                    states.remove(id);
+                }
+                None => {}
+            }
+        }
+        // Every removal before the changed states.
+        groups.flush(&mut self.parts)?;
+        for _ in 0..payload.count()? {
+            let (key, state): (K, S) = payload.record().map_err(decode_error)?;
+            self.restore_entry(key, state, partitions, &mut groups)?;
+        }
+        groups.flush(&mut self.parts)?;
         payload.finish()
     }
 
@@ -385,7 +541,7 @@ fn update_part<K, V, S, F>(
     groups: Combined<K, Vec<V>>,
     update: &F,
     greatest: Option<&Greatest<(K, S)>>,
-) -> Result<Vec<(K, S)>, CoreError>
+) -> Result<UpdateOut<K, S>, CoreError>
 where
     K: Key,
     S: Clone,
@@ -394,11 +550,12 @@ where
     let mut values: Vec<(u32, Vec<V>)> = part.with_ids(groups)?;
     values.sort_unstable_by_key(|(id, _)| *id);
     let mut values = values.into_iter().peekable();
-    let mut out = Listed::new(greatest, part.keys.len());
+    let (mut out, mut removed) = (Listed::new(greatest, part.keys.len()), Vec::new());
     for id in part.ids() {
         let group = values.next_if(|(next, _)| *next == id).map(|(_, group)| group);
         let old = part.take(id);
-        if old.is_none() && group.is_none() {
+        let existed = old.is_some();
+        if !existed && group.is_none() {
             continue;
         }
         match update(group.unwrap_or_default(), old) {
@@ -406,11 +563,18 @@ where
                 out.push((part.key(id)?, state.clone()));
                 part.put(id, state);
             }
+            None if existed => {
+                removed.push(part.key(id)?);
+                part.remove(id);
+            }
             None => part.remove(id),
         }
     }
-    Ok(out.into_vec())
+    Ok((out.into_vec(), removed))
 }
+
+/// A partition's result as listed, and the keys it removed.
+type UpdateOut<K, S> = (Vec<(K, S)>, Vec<K>);
 
 /// [`update_part`] on a partition in a spill table: one pass over its keys
 /// in key order, the batch's values found by key; only the states whose
@@ -420,7 +584,8 @@ fn update_spilled<K, V, S, F>(
     groups: Combined<K, Vec<V>>,
     update: &F,
     greatest: Option<&Greatest<(K, S)>>,
-) -> Result<Vec<(K, S)>, CoreError>
+    time: Time,
+) -> Result<UpdateOut<K, S>, CoreError>
 where
     K: Key,
     S: Data,
@@ -431,7 +596,7 @@ where
         batch.insert(spilled::encode(&key)?, (key, values));
     }
     let mut out = Listed::new(greatest, usize::try_from(part.len()).unwrap_or(0) + batch.len());
-    let mut changed: HashMap<Vec<u8>, Pending<S>> = HashMap::new();
+    let (mut changed, mut removed): (HashMap<Vec<u8>, Pending<S>>, _) = (HashMap::new(), Vec::new());
     part.for_each_encoded::<S>(None, &mut |encoded, entry| {
         let (old, used) = spilled::decode_prefix::<S>(entry)?;
         let (key, values) = match batch.remove(encoded) {
@@ -445,22 +610,25 @@ where
             }
             Some(state) => {
                 out.push((key, state.clone()));
-                Some((state, UNTIMED))
+                Some((state, time))
             }
-            None => None,
+            None => {
+                removed.push(key);
+                None
+            }
         };
-        changed.insert(encoded.to_vec(), Pending { before: Some(UNTIMED), now });
+        // `before` is only told apart from `None`: the key had state.
+        changed.insert(encoded.to_vec(), Pending { before: Some(RESTORED), now });
         Ok(())
     })?;
     for (encoded, (key, values)) in batch {
         if let Some(state) = update(values, None) {
             out.push((key, state.clone()));
-            changed.insert(encoded, Pending { before: None, now: Some((state, UNTIMED)) });
+            changed.insert(encoded, Pending { before: None, now: Some((state, time)) });
         }
     }
-    // No incremental snapshot reads them: not kept as the batch's changes.
-    part.write_pending(changed, None)?;
-    Ok(out.into_vec())
+    part.write_pending(changed, Some(time))?;
+    Ok((out.into_vec(), removed))
 }
 
 // ---------------------------------------------------------------------------
@@ -1143,7 +1311,17 @@ impl<K: Key, V: Data> DStream<(K, V)> {
         let mut meta = NodeMeta::new("update_state_by_key", vec![self.id], self.slide);
         meta.state = Some(state_meta::<K, V, S>());
         self.add_node(meta, |output| {
-            Box::new(UpdateStateNode { input, output, update, parts: Vec::new(), greatest: None, spill: None })
+            Box::new(UpdateStateNode {
+                input,
+                output,
+                update,
+                parts: Vec::new(),
+                greatest: None,
+                spill: None,
+                removed: Vec::new(),
+                stepped: None,
+                last_snapshot: None,
+            })
         })
     }
 

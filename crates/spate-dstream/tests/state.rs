@@ -176,31 +176,48 @@ proptest! {
     }
 
     #[test]
-    fn update_state_by_key_restored_from_a_whole_snapshot_continues_exactly(
-        input in batches(), cut in 0usize..25, partitions in 1usize..5, budgets in (spill_budgets(), spill_budgets()),
-        streamed in any::<bool>(),
+    fn update_state_by_key_restored_from_a_whole_snapshot_and_later_changes_continues_exactly(
+        input in batches(), cuts in prop::collection::vec(0usize..25, 1..5), partitions in 1usize..5,
+        budgets in (spill_budgets(), spill_budgets()),
     ) {
-        let cut = cut.min(input.len());
+        let mut cuts: Vec<usize> = cuts.into_iter().map(|c| c.min(input.len())).collect();
+        cuts.sort_unstable();
         let mut first = totals(3, budgets.0);
         let descriptor = first.graph.descriptor();
-        for batch in &input[..cut] {
-            first.queue.push(batch.clone());
+        let mut chains: BTreeMap<String, Vec<Vec<u8>>> = BTreeMap::new();
+        let mut done = 0;
+        for (index, cut) in cuts.iter().enumerate() {
+            for batch in &input[done..*cut] {
+                first.queue.push(batch.clone());
+            }
+            run(&mut first.graph, done as i64 + 1..=*cut as i64);
+            done = *cut;
+            // Whole first, then changes; every other one streamed, as a
+            // checkpoint writes it to a file.
+            let snapshots = match index {
+                0 => streamed_whole(&mut first.graph).into_iter().map(|(op, bytes)| (op, StateSnapshot::Whole(bytes))).collect(),
+                _ if index % 2 == 1 => streamed_changes(&mut first.graph),
+                _ => first.graph.snapshot_state_changes().unwrap(),
+            };
+            for (operator, snapshot) in snapshots {
+                match snapshot {
+                    StateSnapshot::Whole(bytes) if index == 0 => chains.entry(operator).or_default().push(bytes),
+                    StateSnapshot::Changes(bytes) if index > 0 => chains.entry(operator).or_default().push(bytes),
+                    _ => prop_assert!(false, "update_state_by_key snapshots whole first and then what changed"),
+                }
+            }
         }
-        run(&mut first.graph, 1..=cut as i64);
-        // Streamed as a checkpoint writes it to a file, or in memory.
-        let snapshots = if streamed { streamed_whole(&mut first.graph) } else { first.graph.snapshot_state().unwrap() };
         let mut second = totals(partitions, budgets.1);
-        let chains = snapshots.into_iter().map(|(operator, bytes)| (operator, vec![bytes])).collect();
-        second.graph.restore_chains(&descriptor, chains, &RestorePolicy::strict()).unwrap();
-        for batch in &input[cut..] {
+        second.graph.restore_chains(&descriptor, chains.into_iter().collect(), &RestorePolicy::strict()).unwrap();
+        for batch in &input[done..] {
             second.queue.push(batch.clone());
         }
-        run(&mut second.graph, cut as i64 + 1..=input.len() as i64);
+        run(&mut second.graph, done as i64 + 1..=input.len() as i64);
         second.seen.lock().unwrap().extend(first.seen.lock().unwrap().clone());
         second.top.lock().unwrap().extend(first.top.lock().unwrap().clone());
         check_totals(&second, &input)?;
-        check_spilled(first.spill.as_ref(), budgets.0, &input[..cut])?;
-        check_spilled(second.spill.as_ref(), budgets.1, &input[cut..])?;
+        check_spilled(first.spill.as_ref(), budgets.0, &input[..done])?;
+        check_spilled(second.spill.as_ref(), budgets.1, &input[done..])?;
     }
 
     #[test]
@@ -317,6 +334,52 @@ fn update_state_by_key_on_a_failing_spill_store_fails_the_batch_with_its_reason(
     store.fail_after(0);
     let error = s.graph.run_batch(t(2), spate_core::BatchId(2)).unwrap_err();
     assert!(error.to_string().contains("failpoint"), "{error}");
+}
+
+/// The operator's whole snapshot or changes, from a graph's list.
+fn of_totals<T>(snapshots: Vec<(String, T)>) -> T {
+    snapshots.into_iter().find(|(operator, _)| operator == "totals").expect("the totals operator's snapshot").1
+}
+
+#[test]
+fn update_state_by_key_changes_list_the_keys_a_spilled_partition_changed_and_no_others() {
+    let mut s = totals(2, Some(0));
+    s.queue.push((0..50).map(|key| (key, 1)).collect());
+    s.queue.push(vec![(1, 1)]);
+    run(&mut s.graph, 1..=1);
+    assert!(s.spill.as_ref().unwrap().tables_opened() > 0);
+    let whole = of_totals(s.graph.snapshot_state().unwrap());
+    run(&mut s.graph, 2..=2);
+    let StateSnapshot::Changes(changes) = of_totals(s.graph.snapshot_state_changes().unwrap()) else {
+        panic!("update_state_by_key snapshots what changed");
+    };
+    // One key of fifty changed.
+    assert!(changes.len() * 5 < whole.len(), "changes of {} bytes against a whole of {}", changes.len(), whole.len());
+}
+
+#[test]
+fn update_state_by_key_changes_after_a_partition_moved_to_its_table_hold_what_changed_since() {
+    let mut first = totals(2, Some(0));
+    let descriptor = first.graph.descriptor();
+    // No key yet: the partitions are in memory at the whole snapshot.
+    first.queue.push(vec![]);
+    run(&mut first.graph, 1..=1);
+    let wholes = streamed_whole(&mut first.graph);
+    // Batch 2 moves the partitions to their tables; batch 3 changes a key.
+    first.queue.push(vec![(1, 5), (2, 6), (3, 7)]);
+    first.queue.push(vec![(1, 1)]);
+    run(&mut first.graph, 2..=3);
+    assert!(first.spill.as_ref().unwrap().tables_opened() > 0);
+    let mut chains: Vec<(String, Vec<Vec<u8>>)> = Vec::new();
+    for ((operator, whole), (_, changes)) in wholes.into_iter().zip(first.graph.snapshot_state_changes().unwrap()) {
+        let StateSnapshot::Changes(changes) = changes else { panic!("update_state_by_key snapshots what changed") };
+        chains.push((operator, vec![whole, changes]));
+    }
+    let mut second = totals(2, None);
+    second.graph.restore_chains(&descriptor, chains, &RestorePolicy::strict()).unwrap();
+    second.queue.push(vec![]);
+    run(&mut second.graph, 4..=4);
+    assert_eq!(sorted_at(&second.seen, t(4)).unwrap(), vec![(1, 6), (2, 6), (3, 7)]);
 }
 
 #[test]

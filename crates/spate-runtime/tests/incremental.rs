@@ -36,10 +36,10 @@ type Row = (u64, u64, bool);
 /// batch re-run after a crash must write what it wrote before).
 type Outputs = Arc<Mutex<BTreeMap<(u64, &'static str), Vec<Row>>>>;
 
-/// Running totals by key (`update_state_by_key`, whole snapshots), sums
-/// over a 4 s window sliding by 1 s (keyed windows, changes) and sessions
-/// of keys that time out after 2 s idle (`map_with_state`, changes), each
-/// written by an output.
+/// Running totals by key (`update_state_by_key`), sums over a 4 s window
+/// sliding by 1 s (keyed windows) and sessions of keys that time out after
+/// 2 s idle (`map_with_state`), each written by an output; all three
+/// snapshot what changed.
 fn pipeline(p: &mut PipelineBuilder, per_batch: u64, outputs: &Outputs) {
     let source = Numbers::new(per_batch);
     let resume = Arc::clone(&source);
@@ -275,12 +275,11 @@ fn a_restart_from_a_chain_gives_exactly_the_outputs_of_an_uninterrupted_run() {
         for (restart, batch) in restored.iter().skip(1).zip([4, 9]) {
             let changes: BTreeMap<&str, (BatchId, usize)> =
                 restart.iter().map(|o| (o.name.as_str(), (o.snapshot_batch, o.changes_applied))).collect();
-            // Totals snapshot whole only; the window's and the sessions' chains are a whole
-            // snapshot at the start's first batch and every full_snapshot_every-th after it,
-            // then the changes up to the 5th.
+            // Each chain is a whole snapshot at the start's first batch and every
+            // full_snapshot_every-th after it, then the changes up to the 5th.
             let chain = (4 % full_snapshot_every) as usize;
             let expected = BTreeMap::from([
-                ("totals", (BatchId(batch), 0)),
+                ("totals", (BatchId(batch), chain)),
                 ("window", (BatchId(batch), chain)),
                 ("sessions", (BatchId(batch), chain)),
             ]);
@@ -289,7 +288,7 @@ fn a_restart_from_a_chain_gives_exactly_the_outputs_of_an_uninterrupted_run() {
         let progress = heard.0.lock().unwrap();
         assert_eq!(progress.len(), 15);
         // Whole at the first checkpoint of each start (batches 0, 5, 10) and every
-        // full_snapshot_every-th after it; the window's changes in between.
+        // full_snapshot_every-th after it; the changes in between.
         for (batch, p) in progress.iter().enumerate() {
             let incremental = !(batch as u64 % 5).is_multiple_of(full_snapshot_every);
             assert!(p.state_checkpointed, "batch {batch}");
