@@ -3,10 +3,13 @@
 //! an idle timeout per key).
 
 use std::collections::HashMap;
+use std::io::Read;
 use std::sync::Arc;
 
 use serde::Serialize;
-use spate_core::{CoreError, Duration, PayloadReader, PayloadSink, ReadSeek, SeekWrite, Time, write_varint};
+use spate_core::{
+    CoreError, Duration, PayloadReader, PayloadSink, PayloadStream, ReadSeek, SeekWrite, Time, write_varint,
+};
 
 use crate::batch::{Batch, Data, Key};
 use crate::combined::Combined;
@@ -212,72 +215,6 @@ impl<K: Key, S: Data> UpdatePart<K, S> {
     }
 }
 
-/// Restored states and removals bound for spilled partitions, written a
-/// group at a time: a batched read and one write a group.
-struct UpdateGroups<S> {
-    /// Per partition: encoded keys with their states.
-    states: Vec<Vec<(Vec<u8>, S)>>,
-    /// Per partition: encoded keys to remove.
-    removals: Vec<Vec<Vec<u8>>>,
-    /// The keys are new to their tables (a whole snapshot): nothing to read.
-    fresh: bool,
-}
-
-impl<S: Data> UpdateGroups<S> {
-    fn new(partitions: usize, fresh: bool) -> Self {
-        UpdateGroups {
-            states: (0..partitions).map(|_| Vec::new()).collect(),
-            removals: (0..partitions).map(|_| Vec::new()).collect(),
-            fresh,
-        }
-    }
-
-    /// Gives the key encoded as `key` its state in spilled partition
-    /// `index`, writing the group once it is full.
-    fn put(&mut self, index: usize, part: &mut SpilledStates, key: Vec<u8>, state: S) -> Result<(), CoreError> {
-        let Some(group) = self.states.get_mut(index) else { return Ok(()) };
-        group.push((key, state));
-        if group.len() < spilled::WRITE_GROUP {
-            return Ok(());
-        }
-        Self::write(part, group, self.fresh)
-    }
-
-    /// Removes the key encoded as `key` from spilled partition `index`.
-    fn remove(&mut self, index: usize, part: &mut SpilledStates, key: Vec<u8>) -> Result<(), CoreError> {
-        let Some(group) = self.removals.get_mut(index) else { return Ok(()) };
-        group.push(key);
-        if group.len() < spilled::WRITE_GROUP {
-            return Ok(());
-        }
-        part.remove_many::<S>(std::mem::take(group))
-    }
-
-    fn write(part: &mut SpilledStates, group: &mut Vec<(Vec<u8>, S)>, fresh: bool) -> Result<(), CoreError> {
-        if fresh {
-            part.extend(group.iter().map(|(key, state)| (key.as_slice(), state, RESTORED)))?;
-            group.clear();
-            Ok(())
-        } else {
-            part.upsert_many(group.drain(..).map(|(key, state)| (key, state, RESTORED)).collect())
-        }
-    }
-
-    /// Writes what waits, removals first.
-    fn flush<K: Key>(&mut self, parts: &mut [UpdatePart<K, S>]) -> Result<(), CoreError> {
-        for ((part, states), removals) in parts.iter_mut().zip(&mut self.states).zip(&mut self.removals) {
-            let UpdatePart::Spilled(spilled) = part else { continue };
-            if !removals.is_empty() {
-                spilled.remove_many::<S>(std::mem::take(removals))?;
-            }
-            if !states.is_empty() {
-                Self::write(spilled, states, self.fresh)?;
-            }
-        }
-        Ok(())
-    }
-}
-
 impl<K, V, S, F> Node for UpdateStateNode<K, V, S, F>
 where
     K: Key,
@@ -355,27 +292,28 @@ impl<K: Key, V, S: Data, F> UpdateStateNode<K, V, S, F> {
         partitions: usize,
     ) -> Result<(), CoreError> {
         self.parts = (0..partitions).map(|_| UpdatePart::default()).collect();
-        let mut groups = UpdateGroups::new(partitions, true);
+        // A whole list's keys are distinct: new to their tables.
+        let mut grouped = Grouped::new(partitions, true);
         for entry in entries {
             let (key, state) = entry?;
-            self.restore_entry(key, state, partitions, &mut groups)?;
+            self.restore_entry(key, state, partitions, &mut grouped)?;
         }
-        groups.flush(&mut self.parts)
+        grouped.flush(&mut self.parts)
     }
 
     /// Gives `key` the state `state` in its partition as state is restored;
-    /// a spilled partition gets it through `groups`, a group at a time.
+    /// a spilled partition gets it through `grouped`, a group at a time.
     fn restore_entry(
         &mut self,
         key: K,
         state: S,
         partitions: usize,
-        groups: &mut UpdateGroups<S>,
+        grouped: &mut Grouped<S>,
     ) -> Result<(), CoreError> {
         let index = partition_of(&key, partitions);
         let Some(part) = self.parts.get_mut(index) else { return Ok(()) };
         match part {
-            UpdatePart::Spilled(spilled) => groups.put(index, spilled, spilled::encode(&key)?, state),
+            UpdatePart::Spilled(spilled) => grouped.put(index, spilled, spilled::encode(&key)?, state, RESTORED),
             UpdatePart::Memory(states) => {
                 states.insert(&key, state)?;
                 part.spill_if_over(self.spill.as_ref(), partitions, RESTORED)
@@ -505,26 +443,13 @@ where
         self.respread(partitions)?;
         let decode_error = |e: CoreError| CoreError::Decode { reason: format!("update_state_by_key changes: {e}") };
         // Keys the state may hold already: read a group at a time.
-        let mut groups = UpdateGroups::new(partitions, false);
-        for _ in 0..payload.count()? {
-            let key: K = payload.record().map_err(decode_error)?;
-            let index = partition_of(&key, partitions);
-            match self.parts.get_mut(index) {
-                Some(UpdatePart::Spilled(spilled)) => groups.remove(index, spilled, spilled::encode(&key)?)?,
-                Some(UpdatePart::Memory(states)) => {
-                    let id = states.id(&key)?;
-                    states.remove(id);
-                }
-                None => {}
-            }
-        }
-        // Every removal before the changed states.
-        groups.flush(&mut self.parts)?;
+        let mut grouped = Grouped::new(partitions, false);
+        apply_removals::<K, S, _, _>(&mut payload, &mut self.parts, &mut grouped, decode_error)?;
         for _ in 0..payload.count()? {
             let (key, state): (K, S) = payload.record().map_err(decode_error)?;
-            self.restore_entry(key, state, partitions, &mut groups)?;
+            self.restore_entry(key, state, partitions, &mut grouped)?;
         }
-        groups.flush(&mut self.parts)?;
+        grouped.flush(&mut self.parts)?;
         payload.finish()
     }
 
@@ -810,6 +735,73 @@ impl<K: Key, S: Data> MapPart<K, S> {
     }
 }
 
+/// A partition of keyed state, in memory or in a spill table, as a
+/// snapshot of changes is applied to it.
+trait KeyedPart<K> {
+    /// Its spill table, once it moved there.
+    fn spilled_mut(&mut self) -> Option<&mut SpilledStates>;
+
+    /// Forgets `key` and its state in a partition in memory.
+    fn remove_in_memory(&mut self, key: &K) -> Result<(), CoreError>;
+}
+
+impl<K: Key, S> KeyedPart<K> for MapPart<K, S> {
+    fn spilled_mut(&mut self) -> Option<&mut SpilledStates> {
+        match self {
+            MapPart::Spilled(spilled) => Some(spilled),
+            MapPart::Memory(_) => None,
+        }
+    }
+
+    fn remove_in_memory(&mut self, key: &K) -> Result<(), CoreError> {
+        if let MapPart::Memory(states) = self {
+            let id = states.id(key)?;
+            states.remove(id);
+        }
+        Ok(())
+    }
+}
+
+impl<K: Key, S> KeyedPart<K> for UpdatePart<K, S> {
+    fn spilled_mut(&mut self) -> Option<&mut SpilledStates> {
+        match self {
+            UpdatePart::Spilled(spilled) => Some(spilled),
+            UpdatePart::Memory(_) => None,
+        }
+    }
+
+    fn remove_in_memory(&mut self, key: &K) -> Result<(), CoreError> {
+        if let UpdatePart::Memory(states) = self {
+            let id = states.id(key)?;
+            states.remove(id);
+        }
+        Ok(())
+    }
+}
+
+/// Reads the keys a snapshot of changes removed (a `Vec<K>`) and removes
+/// each from its partition, those on disk through `grouped`; all of them
+/// are written before it returns, so the changed states after land on what
+/// is left.
+fn apply_removals<K: Key, S: Data, P: KeyedPart<K>, R: Read>(
+    payload: &mut PayloadStream<R>,
+    parts: &mut [P],
+    grouped: &mut Grouped<S>,
+    decode_error: impl Fn(CoreError) -> CoreError,
+) -> Result<(), CoreError> {
+    let partitions = parts.len();
+    for _ in 0..payload.count()? {
+        let key: K = payload.record().map_err(&decode_error)?;
+        let index = partition_of(&key, partitions);
+        let Some(part) = parts.get_mut(index) else { continue };
+        match part.spilled_mut() {
+            Some(spilled) => grouped.remove(index, spilled, spilled::encode(&key)?)?,
+            None => part.remove_in_memory(&key)?,
+        }
+    }
+    grouped.flush(parts)
+}
+
 /// Restored entries and removals bound for spilled partitions, written a
 /// group at a time: a batched read and one write a group, not a read and
 /// a write a key (ten million keys restored one by one took minutes).
@@ -859,9 +851,9 @@ impl<S: Data> Grouped<S> {
     }
 
     /// Writes what waits, removals first.
-    fn flush<K: Key>(&mut self, parts: &mut [MapPart<K, S>]) -> Result<(), CoreError> {
+    fn flush<K, P: KeyedPart<K>>(&mut self, parts: &mut [P]) -> Result<(), CoreError> {
         for ((part, states), removals) in parts.iter_mut().zip(&mut self.states).zip(&mut self.removals) {
-            let MapPart::Spilled(spilled) = part else { continue };
+            let Some(spilled) = part.spilled_mut() else { continue };
             if !removals.is_empty() {
                 spilled.remove_many::<S>(std::mem::take(removals))?;
             }
@@ -1239,20 +1231,7 @@ where
         let decode_error = |e: CoreError| CoreError::Decode { reason: format!("map_with_state changes: {e}") };
         // Keys the state may hold already: read a group at a time.
         let mut grouped = Grouped::new(partitions, false);
-        for _ in 0..payload.count()? {
-            let key: K = payload.record().map_err(decode_error)?;
-            let index = partition_of(&key, partitions);
-            match self.parts.get_mut(index) {
-                Some(MapPart::Spilled(spilled)) => grouped.remove(index, spilled, spilled::encode(&key)?)?,
-                Some(MapPart::Memory(states)) => {
-                    let id = states.id(&key)?;
-                    states.remove(id);
-                }
-                None => {}
-            }
-        }
-        // Every removal before the changed states.
-        grouped.flush(&mut self.parts)?;
+        apply_removals::<K, S, _, _>(&mut payload, &mut self.parts, &mut grouped, decode_error)?;
         for _ in 0..payload.count()? {
             let (key, state, last): (K, S, Time) = payload.record().map_err(decode_error)?;
             self.restore_entry(key, Entry { state, last, changed: false }, partitions, &mut grouped)?;
