@@ -113,6 +113,53 @@ fn state_meta<K, V, S>() -> StateMeta {
     }
 }
 
+/// What a keyed operator that snapshots what changed writes, for the
+/// snapshot functions `update_state_by_key` and `map_with_state` share.
+trait KeyedSnapshot {
+    /// Every key's entry, as a whole snapshot lists them.
+    fn write_whole(&self, out: &mut dyn PayloadSink) -> Result<(), CoreError>;
+
+    /// What changed since the last snapshot.
+    fn write_changes(&self, out: &mut dyn PayloadSink) -> Result<(), CoreError>;
+
+    /// Forgets what changed: the next changes are relative to now.
+    fn mark_unchanged(&mut self);
+}
+
+/// Which snapshot to take.
+#[derive(Clone, Copy)]
+enum Snapshot {
+    Whole,
+    Changes,
+}
+
+fn write_snapshot<N: KeyedSnapshot>(node: &N, which: Snapshot, out: &mut dyn PayloadSink) -> Result<(), CoreError> {
+    match which {
+        Snapshot::Whole => node.write_whole(out),
+        Snapshot::Changes => node.write_changes(out),
+    }
+}
+
+/// The snapshot as one frame; what changed is forgotten once it is written.
+fn snapshot_frame<N: KeyedSnapshot>(node: &mut N, which: Snapshot) -> Result<Vec<u8>, CoreError> {
+    let mut bytes = Vec::new();
+    state_codec().encode_with(&mut bytes, |out| write_snapshot(node, which, out))?;
+    node.mark_unchanged();
+    Ok(bytes)
+}
+
+/// [`snapshot_frame`] streamed into `out`: a state on disk need not fit in
+/// memory.
+fn snapshot_streamed<N: KeyedSnapshot>(
+    node: &mut N,
+    which: Snapshot,
+    out: &mut dyn SeekWrite,
+) -> Result<u64, CoreError> {
+    let written = state_codec().encode_streamed(out, |chunks| write_snapshot(node, which, chunks))?;
+    node.mark_unchanged();
+    Ok(written)
+}
+
 // ---------------------------------------------------------------------------
 // update_state_by_key
 
@@ -139,53 +186,100 @@ struct UpdateStateNode<K, V, S, F> {
 /// batch: before every batch, so no snapshot of changes lists it.
 const RESTORED: Time = Time::ZERO;
 
-/// One `update_state_by_key` partition: in memory, or in a spill table
-/// once it took more than its share of the state budget (it stays there).
-enum UpdatePart<K, S> {
-    Memory(KeyedStates<K, S>),
+/// A partition of keyed state, `T` a key's state as kept in memory: in
+/// memory, or in a spill table once it took more than its share of the
+/// state budget (it stays there).
+enum StatePart<K, T> {
+    Memory(KeyedStates<K, T>),
     Spilled(SpilledStates),
 }
 
-impl<K, S> Default for UpdatePart<K, S> {
+/// One `update_state_by_key` partition.
+type UpdatePart<K, S> = StatePart<K, S>;
+
+/// One `map_with_state` partition: each state with its last time.
+type MapPart<K, S> = StatePart<K, Entry<S>>;
+
+impl<K, T> Default for StatePart<K, T> {
     fn default() -> Self {
-        UpdatePart::Memory(KeyedStates::default())
+        StatePart::Memory(KeyedStates::default())
+    }
+}
+
+impl<K: Key, T> StatePart<K, T> {
+    fn len(&self) -> u64 {
+        match self {
+            StatePart::Memory(states) => states.keys.len() as u64,
+            StatePart::Spilled(spilled) => spilled.len(),
+        }
+    }
+
+    /// Its spill table, once it moved there.
+    fn spilled_mut(&mut self) -> Option<&mut SpilledStates> {
+        match self {
+            StatePart::Spilled(spilled) => Some(spilled),
+            StatePart::Memory(_) => None,
+        }
+    }
+
+    /// Forgets `key` and its state in a partition in memory.
+    fn remove_in_memory(&mut self, key: &K) -> Result<(), CoreError> {
+        if let StatePart::Memory(states) = self {
+            let id = states.id(key)?;
+            states.remove(id);
+        }
+        Ok(())
+    }
+
+    /// Moves the partition to a spill table when it takes more than its
+    /// share of the budget, each key with the state and last time `entry`
+    /// gives; `by_time`: its keys time out.
+    fn spill_if_over<S: Serialize>(
+        &mut self,
+        spill: Option<&SpillPlace>,
+        partitions: usize,
+        by_time: bool,
+        entry: impl Fn(&T) -> (&S, Time),
+    ) -> Result<(), CoreError> {
+        let Some(place) = spill else { return Ok(()) };
+        let StatePart::Memory(states) = self else { return Ok(()) };
+        if states.memory_bytes() as u64 <= place.partition_budget(partitions) {
+            return Ok(());
+        }
+        let mut spilled = SpilledStates::new(place.open()?, place.open_blobs()?, by_time);
+        let entries = states.keys.iter_encoded().filter_map(|(id, key)| {
+            let (state, last) = entry(states.state(id)?);
+            Some((key, state, last))
+        });
+        spilled.extend(entries)?;
+        tracing::info!(operator = %place.operator(), keys = spilled.len(), "a keyed state partition moved its state to disk");
+        *self = StatePart::Spilled(spilled);
+        Ok(())
     }
 }
 
 impl<K: Key, S: Data> UpdatePart<K, S> {
-    fn len(&self) -> u64 {
-        match self {
-            UpdatePart::Memory(states) => states.keys.len() as u64,
-            UpdatePart::Spilled(spilled) => spilled.len(),
-        }
-    }
-
     /// Moves the partition to a spill table when it takes more than its
     /// share of the budget; its keys count as changed at `time`.
-    fn spill_if_over(&mut self, spill: Option<&SpillPlace>, partitions: usize, time: Time) -> Result<(), CoreError> {
-        let Some(place) = spill else { return Ok(()) };
-        let UpdatePart::Memory(states) = self else { return Ok(()) };
-        if states.memory_bytes() as u64 <= place.partition_budget(partitions) {
-            return Ok(());
-        }
-        let mut spilled = SpilledStates::new(place.open()?, place.open_blobs()?, false);
-        let entries = states.keys.iter_encoded().filter_map(|(id, key)| Some((key, states.state(id)?, time)));
-        spilled.extend(entries)?;
-        tracing::info!(operator = %place.operator(), keys = spilled.len(), "update_state_by_key partition moved its state to disk");
-        *self = UpdatePart::Spilled(spilled);
-        Ok(())
+    fn spill_states_if_over(
+        &mut self,
+        spill: Option<&SpillPlace>,
+        partitions: usize,
+        time: Time,
+    ) -> Result<(), CoreError> {
+        self.spill_if_over(spill, partitions, false, |state: &S| (state, time))
     }
 
     /// Calls `visit` with each key's encoding and its state's: every key,
     /// or with `changed_after` those that may have changed after that batch
     /// (every key of a partition in memory, which keeps no such record).
-    fn for_each_encoded(
+    fn for_each_state_encoded(
         &self,
         changed_after: Option<Time>,
         visit: &mut spilled::EntryVisitor<'_>,
     ) -> Result<(), CoreError> {
         match self {
-            UpdatePart::Memory(states) => {
+            StatePart::Memory(states) => {
                 let mut state = Vec::new();
                 for (id, key) in states.keys.iter_encoded() {
                     let Some(value) = states.state(id) else { continue };
@@ -197,7 +291,7 @@ impl<K: Key, S: Data> UpdatePart<K, S> {
                 Ok(())
             }
             // An entry is the state, then its last time.
-            UpdatePart::Spilled(spilled) => spilled.for_each_encoded::<S>(changed_after, &mut |key, entry| {
+            StatePart::Spilled(spilled) => spilled.for_each_encoded::<S>(changed_after, &mut |key, entry| {
                 let (_, used) = spilled::decode_prefix::<S>(entry)?;
                 visit(key, entry.get(..used).unwrap_or_default())
             }),
@@ -205,9 +299,9 @@ impl<K: Key, S: Data> UpdatePart<K, S> {
     }
 
     /// Every key with its state, decoded.
-    fn decoded(&self) -> Result<Vec<(K, S)>, CoreError> {
+    fn states_decoded(&self) -> Result<Vec<(K, S)>, CoreError> {
         let mut entries = Vec::with_capacity(usize::try_from(self.len()).unwrap_or(0));
-        self.for_each_encoded(None, &mut |key, state| {
+        self.for_each_state_encoded(None, &mut |key, state| {
             entries.push((spilled::decode(key)?, spilled::decode(state)?));
             Ok(())
         })?;
@@ -243,10 +337,10 @@ where
         let mut out = Vec::with_capacity(work.len());
         let results = ctx.par(work, |(part, groups)| {
             let listed = match part {
-                UpdatePart::Memory(states) => update_part(states, groups, update, greatest)?,
-                UpdatePart::Spilled(spilled) => update_spilled(spilled, groups, update, greatest, time)?,
+                StatePart::Memory(states) => update_part(states, groups, update, greatest)?,
+                StatePart::Spilled(spilled) => update_spilled(spilled, groups, update, greatest, time)?,
             };
-            part.spill_if_over(spill, partitions, time)?;
+            part.spill_states_if_over(spill, partitions, time)?;
             Ok::<_, CoreError>(listed)
         })?;
         for part in results {
@@ -275,7 +369,7 @@ impl<K: Key, V, S: Data, F> UpdateStateNode<K, V, S, F> {
         }
         let mut entries = Vec::new();
         for part in &self.parts {
-            entries.extend(part.decoded()?);
+            entries.extend(part.states_decoded()?);
         }
         // Which keys changed since the last snapshot is not carried over:
         // the next changes list every key.
@@ -291,7 +385,7 @@ impl<K: Key, V, S: Data, F> UpdateStateNode<K, V, S, F> {
         entries: impl Iterator<Item = Result<(K, S), CoreError>>,
         partitions: usize,
     ) -> Result<(), CoreError> {
-        self.parts = (0..partitions).map(|_| UpdatePart::default()).collect();
+        self.parts = (0..partitions).map(|_| StatePart::default()).collect();
         // A whole list's keys are distinct: new to their tables.
         let mut grouped = Grouped::new(partitions, true);
         for entry in entries {
@@ -313,20 +407,22 @@ impl<K: Key, V, S: Data, F> UpdateStateNode<K, V, S, F> {
         let index = partition_of(&key, partitions);
         let Some(part) = self.parts.get_mut(index) else { return Ok(()) };
         match part {
-            UpdatePart::Spilled(spilled) => grouped.put(index, spilled, spilled::encode(&key)?, state, RESTORED),
-            UpdatePart::Memory(states) => {
+            StatePart::Spilled(spilled) => grouped.put(index, spilled, spilled::encode(&key)?, state, RESTORED),
+            StatePart::Memory(states) => {
                 states.insert(&key, state)?;
-                part.spill_if_over(self.spill.as_ref(), partitions, RESTORED)
+                part.spill_states_if_over(self.spill.as_ref(), partitions, RESTORED)
             }
         }
     }
+}
 
-    /// Appends the list of every key's `(key, state)`, as bincode writes a
-    /// `Vec` of them, from the partitions' encodings.
-    fn write_list(&self, out: &mut dyn PayloadSink) -> Result<(), CoreError> {
-        write_varint(self.parts.iter().map(UpdatePart::len).sum(), out.buffer());
+impl<K: Key, V, S: Data, F> KeyedSnapshot for UpdateStateNode<K, V, S, F> {
+    /// The list of every key's `(key, state)`, as bincode writes a `Vec` of
+    /// them, from the partitions' encodings.
+    fn write_whole(&self, out: &mut dyn PayloadSink) -> Result<(), CoreError> {
+        write_varint(self.parts.iter().map(StatePart::len).sum(), out.buffer());
         for part in &self.parts {
-            part.for_each_encoded(None, &mut |key, state| {
+            part.for_each_state_encoded(None, &mut |key, state| {
                 out.buffer().extend_from_slice(key);
                 out.buffer().extend_from_slice(state);
                 out.record_end()
@@ -343,7 +439,7 @@ impl<K: Key, V, S: Data, F> UpdateStateNode<K, V, S, F> {
         // Counted before the list: collected first, as changes are.
         let (mut entries, mut count) = (Vec::new(), 0u64);
         for part in &self.parts {
-            part.for_each_encoded(self.last_snapshot, &mut |key, state| {
+            part.for_each_state_encoded(self.last_snapshot, &mut |key, state| {
                 entries.extend_from_slice(key);
                 entries.extend_from_slice(state);
                 count += 1;
@@ -355,12 +451,11 @@ impl<K: Key, V, S: Data, F> UpdateStateNode<K, V, S, F> {
         Ok(())
     }
 
-    /// Forgets what changed: the next changes are relative to now.
     fn mark_unchanged(&mut self) {
         self.removed.clear();
         if let Some(time) = self.stepped {
             for part in &mut self.parts {
-                if let UpdatePart::Spilled(spilled) = part {
+                if let StatePart::Spilled(spilled) = part {
                     spilled.snapshot_taken(time);
                 }
             }
@@ -378,17 +473,12 @@ where
 {
     /// The layout of a `Vec<(K, S)>` of every key.
     fn snapshot(&mut self) -> Result<Vec<u8>, CoreError> {
-        let mut bytes = Vec::new();
-        state_codec().encode_with(&mut bytes, |out| self.write_list(out))?;
-        self.mark_unchanged();
-        Ok(bytes)
+        snapshot_frame(self, Snapshot::Whole)
     }
 
     /// [`Self::snapshot`]'s frame streamed: a state on disk need not fit in memory.
     fn snapshot_to(&mut self, out: &mut dyn SeekWrite) -> Result<u64, CoreError> {
-        let written = state_codec().encode_streamed(out, |chunks| self.write_list(chunks))?;
-        self.mark_unchanged();
-        Ok(written)
+        snapshot_streamed(self, Snapshot::Whole, out)
     }
 
     fn takes_changes(&self) -> bool {
@@ -399,19 +489,12 @@ where
     /// have changed: those a spilled partition changed, and every key of a
     /// partition in memory (which is within its share of the budget).
     fn snapshot_changes(&mut self) -> Option<Result<Vec<u8>, CoreError>> {
-        let mut bytes = Vec::new();
-        let written = state_codec().encode_with(&mut bytes, |out| self.write_changes(out));
-        Some(written.map(|()| {
-            self.mark_unchanged();
-            bytes
-        }))
+        Some(snapshot_frame(self, Snapshot::Changes))
     }
 
     /// [`Self::snapshot_changes`] streamed into its file.
     fn snapshot_changes_to(&mut self, out: &mut dyn SeekWrite) -> Result<u64, CoreError> {
-        let written = state_codec().encode_streamed(out, |chunks| self.write_changes(chunks))?;
-        self.mark_unchanged();
-        Ok(written)
+        snapshot_streamed(self, Snapshot::Changes, out)
     }
 
     fn restore(&mut self, bytes: &[u8], partitions: usize) -> Result<(), CoreError> {
@@ -444,7 +527,7 @@ where
         let decode_error = |e: CoreError| CoreError::Decode { reason: format!("update_state_by_key changes: {e}") };
         // Keys the state may hold already: read a group at a time.
         let mut grouped = Grouped::new(partitions, false);
-        apply_removals::<K, S, _, _>(&mut payload, &mut self.parts, &mut grouped, decode_error)?;
+        apply_removals::<K, _, S, _>(&mut payload, &mut self.parts, &mut grouped, decode_error)?;
         for _ in 0..payload.count()? {
             let (key, state): (K, S) = payload.record().map_err(decode_error)?;
             self.restore_entry(key, state, partitions, &mut grouped)?;
@@ -644,44 +727,16 @@ struct Entry<S> {
     changed: bool,
 }
 
-/// One `map_with_state` partition: in memory, or in a spill table once it
-/// took more than its share of the state budget (it stays there).
-enum MapPart<K, S> {
-    Memory(KeyedStates<K, Entry<S>>),
-    Spilled(SpilledStates),
-}
-
-impl<K, S> Default for MapPart<K, S> {
-    fn default() -> Self {
-        MapPart::Memory(KeyedStates::default())
-    }
-}
-
 impl<K: Key, S: Data> MapPart<K, S> {
-    fn len(&self) -> u64 {
-        match self {
-            MapPart::Memory(states) => states.keys.len() as u64,
-            MapPart::Spilled(spilled) => spilled.len(),
-        }
-    }
-
     /// Moves the partition to a spill table when it takes more than its
     /// share of the budget; `by_time`: its keys time out.
-    fn spill_if_over(&mut self, spill: Option<&SpillPlace>, partitions: usize, by_time: bool) -> Result<(), CoreError> {
-        let Some(place) = spill else { return Ok(()) };
-        let MapPart::Memory(states) = self else { return Ok(()) };
-        if states.memory_bytes() as u64 <= place.partition_budget(partitions) {
-            return Ok(());
-        }
-        let mut spilled = SpilledStates::new(place.open()?, place.open_blobs()?, by_time);
-        let entries = states.keys.iter_encoded().filter_map(|(id, key)| {
-            let entry = states.state(id)?;
-            Some((key, &entry.state, entry.last))
-        });
-        spilled.extend(entries)?;
-        tracing::info!(operator = %place.operator(), keys = spilled.len(), "map_with_state partition moved its state to disk");
-        *self = MapPart::Spilled(spilled);
-        Ok(())
+    fn spill_entries_if_over(
+        &mut self,
+        spill: Option<&SpillPlace>,
+        partitions: usize,
+        by_time: bool,
+    ) -> Result<(), CoreError> {
+        self.spill_if_over(spill, partitions, by_time, |entry: &Entry<S>| (&entry.state, entry.last))
     }
 
     /// Appends each key's `(key, state, last)` encoding (only the changed
@@ -690,7 +745,7 @@ impl<K: Key, S: Data> MapPart<K, S> {
         let only_changed = changes.is_some();
         let mut written = 0;
         match self {
-            MapPart::Memory(states) => {
+            StatePart::Memory(states) => {
                 for (id, key) in states.keys.iter_encoded() {
                     let Some(entry) = states.state(id).filter(|e| !only_changed || e.changed) else { continue };
                     out.buffer().extend_from_slice(key);
@@ -700,7 +755,7 @@ impl<K: Key, S: Data> MapPart<K, S> {
                 }
             }
             // A spilled partition's changed keys are those with data after the last snapshot.
-            MapPart::Spilled(spilled) => {
+            StatePart::Spilled(spilled) => {
                 spilled.for_each_encoded::<S>(changes.and_then(|c| c.after), &mut |key, value| {
                     out.buffer().extend_from_slice(key);
                     out.buffer().extend_from_slice(value);
@@ -725,8 +780,8 @@ impl<K: Key, S: Data> MapPart<K, S> {
     /// `stepped`: the last batch before it).
     fn mark_unchanged(&mut self, stepped: Option<Time>) {
         match self {
-            MapPart::Memory(states) => states.states_mut().for_each(|entry| entry.changed = false),
-            MapPart::Spilled(spilled) => {
+            StatePart::Memory(states) => states.states_mut().for_each(|entry| entry.changed = false),
+            StatePart::Spilled(spilled) => {
                 if let Some(time) = stepped {
                     spilled.snapshot_taken(time);
                 }
@@ -735,57 +790,13 @@ impl<K: Key, S: Data> MapPart<K, S> {
     }
 }
 
-/// A partition of keyed state, in memory or in a spill table, as a
-/// snapshot of changes is applied to it.
-trait KeyedPart<K> {
-    /// Its spill table, once it moved there.
-    fn spilled_mut(&mut self) -> Option<&mut SpilledStates>;
-
-    /// Forgets `key` and its state in a partition in memory.
-    fn remove_in_memory(&mut self, key: &K) -> Result<(), CoreError>;
-}
-
-impl<K: Key, S> KeyedPart<K> for MapPart<K, S> {
-    fn spilled_mut(&mut self) -> Option<&mut SpilledStates> {
-        match self {
-            MapPart::Spilled(spilled) => Some(spilled),
-            MapPart::Memory(_) => None,
-        }
-    }
-
-    fn remove_in_memory(&mut self, key: &K) -> Result<(), CoreError> {
-        if let MapPart::Memory(states) = self {
-            let id = states.id(key)?;
-            states.remove(id);
-        }
-        Ok(())
-    }
-}
-
-impl<K: Key, S> KeyedPart<K> for UpdatePart<K, S> {
-    fn spilled_mut(&mut self) -> Option<&mut SpilledStates> {
-        match self {
-            UpdatePart::Spilled(spilled) => Some(spilled),
-            UpdatePart::Memory(_) => None,
-        }
-    }
-
-    fn remove_in_memory(&mut self, key: &K) -> Result<(), CoreError> {
-        if let UpdatePart::Memory(states) = self {
-            let id = states.id(key)?;
-            states.remove(id);
-        }
-        Ok(())
-    }
-}
-
 /// Reads the keys a snapshot of changes removed (a `Vec<K>`) and removes
 /// each from its partition, those on disk through `grouped`; all of them
 /// are written before it returns, so the changed states after land on what
 /// is left.
-fn apply_removals<K: Key, S: Data, P: KeyedPart<K>, R: Read>(
+fn apply_removals<K: Key, T, S: Data, R: Read>(
     payload: &mut PayloadStream<R>,
-    parts: &mut [P],
+    parts: &mut [StatePart<K, T>],
     grouped: &mut Grouped<S>,
     decode_error: impl Fn(CoreError) -> CoreError,
 ) -> Result<(), CoreError> {
@@ -851,7 +862,7 @@ impl<S: Data> Grouped<S> {
     }
 
     /// Writes what waits, removals first.
-    fn flush<K, P: KeyedPart<K>>(&mut self, parts: &mut [P]) -> Result<(), CoreError> {
+    fn flush<K: Key, T>(&mut self, parts: &mut [StatePart<K, T>]) -> Result<(), CoreError> {
         for ((part, states), removals) in parts.iter_mut().zip(&mut self.states).zip(&mut self.removals) {
             let Some(spilled) = part.spilled_mut() else { continue };
             if !removals.is_empty() {
@@ -915,7 +926,7 @@ where
         let (mut mapped, mut snapshots) = (Vec::new(), Vec::new());
         let results = ctx.par(work, |(part, records)| {
             let out = step.run(part, records)?;
-            part.spill_if_over(spill, partitions, by_time)?;
+            part.spill_entries_if_over(spill, partitions, by_time)?;
             Ok::<_, CoreError>(out)
         })?;
         for part in results {
@@ -958,7 +969,7 @@ impl<K: Key, V, S: Data, M, F> MapWithStateNode<K, V, S, M, F> {
         partitions: usize,
         changed: bool,
     ) -> Result<(), CoreError> {
-        self.parts = (0..partitions).map(|_| MapPart::default()).collect();
+        self.parts = (0..partitions).map(|_| StatePart::default()).collect();
         // A whole list's keys are distinct: new to their tables.
         let mut grouped = Grouped::new(partitions, true);
         for entry in entries {
@@ -980,10 +991,10 @@ impl<K: Key, V, S: Data, M, F> MapWithStateNode<K, V, S, M, F> {
         let index = partition_of(&key, partitions);
         let Some(part) = self.parts.get_mut(index) else { return Ok(()) };
         match part {
-            MapPart::Spilled(spilled) => grouped.put(index, spilled, spilled::encode(&key)?, entry.state, entry.last),
-            MapPart::Memory(states) => {
+            StatePart::Spilled(spilled) => grouped.put(index, spilled, spilled::encode(&key)?, entry.state, entry.last),
+            StatePart::Memory(states) => {
                 states.insert(&key, entry)?;
-                part.spill_if_over(self.spill.as_ref(), partitions, self.timeout.is_some())
+                part.spill_entries_if_over(self.spill.as_ref(), partitions, self.timeout.is_some())
             }
         }
     }
@@ -1000,12 +1011,20 @@ impl<K: Key, V, S: Data, M, F> MapWithStateNode<K, V, S, M, F> {
             write_varint(count, out.buffer());
             out.buffer().extend_from_slice(&entries);
         } else {
-            write_varint(self.parts.iter().map(MapPart::len).sum(), out.buffer());
+            write_varint(self.parts.iter().map(StatePart::len).sum(), out.buffer());
             for part in &self.parts {
                 part.write_entries(None, out)?;
             }
         }
         Ok(())
+    }
+}
+
+impl<K: Key, V, S: Data, M, F> KeyedSnapshot for MapWithStateNode<K, V, S, M, F> {
+    /// The layout of a `Vec<(K, S, Time)>` of every key, written from each
+    /// partition's encoded keys (in memory or spilled) without decoding.
+    fn write_whole(&self, out: &mut dyn PayloadSink) -> Result<(), CoreError> {
+        self.write_list(None, out)
     }
 
     /// The keys removed (a `Vec<K>`), then the changed keys' list.
@@ -1019,7 +1038,6 @@ impl<K: Key, V, S: Data, M, F> MapWithStateNode<K, V, S, M, F> {
         self.write_list(Some(Changes { after: self.last_snapshot }), out)
     }
 
-    /// Forgets what changed: the next changes are relative to now.
     fn mark_unchanged(&mut self) {
         self.removed.clear();
         let stepped = self.stepped;
@@ -1051,8 +1069,8 @@ impl<F> MapStep<'_, F> {
         F: Fn(&K, Option<V>, &mut State<S>) -> M,
     {
         let (mapped, removed) = match part {
-            MapPart::Memory(states) => self.run_in_memory(states, records)?,
-            MapPart::Spilled(spilled) => self.run_spilled(spilled, records)?,
+            StatePart::Memory(states) => self.run_in_memory(states, records)?,
+            StatePart::Spilled(spilled) => self.run_spilled(spilled, records)?,
         };
         let snapshot = if self.want_snapshots {
             part.decoded()?.into_iter().map(|(key, state, _)| (key, state)).collect()
@@ -1164,20 +1182,14 @@ where
     M: Data,
     F: Fn(&K, Option<V>, &mut State<S>) -> M + Send + Sync,
 {
-    /// The layout of a `Vec<(K, S, Time)>` of every key, written from each
-    /// partition's encoded keys (in memory or spilled) without decoding.
+    /// The layout of a `Vec<(K, S, Time)>` of every key.
     fn snapshot(&mut self) -> Result<Vec<u8>, CoreError> {
-        let mut bytes = Vec::new();
-        state_codec().encode_with(&mut bytes, |out| self.write_list(None, out))?;
-        self.mark_unchanged();
-        Ok(bytes)
+        snapshot_frame(self, Snapshot::Whole)
     }
 
     /// [`Self::snapshot`]'s frame streamed: a state on disk need not fit in memory.
     fn snapshot_to(&mut self, out: &mut dyn SeekWrite) -> Result<u64, CoreError> {
-        let written = state_codec().encode_streamed(out, |chunks| self.write_list(None, chunks))?;
-        self.mark_unchanged();
-        Ok(written)
+        snapshot_streamed(self, Snapshot::Whole, out)
     }
 
     fn takes_changes(&self) -> bool {
@@ -1186,19 +1198,12 @@ where
 
     /// The keys removed (a `Vec<K>`), then the changed keys' list.
     fn snapshot_changes(&mut self) -> Option<Result<Vec<u8>, CoreError>> {
-        let mut bytes = Vec::new();
-        let written = state_codec().encode_with(&mut bytes, |out| self.write_changes(out));
-        Some(written.map(|()| {
-            self.mark_unchanged();
-            bytes
-        }))
+        Some(snapshot_frame(self, Snapshot::Changes))
     }
 
     /// [`Self::snapshot_changes`] streamed into its file.
     fn snapshot_changes_to(&mut self, out: &mut dyn SeekWrite) -> Result<u64, CoreError> {
-        let written = state_codec().encode_streamed(out, |chunks| self.write_changes(chunks))?;
-        self.mark_unchanged();
-        Ok(written)
+        snapshot_streamed(self, Snapshot::Changes, out)
     }
 
     fn restore(&mut self, bytes: &[u8], partitions: usize) -> Result<(), CoreError> {
@@ -1231,7 +1236,7 @@ where
         let decode_error = |e: CoreError| CoreError::Decode { reason: format!("map_with_state changes: {e}") };
         // Keys the state may hold already: read a group at a time.
         let mut grouped = Grouped::new(partitions, false);
-        apply_removals::<K, S, _, _>(&mut payload, &mut self.parts, &mut grouped, decode_error)?;
+        apply_removals::<K, _, S, _>(&mut payload, &mut self.parts, &mut grouped, decode_error)?;
         for _ in 0..payload.count()? {
             let (key, state, last): (K, S, Time) = payload.record().map_err(decode_error)?;
             self.restore_entry(key, Entry { state, last, changed: false }, partitions, &mut grouped)?;

@@ -284,56 +284,42 @@ proptest! {
     }
 }
 
+/// A job of each keyed operator (`map_with_state` sessions with a 10 s
+/// timeout, `update_state_by_key` totals), with its queue and spill store,
+/// for the checks that hold for both.
+type Job = (&'static str, Graph, Arc<QueueSource<(u8, u32)>>, Option<Arc<MemorySpillStore>>);
+
+fn both_operators(partitions: usize, spill_budget: Option<u64>) -> [Job; 2] {
+    let (s, t) = (sessions(10, partitions, spill_budget), totals(partitions, spill_budget));
+    [("map_with_state", s.graph, s.queue, s.spill), ("update_state_by_key", t.graph, t.queue, t.spill)]
+}
+
 #[test]
 fn a_streamed_whole_snapshot_is_the_one_in_memory_whether_the_state_is_in_memory_or_spilled() {
     for budget in [None, Some(0)] {
-        let mut s = sessions(10, 3, budget);
-        s.queue.push((0..10).map(|key| (key, u32::from(key) + 1)).collect());
-        s.queue.push(vec![(3, 4), (7, 1)]);
-        run(&mut s.graph, 1..=2);
-        check_spilled(s.spill.as_ref(), budget, &[vec![(1, 1)]]).unwrap();
-        let in_memory = s.graph.snapshot_state().unwrap();
-        assert_eq!(streamed_whole(&mut s.graph), in_memory, "{budget:?}");
+        for (operator, mut graph, queue, spill) in both_operators(3, budget) {
+            queue.push((0..10).map(|key| (key, u32::from(key) + 1)).collect());
+            queue.push(vec![(3, 4), (7, 1)]);
+            run(&mut graph, 1..=2);
+            check_spilled(spill.as_ref(), budget, &[vec![(1, 1)]]).unwrap();
+            let in_memory = graph.snapshot_state().unwrap();
+            assert_eq!(streamed_whole(&mut graph), in_memory, "{operator}, {budget:?}");
+        }
     }
 }
 
 #[test]
 fn a_failing_spill_store_fails_the_batch_with_its_reason() {
-    let mut s = sessions(10, 2, Some(0));
-    s.queue.push(vec![(1, 1), (2, 2), (3, 3)]);
-    s.queue.push(vec![(1, 1)]);
-    run(&mut s.graph, 1..=1);
-    let store = s.spill.as_ref().unwrap();
-    assert!(store.tables_opened() > 0);
-    store.fail_after(0);
-    let error = s.graph.run_batch(t(2), spate_core::BatchId(2)).unwrap_err();
-    assert!(error.to_string().contains("failpoint"), "{error}");
-}
-
-#[test]
-fn update_state_by_key_streams_the_whole_snapshot_it_keeps_in_memory_whether_in_memory_or_spilled() {
-    for budget in [None, Some(0)] {
-        let mut s = totals(3, budget);
-        s.queue.push((0..10).map(|key| (key, u32::from(key) + 1)).collect());
-        s.queue.push(vec![(3, 4), (7, 1)]);
-        run(&mut s.graph, 1..=2);
-        check_spilled(s.spill.as_ref(), budget, &[vec![(1, 1)]]).unwrap();
-        let in_memory = s.graph.snapshot_state().unwrap();
-        assert_eq!(streamed_whole(&mut s.graph), in_memory, "{budget:?}");
+    for (operator, mut graph, queue, spill) in both_operators(2, Some(0)) {
+        queue.push(vec![(1, 1), (2, 2), (3, 3)]);
+        queue.push(vec![(1, 1)]);
+        run(&mut graph, 1..=1);
+        let store = spill.as_ref().unwrap();
+        assert!(store.tables_opened() > 0, "{operator}");
+        store.fail_after(0);
+        let error = graph.run_batch(t(2), spate_core::BatchId(2)).unwrap_err();
+        assert!(error.to_string().contains("failpoint"), "{operator}: {error}");
     }
-}
-
-#[test]
-fn update_state_by_key_on_a_failing_spill_store_fails_the_batch_with_its_reason() {
-    let mut s = totals(2, Some(0));
-    s.queue.push(vec![(1, 1), (2, 2), (3, 3)]);
-    s.queue.push(vec![(1, 1)]);
-    run(&mut s.graph, 1..=1);
-    let store = s.spill.as_ref().unwrap();
-    assert!(store.tables_opened() > 0);
-    store.fail_after(0);
-    let error = s.graph.run_batch(t(2), spate_core::BatchId(2)).unwrap_err();
-    assert!(error.to_string().contains("failpoint"), "{error}");
 }
 
 /// The operator's whole snapshot or changes, from a graph's list.
