@@ -432,22 +432,32 @@ impl<K: Key, V, S: Data, F> KeyedSnapshot for UpdateStateNode<K, V, S, F> {
     }
 
     /// The keys removed since the last snapshot (a `Vec<K>`), then the list
-    /// of the keys that may have changed, with their states.
+    /// of the keys that may have changed, with their states: counted in a
+    /// first pass and streamed in a second, so that millions of changes
+    /// are not held in memory to be counted.
     fn write_changes(&self, out: &mut dyn PayloadSink) -> Result<(), CoreError> {
         bincode::serde::encode_into_std_write(&self.removed, out.buffer(), bincode::config::standard())
             .map_err(|e| CoreError::Encode { reason: format!("removed keys: {e}") })?;
-        // Counted before the list: collected first, as changes are.
-        let (mut entries, mut count) = (Vec::new(), 0u64);
+        let mut count = 0u64;
         for part in &self.parts {
-            part.for_each_state_encoded(self.last_snapshot, &mut |key, state| {
-                entries.extend_from_slice(key);
-                entries.extend_from_slice(state);
+            part.for_each_state_encoded(self.last_snapshot, &mut |_, _| {
                 count += 1;
                 Ok(())
             })?;
         }
         write_varint(count, out.buffer());
-        out.buffer().extend_from_slice(&entries);
+        let mut written = 0u64;
+        for part in &self.parts {
+            part.for_each_state_encoded(self.last_snapshot, &mut |key, state| {
+                out.buffer().extend_from_slice(key);
+                out.buffer().extend_from_slice(state);
+                written += 1;
+                out.record_end()
+            })?;
+        }
+        if written != count {
+            return Err(CoreError::Encode { reason: format!("{count} changed keys counted, {written} written") });
+        }
         Ok(())
     }
 

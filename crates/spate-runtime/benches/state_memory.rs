@@ -24,7 +24,8 @@
 //! only reader, so the operator lists those alone. It calls its function
 //! on every key every batch (Spark's semantics): each batch reads the whole
 //! state, and its processing time grows with the keys, not the batch. Its
-//! snapshots are whole. 30 batches, then 2 more after a restart.
+//! snapshots list what changed, whole every tenth. 30 batches, then 2 more
+//! after a restart.
 //!
 //! Figures printed as `BENCH <name> <value> <unit> bound=<value> ratio=<r>`:
 //! - `<shape>_rss_peak` and `_rss_median`: the child's peak (`VmHWM`) and
