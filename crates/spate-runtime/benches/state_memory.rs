@@ -38,7 +38,8 @@
 //!   batch a second (a ratio below 1 is a job falling behind);
 //! - `<shape>_processing_ms_mean` and `_p90`: bound: the 1 s batch interval;
 //! - `<shape>_revisits_records_per_sec`, `_revisits_processing_ms_mean`
-//!   and `_p90`: the same over the batches after the first 100, where
+//!   and `_p90`: the same over the batches after the first 100 (the
+//!   first 25 for the `update_state_by_key` job), where
 //!   every key the batch brings has state already (a job's steady state,
 //!   where the first 100 batches mostly add keys);
 //! - `<shape>_restart_rss_peak`: the restarted process's peak resident

@@ -428,7 +428,12 @@ fn logs_and_state_past_retention_are_purged() {
     let dir = tempfile::tempdir().unwrap();
     let clock = ManualClock::new(Time::from_millis(START));
     let totals = TotalsLog::default();
-    let settings = settings(&clock).with_retained_batches(2).with_checkpoint_interval(Duration::from_secs(2));
+    // Every snapshot whole: the state kept is then the last one alone (a
+    // chain of changes is kept back to its whole snapshot; see incremental.rs).
+    let settings = settings(&clock)
+        .with_retained_batches(2)
+        .with_checkpoint_interval(Duration::from_secs(2))
+        .with_full_snapshot_every(1);
     let mut ctx = StreamingContext::get_or_create(dir.path(), settings, |p| {
         totals_pipeline(p, &Numbers::new(2), &totals, None);
         Ok(())
