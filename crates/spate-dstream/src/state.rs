@@ -126,6 +126,22 @@ trait KeyedSnapshot {
     fn mark_unchanged(&mut self);
 }
 
+/// Appends the keys removed since the last snapshot, as a `Vec<K>`: a
+/// snapshot of changes starts with them.
+fn write_removed<K: Serialize>(removed: &[K], out: &mut dyn PayloadSink) -> Result<(), CoreError> {
+    bincode::serde::encode_into_std_write(removed, out.buffer(), bincode::config::standard())
+        .map(drop)
+        .map_err(|e| CoreError::Encode { reason: format!("removed keys: {e}") })
+}
+
+/// `value` encoded into `buffer` (cleared first), as a state is stored.
+fn encode_into<'a, T: Serialize>(value: &T, buffer: &'a mut Vec<u8>) -> Result<&'a [u8], CoreError> {
+    buffer.clear();
+    bincode::serde::encode_into_std_write(value, &mut *buffer, bincode::config::standard())
+        .map_err(|e| CoreError::Encode { reason: format!("a keyed state: {e}") })?;
+    Ok(buffer)
+}
+
 /// Which snapshot to take.
 #[derive(Clone, Copy)]
 enum Snapshot {
@@ -283,10 +299,7 @@ impl<K: Key, S: Data> UpdatePart<K, S> {
                 let mut state = Vec::new();
                 for (id, key) in states.keys.iter_encoded() {
                     let Some(value) = states.state(id) else { continue };
-                    state.clear();
-                    bincode::serde::encode_into_std_write(value, &mut state, bincode::config::standard())
-                        .map_err(|e| CoreError::Encode { reason: format!("update_state_by_key state: {e}") })?;
-                    visit(key, &state)?;
+                    visit(key, encode_into(value, &mut state)?)?;
                 }
                 Ok(())
             }
@@ -295,6 +308,22 @@ impl<K: Key, S: Data> UpdatePart<K, S> {
                 let (_, used) = spilled::decode_prefix::<S>(entry)?;
                 visit(key, entry.get(..used).unwrap_or_default())
             }),
+        }
+    }
+
+    /// How many keys [`Self::for_each_state_encoded`] visits with
+    /// `changed_after`, without encoding or decoding their states.
+    fn changed_count(&self, changed_after: Option<Time>) -> Result<u64, CoreError> {
+        match self {
+            StatePart::Memory(_) => Ok(self.len()),
+            StatePart::Spilled(spilled) => {
+                let mut count = 0;
+                spilled.for_each_encoded::<S>(changed_after, &mut |_, _| {
+                    count += 1;
+                    Ok(())
+                })?;
+                Ok(count)
+            }
         }
     }
 
@@ -436,14 +465,10 @@ impl<K: Key, V, S: Data, F> KeyedSnapshot for UpdateStateNode<K, V, S, F> {
     /// first pass and streamed in a second, so that millions of changes
     /// are not held in memory to be counted.
     fn write_changes(&self, out: &mut dyn PayloadSink) -> Result<(), CoreError> {
-        bincode::serde::encode_into_std_write(&self.removed, out.buffer(), bincode::config::standard())
-            .map_err(|e| CoreError::Encode { reason: format!("removed keys: {e}") })?;
+        write_removed(&self.removed, out)?;
         let mut count = 0u64;
         for part in &self.parts {
-            part.for_each_state_encoded(self.last_snapshot, &mut |_, _| {
-                count += 1;
-                Ok(())
-            })?;
+            count += part.changed_count(self.last_snapshot)?;
         }
         write_varint(count, out.buffer());
         let mut written = 0u64;
@@ -615,6 +640,9 @@ where
     }
     let mut out = Listed::new(greatest, usize::try_from(part.len()).unwrap_or(0) + batch.len());
     let (mut changed, mut removed): (HashMap<Vec<u8>, Pending<S>>, _) = (HashMap::new(), Vec::new());
+    // A new state's encoding, to compare with the old one's: one buffer for
+    // every key of the pass.
+    let mut encoded_state = Vec::new();
     part.for_each_encoded::<S>(None, &mut |encoded, entry| {
         let (old, used) = spilled::decode_prefix::<S>(entry)?;
         let (key, values) = match batch.remove(encoded) {
@@ -622,7 +650,7 @@ where
             None => (spilled::decode(encoded)?, Vec::new()),
         };
         let now = match update(values, Some(old)) {
-            Some(state) if entry.get(..used) == Some(spilled::encode(&state)?.as_slice()) => {
+            Some(state) if entry.get(..used) == Some(encode_into(&state, &mut encoded_state)?) => {
                 out.push((key, state));
                 return Ok(());
             }
@@ -1039,12 +1067,7 @@ impl<K: Key, V, S: Data, M, F> KeyedSnapshot for MapWithStateNode<K, V, S, M, F>
 
     /// The keys removed (a `Vec<K>`), then the changed keys' list.
     fn write_changes(&self, out: &mut dyn PayloadSink) -> Result<(), CoreError> {
-        bincode::serde::encode_into_std_write(
-            MapStateChangesRemoved { removed: &self.removed },
-            out.buffer(),
-            bincode::config::standard(),
-        )
-        .map_err(|e| CoreError::Encode { reason: format!("removed keys: {e}") })?;
+        write_removed(&self.removed, out)?;
         self.write_list(Some(Changes { after: self.last_snapshot }), out)
     }
 
@@ -1177,11 +1200,6 @@ impl<F> MapStep<'_, F> {
         part.write_pending(touched, Some(self.time))?;
         Ok((mapped, removed))
     }
-}
-
-#[derive(Serialize)]
-struct MapStateChangesRemoved<'a, K> {
-    removed: &'a [K],
 }
 
 impl<K, V, S, M, F> StatefulNode for MapWithStateNode<K, V, S, M, F>

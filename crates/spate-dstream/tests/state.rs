@@ -49,12 +49,18 @@ fn sessions(timeout: u64, partitions: usize, spill_budget: Option<u64>) -> Sessi
     let mapped = collect(&with_state.mapped());
     let snapshots = collect(&with_state.state_snapshots());
     let mut graph = b.build().unwrap();
-    let spill = spill_budget.map(|budget| {
+    let spill = spill_to_memory(&mut graph, spill_budget);
+    Sessions { graph, queue, mapped, snapshots, spill }
+}
+
+/// With `budget`, the graph's state beyond that many bytes moves to a new
+/// in-memory spill store, which is returned.
+fn spill_to_memory(graph: &mut Graph, budget: Option<u64>) -> Option<Arc<MemorySpillStore>> {
+    budget.map(|budget| {
         let store = Arc::new(MemorySpillStore::new());
         graph.spill_state(&StateSpill::new(Arc::clone(&store) as _, budget));
         store
-    });
-    Sessions { graph, queue, mapped, snapshots, spill }
+    })
 }
 
 /// Fails unless a job whose budget is 0 moved its state to the spill
@@ -100,11 +106,7 @@ fn totals(partitions: usize, spill_budget: Option<u64>) -> Totals {
     let seen = collect(&records.update_state_by_key(update).name("totals"));
     let top = collect(&records.update_state_by_key(update).name("top-totals").top_n(2, by_total));
     let mut graph = b.build().unwrap();
-    let spill = spill_budget.map(|budget| {
-        let store = Arc::new(MemorySpillStore::new());
-        graph.spill_state(&StateSpill::new(Arc::clone(&store) as _, budget));
-        store
-    });
+    let spill = spill_to_memory(&mut graph, spill_budget);
     Totals { graph, queue, seen, top, spill }
 }
 
